@@ -1,0 +1,28 @@
+//! # huddle-core
+//!
+//! The pure heart of huddle: the interaction model and its canonical encoding, and
+//! (as they land) the folds, policies, owner-command parsers and synchronization
+//! decisions. Nothing here does I/O, spawns tasks or reads a clock: time and identity
+//! are passed in, so every decision is tested without a database.
+//!
+//! ```
+//! use huddle_core::{NewInteraction, Role, Verb};
+//! let a = NewInteraction::new("lobby", Verb::MessagePosted, "ana", Role::Human,
+//!     serde_json::json!({"text": "hello"}));
+//! let b = a.clone();
+//! assert_eq!(a.id(), b.id()); // identical content is the same interaction
+//! ```
+#![warn(missing_docs)]
+
+pub mod canonical;
+pub mod error;
+pub mod limits;
+pub mod model;
+pub mod verbs;
+
+pub use error::ModelError;
+pub use limits::Limits;
+pub use model::{
+    validate_name, Interaction, InteractionId, NewInteraction, Position, RawRow, Role, Timestamp,
+};
+pub use verbs::Verb;

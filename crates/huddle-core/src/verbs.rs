@@ -1,0 +1,120 @@
+//! The closed set of verbs of the protocol. Every verb is documented in
+//! `docs/protocol.md`; a row with any other verb is foreign and readers skip it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ModelError;
+
+macro_rules! verbs {
+    ($( $(#[$doc:meta])* $name:ident => $text:literal, )*) => {
+        /// A protocol verb, `namespace.action`.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Verb {
+            $( $(#[$doc])* $name, )*
+        }
+
+        impl Verb {
+            /// Every verb, in declaration order.
+            pub const ALL: &'static [Verb] = &[$(Verb::$name,)*];
+
+            /// The wire text, e.g. `message.posted`.
+            pub fn as_str(&self) -> &'static str {
+                match self { $( Verb::$name => $text, )* }
+            }
+        }
+
+        impl FromStr for Verb {
+            type Err = ModelError;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $( $text => Ok(Verb::$name), )*
+                    other => Err(ModelError::UnknownVerb(other.to_string())),
+                }
+            }
+        }
+    };
+}
+
+verbs! {
+    /// A room was created; body names its owner.
+    RoomCreated => "room.created",
+    /// An agent joined a room; body carries its declared capabilities.
+    AgentRegistered => "agent.registered",
+    /// A message in a room or thread, from a person, an agent or huddle.
+    MessagePosted => "message.posted",
+    /// A relay started an agent turn.
+    TurnPrompted => "turn.prompted",
+    /// An agent turn ended with a reply.
+    TurnReplied => "turn.replied",
+    /// An agent turn failed (non-zero exit, timeout, lost claim).
+    TurnFailed => "turn.failed",
+    /// Presence and designation notes for the board.
+    CoordNote => "coord.note",
+    /// A task of the DAG; first creation of an id wins.
+    TaskCreated => "task.created",
+    /// An agent's bid for a task under `bid` allocation.
+    TaskBid => "task.bid",
+    /// An explicit rejection of a losing bid.
+    TaskRejected => "task.rejected",
+    /// A task was claimed (owner, epoch, attempt).
+    TaskClaimed => "task.claimed",
+    /// A task was completed by its current owner at its current epoch.
+    TaskCompleted => "task.completed",
+    /// A task attempt failed.
+    TaskFailed => "task.failed",
+    /// A task attempt was given back.
+    TaskReleased => "task.released",
+    /// A room or thread config change from the owner.
+    ConfigSet => "config.set",
+    /// A quorum decision was proposed.
+    DecisionProposed => "decision.proposed",
+    /// A vote on a proposed decision.
+    DecisionVoted => "decision.voted",
+    /// A decision was committed.
+    DecisionCommitted => "decision.committed",
+    /// A barrier was opened with its roster.
+    BarrierOpened => "barrier.opened",
+    /// A participant checked in at a barrier.
+    BarrierCheckin => "barrier.checkin",
+    /// A coordinator lease heartbeat, carrying its epoch.
+    LeaseHeartbeat => "lease.heartbeat",
+    /// A coordinator directive, fenced by the lease epoch.
+    LeaseDirective => "lease.directive",
+}
+
+impl fmt::Display for Verb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Verb {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Verb {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbs_round_trip_and_are_namespaced() {
+        for v in Verb::ALL {
+            assert_eq!(v.as_str().parse::<Verb>().unwrap(), *v);
+            let (ns, action) = v.as_str().split_once('.').unwrap();
+            assert!(!ns.is_empty() && !action.is_empty());
+        }
+        assert!("nope.nope".parse::<Verb>().is_err());
+    }
+}

@@ -1,0 +1,6 @@
+//! # huddle-relay
+//!
+//! The runtime that hosts agents: an event loop that feeds ledger batches, ticks and
+//! turn endings to the pure decisions of `huddle-core`, and an executor that performs
+//! the resulting intents against a store.
+#![warn(missing_docs)]

@@ -1,0 +1,90 @@
+//! Schema migrations, embedded from `migrations/{postgres,sqlite}/NNNN_*.sql`.
+//!
+//! Each backend applies the pending ones in order, recording `(version, name,
+//! checksum)` in `huddle_migration`. An applied migration whose text changed, or a
+//! database with a version this build does not know, is refused with a clear error.
+//! On Postgres the whole run holds `pg_advisory_lock(MIGRATION_LOCK)`, so relays
+//! starting together are safe.
+
+/// One migration.
+#[derive(Clone, Copy, Debug)]
+pub struct Migration {
+    /// Version number, from the file name.
+    pub version: i64,
+    /// Name, from the file name.
+    pub name: &'static str,
+    /// SQL text.
+    pub sql: &'static str,
+}
+
+impl Migration {
+    /// A stable checksum of the SQL text (hex FNV-1a 64; enough to notice an edit).
+    pub fn checksum(&self) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in self.sql.as_bytes() {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    }
+}
+
+/// Advisory lock id taken around Postgres migrations ("huddle" in ASCII).
+pub const MIGRATION_LOCK: i64 = 0x6875_6464_6c65;
+
+/// Postgres migrations, in order.
+pub const POSTGRES: &[Migration] = &[Migration {
+    version: 1,
+    name: "ledger",
+    sql: include_str!("../../../migrations/postgres/0001_ledger.sql"),
+}];
+
+/// SQLite migrations, in order.
+pub const SQLITE: &[Migration] = &[Migration {
+    version: 1,
+    name: "ledger",
+    sql: include_str!("../../../migrations/sqlite/0001_ledger.sql"),
+}];
+
+/// Checks that the applied migrations are a prefix of `known` with equal checksums,
+/// and returns the ones still to apply.
+pub fn pending<'a>(
+    known: &'a [Migration],
+    applied: &[(i64, String)],
+) -> Result<&'a [Migration], String> {
+    for (i, (version, checksum)) in applied.iter().enumerate() {
+        let Some(m) = known.get(i) else {
+            return Err(format!(
+                "the database has migration {version}, which this build of huddle does not know; upgrade huddle"
+            ));
+        };
+        if m.version != *version {
+            return Err(format!(
+                "applied migration {version} does not match expected migration {}",
+                m.version
+            ));
+        }
+        if &m.checksum() != checksum {
+            return Err(format!(
+                "migration {version} ({}) was changed after it was applied",
+                m.name
+            ));
+        }
+    }
+    Ok(&known[applied.len().min(known.len())..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_checks_prefix_and_checksums() {
+        let all = POSTGRES;
+        assert_eq!(pending(all, &[]).unwrap().len(), all.len());
+        let applied = vec![(1, all[0].checksum())];
+        assert_eq!(pending(all, &applied).unwrap().len(), all.len() - 1);
+        assert!(pending(all, &[(1, "x".into())]).is_err());
+        assert!(pending(all, &[(1, all[0].checksum()), (99, "y".into())]).is_err());
+    }
+}

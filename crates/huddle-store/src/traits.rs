@@ -1,0 +1,176 @@
+//! The store seams: [`Ledger`] and [`Claims`].
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use huddle_core::{Interaction, InteractionId, Limits, NewInteraction, Position, Timestamp};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::error::Result;
+
+/// A claim's fencing token: strictly increases every time the claim changes hands or
+/// is re-taken after expiry (including by its former holder).
+pub type Epoch = i64;
+
+/// The outcome of appending one interaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Appended {
+    /// The id of the row now in the ledger. For a duplicate (same content or same
+    /// idempotency key) this is the id of the row that was already there.
+    pub id: InteractionId,
+    /// Whether this call inserted the row (false for a duplicate).
+    pub inserted: bool,
+}
+
+/// A row a reader could not accept: corrupt or foreign. Skipped, counted, logged; it
+/// never blocks the cursor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedRow {
+    /// Where it sits in the ledger.
+    pub position: Position,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+/// One read-forward step.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReadBatch {
+    /// Verified interactions, in ledger order.
+    pub rows: Vec<Interaction>,
+    /// Rows that failed verification, in ledger order.
+    pub skipped: Vec<SkippedRow>,
+    /// The cursor to read from next: past every row returned or skipped. Equal to the
+    /// `after` given when nothing new was readable.
+    pub next: Position,
+}
+
+/// What the appender presents to write under a claim.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    /// Claim key.
+    pub key: String,
+    /// Holder that must still hold the claim.
+    pub holder: String,
+    /// Epoch the claim must still be at.
+    pub epoch: Epoch,
+}
+
+/// A claim row as the database holds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimState {
+    /// Key, e.g. `task/<room>/<task>`.
+    pub key: String,
+    /// Current holder.
+    pub holder: String,
+    /// Current epoch.
+    pub epoch: Epoch,
+    /// Database time (µs since the Unix epoch) at which the lease lapses.
+    pub expires_at: Timestamp,
+}
+
+/// The outcome of [`Claims::acquire`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Acquired {
+    /// The caller holds the claim now (new, re-taken after expiry, or renewed by the
+    /// same holder).
+    Won(ClaimState),
+    /// Someone else holds an unexpired claim.
+    HeldBy(ClaimState),
+}
+
+impl Acquired {
+    /// The claim state, whoever holds it.
+    pub fn state(&self) -> &ClaimState {
+        match self {
+            Acquired::Won(s) | Acquired::HeldBy(s) => s,
+        }
+    }
+
+    /// Whether the caller won.
+    pub fn won(&self) -> bool {
+        matches!(self, Acquired::Won(_))
+    }
+}
+
+/// A claim as listed by [`Claims::list_claims`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRow {
+    /// The row.
+    pub state: ClaimState,
+    /// Whether it is unexpired by the database clock at listing time.
+    pub live: bool,
+}
+
+/// A doorbell: its value changes whenever new rows may be readable (a local append,
+/// a NOTIFY, another process's commit, a reconnect). It is a hint, never a record.
+pub type Doorbell = watch::Receiver<u64>;
+
+/// The append-only ledger.
+#[async_trait]
+pub trait Ledger: Send + Sync + 'static {
+    /// The limits checked before every write.
+    fn limits(&self) -> &Limits;
+
+    /// Appends a batch in one transaction. Every interaction is validated first; one
+    /// invalid interaction refuses the whole batch with nothing written. Duplicates
+    /// (same id, or same idempotency key) are no-ops that return the existing id.
+    async fn append(&self, batch: Vec<NewInteraction>) -> Result<Vec<Appended>>;
+
+    /// Like [`Ledger::append`], but in the same transaction checks that the claim
+    /// `fence.key` is still held by `fence.holder` at `fence.epoch` and unexpired;
+    /// otherwise nothing is written and [`crate::StoreError::Fenced`] is returned.
+    async fn append_fenced(
+        &self,
+        fence: &Fence,
+        batch: Vec<NewInteraction>,
+    ) -> Result<Vec<Appended>>;
+
+    /// Reads up to `limit` committed rows after `after`, in ledger order. Never skips a
+    /// committed row, even when transactions commit out of sequence order.
+    async fn read_forward(&self, after: Position, limit: usize) -> Result<ReadBatch>;
+
+    /// One interaction by id, if present and valid.
+    async fn get(&self, id: InteractionId) -> Result<Option<Interaction>>;
+
+    /// A doorbell receiver for this store.
+    fn doorbell(&self) -> Doorbell;
+
+    /// The database clock, µs since the Unix epoch.
+    async fn now(&self) -> Result<Timestamp>;
+
+    /// The fallback poll interval subscriptions use between doorbells.
+    fn poll_interval(&self) -> Duration;
+}
+
+/// Leased claims. Expiry is always judged by the database clock.
+#[async_trait]
+pub trait Claims: Send + Sync + 'static {
+    /// Takes `key` for `holder` for `ttl` when it is free, expired, or already held by
+    /// `holder` (then the lease is extended and the epoch kept). The epoch increases
+    /// whenever the holder changes or an expired claim is re-taken.
+    async fn acquire(&self, key: &str, holder: &str, ttl: Duration) -> Result<Acquired>;
+
+    /// Extends the lease only for the exact `(holder, epoch)` while unexpired. `None`
+    /// means the claim is lost and the holder must stop.
+    async fn renew(
+        &self,
+        key: &str,
+        holder: &str,
+        epoch: Epoch,
+        ttl: Duration,
+    ) -> Result<Option<ClaimState>>;
+
+    /// Expires the claim now if it is `(holder, epoch)`; the row stays so the epoch
+    /// never goes backwards. Returns whether it was released.
+    async fn release(&self, key: &str, holder: &str, epoch: Epoch) -> Result<bool>;
+
+    /// Lists claims whose key starts with `prefix` (all when empty), by key.
+    async fn list_claims(&self, prefix: &str) -> Result<Vec<ClaimRow>>;
+}
+
+/// A complete store: ledger plus claims.
+pub trait Store: Ledger + Claims {
+    /// `"sqlite"` or `"postgres"`.
+    fn backend_name(&self) -> &'static str;
+}
