@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod canonical;
+pub mod config;
 pub mod error;
 pub mod limits;
 pub mod model;
