@@ -17,11 +17,13 @@
 pub mod canonical;
 pub mod config;
 pub mod error;
+pub mod fold;
 pub mod limits;
 pub mod model;
 pub mod verbs;
 
 pub use error::ModelError;
+pub use fold::{hash_state, Fold};
 pub use limits::Limits;
 pub use model::{
     validate_name, Interaction, InteractionId, NewInteraction, Position, RawRow, Role, Timestamp,
