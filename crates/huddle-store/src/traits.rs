@@ -130,6 +130,15 @@ pub trait Ledger: Send + Sync + 'static {
     /// committed row, even when transactions commit out of sequence order.
     async fn read_forward(&self, after: Position, limit: usize) -> Result<ReadBatch>;
 
+    /// Like [`Ledger::read_forward`] but only rows of `room`. `next` advances past
+    /// every row examined, of any room. Backends may override this with an indexed
+    /// query; the default filters a forward read.
+    async fn read_room(&self, room: &str, after: Position, limit: usize) -> Result<ReadBatch> {
+        let mut batch = self.read_forward(after, limit).await?;
+        batch.rows.retain(|r| r.room == room);
+        Ok(batch)
+    }
+
     /// One interaction by id, if present and valid.
     async fn get(&self, id: InteractionId) -> Result<Option<Interaction>>;
 
