@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use huddle_core::{NewInteraction, RawRow};
@@ -27,10 +28,13 @@ pub struct SqliteTestBackend {
 }
 
 impl SqliteTestBackend {
-    /// A new database with default options (relay `"conformance"`).
+    /// A new database with default options, except: relay `"conformance"`, and a
+    /// 60 s fallback poll, so a subscription that wakes within the suite's deadlines
+    /// was woken by the doorbell (local or `data_version`), not by polling.
     pub async fn new() -> Result<Self> {
         Self::with_options(StoreOptions {
             relay: "conformance".into(),
+            poll_interval: Duration::from_secs(60),
             ..StoreOptions::default()
         })
         .await

@@ -34,6 +34,9 @@ impl Watcher {
         bell: watch::Sender<u64>,
     ) -> Result<Self> {
         let every = every.max(Duration::from_millis(1));
+        // The baseline is read before `open` returns, so every commit made after the
+        // store is open is seen as a change (reading it in the thread would race).
+        let baseline = data_version(&conn)?;
         let (stop, stopped) = mpsc::channel::<()>();
         let alive = Arc::new(());
         let token = Arc::clone(&alive);
@@ -41,7 +44,7 @@ impl Watcher {
             .name("huddle-sqlite-watch".into())
             .spawn(move || {
                 let _token = token;
-                run(&conn, every, &bell, &stopped);
+                run(&conn, baseline, every, &bell, &stopped);
             })
             .map_err(|e| {
                 StoreError::Backend(format!("cannot start the SQLite change watcher: {e}"))
@@ -62,11 +65,12 @@ fn data_version(conn: &Connection) -> rusqlite::Result<i64> {
 
 fn run(
     conn: &Connection,
+    baseline: i64,
     every: Duration,
     bell: &watch::Sender<u64>,
     stopped: &mpsc::Receiver<()>,
 ) {
-    let mut last = data_version(conn).ok();
+    let mut last = baseline;
     let mut failing = false;
     loop {
         match stopped.recv_timeout(every) {
@@ -79,8 +83,8 @@ fn run(
                     tracing::info!("SQLite change watcher recovered");
                     failing = false;
                 }
-                if last != Some(v) {
-                    last = Some(v);
+                if v != last {
+                    last = v;
                     bell.send_modify(|n| *n = n.wrapping_add(1));
                 }
             }
