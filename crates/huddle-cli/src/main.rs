@@ -1,6 +1,7 @@
 //! `huddle`: the command-line tool. Flag definitions and glue; the work is done by
 //! the library crates.
 
+mod bench_ledger;
 mod ledger_cmds;
 mod output;
 
@@ -69,12 +70,38 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure huddle beside a plain-SQL baseline in the same run.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
     /// List claims.
     Claims {
         /// Only keys starting with this prefix.
         #[arg(long, default_value = "")]
         prefix: String,
         /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `huddle bench ...`
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Append throughput (batch 1, 10, 100) and contended claim acquisitions, huddle
+    /// beside plain SQL on the same database.
+    Ledger {
+        /// Seconds measured per scenario and side.
+        #[arg(long, default_value_t = 6.0)]
+        seconds: f64,
+        /// Concurrent writers / contenders.
+        #[arg(long, default_value_t = 4)]
+        writers: usize,
+        /// Batch sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+        batches: Vec<usize>,
+        /// JSON report instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -144,6 +171,32 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => ledger_cmds::post(&cli.db, options, &room, &actor, thread, &text).await,
         Command::Tail { room, follow, json } => {
             ledger_cmds::tail(&cli.db, options, &room, follow, json).await
+        }
+        Command::Bench {
+            command:
+                BenchCommand::Ledger {
+                    seconds,
+                    writers,
+                    batches,
+                    json,
+                },
+        } => {
+            if writers == 0 || batches.iter().any(|b| *b == 0) || seconds <= 0.0 {
+                anyhow::bail!("writers, batch sizes and seconds must be positive");
+            }
+            let report = bench_ledger::run(bench_ledger::LedgerBenchOptions {
+                db: cli.db.clone(),
+                seconds,
+                writers,
+                batches,
+            })
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", bench_ledger::render(&report));
+            }
+            Ok(())
         }
         Command::Claims { prefix, json } => {
             ledger_cmds::claims(&cli.db, options, &prefix, json).await
