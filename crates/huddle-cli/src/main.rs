@@ -181,7 +181,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     json,
                 },
         } => {
-            if writers == 0 || batches.iter().any(|b| *b == 0) || seconds <= 0.0 {
+            if writers == 0 || batches.contains(&0) || seconds <= 0.0 {
                 anyhow::bail!("writers, batch sizes and seconds must be positive");
             }
             let report = bench_ledger::run(bench_ledger::LedgerBenchOptions {
