@@ -57,11 +57,39 @@ const RELEASE: &str = concat!(
     now_us!()
 );
 
+/// Claims by prefix. Released claims stay as rows forever, so the prefix becomes a
+/// key range the primary-key index can seek (`?2` is the first string after every
+/// key starting with `?1`); the `substr` test keeps the match literal regardless.
 const LIST: &str = concat!(
     "SELECT key, holder, epoch, expires_at, expires_at > ",
     now_us!(),
-    " FROM external_claim WHERE substr(key, 1, length(?1)) = ?1 ORDER BY key"
+    " FROM external_claim WHERE key >= ?1 AND key < ?2 AND substr(key, 1, length(?1)) = ?1 ",
+    "ORDER BY key"
 );
+
+/// [`LIST`] for a prefix with no upper bound (empty, or only `char::MAX`).
+const LIST_UNBOUNDED: &str = concat!(
+    "SELECT key, holder, epoch, expires_at, expires_at > ",
+    now_us!(),
+    " FROM external_claim WHERE key >= ?1 AND substr(key, 1, length(?1)) = ?1 ",
+    "ORDER BY key"
+);
+
+/// The least string greater than every string that starts with `prefix`: the prefix
+/// with its last character replaced by the next one. Text compares as UTF-8 bytes,
+/// which orders like code points, so `[prefix, bound)` is exactly the strings that
+/// start with `prefix`. `None` when no such string exists.
+fn prefix_upper_bound(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
 
 /// A lease length in µs, clamped to [`MAX_TTL_US`].
 fn ttl_us(ttl: Duration) -> i64 {
@@ -150,8 +178,15 @@ pub(crate) fn release(
 /// [`crate::Claims::list_claims`]. The prefix is compared literally (no `LIKE`
 /// wildcards).
 pub(crate) fn list(conn: &Connection, prefix: &str) -> Result<Vec<ClaimRow>> {
-    let mut stmt = conn.prepare_cached(LIST)?;
-    let mut rows = stmt.query([prefix])?;
+    let upper = prefix_upper_bound(prefix);
+    let mut stmt = conn.prepare_cached(match upper {
+        Some(_) => LIST,
+        None => LIST_UNBOUNDED,
+    })?;
+    let mut rows = match &upper {
+        Some(upper) => stmt.query(params![prefix, upper])?,
+        None => stmt.query(params![prefix])?,
+    };
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
         let state = claim_state(row)?.map_err(|r| corrupt(prefix, r))?;
@@ -159,4 +194,28 @@ pub(crate) fn list(conn: &Connection, prefix: &str) -> Result<Vec<ClaimRow>> {
         out.push(ClaimRow { state, live });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_upper_bound;
+
+    #[test]
+    fn prefix_bounds_cover_exactly_the_prefixed_keys() {
+        assert_eq!(prefix_upper_bound(""), None);
+        assert_eq!(prefix_upper_bound("task/").as_deref(), Some("task0"));
+        // Skips the surrogate gap.
+        assert_eq!(
+            prefix_upper_bound("a\u{D7FF}").as_deref(),
+            Some("a\u{E000}")
+        );
+        let max = char::MAX.to_string();
+        assert_eq!(prefix_upper_bound(&format!("a{max}")).as_deref(), Some("b"));
+        assert_eq!(prefix_upper_bound(&max), None);
+        let upper = prefix_upper_bound("ü/").expect("bound");
+        for key in ["ü/", "ü/x", &format!("ü/{max}")] {
+            assert!(key >= "ü/" && key < upper.as_str(), "{key}");
+        }
+        assert!("ü0" >= upper.as_str());
+    }
 }
