@@ -16,12 +16,14 @@
 
 pub mod canonical;
 pub mod config;
+pub mod decision;
 pub mod error;
 pub mod fold;
 pub mod limits;
 pub mod model;
 pub mod verbs;
 
+pub use decision::{DecisionFold, DecisionRules, DecisionStatus};
 pub use error::ModelError;
 pub use fold::{hash_state, Fold};
 pub use limits::Limits;
