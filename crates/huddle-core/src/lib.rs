@@ -14,6 +14,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod barrier;
 pub mod canonical;
 pub mod config;
 pub mod decision;
@@ -23,6 +24,7 @@ pub mod limits;
 pub mod model;
 pub mod verbs;
 
+pub use barrier::{BarrierFold, BarrierRules, BarrierStatus};
 pub use decision::{DecisionFold, DecisionRules, DecisionStatus};
 pub use error::ModelError;
 pub use fold::{hash_state, Fold};
