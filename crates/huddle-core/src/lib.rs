@@ -20,6 +20,7 @@ pub mod config;
 pub mod decision;
 pub mod error;
 pub mod fold;
+pub mod lease;
 pub mod limits;
 pub mod model;
 pub mod verbs;
@@ -28,6 +29,7 @@ pub use barrier::{BarrierFold, BarrierRules, BarrierStatus};
 pub use decision::{DecisionFold, DecisionRules, DecisionStatus};
 pub use error::ModelError;
 pub use fold::{hash_state, Fold};
+pub use lease::{DirectiveCheck, LeaseFold, LeaseRules, LeaseStatus};
 pub use limits::Limits;
 pub use model::{
     validate_name, Interaction, InteractionId, NewInteraction, Position, RawRow, Role, Timestamp,
