@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod barrier;
+pub mod budget;
 pub mod canonical;
 pub mod config;
 pub mod decision;
@@ -26,6 +27,7 @@ pub mod model;
 pub mod verbs;
 
 pub use barrier::{BarrierFold, BarrierRules, BarrierStatus};
+pub use budget::{budget_allows_new_claims, BudgetFold, BudgetStatus};
 pub use decision::{DecisionFold, DecisionRules, DecisionStatus};
 pub use error::ModelError;
 pub use fold::{hash_state, Fold};
