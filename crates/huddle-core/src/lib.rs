@@ -18,6 +18,7 @@ pub mod barrier;
 pub mod budget;
 pub mod canonical;
 pub mod config;
+pub mod context;
 pub mod decision;
 pub mod error;
 pub mod fold;
@@ -28,6 +29,7 @@ pub mod verbs;
 
 pub use barrier::{BarrierFold, BarrierRules, BarrierStatus};
 pub use budget::{budget_allows_new_claims, BudgetFold, BudgetStatus};
+pub use context::{render_related_context, select_related, ContextRules, RelatedContext};
 pub use decision::{DecisionFold, DecisionRules, DecisionStatus};
 pub use error::ModelError;
 pub use fold::{hash_state, Fold};
