@@ -34,6 +34,32 @@
 //! [`DecisionFold::due`] gives the `decision.committed` / `decision.escalated` /
 //! `decision.failed` interaction a relay should append once the outcome is final; its
 //! idempotency key makes sure only one lands however many relays write it.
+//!
+//! ```
+//! use huddle_core::{DecisionFold, DecisionRules, DecisionStatus, Fold, Interaction,
+//!     NewInteraction, Position, Role, Verb};
+//! use serde_json::json;
+//!
+//! let row = |n: u64, verb, actor: &str, body| {
+//!     let new = NewInteraction::new("ops", verb, actor, Role::Agent, body);
+//!     Interaction { id: new.id(), position: Position::new(0, n), at: 1_000_000,
+//!         relay: "r".into(), room: new.room, thread: None, verb, actor: new.actor,
+//!         role: new.role, parent: None, caused_by: vec![], body: new.body }
+//! };
+//! let mut f = DecisionFold::new();
+//! f.apply(&row(1, Verb::DecisionProposed, "lead", json!({
+//!     "id": "d1", "options": ["material", "routine"],
+//!     "voters": {"a": 0.62, "b": 0.58, "c": 0.71, "d": 0.94, "e": 0.91},
+//!     "quorum": {"count": 3}, "window_ms": 60_000})));
+//! for (n, (voter, option)) in [("a", "material"), ("b", "material"), ("c", "material"),
+//!                              ("d", "routine"), ("e", "routine")].into_iter().enumerate() {
+//!     f.apply(&row(n as u64 + 2, Verb::DecisionVoted, voter,
+//!         json!({"id": "d1", "option": option})));
+//! }
+//! // 1.91 against 1.85: quorum reached, but a 3 % margin is escalated, not committed.
+//! let status = f.status("ops", "d1", 2_000_000, &DecisionRules::default());
+//! assert!(matches!(status, Some(DecisionStatus::Escalated { .. })));
+//! ```
 
 use std::collections::BTreeMap;
 
