@@ -13,6 +13,8 @@
 //! - **escalated** when the quorum is reached but the margin is under the threshold
 //!   (a tie included): the seed's weighted vote, 1.91 against 1.85, is a 3 % margin
 //!   where the unweighted 3 against 2 is 50 %, and a thin margin goes to a person;
+//!   also escalated when voting is over and the leader by weight lacks the quorum
+//!   another option reached (the weighted and the counted majority disagree);
 //! - **failed** when the deadline passes without a quorum, or when not enough voters
 //!   are left for any option to reach it.
 //!
@@ -155,8 +157,8 @@ pub struct DecisionClosedBody {
     /// escalated decision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub option: Option<String>,
-    /// Why it was escalated or failed (`thin-margin`, `deadline-missed`,
-    /// `quorum-unreachable`).
+    /// Why it was escalated or failed (`thin-margin`, `leader-without-quorum`,
+    /// `deadline-missed`, `quorum-unreachable`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The winning margin as a fraction, when there was a runner-up.
@@ -312,6 +314,9 @@ impl Tally {
 pub enum EscalationReason {
     /// Quorum reached, but the leader's margin is under the threshold (or a tie).
     ThinMargin,
+    /// Voting is over and another option reached the quorum, but the leader by
+    /// weight did not: the weighted and the counted majority disagree.
+    LeaderWithoutQuorum,
 }
 
 /// Why a decision failed.
@@ -327,7 +332,10 @@ pub enum FailureReason {
 impl EscalationReason {
     /// The wire text.
     pub fn as_str(&self) -> &'static str {
-        "thin-margin"
+        match self {
+            EscalationReason::ThinMargin => "thin-margin",
+            EscalationReason::LeaderWithoutQuorum => "leader-without-quorum",
+        }
     }
 }
 
@@ -523,12 +531,19 @@ impl DecisionState {
                 reason: FailureReason::QuorumUnreachable,
             };
         }
-        if settled {
-            return DecisionStatus::Failed {
-                reason: FailureReason::DeadlineMissed,
+        if !settled {
+            return DecisionStatus::Open;
+        }
+        if tally.options.iter().any(|t| support(t) >= need) {
+            return DecisionStatus::Escalated {
+                leader: lead.option.clone(),
+                margin_ppm: margin_ppm(lead.weight, runner),
+                reason: EscalationReason::LeaderWithoutQuorum,
             };
         }
-        DecisionStatus::Open
+        DecisionStatus::Failed {
+            reason: FailureReason::DeadlineMissed,
+        }
     }
 
     fn count_vote(&mut self, actor: &str, option: &str, at: Timestamp) {
@@ -1255,6 +1270,33 @@ mod tests {
                 margin_ppm: Some(0),
                 ..
             })
+        ));
+    }
+
+    #[test]
+    fn weighted_leader_without_the_counted_quorum_is_escalated() {
+        // Three light voters reach the count quorum for "yes"; two heavy ones outweigh
+        // them for "no". Every voter voted: a person decides.
+        let t = T0 + SEC;
+        let body = json!({"id": "d1", "voters": {"a": 0.3, "b": 0.3, "c": 0.3, "d": 1.0, "e": 1.0},
+                          "quorum": {"count": 3}, "window_ms": 60_000});
+        let rows = vec![
+            propose(body),
+            vote("a", "yes", t),
+            vote("b", "yes", t),
+            vote("c", "yes", t),
+            vote("d", "no", t),
+        ];
+        // "no" leads by weight but cannot have the quorum yet; e is still to vote.
+        assert_eq!(check(rows.clone(), t), DecisionStatus::Open);
+        let mut rows = rows;
+        rows.push(vote("e", "no", t));
+        assert!(matches!(
+            check(rows, t),
+            DecisionStatus::Escalated {
+                reason: EscalationReason::LeaderWithoutQuorum,
+                ..
+            }
         ));
     }
 
