@@ -11,7 +11,8 @@
 //! room whose `at` lies within [`LeaseRules::active_window_us`] before `now`. The
 //! lapsed holder is passed over unless nobody else is active. Every relay computes
 //! the same successor from the same ledger, with no vote; the successor heartbeats
-//! with epoch + 1 ([`LeaseFold::due`]).
+//! with epoch + 1 ([`LeaseFold::due`]). Should that successor be dead too, the turn
+//! passes to the next candidate for each further ttl the lease stays lapsed.
 //!
 //! The lease state is a join of its heartbeats (highest epoch wins; at one epoch the
 //! lowest holder id wins a conflict; then the latest heartbeat), so it does not depend
@@ -268,6 +269,12 @@ impl LeaseFold {
     /// Who should take the lease over at `now`: `None` while it is held or when no
     /// agent is recently active; otherwise the lowest recently active agent id,
     /// passing over the lapsed holder unless it is the only one.
+    ///
+    /// Liveness fallback: a successor that is itself dead would otherwise block the
+    /// election until it leaves the active window. So for every further ttl the lease
+    /// stays lapsed, the turn passes to the next candidate in id order (round robin).
+    /// Two relays that disagree at a turn boundary may both take over at the same
+    /// epoch; the lease's join keeps the lower holder id, so they still converge.
     pub fn successor(
         &self,
         room: &str,
@@ -275,17 +282,33 @@ impl LeaseFold {
         now: Timestamp,
         rules: &LeaseRules,
     ) -> Option<String> {
-        let lapsed_holder = match self.status(room, name, now) {
-            LeaseStatus::Held { .. } => return None,
-            LeaseStatus::Vacant => None,
-            LeaseStatus::Lapsed { holder, .. } => Some(holder),
+        let (lapsed_holder, turn) = match (self.status(room, name, now), self.lease(room, name)) {
+            (LeaseStatus::Held { .. }, _) => return None,
+            (
+                LeaseStatus::Lapsed {
+                    holder, expired_at, ..
+                },
+                Some(l),
+            ) => {
+                let turn = now.saturating_sub(expired_at) / l.ttl_us.max(1);
+                (Some(holder), u64::try_from(turn).unwrap_or(0))
+            }
+            _ => (None, 0),
         };
         let active = self.recently_active(room, now, rules);
-        active
+        let mut candidates: Vec<&String> = active
             .iter()
-            .find(|a| Some(*a) != lapsed_holder.as_ref())
-            .or_else(|| active.first())
-            .cloned()
+            .filter(|a| Some(*a) != lapsed_holder.as_ref())
+            .collect();
+        if candidates.is_empty() {
+            candidates = active.iter().collect();
+        }
+        if candidates.is_empty() {
+            return None;
+        }
+        let n = candidates.len() as u64;
+        let pick = usize::try_from(turn % n).unwrap_or(0);
+        candidates.get(pick).map(|s| s.to_string())
     }
 
     /// The heartbeat agent `me` should append at `now`, if any: a renewal (same
@@ -518,6 +541,17 @@ mod tests {
             Some("w1")
         );
         assert!(f.due(ROOM, DEFAULT_LEASE, "w2", now, &rules).is_none());
+        // Had w1 not taken over within another ttl, w2's turn would come, then w1's.
+        let later = T0 + (90 + 91) * SEC;
+        assert_eq!(
+            f.successor(ROOM, DEFAULT_LEASE, later, &rules).as_deref(),
+            Some("w2")
+        );
+        assert_eq!(
+            f.successor(ROOM, DEFAULT_LEASE, later + 90 * SEC, &rules)
+                .as_deref(),
+            Some("w1")
+        );
         let takeover = f.due(ROOM, DEFAULT_LEASE, "w1", now, &rules).unwrap();
         assert_eq!(takeover.body["epoch"], 2);
 
