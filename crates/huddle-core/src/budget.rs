@@ -4,7 +4,7 @@
 //! `turn.replied` or `turn.failed` body, as a number or as `{"input": n, "output": m}`.
 //! The fold sums them per room (and per agent, for reports). The budget itself is room
 //! configuration ([`crate::config::RoomConfig::budget`]) and is passed in:
-//! [`BudgetFold::allows_new_claims`] is false once the room has spent its budget, so
+//! [`BudgetFold::budget_allows_new_claims`] is false once the room has spent its budget, so
 //! the scheduler stops starting work. Turns already running are not cut off, so a room
 //! can overshoot by what its in-flight turns use; it never starts more.
 //!
@@ -113,7 +113,7 @@ impl BudgetFold {
 
     /// Whether the scheduler may start new claims in `room` under `budget`
     /// (`RoomConfig::budget`; `None` is unlimited): true while spent < budget.
-    pub fn allows_new_claims(&self, room: &str, budget: Option<u64>) -> bool {
+    pub fn budget_allows_new_claims(&self, room: &str, budget: Option<u64>) -> bool {
         budget.is_none_or(|b| self.spent(room) < b)
     }
 
@@ -124,15 +124,9 @@ impl BudgetFold {
             spent,
             budget,
             remaining: budget.map(|b| b.saturating_sub(spent)),
-            allows_new_claims: self.allows_new_claims(room, budget),
+            allows_new_claims: self.budget_allows_new_claims(room, budget),
         }
     }
-}
-
-/// Whether the scheduler may start new claims in `room` under `budget`; see
-/// [`BudgetFold::allows_new_claims`].
-pub fn budget_allows_new_claims(fold: &BudgetFold, room: &str, budget: Option<u64>) -> bool {
-    fold.allows_new_claims(room, budget)
 }
 
 impl Fold for BudgetFold {
@@ -205,13 +199,13 @@ mod tests {
         assert_eq!(r.spent, 950);
         assert_eq!(r.by_agent["a"], 600);
         assert_eq!((r.reported_turns, r.unreported_turns), (2, 1));
-        assert!(f.allows_new_claims(ROOM, None));
-        assert!(f.allows_new_claims(ROOM, Some(951)));
-        assert!(!f.allows_new_claims(ROOM, Some(950)));
-        assert!(!budget_allows_new_claims(&f, ROOM, Some(0)));
+        assert!(f.budget_allows_new_claims(ROOM, None));
+        assert!(f.budget_allows_new_claims(ROOM, Some(951)));
+        assert!(!f.budget_allows_new_claims(ROOM, Some(950)));
+        assert!(!f.budget_allows_new_claims(ROOM, Some(0)));
         assert_eq!(f.status(ROOM, Some(1_000)).remaining, Some(50));
         assert_eq!(f.status(ROOM, Some(10)).remaining, Some(0));
-        assert!(f.allows_new_claims("other-room", Some(1)));
+        assert!(f.budget_allows_new_claims("other-room", Some(1)));
     }
 
     #[test]
@@ -243,7 +237,7 @@ mod tests {
         ]);
         let f = BudgetFold::from_interactions(&rows);
         assert_eq!(f.spent(ROOM), u64::MAX);
-        assert!(!f.allows_new_claims(ROOM, Some(u64::MAX)));
+        assert!(!f.budget_allows_new_claims(ROOM, Some(u64::MAX)));
     }
 
     fn turns() -> impl Strategy<Value = Vec<Interaction>> {
@@ -276,7 +270,7 @@ mod tests {
             let mut stopped = false;
             for r in positioned(rows) {
                 f.apply(&r);
-                let allows = f.allows_new_claims(ROOM, Some(budget));
+                let allows = f.budget_allows_new_claims(ROOM, Some(budget));
                 prop_assert!(!(stopped && allows));
                 stopped |= !allows;
             }

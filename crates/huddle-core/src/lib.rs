@@ -28,7 +28,7 @@ pub mod model;
 pub mod verbs;
 
 pub use barrier::{BarrierFold, BarrierRules, BarrierStatus};
-pub use budget::{budget_allows_new_claims, BudgetFold, BudgetStatus};
+pub use budget::{BudgetFold, BudgetStatus};
 pub use context::{render_related_context, select_related, ContextRules, RelatedContext};
 pub use decision::{DecisionFold, DecisionRules, DecisionStatus};
 pub use error::ModelError;
