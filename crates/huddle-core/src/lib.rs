@@ -14,16 +14,26 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod barrier;
+pub mod budget;
 pub mod canonical;
 pub mod config;
+pub mod context;
+pub mod decision;
 pub mod error;
 pub mod fold;
+pub mod lease;
 pub mod limits;
 pub mod model;
 pub mod verbs;
 
+pub use barrier::{BarrierFold, BarrierRules, BarrierStatus};
+pub use budget::{BudgetFold, BudgetStatus};
+pub use context::{render_related_context, select_related, ContextRules, RelatedContext};
+pub use decision::{DecisionFold, DecisionRules, DecisionStatus};
 pub use error::ModelError;
 pub use fold::{hash_state, Fold};
+pub use lease::{DirectiveCheck, LeaseFold, LeaseRules, LeaseStatus};
 pub use limits::Limits;
 pub use model::{
     validate_name, Interaction, InteractionId, NewInteraction, Position, RawRow, Role, Timestamp,
