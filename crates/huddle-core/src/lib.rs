@@ -15,15 +15,20 @@
 #![warn(missing_docs)]
 
 pub mod canonical;
+pub mod commands;
 pub mod config;
 pub mod error;
 pub mod fold;
+pub mod guards;
 pub mod limits;
 pub mod model;
 pub mod verbs;
 
+pub use commands::{owner_command, owner_command_in, CommandError, OwnerCommand};
+pub use config::{ConfigFold, RoomConfig};
 pub use error::ModelError;
 pub use fold::{hash_state, Fold};
+pub use guards::{GuardFold, Verdict};
 pub use limits::Limits;
 pub use model::{
     validate_name, Interaction, InteractionId, NewInteraction, Position, RawRow, Role, Timestamp,
