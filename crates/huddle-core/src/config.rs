@@ -25,6 +25,8 @@ use crate::limits::Limits;
 use crate::model::validate_name;
 
 mod fold;
+#[cfg(test)]
+pub(crate) mod testrows;
 
 pub use fold::{ConfigFold, ConfigSource, ExplainedSetting};
 
@@ -257,6 +259,11 @@ impl ConfigKey {
             ConfigKey::Budget => "budget",
             ConfigKey::MaxHops => "max-hops",
         }
+    }
+
+    /// The key named exactly `name`, if any.
+    pub fn from_name(name: &str) -> Option<ConfigKey> {
+        ConfigKey::ALL.into_iter().find(|k| k.as_str() == name)
     }
 
     /// The kind of value the key takes.
@@ -492,13 +499,10 @@ impl fmt::Display for ConfigKey {
 impl FromStr for ConfigKey {
     type Err = UnknownKey;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        ConfigKey::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| UnknownKey {
-                key: shorten(s),
-                suggestion: suggest_key(s),
-            })
+        ConfigKey::from_name(s).ok_or_else(|| UnknownKey {
+            key: shorten(s),
+            suggestion: suggest_key(s),
+        })
     }
 }
 
@@ -970,7 +974,7 @@ fn suggest_key(typed: &str) -> Option<&'static str> {
         return None;
     }
     let typed = typed.to_ascii_lowercase();
-    if let Ok(k) = typed.replace('_', "-").parse::<ConfigKey>() {
+    if let Some(k) = ConfigKey::from_name(&typed.replace('_', "-")) {
         return Some(k.as_str());
     }
     let prefixed: Vec<_> = ConfigKey::ALL
@@ -1000,4 +1004,321 @@ fn edit_distance(a: &str, b: &str) -> usize {
         prev = cur;
     }
     prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn parse(key: ConfigKey, text: &str) -> (ConfigValue, Option<String>) {
+        let (v, note) = key.parse_value(text).unwrap();
+        (v, note.map(|n| n.to_string()))
+    }
+
+    #[test]
+    fn durations_parse_in_every_unit() {
+        for (text, ms) in [
+            ("500ms", 500),
+            ("30s", 30_000),
+            ("2m", 120_000),
+            ("1h", 3_600_000),
+            ("1.5s", 1_500),
+            ("1m30s", 90_000),
+            ("0.25m", 15_000),
+            ("2min", 120_000),
+            ("10sec", 10_000),
+            ("0", 0),
+        ] {
+            assert_eq!(parse_duration(text), Ok(ms), "{text}");
+        }
+        for bad in [
+            "", "30", "5x", "s", "1..5s", "1.s", "ms", "3 s", "1h-2m", "-",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            parse_duration("30").unwrap_err(),
+            "\"30\" needs a unit: ms, s, m or h"
+        );
+        // Saturates instead of overflowing.
+        assert_eq!(parse_duration("99999999999999999999999h"), Ok(u64::MAX));
+    }
+
+    #[test]
+    fn durations_format_the_way_they_parse() {
+        for (ms, text) in [
+            (0, "0ms"),
+            (250, "250ms"),
+            (1_500, "1.5s"),
+            (1_250, "1.25s"),
+            (30_000, "30s"),
+            (90_000, "90s"),
+            (120_000, "2m"),
+            (3_600_000, "1h"),
+        ] {
+            assert_eq!(format_duration(ms), text);
+            assert_eq!(parse_duration(text), Ok(ms));
+        }
+    }
+
+    #[test]
+    fn numbers_are_clamped_and_the_clamp_is_reported() {
+        assert_eq!(
+            parse(ConfigKey::Rate, "0"),
+            (
+                ConfigValue::Count(1),
+                Some("rate 0 is below the minimum 1; using 1".into())
+            )
+        );
+        assert_eq!(
+            parse(ConfigKey::LoopMax, "-3"),
+            (
+                ConfigValue::Count(1),
+                Some("loop-max -3 is below the minimum 1; using 1".into())
+            )
+        );
+        assert_eq!(
+            parse(ConfigKey::ClaimTtl, "2h"),
+            (
+                ConfigValue::Millis(3_600_000),
+                Some("claim-ttl 2h is above the maximum 1h; using 1h".into())
+            )
+        );
+        assert_eq!(
+            parse(ConfigKey::ClaimTtl, "500ms"),
+            (
+                ConfigValue::Millis(1_000),
+                Some("claim-ttl 500ms is below the minimum 1s; using 1s".into())
+            )
+        );
+        assert_eq!(
+            parse(ConfigKey::Rate, "99999999999999999999999999"),
+            (
+                ConfigValue::Count(1_000),
+                Some(
+                    "rate 99999999999999999999999999 is above the maximum 1000; using 1000".into()
+                )
+            )
+        );
+        assert_eq!(
+            parse(ConfigKey::LoopCooldown, "0"),
+            (
+                ConfigValue::Millis(1_000),
+                Some("loop-cooldown 0 is below the minimum 1s; using 1s".into())
+            )
+        );
+        // In range: no note.
+        assert_eq!(parse(ConfigKey::Rate, "5"), (ConfigValue::Count(5), None));
+        assert_eq!(
+            parse(ConfigKey::MaxHops, "0"),
+            (ConfigValue::Count(0), None)
+        );
+        assert_eq!(
+            parse(ConfigKey::ResponderWindow, "1.5s"),
+            (ConfigValue::Millis(1_500), None)
+        );
+    }
+
+    #[test]
+    fn every_kind_of_value_parses() {
+        assert_eq!(
+            parse(ConfigKey::Responder, "role-priority").0,
+            ConfigValue::Responder(Responder::RolePriority)
+        );
+        assert_eq!(
+            parse(ConfigKey::Allocation, "BID").0,
+            ConfigValue::Allocation(Allocation::Bid)
+        );
+        assert_eq!(
+            parse(ConfigKey::ResponderAgent, "@ana").0,
+            ConfigValue::Agent(Some("ana".into()))
+        );
+        assert_eq!(
+            parse(ConfigKey::ResponderAgent, "none").0,
+            ConfigValue::Agent(None)
+        );
+        assert_eq!(
+            parse(ConfigKey::RequireMention, "on").0,
+            ConfigValue::Flag(true)
+        );
+        assert_eq!(
+            parse(ConfigKey::RequireMention, "no").0,
+            ConfigValue::Flag(false)
+        );
+        assert_eq!(
+            parse(ConfigKey::Budget, "200k").0,
+            ConfigValue::Budget(Some(200_000))
+        );
+        assert_eq!(
+            parse(ConfigKey::Budget, "1.5M").0,
+            ConfigValue::Budget(Some(1_500_000))
+        );
+        assert_eq!(
+            parse(ConfigKey::Budget, "1_000").0,
+            ConfigValue::Budget(Some(1_000))
+        );
+        assert_eq!(
+            parse(ConfigKey::Budget, "unlimited").0,
+            ConfigValue::Budget(None)
+        );
+    }
+
+    #[test]
+    fn bad_values_say_what_is_expected() {
+        let err = |k: ConfigKey, v: &str| k.parse_value(v).unwrap_err().to_string();
+        assert_eq!(
+            err(ConfigKey::Responder, "first"),
+            "bad value `first` for `responder`: expected race, designated or role-priority"
+        );
+        assert_eq!(
+            err(ConfigKey::ClaimTtl, "30"),
+            "bad value `30` for `claim-ttl`: expected a duration such as 500ms, 30s, 2m or \
+             1h, from 1s to 1h"
+        );
+        assert_eq!(
+            err(ConfigKey::Rate, "1.5"),
+            "bad value `1.5` for `rate`: expected a whole number from 1 to 1000"
+        );
+        assert_eq!(
+            err(ConfigKey::RequireMention, "maybe"),
+            "bad value `maybe` for `require-mention`: expected on or off"
+        );
+        assert!(ConfigKey::ResponderAgent.parse_value("a/b").is_err());
+        assert!(ConfigKey::Budget.parse_value("5T").is_err());
+        assert!(ConfigKey::Budget.parse_value("k").is_err());
+    }
+
+    #[test]
+    fn unknown_keys_suggest_the_nearest() {
+        let e = "rat".parse::<ConfigKey>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown config key `rat` (did you mean `rate`?); `!config help` lists the keys"
+        );
+        assert_eq!(
+            "claim_ttl".parse::<ConfigKey>().unwrap_err().suggestion,
+            Some("claim-ttl")
+        );
+        assert_eq!("resp".parse::<ConfigKey>().unwrap_err().suggestion, None);
+        assert_eq!(
+            "bid-w".parse::<ConfigKey>().unwrap_err().suggestion,
+            Some("bid-window")
+        );
+        assert_eq!(
+            "zzzzzzzz".parse::<ConfigKey>().unwrap_err().suggestion,
+            None
+        );
+    }
+
+    #[test]
+    fn every_key_round_trips_its_default_through_text_and_json() {
+        for key in ConfigKey::ALL {
+            assert_eq!(key.as_str().parse::<ConfigKey>(), Ok(key));
+            let default = key.default_value();
+            let (parsed, note) = key.parse_value(&default.to_string()).unwrap();
+            assert_eq!(parsed, default, "{key}");
+            assert_eq!(note, None, "{key}");
+            assert_eq!(key.value_from_json(&default.to_json()), Ok(default));
+            if let Some(b) = key.bounds() {
+                assert!(b.min <= b.max);
+            }
+        }
+        assert!(RoomConfig::default().is_within_clamps());
+    }
+
+    #[test]
+    fn config_set_bodies_round_trip_and_bad_ones_are_refused() {
+        let mut body = ConfigSetBody::default();
+        body.set.insert(ConfigKey::Rate, ConfigValue::Count(5));
+        body.set
+            .insert(ConfigKey::LoopCooldown, ConfigValue::Millis(120_000));
+        body.set
+            .insert(ConfigKey::Budget, ConfigValue::Budget(None));
+        body.reset.insert(ConfigKey::MaxHops);
+        let json = body.to_json();
+        assert_eq!(
+            json,
+            json!({"set": {"rate": 5, "loop-cooldown": 120000, "budget": null},
+                   "reset": ["max-hops"]})
+        );
+        assert_eq!(ConfigSetBody::from_json(&json), Ok(body));
+
+        let refused = [
+            json!("rate 5"),
+            json!({}),
+            json!({"set": []}),
+            json!({"reset": "rate"}),
+            json!({"reset": [1]}),
+            json!({"set": {"rate": "five"}}),
+            json!({"set": {"rate": 1.5}}),
+            json!({"set": {"rate": 5}, "reset": ["rate"]}),
+            json!({"set": {"responder": "boss"}}),
+            json!({"set": {"unknown-key": 1}}),
+        ];
+        for body in refused {
+            assert!(ConfigSetBody::from_json(&body).is_err(), "{body}");
+        }
+        // Unknown keys are skipped beside known ones; negatives read as 0.
+        let mixed = ConfigSetBody::from_json(&json!({"set": {"future": 1, "rate": -4}})).unwrap();
+        assert_eq!(mixed.set.len(), 1);
+        assert_eq!(mixed.set[&ConfigKey::Rate], ConfigValue::Count(0));
+    }
+
+    fn any_key() -> impl Strategy<Value = ConfigKey> {
+        prop::sample::select(ConfigKey::ALL.to_vec())
+    }
+
+    fn any_value() -> impl Strategy<Value = ConfigValue> {
+        prop_oneof![
+            prop::sample::select(Responder::ALL.to_vec()).prop_map(ConfigValue::Responder),
+            prop::sample::select(Allocation::ALL.to_vec()).prop_map(ConfigValue::Allocation),
+            proptest::option::of("[a-z/@ ]{0,4}").prop_map(ConfigValue::Agent),
+            any::<u64>().prop_map(ConfigValue::Millis),
+            any::<u64>().prop_map(ConfigValue::Count),
+            any::<bool>().prop_map(ConfigValue::Flag),
+            proptest::option::of(any::<u64>()).prop_map(ConfigValue::Budget),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn parsed_values_are_always_inside_their_clamps(key in any_key(), text in "\\PC{0,24}|-?[0-9_.]{1,30}(ms|s|m|h|k|M)?") {
+            if let Ok((value, note)) = key.parse_value(&text) {
+                prop_assert_eq!(key.clamp(value.clone()), value.clone());
+                let mut config = RoomConfig::default();
+                prop_assert!(config.set(key, value.clone()));
+                prop_assert!(config.is_within_clamps());
+                if let Some(note) = note {
+                    prop_assert_eq!(note.used, value);
+                }
+            }
+        }
+
+        #[test]
+        fn any_assignment_reads_back_inside_the_clamps(writes in prop::collection::vec((any_key(), any_value()), 0..20)) {
+            let mut config = RoomConfig::default();
+            for (k, v) in writes {
+                config.set(k, v);
+            }
+            prop_assert!(config.is_within_clamps());
+            // A config built field by field, bypassing set, is clamped on read.
+            let wild = RoomConfig {
+                claim_ttl_ms: 0,
+                rate: 0,
+                loop_max: 0,
+                max_hops: u32::MAX,
+                responder_agent: Some("bad name".into()),
+                ..config
+            };
+            prop_assert!(wild.clamped().is_within_clamps());
+            prop_assert!(!wild.is_within_clamps());
+        }
+
+        #[test]
+        fn durations_round_trip(ms in 0u64..100_000_000_000) {
+            prop_assert_eq!(parse_duration(&format_duration(ms)), Ok(ms));
+        }
+    }
 }
