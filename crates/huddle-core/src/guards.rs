@@ -366,3 +366,350 @@ pub fn check_message(
     let effective = config.effective(&message.room, message.thread.as_deref());
     guards.check(&TurnRequest::for_message(message, now), &effective)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::testrows::row;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    const S: Timestamp = 1_000_000; // one second in µs
+
+    fn msg(pos: u64, at: Timestamp, thread: Option<&str>, actor: &str, role: Role) -> Interaction {
+        row(
+            pos,
+            at,
+            "lobby",
+            thread,
+            Verb::MessagePosted,
+            actor,
+            role,
+            json!({"text": "hi"}),
+        )
+    }
+
+    fn req<'a>(sender: &'a str, role: Role, now: Timestamp) -> TurnRequest<'a> {
+        TurnRequest::new("lobby", None, sender, role, now)
+    }
+
+    fn deny(v: Verdict) -> DenyReason {
+        match v {
+            Verdict::Deny(r) => r,
+            Verdict::Allow => panic!("expected a denial"),
+        }
+    }
+
+    #[test]
+    fn hops_at_the_limit_pass_and_one_more_is_denied() {
+        let guards = GuardFold::new();
+        let config = RoomConfig::default(); // max_hops 3
+        let mut r = req("ana", Role::Human, 0);
+        r.hops = Hops::Count(3);
+        assert_eq!(guards.check(&r, &config), Verdict::Allow);
+        r.hops = Hops::Count(4);
+        assert_eq!(
+            deny(guards.check(&r, &config)).to_string(),
+            "message forwarded 4 times; max-hops is 3"
+        );
+        r.hops = Hops::Malformed;
+        assert_eq!(deny(guards.check(&r, &config)), DenyReason::MalformedHops);
+
+        assert_eq!(hops_of(&json!({"text": "x"})), Hops::Count(0));
+        assert_eq!(hops_of(&json!({"hops": 2})), Hops::Count(2));
+        for bad in [
+            json!({"hops": -1}),
+            json!({"hops": 1.5}),
+            json!({"hops": "2"}),
+        ] {
+            assert_eq!(hops_of(&bad), Hops::Malformed);
+        }
+        assert_eq!(next_hops(&json!({"hops": 2})), Some(3));
+        assert_eq!(next_hops(&json!({})), Some(1));
+        assert_eq!(next_hops(&json!({"hops": null})), None);
+        let forwarded = row(
+            1,
+            0,
+            "lobby",
+            None,
+            Verb::MessagePosted,
+            "bot",
+            Role::Agent,
+            json!({"text": "fwd", "hops": 9}),
+        );
+        assert_eq!(TurnRequest::for_message(&forwarded, 0).hops, Hops::Count(9));
+    }
+
+    #[test]
+    fn the_loop_cap_stops_the_fifth_agent_turn_until_cooldown_or_a_person() {
+        let config = RoomConfig::default(); // loop_max 4, cooldown 30 s
+        let mut guards = GuardFold::new();
+        guards.apply(&msg(1, 0, None, "ana", Role::Human));
+        for i in 0..3 {
+            guards.apply(&msg(2 + i, (i as i64 + 1) * S, None, "bot", Role::Agent));
+        }
+        // Three agent messages in a row: a fourth turn may still run.
+        assert!(guards
+            .check(&req("bot", Role::Agent, 4 * S), &config)
+            .is_allow());
+        guards.apply(&msg(5, 4 * S, None, "bot2", Role::Agent));
+        // Four in a row: denied until 30 s after the last one.
+        let r = deny(guards.check(&req("bot2", Role::Agent, 4 * S), &config));
+        assert_eq!(
+            r,
+            DenyReason::LoopCap {
+                consecutive: 4,
+                loop_max: 4,
+                until: 34 * S
+            }
+        );
+        assert!(!guards
+            .check(&req("bot", Role::Agent, 34 * S - 1), &config)
+            .is_allow());
+        assert!(guards
+            .check(&req("bot", Role::Agent, 34 * S), &config)
+            .is_allow());
+        // After the cooldown one more message runs, and the next waits a full cooldown.
+        guards.apply(&msg(6, 40 * S, None, "bot", Role::Agent));
+        assert!(!guards
+            .check(&req("bot2", Role::Agent, 41 * S), &config)
+            .is_allow());
+        assert!(guards
+            .check(&req("bot2", Role::Agent, 70 * S), &config)
+            .is_allow());
+        // System rows neither count nor reset.
+        guards.apply(&msg(7, 41 * S, None, "huddle", Role::System));
+        assert_eq!(guards.loop_run("lobby", None).agent_messages, 5);
+        // A person resets it at once; so does the owner.
+        guards.apply(&msg(8, 42 * S, None, "ana", Role::Human));
+        assert!(guards
+            .check(&req("ana", Role::Human, 42 * S), &config)
+            .is_allow());
+        assert_eq!(guards.loop_run("lobby", None), LoopRun::default());
+        for i in 0..4 {
+            guards.apply(&msg(9 + i, 43 * S, None, "bot", Role::Agent));
+        }
+        assert!(!guards
+            .check(&req("x", Role::Agent, 43 * S), &config)
+            .is_allow());
+        guards.apply(&msg(20, 44 * S, None, "olga", Role::Owner));
+        assert!(guards
+            .check(&req("x", Role::Agent, 44 * S), &config)
+            .is_allow());
+    }
+
+    #[test]
+    fn loop_counts_are_per_scope_and_config_changes_apply_at_once() {
+        let mut guards = GuardFold::new();
+        for i in 0..2 {
+            guards.apply(&msg(1 + i, S, Some("t1"), "bot", Role::Agent));
+        }
+        guards.apply(&msg(10, S, None, "ana", Role::Human));
+        assert_eq!(
+            guards.loop_run("lobby", Some("t1")).agent_messages,
+            2,
+            "room message does not reset a thread"
+        );
+        assert_eq!(guards.loop_run("lobby", Some("t2")).agent_messages, 0);
+        let t1 = TurnRequest::new("lobby", Some("t1"), "bot", Role::Agent, 2 * S);
+        assert!(guards.check(&t1, &RoomConfig::default()).is_allow());
+        let strict = RoomConfig {
+            loop_max: 2,
+            ..RoomConfig::default()
+        };
+        assert!(!guards.check(&t1, &strict).is_allow());
+        // A config that tries to switch the guard off is clamped on the way in.
+        let off = RoomConfig {
+            loop_max: 0,
+            loop_cooldown_ms: 0,
+            rate: 0,
+            ..RoomConfig::default()
+        };
+        let soon = TurnRequest::new("lobby", Some("t1"), "bot", Role::Agent, S + S / 2);
+        let r = deny(guards.check(&soon, &off));
+        assert!(
+            matches!(r, DenyReason::LoopCap { loop_max: 1, until, .. } if until == 2 * S),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn the_rate_cap_is_a_sliding_window_over_database_time() {
+        let config = RoomConfig::default(); // 10 per 60 s
+        let mut guards = GuardFold::new();
+        // Ten messages, one per second from t = 1 s.
+        for i in 1..=10 {
+            guards.apply(&msg(i as u64, i * S, None, "spam", Role::Human));
+        }
+        assert!(guards
+            .check(&req("spam", Role::Human, 10 * S), &config)
+            .is_allow());
+        guards.apply(&msg(11, 11 * S, None, "spam", Role::Human));
+        let r = deny(guards.check(&req("spam", Role::Human, 11 * S), &config));
+        assert_eq!(
+            r,
+            DenyReason::RateCap {
+                sender: "spam".into(),
+                sent: 11,
+                rate: 10,
+                window_ms: 60_000,
+                retry_at: 61 * S,
+            }
+        );
+        // The window is (now - 60 s, now]: the message at 1 s leaves at exactly 61 s.
+        assert!(!guards
+            .check(&req("spam", Role::Human, 61 * S - 1), &config)
+            .is_allow());
+        assert!(guards
+            .check(&req("spam", Role::Human, 61 * S), &config)
+            .is_allow());
+        assert_eq!(guards.sent_in_window("lobby", "spam", 61 * S, 60_000), 10);
+        // Others are not affected; the owner is exempt; later rows are not counted.
+        assert!(guards
+            .check(&req("ana", Role::Human, 11 * S), &config)
+            .is_allow());
+        for i in 0..20 {
+            guards.apply(&msg(100 + i, 12 * S, None, "olga", Role::Owner));
+        }
+        assert!(guards
+            .check(&req("olga", Role::Owner, 12 * S), &config)
+            .is_allow());
+        assert_eq!(guards.sent_in_window("lobby", "spam", 5 * S, 60_000), 5);
+        // A tighter config applies at the next check.
+        let tight = RoomConfig {
+            rate: 3,
+            rate_window_ms: 5_000,
+            ..RoomConfig::default()
+        };
+        let r = deny(guards.check(&req("spam", Role::Human, 11 * S), &tight));
+        assert!(
+            matches!(r, DenyReason::RateCap { sent: 5, retry_at, .. } if retry_at == 8 * S + 5 * S),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn send_times_are_bounded_and_still_exact_at_the_highest_rate() {
+        let mut guards = GuardFold::new();
+        for i in 0..2_500u64 {
+            guards.apply(&msg(i, i as i64, None, "bot", Role::Human));
+        }
+        assert_eq!(guards.rooms["lobby"].senders["bot"].len(), RATE_MEMORY);
+        let config = RoomConfig {
+            rate: 1_000,
+            rate_window_ms: 60_000,
+            ..RoomConfig::default()
+        };
+        assert!(!guards
+            .check(&req("bot", Role::Human, 2_500), &config)
+            .is_allow());
+        // Out-of-order times are kept sorted.
+        guards.apply(&msg(3_000, -5, None, "late", Role::Human));
+        guards.apply(&msg(3_001, -9, None, "late", Role::Human));
+        assert_eq!(guards.rooms["lobby"].senders["late"], vec![-9, -5]);
+    }
+
+    #[test]
+    fn check_message_uses_the_effective_config_of_the_scope() {
+        let mut config = ConfigFold::new();
+        config.apply(&row(
+            1,
+            0,
+            "lobby",
+            None,
+            Verb::RoomCreated,
+            "olga",
+            Role::Owner,
+            json!({"owner": "olga"}),
+        ));
+        config.apply(&row(
+            2,
+            0,
+            "lobby",
+            Some("t1"),
+            Verb::ConfigSet,
+            "olga",
+            Role::Owner,
+            json!({"set": {"max-hops": 0}}),
+        ));
+        let guards = GuardFold::new();
+        let fwd = |thread| {
+            row(
+                3,
+                0,
+                "lobby",
+                thread,
+                Verb::MessagePosted,
+                "bot",
+                Role::Agent,
+                json!({"hops": 1}),
+            )
+        };
+        assert!(check_message(&guards, &config, &fwd(None), 0).is_allow());
+        assert_eq!(
+            check_message(&guards, &config, &fwd(Some("t1")), 0),
+            Verdict::Deny(DenyReason::TooManyHops {
+                hops: 1,
+                max_hops: 0
+            })
+        );
+    }
+
+    fn any_rows() -> impl Strategy<Value = Vec<Interaction>> {
+        let one = (
+            proptest::option::of(prop::sample::select(vec!["t1", "t2"])),
+            prop::sample::select(vec!["ana", "bot", "olga"]),
+            prop::sample::select(vec![Role::Owner, Role::Human, Role::Agent, Role::System]),
+            -100i64..100,
+            prop::sample::select(vec![Verb::MessagePosted, Verb::TurnReplied]),
+        );
+        prop::collection::vec(one, 0..60).prop_map(|rows| {
+            let mut at = 0;
+            rows.into_iter()
+                .enumerate()
+                .map(|(i, (thread, actor, role, step, verb))| {
+                    at += step * 100_000;
+                    row(
+                        i as u64,
+                        at,
+                        "lobby",
+                        thread,
+                        verb,
+                        actor,
+                        role,
+                        json!({"n": i}),
+                    )
+                })
+                .collect()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn guard_fold_incremental_equals_rebuild_and_check_never_panics(
+            rows in any_rows(),
+            split in 0usize..60,
+            now in any::<i64>(),
+            loop_max in any::<u32>(),
+            rate in any::<u32>(),
+            window in any::<u64>(),
+            cooldown in any::<u64>(),
+        ) {
+            let full = GuardFold::rebuild(&rows);
+            let split = split.min(rows.len());
+            let mut inc = GuardFold::rebuild(&rows[..split]);
+            inc.apply_all(&rows[split..]);
+            prop_assert_eq!(inc.state_hash(), full.state_hash());
+            let config = RoomConfig { loop_max, rate, rate_window_ms: window, loop_cooldown_ms: cooldown, ..RoomConfig::default() };
+            for thread in [None, Some("t1"), Some("t2")] {
+                for (sender, role) in [("ana", Role::Human), ("bot", Role::Agent)] {
+                    let r = TurnRequest::new("lobby", thread, sender, role, now);
+                    if let Verdict::Deny(DenyReason::RateCap { sent, rate, retry_at, .. }) = full.check(&r, &config) {
+                        prop_assert!(sent > u64::from(rate));
+                        prop_assert!(retry_at > now || retry_at == Timestamp::MAX);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -47,9 +47,9 @@ pub struct TaskSpec {
     pub line: usize,
 }
 
-/// A parsed `!delegate`: its tasks in dependency order (every task after the tasks
-/// it waits for; ties in the order they were written). The same text always gives
-/// the same plan.
+/// A parsed `!delegate`: its tasks in dependency order. Every task comes after the
+/// tasks it waits for; at each step the earliest-written task whose dependencies are
+/// all placed comes next. The same text always gives the same plan.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct DelegatePlan {
     /// The tasks.
@@ -551,7 +551,8 @@ fn parse_deps(id: &str, inner: &str) -> Result<Vec<String>, DelegateErrorKind> {
 }
 
 /// Orders the tasks so every task comes after the tasks of the plan it waits for
-/// (ties by line), or names every cycle.
+/// (Kahn's algorithm, taking the earliest line among the ready ones), or names every
+/// cycle.
 fn order_tasks(tasks: Vec<TaskSpec>) -> Result<Vec<TaskSpec>, Vec<DelegateError>> {
     let index: BTreeMap<&str, usize> = tasks
         .iter()

@@ -23,6 +23,8 @@
 
 mod config_cmd;
 mod delegate;
+#[cfg(test)]
+mod tests;
 
 pub use config_cmd::{
     get_reply, help_text, parse_config, ConfigChange, ConfigCommand, ConfigError, ConfigTarget,
