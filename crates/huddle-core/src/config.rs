@@ -1322,3 +1322,36 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod doc_tests {
+    use super::*;
+
+    /// The key table in the protocol docs matches the code: every key, its default
+    /// and its range.
+    #[test]
+    fn docs_list_every_key_with_its_default_and_range() {
+        let docs = include_str!("../../../docs/protocol/commands.md");
+        for key in ConfigKey::ALL {
+            let prefix = format!("| `{key}` |");
+            let row = docs
+                .lines()
+                .find(|l| l.starts_with(&prefix))
+                .unwrap_or_else(|| panic!("docs/protocol/commands.md has no row for {key}"));
+            let default = key.default_value().to_string();
+            assert!(
+                row.contains(&format!("| {default} |")),
+                "{key}: default {default} in {row}"
+            );
+            if let Some(b) = key.bounds() {
+                let show = |n| match key.kind() {
+                    ValueKind::Duration => format_duration(n),
+                    ValueKind::Budget => format_count(n),
+                    _ => n.to_string(),
+                };
+                let range = format!("{} – {}", show(b.min), show(b.max));
+                assert!(row.contains(&range), "{key}: range {range} in {row}");
+            }
+        }
+    }
+}
