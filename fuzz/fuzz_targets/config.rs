@@ -27,7 +27,11 @@ fn row(pos: u64, verb: Verb, body: serde_json::Value) -> Interaction {
 
 fuzz_target!(|data: &[u8]| {
     let mut fold = ConfigFold::new();
-    fold.apply(&row(1, Verb::RoomCreated, serde_json::json!({"owner": "olga"})));
+    fold.apply(&row(
+        1,
+        Verb::RoomCreated,
+        serde_json::json!({"owner": "olga"}),
+    ));
 
     // As a command typed in chat.
     if let Ok(text) = std::str::from_utf8(data) {

@@ -21,7 +21,11 @@ fuzz_target!(|data: &[u8]| {
         assert!(!task.label.is_empty());
         assert!(!task.id.is_empty() && task.id.len() <= 64);
         for dep in &task.deps {
-            assert!(placed.contains(dep), "{} comes before its dependency {dep}", task.id);
+            assert!(
+                placed.contains(dep),
+                "{} comes before its dependency {dep}",
+                task.id
+            );
         }
         assert!(placed.insert(task.id.clone()), "duplicate id {}", task.id);
     }

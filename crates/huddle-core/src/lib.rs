@@ -25,7 +25,7 @@ pub mod model;
 pub mod verbs;
 
 pub use commands::{owner_command, owner_command_in, CommandError, OwnerCommand};
-pub use config::{ConfigFold, RoomConfig};
+pub use config::ConfigFold;
 pub use error::ModelError;
 pub use fold::{hash_state, Fold};
 pub use guards::{GuardFold, Verdict};
