@@ -14,12 +14,16 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod board;
 pub mod canonical;
 pub mod config;
 pub mod error;
 pub mod fold;
 pub mod limits;
 pub mod model;
+pub mod policy;
+pub mod sync;
+pub mod tasks;
 pub mod verbs;
 
 pub use error::ModelError;
@@ -29,3 +33,7 @@ pub use model::{
     validate_name, Interaction, InteractionId, NewInteraction, Position, RawRow, Role, Timestamp,
 };
 pub use verbs::Verb;
+
+pub use board::{Board, CoordinationBlock, CoordinationDelivery};
+pub use sync::{ClaimEpoch, ClaimRef, Event, Intent, LocalAgent, Synchronizer};
+pub use tasks::{Task, TaskDag, TaskStatus};
