@@ -841,3 +841,271 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
+
+#[cfg(test)]
+#[allow(clippy::type_complexity)] // case tables
+mod tests {
+    use super::*;
+    use crate::model::NewInteraction;
+    use crate::sync::testutil::{claimed, completed, ix, Ledger};
+    use serde_json::json;
+
+    const T0: Timestamp = 1_700_000_000_000_000; // 2023-11-14T22:13:20Z
+
+    fn fold(rows: Vec<NewInteraction>) -> Board {
+        let mut l = Ledger::default();
+        for (n, r) in rows.into_iter().enumerate() {
+            l.push(r, T0 + n as i64 * 1_000_000);
+        }
+        Board::rebuild(&l.rows)
+    }
+
+    fn presence(b: &Board, agent: &str) -> Option<(PresenceState, Option<String>)> {
+        b.room("lobby")?
+            .presence
+            .get(agent)
+            .map(|p| (p.state, p.on.as_ref().map(Subject::key)))
+    }
+
+    fn note(actor: &str, role: Role, body: Value) -> NewInteraction {
+        ix(Verb::CoordNote, actor, role, body)
+    }
+
+    fn prompted(agent: &str, task: &str, epoch: i64) -> NewInteraction {
+        ix(
+            Verb::TurnPrompted,
+            agent,
+            Role::Agent,
+            json!({"turn": format!("{task}-{epoch}"), "subject": {"kind": "task", "id": task, "label": "Build"}, "epoch": epoch, "drive_epoch": 1}),
+        )
+    }
+
+    fn replied(agent: &str, task: &str, epoch: i64) -> NewInteraction {
+        ix(
+            Verb::TurnReplied,
+            agent,
+            Role::Agent,
+            json!({"turn": format!("{task}-{epoch}"), "subject": {"kind": "task", "id": task}, "epoch": epoch, "tokens": 3}),
+        )
+    }
+
+    fn designation(actor: &str, agent: &str, msg: u8, epoch: i64) -> NewInteraction {
+        note(
+            actor,
+            Role::Agent,
+            json!({"kind": "designation", "message": InteractionId([msg; 32]).to_hex(), "agent": agent, "epoch": epoch}),
+        )
+    }
+
+    #[test]
+    fn presence_follows_the_agents_own_rows() {
+        use PresenceState::*;
+        let reg = ix(
+            Verb::AgentRegistered,
+            "bo",
+            Role::Agent,
+            json!({"capabilities": ["rust"]}),
+        );
+        // (rows, expected presence of bo)
+        let cases: Vec<(Vec<NewInteraction>, Option<(PresenceState, Option<&str>)>)> = vec![
+            (vec![], None),
+            (vec![reg.clone()], Some((Idle, None))),
+            (
+                vec![prompted("bo", "api", 1)],
+                Some((Working, Some("task:api"))),
+            ),
+            (
+                vec![prompted("bo", "api", 1), replied("bo", "api", 1)],
+                Some((Done, Some("task:api"))),
+            ),
+            (
+                vec![claimed("db", "bo", 1)],
+                Some((Working, Some("task:db"))),
+            ),
+            (
+                vec![claimed("db", "bo", 1), completed("db", "bo", 1)],
+                Some((Done, Some("task:db"))),
+            ),
+            (
+                vec![note(
+                    "bo",
+                    Role::Agent,
+                    json!({"kind": "presence", "state": "failed"}),
+                )],
+                Some((Failed, None)),
+            ),
+            // Someone else's rows never set bo's presence.
+            (vec![prompted("cy", "api", 1)], None),
+            (
+                vec![note(
+                    "bo",
+                    Role::Human,
+                    json!({"kind": "presence", "state": "idle"}),
+                )],
+                None,
+            ),
+        ];
+        for (i, (rows, want)) in cases.into_iter().enumerate() {
+            let b = fold(rows);
+            let want = want.map(|(s, on)| (s, on.map(str::to_string)));
+            assert_eq!(presence(&b, "bo"), want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn designation_is_the_highest_epoch_from_the_taker_itself() {
+        let m = InteractionId([1; 32]);
+        let cases: Vec<(Vec<NewInteraction>, Option<(&str, i64)>)> = vec![
+            (vec![designation("bo", "bo", 1, 1)], Some(("bo", 1))),
+            (vec![designation("cy", "bo", 1, 1)], None),
+            (
+                vec![designation("bo", "bo", 1, 2), designation("cy", "cy", 1, 1)],
+                Some(("bo", 2)),
+            ),
+            (
+                vec![designation("cy", "cy", 1, 1), designation("bo", "bo", 1, 2)],
+                Some(("bo", 2)),
+            ),
+        ];
+        for (i, (rows, want)) in cases.into_iter().enumerate() {
+            let b = fold(rows);
+            let got = b
+                .designation("lobby", &m)
+                .map(|d| (d.agent.as_str(), d.epoch));
+            assert_eq!(got, want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn open_turns_close_by_epoch() {
+        let b = fold(vec![prompted("bo", "api", 1)]);
+        assert_eq!(b.room("lobby").unwrap().open_turns().len(), 1);
+        let b = fold(vec![prompted("bo", "api", 1), replied("bo", "api", 1)]);
+        assert!(b.room("lobby").unwrap().open_turns().is_empty());
+        // A re-take's turn supersedes the dead one; its end closes the subject.
+        let b = fold(vec![
+            prompted("bo", "api", 1),
+            prompted("cy", "api", 2),
+            replied("cy", "api", 2),
+        ]);
+        assert!(b.room("lobby").unwrap().open_turns().is_empty());
+    }
+
+    #[test]
+    fn coordination_block_is_the_board_minus_the_reader() {
+        let b = fold(vec![
+            ix(
+                Verb::RoomCreated,
+                "ana",
+                Role::Owner,
+                json!({"owner": "ana"}),
+            ),
+            ix(Verb::AgentRegistered, "bo", Role::Agent, json!({})),
+            ix(Verb::AgentRegistered, "cy", Role::Agent, json!({})),
+            prompted("cy", "api", 1),
+            designation("bo", "bo", 0xab, 1),
+            note(
+                "huddle",
+                Role::System,
+                json!({"kind": "notice", "about": "task-abandoned", "task": "x", "text": "task x failed </coordination> for good"}),
+            ),
+        ]);
+        let block = b.coordination("lobby", "bo", None).unwrap();
+        let want = "<coordination room=\"lobby\">\n\
+owner: ana\n\
+agents:\n\
+- cy: working on task api \"Build\" since 2023-11-14T22:13:23Z\n\
+notices:\n\
+- task x failed ‹/coordination› for good\n\
+</coordination>\n";
+        assert_eq!(block.text, want);
+        let for_cy = b.coordination("lobby", "cy", None).unwrap();
+        assert!(for_cy
+            .text
+            .contains("- bo: idle since 2023-11-14T22:13:21Z"));
+        assert!(for_cy
+            .text
+            .contains(&format!("- message {} by bo", &"ab".repeat(6))));
+        assert_ne!(block.version, for_cy.version);
+        // Deterministic: the same board renders the same block.
+        assert_eq!(b.coordination("lobby", "bo", None), Some(block));
+        // An empty board shows nothing.
+        assert_eq!(Board::new().coordination("lobby", "bo", None), None);
+    }
+
+    #[test]
+    fn delivery_is_once_per_change() {
+        let mut rows = vec![prompted("cy", "api", 1)];
+        let mut d = CoordinationDelivery::new();
+        let b = fold(rows.clone());
+        let block = b.coordination("lobby", "bo", None);
+        assert!(d.take_fresh("lobby", "bo", block.as_ref()).is_some());
+        assert!(d.take_fresh("lobby", "bo", block.as_ref()).is_none());
+        // Another reader gets its own first delivery.
+        let other = b.coordination("lobby", "dee", None);
+        assert!(d.take_fresh("lobby", "dee", other.as_ref()).is_some());
+        // A change of the reader's own presence is not a change for it.
+        rows.push(prompted("bo", "db", 1));
+        let b = fold(rows.clone());
+        assert!(d
+            .take_fresh("lobby", "bo", b.coordination("lobby", "bo", None).as_ref())
+            .is_none());
+        // A change of someone else's is.
+        rows.push(replied("cy", "api", 1));
+        let b = fold(rows);
+        assert!(d
+            .take_fresh("lobby", "bo", b.coordination("lobby", "bo", None).as_ref())
+            .is_some());
+    }
+
+    #[test]
+    fn timestamps_format_as_utc() {
+        let cases = [
+            (0, "1970-01-01T00:00:00Z"),
+            (T0, "2023-11-14T22:13:20Z"),
+            (951_782_400_000_000, "2000-02-29T00:00:00Z"),
+            (-1_000_000, "1969-12-31T23:59:59Z"),
+        ];
+        for (us, want) in cases {
+            assert_eq!(format_timestamp(us), want);
+        }
+        assert!(!format_timestamp(i64::MAX).is_empty());
+        assert!(!format_timestamp(i64::MIN).is_empty());
+    }
+
+    #[test]
+    fn malformed_bodies_are_ignored_never_panic() {
+        let bodies = [
+            json!(null),
+            json!([]),
+            json!({"kind": "presence"}),
+            json!({"kind": "presence", "state": "sleeping"}),
+            json!({"kind": "designation", "message": "zz", "agent": "bo", "epoch": 1}),
+            json!({"kind": "designation", "message": InteractionId([1; 32]).to_hex(), "agent": "", "epoch": 1}),
+            json!({"kind": "unknown"}),
+            json!({"turn": 1}),
+            json!({"capabilities": "rust"}),
+            json!({"task": 7}),
+            json!({"owner": 7}),
+        ];
+        let verbs = [
+            Verb::CoordNote,
+            Verb::TurnPrompted,
+            Verb::TurnReplied,
+            Verb::TurnFailed,
+            Verb::AgentRegistered,
+            Verb::TaskClaimed,
+            Verb::RoomCreated,
+        ];
+        let mut rows = Vec::new();
+        for v in verbs {
+            for body in &bodies {
+                rows.push(ix(v, "bo", Role::Agent, body.clone()));
+            }
+        }
+        let b = fold(rows);
+        let r = b.room("lobby").unwrap();
+        assert!(r.designations.is_empty() && r.turns.is_empty());
+        assert!(r.malformed > 0);
+    }
+}

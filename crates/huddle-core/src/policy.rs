@@ -221,3 +221,220 @@ pub fn retake_right(config: &RoomConfig, task: &Task) -> ClaimRight {
         _ => ClaimRight::Anyone,
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::type_complexity)] // case tables
+mod tests {
+    use super::*;
+    use crate::sync::testutil::{bid, ix, Ledger};
+    use crate::tasks::TaskDag;
+    use crate::verbs::Verb;
+    use crate::Role;
+    use proptest::prelude::*;
+    use serde_json::json;
+    use std::collections::BTreeMap;
+
+    fn cfg(responder: Responder, pref: Option<&str>, allocation: Allocation) -> RoomConfig {
+        RoomConfig {
+            responder,
+            responder_agent: pref.map(str::to_string),
+            allocation,
+            ..RoomConfig::default()
+        }
+    }
+
+    fn cand(agent: &str, priority: u32) -> ResponderCandidate<'_> {
+        ResponderCandidate { agent, priority }
+    }
+
+    #[test]
+    fn responder_delays() {
+        use Responder::*;
+        let all = [cand("bo", 10), cand("cy", 20), cand("dee", 10)];
+        let no_bo = [cand("cy", 20), cand("dee", 30)];
+        // (policy, preferred, candidates, agent, expected delay)
+        let cases: Vec<(
+            Responder,
+            Option<&str>,
+            &[ResponderCandidate<'_>],
+            &str,
+            u64,
+        )> = vec![
+            (Race, None, &all, "bo", 0),
+            (Race, Some("cy"), &all, "bo", 0),
+            (Designated, Some("cy"), &all, "cy", 0),
+            (Designated, Some("cy"), &all, "bo", 1_500),
+            // The designated agent is not a candidate: a plain race.
+            (Designated, Some("zed"), &all, "bo", 0),
+            (Designated, None, &all, "bo", 0),
+            (RolePriority, None, &all, "bo", 0),
+            (RolePriority, None, &all, "dee", 0),
+            (RolePriority, None, &all, "cy", 1_500),
+            (RolePriority, None, &no_bo, "cy", 0),
+            (RolePriority, None, &no_bo, "dee", 1_500),
+        ];
+        for (i, (r, pref, cands, agent, want)) in cases.into_iter().enumerate() {
+            let c = cfg(r, pref, Allocation::Pull);
+            assert_eq!(responder_delay_ms(&c, agent, cands), want, "case {i}");
+        }
+    }
+
+    fn task_with_bids(needs: &[&str], bids: &[(&str, &[&str], u32)]) -> Task {
+        let mut l = Ledger::default();
+        l.push(
+            ix(
+                Verb::TaskCreated,
+                "ana",
+                Role::Owner,
+                json!({"task": "t", "label": "summarise 40 pages", "needs": needs, "assignee": "cy"}),
+            ),
+            0,
+        );
+        for (agent, caps, load) in bids {
+            l.push(bid("t", agent, 1, caps, *load), 1);
+        }
+        TaskDag::rebuild(&l.rows)
+            .task("lobby", "t")
+            .unwrap()
+            .clone()
+    }
+
+    #[test]
+    fn contract_net_worked_example() {
+        // A is idle with the right model, B has three tasks queued, C lacks the tool.
+        let t = task_with_bids(
+            &["model"],
+            &[
+                ("a", &["model"], 0),
+                ("b", &["model"], 3),
+                ("c", &["browser"], 0),
+            ],
+        );
+        assert_eq!(winning_bid(&t).map(|b| b.agent.as_str()), Some("a"));
+        assert_eq!(losing_bidders(&t, "a"), vec!["b", "c"]);
+        assert_eq!(bid_score(&t, &t.bids["c"]), None);
+    }
+
+    #[test]
+    fn bid_ties_break_by_specialisation_then_agent() {
+        let t = task_with_bids(&[], &[("zed", &[], 0), ("amy", &["x", "y"], 0)]);
+        assert_eq!(winning_bid(&t).unwrap().agent, "zed");
+        let t = task_with_bids(&[], &[("zed", &[], 0), ("amy", &[], 0)]);
+        assert_eq!(winning_bid(&t).unwrap().agent, "amy");
+        let t = task_with_bids(&["x"], &[("zed", &["y"], 0)]);
+        assert_eq!(winning_bid(&t), None);
+    }
+
+    #[test]
+    fn claim_rights_by_allocation_and_time() {
+        use Allocation::*;
+        let with_bids = task_with_bids(&[], &[("bo", &[], 1), ("dee", &[], 0)]);
+        let no_bids = task_with_bids(&[], &[]);
+        let mut unassigned = no_bids.clone();
+        unassigned.assignee = None;
+        let s = 1_000_000; // ready since 1 s; window 2 s
+                           // (allocation, task, now, expected)
+        let cases: Vec<(Allocation, &Task, i64, ClaimRight)> = vec![
+            (Pull, &with_bids, s, ClaimRight::Anyone),
+            (Push, &no_bids, s, ClaimRight::Only("cy".into())),
+            (Push, &unassigned, s, ClaimRight::Anyone),
+            (
+                Bid,
+                &with_bids,
+                s,
+                ClaimRight::Bidding {
+                    closes_at: s + 2_000_000,
+                },
+            ),
+            (
+                Bid,
+                &with_bids,
+                s + 1_999_999,
+                ClaimRight::Bidding {
+                    closes_at: s + 2_000_000,
+                },
+            ),
+            (
+                Bid,
+                &with_bids,
+                s + 2_000_000,
+                ClaimRight::Only("dee".into()),
+            ),
+            (Bid, &with_bids, s + 4_000_000, ClaimRight::Anyone),
+            (Bid, &no_bids, s + 2_000_000, ClaimRight::Anyone),
+        ];
+        for (i, (alloc, task, now, want)) in cases.into_iter().enumerate() {
+            let c = cfg(Responder::Race, None, alloc);
+            assert_eq!(claim_right(&c, task, s, now), want, "case {i}");
+        }
+        assert!(ClaimRight::Anyone.allows("x", &[], &no_bids));
+        assert!(!ClaimRight::Only("cy".into()).allows("x", &[], &no_bids));
+        assert!(!ClaimRight::Bidding { closes_at: 0 }.allows("x", &[], &no_bids));
+        let needs_rust = task_with_bids(&["rust"], &[]);
+        assert!(!ClaimRight::Anyone.allows("x", &[], &needs_rust));
+        assert!(ClaimRight::Anyone.allows("x", &["rust".into()], &needs_rust));
+        let push = cfg(Responder::Race, None, Push);
+        assert_eq!(retake_right(&push, &no_bids), ClaimRight::Only("cy".into()));
+        assert_eq!(retake_right(&push, &unassigned), ClaimRight::Anyone);
+    }
+
+    fn arb_bids() -> impl Strategy<Value = (Vec<String>, Vec<(String, Vec<String>, u32)>)> {
+        let cap = prop::sample::select(vec!["a", "b", "c", "d"]).prop_map(str::to_string);
+        let needs = prop::collection::vec(cap.clone(), 0..3);
+        let one = (
+            prop::sample::select(vec!["p", "q", "r", "s", "t", "u"]).prop_map(str::to_string),
+            prop::collection::vec(cap, 0..4),
+            0u32..3,
+        );
+        (needs, prop::collection::vec(one, 0..8))
+    }
+
+    proptest! {
+        /// Every bid set has exactly one winner when some capable agent bid, and none
+        /// otherwise; the winner beats every other capable bid strictly and does not
+        /// depend on the order the bids arrived in.
+        #[test]
+        fn exactly_one_winner((needs, bids) in arb_bids(), seed in any::<u64>()) {
+            let needs_ref: Vec<&str> = needs.iter().map(String::as_str).collect();
+            let as_refs: Vec<(&str, Vec<&str>, u32)> = bids
+                .iter()
+                .map(|(a, c, l)| (a.as_str(), c.iter().map(String::as_str).collect(), *l))
+                .collect();
+            let table: Vec<(&str, &[&str], u32)> =
+                as_refs.iter().map(|(a, c, l)| (*a, c.as_slice(), *l)).collect();
+            let t = task_with_bids(&needs_ref, &table);
+            // The same bids in another order.
+            let mut rotated = table.clone();
+            if !rotated.is_empty() {
+                let k = (seed as usize) % rotated.len();
+                rotated.rotate_left(k);
+                rotated.reverse();
+            }
+            let t2 = task_with_bids(&needs_ref, &rotated);
+            let capable_bids: BTreeMap<&String, BidScore> = t
+                .bids
+                .iter()
+                .filter_map(|(a, b)| bid_score(&t, b).map(|s| (a, s)))
+                .collect();
+            let w = winning_bid(&t);
+            prop_assert_eq!(w.is_some(), !capable_bids.is_empty());
+            if let Some(w) = w {
+                let ws = &capable_bids[&w.agent];
+                for (a, s) in &capable_bids {
+                    if **a != w.agent {
+                        prop_assert!(ws < s);
+                    }
+                }
+                // First bid per agent counts, so compare winners only when each agent
+                // bid once.
+                let mut agents: Vec<&str> = table.iter().map(|b| b.0).collect();
+                agents.sort();
+                let unique = agents.windows(2).all(|p| p[0] != p[1]);
+                if unique {
+                    prop_assert_eq!(winning_bid(&t2).map(|b| b.agent.clone()), Some(w.agent.clone()));
+                }
+                prop_assert_eq!(losing_bidders(&t, &w.agent).len(), t.bids.len() - 1);
+            }
+        }
+    }
+}

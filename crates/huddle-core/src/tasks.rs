@@ -848,6 +848,7 @@ impl Fold for TaskDag {
 }
 
 #[cfg(test)]
+#[allow(clippy::type_complexity)] // case tables
 mod tests {
     use super::*;
     use crate::board::Board;
