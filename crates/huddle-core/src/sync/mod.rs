@@ -551,7 +551,7 @@ pub struct Synchronizer {
     claims: BTreeMap<String, Slot>,
     turns: BTreeMap<TurnId, LiveTurn>,
     held_elsewhere: BTreeMap<String, Timestamp>,
-    bids_sent: BTreeMap<(String, String, u32), String>,
+    bids_sent: BTreeSet<(String, String, u32, String)>,
     rejections_sent: BTreeSet<(String, String, u32, String)>,
     notices_sent: BTreeSet<(String, String)>,
     registered: bool,
@@ -608,7 +608,7 @@ impl Synchronizer {
             claims: BTreeMap::new(),
             turns: BTreeMap::new(),
             held_elsewhere: BTreeMap::new(),
-            bids_sent: BTreeMap::new(),
+            bids_sent: BTreeSet::new(),
             rejections_sent: BTreeSet::new(),
             notices_sent: BTreeSet::new(),
             registered: false,
@@ -1107,7 +1107,7 @@ impl Synchronizer {
     /// Whether `agent` has a bid out that has not been settled (the task is still
     /// waiting for that attempt's claim), other than for `except`.
     fn outstanding_bid(&self, agent: &str, except: Option<(&str, &str)>) -> bool {
-        self.bids_sent.iter().any(|((room, task, attempt), a)| {
+        self.bids_sent.iter().any(|(room, task, attempt, a)| {
             a == agent
                 && except != Some((room.as_str(), task.as_str()))
                 && self
@@ -1186,10 +1186,11 @@ impl Synchronizer {
                     .filter_map(|id| self.dag.task(&room, id))
                     .filter(|t| {
                         capable(&t.needs, &a.capabilities)
-                            && !self.bids_sent.contains_key(&(
+                            && !self.bids_sent.contains(&(
                                 room.clone(),
                                 t.id.clone(),
                                 t.next_attempt(),
+                                a.key.clone(),
                             ))
                             && !t.bids.contains_key(&a.key)
                     })
@@ -1216,7 +1217,7 @@ impl Synchronizer {
                     )],
                 });
                 self.bids_sent
-                    .insert((room.clone(), id, attempt), a.key.clone());
+                    .insert((room.clone(), id, attempt, a.key.clone()));
                 wakes += 1;
             }
         }
@@ -1269,7 +1270,7 @@ impl Synchronizer {
         }
         self.held_elsewhere.retain(|_, until| *until > now);
         let dag = &self.dag;
-        self.bids_sent.retain(|(room, task, attempt), _| {
+        self.bids_sent.retain(|(room, task, attempt, _)| {
             dag.task(room, task)
                 .is_some_and(|t| t.next_attempt() == *attempt && t.status == TaskStatus::Open)
         });
@@ -1393,18 +1394,21 @@ impl Synchronizer {
             // Lost (or no longer wanted): back off until the holder's lease would lapse.
             // A won claim is simply left to lapse: it may be shared with another relay
             // hosting the same agent, so it is never released blindly.
+            // A lost drive claim means another relay drives this agent's turn: the
+            // exclusive claim backs off as long.
             self.forget(&r.key);
-            if !r.won {
-                self.held_elsewhere.insert(r.key.clone(), r.expires_at);
+            let exclusive = match &purpose {
+                ClaimPurpose::DriveReply { room, message, .. } => Some(reply_key(room, message)),
+                ClaimPurpose::DriveTask { room, task, .. } => Some(task_key(room, task)),
+                _ => None,
+            };
+            if let Some(k) = &exclusive {
+                self.forget(k);
             }
-            match &purpose {
-                ClaimPurpose::DriveReply { room, message, .. } => {
-                    self.forget(&reply_key(room, message));
+            if !r.won {
+                for k in std::iter::once(r.key.clone()).chain(exclusive) {
+                    self.held_elsewhere.insert(k, r.expires_at);
                 }
-                ClaimPurpose::DriveTask { room, task, .. } => {
-                    self.forget(&task_key(room, task));
-                }
-                _ => {}
             }
             return;
         }
