@@ -1,4 +1,5 @@
 //! Unit tests of the synchronizer: one event at a time, checking the intents.
+#![allow(clippy::type_complexity)] // case tables
 
 use serde_json::json;
 
