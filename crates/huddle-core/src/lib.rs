@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod barrier;
+pub mod board;
 pub mod budget;
 pub mod canonical;
 pub mod commands;
@@ -27,6 +28,9 @@ pub mod guards;
 pub mod lease;
 pub mod limits;
 pub mod model;
+pub mod policy;
+pub mod sync;
+pub mod tasks;
 pub mod verbs;
 
 pub use barrier::{BarrierFold, BarrierRules, BarrierStatus};
@@ -44,3 +48,7 @@ pub use model::{
     validate_name, Interaction, InteractionId, NewInteraction, Position, RawRow, Role, Timestamp,
 };
 pub use verbs::Verb;
+
+pub use board::{Board, CoordinationBlock, CoordinationDelivery};
+pub use sync::{ClaimEpoch, ClaimRef, Event, Intent, LocalAgent, Synchronizer};
+pub use tasks::{Task, TaskDag, TaskStatus};
