@@ -184,7 +184,6 @@ impl Relay {
             clock_offset: 0,
             clock_base: Instant::now(),
         };
-        lp.register_agents(&self.rooms).await?;
         let ledger: Arc<dyn huddle_store::Ledger> = self.store.clone();
         let mut sub = Subscription::new(ledger, Position::START, self.options.read_batch);
         // First tick before anything: no decision is made before the synchronizer
@@ -210,9 +209,18 @@ impl Relay {
                 Some(fb) = rx.recv() => {
                     let event = match fb {
                         Feedback::Claim(c) => Event::ClaimResult(c),
-                        Feedback::Lost { key, epoch } => Event::ClaimLost { key, epoch },
+                        Feedback::Lost { key, epoch, fenced } => {
+                            if fenced {
+                                lp.summary.fenced_refusals += 1;
+                            }
+                            Event::ClaimLost { key, epoch }
+                        }
                         Feedback::TurnEnded { turn, outcome, tokens } => {
                             lp.turns.remove(&turn);
+                            match &outcome {
+                                CoreOutcome::Replied { .. } => lp.summary.turns_replied += 1,
+                                _ => lp.summary.turns_failed += 1,
+                            }
                             Event::TurnEnded { turn, outcome, tokens }
                         }
                         Feedback::Failed(e) => {
@@ -298,38 +306,6 @@ fn hex(bytes: [u8; 32]) -> String {
 }
 
 impl Loop {
-    async fn register_agents(&mut self, rooms: &[String]) -> Result<(), RelayError> {
-        let mut batch = Vec::new();
-        for room in rooms {
-            for a in self.agents.values() {
-                batch.push(NewInteraction::new(
-                    room.clone(),
-                    Verb::AgentRegistered,
-                    a.local.key.clone(),
-                    Role::Agent,
-                    json!({
-                        "name": a.name,
-                        "capabilities": a.local.capabilities,
-                        "priority": a.local.priority,
-                    }),
-                ));
-            }
-        }
-        if batch.is_empty() {
-            return Ok(());
-        }
-        loop {
-            match self.store.append(batch.clone()).await {
-                Ok(_) => return Ok(()),
-                Err(e) if e.is_retryable() => {
-                    warn!(error = %e, "cannot register agents yet; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
     async fn transient(&mut self, e: StoreError) -> Result<(), RelayError> {
         if e.is_retryable() {
             warn!(error = %e, "database unavailable; retrying");
@@ -517,7 +493,11 @@ impl Executor {
                             if let Some(f) = fence {
                                 refused.push(f);
                             }
-                            let _ = self.feedback.send(Feedback::Lost { key, epoch });
+                            let _ = self.feedback.send(Feedback::Lost {
+                                key,
+                                epoch,
+                                fenced: true,
+                            });
                         }
                         Err(e) => {
                             warn!(error = %e, "append failed");
@@ -525,6 +505,7 @@ impl Executor {
                                 let _ = self.feedback.send(Feedback::Lost {
                                     key: f.key.clone(),
                                     epoch: f.epoch,
+                                    fenced: false,
                                 });
                                 refused.push(f);
                             }
@@ -554,7 +535,11 @@ impl Executor {
                     Ok(Some(_)) => {}
                     Ok(None) => {
                         info!(key, epoch, "claim lost at renewal");
-                        let _ = self.feedback.send(Feedback::Lost { key, epoch });
+                        let _ = self.feedback.send(Feedback::Lost {
+                            key,
+                            epoch,
+                            fenced: false,
+                        });
                     }
                     Err(e) => {
                         // Unknown: the next reconcile pass renews again; the lease
