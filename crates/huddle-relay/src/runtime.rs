@@ -25,11 +25,10 @@ use huddle_core::sync::{
     ClaimOutcome, ClaimRef, Event, Intent, LocalAgent, ReplyGate, SyncOptions, Synchronizer,
     TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
 };
-use huddle_core::{Fold, Interaction, NewInteraction, Position, Role, Timestamp, Verb};
+use huddle_core::{Fold, Interaction, Position, Timestamp};
 use huddle_core::{GuardFold, Verdict};
 use huddle_store::{Acquired, Fence, Store, StoreError, Subscription};
 use serde::Serialize;
-use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -110,6 +109,7 @@ enum Feedback {
     Lost {
         key: String,
         epoch: i64,
+        fenced: bool,
     },
     TurnEnded {
         turn: TurnId,
