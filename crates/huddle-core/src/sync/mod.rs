@@ -754,6 +754,15 @@ impl Synchronizer {
                 config,
             } => {
                 self.configs.insert((room, thread), config);
+                // A shorter claim TTL takes effect at once: renewals and re-takes must
+                // not wait for a pass scheduled under the old TTL (a relay's first
+                // pass is scheduled before it has read the room's config).
+                if let (Some(now), Some(at)) = (self.now, self.next_reconcile) {
+                    let due = now.saturating_add(ms_to_us(self.reconcile_interval_ms()));
+                    if due < at {
+                        self.next_reconcile = Some(due);
+                    }
+                }
             }
             Event::Shutdown => {
                 self.shutting_down = true;
@@ -1244,14 +1253,18 @@ impl Synchronizer {
     // Reconcile
     // -----------------------------------------------------------------------------
 
-    fn reconcile(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
-        let interval = self
-            .rooms
+    /// Time between reconcile passes: the shortest claim TTL of the rooms, over four.
+    fn reconcile_interval_ms(&self) -> u64 {
+        self.rooms
             .iter()
             .map(|r| self.config(r, None).claim_ttl_ms / 4)
             .min()
             .unwrap_or(self.default_config.claim_ttl_ms / 4)
-            .max(1);
+            .max(1)
+    }
+
+    fn reconcile(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
+        let interval = self.reconcile_interval_ms();
         self.next_reconcile = Some(now.saturating_add(ms_to_us(interval)));
         // Renew only the claims of turns that are alive.
         for t in self.turns.values() {

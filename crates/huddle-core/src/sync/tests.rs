@@ -626,6 +626,36 @@ fn reconcile_renews_live_turns_only_and_retakes_lapsed_tasks() {
 }
 
 #[test]
+fn a_shorter_claim_ttl_brings_the_next_reconcile_forward() {
+    // As in a relay: the first tick (and so the first reconcile) comes before the
+    // room's config is read, under the default TTL.
+    let mut h = H::new(&["bo"]);
+    h.start();
+    assert_eq!(h.sync.next_wakeup(), Some(T0 + 15 * S));
+    let short = RoomConfig {
+        claim_ttl_ms: 2_000,
+        ..RoomConfig::default()
+    };
+    h.sync.handle(Event::Config {
+        room: "lobby".into(),
+        thread: None,
+        config: short.clone(),
+    });
+    assert_eq!(h.sync.next_wakeup(), Some(T0 + S / 2));
+    // A longer TTL never pushes a due pass back.
+    let long = RoomConfig {
+        claim_ttl_ms: 3_600_000,
+        ..short
+    };
+    h.sync.handle(Event::Config {
+        room: "lobby".into(),
+        thread: None,
+        config: long,
+    });
+    assert_eq!(h.sync.next_wakeup(), Some(T0 + S / 2));
+}
+
+#[test]
 fn own_lapsed_claim_is_retaken_after_a_loss() {
     let mut h = H::new(&["bo"]);
     h.start();
