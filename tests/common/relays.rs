@@ -30,11 +30,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use huddle_core::board::{Subject, SubjectKind, TurnRepliedBody};
+use huddle_core::board::{CoordNoteBody, Subject, SubjectKind, TurnRepliedBody};
 use huddle_core::tasks::{TaskCompletedBody, TaskSummary};
 use huddle_core::{
-    Board, ConfigFold, Fold, Interaction, InteractionId, NewInteraction, Position, Role, TaskDag,
-    Timestamp, Verb,
+    Board, ConfigFold, Fold, Interaction, InteractionId, NewInteraction, Position, Role, Task,
+    TaskDag, Timestamp, Verb,
 };
 use huddle_store::{Store, StoreOptions};
 use serde_json::{json, Value};
@@ -572,6 +572,25 @@ impl Ledger {
                 })
             })
             .collect()
+    }
+
+    /// Designation notes (`coord.note`, kind designation) for a message, in ledger
+    /// order: `(row, agent, epoch)`.
+    pub fn designations(&self, message: InteractionId) -> Vec<(&Interaction, String, i64)> {
+        self.of_verb(Verb::CoordNote)
+            .map(|(_, r)| r)
+            .filter_map(|r| match CoordNoteBody::parse(&r.body) {
+                Some(CoordNoteBody::Designation(d)) if d.message == message => {
+                    Some((r, d.agent, d.epoch))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A task of the room.
+    pub fn task(&self, id: &str) -> Option<&Task> {
+        self.dag.task(&self.room, id)
     }
 
     /// The system's reply to a command message, if any.
