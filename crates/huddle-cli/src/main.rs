@@ -1,1 +1,205 @@
-fn main() {}
+//! `huddle`: the command-line tool. Flag definitions and glue; the work is done by
+//! the library crates.
+
+mod bench_ledger;
+mod ledger_cmds;
+mod output;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+/// huddle: coordination for groups of AI agents that share a room.
+#[derive(Parser, Debug)]
+#[command(name = "huddle", version, about, long_about = None)]
+pub struct Cli {
+    /// Database: `postgres://...`, `sqlite://PATH` or a file path.
+    #[arg(long, global = true, env = "HUDDLE_DB", default_value = "./huddle.db")]
+    pub db: String,
+
+    /// Identity of this process as a writer (stored with each row on SQLite).
+    #[arg(long, global = true, env = "HUDDLE_RELAY_ID", default_value = "cli")]
+    pub relay_id: String,
+
+    /// Log filter (e.g. `info`, `huddle_store=debug`); also `RUST_LOG`.
+    #[arg(long, global = true, env = "HUDDLE_LOG", default_value = "warn")]
+    pub log: String,
+
+    /// Fallback poll interval for following the ledger, in milliseconds.
+    #[arg(long, global = true, env = "HUDDLE_POLL_MS", default_value_t = 1000)]
+    pub poll_ms: u64,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create or upgrade the database schema.
+    Migrate,
+    /// Rooms.
+    Room {
+        #[command(subcommand)]
+        command: RoomCommand,
+    },
+    /// Post a message to a room (as its owner when ID owns the room).
+    Post {
+        /// Room to post in.
+        #[arg(long)]
+        room: String,
+        /// Who is speaking.
+        #[arg(long = "as", value_name = "ID")]
+        actor: String,
+        /// Thread inside the room.
+        #[arg(long)]
+        thread: Option<String>,
+        /// The message text; `-` reads it from standard input.
+        text: String,
+    },
+    /// Print a room's interactions.
+    Tail {
+        /// Room to print.
+        #[arg(long)]
+        room: String,
+        /// Keep printing new interactions as they arrive.
+        #[arg(long)]
+        follow: bool,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure huddle beside a plain-SQL baseline in the same run.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+    /// List claims.
+    Claims {
+        /// Only keys starting with this prefix.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `huddle bench ...`
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Append throughput (batch 1, 10, 100) and contended claim acquisitions, huddle
+    /// beside plain SQL on the same database.
+    Ledger {
+        /// Seconds measured per scenario and side.
+        #[arg(long, default_value_t = 6.0)]
+        seconds: f64,
+        /// Concurrent writers / contenders.
+        #[arg(long, default_value_t = 4)]
+        writers: usize,
+        /// Batch sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+        batches: Vec<usize>,
+        /// JSON report instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `huddle room ...`
+#[derive(Subcommand, Debug)]
+pub enum RoomCommand {
+    /// Create a room with its owner. Creating it again with the same owner is a no-op.
+    Create {
+        /// Room name.
+        room: String,
+        /// The owner's id: only the owner's `!delegate` / `!config` are executed.
+        #[arg(long)]
+        owner: String,
+    },
+}
+
+fn init_tracing(filter: &str) {
+    let env = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(filter))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(env)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(&cli.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let options = huddle_store::StoreOptions {
+        relay: cli.relay_id.clone(),
+        poll_interval: Duration::from_millis(cli.poll_ms.max(1)),
+        ..Default::default()
+    };
+    match cli.command {
+        Command::Migrate => ledger_cmds::migrate(&cli.db, options).await,
+        Command::Room {
+            command: RoomCommand::Create { room, owner },
+        } => ledger_cmds::room_create(&cli.db, options, &room, &owner).await,
+        Command::Post {
+            room,
+            actor,
+            thread,
+            text,
+        } => ledger_cmds::post(&cli.db, options, &room, &actor, thread, &text).await,
+        Command::Tail { room, follow, json } => {
+            ledger_cmds::tail(&cli.db, options, &room, follow, json).await
+        }
+        Command::Bench {
+            command:
+                BenchCommand::Ledger {
+                    seconds,
+                    writers,
+                    batches,
+                    json,
+                },
+        } => {
+            if writers == 0 || batches.contains(&0) || seconds <= 0.0 {
+                anyhow::bail!("writers, batch sizes and seconds must be positive");
+            }
+            let report = bench_ledger::run(bench_ledger::LedgerBenchOptions {
+                db: cli.db.clone(),
+                seconds,
+                writers,
+                batches,
+            })
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", bench_ledger::render(&report));
+            }
+            Ok(())
+        }
+        Command::Claims { prefix, json } => {
+            ledger_cmds::claims(&cli.db, options, &prefix, json).await
+        }
+    }
+}

@@ -2,5 +2,8 @@
 //!
 //! The runtime that hosts agents: an event loop that feeds ledger batches, ticks and
 //! turn endings to the pure decisions of `huddle-core`, and an executor that performs
-//! the resulting intents against a store.
+//! the resulting intents against a store. Drivers run the agent turns.
 #![warn(missing_docs)]
+
+pub mod config;
+pub mod driver;

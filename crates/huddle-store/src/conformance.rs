@@ -26,6 +26,8 @@ pub trait TestBackend: Send + Sync + 'static {
     /// The store under test (a fresh, migrated, empty database).
     fn store(&self) -> Arc<dyn Store>;
     /// Another independent handle on the same database, as a second relay would open.
+    /// Its fallback poll must be long (30 s or more), so that a prompt wake-up in the
+    /// suite proves the doorbell rather than the poll.
     async fn reopen(&self, relay: &str) -> Result<Arc<dyn Store>>;
     /// Starts an append transaction, inserts `batch` and returns without committing.
     async fn hold_append(&self, batch: Vec<NewInteraction>) -> Result<Box<dyn HeldAppend>>;
@@ -628,30 +630,39 @@ pub async fn fenced_append_refused_after_handover(b: &impl TestBackend) {
 }
 
 /// A subscription on one handle wakes up for appends made on another, promptly
-/// (well before the fallback poll).
+/// (well before the fallback poll): each append is made only after the subscriber
+/// has caught up and is waiting.
 pub async fn subscription_wakes_on_append_from_another_handle(b: &impl TestBackend) {
     let reader = b.reopen("reader").await.expect("reopen");
+    assert!(
+        reader.poll_interval() >= Duration::from_secs(30),
+        "reopen must give a long fallback poll"
+    );
     let mut sub = Subscription::new(reader, Position::START, 100);
-    let writer = b.store();
-    let got = tokio::spawn(async move {
-        let mut seen = Vec::new();
-        while seen.len() < 3 {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let follower = tokio::spawn(async move {
+        loop {
             let batch = sub.next().await.expect("next");
-            seen.extend(batch.rows.into_iter().map(|r| r.body["text"].clone()));
+            for row in batch.rows {
+                if tx.send(row.body["text"].clone()).is_err() {
+                    return;
+                }
+            }
         }
-        seen
     });
+    let writer = b.store();
     for i in 0..3 {
         writer
             .append(vec![message("r", "w", &i.to_string())])
             .await
             .expect("append");
+        let got = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the subscription did not wake up for a new row")
+            .expect("follower alive");
+        assert_eq!(got, json!(i.to_string()));
     }
-    let seen = tokio::time::timeout(Duration::from_secs(10), got)
-        .await
-        .expect("subscription did not wake")
-        .expect("join");
-    assert_eq!(seen, vec![json!("0"), json!("1"), json!("2")]);
+    follower.abort();
 }
 
 /// Claims are listed by key prefix, in key order, with liveness by the database clock.

@@ -101,8 +101,8 @@ pub fn parse_url(url: &str) -> Result<Backend> {
 pub async fn open(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
     match parse_url(url)? {
         Backend::Sqlite(path) => {
-            let _ = sqlite::SqliteStore::open(&path, options).await?;
-            Err(StoreError::Config("not built".into()))
+            let store = sqlite::SqliteStore::open(&path, options).await?;
+            Ok(Arc::new(store))
         }
         Backend::Postgres(url) => Ok(Arc::new(postgres::PgStore::connect(&url, options).await?)),
     }

@@ -1,0 +1,453 @@
+//! `huddle bench ledger`: append and claim throughput through huddle, beside a plain
+//! baseline doing the equivalent raw work on the same database in the same run.
+//!
+//! - Appends: `writers` concurrent writers for `seconds` per phase, batch sizes 1, 10
+//!   and 100. huddle's path validates, hashes, dedupes and rings the doorbell (NOTIFY
+//!   on Postgres, sent outside the transaction). The baseline inserts the same columns
+//!   with plain SQL and sends no NOTIFY.
+//! - Claims: `writers` concurrent contenders on 16 keys. huddle's `acquire` beside the
+//!   same upsert issued directly.
+//!
+//! Phases alternate baseline / huddle twice and report the mean, so drift on a busy
+//! machine hits both sides alike.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use huddle_core::{NewInteraction, Role, Verb};
+use huddle_store::{Backend, Store, StoreOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use serde_json::json;
+
+/// Options of the ledger bench.
+#[derive(Clone, Debug)]
+pub struct LedgerBenchOptions {
+    /// Database URL.
+    pub db: String,
+    /// Seconds per phase.
+    pub seconds: f64,
+    /// Concurrent writers / contenders.
+    pub writers: usize,
+    /// Batch sizes to measure.
+    pub batches: Vec<usize>,
+}
+
+/// One measured line.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchLine {
+    /// What was measured.
+    pub scenario: String,
+    /// huddle's rate (interactions or acquisitions per second).
+    pub huddle_per_s: f64,
+    /// The baseline's rate.
+    pub baseline_per_s: f64,
+    /// huddle ÷ baseline.
+    pub ratio: f64,
+}
+
+/// The whole report.
+#[derive(Clone, Debug, Serialize)]
+pub struct LedgerBenchReport {
+    /// `postgres` or `sqlite`.
+    pub backend: String,
+    /// Writers per phase.
+    pub writers: usize,
+    /// Seconds per phase.
+    pub seconds: f64,
+    /// Results.
+    pub lines: Vec<BenchLine>,
+}
+
+/// The plain baseline: the same rows and upserts without huddle.
+enum Baseline {
+    Postgres(Vec<Arc<tokio_postgres::Client>>),
+    Sqlite(String, usize),
+}
+
+static NONCE: AtomicU64 = AtomicU64::new(0);
+
+fn nonce() -> u64 {
+    NONCE.fetch_add(1, Ordering::Relaxed)
+}
+
+fn bench_message(run: u64, writer: usize, n: u64) -> NewInteraction {
+    NewInteraction::new(
+        "bench",
+        Verb::MessagePosted,
+        format!("writer-{writer}"),
+        Role::Agent,
+        json!({ "text": format!("bench message {run}-{writer}-{n}"), "n": n }),
+    )
+}
+
+impl Baseline {
+    async fn connect(url: &str, backend: &Backend, writers: usize) -> anyhow::Result<Self> {
+        match backend {
+            Backend::Postgres(_) => {
+                let mut clients = Vec::new();
+                for _ in 0..writers {
+                    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                        .await
+                        .context("baseline connection")?;
+                    tokio::spawn(conn);
+                    clients.push(Arc::new(client));
+                }
+                Ok(Baseline::Postgres(clients))
+            }
+            Backend::Sqlite(path) => Ok(Baseline::Sqlite(path.clone(), writers)),
+        }
+    }
+
+    /// Runs `writers` baseline appenders for `secs`; returns rows per second.
+    async fn appends(&self, batch: usize, secs: f64, bar: &ProgressBar) -> anyhow::Result<f64> {
+        let run = nonce();
+        let deadline = Instant::now() + Duration::from_secs_f64(secs);
+        let count = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        match self {
+            Baseline::Postgres(clients) => {
+                let mut tasks = Vec::new();
+                for (w, client) in clients.iter().enumerate() {
+                    let stmt = client
+                        .prepare(
+                            "INSERT INTO interaction (id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key) \
+                             SELECT id, room, NULL, verb, actor, role, NULL, '{}', body, NULL \
+                             FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) \
+                             AS t(id, room, verb, actor, role, body)",
+                        )
+                        .await?;
+                    let count = count.clone();
+                    let bar = bar.clone();
+                    let client = client.clone();
+                    tasks.push(tokio::spawn(async move {
+                        let mut n = 0u64;
+                        while Instant::now() < deadline {
+                            let rows: Vec<NewInteraction> = (0..batch)
+                                .map(|_| {
+                                    n += 1;
+                                    bench_message(run + 1_000_000, w, n)
+                                })
+                                .collect();
+                            // Equivalent raw work: the same columns, ids precomputed the
+                            // cheapest way (blake3 of the text), no checks, no NOTIFY.
+                            let ids: Vec<Vec<u8>> = rows
+                                .iter()
+                                .map(|r| blake3::hash(r.body_text().as_bytes()).as_bytes().to_vec())
+                                .collect();
+                            let rooms: Vec<&str> = rows.iter().map(|r| r.room.as_str()).collect();
+                            let verbs: Vec<&str> = rows.iter().map(|r| r.verb.as_str()).collect();
+                            let actors: Vec<&str> = rows.iter().map(|r| r.actor.as_str()).collect();
+                            let roles: Vec<&str> = rows.iter().map(|r| r.role.as_str()).collect();
+                            let bodies: Vec<String> = rows.iter().map(|r| r.body_text()).collect();
+                            client
+                                .execute(&stmt, &[&ids, &rooms, &verbs, &actors, &roles, &bodies])
+                                .await?;
+                            count.fetch_add(batch as u64, Ordering::Relaxed);
+                            bar.inc(batch as u64);
+                        }
+                        anyhow::Ok(())
+                    }));
+                }
+                for t in tasks {
+                    t.await??;
+                }
+            }
+            Baseline::Sqlite(path, writers) => {
+                let mut handles = Vec::new();
+                for w in 0..*writers {
+                    let path = path.clone();
+                    let count = count.clone();
+                    let bar = bar.clone();
+                    handles.push(tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+                        let mut conn = rusqlite::Connection::open(&path)?;
+                        conn.busy_timeout(Duration::from_secs(30))?;
+                        conn.pragma_update(None, "synchronous", "NORMAL")?;
+                        let mut n = 0u64;
+                        while Instant::now() < deadline {
+                            let tx = conn.transaction_with_behavior(
+                                rusqlite::TransactionBehavior::Immediate,
+                            )?;
+                            {
+                                let mut stmt = tx.prepare_cached(
+                                    "INSERT INTO interaction (id, room, verb, actor, role, body, at, relay) \
+                                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, CAST(unixepoch('subsec')*1000000 AS INTEGER), 'baseline')",
+                                )?;
+                                for _ in 0..batch {
+                                    n += 1;
+                                    let r = bench_message(run + 1_000_000, w, n);
+                                    let body = r.body_text();
+                                    let id = blake3::hash(body.as_bytes());
+                                    stmt.execute(rusqlite::params![
+                                        &id.as_bytes()[..],
+                                        r.room,
+                                        r.verb.as_str(),
+                                        r.actor,
+                                        r.role.as_str(),
+                                        body
+                                    ])?;
+                                }
+                            }
+                            tx.commit()?;
+                            count.fetch_add(batch as u64, Ordering::Relaxed);
+                            bar.inc(batch as u64);
+                        }
+                        Ok(())
+                    }));
+                }
+                for h in handles {
+                    h.await??;
+                }
+            }
+        }
+        Ok(count.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+    }
+
+    /// Raw contended upserts; returns acquisitions per second.
+    async fn claims(&self, secs: f64, bar: &ProgressBar) -> anyhow::Result<f64> {
+        let run = nonce();
+        let deadline = Instant::now() + Duration::from_secs_f64(secs);
+        let count = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        match self {
+            Baseline::Postgres(clients) => {
+                let mut tasks = Vec::new();
+                for (w, client) in clients.iter().enumerate() {
+                    let stmt = client
+                        .prepare(
+                            "INSERT INTO external_claim AS c (key, holder, epoch, expires_at) \
+                             VALUES ($1, $2, 1, now() + make_interval(secs => $3)) \
+                             ON CONFLICT (key) DO UPDATE SET holder = EXCLUDED.holder, \
+                               epoch = CASE WHEN c.holder = EXCLUDED.holder AND c.expires_at > now() THEN c.epoch ELSE c.epoch + 1 END, \
+                               expires_at = EXCLUDED.expires_at, renewed_at = now() \
+                             WHERE c.expires_at <= now() OR c.holder = EXCLUDED.holder \
+                             RETURNING holder, epoch, expires_at",
+                        )
+                        .await?;
+                    let count = count.clone();
+                    let bar = bar.clone();
+                    let client = client.clone();
+                    tasks.push(tokio::spawn(async move {
+                        let mut n = 0u64;
+                        while Instant::now() < deadline {
+                            n += 1;
+                            let key = format!("bench-raw/{run}/{}", n % 16);
+                            let holder = format!("h{w}");
+                            client.query(&stmt, &[&key, &holder, &0.001f64]).await?;
+                            count.fetch_add(1, Ordering::Relaxed);
+                            bar.inc(1);
+                        }
+                        anyhow::Ok(())
+                    }));
+                }
+                for t in tasks {
+                    t.await??;
+                }
+            }
+            Baseline::Sqlite(path, writers) => {
+                let mut handles = Vec::new();
+                for w in 0..*writers {
+                    let path = path.clone();
+                    let count = count.clone();
+                    let bar = bar.clone();
+                    handles.push(tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+                        let mut conn = rusqlite::Connection::open(&path)?;
+                        conn.busy_timeout(Duration::from_secs(30))?;
+                        let mut n = 0u64;
+                        while Instant::now() < deadline {
+                            n += 1;
+                            let key = format!("bench-raw/{run}/{}", n % 16);
+                            let tx = conn.transaction_with_behavior(
+                                rusqlite::TransactionBehavior::Immediate,
+                            )?;
+                            tx.query_row(
+                                "INSERT INTO external_claim AS c (key, holder, epoch, expires_at, acquired_at, renewed_at) \
+                                 VALUES (?1, ?2, 1, CAST(unixepoch('subsec')*1000000 AS INTEGER) + 1000, 0, 0) \
+                                 ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, \
+                                   epoch = CASE WHEN c.holder = excluded.holder AND c.expires_at > CAST(unixepoch('subsec')*1000000 AS INTEGER) THEN c.epoch ELSE c.epoch + 1 END, \
+                                   expires_at = excluded.expires_at \
+                                 WHERE c.expires_at <= CAST(unixepoch('subsec')*1000000 AS INTEGER) OR c.holder = excluded.holder \
+                                 RETURNING epoch",
+                                rusqlite::params![key, format!("h{w}")],
+                                |_| Ok(()),
+                            )
+                            .or_else(|e| match e {
+                                rusqlite::Error::QueryReturnedNoRows => Ok(()),
+                                e => Err(e),
+                            })?;
+                            tx.commit()?;
+                            count.fetch_add(1, Ordering::Relaxed);
+                            bar.inc(1);
+                        }
+                        Ok(())
+                    }));
+                }
+                for h in handles {
+                    h.await??;
+                }
+            }
+        }
+        Ok(count.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+    }
+}
+
+async fn huddle_appends(
+    store: &Arc<dyn Store>,
+    writers: usize,
+    batch: usize,
+    secs: f64,
+    bar: &ProgressBar,
+) -> anyhow::Result<f64> {
+    let run = nonce();
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let count = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let store = store.clone();
+        let count = count.clone();
+        let bar = bar.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                let rows: Vec<NewInteraction> = (0..batch)
+                    .map(|_| {
+                        n += 1;
+                        bench_message(run, w, n)
+                    })
+                    .collect();
+                store.append(rows).await?;
+                count.fetch_add(batch as u64, Ordering::Relaxed);
+                bar.inc(batch as u64);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(count.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+async fn huddle_claims(
+    store: &Arc<dyn Store>,
+    writers: usize,
+    secs: f64,
+    bar: &ProgressBar,
+) -> anyhow::Result<f64> {
+    let run = nonce();
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let count = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let store = store.clone();
+        let count = count.clone();
+        let bar = bar.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            let holder = format!("h{w}");
+            while Instant::now() < deadline {
+                n += 1;
+                let key = format!("bench/{run}/{}", n % 16);
+                store
+                    .acquire(&key, &holder, Duration::from_millis(1))
+                    .await?;
+                count.fetch_add(1, Ordering::Relaxed);
+                bar.inc(1);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(count.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+fn bar(label: &str) -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg:<40} {pos:>9} ops  {per_sec:>12}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.set_message(label.to_string());
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+/// Runs the ledger bench.
+pub async fn run(opts: LedgerBenchOptions) -> anyhow::Result<LedgerBenchReport> {
+    let backend = huddle_store::parse_url(&opts.db)?;
+    let store_opts = StoreOptions {
+        relay: "bench".into(),
+        pool_size: opts.writers + 2,
+        ..Default::default()
+    };
+    let store = huddle_store::open(&opts.db, store_opts)
+        .await
+        .with_context(|| format!("cannot open {}", opts.db))?;
+    let baseline = Baseline::connect(&opts.db, &backend, opts.writers).await?;
+    let half = opts.seconds / 2.0;
+    let mut lines = Vec::new();
+    for &batch in &opts.batches {
+        let mut h = 0.0;
+        let mut b = 0.0;
+        for round in 0..2 {
+            let pb = bar(&format!(
+                "appends batch {batch}: baseline ({}/2)",
+                round + 1
+            ));
+            b += baseline.appends(batch, half, &pb).await?;
+            pb.finish_and_clear();
+            let pb = bar(&format!("appends batch {batch}: huddle ({}/2)", round + 1));
+            h += huddle_appends(&store, opts.writers, batch, half, &pb).await?;
+            pb.finish_and_clear();
+        }
+        lines.push(BenchLine {
+            scenario: format!("append, batch {batch}"),
+            huddle_per_s: h / 2.0,
+            baseline_per_s: b / 2.0,
+            ratio: h / b,
+        });
+    }
+    let mut h = 0.0;
+    let mut b = 0.0;
+    for round in 0..2 {
+        let pb = bar(&format!("contended claims: baseline ({}/2)", round + 1));
+        b += baseline.claims(half, &pb).await?;
+        pb.finish_and_clear();
+        let pb = bar(&format!("contended claims: huddle ({}/2)", round + 1));
+        h += huddle_claims(&store, opts.writers, half, &pb).await?;
+        pb.finish_and_clear();
+    }
+    lines.push(BenchLine {
+        scenario: "claim acquire, 16 keys contended".into(),
+        huddle_per_s: h / 2.0,
+        baseline_per_s: b / 2.0,
+        ratio: h / b,
+    });
+    Ok(LedgerBenchReport {
+        backend: store.backend_name().to_string(),
+        writers: opts.writers,
+        seconds: opts.seconds,
+        lines,
+    })
+}
+
+/// A markdown table of the report.
+pub fn render(report: &LedgerBenchReport) -> String {
+    let mut s = format!(
+        "backend: {}, {} writers, {} s per side\n\n| scenario | huddle /s | baseline /s | huddle ÷ baseline |\n|---|---:|---:|---:|\n",
+        report.backend, report.writers, report.seconds
+    );
+    for l in &report.lines {
+        s.push_str(&format!(
+            "| {} | {:.0} | {:.0} | {:.2} |\n",
+            l.scenario, l.huddle_per_s, l.baseline_per_s, l.ratio
+        ));
+    }
+    s
+}

@@ -1,0 +1,269 @@
+//! The relay's configuration file, `huddle.toml`.
+//!
+//! ```toml
+//! relay = "relay-a"                 # this relay's id (claims for drives are held by it)
+//! database = "./huddle.db"          # or postgres://...; HUDDLE_DB overrides it
+//! rooms = ["lobby"]
+//!
+//! [[agent]]
+//! key = "ada"                       # the agent's id in rooms and claims
+//! name = "Ada"
+//! capabilities = ["rust", "sql"]
+//! driver = "sim"                    # "sim" or "exec"
+//! sim = { turn_ms = 300, failure_rate = 0.0, tokens = 120, seed = 7 }
+//!
+//! [[agent]]
+//! key = "bob"
+//! driver = "exec"
+//! exec = { command = ["./my-agent", "--quiet"], timeout_ms = 120000 }
+//! ```
+//!
+//! Unknown keys and bad values are rejected at start with the file, the line and the
+//! reason.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use huddle_core::{validate_name, Limits};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::driver::{ExecSettings, SimSettings};
+
+/// A configuration error, naming the file and, when known, the line.
+#[derive(Debug, Error)]
+#[error("{file}{}: {reason}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct ConfigError {
+    /// The file.
+    pub file: String,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// Which driver runs an agent's turns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriverKind {
+    /// The built-in simulator.
+    Sim,
+    /// A command per turn.
+    Exec,
+}
+
+/// One hosted agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The agent's key: its id in rooms and claims.
+    pub key: String,
+    /// Display name (defaults to the key).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Declared capabilities, matched against tasks' needs when bidding.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    /// Driver kind.
+    pub driver: DriverKind,
+    /// Simulator settings (for `driver = "sim"`).
+    #[serde(default)]
+    pub sim: Option<SimSettings>,
+    /// Exec settings (for `driver = "exec"`).
+    #[serde(default)]
+    pub exec: Option<ExecSettings>,
+}
+
+/// The whole relay configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayConfig {
+    /// This relay's id.
+    pub relay: String,
+    /// Database URL; the `HUDDLE_DB` environment variable overrides it.
+    #[serde(default = "default_database")]
+    pub database: String,
+    /// Rooms this relay's agents join.
+    pub rooms: Vec<String>,
+    /// Hosted agents.
+    #[serde(default, rename = "agent")]
+    pub agents: Vec<AgentConfig>,
+}
+
+fn default_database() -> String {
+    "./huddle.db".to_string()
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+impl RelayConfig {
+    /// Reads and checks a file; `HUDDLE_DB` (when set and non-empty) overrides the
+    /// database URL.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: None,
+            reason: format!("cannot read: {e}"),
+        })?;
+        let mut cfg = Self::parse(&file, &text)?;
+        if let Ok(db) = std::env::var("HUDDLE_DB") {
+            if !db.trim().is_empty() {
+                cfg.database = db;
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Parses and checks configuration text; `file` names it in errors.
+    pub fn parse(file: &str, text: &str) -> Result<Self, ConfigError> {
+        let cfg: RelayConfig = toml::from_str(text).map_err(|e| ConfigError {
+            file: file.to_string(),
+            line: e.span().map(|s| line_of(text, s.start)),
+            reason: e.message().to_string(),
+        })?;
+        cfg.check().map_err(|(needle, reason)| ConfigError {
+            file: file.to_string(),
+            line: needle.and_then(|n| text.find(&n)).map(|o| line_of(text, o)),
+            reason,
+        })?;
+        Ok(cfg)
+    }
+
+    /// Semantic checks. On error, returns text to locate the line by, and the reason.
+    fn check(&self) -> Result<(), (Option<String>, String)> {
+        let limits = Limits::default();
+        validate_name("relay", &self.relay, &limits)
+            .map_err(|e| (Some("relay".to_string()), e.to_string()))?;
+        if self.rooms.is_empty() {
+            return Err((
+                Some("rooms".into()),
+                "rooms must list at least one room".into(),
+            ));
+        }
+        for room in &self.rooms {
+            validate_name("room", room, &limits)
+                .map_err(|e| (Some(format!("\"{room}\"")), format!("rooms: {e}")))?;
+        }
+        let mut keys = BTreeSet::new();
+        for a in &self.agents {
+            let at = Some(format!("\"{}\"", a.key));
+            validate_name("agent key", &a.key, &limits).map_err(|e| (at.clone(), e.to_string()))?;
+            if !keys.insert(a.key.clone()) {
+                return Err((at, format!("agent {:?} is listed twice", a.key)));
+            }
+            match a.driver {
+                DriverKind::Sim => {
+                    if a.exec.is_some() {
+                        return Err((
+                            at,
+                            format!(
+                                "agent {:?}: driver is sim but an exec table is given",
+                                a.key
+                            ),
+                        ));
+                    }
+                    if let Some(sim) = &a.sim {
+                        sim.validate()
+                            .map_err(|r| (at.clone(), format!("agent {:?}: sim.{r}", a.key)))?;
+                    }
+                }
+                DriverKind::Exec => {
+                    let Some(exec) = &a.exec else {
+                        return Err((at, format!("agent {:?}: driver is exec but there is no exec table with a command", a.key)));
+                    };
+                    if a.sim.is_some() {
+                        return Err((
+                            at,
+                            format!("agent {:?}: driver is exec but a sim table is given", a.key),
+                        ));
+                    }
+                    exec.validate()
+                        .map_err(|r| (at.clone(), format!("agent {:?}: exec.{r}", a.key)))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+relay = "relay-a"
+rooms = ["lobby"]
+
+[[agent]]
+key = "ada"
+capabilities = ["rust"]
+driver = "sim"
+sim = { turn_ms = 10, seed = 3 }
+
+[[agent]]
+key = "bob"
+driver = "exec"
+exec = { command = ["cat"] }
+"#;
+
+    #[test]
+    fn parses_a_good_file() {
+        let c = RelayConfig::parse("huddle.toml", GOOD).expect("good config");
+        assert_eq!(c.relay, "relay-a");
+        assert_eq!(c.database, "./huddle.db");
+        assert_eq!(c.agents.len(), 2);
+        assert_eq!(c.agents[0].sim.as_ref().map(|s| s.turn_ms), Some(10));
+        assert_eq!(
+            c.agents[1].exec.as_ref().map(|e| e.timeout_ms),
+            Some(300_000)
+        );
+    }
+
+    #[test]
+    fn unknown_keys_name_file_and_line() {
+        let text = GOOD.replace(
+            "capabilities = [\"rust\"]",
+            "capabilities = [\"rust\"]\ncolour = \"blue\"",
+        );
+        let e = RelayConfig::parse("huddle.toml", &text).unwrap_err();
+        assert_eq!(e.line, Some(8), "{e}");
+        assert!(e.to_string().starts_with("huddle.toml:8:"), "{e}");
+        assert!(e.reason.contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_rejected_with_reason_and_line() {
+        let cases = [
+            (
+                GOOD.replace("driver = \"sim\"", "driver = \"magic\""),
+                "magic",
+            ),
+            (GOOD.replace("turn_ms = 10", "turn_ms = -1"), ""),
+            (
+                GOOD.replace("seed = 3", "seed = 3, failure_rate = 2.0"),
+                "failure_rate",
+            ),
+            (
+                GOOD.replace("key = \"bob\"", "key = \"ada\""),
+                "listed twice",
+            ),
+            (
+                GOOD.replace("exec = { command = [\"cat\"] }", ""),
+                "no exec table",
+            ),
+            (
+                GOOD.replace("rooms = [\"lobby\"]", "rooms = []"),
+                "at least one room",
+            ),
+            (GOOD.replace("\"lobby\"", "\"a/b\""), "'/'"),
+        ];
+        for (text, needle) in cases {
+            let e = RelayConfig::parse("f.toml", &text).unwrap_err();
+            assert!(e.line.is_some(), "no line for {e}");
+            assert!(e.reason.contains(needle), "{e} lacks {needle:?}");
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! The exec driver: runs a command per turn. This is how any command-line agent
+//! plugs in.
+//!
+//! - The prompt goes to the child's standard input, which is then closed.
+//! - Environment: `HUDDLE_ROOM`, `HUDDLE_THREAD` (empty when none), `HUDDLE_AGENT`,
+//!   `HUDDLE_TASK` (empty when none), `HUDDLE_EPOCH` (empty when none),
+//!   `HUDDLE_ATTEMPT`.
+//! - Standard output is the reply (capped at `max_reply_bytes`).
+//! - A line `huddle-tokens: N` on standard error reports the tokens used; without one
+//!   the driver estimates a token per four bytes of prompt and reply.
+//! - A non-zero exit or the timeout is a failed turn; cancellation (claim lost,
+//!   shutdown) kills the child.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use super::{Driver, TurnOutcome, TurnRequest};
+
+/// Settings of an exec agent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecSettings {
+    /// Program and arguments (no shell).
+    pub command: Vec<String>,
+    /// Turn timeout in milliseconds (default 300,000).
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Largest reply kept, in bytes (default 64 KiB); longer output is cut.
+    #[serde(default = "default_max_reply")]
+    pub max_reply_bytes: usize,
+    /// Working directory (default: the relay's).
+    #[serde(default)]
+    pub cwd: Option<String>,
+}
+
+fn default_timeout_ms() -> u64 {
+    300_000
+}
+
+fn default_max_reply() -> usize {
+    64 * 1024
+}
+
+impl ExecSettings {
+    /// Checks the settings; the message names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        match self.command.first() {
+            None => Err("command must name a program".into()),
+            Some(p) if p.trim().is_empty() => Err("command must name a program".into()),
+            _ if self.timeout_ms == 0 => Err("timeout_ms must be positive".into()),
+            _ if self.max_reply_bytes == 0 => Err("max_reply_bytes must be positive".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Runs a command per turn.
+#[derive(Clone, Debug)]
+pub struct ExecDriver {
+    settings: ExecSettings,
+}
+
+impl ExecDriver {
+    /// An exec driver with `settings` (validated by the caller).
+    pub fn new(settings: ExecSettings) -> Self {
+        ExecDriver { settings }
+    }
+}
+
+fn tokens_from_stderr(stderr: &str) -> Option<u64> {
+    stderr
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("huddle-tokens:"))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+fn cut(mut bytes: Vec<u8>, max: usize) -> String {
+    if bytes.len() > max {
+        bytes.truncate(max);
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[async_trait]
+impl Driver for ExecDriver {
+    async fn run(&self, request: TurnRequest, cancel: CancellationToken) -> TurnOutcome {
+        let s = &self.settings;
+        let Some((program, args)) = s.command.split_first() else {
+            return TurnOutcome::Failed {
+                reason: "no command configured".into(),
+                tokens: 0,
+            };
+        };
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .env("HUDDLE_ROOM", &request.room)
+            .env("HUDDLE_THREAD", request.thread.as_deref().unwrap_or(""))
+            .env("HUDDLE_AGENT", &request.agent)
+            .env("HUDDLE_TASK", request.task.as_deref().unwrap_or(""))
+            .env(
+                "HUDDLE_EPOCH",
+                request.epoch.map(|e| e.to_string()).unwrap_or_default(),
+            )
+            .env("HUDDLE_ATTEMPT", request.attempt.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(dir) = &s.cwd {
+            cmd.current_dir(dir);
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                return TurnOutcome::Failed {
+                    reason: format!("cannot start {program:?}: {e}"),
+                    tokens: 0,
+                }
+            }
+        };
+        let stdin = child.stdin.take();
+        let prompt = request.prompt.clone();
+        let writer = tokio::spawn(async move {
+            if let Some(mut stdin) = stdin {
+                // A child that does not read its input is not an error.
+                let _ = stdin.write_all(prompt.as_bytes()).await;
+                let _ = stdin.shutdown().await;
+            }
+        });
+        let mut stdout = child.stdout.take();
+        let mut stderr = child.stderr.take();
+        let max = s.max_reply_bytes;
+        let read_out = tokio::spawn(async move {
+            let mut buf = Vec::new();
+            if let Some(out) = stdout.as_mut() {
+                // Keep at most `max` bytes but drain the rest so the child never blocks.
+                let mut chunk = [0u8; 8192];
+                while let Ok(n) = out.read(&mut chunk).await {
+                    if n == 0 {
+                        break;
+                    }
+                    if buf.len() < max {
+                        buf.extend_from_slice(&chunk[..n.min(max - buf.len())]);
+                    }
+                }
+            }
+            buf
+        });
+        let read_err = tokio::spawn(async move {
+            let mut buf = Vec::new();
+            if let Some(err) = stderr.as_mut() {
+                let mut chunk = [0u8; 8192];
+                while let Ok(n) = err.read(&mut chunk).await {
+                    if n == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    if buf.len() > 64 * 1024 {
+                        buf.drain(..buf.len() - 64 * 1024);
+                    }
+                }
+            }
+            buf
+        });
+        let timeout = Duration::from_millis(s.timeout_ms);
+        let status = tokio::select! {
+            status = child.wait() => status,
+            _ = tokio::time::sleep(timeout) => {
+                let _ = child.kill().await;
+                return TurnOutcome::Failed {
+                    reason: format!("timed out after {} ms", s.timeout_ms),
+                    tokens: 0,
+                };
+            }
+            _ = cancel.cancelled() => {
+                let _ = child.kill().await;
+                return TurnOutcome::Cancelled;
+            }
+        };
+        let _ = writer.await;
+        let out = read_out.await.unwrap_or_default();
+        let err = read_err.await.unwrap_or_default();
+        let reply = cut(out, max);
+        let err_text = String::from_utf8_lossy(&err).into_owned();
+        let tokens = tokens_from_stderr(&err_text)
+            .unwrap_or(((request.prompt.len() + reply.len()) / 4) as u64);
+        match status {
+            Ok(st) if st.success() => TurnOutcome::Replied {
+                text: reply,
+                tokens,
+            },
+            Ok(st) => {
+                let tail: String = err_text
+                    .lines()
+                    .rev()
+                    .take(3)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join(" | ");
+                TurnOutcome::Failed {
+                    reason: format!("exited with {st}: {tail}"),
+                    tokens,
+                }
+            }
+            Err(e) => TurnOutcome::Failed {
+                reason: format!("waiting for the child failed: {e}"),
+                tokens,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> TurnRequest {
+        TurnRequest {
+            room: "lobby".into(),
+            thread: None,
+            agent: "ada".into(),
+            task: Some("t7".into()),
+            epoch: Some(3),
+            attempt: 2,
+            prompt: "<coordination>\n</coordination>\nhello".into(),
+        }
+    }
+
+    fn sh(script: &str, timeout_ms: u64) -> ExecDriver {
+        ExecDriver::new(ExecSettings {
+            command: vec!["sh".into(), "-c".into(), script.into()],
+            timeout_ms,
+            max_reply_bytes: 1024,
+            cwd: None,
+        })
+    }
+
+    #[tokio::test]
+    async fn prompt_in_reply_out_with_environment() {
+        let d = sh(
+            "read first; echo \"$HUDDLE_AGENT/$HUDDLE_ROOM/$HUDDLE_TASK/$HUDDLE_EPOCH/$HUDDLE_ATTEMPT $first\"; echo 'huddle-tokens: 42' >&2",
+            10_000,
+        );
+        let out = d.run(req(), CancellationToken::new()).await;
+        assert_eq!(
+            out,
+            TurnOutcome::Replied {
+                text: "ada/lobby/t7/3/2 <coordination>\n".into(),
+                tokens: 42
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn nonzero_exit_fails_with_stderr() {
+        let out = sh("echo boom >&2; exit 3", 10_000)
+            .run(req(), CancellationToken::new())
+            .await;
+        match out {
+            TurnOutcome::Failed { reason, .. } => assert!(reason.contains("boom"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn timeout_and_cancel_kill_the_child() {
+        let out = sh("sleep 30", 200)
+            .run(req(), CancellationToken::new())
+            .await;
+        assert!(
+            matches!(out, TurnOutcome::Failed { ref reason, .. } if reason.contains("timed out")),
+            "{out:?}"
+        );
+        let cancel = CancellationToken::new();
+        let d = sh("sleep 30", 60_000);
+        let c2 = cancel.clone();
+        let h = tokio::spawn(async move { d.run(req(), c2).await });
+        cancel.cancel();
+        let out = tokio::time::timeout(Duration::from_secs(10), h)
+            .await
+            .expect("cancel is prompt")
+            .expect("join");
+        assert_eq!(out, TurnOutcome::Cancelled);
+    }
+
+    #[tokio::test]
+    async fn missing_program_is_a_failed_turn() {
+        let d = ExecDriver::new(ExecSettings {
+            command: vec!["/nonexistent/agent".into()],
+            timeout_ms: 1000,
+            max_reply_bytes: 10,
+            cwd: None,
+        });
+        let out = d.run(req(), CancellationToken::new()).await;
+        assert!(
+            matches!(out, TurnOutcome::Failed { ref reason, .. } if reason.contains("cannot start"))
+        );
+    }
+
+    #[tokio::test]
+    async fn long_output_is_cut() {
+        let out = sh("yes x | head -c 100000", 10_000)
+            .run(req(), CancellationToken::new())
+            .await;
+        match out {
+            TurnOutcome::Replied { text, .. } => assert_eq!(text.len(), 1024),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! Drivers: how a relay runs one agent turn.
+//!
+//! A driver gets a [`TurnRequest`] (the prompt and where it belongs) and a
+//! cancellation token, and returns a [`TurnOutcome`]. The relay cancels the token when
+//! the turn's claim is lost or the relay shuts down; a driver must then stop promptly
+//! (the exec driver kills its child).
+
+mod exec;
+mod sim;
+
+pub use exec::{ExecDriver, ExecSettings};
+pub use sim::{SimDriver, SimSettings};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+/// One agent turn to run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnRequest {
+    /// Room.
+    pub room: String,
+    /// Thread, if any.
+    pub thread: Option<String>,
+    /// The agent's key.
+    pub agent: String,
+    /// The task this turn works on, if any.
+    pub task: Option<String>,
+    /// The epoch of the claim the turn runs under.
+    pub epoch: Option<i64>,
+    /// Attempt number of the task (1 for the first).
+    pub attempt: u32,
+    /// The full prompt: the `<coordination>` block, the `<related-context>` block when
+    /// there is one, then the message or task.
+    pub prompt: String,
+}
+
+impl TurnRequest {
+    /// A stable identity for deterministic simulation: what the turn is about.
+    pub fn subject(&self) -> String {
+        match &self.task {
+            Some(t) => format!("task:{}:{t}:{}", self.room, self.attempt),
+            None => format!("msg:{}:{}", self.room, self.prompt.len()),
+        }
+    }
+}
+
+/// How a turn ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TurnOutcome {
+    /// The agent replied.
+    Replied {
+        /// The reply text.
+        text: String,
+        /// Tokens the turn used.
+        tokens: u64,
+    },
+    /// The turn failed (non-zero exit, timeout, simulated failure).
+    Failed {
+        /// Why.
+        reason: String,
+        /// Tokens used before failing.
+        tokens: u64,
+    },
+    /// The turn was cancelled (claim lost, shutdown). Never completes a task.
+    Cancelled,
+}
+
+/// Runs agent turns.
+#[async_trait]
+pub trait Driver: Send + Sync + 'static {
+    /// Runs one turn until it ends or `cancel` fires.
+    async fn run(&self, request: TurnRequest, cancel: CancellationToken) -> TurnOutcome;
+}
+
+/// A small deterministic generator (SplitMix64) for the simulator: the same seed and
+/// subject always give the same turn.
+#[derive(Clone, Debug)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// Seeds from a number and any text (agent key, subject).
+    pub fn new(seed: u64, salt: &str) -> Self {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
+        for b in salt.as_bytes() {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        SplitMix64(h)
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A float in `[0, 1)`.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}

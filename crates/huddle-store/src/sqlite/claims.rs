@@ -1,0 +1,221 @@
+//! The claims' blocking SQL. Every statement judges expiry by the database clock
+//! ([`now_us!`]) and every write runs inside `BEGIN IMMEDIATE`, so the row lock is
+//! SQLite's single writer lock.
+
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
+
+use super::conn::now_us;
+use crate::error::{Result, StoreError};
+use crate::traits::{Acquired, ClaimRow, ClaimState, Epoch};
+
+/// The longest lease we store (100 years): keeps `now + ttl` far from integer
+/// overflow, which SQLite would silently turn into a float.
+const MAX_TTL_US: i64 = 100 * 365 * 24 * 3600 * 1_000_000;
+
+/// One upsert: insert at epoch 1, or take over a row that is expired or already held
+/// by the same holder. The epoch is kept only when the same holder extends an
+/// unexpired lease; a new holder or a re-take after expiry bumps it. When the row is
+/// someone else's live claim the `WHERE` leaves it alone and nothing is returned.
+const ACQUIRE: &str = concat!(
+    "INSERT INTO external_claim (key, holder, epoch, expires_at, acquired_at, renewed_at) ",
+    "VALUES (?1, ?2, 1, ",
+    now_us!(),
+    " + ?3, ",
+    now_us!(),
+    ", ",
+    now_us!(),
+    ") ON CONFLICT (key) DO UPDATE SET ",
+    "epoch = CASE WHEN external_claim.holder = excluded.holder AND external_claim.expires_at > ",
+    now_us!(),
+    " THEN external_claim.epoch ELSE external_claim.epoch + 1 END, ",
+    "acquired_at = CASE WHEN external_claim.holder = excluded.holder AND external_claim.expires_at > ",
+    now_us!(),
+    " THEN external_claim.acquired_at ELSE excluded.acquired_at END, ",
+    "holder = excluded.holder, expires_at = excluded.expires_at, renewed_at = excluded.renewed_at ",
+    "WHERE external_claim.expires_at <= ",
+    now_us!(),
+    " OR external_claim.holder = excluded.holder ",
+    "RETURNING key, holder, epoch, expires_at"
+);
+
+const RENEW: &str = concat!(
+    "UPDATE external_claim SET expires_at = ",
+    now_us!(),
+    " + ?4, renewed_at = ",
+    now_us!(),
+    " WHERE key = ?1 AND holder = ?2 AND epoch = ?3 AND expires_at > ",
+    now_us!(),
+    " RETURNING key, holder, epoch, expires_at"
+);
+
+const RELEASE: &str = concat!(
+    "UPDATE external_claim SET expires_at = ",
+    now_us!(),
+    " WHERE key = ?1 AND holder = ?2 AND epoch = ?3 AND expires_at > ",
+    now_us!()
+);
+
+/// Claims by prefix. Released claims stay as rows forever, so the prefix becomes a
+/// key range the primary-key index can seek (`?2` is the first string after every
+/// key starting with `?1`); the `substr` test keeps the match literal regardless.
+const LIST: &str = concat!(
+    "SELECT key, holder, epoch, expires_at, expires_at > ",
+    now_us!(),
+    " FROM external_claim WHERE key >= ?1 AND key < ?2 AND substr(key, 1, length(?1)) = ?1 ",
+    "ORDER BY key"
+);
+
+/// [`LIST`] for a prefix with no upper bound (empty, or only `char::MAX`).
+const LIST_UNBOUNDED: &str = concat!(
+    "SELECT key, holder, epoch, expires_at, expires_at > ",
+    now_us!(),
+    " FROM external_claim WHERE key >= ?1 AND substr(key, 1, length(?1)) = ?1 ",
+    "ORDER BY key"
+);
+
+/// The least string greater than every string that starts with `prefix`: the prefix
+/// with its last character replaced by the next one. Text compares as UTF-8 bytes,
+/// which orders like code points, so `[prefix, bound)` is exactly the strings that
+/// start with `prefix`. `None` when no such string exists.
+fn prefix_upper_bound(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+/// A lease length in µs, clamped to [`MAX_TTL_US`].
+fn ttl_us(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_micros())
+        .unwrap_or(i64::MAX)
+        .min(MAX_TTL_US)
+}
+
+/// Decodes `key, holder, epoch, expires_at` without trusting the column types.
+fn claim_state(row: &Row<'_>) -> rusqlite::Result<std::result::Result<ClaimState, String>> {
+    let decoded = (|| {
+        Ok::<_, rusqlite::Error>(ClaimState {
+            key: row.get(0)?,
+            holder: row.get(1)?,
+            epoch: row.get(2)?,
+            expires_at: row.get(3)?,
+        })
+    })();
+    Ok(decoded.map_err(|e| format!("corrupt claim row: {e}")))
+}
+
+fn corrupt(key: &str, reason: String) -> StoreError {
+    StoreError::Backend(format!("claim {key:?}: {reason}"))
+}
+
+/// [`crate::Claims::acquire`] on the writer connection.
+pub(crate) fn acquire(
+    conn: &mut Connection,
+    key: &str,
+    holder: &str,
+    ttl: Duration,
+) -> Result<Acquired> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let won = tx
+        .prepare_cached(ACQUIRE)?
+        .query_row(params![key, holder, ttl_us(ttl)], claim_state)
+        .optional()?;
+    let out = match won {
+        Some(state) => Acquired::Won(state.map_err(|r| corrupt(key, r))?),
+        None => {
+            let current = tx
+                .prepare_cached(
+                    "SELECT key, holder, epoch, expires_at FROM external_claim WHERE key = ?1",
+                )?
+                .query_row([key], claim_state)?;
+            Acquired::HeldBy(current.map_err(|r| corrupt(key, r))?)
+        }
+    };
+    tx.commit()?;
+    Ok(out)
+}
+
+/// [`crate::Claims::renew`] on the writer connection.
+pub(crate) fn renew(
+    conn: &mut Connection,
+    key: &str,
+    holder: &str,
+    epoch: Epoch,
+    ttl: Duration,
+) -> Result<Option<ClaimState>> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let renewed = tx
+        .prepare_cached(RENEW)?
+        .query_row(params![key, holder, epoch, ttl_us(ttl)], claim_state)
+        .optional()?;
+    tx.commit()?;
+    renewed.map(|s| s.map_err(|r| corrupt(key, r))).transpose()
+}
+
+/// [`crate::Claims::release`] on the writer connection. Only a live claim at exactly
+/// `(holder, epoch)` is released; the row stays, so the epoch never goes backwards.
+pub(crate) fn release(
+    conn: &mut Connection,
+    key: &str,
+    holder: &str,
+    epoch: Epoch,
+) -> Result<bool> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let changed = tx
+        .prepare_cached(RELEASE)?
+        .execute(params![key, holder, epoch])?;
+    tx.commit()?;
+    Ok(changed > 0)
+}
+
+/// [`crate::Claims::list_claims`]. The prefix is compared literally (no `LIKE`
+/// wildcards).
+pub(crate) fn list(conn: &Connection, prefix: &str) -> Result<Vec<ClaimRow>> {
+    let upper = prefix_upper_bound(prefix);
+    let mut stmt = conn.prepare_cached(match upper {
+        Some(_) => LIST,
+        None => LIST_UNBOUNDED,
+    })?;
+    let mut rows = match &upper {
+        Some(upper) => stmt.query(params![prefix, upper])?,
+        None => stmt.query(params![prefix])?,
+    };
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let state = claim_state(row)?.map_err(|r| corrupt(prefix, r))?;
+        let live: bool = row.get(4).map_err(|e| corrupt(&state.key, e.to_string()))?;
+        out.push(ClaimRow { state, live });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_upper_bound;
+
+    #[test]
+    fn prefix_bounds_cover_exactly_the_prefixed_keys() {
+        assert_eq!(prefix_upper_bound(""), None);
+        assert_eq!(prefix_upper_bound("task/").as_deref(), Some("task0"));
+        // Skips the surrogate gap.
+        assert_eq!(
+            prefix_upper_bound("a\u{D7FF}").as_deref(),
+            Some("a\u{E000}")
+        );
+        let max = char::MAX.to_string();
+        assert_eq!(prefix_upper_bound(&format!("a{max}")).as_deref(), Some("b"));
+        assert_eq!(prefix_upper_bound(&max), None);
+        let upper = prefix_upper_bound("ü/").expect("bound");
+        for key in ["ü/", "ü/x", &format!("ü/{max}")] {
+            assert!(key >= "ü/" && key < upper.as_str(), "{key}");
+        }
+        assert!("ü0" >= upper.as_str());
+    }
+}
