@@ -1,17 +1,18 @@
-//! The Postgres backend against the store's written behaviour, plus the
-//! Postgres-only behaviour (migrations under the advisory lock, the batch statement).
+//! The Postgres backend against the store's written behaviour (the conformance
+//! suite), plus what only Postgres has: migrations under the advisory lock, the batch
+//! statement's duplicate resolution, the cluster-wide transaction horizon, the
+//! self-ringing bell for held-back rows, and a second process.
 //!
 //! Needs PostgreSQL: `initdb`/`pg_ctl` on the machine or `HUDDLE_TEST_DATABASE_URL`
 //! (see huddle-testkit). Without either these tests fail, loudly.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use huddle_core::{InteractionId, NewInteraction, Position, RawRow, Role, Verb};
 use huddle_store::conformance::TestBackend;
 use huddle_store::postgres::{PgOptions, PgStore, PgTestBackend};
-use huddle_store::{Acquired, Fence, Ledger, StoreError, StoreOptions, Subscription};
+use huddle_store::{Ledger, StoreError, StoreOptions, Subscription};
 use huddle_testkit::test_database;
 use serde_json::json;
 
@@ -22,6 +23,8 @@ async fn make_backend() -> PgTestBackend {
         .expect("connect to the test database")
         .holding(db)
 }
+
+huddle_store::conformance_tests!(make_backend);
 
 fn msg(text: &str) -> NewInteraction {
     NewInteraction::new(
@@ -129,7 +132,7 @@ async fn appends_are_idempotent_by_content_and_by_key_within_and_across_batches(
 }
 
 #[tokio::test]
-async fn every_field_round_trips_including_hostile_names() {
+async fn parents_and_several_causes_round_trip_through_the_batch_statement() {
     let b = make_backend().await;
     let s = b.store();
     let parent = msg("p");
@@ -165,233 +168,6 @@ async fn every_field_round_trips_including_hostile_names() {
         .expect_err("oversized body refused");
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");
     assert_eq!(read_all(&*s).await.len(), 2, "nothing of the refused batch");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_transaction_committing_out_of_sequence_order_is_never_skipped() {
-    let b = make_backend().await;
-    let s = b.store();
-    let held = b
-        .hold_append(vec![msg("held-1"), msg("held-2")])
-        .await
-        .expect("hold");
-    for i in 0..5 {
-        s.append(vec![msg(&format!("later-{i}"))])
-            .await
-            .expect("append");
-    }
-    // The held transaction is older than every later one: readers wait for it.
-    let early = s.read_forward(Position::START, 100).await.expect("read");
-    assert!(early.rows.is_empty(), "{:?}", early.rows);
-    assert_eq!(early.next, Position::START);
-    held.commit().await.expect("commit");
-    let rows = read_all(&*s).await;
-    let texts: Vec<String> = rows
-        .iter()
-        .map(|r| r.body["text"].as_str().unwrap_or_default().to_string())
-        .collect();
-    assert_eq!(texts.len(), 7);
-    assert_eq!(&texts[..2], &["held-1", "held-2"]);
-    let unique: HashSet<_> = rows.iter().map(|r| r.id).collect();
-    assert_eq!(unique.len(), 7);
-}
-
-#[tokio::test]
-async fn corrupt_and_foreign_rows_are_skipped_counted_and_passed() {
-    let b = make_backend().await;
-    let s = b.pg_store();
-    s.append(vec![msg("before")]).await.expect("append");
-    let good = msg("template");
-    let raw = RawRow {
-        id: good.id().0.to_vec(),
-        position: Position::START,
-        at: 0,
-        relay: String::new(),
-        room: good.room.clone(),
-        thread: None,
-        verb: "message.posted".into(),
-        actor: good.actor.clone(),
-        role: "human".into(),
-        parent: None,
-        caused_by: vec![],
-        body: good.body_text(),
-    };
-    let broken = vec![
-        RawRow {
-            body: "{not json".into(),
-            id: vec![1; 32],
-            ..raw.clone()
-        },
-        RawRow {
-            verb: "evil.verb".into(),
-            id: vec![2; 32],
-            ..raw.clone()
-        },
-        RawRow {
-            role: "god".into(),
-            id: vec![3; 32],
-            ..raw.clone()
-        },
-        // Well-formed but its id is not its content's hash.
-        RawRow {
-            id: vec![4; 32],
-            ..raw.clone()
-        },
-    ];
-    for r in broken {
-        b.insert_raw(r).await.expect("insert raw");
-    }
-    s.append(vec![msg("after")]).await.expect("append");
-    let mut cursor = Position::START;
-    let (mut rows, mut skipped) = (Vec::new(), Vec::new());
-    loop {
-        let batch = s
-            .read_forward(cursor, 2)
-            .await
-            .expect("read never fails on a row");
-        if batch.rows.is_empty() && batch.skipped.is_empty() {
-            break;
-        }
-        cursor = batch.next;
-        rows.extend(batch.rows);
-        skipped.extend(batch.skipped);
-    }
-    assert_eq!(rows.len(), 2);
-    assert_eq!(skipped.len(), 4, "{skipped:?}");
-    assert_eq!(s.skipped_total(), 4);
-    assert!(s.get(InteractionId([2; 32])).await.expect("get").is_none());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claims_are_exclusive_epoch_fenced_and_judged_by_the_database_clock() {
-    let b = make_backend().await;
-    let s = b.store();
-    let ttl = Duration::from_secs(30);
-    let mut joins = Vec::new();
-    for i in 0..32 {
-        let s = s.clone();
-        joins.push(tokio::spawn(async move {
-            s.acquire("task/lobby/t1", &format!("agent-{i}"), ttl).await
-        }));
-    }
-    let mut winners = Vec::new();
-    for j in joins {
-        if let Acquired::Won(state) = j.await.expect("join").expect("acquire") {
-            winners.push(state);
-        }
-    }
-    assert_eq!(winners.len(), 1, "{winners:?}");
-    let first = winners.remove(0);
-    assert_eq!(first.epoch, 1);
-    // The same holder re-acquires (extends) at the same epoch; renew keeps it too.
-    let again = s
-        .acquire(&first.key, &first.holder, ttl)
-        .await
-        .expect("re-acquire");
-    assert_eq!(again.state().epoch, 1);
-    assert!(again.won());
-    let renewed = s
-        .renew(&first.key, &first.holder, 1, ttl)
-        .await
-        .expect("renew")
-        .expect("still held");
-    assert_eq!(renewed.epoch, 1);
-    // Another holder is refused while it is live.
-    let other = s
-        .acquire(&first.key, "intruder", ttl)
-        .await
-        .expect("acquire");
-    assert!(matches!(other, Acquired::HeldBy(ref st) if st.holder == first.holder));
-    // A fenced append under the live claim works.
-    let fence = Fence {
-        key: first.key.clone(),
-        holder: first.holder.clone(),
-        epoch: 1,
-    };
-    s.append_fenced(&fence, vec![msg("under claim")])
-        .await
-        .expect("fenced append");
-    // Release, then someone else takes it at a higher epoch; the old fence is refused.
-    assert!(s
-        .release(&first.key, &first.holder, 1)
-        .await
-        .expect("release"));
-    assert!(!s
-        .release(&first.key, &first.holder, 1)
-        .await
-        .expect("release twice"));
-    let taken = s.acquire(&first.key, "bo", ttl).await.expect("acquire");
-    assert!(taken.won());
-    assert_eq!(taken.state().epoch, 2);
-    let err = s
-        .append_fenced(&fence, vec![msg("stale")])
-        .await
-        .expect_err("stale fence refused");
-    assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
-    assert!(s
-        .renew(&first.key, &first.holder, 1, ttl)
-        .await
-        .expect("renew")
-        .is_none());
-    // Expiry by the database clock: a short lease lapses and is re-taken, even by the
-    // same holder, at a higher epoch.
-    let short = s
-        .acquire("lease/lobby/x", "bo", Duration::from_millis(50))
-        .await
-        .expect("acquire");
-    assert_eq!(short.state().epoch, 1);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while s.list_claims("lease/").await.expect("list")[0].live {
-        assert!(Instant::now() < deadline, "lease never lapsed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let again = s
-        .acquire("lease/lobby/x", "bo", Duration::from_secs(5))
-        .await
-        .expect("acquire");
-    assert!(again.won());
-    assert_eq!(again.state().epoch, 2, "re-taken after expiry: a new epoch");
-    let listed = s.list_claims("task/").await.expect("list");
-    assert_eq!(listed.len(), 1);
-    assert_eq!(listed[0].state.holder, "bo");
-    assert!(listed[0].live);
-    assert_eq!(s.list_claims("").await.expect("list").len(), 2);
-    let texts: Vec<String> = read_all(&*s)
-        .await
-        .iter()
-        .map(|r| r.body["text"].to_string())
-        .collect();
-    assert_eq!(texts, vec!["\"under claim\""]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_store_is_woken_by_the_doorbell_not_the_poll() {
-    let db = test_database().await;
-    let slow_poll = StoreOptions {
-        poll_interval: Duration::from_secs(60),
-        ..StoreOptions::default()
-    };
-    let b = PgTestBackend::with_options(&db.url, slow_poll, PgOptions::default())
-        .await
-        .expect("connect")
-        .holding(db);
-    let reader = b.store();
-    let writer = b.reopen("writer").await.expect("reopen");
-    let ledger: Arc<dyn Ledger> = reader;
-    let mut sub = Subscription::new(ledger, Position::START, 100);
-    let mut seen = Vec::new();
-    for i in 0..20 {
-        let n = msg(&format!("ring {i}"));
-        writer.append(vec![n.clone()]).await.expect("append");
-        while !seen.contains(&n.id()) {
-            let batch = tokio::time::timeout(Duration::from_secs(20), sub.next())
-                .await
-                .expect("woken well before the 60 s poll")
-                .expect("read");
-            seen.extend(batch.rows.iter().map(|r| r.id));
-        }
-    }
-    assert_eq!(seen.len(), 20);
 }
 
 async fn raw_session(url: &str) -> tokio_postgres::Client {
@@ -477,4 +253,132 @@ async fn rows_held_back_by_a_claim_transaction_arrive_when_it_ends_without_the_p
         batch.rows.iter().map(|r| r.id).collect::<Vec<_>>(),
         vec![n.id()]
     );
+}
+
+#[tokio::test]
+async fn skipped_rows_are_counted_and_not_returned_by_get() {
+    let b = make_backend().await;
+    let s = b.pg_store();
+    let forged = RawRow {
+        id: vec![9; 32],
+        position: Position::START,
+        at: 0,
+        relay: String::new(),
+        room: "lobby".into(),
+        thread: None,
+        verb: "message.posted".into(),
+        actor: "mallory".into(),
+        role: "agent".into(),
+        parent: None,
+        caused_by: vec![vec![1; 32]],
+        body: r#"{"text":"forged"}"#.into(),
+    };
+    b.insert_raw(forged).await.expect("insert raw");
+    let batch = s.read_forward(Position::START, 10).await.expect("read");
+    assert!(batch.rows.is_empty());
+    assert_eq!(batch.skipped.len(), 1);
+    assert_eq!(
+        batch.next, batch.skipped[0].position,
+        "the cursor moves past it"
+    );
+    assert_eq!(s.skipped_total(), 1);
+    assert!(s.get(InteractionId([9; 32])).await.expect("get").is_none());
+    assert_eq!(s.skipped_total(), 2, "every sighting counts");
+}
+
+/// Set in the child process of [`a_commit_in_another_process_wakes_a_subscriber`]:
+/// the database URL the child appends to.
+const CHILD_URL: &str = "HUDDLE_PG_TEST_CHILD_URL";
+
+/// A real second process (this test binary, re-run in a child role) appends a row;
+/// this process's LISTEN connection rings the bell (the fallback poll is a minute)
+/// and the subscription picks the row up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_in_another_process_wakes_a_subscriber() {
+    let row = msg("from another process");
+    if let Ok(url) = std::env::var(CHILD_URL) {
+        // Child role: append one row, make sure its NOTIFY went out, exit.
+        let options = StoreOptions {
+            relay: "child".into(),
+            ..StoreOptions::default()
+        };
+        let store = PgStore::connect(&url, options)
+            .await
+            .expect("child connect");
+        assert!(store.append(vec![row]).await.expect("child append")[0].inserted);
+        store.flush_doorbell().await;
+        return;
+    }
+    let db = test_database().await;
+    let slow_poll = StoreOptions {
+        poll_interval: Duration::from_secs(60),
+        ..StoreOptions::default()
+    };
+    let b = PgTestBackend::with_options(&db.url, slow_poll, PgOptions::default())
+        .await
+        .expect("connect")
+        .holding(db);
+    let store = b.pg_store();
+    let ledger: Arc<dyn Ledger> = store.clone();
+    let mut sub = Subscription::new(ledger, Position::START, 10);
+    // Caught up and listening before the child writes.
+    assert!(sub.poll_once().await.expect("read").rows.is_empty());
+    wait_until_listening(b.url(), 1).await;
+    let mut bell = store.doorbell();
+    bell.borrow_and_update();
+
+    let exe = std::env::current_exe().expect("test binary path");
+    let child = tokio::process::Command::new(exe)
+        .args([
+            "--exact",
+            "a_commit_in_another_process_wakes_a_subscriber",
+            "--test-threads=1",
+        ])
+        .env(CHILD_URL, b.url())
+        .output()
+        .await
+        .expect("run the child process");
+    assert!(
+        child.status.success(),
+        "child failed: {}\n{}",
+        String::from_utf8_lossy(&child.stdout),
+        String::from_utf8_lossy(&child.stderr)
+    );
+    // Nothing in this process appended, so only the LISTEN connection can ring.
+    tokio::time::timeout(Duration::from_secs(10), bell.changed())
+        .await
+        .expect("no doorbell for another process's commit")
+        .expect("bell open");
+    let batch = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("subscription did not wake")
+        .expect("next");
+    assert_eq!(batch.rows.len(), 1);
+    assert_eq!(batch.rows[0].id, row.id());
+}
+
+/// Waits until `n` sessions of this database have run `LISTEN`.
+async fn wait_until_listening(url: &str, n: i64) {
+    let admin = raw_session(url).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let listening: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND application_name = 'huddle-listen' \
+                 AND query LIKE 'LISTEN%' AND state = 'idle'",
+                &[],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .get(0);
+        if listening >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the LISTEN session never came up"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

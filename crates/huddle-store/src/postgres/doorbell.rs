@@ -67,15 +67,49 @@ impl Recheck {
     }
 }
 
-/// Sends `NOTIFY huddle, '<own>'` whenever `wake` is signalled, on its own
+/// The NOTIFY side's shared state: requests counted by appenders, attempts published
+/// by the notifier task, so [`Notifier::flush`] can wait for the bell to go out.
+pub(crate) struct Notifier {
+    wake: Notify,
+    requested: AtomicU64,
+    attempted: watch::Sender<u64>,
+}
+
+impl Notifier {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Notifier {
+            wake: Notify::new(),
+            requested: AtomicU64::new(0),
+            attempted: watch::channel(0).0,
+        })
+    }
+
+    /// Asks for one NOTIFY after everything committed so far. Never waits.
+    pub(crate) fn request(&self) {
+        self.requested.fetch_add(1, Ordering::AcqRel);
+        self.wake.notify_one();
+    }
+
+    /// Waits (at most `timeout`) until a NOTIFY covering every request made before
+    /// this call has been attempted.
+    pub(crate) async fn flush(&self, timeout: Duration) {
+        let target = self.requested.load(Ordering::Acquire);
+        let mut done = self.attempted.subscribe();
+        let _ = tokio::time::timeout(timeout, done.wait_for(|d| *d >= target)).await;
+    }
+}
+
+/// Sends `NOTIFY huddle, '<own>'` whenever a NOTIFY is requested, on its own
 /// connection (`synchronous_commit = off`, set by its config), never inside an append
 /// transaction. `Notify` keeps at most one stored permit, so whatever the append rate
 /// there is at most one NOTIFY in flight and one pending.
-pub(crate) async fn notify_loop(config: Config, wake: Arc<Notify>, own: String) {
+pub(crate) async fn notify_loop(config: Config, notifier: Arc<Notifier>, own: String) {
     let statement = format!("NOTIFY {CHANNEL}, '{own}'");
     let mut client: Option<Client> = None;
     loop {
-        wake.notified().await;
+        notifier.wake.notified().await;
+        // Every request counted up to here is covered by the NOTIFY sent below.
+        let covered = notifier.requested.load(Ordering::Acquire);
         // One retry on a fresh connection: the old one may have died since the last
         // bell (server restart). If both fail, readers still poll.
         for _ in 0..2 {
@@ -102,6 +136,7 @@ pub(crate) async fn notify_loop(config: Config, wake: Arc<Notify>, own: String) 
                 }
             }
         }
+        notifier.attempted.send_modify(|a| *a = (*a).max(covered));
     }
 }
 

@@ -34,7 +34,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use huddle_core::{
     Interaction, InteractionId, Limits, NewInteraction, Position, RawRow, Timestamp,
 };
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Config, Row, Statement};
@@ -95,7 +95,8 @@ pub struct PgStore {
     options: StoreOptions,
     session: Config,
     bell: Arc<watch::Sender<u64>>,
-    notify: Arc<Notify>,
+    notifier: Arc<doorbell::Notifier>,
+    connect_timeout: Duration,
     recheck: Arc<doorbell::Recheck>,
     skipped: AtomicU64,
     tasks: Vec<JoinHandle<()>>,
@@ -151,7 +152,7 @@ impl PgStore {
 
         let (bell, _) = watch::channel(0u64);
         let bell = Arc::new(bell);
-        let notify = Arc::new(Notify::new());
+        let notifier = doorbell::Notifier::new();
         let own = instance_token();
         let mut listen_cfg = session_config(&base, &pg, LISTEN_APPLICATION_NAME, &[]);
         // A silently dead peer (cable pulled) is noticed by keepalives, not by us.
@@ -174,7 +175,7 @@ impl PgStore {
                 pg.listen_backoff_min,
                 pg.listen_backoff_max,
             )),
-            tokio::spawn(doorbell::notify_loop(notify_cfg, notify.clone(), own)),
+            tokio::spawn(doorbell::notify_loop(notify_cfg, notifier.clone(), own)),
         ];
         // Rechecks back off to at most 1 s (or the poll, if shorter) during a long block.
         let recheck = doorbell::Recheck::new(
@@ -186,7 +187,8 @@ impl PgStore {
             options,
             session,
             bell,
-            notify,
+            notifier,
+            connect_timeout: pg.connect_timeout,
             recheck,
             skipped: AtomicU64::new(0),
             tasks,
@@ -197,6 +199,15 @@ impl PgStore {
     /// counts).
     pub fn skipped_total(&self) -> u64 {
         self.skipped.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the NOTIFY for every append made so far on this store has been
+    /// sent (or has failed), at most about twice the connect timeout. Appends never
+    /// wait for their NOTIFY; a process that appends and exits at once (a one-shot
+    /// command) calls this first so other relays wake now rather than at their
+    /// fallback poll.
+    pub async fn flush_doorbell(&self) {
+        self.notifier.flush(self.connect_timeout * 2).await;
     }
 
     /// The configuration pooled sessions connect with (application name,
@@ -227,7 +238,7 @@ impl PgStore {
     fn appended(&self, out: &[Appended]) {
         if out.iter().any(|a| a.inserted) {
             doorbell::ring(&self.bell);
-            self.notify.notify_one();
+            self.notifier.request();
         }
     }
 

@@ -6,6 +6,7 @@
 
 use std::any::Any;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use huddle_core::{InteractionId, NewInteraction, RawRow};
@@ -17,6 +18,9 @@ use super::{insert_batch, sql, PgOptions, PgStore};
 use crate::conformance::{HeldAppend, TestBackend};
 use crate::traits::Store;
 use crate::{Result, StoreOptions};
+
+/// The least fallback poll of stores opened by [`TestBackend::reopen`].
+const REOPEN_POLL: Duration = Duration::from_secs(60);
 
 /// A [`TestBackend`] on one (fresh, empty) Postgres database.
 pub struct PgTestBackend {
@@ -123,8 +127,10 @@ impl TestBackend for PgTestBackend {
     }
 
     async fn reopen(&self, relay: &str) -> Result<Arc<dyn Store>> {
+        // A long fallback poll, so a prompt wake-up proves the doorbell.
         let options = StoreOptions {
             relay: relay.to_string(),
+            poll_interval: self.options.poll_interval.max(REOPEN_POLL),
             ..self.options.clone()
         };
         Ok(Arc::new(
