@@ -89,7 +89,12 @@ impl PgCluster {
     pub fn start() -> PgCluster {
         match PgCluster::try_start() {
             Ok(c) => c,
-            Err(e) => panic!("huddle-testkit could not start a PostgreSQL cluster: {e}"),
+            Err(e) => panic!(
+                "huddle-testkit could not start a PostgreSQL cluster: {e}\n\n\
+                 How to fix: install the PostgreSQL server binaries (`initdb` and `pg_ctl`, \
+                 e.g. `apt-get install postgresql`), or set {PG_BINDIR_ENV} to their directory. \
+                 (This test runs its own cluster, so {TEST_DATABASE_URL_ENV} does not replace them.)"
+            ),
         }
     }
 
@@ -464,7 +469,7 @@ fn find_bindir() -> Result<PathBuf, ClusterError> {
             return Ok(dir);
         }
         return Err(err(format!(
-            "{PG_BINDIR_ENV}={} holds no initdb and pg_ctl.\n{HOW_TO_FIX}",
+            "{PG_BINDIR_ENV}={} holds no initdb and pg_ctl.",
             dir.display()
         )));
     }
@@ -502,7 +507,7 @@ fn find_bindir() -> Result<PathBuf, ClusterError> {
     versions.sort();
     versions.pop().map(|(_, bin)| bin).ok_or_else(|| {
         err(format!(
-            "no `initdb`/`pg_ctl` found on PATH or under /usr/lib/postgresql/*/bin.\n{HOW_TO_FIX}"
+            "no `initdb`/`pg_ctl` found on PATH or under /usr/lib/postgresql/*/bin."
         ))
     })
 }
