@@ -67,6 +67,9 @@ impl Recheck {
     }
 }
 
+/// Least time between two NOTIFYs of one store.
+const NOTIFY_GAP: Duration = Duration::from_millis(2);
+
 /// The NOTIFY side's shared state: requests counted by appenders, attempts published
 /// by the notifier task, so [`Notifier::flush`] can wait for the bell to go out.
 pub(crate) struct Notifier {
@@ -102,7 +105,8 @@ impl Notifier {
 /// Sends `NOTIFY huddle, '<own>'` whenever a NOTIFY is requested, on its own
 /// connection (`synchronous_commit = off`, set by its config), never inside an append
 /// transaction. `Notify` keeps at most one stored permit, so whatever the append rate
-/// there is at most one NOTIFY in flight and one pending.
+/// there is at most one NOTIFY in flight and one pending, and at most one per
+/// `NOTIFY_GAP`.
 pub(crate) async fn notify_loop(config: Config, notifier: Arc<Notifier>, own: String) {
     let statement = format!("NOTIFY {CHANNEL}, '{own}'");
     let mut client: Option<Client> = None;
@@ -137,6 +141,10 @@ pub(crate) async fn notify_loop(config: Config, notifier: Arc<Notifier>, own: St
             }
         }
         notifier.attempted.send_modify(|a| *a = (*a).max(covered));
+        // Under a stream of appends, let requests gather for a moment: at most one
+        // NOTIFY per gap, at the cost of at most one gap of extra wake latency. A
+        // lone append (the loop idle since long) is never delayed.
+        tokio::time::sleep(NOTIFY_GAP).await;
     }
 }
 

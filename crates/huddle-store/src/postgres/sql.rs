@@ -9,16 +9,18 @@ pub(crate) const CHANNEL: &str = "huddle";
 
 /// Appends a batch in one statement. Parameters are parallel arrays, one element per
 /// interaction; `$8` holds each row's causes concatenated (32 bytes each), split back
-/// here because Postgres arrays cannot be ragged. `ORDER BY ord` keeps sequence
-/// numbers in batch order. Duplicates (same id, or same idempotency key) are skipped;
+/// here because Postgres arrays cannot be ragged (the subquery runs only for rows that
+/// have causes). `ORDER BY ord` keeps sequence numbers in batch order. Duplicates (same id, or same idempotency key) are skipped;
 /// `RETURNING` names the rows actually inserted.
 pub(crate) const APPEND: &str = "\
 INSERT INTO interaction
     (id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key)
 SELECT t.id, t.room, t.thread, t.verb, t.actor, t.role, t.parent,
-       ARRAY(SELECT substring(t.causes FROM g * 32 + 1 FOR 32)
-             FROM generate_series(0, octet_length(t.causes) / 32 - 1) AS g
-             ORDER BY g),
+       CASE WHEN octet_length(t.causes) = 0 THEN '{}'::bytea[]
+            ELSE ARRAY(SELECT substring(t.causes FROM g * 32 + 1 FOR 32)
+                       FROM generate_series(0, octet_length(t.causes) / 32 - 1) AS g
+                       ORDER BY g)
+       END,
        t.body, t.ikey
 FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
             $7::bytea[], $8::bytea[], $9::text[], $10::text[])
