@@ -506,9 +506,7 @@ fn find_bindir() -> Result<PathBuf, ClusterError> {
     }
     versions.sort();
     versions.pop().map(|(_, bin)| bin).ok_or_else(|| {
-        err(format!(
-            "no `initdb`/`pg_ctl` found on PATH or under /usr/lib/postgresql/*/bin."
-        ))
+        err("no `initdb`/`pg_ctl` found on PATH or under /usr/lib/postgresql/*/bin.")
     })
 }
 
