@@ -382,3 +382,37 @@ async fn wait_until_listening(url: &str, n: i64) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test]
+async fn read_room_returns_only_that_room_on_its_index() {
+    let b = make_backend().await;
+    let s = b.store();
+    let in_room = |room: &str, text: &str| {
+        NewInteraction::new(
+            room,
+            Verb::MessagePosted,
+            "ana",
+            Role::Human,
+            json!({ "text": text }),
+        )
+    };
+    s.append(vec![
+        in_room("a", "1"),
+        in_room("b", "2"),
+        in_room("a", "3"),
+    ])
+    .await
+    .expect("append");
+    s.append(vec![in_room("b", "4")]).await.expect("append");
+    let batch = s.read_room("a", Position::START, 10).await.expect("read");
+    let texts: Vec<_> = batch.rows.iter().map(|r| r.body["text"].clone()).collect();
+    assert_eq!(texts, vec![json!("1"), json!("3")]);
+    assert_eq!(batch.next, batch.rows[1].position);
+    let none = s.read_room("a", batch.next, 10).await.expect("read");
+    assert!(none.rows.is_empty());
+    assert_eq!(none.next, batch.next);
+    let one = s.read_room("b", Position::START, 1).await.expect("read");
+    assert_eq!(one.rows.len(), 1);
+    let rest = s.read_room("b", one.next, 10).await.expect("read");
+    assert_eq!(rest.rows[0].body["text"], json!("4"));
+}

@@ -242,6 +242,56 @@ impl PgStore {
         }
     }
 
+    /// Reads forward, over all rooms or one (then on the room index; `next` is past
+    /// the last row of that room examined).
+    async fn read(&self, room: Option<&str>, after: Position, limit: usize) -> Result<ReadBatch> {
+        if limit == 0 {
+            return Ok(ReadBatch {
+                next: after,
+                ..ReadBatch::default()
+            });
+        }
+        let (read_sql, held_sql) = match room {
+            None => (sql::READ_FORWARD, sql::HELD_BACK),
+            Some(_) => (sql::READ_ROOM, sql::HELD_BACK_ROOM),
+        };
+        let client = self.client().await?;
+        let (read, held) = tokio::try_join!(
+            client.prepare_cached(read_sql),
+            client.prepare_cached(held_sql)
+        )
+        .map_err(map_pg)?;
+        let txid = after.major.to_string();
+        // Positions come from this ledger, so minor fits; clamp a hand-made one.
+        let seq = i64::try_from(after.minor).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit.min(100_000)).unwrap_or(100_000);
+        let mut read_params: Vec<&(dyn ToSql + Sync)> = vec![&txid, &seq, &limit];
+        let mut held_params: Vec<&(dyn ToSql + Sync)> = vec![&txid, &seq];
+        if let Some(room) = &room {
+            read_params.push(room);
+            held_params.push(room);
+        }
+        // Both statements go out together (tokio-postgres pipelines): one round trip.
+        let (rows, held_back) = tokio::try_join!(
+            client.query(&read, &read_params),
+            client.query_one(&held, &held_params)
+        )
+        .map_err(map_pg)?;
+        drop(client);
+        let held_back: bool = held_back.try_get(0).map_err(map_pg)?;
+        self.recheck.after_read(held_back, &self.bell);
+        let mut next = after;
+        if let Some(last) = rows.last() {
+            next = decode_row(last)?.0;
+        }
+        let (rows, skipped) = self.decode_rows(rows)?;
+        Ok(ReadBatch {
+            rows,
+            skipped,
+            next,
+        })
+    }
+
     fn decode_rows(&self, rows: Vec<Row>) -> Result<(Vec<Interaction>, Vec<SkippedRow>)> {
         let mut good = Vec::with_capacity(rows.len());
         let mut skipped = Vec::new();
@@ -537,43 +587,11 @@ impl Ledger for PgStore {
     }
 
     async fn read_forward(&self, after: Position, limit: usize) -> Result<ReadBatch> {
-        if limit == 0 {
-            return Ok(ReadBatch {
-                next: after,
-                ..ReadBatch::default()
-            });
-        }
-        let client = self.client().await?;
-        let (read, held) = tokio::try_join!(
-            client.prepare_cached(sql::READ_FORWARD),
-            client.prepare_cached(sql::HELD_BACK)
-        )
-        .map_err(map_pg)?;
-        let txid = after.major.to_string();
-        // Positions come from this ledger, so minor fits; clamp a hand-made one.
-        let seq = i64::try_from(after.minor).unwrap_or(i64::MAX);
-        let limit = i64::try_from(limit.min(100_000)).unwrap_or(100_000);
-        // Both statements go out together (tokio-postgres pipelines): one round trip.
-        let read_params: [&(dyn ToSql + Sync); 3] = [&txid, &seq, &limit];
-        let held_params: [&(dyn ToSql + Sync); 2] = [&txid, &seq];
-        let (rows, held_back) = tokio::try_join!(
-            client.query(&read, &read_params),
-            client.query_one(&held, &held_params)
-        )
-        .map_err(map_pg)?;
-        drop(client);
-        let held_back: bool = held_back.try_get(0).map_err(map_pg)?;
-        self.recheck.after_read(held_back, &self.bell);
-        let mut next = after;
-        if let Some(last) = rows.last() {
-            next = decode_row(last)?.0;
-        }
-        let (rows, skipped) = self.decode_rows(rows)?;
-        Ok(ReadBatch {
-            rows,
-            skipped,
-            next,
-        })
+        self.read(None, after, limit).await
+    }
+
+    async fn read_room(&self, room: &str, after: Position, limit: usize) -> Result<ReadBatch> {
+        self.read(Some(room), after, limit).await
     }
 
     async fn get(&self, id: InteractionId) -> Result<Option<Interaction>> {
@@ -707,6 +725,8 @@ mod tests {
         for (name, sql, params) in [
             ("read_forward", sql::READ_FORWARD, "('0', 0, 100)"),
             ("held_back", sql::HELD_BACK, "('0', 0)"),
+            ("read_room", sql::READ_ROOM, "('0', 0, 100, 'lobby')"),
+            ("held_back_room", sql::HELD_BACK_ROOM, "('0', 0, 'lobby')"),
         ] {
             client
                 .batch_execute(&format!("PREPARE q_{name} AS {sql}"))
@@ -720,9 +740,14 @@ mod tests {
                 .map(|r| r.get::<_, String>(0))
                 .collect();
             let plan = plan.join("\n");
+            let index = if name.contains("room") {
+                "interaction_room"
+            } else {
+                "interaction_cursor"
+            };
             assert!(
-                plan.contains("Index") && plan.contains("interaction_cursor"),
-                "{name} does not use the cursor index:\n{plan}"
+                plan.contains("Index") && plan.contains(index),
+                "{name} does not use {index}:\n{plan}"
             );
             assert!(
                 plan.contains("txid < $") || plan.contains("txid >= $"),

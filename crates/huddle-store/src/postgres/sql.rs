@@ -89,6 +89,20 @@ ORDER BY interaction.txid, interaction.seq
 LIMIT $3"
 );
 
+/// [`READ_FORWARD`] for one room (`$4`), on the `(room, txid, seq)` index.
+pub(crate) const READ_ROOM: &str = concat!(
+    "SELECT ",
+    row_columns!(),
+    " FROM interaction
+WHERE room = $4
+  AND (txid, seq) > ($1::text::xid8, $2::int8)
+  AND txid < ",
+    horizon!(),
+    "
+ORDER BY interaction.txid, interaction.seq
+LIMIT $3"
+);
+
 /// Whether committed rows after `($1, $2)` exist that [`read_forward`] cannot return
 /// yet because an older transaction (of any database in the cluster, of a claim, of
 /// another program) is still running. Nothing rings the bell when such a transaction
@@ -97,6 +111,17 @@ pub(crate) const HELD_BACK: &str = concat!(
     "SELECT EXISTS (
     SELECT 1 FROM interaction
     WHERE (txid, seq) > ($1::text::xid8, $2::int8)
+      AND txid >= ",
+    horizon!(),
+    ")"
+);
+
+/// [`HELD_BACK`] for one room (`$3`).
+pub(crate) const HELD_BACK_ROOM: &str = concat!(
+    "SELECT EXISTS (
+    SELECT 1 FROM interaction
+    WHERE room = $3
+      AND (txid, seq) > ($1::text::xid8, $2::int8)
       AND txid >= ",
     horizon!(),
     ")"
