@@ -4,6 +4,7 @@
 mod bench_ledger;
 mod ledger_cmds;
 mod output;
+mod relay_cmd;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -14,9 +15,10 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(name = "huddle", version, about, long_about = None)]
 pub struct Cli {
-    /// Database: `postgres://...`, `sqlite://PATH` or a file path.
-    #[arg(long, global = true, env = "HUDDLE_DB", default_value = "./huddle.db")]
-    pub db: String,
+    /// Database: `postgres://...`, `sqlite://PATH` or a file path [default:
+    /// ./huddle.db; for `relay`, the configuration file's].
+    #[arg(long, global = true, env = "HUDDLE_DB")]
+    pub db: Option<String>,
 
     /// Identity of this process as a writer (stored with each row on SQLite).
     #[arg(long, global = true, env = "HUDDLE_RELAY_ID", default_value = "cli")]
@@ -69,6 +71,13 @@ pub enum Command {
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
+    },
+    /// Host agents (from a huddle.toml) until interrupted; prints a JSON summary on
+    /// exit. `--db` / `HUDDLE_DB` override the file's database.
+    Relay {
+        /// The relay configuration file.
+        #[arg(long, default_value = "huddle.toml")]
+        config: std::path::PathBuf,
     },
     /// Measure huddle beside a plain-SQL baseline in the same run.
     Bench {
@@ -152,25 +161,29 @@ fn main() -> ExitCode {
     }
 }
 
+/// The default database when neither `--db` nor `HUDDLE_DB` is given.
+pub const DEFAULT_DB: &str = "./huddle.db";
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    let db = cli.db.clone().unwrap_or_else(|| DEFAULT_DB.to_string());
     let options = huddle_store::StoreOptions {
         relay: cli.relay_id.clone(),
         poll_interval: Duration::from_millis(cli.poll_ms.max(1)),
         ..Default::default()
     };
     match cli.command {
-        Command::Migrate => ledger_cmds::migrate(&cli.db, options).await,
+        Command::Migrate => ledger_cmds::migrate(&db, options).await,
         Command::Room {
             command: RoomCommand::Create { room, owner },
-        } => ledger_cmds::room_create(&cli.db, options, &room, &owner).await,
+        } => ledger_cmds::room_create(&db, options, &room, &owner).await,
         Command::Post {
             room,
             actor,
             thread,
             text,
-        } => ledger_cmds::post(&cli.db, options, &room, &actor, thread, &text).await,
+        } => ledger_cmds::post(&db, options, &room, &actor, thread, &text).await,
         Command::Tail { room, follow, json } => {
-            ledger_cmds::tail(&cli.db, options, &room, follow, json).await
+            ledger_cmds::tail(&db, options, &room, follow, json).await
         }
         Command::Bench {
             command:
@@ -185,7 +198,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 anyhow::bail!("writers, batch sizes and seconds must be positive");
             }
             let report = bench_ledger::run(bench_ledger::LedgerBenchOptions {
-                db: cli.db.clone(),
+                db: db.clone(),
                 seconds,
                 writers,
                 batches,
@@ -198,8 +211,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Claims { prefix, json } => {
-            ledger_cmds::claims(&cli.db, options, &prefix, json).await
-        }
+        Command::Relay { config } => relay_cmd::run(&config, cli.db.clone(), cli.poll_ms).await,
+        Command::Claims { prefix, json } => ledger_cmds::claims(&db, options, &prefix, json).await,
     }
 }

@@ -14,18 +14,41 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod barrier;
+pub mod board;
+pub mod budget;
 pub mod canonical;
+pub mod commands;
 pub mod config;
+pub mod context;
+pub mod decision;
 pub mod error;
 pub mod fold;
+pub mod guards;
+pub mod lease;
 pub mod limits;
 pub mod model;
+pub mod policy;
+pub mod sync;
+pub mod tasks;
 pub mod verbs;
 
+pub use barrier::{BarrierFold, BarrierRules, BarrierStatus};
+pub use budget::{BudgetFold, BudgetStatus};
+pub use commands::{owner_command, owner_command_in, CommandError, OwnerCommand};
+pub use config::ConfigFold;
+pub use context::{render_related_context, select_related, ContextRules, RelatedContext};
+pub use decision::{DecisionFold, DecisionRules, DecisionStatus};
 pub use error::ModelError;
 pub use fold::{hash_state, Fold};
+pub use guards::{GuardFold, Verdict};
+pub use lease::{DirectiveCheck, LeaseFold, LeaseRules, LeaseStatus};
 pub use limits::Limits;
 pub use model::{
     validate_name, Interaction, InteractionId, NewInteraction, Position, RawRow, Role, Timestamp,
 };
 pub use verbs::Verb;
+
+pub use board::{Board, CoordinationBlock, CoordinationDelivery};
+pub use sync::{ClaimEpoch, ClaimRef, Event, Intent, LocalAgent, Synchronizer};
+pub use tasks::{Task, TaskDag, TaskStatus};

@@ -83,6 +83,17 @@ verbs! {
     LeaseHeartbeat => "lease.heartbeat",
     /// A coordinator directive, fenced by the lease epoch.
     LeaseDirective => "lease.directive",
+    /// A proposed decision was escalated to a person: quorum reached but the winning
+    /// margin was under the threshold (or a tie).
+    DecisionEscalated => "decision.escalated",
+    /// A proposed decision failed: its deadline passed without a quorum, or a quorum
+    /// became unreachable. Re-propose under a new id.
+    DecisionFailed => "decision.failed",
+    /// A barrier passed: everyone checked in, or the timeout proceeded with a quorum
+    /// and the missing participants are dropped.
+    BarrierPassed => "barrier.passed",
+    /// A barrier timed out without proceeding and was escalated to a person.
+    BarrierEscalated => "barrier.escalated",
 }
 
 impl fmt::Display for Verb {

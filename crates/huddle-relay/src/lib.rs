@@ -5,5 +5,9 @@
 //! the resulting intents against a store. Drivers run the agent turns.
 #![warn(missing_docs)]
 
+pub mod commands;
 pub mod config;
 pub mod driver;
+pub mod runtime;
+
+pub use runtime::{HostedAgent, Relay, RelayError, RelayOptions, RelaySummary};

@@ -1,0 +1,93 @@
+//! `huddle relay --config huddle.toml`: host agents until interrupted.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use huddle_core::sync::LocalAgent;
+use huddle_relay::config::{DriverKind, RelayConfig};
+use huddle_relay::driver::{Driver, ExecDriver, SimDriver};
+use huddle_relay::{HostedAgent, Relay, RelayOptions};
+use huddle_store::StoreOptions;
+use tokio_util::sync::CancellationToken;
+
+/// The hosted agents a configuration describes.
+pub fn hosted_agents(cfg: &RelayConfig) -> Vec<HostedAgent> {
+    cfg.agents
+        .iter()
+        .map(|a| {
+            let driver: Arc<dyn Driver> = match a.driver {
+                DriverKind::Sim => Arc::new(SimDriver::new(a.sim.clone().unwrap_or_default())),
+                DriverKind::Exec => match &a.exec {
+                    Some(exec) => Arc::new(ExecDriver::new(exec.clone())),
+                    // Checked at load: exec agents always have settings.
+                    None => Arc::new(SimDriver::new(Default::default())),
+                },
+            };
+            HostedAgent {
+                local: LocalAgent::new(a.key.clone()).with_capabilities(a.capabilities.clone()),
+                name: a.name.clone().unwrap_or_else(|| a.key.clone()),
+                driver,
+            }
+        })
+        .collect()
+}
+
+/// Runs a relay from a configuration file until Ctrl-C or SIGTERM; prints its
+/// summary (JSON) on exit.
+pub async fn run(config: &Path, db_override: Option<String>, poll_ms: u64) -> anyhow::Result<()> {
+    let mut cfg = RelayConfig::load(config)?;
+    if let Some(db) = db_override {
+        cfg.database = db;
+    }
+    let store = huddle_store::open(
+        &cfg.database,
+        StoreOptions {
+            relay: cfg.relay.clone(),
+            poll_interval: std::time::Duration::from_millis(poll_ms.max(1)),
+            ..Default::default()
+        },
+    )
+    .await
+    .with_context(|| format!("cannot open the database {:?}", cfg.database))?;
+    let agents = hosted_agents(&cfg);
+    tracing::info!(relay = %cfg.relay, agents = agents.len(), rooms = ?cfg.rooms, "relay starting");
+    let relay = Relay::new(
+        store,
+        cfg.relay.clone(),
+        cfg.rooms.clone(),
+        agents,
+        RelayOptions::default(),
+    );
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        stop.cancel();
+    });
+    let summary = relay.run(shutdown).await?;
+    println!("{}", serde_json::to_string(&summary)?);
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,1111 @@
+//! The coordination board: per room, who is doing what, who took which message, and
+//! notices for the owner; rendered into the `<coordination>` block at the top of a
+//! turn's prompt, once per change.
+//!
+//! The board folds `coord.note`, `agent.registered`, `room.created`, the turn verbs
+//! (`turn.prompted`, `turn.replied`, `turn.failed`) and the task verbs that move an
+//! agent (`task.claimed`, `task.completed`, `task.failed`, `task.released`).
+//!
+//! Determinism: an agent's presence is taken only from interactions that agent wrote
+//! (actor = agent, role `agent`), so it follows that actor's own order. Everything
+//! several actors may write about one thing (a message's designation, a subject's open
+//! turn) is merged by the claim epoch, a total order that does not depend on arrival.
+//! The state holds no ledger positions. Folding any interleaving that keeps each
+//! actor's order and the causal order therefore gives the same state hash.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::fold::{hash_state, Fold};
+use crate::model::{Interaction, InteractionId, Role, Timestamp};
+use crate::sync::ClaimEpoch;
+use crate::tasks::{parse_body, truncate_text, TaskSummary, MAX_CAPABILITIES};
+use crate::verbs::Verb;
+
+/// Most designations shown in a `<coordination>` block (the most recent).
+pub const RENDER_DESIGNATIONS: usize = 10;
+/// Most notices shown in a `<coordination>` block (the most recent).
+pub const RENDER_NOTICES: usize = 5;
+
+// ---------------------------------------------------------------------------------
+// Body schemas
+// ---------------------------------------------------------------------------------
+
+/// What a turn or a presence is about.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Subject {
+    /// `message` or `task`.
+    pub kind: SubjectKind,
+    /// The message id (64 hex digits) or the task id.
+    pub id: String,
+    /// A short human label (a task's label), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+impl Subject {
+    /// A message subject.
+    pub fn message(id: InteractionId) -> Self {
+        Subject {
+            kind: SubjectKind::Message,
+            id: id.to_hex(),
+            label: None,
+        }
+    }
+
+    /// A task subject.
+    pub fn task(id: impl Into<String>, label: Option<String>) -> Self {
+        Subject {
+            kind: SubjectKind::Task,
+            id: id.into(),
+            label,
+        }
+    }
+
+    /// `message:<id>` or `task:<id>`: the key of the subject in the board.
+    pub fn key(&self) -> String {
+        format!("{}:{}", self.kind.as_str(), self.id)
+    }
+
+    fn describe(&self) -> String {
+        match self.kind {
+            SubjectKind::Message => format!("message {}", short_hex(&self.id)),
+            SubjectKind::Task => match &self.label {
+                Some(l) => format!("task {} \"{}\"", clean(&self.id, 128), clean(l, 80)),
+                None => format!("task {}", clean(&self.id, 128)),
+            },
+        }
+    }
+}
+
+/// The kind of a [`Subject`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SubjectKind {
+    /// Answering a message.
+    Message,
+    /// Working on a task.
+    Task,
+}
+
+impl SubjectKind {
+    /// `message` or `task`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SubjectKind::Message => "message",
+            SubjectKind::Task => "task",
+        }
+    }
+}
+
+/// An agent's presence state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PresenceState {
+    /// In a turn, on a subject.
+    Working,
+    /// Not working.
+    Idle,
+    /// Finished its last subject.
+    Done,
+    /// Its last subject failed.
+    Failed,
+}
+
+impl PresenceState {
+    /// The lowercase name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            PresenceState::Working => "working",
+            PresenceState::Idle => "idle",
+            PresenceState::Done => "done",
+            PresenceState::Failed => "failed",
+        }
+    }
+}
+
+/// Body of `coord.note`, tagged by `kind`.
+///
+/// - `{"kind":"presence","state":"working","on":{"kind":"task","id":"api"},"note":".."}`
+///   (actor = the agent whose presence it is)
+/// - `{"kind":"designation","message":"<64 hex>","agent":"bo","epoch":3}` (actor = the
+///   agent that won `reply/<room>/<message>` at `epoch`; appended fenced by it)
+/// - `{"kind":"notice","about":"task-abandoned","to":"owner","task":"api","text":".."}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum CoordNoteBody {
+    /// An agent says what it is doing.
+    Presence(PresenceBody),
+    /// An agent took a message.
+    Designation(DesignationBody),
+    /// A notice for the room (the owner above all).
+    Notice(NoticeBody),
+}
+
+impl CoordNoteBody {
+    /// Decodes and checks a body.
+    pub fn parse(body: &Value) -> Option<Self> {
+        let b: Self = parse_body(body)?;
+        let ok = match &b {
+            CoordNoteBody::Presence(p) => p.note.as_ref().is_none_or(|n| n.len() <= 4096),
+            CoordNoteBody::Designation(d) => !d.agent.is_empty() && d.epoch > 0,
+            CoordNoteBody::Notice(n) => !n.about.is_empty() && n.text.len() <= 16 * 1024,
+        };
+        ok.then_some(b)
+    }
+
+    /// The JSON body.
+    pub fn to_body(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// A presence note.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PresenceBody {
+    /// The state.
+    pub state: PresenceState,
+    /// What it is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on: Option<Subject>,
+    /// Free text (at most 4 KiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// A designation note: `agent` took `message` under the reply claim at `epoch`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesignationBody {
+    /// The message taken.
+    pub message: InteractionId,
+    /// The agent that took it (must be the note's actor).
+    pub agent: String,
+    /// The reply claim's epoch.
+    pub epoch: ClaimEpoch,
+}
+
+/// A notice.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoticeBody {
+    /// What it is about, e.g. [`NoticeBody::TASK_ABANDONED`].
+    pub about: String,
+    /// Who should read it (`owner`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// The task concerned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// The text shown.
+    pub text: String,
+}
+
+impl NoticeBody {
+    /// `about` of the notice that a task failed for good.
+    pub const TASK_ABANDONED: &'static str = "task-abandoned";
+}
+
+/// Body of `turn.prompted` (actor = the agent; fenced by the drive claim).
+///
+/// `{"turn":"t/lobby/api/bo/4/9","subject":{"kind":"task","id":"api"},"epoch":4,"drive_epoch":9}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnPromptedBody {
+    /// The turn id.
+    pub turn: String,
+    /// What the turn is about.
+    pub subject: Subject,
+    /// Epoch of the subject's exclusive claim (`reply/..` or `task/..`).
+    pub epoch: ClaimEpoch,
+    /// Epoch of the drive claim (`drive/..` or `taskdrive/..`).
+    pub drive_epoch: ClaimEpoch,
+}
+
+/// Body of `turn.replied` (actor = the agent; fenced by the claim of the turn).
+///
+/// `{"turn":"..","subject":{..},"epoch":4,"tokens":1200,"reply":"<64 hex>"}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnRepliedBody {
+    /// The turn id.
+    pub turn: String,
+    /// What the turn was about.
+    pub subject: Subject,
+    /// Epoch of the subject's exclusive claim.
+    pub epoch: ClaimEpoch,
+    /// Tokens the turn used.
+    #[serde(default)]
+    pub tokens: u64,
+    /// The id of the `message.posted` that carries the reply, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<InteractionId>,
+}
+
+/// Body of `turn.failed` (actor = the agent).
+///
+/// `{"turn":"..","subject":{..},"epoch":4,"reason":"exit status 1","tokens":10}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnFailedBody {
+    /// The turn id.
+    pub turn: String,
+    /// What the turn was about.
+    pub subject: Subject,
+    /// Epoch of the subject's exclusive claim.
+    pub epoch: ClaimEpoch,
+    /// Why it failed.
+    #[serde(default)]
+    pub reason: String,
+    /// Tokens the turn used.
+    #[serde(default)]
+    pub tokens: u64,
+}
+
+/// Body of `agent.registered` (actor = the agent, role `agent`).
+///
+/// `{"capabilities":["rust","sql"],"priority":10}`
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentRegisteredBody {
+    /// Declared capabilities.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    /// Rank under `role-priority` (lower answers first; default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
+}
+
+/// Body of `message.posted` as coordination reads it.
+///
+/// `{"text":"@bo can you look?","mentions":["bo"]}`; `mentions` is optional (adapters
+/// that know who was mentioned put it here; `@name` in the text counts too).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageBody {
+    /// The text.
+    #[serde(default)]
+    pub text: String,
+    /// Agents explicitly mentioned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mentions: Vec<String>,
+}
+
+/// Body of `room.created` as coordination reads it: `{"owner":"ana"}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoomCreatedBody {
+    /// The room's owner (the actor when absent).
+    #[serde(default)]
+    pub owner: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------
+// State
+// ---------------------------------------------------------------------------------
+
+/// An agent's latest presence.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Presence {
+    /// The state.
+    pub state: PresenceState,
+    /// What it is about.
+    pub on: Option<Subject>,
+    /// Free text from a presence note.
+    pub note: Option<String>,
+    /// Since when (database time of the interaction that set it).
+    pub since: Timestamp,
+}
+
+/// Who took a message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Designation {
+    /// The agent.
+    pub agent: String,
+    /// The reply claim's epoch.
+    pub epoch: ClaimEpoch,
+    /// When it was noted.
+    pub at: Timestamp,
+}
+
+/// What an agent declared when it registered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentProfile {
+    /// Capabilities, sorted and de-duplicated.
+    pub capabilities: Vec<String>,
+    /// Rank under `role-priority` (lower first).
+    pub priority: u32,
+}
+
+/// A notice shown on the board.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notice {
+    /// What it is about.
+    pub about: String,
+    /// The task concerned.
+    pub task: Option<String>,
+    /// The text.
+    pub text: String,
+    /// When it was noted.
+    pub at: Timestamp,
+}
+
+/// The latest turn of one subject, merged by the subject's claim epoch.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubjectTurns {
+    /// The prompted turn with the highest epoch: `(epoch, turn id, agent)`.
+    pub prompted: Option<(ClaimEpoch, String, String)>,
+    /// The highest epoch of an ended turn.
+    pub ended: Option<ClaimEpoch>,
+}
+
+impl SubjectTurns {
+    /// Whether the latest prompted turn has not ended.
+    pub fn is_open(&self) -> bool {
+        match &self.prompted {
+            Some((e, _, _)) => self.ended.is_none_or(|end| end < *e),
+            None => false,
+        }
+    }
+}
+
+/// The board of one room.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoomBoard {
+    /// The owner named by `room.created`.
+    pub owner: Option<String>,
+    /// Registered agents.
+    pub agents: BTreeMap<String, AgentProfile>,
+    /// Latest presence per agent.
+    pub presence: BTreeMap<String, Presence>,
+    /// Designation per message (hex id).
+    pub designations: BTreeMap<String, Designation>,
+    /// Notices by interaction id (hex).
+    pub notices: BTreeMap<String, Notice>,
+    /// Turns per subject key (`task:<id>`, `message:<hex>`).
+    pub turns: BTreeMap<String, SubjectTurns>,
+    /// Coordination bodies that did not fit their schema.
+    pub malformed: u64,
+}
+
+impl RoomBoard {
+    /// Turns in flight (prompted, not ended), as `(subject key, turn id, agent)`.
+    pub fn open_turns(&self) -> Vec<(&str, &str, &str)> {
+        self.turns
+            .iter()
+            .filter(|(_, t)| t.is_open())
+            .filter_map(|(k, t)| {
+                t.prompted
+                    .as_ref()
+                    .map(|(_, turn, agent)| (k.as_str(), turn.as_str(), agent.as_str()))
+            })
+            .collect()
+    }
+
+    fn set_presence(
+        &mut self,
+        agent: &str,
+        state: PresenceState,
+        on: Option<Subject>,
+        at: Timestamp,
+    ) {
+        self.presence.insert(
+            agent.to_string(),
+            Presence {
+                state,
+                on,
+                note: None,
+                since: at,
+            },
+        );
+    }
+
+    fn apply(&mut self, i: &Interaction) {
+        match i.verb {
+            Verb::RoomCreated if self.owner.is_none() => {
+                let b: RoomCreatedBody = parse_body(&i.body).unwrap_or_default();
+                self.owner = Some(b.owner.unwrap_or_else(|| i.actor.clone()));
+            }
+            Verb::AgentRegistered if i.role == Role::Agent => {
+                let Some(b) = parse_body::<AgentRegisteredBody>(&i.body) else {
+                    self.malformed += 1;
+                    return;
+                };
+                let mut caps: Vec<String> = b
+                    .capabilities
+                    .into_iter()
+                    .filter(|c| crate::tasks::valid_capability(c))
+                    .take(MAX_CAPABILITIES)
+                    .collect();
+                caps.sort();
+                caps.dedup();
+                self.agents.insert(
+                    i.actor.clone(),
+                    AgentProfile {
+                        capabilities: caps,
+                        priority: b.priority.unwrap_or(DEFAULT_PRIORITY),
+                    },
+                );
+                self.set_presence(&i.actor, PresenceState::Idle, None, i.at);
+            }
+            Verb::CoordNote => self.note(i),
+            Verb::TurnPrompted if i.role == Role::Agent => {
+                let Some(b) = parse_body::<TurnPromptedBody>(&i.body) else {
+                    self.malformed += 1;
+                    return;
+                };
+                let entry = self.turns.entry(b.subject.key()).or_default();
+                let cand = (b.epoch, b.turn.clone(), i.actor.clone());
+                if entry.prompted.as_ref().is_none_or(|p| cand > *p) {
+                    entry.prompted = Some(cand);
+                }
+                self.set_presence(&i.actor, PresenceState::Working, Some(b.subject), i.at);
+            }
+            Verb::TurnReplied | Verb::TurnFailed if i.role == Role::Agent => {
+                let parsed = if i.verb == Verb::TurnReplied {
+                    parse_body::<TurnRepliedBody>(&i.body).map(|b| (b.subject, b.epoch))
+                } else {
+                    parse_body::<TurnFailedBody>(&i.body).map(|b| (b.subject, b.epoch))
+                };
+                let Some((subject, epoch)) = parsed else {
+                    self.malformed += 1;
+                    return;
+                };
+                let entry = self.turns.entry(subject.key()).or_default();
+                entry.ended = Some(entry.ended.map_or(epoch, |e| e.max(epoch)));
+                let state = if i.verb == Verb::TurnReplied {
+                    PresenceState::Done
+                } else {
+                    PresenceState::Failed
+                };
+                self.set_presence(&i.actor, state, Some(subject), i.at);
+            }
+            Verb::TaskClaimed | Verb::TaskCompleted | Verb::TaskFailed | Verb::TaskReleased
+                if i.role == Role::Agent =>
+            {
+                let Some(task) = i.body.get("task").and_then(Value::as_str) else {
+                    return;
+                };
+                if !crate::tasks::valid_task_id(task) {
+                    return;
+                }
+                let state = match i.verb {
+                    Verb::TaskClaimed => PresenceState::Working,
+                    Verb::TaskCompleted => PresenceState::Done,
+                    Verb::TaskFailed => PresenceState::Failed,
+                    _ => PresenceState::Idle,
+                };
+                // Keep the label a turn.prompted may already have given the subject.
+                let label = self
+                    .presence
+                    .get(&i.actor)
+                    .and_then(|p| p.on.as_ref())
+                    .filter(|s| s.kind == SubjectKind::Task && s.id == task)
+                    .and_then(|s| s.label.clone());
+                self.set_presence(&i.actor, state, Some(Subject::task(task, label)), i.at);
+            }
+            _ => {}
+        }
+    }
+
+    fn note(&mut self, i: &Interaction) {
+        let Some(note) = CoordNoteBody::parse(&i.body) else {
+            self.malformed += 1;
+            return;
+        };
+        match note {
+            CoordNoteBody::Presence(p) if i.role == Role::Agent => {
+                self.presence.insert(
+                    i.actor.clone(),
+                    Presence {
+                        state: p.state,
+                        on: p.on,
+                        note: p.note,
+                        since: i.at,
+                    },
+                );
+            }
+            CoordNoteBody::Designation(d) if d.agent == i.actor => {
+                let key = d.message.to_hex();
+                let better = match self.designations.get(&key) {
+                    Some(cur) => (d.epoch, &d.agent) > (cur.epoch, &cur.agent),
+                    None => true,
+                };
+                if better {
+                    self.designations.insert(
+                        key,
+                        Designation {
+                            agent: d.agent,
+                            epoch: d.epoch,
+                            at: i.at,
+                        },
+                    );
+                }
+            }
+            CoordNoteBody::Notice(n) => {
+                self.notices.insert(
+                    i.id.to_hex(),
+                    Notice {
+                        about: n.about,
+                        task: n.task,
+                        text: n.text,
+                        at: i.at,
+                    },
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The `role-priority` rank of an agent that declares none.
+pub const DEFAULT_PRIORITY: u32 = 100;
+
+/// The board fold over every room.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Board {
+    rooms: BTreeMap<String, RoomBoard>,
+}
+
+impl Board {
+    /// An empty board.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Folds `interactions` from scratch.
+    pub fn rebuild<'a>(interactions: impl IntoIterator<Item = &'a Interaction>) -> Self {
+        let mut b = Self::new();
+        b.apply_all(interactions);
+        b
+    }
+
+    /// A room's board.
+    pub fn room(&self, room: &str) -> Option<&RoomBoard> {
+        self.rooms.get(room)
+    }
+
+    /// Rooms with a board, sorted.
+    pub fn rooms(&self) -> impl Iterator<Item = &str> {
+        self.rooms.keys().map(String::as_str)
+    }
+
+    /// Who took `message`, if anyone.
+    pub fn designation(&self, room: &str, message: &InteractionId) -> Option<&Designation> {
+        self.rooms.get(room)?.designations.get(&message.to_hex())
+    }
+
+    /// The `<coordination>` block for `reader` in `room`: the board minus the reader
+    /// (its own presence and the messages it took), plus the room's task summary when
+    /// given. `None` when there is nothing to show.
+    pub fn coordination(
+        &self,
+        room: &str,
+        reader: &str,
+        tasks: Option<TaskSummary>,
+    ) -> Option<CoordinationBlock> {
+        let view = CoordinationView::build(self.rooms.get(room), room, reader, tasks);
+        if view.is_empty() {
+            return None;
+        }
+        let version = hash_state(&view);
+        Some(CoordinationBlock {
+            text: view.render(),
+            version,
+        })
+    }
+}
+
+impl Fold for Board {
+    fn apply(&mut self, interaction: &Interaction) {
+        let relevant = matches!(
+            interaction.verb,
+            Verb::RoomCreated
+                | Verb::AgentRegistered
+                | Verb::CoordNote
+                | Verb::TurnPrompted
+                | Verb::TurnReplied
+                | Verb::TurnFailed
+                | Verb::TaskClaimed
+                | Verb::TaskCompleted
+                | Verb::TaskFailed
+                | Verb::TaskReleased
+        );
+        if relevant {
+            self.rooms
+                .entry(interaction.room.clone())
+                .or_default()
+                .apply(interaction);
+        }
+    }
+
+    fn state_hash(&self) -> [u8; 32] {
+        hash_state(self)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Rendering
+// ---------------------------------------------------------------------------------
+
+/// A rendered `<coordination>` block and the version of what it shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoordinationBlock {
+    /// The text, starting `<coordination room="..">` and ending `</coordination>`.
+    pub text: String,
+    /// A hash of what the block shows; changes exactly when the text would.
+    pub version: [u8; 32],
+}
+
+/// What a reader is shown: the board minus the reader. Serialised to version it.
+#[derive(Debug, Serialize)]
+struct CoordinationView {
+    room: String,
+    owner: Option<String>,
+    agents: Vec<(String, Presence)>,
+    taken: Vec<(String, Designation)>,
+    notices: Vec<Notice>,
+    tasks: Option<TaskSummary>,
+}
+
+impl CoordinationView {
+    fn build(
+        board: Option<&RoomBoard>,
+        room: &str,
+        reader: &str,
+        tasks: Option<TaskSummary>,
+    ) -> Self {
+        let mut view = CoordinationView {
+            room: room.to_string(),
+            owner: None,
+            agents: Vec::new(),
+            taken: Vec::new(),
+            notices: Vec::new(),
+            tasks: tasks.filter(|t| t.total > 0),
+        };
+        let Some(b) = board else {
+            return view;
+        };
+        view.owner = b.owner.clone();
+        view.agents = b
+            .presence
+            .iter()
+            .filter(|(a, _)| a.as_str() != reader)
+            .map(|(a, p)| (a.clone(), p.clone()))
+            .collect();
+        let mut taken: Vec<(String, Designation)> = b
+            .designations
+            .iter()
+            .filter(|(_, d)| d.agent != reader)
+            .map(|(m, d)| (m.clone(), d.clone()))
+            .collect();
+        taken.sort_by(|x, y| (y.1.at, &y.0).cmp(&(x.1.at, &x.0)));
+        taken.truncate(RENDER_DESIGNATIONS);
+        view.taken = taken;
+        let mut notices: Vec<(&String, &Notice)> = b.notices.iter().collect();
+        notices.sort_by(|x, y| (y.1.at, y.0).cmp(&(x.1.at, x.0)));
+        view.notices = notices
+            .into_iter()
+            .take(RENDER_NOTICES)
+            .map(|(_, n)| n.clone())
+            .collect();
+        view
+    }
+
+    fn is_empty(&self) -> bool {
+        self.agents.is_empty()
+            && self.taken.is_empty()
+            && self.notices.is_empty()
+            && self.tasks.is_none()
+    }
+
+    fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "<coordination room=\"{}\">", clean(&self.room, 256));
+        if let Some(o) = &self.owner {
+            let _ = writeln!(out, "owner: {}", clean(o, 256));
+        }
+        if !self.agents.is_empty() {
+            out.push_str("agents:\n");
+            for (agent, p) in &self.agents {
+                let _ = write!(out, "- {}: {}", clean(agent, 256), p.state.as_str());
+                if let Some(on) = &p.on {
+                    let _ = write!(out, " on {}", on.describe());
+                }
+                let _ = write!(out, " since {}", format_timestamp(p.since));
+                if let Some(n) = &p.note {
+                    let _ = write!(out, " ({})", clean(n, 200));
+                }
+                out.push('\n');
+            }
+        }
+        if !self.taken.is_empty() {
+            out.push_str("taken:\n");
+            for (message, d) in &self.taken {
+                let _ = writeln!(
+                    out,
+                    "- message {} by {}",
+                    short_hex(message),
+                    clean(&d.agent, 256)
+                );
+            }
+        }
+        if let Some(t) = &self.tasks {
+            let _ = writeln!(
+                out,
+                "tasks: {} total, {} done, {} claimed, {} ready, {} waiting, {} blocked, {} failed for good",
+                t.total, t.done, t.claimed, t.ready, t.waiting, t.blocked, t.abandoned
+            );
+        }
+        if !self.notices.is_empty() {
+            out.push_str("notices:\n");
+            for n in &self.notices {
+                let _ = writeln!(out, "- {}", clean(&n.text, 600));
+            }
+        }
+        out.push_str("</coordination>\n");
+        out
+    }
+}
+
+/// Remembers, per `(room, reader)`, the version of the last `<coordination>` block
+/// delivered, so each change is delivered once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CoordinationDelivery {
+    last: BTreeMap<(String, String), [u8; 32]>,
+}
+
+impl CoordinationDelivery {
+    /// A tracker that has delivered nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Returns the block's text if its version differs from the last one delivered
+    /// to `reader` in `room`, and records it as delivered; `None` when unchanged.
+    pub fn take_fresh(
+        &mut self,
+        room: &str,
+        reader: &str,
+        block: Option<&CoordinationBlock>,
+    ) -> Option<String> {
+        let block = block?;
+        let key = (room.to_string(), reader.to_string());
+        if self.last.get(&key) == Some(&block.version) {
+            return None;
+        }
+        self.last.insert(key, block.version);
+        Some(block.text.clone())
+    }
+}
+
+/// Text from the ledger made safe for a one-line prompt field: control characters
+/// become spaces, angle brackets become `‹ ›` (so no text can close the block), and
+/// it is cut to `max` bytes.
+pub fn clean(text: &str, max: usize) -> String {
+    let s: String = text
+        .chars()
+        .map(|c| match c {
+            '<' => '‹',
+            '>' => '›',
+            c if c.is_control() => ' ',
+            c => c,
+        })
+        .collect();
+    truncate_text(&s, max)
+}
+
+fn short_hex(id: &str) -> String {
+    clean(&id.chars().take(12).collect::<String>(), 12)
+}
+
+/// Formats microseconds since the Unix epoch as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
+pub fn format_timestamp(us: Timestamp) -> String {
+    let secs = us.div_euclid(1_000_000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+#[allow(clippy::type_complexity)] // case tables
+mod tests {
+    use super::*;
+    use crate::model::NewInteraction;
+    use crate::sync::testutil::{claimed, completed, ix, Ledger};
+    use serde_json::json;
+
+    const T0: Timestamp = 1_700_000_000_000_000; // 2023-11-14T22:13:20Z
+
+    fn fold(rows: Vec<NewInteraction>) -> Board {
+        let mut l = Ledger::default();
+        for (n, r) in rows.into_iter().enumerate() {
+            l.push(r, T0 + n as i64 * 1_000_000);
+        }
+        Board::rebuild(&l.rows)
+    }
+
+    fn presence(b: &Board, agent: &str) -> Option<(PresenceState, Option<String>)> {
+        b.room("lobby")?
+            .presence
+            .get(agent)
+            .map(|p| (p.state, p.on.as_ref().map(Subject::key)))
+    }
+
+    fn note(actor: &str, role: Role, body: Value) -> NewInteraction {
+        ix(Verb::CoordNote, actor, role, body)
+    }
+
+    fn prompted(agent: &str, task: &str, epoch: i64) -> NewInteraction {
+        ix(
+            Verb::TurnPrompted,
+            agent,
+            Role::Agent,
+            json!({"turn": format!("{task}-{epoch}"), "subject": {"kind": "task", "id": task, "label": "Build"}, "epoch": epoch, "drive_epoch": 1}),
+        )
+    }
+
+    fn replied(agent: &str, task: &str, epoch: i64) -> NewInteraction {
+        ix(
+            Verb::TurnReplied,
+            agent,
+            Role::Agent,
+            json!({"turn": format!("{task}-{epoch}"), "subject": {"kind": "task", "id": task}, "epoch": epoch, "tokens": 3}),
+        )
+    }
+
+    fn designation(actor: &str, agent: &str, msg: u8, epoch: i64) -> NewInteraction {
+        note(
+            actor,
+            Role::Agent,
+            json!({"kind": "designation", "message": InteractionId([msg; 32]).to_hex(), "agent": agent, "epoch": epoch}),
+        )
+    }
+
+    #[test]
+    fn presence_follows_the_agents_own_rows() {
+        use PresenceState::*;
+        let reg = ix(
+            Verb::AgentRegistered,
+            "bo",
+            Role::Agent,
+            json!({"capabilities": ["rust"]}),
+        );
+        // (rows, expected presence of bo)
+        let cases: Vec<(Vec<NewInteraction>, Option<(PresenceState, Option<&str>)>)> = vec![
+            (vec![], None),
+            (vec![reg.clone()], Some((Idle, None))),
+            (
+                vec![prompted("bo", "api", 1)],
+                Some((Working, Some("task:api"))),
+            ),
+            (
+                vec![prompted("bo", "api", 1), replied("bo", "api", 1)],
+                Some((Done, Some("task:api"))),
+            ),
+            (
+                vec![claimed("db", "bo", 1)],
+                Some((Working, Some("task:db"))),
+            ),
+            (
+                vec![claimed("db", "bo", 1), completed("db", "bo", 1)],
+                Some((Done, Some("task:db"))),
+            ),
+            (
+                vec![note(
+                    "bo",
+                    Role::Agent,
+                    json!({"kind": "presence", "state": "failed"}),
+                )],
+                Some((Failed, None)),
+            ),
+            // Someone else's rows never set bo's presence.
+            (vec![prompted("cy", "api", 1)], None),
+            (
+                vec![note(
+                    "bo",
+                    Role::Human,
+                    json!({"kind": "presence", "state": "idle"}),
+                )],
+                None,
+            ),
+        ];
+        for (i, (rows, want)) in cases.into_iter().enumerate() {
+            let b = fold(rows);
+            let want = want.map(|(s, on)| (s, on.map(str::to_string)));
+            assert_eq!(presence(&b, "bo"), want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn designation_is_the_highest_epoch_from_the_taker_itself() {
+        let m = InteractionId([1; 32]);
+        let cases: Vec<(Vec<NewInteraction>, Option<(&str, i64)>)> = vec![
+            (vec![designation("bo", "bo", 1, 1)], Some(("bo", 1))),
+            (vec![designation("cy", "bo", 1, 1)], None),
+            (
+                vec![designation("bo", "bo", 1, 2), designation("cy", "cy", 1, 1)],
+                Some(("bo", 2)),
+            ),
+            (
+                vec![designation("cy", "cy", 1, 1), designation("bo", "bo", 1, 2)],
+                Some(("bo", 2)),
+            ),
+        ];
+        for (i, (rows, want)) in cases.into_iter().enumerate() {
+            let b = fold(rows);
+            let got = b
+                .designation("lobby", &m)
+                .map(|d| (d.agent.as_str(), d.epoch));
+            assert_eq!(got, want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn open_turns_close_by_epoch() {
+        let b = fold(vec![prompted("bo", "api", 1)]);
+        assert_eq!(b.room("lobby").unwrap().open_turns().len(), 1);
+        let b = fold(vec![prompted("bo", "api", 1), replied("bo", "api", 1)]);
+        assert!(b.room("lobby").unwrap().open_turns().is_empty());
+        // A re-take's turn supersedes the dead one; its end closes the subject.
+        let b = fold(vec![
+            prompted("bo", "api", 1),
+            prompted("cy", "api", 2),
+            replied("cy", "api", 2),
+        ]);
+        assert!(b.room("lobby").unwrap().open_turns().is_empty());
+    }
+
+    #[test]
+    fn coordination_block_is_the_board_minus_the_reader() {
+        let b = fold(vec![
+            ix(
+                Verb::RoomCreated,
+                "ana",
+                Role::Owner,
+                json!({"owner": "ana"}),
+            ),
+            ix(Verb::AgentRegistered, "bo", Role::Agent, json!({})),
+            ix(Verb::AgentRegistered, "cy", Role::Agent, json!({})),
+            prompted("cy", "api", 1),
+            designation("bo", "bo", 0xab, 1),
+            note(
+                "huddle",
+                Role::System,
+                json!({"kind": "notice", "about": "task-abandoned", "task": "x", "text": "task x failed </coordination> for good"}),
+            ),
+        ]);
+        let block = b.coordination("lobby", "bo", None).unwrap();
+        let want = "<coordination room=\"lobby\">\n\
+owner: ana\n\
+agents:\n\
+- cy: working on task api \"Build\" since 2023-11-14T22:13:23Z\n\
+notices:\n\
+- task x failed ‹/coordination› for good\n\
+</coordination>\n";
+        assert_eq!(block.text, want);
+        let for_cy = b.coordination("lobby", "cy", None).unwrap();
+        assert!(for_cy
+            .text
+            .contains("- bo: idle since 2023-11-14T22:13:21Z"));
+        assert!(for_cy
+            .text
+            .contains(&format!("- message {} by bo", &"ab".repeat(6))));
+        assert_ne!(block.version, for_cy.version);
+        // Deterministic: the same board renders the same block.
+        assert_eq!(b.coordination("lobby", "bo", None), Some(block));
+        // An empty board shows nothing.
+        assert_eq!(Board::new().coordination("lobby", "bo", None), None);
+    }
+
+    #[test]
+    fn delivery_is_once_per_change() {
+        let mut rows = vec![prompted("cy", "api", 1)];
+        let mut d = CoordinationDelivery::new();
+        let b = fold(rows.clone());
+        let block = b.coordination("lobby", "bo", None);
+        assert!(d.take_fresh("lobby", "bo", block.as_ref()).is_some());
+        assert!(d.take_fresh("lobby", "bo", block.as_ref()).is_none());
+        // Another reader gets its own first delivery.
+        let other = b.coordination("lobby", "dee", None);
+        assert!(d.take_fresh("lobby", "dee", other.as_ref()).is_some());
+        // A change of the reader's own presence is not a change for it.
+        rows.push(prompted("bo", "db", 1));
+        let b = fold(rows.clone());
+        assert!(d
+            .take_fresh("lobby", "bo", b.coordination("lobby", "bo", None).as_ref())
+            .is_none());
+        // A change of someone else's is.
+        rows.push(replied("cy", "api", 1));
+        let b = fold(rows);
+        assert!(d
+            .take_fresh("lobby", "bo", b.coordination("lobby", "bo", None).as_ref())
+            .is_some());
+    }
+
+    #[test]
+    fn timestamps_format_as_utc() {
+        let cases = [
+            (0, "1970-01-01T00:00:00Z"),
+            (T0, "2023-11-14T22:13:20Z"),
+            (951_782_400_000_000, "2000-02-29T00:00:00Z"),
+            (-1_000_000, "1969-12-31T23:59:59Z"),
+        ];
+        for (us, want) in cases {
+            assert_eq!(format_timestamp(us), want);
+        }
+        assert!(!format_timestamp(i64::MAX).is_empty());
+        assert!(!format_timestamp(i64::MIN).is_empty());
+    }
+
+    #[test]
+    fn malformed_bodies_are_ignored_never_panic() {
+        let bodies = [
+            json!(null),
+            json!([]),
+            json!({"kind": "presence"}),
+            json!({"kind": "presence", "state": "sleeping"}),
+            json!({"kind": "designation", "message": "zz", "agent": "bo", "epoch": 1}),
+            json!({"kind": "designation", "message": InteractionId([1; 32]).to_hex(), "agent": "", "epoch": 1}),
+            json!({"kind": "unknown"}),
+            json!({"turn": 1}),
+            json!({"capabilities": "rust"}),
+            json!({"task": 7}),
+            json!({"owner": 7}),
+        ];
+        let verbs = [
+            Verb::CoordNote,
+            Verb::TurnPrompted,
+            Verb::TurnReplied,
+            Verb::TurnFailed,
+            Verb::AgentRegistered,
+            Verb::TaskClaimed,
+            Verb::RoomCreated,
+        ];
+        let mut rows = Vec::new();
+        for v in verbs {
+            for body in &bodies {
+                rows.push(ix(v, "bo", Role::Agent, body.clone()));
+            }
+        }
+        let b = fold(rows);
+        let r = b.room("lobby").unwrap();
+        assert!(r.designations.is_empty() && r.turns.is_empty());
+        assert!(r.malformed > 0);
+    }
+}

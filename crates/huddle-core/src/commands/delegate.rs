@@ -1,0 +1,661 @@
+//! The `!delegate` parser: one task per line, all or nothing.
+//!
+//! ```text
+//! !delegate
+//! spec: write the spec
+//! api: build the API [after spec] @ana
+//! ui: build the UI [after spec]
+//! ship: ship it [after api, ui]
+//! ```
+//!
+//! The exact grammar is in `docs/protocol/commands.md`. In short: `id: label`, then
+//! optionally a bracketed `[after dep1, dep2]` clause and an `@assignee` at the very
+//! end of the line (in either order). Only the bracketed form names dependencies, so
+//! a label that merely ends in the word "after" ("clean up after") is just a label.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::config::{check_agent_name, shorten};
+
+/// Most tasks one `!delegate` may create.
+pub const MAX_TASKS: usize = 1_000;
+/// Largest owner command, in bytes (256 KiB).
+pub const MAX_COMMAND_BYTES: usize = 256 * 1024;
+/// Longest task id, in bytes.
+pub const MAX_ID_BYTES: usize = 64;
+/// Most errors reported for one command (the rest are counted).
+pub const MAX_REPORTED_ERRORS: usize = 10;
+
+/// One task of a [`DelegatePlan`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TaskSpec {
+    /// The task id, `[A-Za-z0-9_-]{1,64}`.
+    pub id: String,
+    /// What to do (never empty).
+    pub label: String,
+    /// Ids of the tasks this one waits for: sorted, without duplicates. They are
+    /// tasks of the same plan or (with [`parse_delegate_with`]) tasks that already
+    /// exist in the room.
+    pub deps: Vec<String>,
+    /// The agent the task is pushed to (without the `@`), if any.
+    pub assignee: Option<String>,
+    /// The line of the message the task was written on (1-based).
+    pub line: usize,
+}
+
+/// A parsed `!delegate`: its tasks in dependency order. Every task comes after the
+/// tasks it waits for; at each step the earliest-written task whose dependencies are
+/// all placed comes next. The same text always gives the same plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DelegatePlan {
+    /// The tasks.
+    pub tasks: Vec<TaskSpec>,
+}
+
+impl DelegatePlan {
+    /// A one-line summary for the reply, e.g. `Created 3 tasks: a, b, c.`
+    pub fn summary(&self) -> String {
+        let ids: Vec<&str> = self.tasks.iter().map(|t| t.id.as_str()).collect();
+        let shown = if ids.len() > 20 {
+            format!("{}, … ({} more)", ids[..20].join(", "), ids.len() - 20)
+        } else {
+            ids.join(", ")
+        };
+        let noun = if ids.len() == 1 { "task" } else { "tasks" };
+        format!("Created {} {noun}: {shown}.", ids.len())
+    }
+}
+
+/// One problem in a `!delegate`, with the line it is on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DelegateError {
+    /// The 1-based line of the message; `None` for a problem of the whole command.
+    pub line: Option<usize>,
+    /// What is wrong.
+    pub kind: DelegateErrorKind,
+}
+
+/// What is wrong with a `!delegate` line or command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DelegateErrorKind {
+    /// The command is over [`MAX_COMMAND_BYTES`].
+    TooLarge {
+        /// Its size.
+        bytes: usize,
+    },
+    /// More than [`MAX_TASKS`] tasks (reported on the first line over).
+    TooManyTasks,
+    /// No task lines at all.
+    NoTasks,
+    /// A line without `:` after the id.
+    MissingColon,
+    /// A task id outside `[A-Za-z0-9_-]{1,64}`.
+    BadId {
+        /// The id as written (shortened).
+        id: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// Nothing left of the label once the clauses are taken off.
+    EmptyLabel {
+        /// The task.
+        id: String,
+    },
+    /// A label with a control character.
+    BadLabel {
+        /// The task.
+        id: String,
+    },
+    /// An `[after ...]` clause that is not at the end of the line.
+    MisplacedAfter {
+        /// The task.
+        id: String,
+    },
+    /// A malformed `[after ...]` clause.
+    BadDeps {
+        /// The task.
+        id: String,
+        /// Why.
+        reason: String,
+    },
+    /// A malformed `@assignee`.
+    BadAssignee {
+        /// The task.
+        id: String,
+        /// Why.
+        reason: String,
+    },
+    /// The id was already defined earlier in the command.
+    DuplicateId {
+        /// The id.
+        id: String,
+        /// Where it was first defined.
+        first_line: usize,
+    },
+    /// The id is already a task of the room.
+    AlreadyExists {
+        /// The id.
+        id: String,
+    },
+    /// A dependency that is neither in the command nor an existing task.
+    UnknownDep {
+        /// The task.
+        id: String,
+        /// The unknown dependency.
+        dep: String,
+    },
+    /// A task that lists itself in `[after ...]`.
+    SelfDep {
+        /// The task.
+        id: String,
+    },
+    /// Tasks that wait for each other in a circle: `path` starts and ends with the
+    /// same id, each waiting for the next.
+    Cycle {
+        /// The cycle.
+        path: Vec<String>,
+    },
+}
+
+const SHAPE: &str = "`id: label [after dep1, dep2] [@agent]`";
+
+impl fmt::Display for DelegateErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use DelegateErrorKind::*;
+        match self {
+            TooLarge { bytes } => write!(
+                f,
+                "the command is {bytes} bytes; the limit is {MAX_COMMAND_BYTES} bytes \
+                 (256 KiB): split it into several !delegate messages"
+            ),
+            TooManyTasks => write!(
+                f,
+                "more than {MAX_TASKS} tasks in one command: split it into several \
+                 !delegate messages"
+            ),
+            NoTasks => write!(f, "no tasks: write one task per line as {SHAPE}"),
+            MissingColon => write!(f, "expected {SHAPE}, but there is no `:` after the id"),
+            BadId { id, reason } => write!(f, "bad task id `{id}`: {reason}"),
+            EmptyLabel { id } => write!(f, "task `{id}` has an empty label"),
+            BadLabel { id } => write!(f, "task `{id}`: the label contains a control character"),
+            MisplacedAfter { id } => write!(
+                f,
+                "task `{id}`: `[after ...]` must come at the end of the line (only \
+                 `@agent` may follow it), and only once"
+            ),
+            BadDeps { id, reason } => write!(f, "task `{id}`: {reason}"),
+            BadAssignee { id, reason } => write!(f, "task `{id}`: {reason}"),
+            DuplicateId { id, first_line } => write!(
+                f,
+                "duplicate task id `{id}` (first defined on line {first_line})"
+            ),
+            AlreadyExists { id } => write!(
+                f,
+                "task id `{id}` already exists in this room; choose another id"
+            ),
+            UnknownDep { id, dep } => write!(
+                f,
+                "task `{id}` waits for `{dep}`, which is not a task in this command or \
+                 the room"
+            ),
+            SelfDep { id } => write!(f, "task `{id}` waits for itself"),
+            Cycle { path } => write!(
+                f,
+                "dependency cycle {} (each task waits for the next, so none can start)",
+                path.join(" -> ")
+            ),
+        }
+    }
+}
+
+impl fmt::Display for DelegateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "line {line}: {}", self.kind),
+            None => write!(f, "{}", self.kind),
+        }
+    }
+}
+
+/// Every problem found in a rejected `!delegate` (the first
+/// [`MAX_REPORTED_ERRORS`], sorted by line). Nothing of the command is applied.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct DelegateErrors {
+    /// The problems reported.
+    pub errors: Vec<DelegateError>,
+    /// How many more were found but not listed.
+    pub omitted: usize,
+}
+
+impl DelegateErrors {
+    fn single(line: Option<usize>, kind: DelegateErrorKind) -> Self {
+        DelegateErrors {
+            errors: vec![DelegateError { line, kind }],
+            omitted: 0,
+        }
+    }
+
+    /// The first problem (there is always at least one).
+    pub fn first(&self) -> Option<&DelegateError> {
+        self.errors.first()
+    }
+}
+
+impl fmt::Display for DelegateErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "!delegate rejected, no task was created:")?;
+        for e in &self.errors {
+            write!(f, "\n- {e}")?;
+        }
+        if self.omitted > 0 {
+            write!(f, "\n- … and {} more", self.omitted)?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses a `!delegate` message (the leading `!delegate` word is optional), with no
+/// existing tasks in the room.
+pub fn parse_delegate(message: &str) -> Result<DelegatePlan, DelegateErrors> {
+    parse_delegate_with(message, &|_| false)
+}
+
+/// Parses a `!delegate` message where `task_exists` says which task ids the room
+/// already has: a new task may wait for them, and may not reuse their ids.
+pub fn parse_delegate_with(
+    message: &str,
+    task_exists: &dyn Fn(&str) -> bool,
+) -> Result<DelegatePlan, DelegateErrors> {
+    if message.len() > MAX_COMMAND_BYTES {
+        return Err(DelegateErrors::single(
+            None,
+            DelegateErrorKind::TooLarge {
+                bytes: message.len(),
+            },
+        ));
+    }
+    let mut errors: Vec<DelegateError> = Vec::new();
+    let mut tasks: Vec<TaskSpec> = Vec::new();
+    // Ids of every line whose id was readable, even if the rest was not, so a
+    // broken line does not also make its dependents report "unknown task".
+    let mut seen_ids: BTreeMap<String, usize> = BTreeMap::new();
+    let mut count = 0usize;
+    let mut command_seen = false;
+
+    for (index, raw) in message.split('\n').enumerate() {
+        let line_no = index + 1;
+        let mut line = raw.strip_suffix('\r').unwrap_or(raw).trim();
+        if !command_seen && !line.is_empty() {
+            command_seen = true;
+            if let Some(rest) = strip_command_word(line) {
+                line = rest.trim();
+            }
+        }
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        count += 1;
+        if count > MAX_TASKS {
+            errors.push(DelegateError {
+                line: Some(line_no),
+                kind: DelegateErrorKind::TooManyTasks,
+            });
+            break;
+        }
+        let line = strip_bullet(line);
+        let (id, parsed) = parse_task_line(line);
+        if let Some(id) = &id {
+            if let Some(first_line) = seen_ids.get(id) {
+                errors.push(DelegateError {
+                    line: Some(line_no),
+                    kind: DelegateErrorKind::DuplicateId {
+                        id: id.clone(),
+                        first_line: *first_line,
+                    },
+                });
+                continue;
+            }
+            seen_ids.insert(id.clone(), line_no);
+            if task_exists(id) {
+                errors.push(DelegateError {
+                    line: Some(line_no),
+                    kind: DelegateErrorKind::AlreadyExists { id: id.clone() },
+                });
+                continue;
+            }
+        }
+        match parsed {
+            Ok(mut spec) => {
+                spec.line = line_no;
+                tasks.push(spec);
+            }
+            Err(kind) => errors.push(DelegateError {
+                line: Some(line_no),
+                kind,
+            }),
+        }
+    }
+
+    if count == 0 {
+        return Err(DelegateErrors::single(None, DelegateErrorKind::NoTasks));
+    }
+
+    // Dependencies: no self-loops, nothing unknown.
+    for t in &tasks {
+        for dep in &t.deps {
+            let kind = if dep == &t.id {
+                DelegateErrorKind::SelfDep { id: t.id.clone() }
+            } else if seen_ids.contains_key(dep) || task_exists(dep) {
+                continue;
+            } else {
+                DelegateErrorKind::UnknownDep {
+                    id: t.id.clone(),
+                    dep: dep.clone(),
+                }
+            };
+            errors.push(DelegateError {
+                line: Some(t.line),
+                kind,
+            });
+        }
+    }
+
+    if errors.is_empty() {
+        match order_tasks(tasks) {
+            Ok(ordered) => return Ok(DelegatePlan { tasks: ordered }),
+            Err(cycles) => errors = cycles,
+        }
+    }
+    errors.sort_by_key(|e| e.line);
+    let omitted = errors.len().saturating_sub(MAX_REPORTED_ERRORS);
+    errors.truncate(MAX_REPORTED_ERRORS);
+    Err(DelegateErrors { errors, omitted })
+}
+
+/// If `line` starts with the `!delegate` word, the rest of it.
+fn strip_command_word(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix("!delegate")?;
+    (rest.is_empty() || rest.starts_with(char::is_whitespace)).then_some(rest)
+}
+
+/// Drops a Markdown list bullet (`- `, `* `, `+ `): ids never contain spaces, so a
+/// dash followed by white space cannot be the start of an id.
+fn strip_bullet(line: &str) -> &str {
+    for bullet in ['-', '*', '+', '•'] {
+        if let Some(rest) = line.strip_prefix(bullet) {
+            if rest.starts_with(char::is_whitespace) {
+                return rest.trim_start();
+            }
+        }
+    }
+    line
+}
+
+/// Checks a task id; the reason when it is bad.
+fn id_problem(id: &str) -> Option<&'static str> {
+    if id.is_empty() {
+        Some("the id is empty")
+    } else if id.len() > MAX_ID_BYTES {
+        Some("ids are at most 64 bytes")
+    } else if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        Some("ids use only letters, digits, `_` and `-`")
+    } else {
+        None
+    }
+}
+
+/// Parses one task line (already trimmed, bullet removed). Returns the id when it
+/// was readable, and the task or the problem.
+fn parse_task_line(line: &str) -> (Option<String>, Result<TaskSpec, DelegateErrorKind>) {
+    let Some((id_text, rest)) = line.split_once(':') else {
+        return (None, Err(DelegateErrorKind::MissingColon));
+    };
+    let id_text = id_text.trim();
+    if let Some(reason) = id_problem(id_text) {
+        let err = DelegateErrorKind::BadId {
+            id: shorten(id_text),
+            reason,
+        };
+        return (None, Err(err));
+    }
+    let id = id_text.to_string();
+    let result = parse_task_rest(&id, rest.trim());
+    (Some(id), result)
+}
+
+fn parse_task_rest(id: &str, rest: &str) -> Result<TaskSpec, DelegateErrorKind> {
+    let mut label = rest;
+    let mut assignee: Option<&str> = None;
+    let mut deps: Option<Vec<String>> = None;
+    // The clauses sit at the end of the line, in either order.
+    for _ in 0..2 {
+        if assignee.is_none() {
+            if let Some((head, who)) = trailing_assignee(label) {
+                assignee = Some(who);
+                label = head;
+                continue;
+            }
+        }
+        if deps.is_none() {
+            if let Some((head, inner)) = trailing_after_clause(label) {
+                deps = Some(parse_deps(id, inner)?);
+                label = head;
+                continue;
+            }
+        }
+        break;
+    }
+    if contains_after_clause(label) {
+        return Err(DelegateErrorKind::MisplacedAfter { id: id.to_string() });
+    }
+    if assignee.is_some() && trailing_assignee(label).is_some() {
+        return Err(DelegateErrorKind::BadAssignee {
+            id: id.to_string(),
+            reason: "more than one @agent at the end of the line; a task has at most one \
+                     assignee"
+                .into(),
+        });
+    }
+    let assignee = match assignee {
+        None => None,
+        Some(who) => {
+            check_agent_name(who).map_err(|reason| DelegateErrorKind::BadAssignee {
+                id: id.to_string(),
+                reason: format!("bad assignee `@{}`: {reason}", shorten(who)),
+            })?;
+            Some(who.to_string())
+        }
+    };
+    if label.is_empty() {
+        return Err(DelegateErrorKind::EmptyLabel { id: id.to_string() });
+    }
+    if label.chars().any(|c| c.is_control() && c != '\t') {
+        return Err(DelegateErrorKind::BadLabel { id: id.to_string() });
+    }
+    Ok(TaskSpec {
+        id: id.to_string(),
+        label: label.to_string(),
+        deps: deps.unwrap_or_default(),
+        assignee,
+        line: 0,
+    })
+}
+
+/// `label @who` -> (`label`, `who`) when the last white-space separated token
+/// starts with `@`.
+fn trailing_assignee(s: &str) -> Option<(&str, &str)> {
+    let (head, last) = match s.rfind(char::is_whitespace) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => ("", s),
+    };
+    let who = last.trim().strip_prefix('@')?;
+    Some((head.trim_end(), who))
+}
+
+/// `label [after a, b]` -> (`label`, ` a, b`) when the line ends with a bracketed
+/// clause whose first word is `after` (any case).
+fn trailing_after_clause(s: &str) -> Option<(&str, &str)> {
+    let body = s.strip_suffix(']')?;
+    let open = body.rfind('[')?;
+    let inner = &body[open + 1..];
+    let after = after_word(inner)?;
+    Some((s[..open].trim_end(), after))
+}
+
+/// If `inner` starts with the word `after` (any case, then white space, a comma or
+/// the end), what follows it.
+fn after_word(inner: &str) -> Option<&str> {
+    let t = inner.trim_start();
+    let head = t.get(..5)?;
+    if !head.eq_ignore_ascii_case("after") {
+        return None;
+    }
+    let rest = &t[5..];
+    (rest.is_empty() || rest.starts_with(|c: char| c.is_whitespace() || c == ',')).then_some(rest)
+}
+
+/// Whether an `[after ...]` clause appears anywhere in `s`.
+fn contains_after_clause(s: &str) -> bool {
+    s.match_indices('[')
+        .any(|(i, _)| after_word(&s[i + 1..]).is_some())
+}
+
+fn parse_deps(id: &str, inner: &str) -> Result<Vec<String>, DelegateErrorKind> {
+    let mut deps = BTreeSet::new();
+    for dep in inner.split(|c: char| c == ',' || c.is_whitespace()) {
+        if dep.is_empty() {
+            continue;
+        }
+        if let Some(reason) = id_problem(dep) {
+            return Err(DelegateErrorKind::BadDeps {
+                id: id.to_string(),
+                reason: format!("bad dependency id `{}`: {reason}", shorten(dep)),
+            });
+        }
+        deps.insert(dep.to_string());
+    }
+    if deps.is_empty() {
+        return Err(DelegateErrorKind::BadDeps {
+            id: id.to_string(),
+            reason: "`[after]` names no task; write `[after a, b]` or drop the clause".into(),
+        });
+    }
+    Ok(deps.into_iter().collect())
+}
+
+/// Orders the tasks so every task comes after the tasks of the plan it waits for
+/// (Kahn's algorithm, taking the earliest line among the ready ones), or names every
+/// cycle.
+fn order_tasks(tasks: Vec<TaskSpec>) -> Result<Vec<TaskSpec>, Vec<DelegateError>> {
+    let index: BTreeMap<&str, usize> = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.id.as_str(), i))
+        .collect();
+    // deps_of[i]: plan-internal dependencies; dependents[j]: who waits for j.
+    let deps_of: Vec<Vec<usize>> = tasks
+        .iter()
+        .map(|t| {
+            t.deps
+                .iter()
+                .filter_map(|d| index.get(d.as_str()).copied())
+                .collect()
+        })
+        .collect();
+    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); tasks.len()];
+    for (i, deps) in deps_of.iter().enumerate() {
+        for &d in deps {
+            dependents[d].push(i);
+        }
+    }
+    let mut waiting: Vec<usize> = deps_of.iter().map(Vec::len).collect();
+    let mut ready: BinaryHeap<Reverse<usize>> = waiting
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| **w == 0)
+        .map(|(i, _)| Reverse(i))
+        .collect();
+    let mut order = Vec::with_capacity(tasks.len());
+    let mut done = vec![false; tasks.len()];
+    while let Some(Reverse(i)) = ready.pop() {
+        order.push(i);
+        done[i] = true;
+        for &j in &dependents[i] {
+            waiting[j] -= 1;
+            if waiting[j] == 0 {
+                ready.push(Reverse(j));
+            }
+        }
+    }
+    if order.len() == tasks.len() {
+        let mut slots: Vec<Option<TaskSpec>> = tasks.into_iter().map(Some).collect();
+        return Ok(order.into_iter().filter_map(|i| slots[i].take()).collect());
+    }
+
+    // Every task left waits for another task left, so walking "waits for" from any
+    // of them must come back to a task already on the walk: that is a cycle.
+    let mut errors = Vec::new();
+    let mut reported = vec![false; tasks.len()];
+    for start in 0..tasks.len() {
+        if done[start] || reported[start] {
+            continue;
+        }
+        let mut path: Vec<usize> = Vec::new();
+        let mut on_path: BTreeMap<usize, usize> = BTreeMap::new();
+        let mut node = start;
+        let cycle = loop {
+            if reported[node] {
+                break None; // leads into a cycle already named
+            }
+            if let Some(&at) = on_path.get(&node) {
+                break Some(path[at..].to_vec());
+            }
+            on_path.insert(node, path.len());
+            path.push(node);
+            match deps_of[node].iter().find(|&&d| !done[d]) {
+                Some(&next) => node = next,
+                None => break None, // cannot happen: every task left waits
+            }
+        };
+        for &n in &path {
+            reported[n] = true;
+        }
+        if let Some(mut cycle) = cycle {
+            // Start the cycle at its earliest line, and close it.
+            let first = cycle
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, &n)| n)
+                .map(|(i, _)| i)
+                .unwrap_or(0);
+            cycle.rotate_left(first);
+            let line = tasks[cycle[0]].line;
+            let mut path: Vec<String> = cycle.iter().map(|&n| tasks[n].id.clone()).collect();
+            path.push(path[0].clone());
+            errors.push(DelegateError {
+                line: Some(line),
+                kind: DelegateErrorKind::Cycle { path },
+            });
+        }
+    }
+    if errors.is_empty() {
+        // Unreachable by the argument above; still never accept a plan that does
+        // not order.
+        let path = (0..tasks.len())
+            .filter(|&i| !done[i])
+            .map(|i| tasks[i].id.clone())
+            .collect();
+        errors.push(DelegateError {
+            line: None,
+            kind: DelegateErrorKind::Cycle { path },
+        });
+    }
+    Err(errors)
+}

@@ -1,0 +1,148 @@
+//! Owner commands: `!delegate` (seed a task DAG) and `!config` (tune the room).
+//!
+//! Commands come from owners (DESIGN invariant 8). A message is parsed as a command
+//! only when its role is [`Role::Owner`]; with [`owner_command_in`] also only when
+//! its actor is the owner `room.created` named. Text that any other actor produces,
+//! an agent's reply above all, is data and is never parsed here, whatever it says.
+//!
+//! ```
+//! use huddle_core::commands::{owner_command, OwnerCommand};
+//! use huddle_core::Role;
+//!
+//! let text = "!delegate\na: write the spec\nb: build it [after a] @ana";
+//! let Some(Ok(OwnerCommand::Delegate(plan))) = owner_command(Role::Owner, text) else {
+//!     panic!("an owner's !delegate parses");
+//! };
+//! assert_eq!(plan.tasks[1].deps, vec!["a".to_string()]);
+//!
+//! // The same text from an agent is just text.
+//! assert!(owner_command(Role::Agent, text).is_none());
+//! ```
+//!
+//! The grammar of both commands is documented in `docs/protocol/commands.md`.
+
+mod config_cmd;
+mod delegate;
+#[cfg(test)]
+mod tests;
+
+pub use config_cmd::{
+    get_reply, help_text, parse_config, ConfigChange, ConfigCommand, ConfigError, ConfigTarget,
+};
+pub use delegate::{
+    parse_delegate, parse_delegate_with, DelegateError, DelegateErrorKind, DelegateErrors,
+    DelegatePlan, TaskSpec, MAX_COMMAND_BYTES, MAX_ID_BYTES, MAX_REPORTED_ERRORS, MAX_TASKS,
+};
+
+use crate::config::ConfigFold;
+use crate::model::{Interaction, Role};
+use crate::verbs::Verb;
+
+/// A parsed owner command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OwnerCommand {
+    /// `!delegate`: create these tasks.
+    Delegate(DelegatePlan),
+    /// `!config`: help, get or change.
+    Config(ConfigCommand),
+}
+
+/// Why an owner command was rejected. Its `Display` is the reply to post; nothing
+/// of a rejected command is applied.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    /// A rejected `!delegate`, with every problem and its line.
+    #[error(transparent)]
+    Delegate(#[from] DelegateErrors),
+    /// A rejected `!config`.
+    #[error("!config rejected, nothing was changed: {0}")]
+    Config(#[from] ConfigError),
+}
+
+/// Which command a message starts with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommandWord {
+    /// `!delegate`.
+    Delegate,
+    /// `!config`.
+    Config,
+}
+
+/// The command word a message starts with (after leading white space), if any:
+/// exactly `!delegate` or `!config`, followed by white space or the end. Anything
+/// else (`!configure`, `!Config`, `hello !config`) is not a command.
+pub fn command_word(text: &str) -> Option<CommandWord> {
+    let t = text.trim_start();
+    let word_end = t.find(char::is_whitespace).unwrap_or(t.len());
+    match &t[..word_end] {
+        "!delegate" => Some(CommandWord::Delegate),
+        "!config" => Some(CommandWord::Config),
+        _ => None,
+    }
+}
+
+/// What the parsers may know about the room.
+#[derive(Clone, Copy)]
+pub struct ParseContext<'a> {
+    /// Whether a task id already exists in the room (new tasks may wait for it and
+    /// may not reuse it).
+    pub task_exists: &'a dyn Fn(&str) -> bool,
+}
+
+impl Default for ParseContext<'_> {
+    fn default() -> Self {
+        ParseContext {
+            task_exists: &|_| false,
+        }
+    }
+}
+
+impl std::fmt::Debug for ParseContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParseContext").finish_non_exhaustive()
+    }
+}
+
+/// Parses `text` as an owner command when `role` is [`Role::Owner`] and the text
+/// starts with a command word. `None`: not a command (including every message whose
+/// role is not owner); `Some(Err)`: a command with problems, to be answered with the
+/// error's text.
+pub fn owner_command(role: Role, text: &str) -> Option<Result<OwnerCommand, CommandError>> {
+    owner_command_with(role, text, &ParseContext::default())
+}
+
+/// [`owner_command`] with what the room already has.
+pub fn owner_command_with(
+    role: Role,
+    text: &str,
+    ctx: &ParseContext<'_>,
+) -> Option<Result<OwnerCommand, CommandError>> {
+    if role != Role::Owner {
+        return None;
+    }
+    Some(match command_word(text)? {
+        CommandWord::Delegate => parse_delegate_with(text, ctx.task_exists)
+            .map(OwnerCommand::Delegate)
+            .map_err(CommandError::from),
+        CommandWord::Config => parse_config(text)
+            .map(OwnerCommand::Config)
+            .map_err(CommandError::from),
+    })
+}
+
+/// The owner command in a ledger row, if it is one: a `message.posted` whose role
+/// is owner **and** whose actor is the room's owner per `owners` (the config fold
+/// tracks `room.created`), with the command in the body's `text`.
+pub fn owner_command_in(
+    message: &Interaction,
+    owners: &ConfigFold,
+    ctx: &ParseContext<'_>,
+) -> Option<Result<OwnerCommand, CommandError>> {
+    if message.verb != Verb::MessagePosted
+        || !owners.is_owner(&message.room, &message.actor, message.role)
+    {
+        return None;
+    }
+    let text = message.body.get("text")?.as_str()?;
+    owner_command_with(message.role, text, ctx)
+}

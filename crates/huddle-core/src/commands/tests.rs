@@ -1,0 +1,753 @@
+//! Tests of both owner commands through their public seams.
+
+use super::*;
+use crate::config::testrows::row;
+use crate::config::{ConfigKey, ConfigValue};
+use crate::fold::Fold;
+use proptest::prelude::*;
+use serde_json::json;
+
+// ---- helpers ----------------------------------------------------------------
+
+/// The accepted plan as `(id, label, deps, assignee)`.
+fn plan(text: &str) -> Vec<(String, String, Vec<String>, Option<String>)> {
+    match parse_delegate(text) {
+        Ok(p) => p
+            .tasks
+            .into_iter()
+            .map(|t| (t.id, t.label, t.deps, t.assignee))
+            .collect(),
+        Err(e) => panic!("rejected:\n{e}"),
+    }
+}
+
+fn t(
+    id: &str,
+    label: &str,
+    deps: &[&str],
+    who: Option<&str>,
+) -> (String, String, Vec<String>, Option<String>) {
+    (
+        id.into(),
+        label.into(),
+        deps.iter().map(|d| d.to_string()).collect(),
+        who.map(str::to_string),
+    )
+}
+
+/// The first error of a rejected `!delegate`: its line and full message.
+fn reject(text: &str) -> (Option<usize>, String) {
+    let e = parse_delegate(text).expect_err("must be rejected");
+    let first = e.first().expect("at least one error");
+    (first.line, first.to_string())
+}
+
+fn config(text: &str) -> ConfigCommand {
+    match parse_config(text) {
+        Ok(c) => c,
+        Err(e) => panic!("rejected: {e}"),
+    }
+}
+
+fn config_err(text: &str) -> String {
+    CommandError::from(parse_config(text).expect_err("must be rejected")).to_string()
+}
+
+// ---- !delegate: accepted ------------------------------------------------------
+
+#[test]
+fn delegate_reads_labels_deps_and_assignees() {
+    let text = "!delegate\n\
+                spec: write the spec\n\
+                api: build the API [after spec] @ana\n\
+                ui: build the UI @bo [after spec]\n\
+                ship: ship it [after api, ui]";
+    assert_eq!(
+        plan(text),
+        vec![
+            t("spec", "write the spec", &[], None),
+            t("api", "build the API", &["spec"], Some("ana")),
+            t("ui", "build the UI", &["spec"], Some("bo")),
+            t("ship", "ship it", &["api", "ui"], None),
+        ]
+    );
+}
+
+#[test]
+fn a_label_that_ends_in_after_is_only_a_label() {
+    assert_eq!(
+        plan("!delegate\na: clean up after\nb: tidy after a\nc: see [afterword] [after a]"),
+        vec![
+            t("a", "clean up after", &[], None),
+            t("b", "tidy after a", &[], None),
+            t("c", "see [afterword]", &["a"], None),
+        ]
+    );
+    // Brackets that are not an after clause stay in the label.
+    assert_eq!(
+        plan("x: fix it [WIP]"),
+        vec![t("x", "fix it [WIP]", &[], None)]
+    );
+}
+
+#[test]
+fn delegate_orders_dependencies_first_then_by_line() {
+    let text = "!delegate\nc: third [after b]\nb: second [after a]\na: first\nz: free";
+    let ids: Vec<String> = plan(text).into_iter().map(|t| t.0).collect();
+    assert_eq!(ids, ["a", "b", "c", "z"]);
+    let lines: Vec<usize> = parse_delegate(text)
+        .unwrap()
+        .tasks
+        .iter()
+        .map(|t| t.line)
+        .collect();
+    assert_eq!(lines, [4, 3, 2, 5]);
+}
+
+#[test]
+fn delegate_accepts_bullets_comments_crlf_inline_and_loose_dep_lists() {
+    let text = "\n  !delegate a: inline first\r\n# a comment\r\n\r\n- b: bullet [AFTER a,a , a]\n* c: star [after a b]\n";
+    assert_eq!(
+        plan(text),
+        vec![
+            t("a", "inline first", &[], None),
+            t("b", "bullet", &["a"], None),
+            t("c", "star", &["a", "b"], None),
+        ]
+    );
+    assert_eq!(plan("a: x: y: z"), vec![t("a", "x: y: z", &[], None)]);
+    let p = parse_delegate("a: one\nb: two").unwrap();
+    assert_eq!(p.summary(), "Created 2 tasks: a, b.");
+}
+
+#[test]
+fn delegate_may_wait_for_existing_tasks_but_not_reuse_their_ids() {
+    let exists = |id: &str| id == "old";
+    let p = parse_delegate_with("!delegate\nnew: after the old one [after old]", &exists).unwrap();
+    assert_eq!(p.tasks[0].deps, vec!["old".to_string()]);
+    let e = parse_delegate_with("!delegate\nold: again", &exists).unwrap_err();
+    assert_eq!(
+        e.errors[0].to_string(),
+        "line 2: task id `old` already exists in this room; choose another id"
+    );
+}
+
+// ---- !delegate: every error, with its line and message --------------------------
+
+#[test]
+fn delegate_errors_name_the_line_and_the_problem() {
+    let cases: &[(&str, usize, &str)] = &[
+        (
+            "!delegate\na: fine\nthis line has no colon",
+            3,
+            "line 3: expected `id: label [after dep1, dep2] [@agent]`, but there is no `:` \
+             after the id",
+        ),
+        (
+            "!delegate\nnote this: x",
+            2,
+            "line 2: bad task id `note this`: ids use only letters, digits, `_` and `-`",
+        ),
+        (
+            "!delegate\n: x",
+            2,
+            "line 2: bad task id ``: the id is empty",
+        ),
+        (
+            "!delegate\ncafé: x",
+            2,
+            "line 2: bad task id `café`: ids use only letters, digits, `_` and `-`",
+        ),
+        ("!delegate\na:", 2, "line 2: task `a` has an empty label"),
+        (
+            "!delegate\na: b\nc: [after a]",
+            3,
+            "line 3: task `c` has an empty label",
+        ),
+        (
+            "!delegate\na: @ana",
+            2,
+            "line 2: task `a` has an empty label",
+        ),
+        (
+            "!delegate\na: bad\u{7}bell",
+            2,
+            "line 2: task `a`: the label contains a control character",
+        ),
+        (
+            "!delegate\na: x\nb: y [after a] then z",
+            3,
+            "line 3: task `b`: `[after ...]` must come at the end of the line (only `@agent` \
+             may follow it), and only once",
+        ),
+        (
+            "!delegate\na: x\nb: y [after a] [after a]",
+            3,
+            "line 3: task `b`: `[after ...]` must come at the end of the line (only `@agent` \
+             may follow it), and only once",
+        ),
+        (
+            "!delegate\na: x [after]",
+            2,
+            "line 2: task `a`: `[after]` names no task; write `[after a, b]` or drop the clause",
+        ),
+        (
+            "!delegate\na: x [after b.c]",
+            2,
+            "line 2: task `a`: bad dependency id `b.c`: ids use only letters, digits, `_` and `-`",
+        ),
+        (
+            "!delegate\na: x @",
+            2,
+            "line 2: task `a`: bad assignee `@`: agent must not be empty",
+        ),
+        (
+            "!delegate\na: x @ana @bo",
+            2,
+            "line 2: task `a`: more than one @agent at the end of the line; a task has at most \
+             one assignee",
+        ),
+        (
+            "!delegate\na: x\n\nb: y\na: z",
+            5,
+            "line 5: duplicate task id `a` (first defined on line 2)",
+        ),
+        (
+            "!delegate\na: x [after nope]",
+            2,
+            "line 2: task `a` waits for `nope`, which is not a task in this command or the room",
+        ),
+        (
+            "!delegate\na: x [after a]",
+            2,
+            "line 2: task `a` waits for itself",
+        ),
+        (
+            "!delegate\nz: free\na: x [after c]\nb: y [after a]\nc: z [after b]",
+            3,
+            "line 3: dependency cycle a -> c -> b -> a (each task waits for the next, so none \
+             can start)",
+        ),
+    ];
+    for (text, line, message) in cases {
+        assert_eq!(reject(text), (Some(*line), message.to_string()), "{text:?}");
+    }
+    let long_id = format!("!delegate\n{}: x", "i".repeat(65));
+    assert_eq!(
+        reject(&long_id).1,
+        format!(
+            "line 2: bad task id `{}…`: ids are at most 64 bytes",
+            "i".repeat(64)
+        )
+    );
+}
+
+#[test]
+fn delegate_whole_command_errors() {
+    assert_eq!(
+        reject("!delegate"),
+        (
+            None,
+            "no tasks: write one task per line as `id: label [after dep1, dep2] [@agent]`".into()
+        )
+    );
+    assert_eq!(reject("!delegate\n\n# only a comment\n").0, None);
+
+    let huge = format!("!delegate\na: {}", "x".repeat(MAX_COMMAND_BYTES));
+    let (line, msg) = reject(&huge);
+    assert_eq!(line, None);
+    assert!(
+        msg.starts_with(&format!(
+            "the command is {} bytes; the limit is 262144 bytes",
+            huge.len()
+        )),
+        "{msg}"
+    );
+
+    let mut many = String::from("!delegate\n");
+    for i in 0..MAX_TASKS {
+        many.push_str(&format!("t{i}: task {i}\n"));
+    }
+    assert_eq!(parse_delegate(&many).unwrap().tasks.len(), MAX_TASKS);
+    many.push_str("one-too-many: x\n");
+    assert_eq!(
+        reject(&many),
+        (
+            Some(MAX_TASKS + 2),
+            format!(
+                "line {}: more than 1000 tasks in one command: split it into several !delegate \
+                 messages",
+                MAX_TASKS + 2
+            )
+        )
+    );
+}
+
+#[test]
+fn delegate_reports_every_problem_sorted_and_capped() {
+    let e = parse_delegate("!delegate\nbad line\na: ok\nb: y [after missing]\na: dup").unwrap_err();
+    let lines: Vec<_> = e.errors.iter().map(|e| e.line).collect();
+    assert_eq!(lines, [Some(2), Some(4), Some(5)]);
+    assert!(e
+        .to_string()
+        .starts_with("!delegate rejected, no task was created:\n- line 2:"));
+
+    let mut text = String::from("!delegate\n");
+    for _ in 0..15 {
+        text.push_str("no colon here\n");
+    }
+    let e = parse_delegate(&text).unwrap_err();
+    assert_eq!((e.errors.len(), e.omitted), (MAX_REPORTED_ERRORS, 5));
+    assert!(e.to_string().ends_with("\n- … and 5 more"));
+
+    // A line that failed after its id still defines the id: no "unknown" noise.
+    let e = parse_delegate("!delegate\na: [after]\nb: y [after a]").unwrap_err();
+    assert_eq!(e.errors.len(), 1);
+
+    // Two separate cycles are both named.
+    let e = parse_delegate(
+        "a: x [after b]\nb: y [after a]\nc: x [after d]\nd: y [after c]\ne: z [after a]",
+    )
+    .unwrap_err();
+    let msgs: Vec<String> = e.errors.iter().map(ToString::to_string).collect();
+    assert_eq!(msgs.len(), 2, "{msgs:?}");
+    assert!(msgs[0].starts_with("line 1: dependency cycle a -> b -> a"));
+    assert!(msgs[1].starts_with("line 3: dependency cycle c -> d -> c"));
+}
+
+// ---- !config --------------------------------------------------------------------
+
+#[test]
+fn config_help_and_get() {
+    assert_eq!(config("!config"), ConfigCommand::Help { key: None });
+    assert_eq!(config("!config help"), ConfigCommand::Help { key: None });
+    assert_eq!(
+        config("!config help rate"),
+        ConfigCommand::Help {
+            key: Some(ConfigKey::Rate)
+        }
+    );
+    assert_eq!(
+        config("!config get"),
+        ConfigCommand::Get {
+            target: ConfigTarget::Here,
+            key: None
+        }
+    );
+    assert_eq!(
+        config("!config room get claim-ttl"),
+        ConfigCommand::Get {
+            target: ConfigTarget::Room,
+            key: Some(ConfigKey::ClaimTtl)
+        }
+    );
+    let help = help_text(None);
+    for key in ConfigKey::ALL {
+        assert!(help.contains(&format!("- {key} (default ")), "{key}");
+    }
+    assert_eq!(
+        help_text(Some(ConfigKey::Rate)),
+        "rate: messages a sender may post per rate-window before agents ignore it.\n\
+         Default: 10. Accepts a whole number from 1 to 1000."
+    );
+}
+
+#[test]
+fn config_changes_are_typed_and_clamped_with_notes() {
+    let ConfigCommand::Change(c) =
+        config("!config rate 0 loop-cooldown 2m responder designated responder-agent @ana")
+    else {
+        panic!("a change");
+    };
+    assert_eq!(c.target, ConfigTarget::Here);
+    assert_eq!(c.body.set[&ConfigKey::Rate], ConfigValue::Count(1));
+    assert_eq!(
+        c.body.set[&ConfigKey::LoopCooldown],
+        ConfigValue::Millis(120_000)
+    );
+    assert_eq!(c.notes.len(), 1);
+    assert_eq!(
+        c.reply_text(Some("t1")),
+        "Config for this thread: responder = designated, responder-agent = ana, \
+         loop-cooldown = 2m, rate = 1.\nNote: rate 0 is below the minimum 1; using 1."
+    );
+    assert_eq!(
+        c.body.to_json(),
+        json!({"set": {"rate": 1, "loop-cooldown": 120000, "responder": "designated",
+                       "responder-agent": "ana"}})
+    );
+
+    let ConfigCommand::Change(r) = config("!config room reset rate max-hops") else {
+        panic!("a change");
+    };
+    assert_eq!(r.target, ConfigTarget::Room);
+    assert_eq!(
+        r.reply_text(Some("t1")),
+        "Reset for this room: rate, max-hops (back to the default)."
+    );
+    let ConfigCommand::Change(all) = config("!config reset all") else {
+        panic!("a change");
+    };
+    assert_eq!(all.body.reset.len(), ConfigKey::ALL.len());
+    assert!(all
+        .reply_text(Some("t"))
+        .ends_with("(back to the room's value or the default)."));
+}
+
+#[test]
+fn config_change_lands_in_the_right_scope() {
+    let ConfigCommand::Change(here) = config("!config rate 5") else {
+        panic!()
+    };
+    let ConfigCommand::Change(room) = config("!config room rate 5") else {
+        panic!()
+    };
+    let msg = row(
+        9,
+        0,
+        "lobby",
+        Some("t1"),
+        crate::Verb::MessagePosted,
+        "olga",
+        Role::Owner,
+        json!({"text": "!config rate 5"}),
+    );
+    let a = here.to_interaction("lobby", Some("t1"), "olga", msg.id);
+    let b = room.to_interaction("lobby", Some("t1"), "olga", msg.id);
+    assert_eq!(
+        (a.thread.as_deref(), b.thread.as_deref()),
+        (Some("t1"), None)
+    );
+    assert_eq!(
+        (a.verb, a.role, a.parent),
+        (crate::Verb::ConfigSet, Role::Owner, Some(msg.id))
+    );
+    assert_eq!(
+        here.to_interaction("lobby", None, "olga", msg.id).thread,
+        None
+    );
+}
+
+#[test]
+fn config_errors_are_clear_and_nothing_is_half_applied() {
+    let cases = [
+        (
+            "!config rat 5",
+            "!config rejected, nothing was changed: unknown config key `rat` (did you mean \
+             `rate`?); `!config help` lists the keys",
+        ),
+        (
+            "!config rate 5 loop-max lots",
+            "!config rejected, nothing was changed: bad value `lots` for `loop-max`: expected \
+             a whole number from 1 to 100",
+        ),
+        (
+            "!config rate 5 claim-ttl",
+            "!config rejected, nothing was changed: `claim-ttl` needs a value: a duration such \
+             as 500ms, 30s, 2m or 1h, from 1s to 1h",
+        ),
+        (
+            "!config rate 5 rate 6",
+            "!config rejected, nothing was changed: `rate` is given twice; give each key once",
+        ),
+        (
+            "!config reset",
+            "!config rejected, nothing was changed: `reset` needs at least one key (or `all`), \
+             e.g. `!config reset rate`",
+        ),
+        (
+            "!config reset rate rate",
+            "!config rejected, nothing was changed: `rate` is given twice; give each key once",
+        ),
+        (
+            "!config room",
+            "!config rejected, nothing was changed: `room` must be followed by `get`, `reset` \
+             or `key value`",
+        ),
+        (
+            "!config get rate now",
+            "!config rejected, nothing was changed: unexpected `now` after `get`; see `!config \
+             help`",
+        ),
+        (
+            "!config help rate more",
+            "!config rejected, nothing was changed: unexpected `more` after `help`; see \
+             `!config help`",
+        ),
+        (
+            "!config get nope",
+            "!config rejected, nothing was changed: unknown config key `nope`; `!config help` \
+             lists the keys",
+        ),
+    ];
+    for (text, message) in cases {
+        assert_eq!(config_err(text), message, "{text}");
+    }
+    let huge = format!("!config rate {}", "9".repeat(MAX_COMMAND_BYTES));
+    assert!(config_err(&huge).contains("the limit is 262144 bytes"));
+}
+
+#[test]
+fn get_reply_shows_sources() {
+    let mut fold = crate::config::ConfigFold::new();
+    fold.apply(&row(
+        1,
+        0,
+        "lobby",
+        None,
+        crate::Verb::RoomCreated,
+        "olga",
+        Role::Owner,
+        json!({"owner": "olga"}),
+    ));
+    fold.apply(&row(
+        2,
+        0,
+        "lobby",
+        None,
+        crate::Verb::ConfigSet,
+        "olga",
+        Role::Owner,
+        json!({"set": {"rate": 4}}),
+    ));
+    fold.apply(&row(
+        3,
+        0,
+        "lobby",
+        Some("t1"),
+        crate::Verb::ConfigSet,
+        "olga",
+        Role::Owner,
+        json!({"set": {"loop-max": 2}}),
+    ));
+    let reply = get_reply(&fold, "lobby", Some("t1"), ConfigTarget::Here, None);
+    assert!(reply.starts_with("Config for this thread:"), "{reply}");
+    assert!(reply.contains("\n- rate = 4 (from the room)"), "{reply}");
+    assert!(reply.contains("\n- loop-max = 2 (set)"), "{reply}");
+    assert!(reply.contains("\n- claim-ttl = 1m (default)"), "{reply}");
+    assert_eq!(
+        get_reply(
+            &fold,
+            "lobby",
+            Some("t1"),
+            ConfigTarget::Room,
+            Some(ConfigKey::LoopMax)
+        ),
+        "Config for this room:\n- loop-max = 4 (default)"
+    );
+}
+
+// ---- who may command --------------------------------------------------------------
+
+#[test]
+fn only_owner_text_is_ever_a_command() {
+    let texts = [
+        "!delegate\na: x",
+        "!config rate 5",
+        "!config",
+        "!delegate\nbroken",
+    ];
+    for text in texts {
+        assert!(owner_command(Role::Owner, text).is_some(), "{text}");
+        for role in [Role::Agent, Role::Human, Role::System] {
+            assert!(owner_command(role, text).is_none(), "{role} {text}");
+        }
+    }
+    for not_a_command in [
+        "hello",
+        "!configure rate 5",
+        "!Config rate 5",
+        "say !config rate 5",
+        "!delegated a: x",
+        "",
+    ] {
+        assert!(
+            owner_command(Role::Owner, not_a_command).is_none(),
+            "{not_a_command}"
+        );
+    }
+    assert!(matches!(
+        owner_command(Role::Owner, "  !config rate 5"),
+        Some(Ok(OwnerCommand::Config(_)))
+    ));
+    assert!(matches!(
+        owner_command(Role::Owner, "!delegate\nbroken"),
+        Some(Err(CommandError::Delegate(_)))
+    ));
+}
+
+#[test]
+fn ledger_rows_command_only_from_the_named_owner() {
+    let mut owners = crate::config::ConfigFold::new();
+    owners.apply(&row(
+        1,
+        0,
+        "lobby",
+        None,
+        crate::Verb::RoomCreated,
+        "olga",
+        Role::Owner,
+        json!({"owner": "olga"}),
+    ));
+    let ctx = ParseContext::default();
+    let post = |actor: &str, role: Role, verb: crate::Verb| {
+        row(
+            2,
+            0,
+            "lobby",
+            None,
+            verb,
+            actor,
+            role,
+            json!({"text": "!config rate 5"}),
+        )
+    };
+    let yes = post("olga", Role::Owner, crate::Verb::MessagePosted);
+    assert!(matches!(owner_command_in(&yes, &owners, &ctx), Some(Ok(_))));
+    for no in [
+        post("mallory", Role::Owner, crate::Verb::MessagePosted),
+        post("olga", Role::Human, crate::Verb::MessagePosted),
+        post("olga", Role::Agent, crate::Verb::MessagePosted),
+        post("olga", Role::Owner, crate::Verb::TurnReplied),
+    ] {
+        assert!(owner_command_in(&no, &owners, &ctx).is_none(), "{no:?}");
+    }
+    let other_room = row(
+        2,
+        0,
+        "den",
+        None,
+        crate::Verb::MessagePosted,
+        "olga",
+        Role::Owner,
+        json!({"text": "!config rate 5"}),
+    );
+    assert!(owner_command_in(&other_room, &owners, &ctx).is_none());
+    let no_text = row(
+        2,
+        0,
+        "lobby",
+        None,
+        crate::Verb::MessagePosted,
+        "olga",
+        Role::Owner,
+        json!({"text": 5}),
+    );
+    assert!(owner_command_in(&no_text, &owners, &ctx).is_none());
+}
+
+// ---- properties -------------------------------------------------------------------
+
+/// A random DAG over `n` tasks: task `i` may wait only for tasks `< i`.
+fn any_dag() -> impl Strategy<Value = Vec<Vec<usize>>> {
+    (1usize..40).prop_flat_map(|n| {
+        (0..n)
+            .map(|i| {
+                prop::collection::btree_set(0..i.max(1), 0..=i.min(4))
+                    .prop_map(move |s| s.into_iter().filter(|&d| d < i).collect::<Vec<_>>())
+            })
+            .collect::<Vec<_>>()
+    })
+}
+
+fn render(deps: &[Vec<usize>], order: &[usize]) -> String {
+    let mut text = String::from("!delegate\n");
+    for &i in order {
+        text.push_str(&format!("t{i}: do thing {i}"));
+        if !deps[i].is_empty() {
+            let list: Vec<String> = deps[i].iter().map(|d| format!("t{d}")).collect();
+            text.push_str(&format!(" [after {}]", list.join(", ")));
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// Whether `to` is reachable from `from` along "waits for".
+fn reaches(deps: &[Vec<usize>], from: usize, to: usize) -> bool {
+    let mut stack = vec![from];
+    let mut seen = vec![false; deps.len()];
+    while let Some(n) = stack.pop() {
+        if n == to {
+            return true;
+        }
+        if !std::mem::replace(&mut seen[n], true) {
+            stack.extend(&deps[n]);
+        }
+    }
+    false
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn delegate_never_panics_on_arbitrary_text(text in "\\PC*") {
+        let _ = parse_delegate(&text);
+        let _ = owner_command(Role::Owner, &format!("!delegate\n{text}"));
+    }
+
+    #[test]
+    fn delegate_never_panics_on_token_soup(parts in prop::collection::vec(
+        prop::sample::select(vec!["a", "b", "-", "_", ":", " ", "\n", "\r\n", "[", "]", "[after ",
+            "after", ",", "@", "@ana", "#", "é", "\u{0}", "\t", "!delegate", "*", "•"]), 0..60)) {
+        let text: String = parts.concat();
+        if let Ok(plan) = parse_delegate(&text) {
+            // Whatever is accepted is a valid, ordered DAG.
+            let mut seen = std::collections::BTreeSet::new();
+            for task in &plan.tasks {
+                prop_assert!(!task.label.is_empty());
+                for d in &task.deps {
+                    prop_assert!(seen.contains(d), "{} before its dep {}", task.id, d);
+                }
+                prop_assert!(seen.insert(task.id.clone()));
+            }
+        }
+    }
+
+    #[test]
+    fn config_never_panics(text in "\\PC*") {
+        let _ = parse_config(&text);
+        let _ = owner_command(Role::Owner, &format!("!config {text}"));
+    }
+
+    #[test]
+    fn dags_are_accepted_and_any_back_edge_is_rejected(
+        deps in any_dag(),
+        shuffle in any::<u64>(),
+        back in any::<(usize, usize)>(),
+    ) {
+        let n = deps.len();
+        // Write the lines in a scrambled order: order of lines must not matter.
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut s = shuffle;
+        for i in (1..n).rev() {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            order.swap(i, (s >> 33) as usize % (i + 1));
+        }
+        let plan = parse_delegate(&render(&deps, &order)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(plan.tasks.len(), n);
+        let pos: std::collections::BTreeMap<String, usize> =
+            plan.tasks.iter().enumerate().map(|(i, t)| (t.id.clone(), i)).collect();
+        for (i, ds) in deps.iter().enumerate() {
+            for d in ds {
+                let (dep_at, task_at) = (pos[&format!("t{d}")], pos[&format!("t{i}")]);
+                prop_assert!(dep_at < task_at);
+            }
+        }
+
+        // Make `from` wait for a task that already (transitively) waits for `from`,
+        // or for itself: that closes a cycle.
+        let from = back.0 % n;
+        let closers: Vec<usize> = (0..n).filter(|&to| reaches(&deps, to, from)).collect();
+        let to = closers[back.1 % closers.len()];
+        let mut cyclic = deps.clone();
+        cyclic[from].push(to);
+        let err = parse_delegate(&render(&cyclic, &order)).expect_err("a cycle must be rejected");
+        let kinds_ok = err.errors.iter().all(|e| matches!(
+            e.kind,
+            DelegateErrorKind::Cycle { .. } | DelegateErrorKind::SelfDep { .. }
+        ));
+        prop_assert!(kinds_ok, "{}", err);
+    }
+}

@@ -1,0 +1,528 @@
+//! The config fold: room and thread overlays from the owner's `config.set` rows.
+//!
+//! - `room.created` names the room's owner (`{"owner": "<actor>"}`); the first one by
+//!   ledger position wins. A thread inherits its room's owner.
+//! - `config.set` counts only when its `role` is `owner`, its `actor` is the owner
+//!   named by `room.created`, and it comes after that `room.created`; anything else (another actor, a room with no
+//!   known owner, a malformed body) is ignored and counted in
+//!   [`ConfigFold::ignored_rows`].
+//! - Each key of each overlay is a last-writer-wins register keyed by ledger
+//!   position: a set stores the value, a reset stores a tombstone. Re-applying an
+//!   older row never undoes a newer one.
+//! - [`ConfigFold::effective`] layers default, room overlay and thread overlay, and
+//!   clamps every value on the way out.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::config::{check_agent_name, ConfigKey, ConfigSetBody, ConfigValue, RoomConfig};
+use crate::fold::{hash_state, Fold};
+use crate::model::{Interaction, Position, Role};
+use crate::verbs::Verb;
+
+/// Folds `room.created` and `config.set` into per-room owners and config overlays.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ConfigFold {
+    rooms: BTreeMap<String, RoomEntry>,
+    ignored: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+struct RoomEntry {
+    owner: Option<OwnerRecord>,
+    room: Overlay,
+    threads: BTreeMap<String, Overlay>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+struct OwnerRecord {
+    actor: String,
+    position: Position,
+}
+
+/// Key text -> register. String keys so the state serialises (and hashes) plainly.
+type Overlay = BTreeMap<String, Slot>;
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+struct Slot {
+    position: Position,
+    /// `None` is a reset (a tombstone, so an older set cannot come back).
+    value: Option<ConfigValue>,
+}
+
+/// Where an effective value came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConfigSource {
+    /// Nobody set it: the built-in default.
+    Default,
+    /// The room overlay.
+    Room,
+    /// The thread overlay.
+    Thread,
+}
+
+impl ConfigSource {
+    /// `default`, `room` or `thread`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfigSource::Default => "default",
+            ConfigSource::Room => "room",
+            ConfigSource::Thread => "thread",
+        }
+    }
+}
+
+/// One effective setting and where it came from (for `!config get`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExplainedSetting {
+    /// The key.
+    pub key: ConfigKey,
+    /// The effective, clamped value.
+    pub value: ConfigValue,
+    /// Which layer it came from.
+    pub source: ConfigSource,
+}
+
+impl ConfigFold {
+    /// An empty fold.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Folds `rows` (in ledger order) from scratch.
+    pub fn rebuild<'a, I>(rows: I) -> Self
+    where
+        I: IntoIterator<Item = &'a Interaction>,
+    {
+        let mut fold = Self::new();
+        fold.apply_all(rows);
+        fold
+    }
+
+    /// The room's owner, as named by its first `room.created`.
+    pub fn owner(&self, room: &str) -> Option<&str> {
+        self.rooms
+            .get(room)
+            .and_then(|r| r.owner.as_ref())
+            .map(|o| o.actor.as_str())
+    }
+
+    /// Whether a row by `actor` with `role` speaks for the room's owner: the role
+    /// is [`Role::Owner`] and the actor is the owner `room.created` named.
+    pub fn is_owner(&self, room: &str, actor: &str, role: Role) -> bool {
+        role == Role::Owner && self.owner(room) == Some(actor)
+    }
+
+    /// How many `config.set` / `room.created` rows were ignored (not from the
+    /// owner, or malformed).
+    pub fn ignored_rows(&self) -> u64 {
+        self.ignored
+    }
+
+    /// The effective config of a room, or of a thread in it: default, then the
+    /// room overlay, then the thread overlay; every value clamped.
+    pub fn effective(&self, room: &str, thread: Option<&str>) -> RoomConfig {
+        let mut config = RoomConfig::default();
+        for s in self.explain(room, thread) {
+            config.set(s.key, s.value);
+        }
+        config.clamped()
+    }
+
+    /// Every key's effective, clamped value and its source, in [`ConfigKey::ALL`]
+    /// order.
+    pub fn explain(&self, room: &str, thread: Option<&str>) -> Vec<ExplainedSetting> {
+        let entry = self.rooms.get(room);
+        let room_overlay = entry.map(|e| &e.room);
+        let thread_overlay = entry.zip(thread).and_then(|(e, t)| e.threads.get(t));
+        ConfigKey::ALL
+            .into_iter()
+            .map(|key| {
+                let lookup = |o: Option<&Overlay>| {
+                    o.and_then(|o| o.get(key.as_str()))
+                        .and_then(|slot| slot.value.clone())
+                };
+                let (value, source) = if let Some(v) = lookup(thread_overlay) {
+                    (v, ConfigSource::Thread)
+                } else if let Some(v) = lookup(room_overlay) {
+                    (v, ConfigSource::Room)
+                } else {
+                    (key.default_value(), ConfigSource::Default)
+                };
+                ExplainedSetting {
+                    key,
+                    value: key.clamp(value),
+                    source,
+                }
+            })
+            .collect()
+    }
+
+    fn apply_room_created(&mut self, i: &Interaction) {
+        let owner = i
+            .body
+            .get("owner")
+            .and_then(|o| o.as_str())
+            .filter(|o| check_agent_name(o).is_ok());
+        let Some(owner) = owner else {
+            self.ignored += 1;
+            return;
+        };
+        let entry = self.rooms.entry(i.room.clone()).or_default();
+        match &entry.owner {
+            Some(existing) if existing.position <= i.position => {}
+            _ => {
+                entry.owner = Some(OwnerRecord {
+                    actor: owner.to_string(),
+                    position: i.position,
+                })
+            }
+        }
+    }
+
+    fn apply_config_set(&mut self, i: &Interaction) {
+        // The owner speaks from the room's creation on: a row from before it does
+        // not count, even when the fold sees it again later (a replay).
+        let after_creation = self
+            .rooms
+            .get(&i.room)
+            .and_then(|r| r.owner.as_ref())
+            .is_some_and(|o| o.position < i.position);
+        if !after_creation || !self.is_owner(&i.room, &i.actor, i.role) {
+            self.ignored += 1;
+            return;
+        }
+        let Ok(body) = ConfigSetBody::from_json(&i.body) else {
+            self.ignored += 1;
+            return;
+        };
+        let Some(entry) = self.rooms.get_mut(&i.room) else {
+            return; // unreachable: is_owner found the room
+        };
+        let overlay = match &i.thread {
+            Some(t) => entry.threads.entry(t.clone()).or_default(),
+            None => &mut entry.room,
+        };
+        let writes = body
+            .set
+            .into_iter()
+            .map(|(k, v)| (k, Some(v)))
+            .chain(body.reset.into_iter().map(|k| (k, None)));
+        for (key, value) in writes {
+            let newer = overlay
+                .get(key.as_str())
+                .is_none_or(|slot| slot.position < i.position);
+            if newer {
+                overlay.insert(
+                    key.as_str().to_string(),
+                    Slot {
+                        position: i.position,
+                        value,
+                    },
+                );
+            }
+        }
+    }
+}
+
+impl Fold for ConfigFold {
+    fn apply(&mut self, interaction: &Interaction) {
+        match interaction.verb {
+            Verb::RoomCreated => self.apply_room_created(interaction),
+            Verb::ConfigSet => self.apply_config_set(interaction),
+            _ => {}
+        }
+    }
+
+    fn state_hash(&self) -> [u8; 32] {
+        hash_state(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::testrows::row;
+    use crate::config::{Allocation, Responder};
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    fn created(pos: u64, room: &str, owner: &str) -> Interaction {
+        row(
+            pos,
+            0,
+            room,
+            None,
+            Verb::RoomCreated,
+            owner,
+            Role::Owner,
+            json!({ "owner": owner }),
+        )
+    }
+
+    fn set(pos: u64, thread: Option<&str>, actor: &str, role: Role, body: Value) -> Interaction {
+        row(pos, 0, "lobby", thread, Verb::ConfigSet, actor, role, body)
+    }
+
+    fn owner_set(pos: u64, thread: Option<&str>, body: Value) -> Interaction {
+        set(pos, thread, "olga", Role::Owner, body)
+    }
+
+    #[test]
+    fn only_the_named_owner_with_the_owner_role_counts() {
+        let rows = [
+            // Before the room exists nobody owns it.
+            owner_set(1, None, json!({"set": {"rate": 2}})),
+            created(2, "lobby", "olga"),
+            // A second room.created does not change the owner.
+            created(3, "lobby", "mallory"),
+            set(4, None, "mallory", Role::Owner, json!({"set": {"rate": 3}})),
+            set(5, None, "olga", Role::Human, json!({"set": {"rate": 4}})),
+            set(6, None, "bot", Role::Agent, json!({"set": {"rate": 5}})),
+            set(
+                7,
+                None,
+                "olga",
+                Role::Owner,
+                json!({"set": {"loop-max": 2}}),
+            ),
+        ];
+        let fold = ConfigFold::rebuild(&rows);
+        assert_eq!(fold.owner("lobby"), Some("olga"));
+        assert!(fold.is_owner("lobby", "olga", Role::Owner));
+        assert!(!fold.is_owner("lobby", "olga", Role::Human));
+        assert!(!fold.is_owner("lobby", "mallory", Role::Owner));
+        let c = fold.effective("lobby", None);
+        assert_eq!(c.rate, 10, "no rate write counted");
+        assert_eq!(c.loop_max, 2);
+        assert_eq!(fold.ignored_rows(), 4);
+    }
+
+    #[test]
+    fn a_room_without_a_valid_owner_takes_no_config() {
+        let rows = [
+            row(
+                1,
+                0,
+                "lobby",
+                None,
+                Verb::RoomCreated,
+                "x",
+                Role::Owner,
+                json!({}),
+            ),
+            row(
+                2,
+                0,
+                "lobby",
+                None,
+                Verb::RoomCreated,
+                "x",
+                Role::Owner,
+                json!({"owner": "a b"}),
+            ),
+            owner_set(3, None, json!({"set": {"rate": 2}})),
+        ];
+        let fold = ConfigFold::rebuild(&rows);
+        assert_eq!(fold.owner("lobby"), None);
+        assert_eq!(fold.effective("lobby", None), RoomConfig::default());
+        assert_eq!(fold.ignored_rows(), 3);
+    }
+
+    #[test]
+    fn thread_overlays_room_and_reset_falls_back_to_room_then_default() {
+        let mut fold = ConfigFold::new();
+        fold.apply(&created(1, "lobby", "olga"));
+        fold.apply(&owner_set(
+            2,
+            None,
+            json!({"set": {"rate": 5, "responder": "designated"}}),
+        ));
+        fold.apply(&owner_set(
+            3,
+            Some("t1"),
+            json!({"set": {"rate": 7, "allocation": "bid"}}),
+        ));
+        let room = fold.effective("lobby", None);
+        let t1 = fold.effective("lobby", Some("t1"));
+        let t2 = fold.effective("lobby", Some("t2"));
+        assert_eq!((room.rate, room.allocation), (5, Allocation::Pull));
+        assert_eq!((t1.rate, t1.allocation), (7, Allocation::Bid));
+        assert_eq!(
+            t1.responder,
+            Responder::Designated,
+            "inherited from the room"
+        );
+        assert_eq!(t2, room, "a thread with no overlay is the room");
+
+        let sources: Vec<_> = fold
+            .explain("lobby", Some("t1"))
+            .into_iter()
+            .filter(|s| {
+                matches!(
+                    s.key,
+                    ConfigKey::Rate | ConfigKey::Responder | ConfigKey::Budget
+                )
+            })
+            .map(|s| (s.key, s.source))
+            .collect();
+        assert_eq!(
+            sources,
+            vec![
+                (ConfigKey::Responder, ConfigSource::Room),
+                (ConfigKey::Rate, ConfigSource::Thread),
+                (ConfigKey::Budget, ConfigSource::Default),
+            ]
+        );
+
+        fold.apply(&owner_set(4, Some("t1"), json!({"reset": ["rate"]})));
+        assert_eq!(
+            fold.effective("lobby", Some("t1")).rate,
+            5,
+            "back to the room"
+        );
+        fold.apply(&owner_set(5, None, json!({"reset": ["rate"]})));
+        assert_eq!(
+            fold.effective("lobby", Some("t1")).rate,
+            10,
+            "back to the default"
+        );
+        assert_eq!(
+            fold.effective("lobby", Some("t1")).allocation,
+            Allocation::Bid
+        );
+    }
+
+    #[test]
+    fn last_writer_by_position_wins_and_order_matters() {
+        let a = owner_set(10, None, json!({"set": {"rate": 3}}));
+        let mut b = owner_set(20, None, json!({"set": {"rate": 8}}));
+        let fold = ConfigFold::rebuild([&created(1, "lobby", "olga"), &a, &b]);
+        assert_eq!(fold.effective("lobby", None).rate, 8);
+
+        // Swap which row is later in the ledger: the other value wins.
+        b.position = Position::new(0, 5);
+        let fold = ConfigFold::rebuild([&created(1, "lobby", "olga"), &b, &a]);
+        assert_eq!(fold.effective("lobby", None).rate, 3);
+
+        // A stale row re-applied (a replay) never undoes a newer one, including a
+        // reset (tombstone).
+        let reset = owner_set(30, None, json!({"reset": ["rate"]}));
+        let mut fold = ConfigFold::rebuild([&created(1, "lobby", "olga"), &a, &reset]);
+        let before = fold.state_hash();
+        fold.apply(&a);
+        assert_eq!(fold.state_hash(), before);
+        assert_eq!(fold.effective("lobby", None).rate, 10);
+    }
+
+    #[test]
+    fn hand_written_out_of_range_values_are_clamped_at_read() {
+        let fold = ConfigFold::rebuild([
+            &created(1, "lobby", "olga"),
+            &owner_set(
+                2,
+                None,
+                json!({"set": {"rate": 0, "claim-ttl": 1, "loop-max": -5,
+                               "max-hops": 1000000, "budget": 99999999999999999u64}}),
+            ),
+        ]);
+        let c = fold.effective("lobby", None);
+        assert!(c.is_within_clamps());
+        assert_eq!(
+            (c.rate, c.claim_ttl_ms, c.loop_max, c.max_hops),
+            (1, 1_000, 1, 16)
+        );
+        assert_eq!(c.budget, Some(crate::config::MAX_BUDGET));
+    }
+
+    // ---- property tests -------------------------------------------------------
+
+    fn any_body() -> impl Strategy<Value = Value> {
+        let key = prop::sample::select(
+            ConfigKey::ALL
+                .iter()
+                .map(|k| k.as_str().to_string())
+                .chain(["bogus".to_string()])
+                .collect::<Vec<_>>(),
+        );
+        let value = prop_oneof![
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<bool>().prop_map(Value::from),
+            prop::sample::select(vec!["race", "designated", "bid", "push", "ana", "a b", ""])
+                .prop_map(Value::from),
+            Just(Value::Null),
+            Just(json!(1.5)),
+        ];
+        prop_oneof![
+            3 => (prop::collection::btree_map(key.clone(), value, 0..4),
+                  prop::collection::vec(key, 0..3))
+                .prop_map(|(set, reset)| json!({"set": set, "reset": reset})),
+            1 => Just(json!("garbage")),
+        ]
+    }
+
+    fn any_rows() -> impl Strategy<Value = Vec<Interaction>> {
+        let one = (
+            prop::sample::select(vec!["lobby", "den"]),
+            proptest::option::of(prop::sample::select(vec!["t1", "t2"])),
+            prop::sample::select(vec!["olga", "mallory"]),
+            prop::sample::select(vec![Role::Owner, Role::Human, Role::Agent]),
+            prop_oneof![1 => Just(true), 6 => Just(false)],
+            any_body(),
+        );
+        prop::collection::vec(one, 0..40).prop_map(|rows| {
+            rows.into_iter()
+                .enumerate()
+                .map(|(i, (room, thread, actor, role, is_create, body))| {
+                    let pos = i as u64 + 1;
+                    if is_create {
+                        row(
+                            pos,
+                            0,
+                            room,
+                            None,
+                            Verb::RoomCreated,
+                            actor,
+                            role,
+                            json!({"owner": actor}),
+                        )
+                    } else {
+                        row(pos, 0, room, thread, Verb::ConfigSet, actor, role, body)
+                    }
+                })
+                .collect()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn incremental_equals_rebuild_and_reads_stay_in_clamps(rows in any_rows(), split in 0usize..40) {
+            let full = ConfigFold::rebuild(&rows);
+            // Incremental: fold a prefix, snapshot, fold the rest.
+            let split = split.min(rows.len());
+            let mut inc = ConfigFold::rebuild(&rows[..split]);
+            let snapshot = inc.clone();
+            inc.apply_all(&rows[split..]);
+            prop_assert_eq!(inc.state_hash(), full.state_hash());
+            prop_assert_eq!(&inc, &full);
+            prop_assert_eq!(ConfigFold::rebuild(&rows[..split]), snapshot);
+            // Re-applying rows already folded changes nothing (last writer by position).
+            let mut again = full.clone();
+            again.apply_all(rows.iter().filter(|r| r.verb == Verb::ConfigSet));
+            let same: Vec<_> = ["lobby", "den"].iter().flat_map(|r| {
+                [None, Some("t1"), Some("t2")].map(|t| (again.effective(r, t), full.effective(r, t)))
+            }).collect();
+            for (a, b) in same {
+                prop_assert_eq!(a, b);
+            }
+            for room in ["lobby", "den", "nowhere"] {
+                for thread in [None, Some("t1"), Some("t2")] {
+                    prop_assert!(full.effective(room, thread).is_within_clamps());
+                }
+            }
+        }
+    }
+}

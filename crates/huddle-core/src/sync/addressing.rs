@@ -1,0 +1,245 @@
+//! Who a message is addressed to: mentions, then reply-to, then broadcast.
+//!
+//! Addressing reads text only to find `@name` mentions of known agents; it never
+//! interprets text as an instruction.
+
+use std::collections::BTreeSet;
+
+use crate::model::Role;
+
+/// To whom a message is addressed.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Addressing {
+    /// It mentions these known agents (sorted).
+    Mentioned(Vec<String>),
+    /// It replies (via `parent`) to a message of this agent.
+    ReplyTo(String),
+    /// Nobody in particular.
+    Broadcast,
+}
+
+/// Who may answer a message.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Eligible {
+    /// Every agent in the room except the author.
+    Everyone {
+        /// The author, who never answers itself.
+        except: String,
+    },
+    /// Exactly these agents (sorted; never the author).
+    Agents(Vec<String>),
+}
+
+impl Eligible {
+    /// Whether `agent` may answer.
+    pub fn contains(&self, agent: &str) -> bool {
+        match self {
+            Eligible::Everyone { except } => except != agent,
+            Eligible::Agents(list) => list.iter().any(|a| a == agent),
+        }
+    }
+
+    /// Whether nobody may answer.
+    pub fn is_nobody(&self) -> bool {
+        matches!(self, Eligible::Agents(list) if list.is_empty())
+    }
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_alphanumeric() || c == '_' || c == '-'
+}
+
+/// The known agents that `text` mentions as `@agent`, sorted. A mention must not be
+/// preceded by a name character (so `ana@example.com` mentions nobody) and must end at
+/// the end of the text or before a character that cannot continue a name (so `@bob`
+/// does not mention `bo`).
+pub fn mentions_in(text: &str, known: &BTreeSet<String>) -> Vec<String> {
+    let mut found = BTreeSet::new();
+    for (i, _) in text.match_indices('@') {
+        if text[..i].chars().next_back().is_some_and(is_name_char) {
+            continue;
+        }
+        let rest = &text[i + 1..];
+        for agent in known {
+            if let Some(after) = rest.strip_prefix(agent.as_str()) {
+                if !after.chars().next().is_some_and(is_name_char) {
+                    found.insert(agent.clone());
+                }
+            }
+        }
+    }
+    found.into_iter().collect()
+}
+
+/// How a message is addressed: explicit `mentions` (from the adapter) and `@agent` in
+/// its text, then the author of its parent message when that is a known agent, then
+/// broadcast. Only `known` agents count.
+pub fn address(
+    text: &str,
+    explicit_mentions: &[String],
+    parent_author: Option<&str>,
+    known: &BTreeSet<String>,
+) -> Addressing {
+    let mut mentioned: BTreeSet<String> = explicit_mentions
+        .iter()
+        .filter(|m| known.contains(*m))
+        .cloned()
+        .collect();
+    mentioned.extend(mentions_in(text, known));
+    if !mentioned.is_empty() {
+        return Addressing::Mentioned(mentioned.into_iter().collect());
+    }
+    match parent_author {
+        Some(a) if known.contains(a) => Addressing::ReplyTo(a.to_string()),
+        _ => Addressing::Broadcast,
+    }
+}
+
+/// Whether a message from `role` with this text is an owner command meant for huddle
+/// (`!delegate`, `!config`) rather than for the agents. Only the prefix is looked at;
+/// commands are parsed (and only the owner's executed) elsewhere.
+pub fn is_command_text(text: &str) -> bool {
+    let t = text.trim_start();
+    ["!delegate", "!config"].iter().any(|c| {
+        t.strip_prefix(c)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(char::is_whitespace))
+    })
+}
+
+/// Who may answer a message, given its author and addressing.
+///
+/// - Messages from agents and from huddle (`agent`, `system`) are answered only by
+///   agents they explicitly mention: an agent's broadcast or reply never wakes the
+///   others by itself, which stops reply loops at the source.
+/// - With `require_mention`, only mentions count.
+/// - Owner commands are for huddle, not the agents: nobody answers them.
+/// - Nobody answers their own message.
+pub fn eligible(
+    author: &str,
+    role: Role,
+    text: &str,
+    addressing: &Addressing,
+    require_mention: bool,
+) -> Eligible {
+    let nobody = Eligible::Agents(Vec::new());
+    if matches!(role, Role::Owner | Role::Human) && is_command_text(text) {
+        return nobody;
+    }
+    let only_mentions = require_mention || matches!(role, Role::Agent | Role::System);
+    match addressing {
+        Addressing::Mentioned(list) => Eligible::Agents(
+            list.iter()
+                .filter(|a| a.as_str() != author)
+                .cloned()
+                .collect(),
+        ),
+        _ if only_mentions => nobody,
+        Addressing::ReplyTo(a) if a != author => Eligible::Agents(vec![a.clone()]),
+        Addressing::ReplyTo(_) => nobody,
+        Addressing::Broadcast => Eligible::Everyone {
+            except: author.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known() -> BTreeSet<String> {
+        ["bo", "bob", "cy", "dee.x"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn mentions_are_found_at_word_boundaries() {
+        let cases: &[(&str, &[&str])] = &[
+            ("@bo hi", &["bo"]),
+            ("hi @bob", &["bob"]),
+            ("@bo, @cy: both", &["bo", "cy"]),
+            ("mail ana@bo please", &[]),
+            ("@bobby", &[]),
+            ("@dee.x.", &["dee.x"]),
+            ("(@cy)", &["cy"]),
+            ("@", &[]),
+            ("@@bo", &["bo"]),
+            ("naïve@bo", &[]),
+        ];
+        for (text, want) in cases {
+            let got = mentions_in(text, &known());
+            assert_eq!(got, want.to_vec(), "{text}");
+        }
+    }
+
+    #[test]
+    fn addressing_prefers_mentions_then_reply_to_then_broadcast() {
+        let k = known();
+        let cases = [
+            (
+                "@cy look",
+                vec![],
+                Some("bo"),
+                Addressing::Mentioned(vec!["cy".into()]),
+            ),
+            (
+                "x",
+                vec!["bo".to_string()],
+                None,
+                Addressing::Mentioned(vec!["bo".into()]),
+            ),
+            ("x", vec!["zed".to_string()], None, Addressing::Broadcast),
+            ("x", vec![], Some("bo"), Addressing::ReplyTo("bo".into())),
+            ("x", vec![], Some("ana"), Addressing::Broadcast),
+            ("@zed x", vec![], None, Addressing::Broadcast),
+        ];
+        for (text, explicit, parent, want) in cases {
+            assert_eq!(address(text, &explicit, parent, &k), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn eligibility_table() {
+        let bcast = Addressing::Broadcast;
+        let reply_bo = Addressing::ReplyTo("bo".into());
+        let m_bo = Addressing::Mentioned(vec!["bo".into()]);
+        let everyone = |a: &str| Eligible::Everyone { except: a.into() };
+        let only = |a: &[&str]| Eligible::Agents(a.iter().map(|s| s.to_string()).collect());
+        let cases = [
+            ("ana", Role::Human, "hi", &bcast, false, everyone("ana")),
+            ("ana", Role::Human, "hi", &bcast, true, only(&[])),
+            ("ana", Role::Human, "hi", &reply_bo, false, only(&["bo"])),
+            ("ana", Role::Human, "hi", &reply_bo, true, only(&[])),
+            (
+                "ana",
+                Role::Owner,
+                "!delegate a: b",
+                &m_bo,
+                false,
+                only(&[]),
+            ),
+            ("ana", Role::Owner, "!config get", &bcast, false, only(&[])),
+            (
+                "ana",
+                Role::Owner,
+                "!configure me",
+                &bcast,
+                false,
+                everyone("ana"),
+            ),
+            ("cy", Role::Agent, "hi", &bcast, false, only(&[])),
+            ("cy", Role::Agent, "hi", &reply_bo, false, only(&[])),
+            ("cy", Role::Agent, "@bo hi", &m_bo, false, only(&["bo"])),
+            ("bo", Role::Agent, "@bo hi", &m_bo, false, only(&[])),
+            ("huddle", Role::System, "x", &bcast, false, only(&[])),
+        ];
+        for (author, role, text, addr, req, want) in cases {
+            assert_eq!(
+                eligible(author, role, text, addr, req),
+                want,
+                "{author} {text}"
+            );
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! Claim keys and the values that name a claim.
+//!
+//! | key | holder | what it elects |
+//! |---|---|---|
+//! | `reply/<room>/<message>` | agent key | the one agent that answers a message |
+//! | `drive/<room>/<agent>/<message>` | relay id | the one relay that drives that agent's reply turn |
+//! | `task/<room>/<task>` | agent key | the one owner of a task (epoch = fencing token) |
+//! | `taskdrive/<room>/<task>` | relay id | the one relay that drives the owner's task turn |
+//!
+//! `<message>` is the message's interaction id in hex (64 digits). Rooms, agents and
+//! task ids never contain `/`, so keys parse back unambiguously.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::InteractionId;
+
+/// A claim's fencing token: strictly increases every time the claim changes hands or
+/// is re-taken after expiry (the store's `Epoch`).
+pub type ClaimEpoch = i64;
+
+/// A claim held at an epoch: what a fenced append presents and what renew / release
+/// name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ClaimRef {
+    /// The claim key.
+    pub key: String,
+    /// The holder (agent key or relay id).
+    pub holder: String,
+    /// The epoch it is held at.
+    pub epoch: ClaimEpoch,
+}
+
+/// A parsed claim key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ClaimKey {
+    /// `reply/<room>/<message>`.
+    Reply {
+        /// Room.
+        room: String,
+        /// Message id.
+        message: InteractionId,
+    },
+    /// `drive/<room>/<agent>/<message>`.
+    Drive {
+        /// Room.
+        room: String,
+        /// Agent.
+        agent: String,
+        /// Message id.
+        message: InteractionId,
+    },
+    /// `task/<room>/<task>`.
+    Task {
+        /// Room.
+        room: String,
+        /// Task id.
+        task: String,
+    },
+    /// `taskdrive/<room>/<task>`.
+    TaskDrive {
+        /// Room.
+        room: String,
+        /// Task id.
+        task: String,
+    },
+}
+
+impl ClaimKey {
+    /// Parses a key; `None` for any other shape.
+    pub fn parse(key: &str) -> Option<Self> {
+        let parts: Vec<&str> = key.split('/').collect();
+        let nonempty = parts.iter().all(|p| !p.is_empty());
+        if !nonempty {
+            return None;
+        }
+        match parts.as_slice() {
+            ["reply", room, msg] => Some(ClaimKey::Reply {
+                room: room.to_string(),
+                message: msg.parse().ok()?,
+            }),
+            ["drive", room, agent, msg] => Some(ClaimKey::Drive {
+                room: room.to_string(),
+                agent: agent.to_string(),
+                message: msg.parse().ok()?,
+            }),
+            ["task", room, task] => Some(ClaimKey::Task {
+                room: room.to_string(),
+                task: task.to_string(),
+            }),
+            ["taskdrive", room, task] => Some(ClaimKey::TaskDrive {
+                room: room.to_string(),
+                task: task.to_string(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ClaimKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClaimKey::Reply { room, message } => write!(f, "reply/{room}/{message}"),
+            ClaimKey::Drive {
+                room,
+                agent,
+                message,
+            } => write!(f, "drive/{room}/{agent}/{message}"),
+            ClaimKey::Task { room, task } => write!(f, "task/{room}/{task}"),
+            ClaimKey::TaskDrive { room, task } => write!(f, "taskdrive/{room}/{task}"),
+        }
+    }
+}
+
+/// `reply/<room>/<message>`.
+pub fn reply_key(room: &str, message: &InteractionId) -> String {
+    format!("reply/{room}/{message}")
+}
+
+/// `drive/<room>/<agent>/<message>`.
+pub fn drive_key(room: &str, agent: &str, message: &InteractionId) -> String {
+    format!("drive/{room}/{agent}/{message}")
+}
+
+/// `task/<room>/<task>`.
+pub fn task_key(room: &str, task: &str) -> String {
+    format!("task/{room}/{task}")
+}
+
+/// `taskdrive/<room>/<task>`.
+pub fn taskdrive_key(room: &str, task: &str) -> String {
+    format!("taskdrive/{room}/{task}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip() {
+        let m = InteractionId([7; 32]);
+        for key in [
+            reply_key("lobby", &m),
+            drive_key("lobby", "bo", &m),
+            task_key("lobby", "api-1"),
+            taskdrive_key("lobby", "api-1"),
+        ] {
+            let parsed = ClaimKey::parse(&key).expect(&key);
+            assert_eq!(parsed.to_string(), key);
+        }
+        for bad in ["", "reply/lobby", "task//x", "nope/a/b", "reply/lobby/zz"] {
+            assert_eq!(ClaimKey::parse(bad), None, "{bad}");
+        }
+    }
+}

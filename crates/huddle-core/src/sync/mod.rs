@@ -1,0 +1,2011 @@
+//! Synchronization decisions: the relay's logic as a sans-I/O state machine.
+//!
+//! A [`Synchronizer`] runs inside one relay and speaks for the agents that relay
+//! hosts. The relay feeds it [`Event`]s and performs the [`Intent`]s it returns; the
+//! synchronizer never touches a database, a clock, a process or a socket.
+//!
+//! ```text
+//!   ledger rows ─┐                        ┌─> Acquire   (claims.acquire)      ─> Event::ClaimResult
+//!   ticks       ─┤                        ├─> Append    (ledger.append[_fenced])
+//!   claim results┼─> Synchronizer::handle ┼─> StartTurn (driver)             ─> Event::TurnEnded
+//!   turn endings ┤                        ├─> Renew     (claims.renew)        ─> Event::ClaimLost on failure
+//!   lost claims ─┤                        ├─> Release   (claims.release)
+//!   shutdown    ─┘                        ├─> Cancel    (kill the turn)       ─> Event::TurnEnded(Cancelled)
+//!                                         └─> Stopped   (all turns ended after Shutdown)
+//! ```
+//!
+//! # How a relay drives it
+//!
+//! 1. Build it with [`Synchronizer::new`] (relay id, rooms, local agents), optionally
+//!    [`Synchronizer::with_options`] and [`Synchronizer::with_reply_gate`].
+//! 2. Send `Tick { now }` with the **database** clock before anything else: no decision
+//!    is made before the first tick (so a relay replaying old history never answers
+//!    yesterday's messages).
+//! 3. Feed every read-forward batch as `Ledger { rows, caught_up }`, with `caught_up`
+//!    true when the read returned fewer rows than asked. Decisions wait for a caught-up
+//!    batch, so a relay never acts on a half-read ledger.
+//! 4. Whenever the effective config of a room or thread changes (the config fold),
+//!    send `Config`. Rooms without one use [`RoomConfig::default`].
+//! 5. Send `Tick { now }` at [`Synchronizer::next_wakeup`] (at the latest): that is
+//!    when the next responder delay, bid window or reconcile pass falls due.
+//! 6. Perform the intents **in order**. `Acquire` is answered with
+//!    `ClaimResult`; a refused renew or a refused fenced append with `ClaimLost`; a
+//!    turn that ends (replied, failed, or cancelled after `Cancel`) with `TurnEnded`.
+//!    When a fenced `Append` is refused, skip any later `StartTurn` in the same output
+//!    whose [`TurnStart::claims`] contain that fence, and send `ClaimLost`.
+//! 7. On shutdown send `Shutdown`, keep performing intents and feeding turn endings
+//!    until [`Intent::Stopped`].
+//!
+//! # What it decides
+//!
+//! - **Reply election.** On an addressed `message.posted` (mentions, then reply-to,
+//!   then broadcast; see [`addressing`]) each eligible local agent waits its
+//!   responder delay ([`crate::policy::responder_delay_ms`]), then one local agent
+//!   contends for `reply/<room>/<message>` (holder = agent). The winner appends a
+//!   designation (fenced) and contends for `drive/<room>/<agent>/<message>` (holder =
+//!   relay); the drive winner appends `turn.prompted` (fenced) and starts the turn.
+//! - **Scheduling.** Ready tasks are allocated by [`crate::policy::claim_right`]:
+//!   `task/<room>/<task>` (holder = agent), then `taskdrive/<room>/<task>` (holder =
+//!   relay), then `task.claimed` (+ `task.rejected` for every losing bidder) and
+//!   `turn.prompted`, fenced by the task claim, and the turn. At most
+//!   [`SyncOptions::max_wakes_per_pass`] claims or bids per pass.
+//! - **Completion.** A turn that replies appends `task.completed` fenced by the task
+//!   claim `(agent, epoch)`; a failed or cancelled turn appends `task.failed`
+//!   (`task.released` during shutdown) and releases its claims; a turn whose claim was
+//!   lost appends only `turn.failed`, never a completion.
+//! - **Reconcile** (every claim TTL / 4): renew the claims of live turns only; try to
+//!   re-take claimed tasks and taken-but-unanswered messages that no local turn is
+//!   running (the store grants them only once the lease lapsed, including the former
+//!   holder's own); bid windows close on the way.
+//! - **Presence** is captured by the turn and task verbs it appends; the board folds it.
+//!
+//! Agent text is data: it is carried into bodies and prompts, and read only to find
+//! `@mentions`. Nothing here routes it anywhere that executes.
+
+pub mod addressing;
+pub mod keys;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+pub(crate) mod testutil;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::board::{
+    AgentRegisteredBody, Board, CoordNoteBody, CoordinationDelivery, DesignationBody, MessageBody,
+    Subject, SubjectKind, TurnFailedBody, TurnPromptedBody, TurnRepliedBody, DEFAULT_PRIORITY,
+};
+use crate::config::RoomConfig;
+use crate::fold::Fold;
+use crate::model::{Interaction, InteractionId, NewInteraction, Role, Timestamp};
+use crate::policy::{
+    bids_on_sight, capable, claim_right, losing_bidders, responder_delay_ms, retake_right,
+    ClaimRight, ResponderCandidate,
+};
+use crate::tasks::{
+    parse_body, truncate_text, TaskBidBody, TaskClaimedBody, TaskCompletedBody, TaskDag,
+    TaskEndedBody, TaskRejectedBody, TaskStatus, MAX_RESULT_BYTES,
+};
+use crate::verbs::Verb;
+
+pub use addressing::{Addressing, Eligible};
+pub use keys::{drive_key, reply_key, task_key, taskdrive_key, ClaimEpoch, ClaimKey, ClaimRef};
+
+// ---------------------------------------------------------------------------------
+// Construction
+// ---------------------------------------------------------------------------------
+
+/// An agent hosted by this relay.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalAgent {
+    /// The agent key (its actor name in the ledger).
+    pub key: String,
+    /// Declared capabilities (matched against tasks' `needs`).
+    pub capabilities: Vec<String>,
+    /// Rank under `role-priority` (lower answers first).
+    pub priority: u32,
+}
+
+impl LocalAgent {
+    /// An agent with no capabilities and the default priority.
+    pub fn new(key: impl Into<String>) -> Self {
+        LocalAgent {
+            key: key.into(),
+            capabilities: Vec::new(),
+            priority: DEFAULT_PRIORITY,
+        }
+    }
+
+    /// Sets the capabilities (sorted, de-duplicated).
+    pub fn with_capabilities<I, S>(mut self, caps: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut c: Vec<String> = caps.into_iter().map(Into::into).collect();
+        c.sort();
+        c.dedup();
+        self.capabilities = c;
+        self
+    }
+
+    /// Sets the `role-priority` rank.
+    pub fn with_priority(mut self, priority: u32) -> Self {
+        self.priority = priority;
+        self
+    }
+}
+
+/// Tuning of the synchronizer that is not room config.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncOptions {
+    /// Most task claims and bids started per pass (default 16); the rest of the
+    /// frontier drains on later passes.
+    pub max_wakes_per_pass: usize,
+    /// Messages older than this (database time) are never contended for, so a relay
+    /// that starts late does not answer old history (default 5 minutes).
+    pub reply_horizon_ms: u64,
+    /// Failed reply turns after which a message is given up (default 3).
+    pub max_reply_failures: u32,
+    /// Longest reply text appended, in bytes (default 64 KiB; longer is truncated).
+    pub max_reply_bytes: usize,
+    /// How many message authors are remembered for reply-to addressing (default 65,536).
+    pub remembered_authors: usize,
+}
+
+impl Default for SyncOptions {
+    fn default() -> Self {
+        SyncOptions {
+            max_wakes_per_pass: 16,
+            reply_horizon_ms: 300_000,
+            max_reply_failures: 3,
+            max_reply_bytes: 64 * 1024,
+            remembered_authors: 65_536,
+        }
+    }
+}
+
+/// Decides whether agents may answer a message at all (the guards: turn caps, rate
+/// caps, hops). Called once per `message.posted` as it is folded; the default admits
+/// everything.
+pub trait ReplyGate: Send {
+    /// Whether agents may answer `message` under `config`.
+    fn admit(&mut self, message: &Interaction, config: &RoomConfig) -> bool;
+}
+
+/// The [`ReplyGate`] that admits every message.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AdmitAll;
+
+impl ReplyGate for AdmitAll {
+    fn admit(&mut self, _message: &Interaction, _config: &RoomConfig) -> bool {
+        true
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Events and intents
+// ---------------------------------------------------------------------------------
+
+/// A turn's id: unique per (subject, agent, claim epochs), so a relay that restarts
+/// and resumes the same lease produces the same id.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TurnId(pub String);
+
+impl fmt::Display for TurnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How a turn ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TurnOutcome {
+    /// The agent answered; `text` is the reply (a message reply, or a task's result).
+    Replied {
+        /// The reply.
+        text: String,
+    },
+    /// The turn failed (non-zero exit, timeout, driver error).
+    Failed {
+        /// Why.
+        reason: String,
+    },
+    /// The turn was stopped after [`Intent::Cancel`].
+    Cancelled,
+}
+
+/// The answer to an [`Intent::Acquire`], as the store's `acquire` returned it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimOutcome {
+    /// The key acquired.
+    pub key: String,
+    /// The holder the acquire was for.
+    pub holder: String,
+    /// Whether that holder holds the claim now.
+    pub won: bool,
+    /// The claim's epoch (the caller's when won, the current holder's otherwise).
+    pub epoch: ClaimEpoch,
+    /// When the lease lapses (database time).
+    pub expires_at: Timestamp,
+}
+
+/// What the relay tells the synchronizer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// Interactions read forward, in ledger order. `caught_up` is true when the read
+    /// reached the end of what is committed (fewer rows than asked).
+    Ledger {
+        /// The rows.
+        rows: Vec<Interaction>,
+        /// Whether the reader has caught up.
+        caught_up: bool,
+    },
+    /// Time passes: `now` is the database clock (µs). Send one at start, and at
+    /// [`Synchronizer::next_wakeup`].
+    Tick {
+        /// Database time.
+        now: Timestamp,
+    },
+    /// The outcome of an [`Intent::Acquire`].
+    ClaimResult(ClaimOutcome),
+    /// A turn started by [`Intent::StartTurn`] ended.
+    TurnEnded {
+        /// The turn.
+        turn: TurnId,
+        /// How it ended.
+        outcome: TurnOutcome,
+        /// Tokens it used.
+        tokens: u64,
+    },
+    /// A claim is no longer held at `epoch`: a renew returned nothing, or a fenced
+    /// append under it was refused.
+    ClaimLost {
+        /// The key.
+        key: String,
+        /// The epoch that was lost.
+        epoch: ClaimEpoch,
+    },
+    /// The effective config of a room (`thread: None`) or a thread changed.
+    Config {
+        /// Room.
+        room: String,
+        /// Thread, for a thread overlay.
+        thread: Option<String>,
+        /// The effective config.
+        config: RoomConfig,
+    },
+    /// Stop: cancel every turn, start nothing new.
+    Shutdown,
+}
+
+/// Why a claim is acquired, and so what the synchronizer does when it is won.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClaimPurpose {
+    /// `reply/..` for `agent`; when won: append a designation (fenced) and acquire the
+    /// drive claim.
+    Reply {
+        /// Room.
+        room: String,
+        /// Thread of the message.
+        thread: Option<String>,
+        /// The message.
+        message: InteractionId,
+        /// The contending agent.
+        agent: String,
+    },
+    /// `drive/..` for this relay; when won: append `turn.prompted` (fenced) and start
+    /// the reply turn.
+    DriveReply {
+        /// Room.
+        room: String,
+        /// Thread of the message.
+        thread: Option<String>,
+        /// The message.
+        message: InteractionId,
+        /// The agent whose turn it is.
+        agent: String,
+        /// The epoch of the reply claim won.
+        reply_epoch: ClaimEpoch,
+    },
+    /// `task/..` for `agent`; when won: acquire the task drive claim.
+    Task {
+        /// Room.
+        room: String,
+        /// Task id.
+        task: String,
+        /// The contending agent.
+        agent: String,
+    },
+    /// `taskdrive/..` for this relay; when won: append `task.claimed` (+ rejections) and
+    /// `turn.prompted` fenced by the task claim, and start the task turn.
+    DriveTask {
+        /// Room.
+        room: String,
+        /// Task id.
+        task: String,
+        /// The agent whose turn it is.
+        agent: String,
+        /// The epoch of the task claim won.
+        task_epoch: ClaimEpoch,
+    },
+}
+
+impl ClaimPurpose {
+    /// The agent the claim is for.
+    pub fn agent(&self) -> &str {
+        match self {
+            ClaimPurpose::Reply { agent, .. }
+            | ClaimPurpose::DriveReply { agent, .. }
+            | ClaimPurpose::Task { agent, .. }
+            | ClaimPurpose::DriveTask { agent, .. } => agent,
+        }
+    }
+
+    /// The room.
+    pub fn room(&self) -> &str {
+        match self {
+            ClaimPurpose::Reply { room, .. }
+            | ClaimPurpose::DriveReply { room, .. }
+            | ClaimPurpose::Task { room, .. }
+            | ClaimPurpose::DriveTask { room, .. } => room,
+        }
+    }
+}
+
+/// The message a reply turn answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageBrief {
+    /// Its id.
+    pub id: InteractionId,
+    /// Its author.
+    pub author: String,
+    /// The author's role.
+    pub role: Role,
+    /// Its text (data, never instructions to huddle).
+    pub text: String,
+}
+
+/// A dependency of a task, with its result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DepResult {
+    /// Task id.
+    pub id: String,
+    /// Its label.
+    pub label: String,
+    /// What its completion reported.
+    pub result: Option<String>,
+}
+
+/// The task a task turn works on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskBrief {
+    /// Task id.
+    pub id: String,
+    /// What to do.
+    pub label: String,
+    /// This attempt's number (1-based).
+    pub attempt: u32,
+    /// Attempts allowed.
+    pub max_attempts: u32,
+    /// Required capabilities.
+    pub needs: Vec<String>,
+    /// Its dependencies and their results, by id.
+    pub deps: Vec<DepResult>,
+}
+
+/// What a turn is for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TurnWork {
+    /// Answer a message.
+    Reply(MessageBrief),
+    /// Work on a task.
+    Task(TaskBrief),
+}
+
+/// Everything a driver needs to start a turn.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnStart {
+    /// The turn id (report it back in [`Event::TurnEnded`]).
+    pub turn: TurnId,
+    /// The agent.
+    pub agent: String,
+    /// The room.
+    pub room: String,
+    /// The thread the answer belongs in, if any.
+    pub thread: Option<String>,
+    /// What the turn is about.
+    pub subject: Subject,
+    /// The message or task.
+    pub work: TurnWork,
+    /// The epoch of the exclusive claim (reply or task): `HUDDLE_EPOCH` for drivers.
+    pub epoch: ClaimEpoch,
+    /// The claims the turn runs under: `[exclusive, drive]`.
+    pub claims: Vec<ClaimRef>,
+    /// The `<coordination>` block to put first in the prompt, when it changed since it
+    /// was last delivered to this agent in this room.
+    pub coordination: Option<String>,
+}
+
+/// What the synchronizer asks the relay to do. Perform them in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Intent {
+    /// Acquire `key` for `holder` for `ttl`; answer with [`Event::ClaimResult`].
+    Acquire {
+        /// Claim key.
+        key: String,
+        /// Holder (agent key or relay id).
+        holder: String,
+        /// Lease length.
+        ttl: Duration,
+        /// Why, and so what happens when it is won.
+        purpose: ClaimPurpose,
+    },
+    /// Append `batch` in one transaction; when `fence` is set, only while that claim is
+    /// still held at its epoch (otherwise send [`Event::ClaimLost`]).
+    Append {
+        /// The claim the batch is written under.
+        fence: Option<ClaimRef>,
+        /// The interactions.
+        batch: Vec<NewInteraction>,
+    },
+    /// Start a turn; answer with [`Event::TurnEnded`] when it ends.
+    StartTurn(Box<TurnStart>),
+    /// Renew the lease of `(key, holder, epoch)`; when that fails send
+    /// [`Event::ClaimLost`].
+    Renew {
+        /// Claim key.
+        key: String,
+        /// Holder.
+        holder: String,
+        /// Epoch held.
+        epoch: ClaimEpoch,
+        /// New lease length.
+        ttl: Duration,
+    },
+    /// Release (expire) `(key, holder, epoch)`.
+    Release {
+        /// Claim key.
+        key: String,
+        /// Holder.
+        holder: String,
+        /// Epoch held.
+        epoch: ClaimEpoch,
+    },
+    /// Stop the turn; it then ends with [`TurnOutcome::Cancelled`].
+    Cancel {
+        /// The turn.
+        turn: TurnId,
+    },
+    /// After [`Event::Shutdown`]: every turn has ended; the relay may exit.
+    Stopped,
+}
+
+// ---------------------------------------------------------------------------------
+// State
+// ---------------------------------------------------------------------------------
+
+/// A message that may still need an answer.
+#[derive(Clone, Debug)]
+struct OpenMessage {
+    thread: Option<String>,
+    author: String,
+    role: Role,
+    at: Timestamp,
+    text: String,
+    eligible: Eligible,
+    /// Agents whose reply turn on it failed.
+    failed: BTreeSet<String>,
+    /// The highest reply-claim epoch of a failed turn: designations up to it are void.
+    failed_upto: Option<ClaimEpoch>,
+    failures: u32,
+}
+
+/// A claim being acquired (`epoch: None`) or held by this relay.
+#[derive(Clone, Debug)]
+struct Slot {
+    holder: String,
+    purpose: ClaimPurpose,
+    epoch: Option<ClaimEpoch>,
+}
+
+#[derive(Clone, Debug)]
+enum LiveWork {
+    Reply { message: InteractionId },
+    Task { task: String },
+}
+
+#[derive(Clone, Debug)]
+struct LiveTurn {
+    agent: String,
+    room: String,
+    thread: Option<String>,
+    subject: Subject,
+    work: LiveWork,
+    exclusive: ClaimRef,
+    drive: ClaimRef,
+    lost: bool,
+    cancel_sent: bool,
+}
+
+/// The synchronization state machine of one relay. See the [module docs](self).
+pub struct Synchronizer {
+    relay: String,
+    rooms: BTreeSet<String>,
+    agents: BTreeMap<String, LocalAgent>,
+    options: SyncOptions,
+    gate: Box<dyn ReplyGate>,
+    default_config: RoomConfig,
+    configs: BTreeMap<(String, Option<String>), RoomConfig>,
+    board: Board,
+    dag: TaskDag,
+    delivery: CoordinationDelivery,
+    messages: BTreeMap<(String, InteractionId), OpenMessage>,
+    authors: BTreeMap<InteractionId, String>,
+    author_order: VecDeque<InteractionId>,
+    claims: BTreeMap<String, Slot>,
+    turns: BTreeMap<TurnId, LiveTurn>,
+    held_elsewhere: BTreeMap<String, Timestamp>,
+    bids_sent: BTreeSet<(String, String, u32, String)>,
+    rejections_sent: BTreeSet<(String, String, u32, String)>,
+    notices_sent: BTreeSet<(String, String)>,
+    registered: bool,
+    now: Option<Timestamp>,
+    caught_up: bool,
+    next_reconcile: Option<Timestamp>,
+    shutting_down: bool,
+    stopped_sent: bool,
+}
+
+impl fmt::Debug for Synchronizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Synchronizer")
+            .field("relay", &self.relay)
+            .field("rooms", &self.rooms)
+            .field("agents", &self.agents.keys().collect::<Vec<_>>())
+            .field("now", &self.now)
+            .field("caught_up", &self.caught_up)
+            .field("claims", &self.claims.len())
+            .field("turns", &self.turns.len())
+            .field("shutting_down", &self.shutting_down)
+            .finish()
+    }
+}
+
+fn ms_to_us(ms: u64) -> i64 {
+    i64::try_from(ms)
+        .unwrap_or(i64::MAX / 1000)
+        .saturating_mul(1000)
+}
+
+impl Synchronizer {
+    /// A synchronizer for relay `relay` (its id: the holder of drive claims), hosting
+    /// `agents` in every one of `rooms`. Interactions of other rooms are ignored.
+    pub fn new<R, S>(relay: impl Into<String>, rooms: R, agents: Vec<LocalAgent>) -> Self
+    where
+        R: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Synchronizer {
+            relay: relay.into(),
+            rooms: rooms.into_iter().map(Into::into).collect(),
+            agents: agents.into_iter().map(|a| (a.key.clone(), a)).collect(),
+            options: SyncOptions::default(),
+            gate: Box::new(AdmitAll),
+            default_config: RoomConfig::default(),
+            configs: BTreeMap::new(),
+            board: Board::new(),
+            dag: TaskDag::new(),
+            delivery: CoordinationDelivery::new(),
+            messages: BTreeMap::new(),
+            authors: BTreeMap::new(),
+            author_order: VecDeque::new(),
+            claims: BTreeMap::new(),
+            turns: BTreeMap::new(),
+            held_elsewhere: BTreeMap::new(),
+            bids_sent: BTreeSet::new(),
+            rejections_sent: BTreeSet::new(),
+            notices_sent: BTreeSet::new(),
+            registered: false,
+            now: None,
+            caught_up: false,
+            next_reconcile: None,
+            shutting_down: false,
+            stopped_sent: false,
+        }
+    }
+
+    /// Replaces the options.
+    pub fn with_options(mut self, options: SyncOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Installs the gate consulted before any agent may answer a message.
+    pub fn with_reply_gate(mut self, gate: Box<dyn ReplyGate>) -> Self {
+        self.gate = gate;
+        self
+    }
+
+    /// This relay's id.
+    pub fn relay_id(&self) -> &str {
+        &self.relay
+    }
+
+    /// The local agents, by key.
+    pub fn agents(&self) -> &BTreeMap<String, LocalAgent> {
+        &self.agents
+    }
+
+    /// The board folded so far (this relay's rooms).
+    pub fn board(&self) -> &Board {
+        &self.board
+    }
+
+    /// The task DAG folded so far (this relay's rooms).
+    pub fn tasks(&self) -> &TaskDag {
+        &self.dag
+    }
+
+    /// The effective config of a room (`thread: None`) or thread.
+    pub fn config(&self, room: &str, thread: Option<&str>) -> &RoomConfig {
+        if let Some(t) = thread {
+            if let Some(c) = self.configs.get(&(room.to_string(), Some(t.to_string()))) {
+                return c;
+            }
+        }
+        self.configs
+            .get(&(room.to_string(), None))
+            .unwrap_or(&self.default_config)
+    }
+
+    /// Turns this relay is running: `(turn, agent, room)`.
+    pub fn live_turns(&self) -> Vec<(&TurnId, &str, &str)> {
+        self.turns
+            .iter()
+            .map(|(id, t)| (id, t.agent.as_str(), t.room.as_str()))
+            .collect()
+    }
+
+    /// The latest database time seen (from ticks and folded rows).
+    pub fn now(&self) -> Option<Timestamp> {
+        self.now
+    }
+
+    /// Whether the room is quiescent: no task ready or claimed, no turn in flight in
+    /// the ledger, and nothing in flight on this relay (turns or claim acquisitions).
+    /// Tasks blocked behind an abandoned dependency do not keep a room busy.
+    pub fn is_quiescent(&self, room: &str) -> bool {
+        self.dag.is_settled(room)
+            && self
+                .board
+                .room(room)
+                .is_none_or(|b| b.open_turns().is_empty())
+            && !self.turns.values().any(|t| t.room == room)
+            && !self.claims.values().any(|s| s.purpose.room() == room)
+    }
+
+    /// When the relay should send the next [`Event::Tick`] at the latest (database
+    /// time): the next reconcile pass, responder delay or bid window. `None` before
+    /// the first tick.
+    pub fn next_wakeup(&self) -> Option<Timestamp> {
+        let now = self.now?;
+        let mut best = self.next_reconcile.unwrap_or(now);
+        let mut consider = |t: Timestamp| {
+            if t > now && t < best {
+                best = t;
+            }
+        };
+        if self.caught_up && !self.shutting_down {
+            for ((room, id), m) in &self.messages {
+                if self.claims.contains_key(&reply_key(room, id)) || self.is_taken(room, id, m) {
+                    continue;
+                }
+                for (due, _) in self.reply_dues(room, m) {
+                    consider(due);
+                }
+            }
+            for room in &self.rooms {
+                let config = self.config(room, None);
+                for t in self.dag.ready_frontier(room) {
+                    if let Some(since) = self.dag.ready_since(room, &t.id) {
+                        let right = claim_right(config, t, since, now);
+                        if let Some(at) = right.changes_at(config, since) {
+                            consider(at);
+                        }
+                    }
+                }
+            }
+        }
+        Some(best)
+    }
+
+    /// Handles one event and returns what to do, in order.
+    pub fn handle(&mut self, event: Event) -> Vec<Intent> {
+        let mut out = Vec::new();
+        match event {
+            Event::Ledger { rows, caught_up } => {
+                for row in &rows {
+                    self.fold(row, &mut out);
+                }
+                self.caught_up = caught_up;
+            }
+            Event::Tick { now } => {
+                self.now = Some(self.now.map_or(now, |n| n.max(now)));
+                if self.next_reconcile.is_none_or(|at| now >= at) {
+                    self.reconcile(now, &mut out);
+                }
+            }
+            Event::ClaimResult(r) => self.on_claim_result(r, &mut out),
+            Event::TurnEnded {
+                turn,
+                outcome,
+                tokens,
+            } => self.on_turn_ended(&turn, outcome, tokens, &mut out),
+            Event::ClaimLost { key, epoch } => self.on_claim_lost(&key, epoch, &mut out),
+            Event::Config {
+                room,
+                thread,
+                config,
+            } => {
+                self.configs.insert((room, thread), config);
+            }
+            Event::Shutdown => {
+                self.shutting_down = true;
+                for (id, t) in self.turns.iter_mut() {
+                    if !t.cancel_sent {
+                        t.cancel_sent = true;
+                        out.push(Intent::Cancel { turn: id.clone() });
+                    }
+                }
+            }
+        }
+        self.pass(&mut out);
+        if self.shutting_down && self.turns.is_empty() && !self.stopped_sent {
+            self.stopped_sent = true;
+            out.push(Intent::Stopped);
+        }
+        out
+    }
+
+    // -----------------------------------------------------------------------------
+    // Folding
+    // -----------------------------------------------------------------------------
+
+    fn fold(&mut self, row: &Interaction, out: &mut Vec<Intent>) {
+        if !self.rooms.contains(&row.room) {
+            return;
+        }
+        self.board.apply(row);
+        self.dag.apply(row);
+        if let Some(now) = self.now {
+            self.now = Some(now.max(row.at));
+        }
+        match row.verb {
+            Verb::MessagePosted => {
+                self.remember_author(row);
+                self.consider_message(row);
+            }
+            Verb::TurnReplied => {
+                if let Some(b) = parse_body::<TurnRepliedBody>(&row.body) {
+                    if let Some(id) = message_subject(&b.subject) {
+                        self.messages.remove(&(row.room.clone(), id));
+                    }
+                }
+            }
+            Verb::TurnFailed => {
+                if let Some(b) = parse_body::<TurnFailedBody>(&row.body) {
+                    if let Some(id) = message_subject(&b.subject) {
+                        let max = self.options.max_reply_failures;
+                        let key = (row.room.clone(), id);
+                        if let Some(m) = self.messages.get_mut(&key) {
+                            m.failed.insert(row.actor.clone());
+                            m.failed_upto = Some(m.failed_upto.map_or(b.epoch, |e| e.max(b.epoch)));
+                            m.failures += 1;
+                            if m.failures >= max {
+                                self.messages.remove(&key);
+                            }
+                        }
+                    }
+                }
+            }
+            Verb::TaskBid => self.reject_late_bid(row, out),
+            _ => {}
+        }
+    }
+
+    fn remember_author(&mut self, row: &Interaction) {
+        if self.authors.insert(row.id, row.actor.clone()).is_none() {
+            self.author_order.push_back(row.id);
+        }
+        while self.author_order.len() > self.options.remembered_authors {
+            if let Some(old) = self.author_order.pop_front() {
+                self.authors.remove(&old);
+            }
+        }
+    }
+
+    /// Agents known in a room: registered ones and local ones.
+    fn known_agents(&self, room: &str) -> BTreeSet<String> {
+        let mut known: BTreeSet<String> = self.agents.keys().cloned().collect();
+        if let Some(b) = self.board.room(room) {
+            known.extend(b.agents.keys().cloned());
+        }
+        known
+    }
+
+    fn consider_message(&mut self, row: &Interaction) {
+        let body: MessageBody = parse_body(&row.body).unwrap_or_default();
+        let known = self.known_agents(&row.room);
+        let parent_author = row.parent.and_then(|p| self.authors.get(&p)).cloned();
+        let addressing =
+            addressing::address(&body.text, &body.mentions, parent_author.as_deref(), &known);
+        let config = self.config(&row.room, row.thread.as_deref()).clone();
+        let eligible = addressing::eligible(
+            &row.actor,
+            row.role,
+            &body.text,
+            &addressing,
+            config.require_mention,
+        );
+        if !self.agents.keys().any(|a| eligible.contains(a)) {
+            return;
+        }
+        if !self.gate.admit(row, &config) {
+            return;
+        }
+        self.messages.insert(
+            (row.room.clone(), row.id),
+            OpenMessage {
+                thread: row.thread.clone(),
+                author: row.actor.clone(),
+                role: row.role,
+                at: row.at,
+                text: body.text,
+                eligible,
+                failed: BTreeSet::new(),
+                failed_upto: None,
+                failures: 0,
+            },
+        );
+    }
+
+    /// A bid folded for a task one of our agents already holds for that attempt: tell
+    /// the bidder it lost.
+    fn reject_late_bid(&mut self, row: &Interaction, out: &mut Vec<Intent>) {
+        let Some(b) = TaskBidBody::parse(&row.body) else {
+            return;
+        };
+        let Some(t) = self.dag.task(&row.room, &b.task) else {
+            return;
+        };
+        let (Some(owner), Some(epoch)) = (t.owner.clone(), t.epoch) else {
+            return;
+        };
+        let live = self.turns.values().any(|lt| {
+            matches!(&lt.work, LiveWork::Task { task } if *task == b.task)
+                && lt.room == row.room
+                && lt.exclusive.epoch == epoch
+                && !lt.lost
+        });
+        if !live || t.status != TaskStatus::Claimed || b.attempt != t.attempts || row.actor == owner
+        {
+            return;
+        }
+        let key = (
+            row.room.clone(),
+            b.task.clone(),
+            b.attempt,
+            row.actor.clone(),
+        );
+        if !self.rejections_sent.insert(key) {
+            return;
+        }
+        out.push(Intent::Append {
+            fence: Some(ClaimRef {
+                key: task_key(&row.room, &b.task),
+                holder: owner.clone(),
+                epoch,
+            }),
+            batch: vec![rejection(&row.room, &owner, &b.task, b.attempt, &row.actor)],
+        });
+    }
+
+    // -----------------------------------------------------------------------------
+    // Passes
+    // -----------------------------------------------------------------------------
+
+    fn busy(&self, agent: &str) -> bool {
+        self.turns.values().any(|t| t.agent == agent)
+            || self.claims.values().any(|s| s.purpose.agent() == agent)
+    }
+
+    fn held_elsewhere(&self, key: &str, now: Timestamp) -> bool {
+        self.held_elsewhere
+            .get(key)
+            .is_some_and(|until| *until > now)
+    }
+
+    /// Whether a message is taken by a designation that no failure voided.
+    fn is_taken(&self, room: &str, id: &InteractionId, m: &OpenMessage) -> bool {
+        match self.board.designation(room, id) {
+            Some(d) => m.failed_upto.is_none_or(|f| d.epoch > f),
+            None => false,
+        }
+    }
+
+    /// For each free eligible local agent: when it may contend for the message.
+    fn reply_dues(&self, room: &str, m: &OpenMessage) -> Vec<(Timestamp, String)> {
+        let config = self.config(room, m.thread.as_deref());
+        let everyone: Vec<(String, u32)> = match &m.eligible {
+            Eligible::Everyone { .. } => self
+                .known_agents(room)
+                .into_iter()
+                .filter(|a| m.eligible.contains(a))
+                .map(|a| {
+                    let p = self.priority_of(room, &a);
+                    (a, p)
+                })
+                .collect(),
+            Eligible::Agents(list) => list
+                .iter()
+                .map(|a| (a.clone(), self.priority_of(room, a)))
+                .collect(),
+        };
+        let candidates: Vec<ResponderCandidate<'_>> = everyone
+            .iter()
+            .filter(|(a, _)| !m.failed.contains(a))
+            .map(|(a, p)| ResponderCandidate {
+                agent: a,
+                priority: *p,
+            })
+            .collect();
+        self.agents
+            .keys()
+            .filter(|a| m.eligible.contains(a) && !m.failed.contains(*a) && !self.busy(a))
+            .map(|a| {
+                let delay = responder_delay_ms(config, a, &candidates);
+                (m.at.saturating_add(ms_to_us(delay)), a.clone())
+            })
+            .collect()
+    }
+
+    fn priority_of(&self, room: &str, agent: &str) -> u32 {
+        if let Some(a) = self.agents.get(agent) {
+            return a.priority;
+        }
+        self.board
+            .room(room)
+            .and_then(|b| b.agents.get(agent))
+            .map_or(DEFAULT_PRIORITY, |p| p.priority)
+    }
+
+    fn ttl(&self, room: &str) -> Duration {
+        Duration::from_millis(self.config(room, None).claim_ttl_ms.max(1))
+    }
+
+    fn acquire(
+        &mut self,
+        key: String,
+        holder: String,
+        purpose: ClaimPurpose,
+        out: &mut Vec<Intent>,
+    ) {
+        let ttl = self.ttl(purpose.room());
+        self.claims.insert(
+            key.clone(),
+            Slot {
+                holder: holder.clone(),
+                purpose: purpose.clone(),
+                epoch: None,
+            },
+        );
+        out.push(Intent::Acquire {
+            key,
+            holder,
+            ttl,
+            purpose,
+        });
+    }
+
+    /// The decisions that follow from the folded state at `now`.
+    fn pass(&mut self, out: &mut Vec<Intent>) {
+        if self.shutting_down || !self.caught_up {
+            return;
+        }
+        let Some(now) = self.now else {
+            return;
+        };
+        self.register(out);
+        self.notify_owners(out);
+        self.elect_replies(now, out);
+        self.schedule_tasks(now, out);
+    }
+
+    fn register(&mut self, out: &mut Vec<Intent>) {
+        if self.registered {
+            return;
+        }
+        self.registered = true;
+        let mut batch = Vec::new();
+        for room in &self.rooms {
+            for a in self.agents.values() {
+                let body = AgentRegisteredBody {
+                    capabilities: a.capabilities.clone(),
+                    priority: Some(a.priority),
+                };
+                batch.push(NewInteraction::new(
+                    room.as_str(),
+                    Verb::AgentRegistered,
+                    a.key.as_str(),
+                    Role::Agent,
+                    serde_json::to_value(&body).unwrap_or_default(),
+                ));
+            }
+        }
+        if !batch.is_empty() {
+            out.push(Intent::Append { fence: None, batch });
+        }
+    }
+
+    fn notify_owners(&mut self, out: &mut Vec<Intent>) {
+        let mut batch = Vec::new();
+        for room in &self.rooms {
+            for t in self.dag.notices_due(room) {
+                if self.notices_sent.insert((room.clone(), t.id.clone())) {
+                    if let Some(n) = self.dag.abandon_notice(room, &t.id) {
+                        batch.push(n);
+                    }
+                }
+            }
+        }
+        if !batch.is_empty() {
+            out.push(Intent::Append { fence: None, batch });
+        }
+    }
+
+    fn elect_replies(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
+        let horizon = ms_to_us(self.options.reply_horizon_ms);
+        let keys: Vec<(String, InteractionId)> = self.messages.keys().cloned().collect();
+        for (room, id) in keys {
+            let Some(m) = self.messages.get(&(room.clone(), id)) else {
+                continue;
+            };
+            if now.saturating_sub(m.at) > horizon {
+                self.messages.remove(&(room, id));
+                continue;
+            }
+            let key = reply_key(&room, &id);
+            if self.claims.contains_key(&key)
+                || self.held_elsewhere(&key, now)
+                || self.is_taken(&room, &id, m)
+            {
+                continue;
+            }
+            let best = self
+                .reply_dues(&room, m)
+                .into_iter()
+                .filter(|(due, _)| *due <= now)
+                .min();
+            if let Some((_, agent)) = best {
+                let purpose = ClaimPurpose::Reply {
+                    room: room.clone(),
+                    thread: m.thread.clone(),
+                    message: id,
+                    agent: agent.clone(),
+                };
+                self.acquire(key, agent, purpose, out);
+            }
+        }
+    }
+
+    /// Whether `agent` has a bid out that has not been settled (the task is still
+    /// waiting for that attempt's claim), other than for `except`.
+    fn outstanding_bid(&self, agent: &str, except: Option<(&str, &str)>) -> bool {
+        self.bids_sent.iter().any(|(room, task, attempt, a)| {
+            a == agent
+                && except != Some((room.as_str(), task.as_str()))
+                && self
+                    .dag
+                    .task(room, task)
+                    .is_some_and(|t| t.next_attempt() == *attempt)
+                && self.dag.is_ready(room, task)
+        })
+    }
+
+    fn schedule_tasks(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
+        let cap = self.options.max_wakes_per_pass;
+        let mut wakes = 0usize;
+        let rooms: Vec<String> = self.rooms.iter().cloned().collect();
+        for room in rooms {
+            let config = self.config(&room, None).clone();
+            let frontier: Vec<String> = self
+                .dag
+                .ready_frontier(&room)
+                .into_iter()
+                .map(|t| t.id.clone())
+                .collect();
+            let mut bidding: Vec<String> = Vec::new();
+            for id in frontier {
+                if wakes >= cap {
+                    return;
+                }
+                let key = task_key(&room, &id);
+                if self.claims.contains_key(&key) || self.held_elsewhere(&key, now) {
+                    continue;
+                }
+                let (Some(task), Some(since)) =
+                    (self.dag.task(&room, &id), self.dag.ready_since(&room, &id))
+                else {
+                    continue;
+                };
+                let right = claim_right(&config, task, since, now);
+                if let ClaimRight::Bidding { .. } = right {
+                    bidding.push(id);
+                    continue;
+                }
+                let chosen = self
+                    .agents
+                    .values()
+                    .find(|a| {
+                        right.allows(&a.key, &a.capabilities, task)
+                            && !self.busy(&a.key)
+                            && !self.outstanding_bid(&a.key, Some((&room, &id)))
+                    })
+                    .map(|a| a.key.clone());
+                if let Some(agent) = chosen {
+                    let purpose = ClaimPurpose::Task {
+                        room: room.clone(),
+                        task: id.clone(),
+                        agent: agent.clone(),
+                    };
+                    self.acquire(key, agent, purpose, out);
+                    wakes += 1;
+                }
+            }
+            if bidding.is_empty() || !bids_on_sight(&config) {
+                continue;
+            }
+            // Each free agent with no bid out bids on one open window: the one that
+            // hashes lowest with its key, so agents on different relays spread out.
+            let agents: Vec<LocalAgent> = self.agents.values().cloned().collect();
+            for a in agents {
+                if wakes >= cap {
+                    return;
+                }
+                if self.busy(&a.key) || self.outstanding_bid(&a.key, None) {
+                    continue;
+                }
+                let pick = bidding
+                    .iter()
+                    .filter_map(|id| self.dag.task(&room, id))
+                    .filter(|t| {
+                        capable(&t.needs, &a.capabilities)
+                            && !self.bids_sent.contains(&(
+                                room.clone(),
+                                t.id.clone(),
+                                t.next_attempt(),
+                                a.key.clone(),
+                            ))
+                            && !t.bids.contains_key(&a.key)
+                    })
+                    .min_by_key(|t| spread(&a.key, &room, &t.id));
+                let Some(t) = pick else {
+                    continue;
+                };
+                let attempt = t.next_attempt();
+                let body = TaskBidBody {
+                    task: t.id.clone(),
+                    attempt,
+                    capabilities: a.capabilities.clone(),
+                    load: self.load_of(&a.key),
+                };
+                let id = t.id.clone();
+                out.push(Intent::Append {
+                    fence: None,
+                    batch: vec![NewInteraction::new(
+                        room.as_str(),
+                        Verb::TaskBid,
+                        a.key.as_str(),
+                        Role::Agent,
+                        body.to_body(),
+                    )],
+                });
+                self.bids_sent
+                    .insert((room.clone(), id, attempt, a.key.clone()));
+                wakes += 1;
+            }
+        }
+    }
+
+    /// An agent's declared load: turns it runs here plus tasks the ledger says it holds.
+    fn load_of(&self, agent: &str) -> u32 {
+        let turns = self.turns.values().filter(|t| t.agent == agent).count();
+        let held: usize = self
+            .rooms
+            .iter()
+            .map(|r| {
+                self.dag
+                    .claimed(r)
+                    .iter()
+                    .filter(|t| t.owner.as_deref() == Some(agent))
+                    .count()
+            })
+            .sum();
+        u32::try_from(turns + held).unwrap_or(u32::MAX)
+    }
+
+    // -----------------------------------------------------------------------------
+    // Reconcile
+    // -----------------------------------------------------------------------------
+
+    fn reconcile(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
+        let interval = self
+            .rooms
+            .iter()
+            .map(|r| self.config(r, None).claim_ttl_ms / 4)
+            .min()
+            .unwrap_or(self.default_config.claim_ttl_ms / 4)
+            .max(1);
+        self.next_reconcile = Some(now.saturating_add(ms_to_us(interval)));
+        // Renew only the claims of turns that are alive.
+        for t in self.turns.values() {
+            if t.lost {
+                continue;
+            }
+            let ttl = Duration::from_millis(self.config(&t.room, None).claim_ttl_ms.max(1));
+            for c in [&t.exclusive, &t.drive] {
+                out.push(Intent::Renew {
+                    key: c.key.clone(),
+                    holder: c.holder.clone(),
+                    epoch: c.epoch,
+                    ttl,
+                });
+            }
+        }
+        self.held_elsewhere.retain(|_, until| *until > now);
+        let dag = &self.dag;
+        self.bids_sent.retain(|(room, task, attempt, _)| {
+            dag.task(room, task)
+                .is_some_and(|t| t.next_attempt() == *attempt && t.status == TaskStatus::Open)
+        });
+        if !self.caught_up || self.shutting_down {
+            return;
+        }
+        self.retake_tasks(now, out);
+        self.retake_replies(now, out);
+    }
+
+    /// Claimed tasks no local turn runs: try to take them; the store grants the claim
+    /// only once the owner's lease lapsed (or to the owner itself).
+    fn retake_tasks(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
+        let rooms: Vec<String> = self.rooms.iter().cloned().collect();
+        for room in rooms {
+            let config = self.config(&room, None).clone();
+            let claimed: Vec<(String, Option<String>)> = self
+                .dag
+                .claimed(&room)
+                .into_iter()
+                .map(|t| (t.id.clone(), t.owner.clone()))
+                .collect();
+            for (id, owner) in claimed {
+                let running = self.turns.values().any(|lt| {
+                    lt.room == room && matches!(&lt.work, LiveWork::Task { task } if *task == id)
+                });
+                let key = task_key(&room, &id);
+                if running || self.claims.contains_key(&key) || self.held_elsewhere(&key, now) {
+                    continue;
+                }
+                let Some(task) = self.dag.task(&room, &id) else {
+                    continue;
+                };
+                let right = retake_right(&config, task);
+                let owner_here = owner
+                    .filter(|o| self.agents.contains_key(o) && !self.busy(o))
+                    .filter(|o| {
+                        self.agents
+                            .get(o)
+                            .is_some_and(|a| right.allows(&a.key, &a.capabilities, task))
+                    });
+                let chosen = owner_here.or_else(|| {
+                    self.agents
+                        .values()
+                        .find(|a| right.allows(&a.key, &a.capabilities, task) && !self.busy(&a.key))
+                        .map(|a| a.key.clone())
+                });
+                if let Some(agent) = chosen {
+                    let purpose = ClaimPurpose::Task {
+                        room: room.clone(),
+                        task: id.clone(),
+                        agent: agent.clone(),
+                    };
+                    self.acquire(key, agent, purpose, out);
+                }
+            }
+        }
+    }
+
+    /// Messages taken by an agent whose answer never came and that no local turn
+    /// runs: contend again; the store grants the reply claim only once it lapsed.
+    fn retake_replies(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
+        let keys: Vec<(String, InteractionId)> = self.messages.keys().cloned().collect();
+        for (room, id) in keys {
+            let Some(m) = self.messages.get(&(room.clone(), id)) else {
+                continue;
+            };
+            if !self.is_taken(&room, &id, m) {
+                continue;
+            }
+            let running = self.turns.values().any(|lt| {
+                lt.room == room && matches!(&lt.work, LiveWork::Reply { message } if *message == id)
+            });
+            let key = reply_key(&room, &id);
+            if running || self.claims.contains_key(&key) || self.held_elsewhere(&key, now) {
+                continue;
+            }
+            let designated = self.board.designation(&room, &id).map(|d| d.agent.clone());
+            let free = |a: &str| {
+                self.agents.contains_key(a)
+                    && m.eligible.contains(a)
+                    && !m.failed.contains(a)
+                    && !self.busy(a)
+            };
+            let chosen = designated
+                .filter(|d| free(d))
+                .or_else(|| self.agents.keys().find(|a| free(a)).cloned());
+            if let Some(agent) = chosen {
+                let purpose = ClaimPurpose::Reply {
+                    room: room.clone(),
+                    thread: m.thread.clone(),
+                    message: id,
+                    agent: agent.clone(),
+                };
+                self.acquire(key, agent, purpose, out);
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------
+    // Claim outcomes
+    // -----------------------------------------------------------------------------
+
+    fn forget(&mut self, key: &str) {
+        self.claims.remove(key);
+    }
+
+    fn held_at(&self, key: &str, epoch: ClaimEpoch) -> bool {
+        self.claims.get(key).is_some_and(|s| s.epoch == Some(epoch))
+    }
+
+    fn on_claim_result(&mut self, r: ClaimOutcome, out: &mut Vec<Intent>) {
+        let Some(slot) = self.claims.get(&r.key) else {
+            return;
+        };
+        if slot.holder != r.holder || slot.epoch.is_some() {
+            return;
+        }
+        let purpose = slot.purpose.clone();
+        if !r.won || self.shutting_down {
+            // Lost (or no longer wanted): back off until the holder's lease would lapse.
+            // A won claim is simply left to lapse: it may be shared with another relay
+            // hosting the same agent, so it is never released blindly.
+            // A lost drive claim means another relay drives this agent's turn: the
+            // exclusive claim backs off as long.
+            self.forget(&r.key);
+            let exclusive = match &purpose {
+                ClaimPurpose::DriveReply { room, message, .. } => Some(reply_key(room, message)),
+                ClaimPurpose::DriveTask { room, task, .. } => Some(task_key(room, task)),
+                _ => None,
+            };
+            if let Some(k) = &exclusive {
+                self.forget(k);
+            }
+            if !r.won {
+                for k in std::iter::once(r.key.clone()).chain(exclusive) {
+                    self.held_elsewhere.insert(k, r.expires_at);
+                }
+            }
+            return;
+        }
+        if let Some(s) = self.claims.get_mut(&r.key) {
+            s.epoch = Some(r.epoch);
+        }
+        match purpose {
+            ClaimPurpose::Reply {
+                room,
+                thread,
+                message,
+                agent,
+            } => self.reply_won(room, thread, message, agent, r.epoch, out),
+            ClaimPurpose::DriveReply {
+                room,
+                thread,
+                message,
+                agent,
+                reply_epoch,
+            } => self.drive_reply_won(room, thread, message, agent, reply_epoch, r.epoch, out),
+            ClaimPurpose::Task { room, task, agent } => self.task_won(room, task, agent, out),
+            ClaimPurpose::DriveTask {
+                room,
+                task,
+                agent,
+                task_epoch,
+            } => self.drive_task_won(room, task, agent, task_epoch, r.epoch, out),
+        }
+    }
+
+    fn reply_won(
+        &mut self,
+        room: String,
+        thread: Option<String>,
+        message: InteractionId,
+        agent: String,
+        epoch: ClaimEpoch,
+        out: &mut Vec<Intent>,
+    ) {
+        let key = reply_key(&room, &message);
+        if !self.messages.contains_key(&(room.clone(), message)) {
+            // Answered or given up meanwhile; leave the claim to lapse.
+            self.forget(&key);
+            return;
+        }
+        let noted = self
+            .board
+            .designation(&room, &message)
+            .is_some_and(|d| d.agent == agent && d.epoch == epoch);
+        if !noted {
+            let note = CoordNoteBody::Designation(DesignationBody {
+                message,
+                agent: agent.clone(),
+                epoch,
+            });
+            let mut row = NewInteraction::new(
+                room.as_str(),
+                Verb::CoordNote,
+                agent.as_str(),
+                Role::Agent,
+                note.to_body(),
+            )
+            .with_parent(message);
+            row.thread = thread.clone();
+            out.push(Intent::Append {
+                fence: Some(ClaimRef {
+                    key: key.clone(),
+                    holder: agent.clone(),
+                    epoch,
+                }),
+                batch: vec![row],
+            });
+        }
+        let dkey = drive_key(&room, &agent, &message);
+        let purpose = ClaimPurpose::DriveReply {
+            room,
+            thread,
+            message,
+            agent,
+            reply_epoch: epoch,
+        };
+        self.acquire(dkey, self.relay.clone(), purpose, out);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn drive_reply_won(
+        &mut self,
+        room: String,
+        thread: Option<String>,
+        message: InteractionId,
+        agent: String,
+        reply_epoch: ClaimEpoch,
+        drive_epoch: ClaimEpoch,
+        out: &mut Vec<Intent>,
+    ) {
+        let rkey = reply_key(&room, &message);
+        let dkey = drive_key(&room, &agent, &message);
+        let open = self.messages.get(&(room.clone(), message)).cloned();
+        let Some(m) = open.filter(|_| self.held_at(&rkey, reply_epoch)) else {
+            self.forget(&rkey);
+            self.forget(&dkey);
+            return;
+        };
+        let turn = TurnId(format!(
+            "r/{room}/{}/{agent}/{reply_epoch}.{drive_epoch}",
+            message.short()
+        ));
+        let subject = Subject::message(message);
+        let exclusive = ClaimRef {
+            key: rkey,
+            holder: agent.clone(),
+            epoch: reply_epoch,
+        };
+        let drive = ClaimRef {
+            key: dkey,
+            holder: self.relay.clone(),
+            epoch: drive_epoch,
+        };
+        let prompted = TurnPromptedBody {
+            turn: turn.0.clone(),
+            subject: subject.clone(),
+            epoch: reply_epoch,
+            drive_epoch,
+        };
+        let mut row = NewInteraction::new(
+            room.as_str(),
+            Verb::TurnPrompted,
+            agent.as_str(),
+            Role::Agent,
+            serde_json::to_value(&prompted).unwrap_or_default(),
+        )
+        .with_parent(message);
+        row.thread = thread.clone();
+        out.push(Intent::Append {
+            fence: Some(drive.clone()),
+            batch: vec![row],
+        });
+        let work = TurnWork::Reply(MessageBrief {
+            id: message,
+            author: m.author.clone(),
+            role: m.role,
+            text: m.text.clone(),
+        });
+        self.start_turn(
+            turn,
+            agent,
+            room,
+            thread,
+            subject,
+            work,
+            LiveWork::Reply { message },
+            exclusive,
+            drive,
+            out,
+        );
+    }
+
+    fn task_won(&mut self, room: String, task: String, agent: String, out: &mut Vec<Intent>) {
+        let key = task_key(&room, &task);
+        let alive = self
+            .dag
+            .task(&room, &task)
+            .is_some_and(|t| matches!(t.status, TaskStatus::Open | TaskStatus::Claimed));
+        if !alive {
+            self.forget(&key);
+            return;
+        }
+        let Some(task_epoch) = self.claims.get(&key).and_then(|s| s.epoch) else {
+            return;
+        };
+        let purpose = ClaimPurpose::DriveTask {
+            room: room.clone(),
+            task: task.clone(),
+            agent,
+            task_epoch,
+        };
+        self.acquire(
+            taskdrive_key(&room, &task),
+            self.relay.clone(),
+            purpose,
+            out,
+        );
+    }
+
+    fn drive_task_won(
+        &mut self,
+        room: String,
+        task: String,
+        agent: String,
+        task_epoch: ClaimEpoch,
+        drive_epoch: ClaimEpoch,
+        out: &mut Vec<Intent>,
+    ) {
+        let tkey = task_key(&room, &task);
+        let dkey = taskdrive_key(&room, &task);
+        let Some(t) = self
+            .dag
+            .task(&room, &task)
+            .filter(|_| self.held_at(&tkey, task_epoch))
+            .cloned()
+        else {
+            self.forget(&tkey);
+            self.forget(&dkey);
+            return;
+        };
+        let exclusive = ClaimRef {
+            key: tkey.clone(),
+            holder: agent.clone(),
+            epoch: task_epoch,
+        };
+        let drive = ClaimRef {
+            key: dkey.clone(),
+            holder: self.relay.clone(),
+            epoch: drive_epoch,
+        };
+        // Resuming a lease the ledger already records (a restarted relay, or another
+        // relay hosting the same agent went away): no new claim to append.
+        let resuming = t.is_held_by(&agent, task_epoch);
+        let fresh = !resuming
+            && t.epoch.is_none_or(|e| task_epoch > e)
+            && (t.status == TaskStatus::Claimed || self.dag.is_ready(&room, &task));
+        if !resuming && !fresh {
+            self.forget(&tkey);
+            self.forget(&dkey);
+            return;
+        }
+        let attempt = if resuming {
+            t.attempts
+        } else {
+            t.next_attempt()
+        };
+        let mut batch = Vec::new();
+        if fresh {
+            let claimed = TaskClaimedBody {
+                task: task.clone(),
+                epoch: task_epoch,
+                attempt,
+            };
+            batch.push(NewInteraction::new(
+                room.as_str(),
+                Verb::TaskClaimed,
+                agent.as_str(),
+                Role::Agent,
+                claimed.to_body(),
+            ));
+            if t.status == TaskStatus::Claimed && t.attempts >= t.max_attempts {
+                // The lapsed attempt was the last: this claim records that the task
+                // failed for good (the fold abandons it); nothing is started.
+                out.push(Intent::Append {
+                    fence: Some(exclusive.clone()),
+                    batch,
+                });
+                for c in [drive, exclusive] {
+                    out.push(Intent::Release {
+                        key: c.key,
+                        holder: c.holder,
+                        epoch: c.epoch,
+                    });
+                }
+                self.forget(&tkey);
+                self.forget(&dkey);
+                return;
+            }
+            for loser in losing_bidders(&t, &agent) {
+                if self.rejections_sent.insert((
+                    room.clone(),
+                    task.clone(),
+                    attempt,
+                    loser.to_string(),
+                )) {
+                    batch.push(rejection(&room, &agent, &task, attempt, loser));
+                }
+            }
+        }
+        let turn = TurnId(format!(
+            "t/{room}/{task}/{agent}/{task_epoch}.{drive_epoch}"
+        ));
+        let subject = Subject::task(task.clone(), Some(truncate_text(&t.label, 200)));
+        let prompted = TurnPromptedBody {
+            turn: turn.0.clone(),
+            subject: subject.clone(),
+            epoch: task_epoch,
+            drive_epoch,
+        };
+        batch.push(NewInteraction::new(
+            room.as_str(),
+            Verb::TurnPrompted,
+            agent.as_str(),
+            Role::Agent,
+            serde_json::to_value(&prompted).unwrap_or_default(),
+        ));
+        out.push(Intent::Append {
+            fence: Some(exclusive.clone()),
+            batch,
+        });
+        let deps = t
+            .deps
+            .iter()
+            .map(|d| {
+                let dep = self.dag.task(&room, d);
+                DepResult {
+                    id: d.clone(),
+                    label: dep.map(|x| x.label.clone()).unwrap_or_default(),
+                    result: dep.and_then(|x| x.result.clone()),
+                }
+            })
+            .collect();
+        let work = TurnWork::Task(TaskBrief {
+            id: task.clone(),
+            label: t.label.clone(),
+            attempt,
+            max_attempts: t.max_attempts,
+            needs: t.needs.clone(),
+            deps,
+        });
+        self.start_turn(
+            turn,
+            agent,
+            room,
+            None,
+            subject,
+            work,
+            LiveWork::Task { task },
+            exclusive,
+            drive,
+            out,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_turn(
+        &mut self,
+        turn: TurnId,
+        agent: String,
+        room: String,
+        thread: Option<String>,
+        subject: Subject,
+        work: TurnWork,
+        live: LiveWork,
+        exclusive: ClaimRef,
+        drive: ClaimRef,
+        out: &mut Vec<Intent>,
+    ) {
+        let block = self
+            .board
+            .coordination(&room, &agent, Some(self.dag.summary(&room)));
+        let coordination = self.delivery.take_fresh(&room, &agent, block.as_ref());
+        out.push(Intent::StartTurn(Box::new(TurnStart {
+            turn: turn.clone(),
+            agent: agent.clone(),
+            room: room.clone(),
+            thread: thread.clone(),
+            subject: subject.clone(),
+            work,
+            epoch: exclusive.epoch,
+            claims: vec![exclusive.clone(), drive.clone()],
+            coordination,
+        })));
+        self.turns.insert(
+            turn,
+            LiveTurn {
+                agent,
+                room,
+                thread,
+                subject,
+                work: live,
+                exclusive,
+                drive,
+                lost: false,
+                cancel_sent: false,
+            },
+        );
+    }
+
+    // -----------------------------------------------------------------------------
+    // Turn endings and lost claims
+    // -----------------------------------------------------------------------------
+
+    fn on_turn_ended(
+        &mut self,
+        turn: &TurnId,
+        outcome: TurnOutcome,
+        tokens: u64,
+        out: &mut Vec<Intent>,
+    ) {
+        let Some(lt) = self.turns.remove(turn) else {
+            return;
+        };
+        self.forget(&lt.exclusive.key);
+        self.forget(&lt.drive.key);
+        let epoch = lt.exclusive.epoch;
+        let failed_row = |reason: String| {
+            let body = TurnFailedBody {
+                turn: turn.0.clone(),
+                subject: lt.subject.clone(),
+                epoch,
+                reason: truncate_text(&reason, MAX_RESULT_BYTES),
+                tokens,
+            };
+            let mut row = NewInteraction::new(
+                lt.room.as_str(),
+                Verb::TurnFailed,
+                lt.agent.as_str(),
+                Role::Agent,
+                serde_json::to_value(&body).unwrap_or_default(),
+            );
+            row.thread = lt.thread.clone();
+            row
+        };
+        let release_both = |out: &mut Vec<Intent>| {
+            for c in [&lt.drive, &lt.exclusive] {
+                out.push(Intent::Release {
+                    key: c.key.clone(),
+                    holder: c.holder.clone(),
+                    epoch: c.epoch,
+                });
+            }
+        };
+        let reason = match &outcome {
+            TurnOutcome::Replied { .. } => "the claim was lost before the turn ended".to_string(),
+            TurnOutcome::Failed { reason } => reason.clone(),
+            TurnOutcome::Cancelled if lt.lost => "cancelled: the claim was lost".to_string(),
+            TurnOutcome::Cancelled if self.shutting_down => {
+                "cancelled: relay shutting down".to_string()
+            }
+            TurnOutcome::Cancelled => "cancelled".to_string(),
+        };
+        if lt.lost {
+            // Nothing may be written under a lost claim; record only that the turn failed.
+            out.push(Intent::Append {
+                fence: None,
+                batch: vec![failed_row(reason)],
+            });
+            return;
+        }
+        match (&lt.work, outcome) {
+            (LiveWork::Reply { message }, TurnOutcome::Replied { text }) => {
+                let body = MessageBody {
+                    text: truncate_text(&text, self.options.max_reply_bytes),
+                    mentions: Vec::new(),
+                };
+                let mut reply = NewInteraction::new(
+                    lt.room.as_str(),
+                    Verb::MessagePosted,
+                    lt.agent.as_str(),
+                    Role::Agent,
+                    serde_json::to_value(&body).unwrap_or_default(),
+                )
+                .with_parent(*message);
+                reply.thread = lt.thread.clone();
+                let replied = TurnRepliedBody {
+                    turn: turn.0.clone(),
+                    subject: lt.subject.clone(),
+                    epoch,
+                    tokens,
+                    reply: Some(reply.id()),
+                };
+                let mut replied_row = NewInteraction::new(
+                    lt.room.as_str(),
+                    Verb::TurnReplied,
+                    lt.agent.as_str(),
+                    Role::Agent,
+                    serde_json::to_value(&replied).unwrap_or_default(),
+                )
+                .with_parent(*message);
+                replied_row.thread = lt.thread.clone();
+                self.messages.remove(&(lt.room.clone(), *message));
+                out.push(Intent::Append {
+                    fence: Some(lt.drive.clone()),
+                    batch: vec![reply, replied_row],
+                });
+            }
+            (LiveWork::Reply { .. }, _) => {
+                out.push(Intent::Append {
+                    fence: Some(lt.drive.clone()),
+                    batch: vec![failed_row(reason)],
+                });
+                release_both(out);
+            }
+            (LiveWork::Task { task }, TurnOutcome::Replied { text }) => {
+                let done = TaskCompletedBody {
+                    task: task.clone(),
+                    epoch,
+                    result: Some(truncate_text(&text, MAX_RESULT_BYTES)),
+                    tokens: Some(tokens),
+                };
+                let replied = TurnRepliedBody {
+                    turn: turn.0.clone(),
+                    subject: lt.subject.clone(),
+                    epoch,
+                    tokens,
+                    reply: None,
+                };
+                out.push(Intent::Append {
+                    fence: Some(lt.exclusive.clone()),
+                    batch: vec![
+                        NewInteraction::new(
+                            lt.room.as_str(),
+                            Verb::TaskCompleted,
+                            lt.agent.as_str(),
+                            Role::Agent,
+                            done.to_body(),
+                        ),
+                        NewInteraction::new(
+                            lt.room.as_str(),
+                            Verb::TurnReplied,
+                            lt.agent.as_str(),
+                            Role::Agent,
+                            serde_json::to_value(&replied).unwrap_or_default(),
+                        ),
+                    ],
+                });
+                // The task claim is left to lapse, not released: a relay that has not
+                // folded the completion yet must not be able to re-take it at once.
+            }
+            (LiveWork::Task { task }, _) => {
+                let verb = if self.shutting_down {
+                    Verb::TaskReleased
+                } else {
+                    Verb::TaskFailed
+                };
+                let ended = TaskEndedBody {
+                    task: task.clone(),
+                    epoch,
+                    reason: truncate_text(&reason, MAX_RESULT_BYTES),
+                };
+                out.push(Intent::Append {
+                    fence: Some(lt.exclusive.clone()),
+                    batch: vec![
+                        NewInteraction::new(
+                            lt.room.as_str(),
+                            verb,
+                            lt.agent.as_str(),
+                            Role::Agent,
+                            ended.to_body(),
+                        ),
+                        failed_row(reason),
+                    ],
+                });
+                release_both(out);
+            }
+        }
+    }
+
+    fn on_claim_lost(&mut self, key: &str, epoch: ClaimEpoch, out: &mut Vec<Intent>) {
+        for (id, t) in self.turns.iter_mut() {
+            let uses = [&t.exclusive, &t.drive]
+                .iter()
+                .any(|c| c.key == key && c.epoch == epoch);
+            if uses {
+                t.lost = true;
+                if !t.cancel_sent {
+                    t.cancel_sent = true;
+                    out.push(Intent::Cancel { turn: id.clone() });
+                }
+            }
+        }
+        if self.claims.get(key).is_some_and(|s| s.epoch == Some(epoch)) {
+            self.forget(key);
+        }
+    }
+}
+
+fn message_subject(s: &Subject) -> Option<InteractionId> {
+    if s.kind == SubjectKind::Message {
+        s.id.parse().ok()
+    } else {
+        None
+    }
+}
+
+fn rejection(room: &str, winner: &str, task: &str, attempt: u32, loser: &str) -> NewInteraction {
+    let body = TaskRejectedBody {
+        task: task.to_string(),
+        attempt,
+        agent: loser.to_string(),
+        winner: winner.to_string(),
+    };
+    NewInteraction::new(
+        room,
+        Verb::TaskRejected,
+        winner,
+        Role::Agent,
+        body.to_body(),
+    )
+}
+
+/// A deterministic pseudo-random rank of a task for an agent, so agents on different
+/// relays bid on different tasks first.
+fn spread(agent: &str, room: &str, task: &str) -> [u8; 8] {
+    let mut h = blake3::Hasher::new();
+    h.update(agent.as_bytes());
+    h.update(&[0]);
+    h.update(room.as_bytes());
+    h.update(&[0]);
+    h.update(task.as_bytes());
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    out
+}

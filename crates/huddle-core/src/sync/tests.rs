@@ -1,0 +1,928 @@
+//! Unit tests of the synchronizer: one event at a time, checking the intents.
+#![allow(clippy::type_complexity)] // case tables
+
+use serde_json::json;
+
+use super::*;
+use crate::config::{Allocation, Responder};
+use crate::sync::testutil::{bid, claimed, created, ix, message, Ledger};
+
+const S: Timestamp = 1_000_000; // one second in µs
+const T0: Timestamp = 1_700_000_000 * S;
+
+/// A synchronizer under test plus the ledger it reads.
+struct H {
+    sync: Synchronizer,
+    ledger: Ledger,
+    cursor: usize,
+    now: Timestamp,
+}
+
+impl H {
+    fn new(agents: &[&str]) -> Self {
+        Self::with(agents, RoomConfig::default())
+    }
+
+    fn with(agents: &[&str], config: RoomConfig) -> Self {
+        let agents = agents.iter().map(|a| LocalAgent::new(*a)).collect();
+        let mut sync = Synchronizer::new("r1", ["lobby"], agents);
+        sync.handle(Event::Config {
+            room: "lobby".into(),
+            thread: None,
+            config,
+        });
+        H {
+            sync,
+            ledger: Ledger::default(),
+            cursor: 0,
+            now: T0,
+        }
+    }
+
+    /// Starts the synchronizer: first tick, then a caught-up read.
+    fn start(&mut self) -> Vec<Intent> {
+        let mut out = self.sync.handle(Event::Tick { now: self.now });
+        out.extend(self.read());
+        out
+    }
+
+    /// Appends rows to the ledger (at `now`) without feeding them.
+    fn write(&mut self, rows: Vec<NewInteraction>) -> Vec<Interaction> {
+        rows.into_iter()
+            .map(|r| self.ledger.push(r, self.now))
+            .collect()
+    }
+
+    /// Feeds everything not yet read as one caught-up batch.
+    fn read(&mut self) -> Vec<Intent> {
+        let rows = self.ledger.rows[self.cursor..].to_vec();
+        self.cursor = self.ledger.rows.len();
+        self.sync.handle(Event::Ledger {
+            rows,
+            caught_up: true,
+        })
+    }
+
+    /// Writes then reads.
+    fn post(&mut self, rows: Vec<NewInteraction>) -> Vec<Intent> {
+        self.write(rows);
+        self.read()
+    }
+
+    fn tick(&mut self, now: Timestamp) -> Vec<Intent> {
+        self.now = now;
+        self.sync.handle(Event::Tick { now })
+    }
+
+    fn result(&mut self, key: &str, holder: &str, won: bool, epoch: i64) -> Vec<Intent> {
+        self.sync.handle(Event::ClaimResult(ClaimOutcome {
+            key: key.into(),
+            holder: holder.into(),
+            won,
+            epoch,
+            expires_at: self.now + 60 * S,
+        }))
+    }
+
+    fn ended(&mut self, turn: &TurnId, outcome: TurnOutcome) -> Vec<Intent> {
+        self.sync.handle(Event::TurnEnded {
+            turn: turn.clone(),
+            outcome,
+            tokens: 7,
+        })
+    }
+
+    /// Performs the appends of `out` on the ledger (fences are not checked here).
+    fn apply_appends(&mut self, out: &[Intent]) {
+        for i in out {
+            if let Intent::Append { batch, .. } = i {
+                self.write(batch.clone());
+            }
+        }
+    }
+}
+
+fn acquires(out: &[Intent]) -> Vec<(String, String)> {
+    out.iter()
+        .filter_map(|i| match i {
+            Intent::Acquire { key, holder, .. } => Some((key.clone(), holder.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `(fence key, verbs)` of every append.
+fn appends(out: &[Intent]) -> Vec<(Option<String>, Vec<&'static str>)> {
+    out.iter()
+        .filter_map(|i| match i {
+            Intent::Append { fence, batch } => Some((
+                fence
+                    .as_ref()
+                    .map(|f| format!("{}@{}#{}", f.key, f.holder, f.epoch)),
+                batch.iter().map(|b| b.verb.as_str()).collect(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn starts(out: &[Intent]) -> Vec<&TurnStart> {
+    out.iter()
+        .filter_map(|i| match i {
+            Intent::StartTurn(s) => Some(s.as_ref()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn kinds(out: &[Intent]) -> Vec<&'static str> {
+    out.iter()
+        .map(|i| match i {
+            Intent::Acquire { .. } => "acquire",
+            Intent::Append { .. } => "append",
+            Intent::StartTurn(_) => "start",
+            Intent::Renew { .. } => "renew",
+            Intent::Release { .. } => "release",
+            Intent::Cancel { .. } => "cancel",
+            Intent::Stopped => "stopped",
+        })
+        .collect()
+}
+
+fn config(responder: Responder, pref: Option<&str>, allocation: Allocation) -> RoomConfig {
+    RoomConfig {
+        responder,
+        responder_agent: pref.map(str::to_string),
+        allocation,
+        ..RoomConfig::default()
+    }
+}
+
+#[test]
+fn nothing_is_decided_before_the_first_tick_or_while_catching_up() {
+    let mut h = H::new(&["bo"]);
+    h.write(vec![message("ana", Role::Human, "hello")]);
+    let rows = h.ledger.rows.clone();
+    let out = h.sync.handle(Event::Ledger {
+        rows: rows.clone(),
+        caught_up: true,
+    });
+    assert!(out.is_empty(), "{out:?}");
+    let out = h.sync.handle(Event::Tick { now: T0 });
+    // Ticked, and the last batch was caught up: registration and the election.
+    assert_eq!(kinds(&out), vec!["append", "acquire"]);
+
+    let mut h = H::new(&["bo"]);
+    h.sync.handle(Event::Tick { now: T0 });
+    h.write(vec![message("ana", Role::Human, "hello")]);
+    let out = h.sync.handle(Event::Ledger {
+        rows: h.ledger.rows.clone(),
+        caught_up: false,
+    });
+    assert!(out.is_empty(), "{out:?}");
+}
+
+#[test]
+fn first_pass_registers_the_local_agents() {
+    let mut h = H::new(&["bo", "cy"]);
+    let out = h.start();
+    assert_eq!(
+        appends(&out),
+        vec![(None, vec!["agent.registered", "agent.registered"])]
+    );
+    h.apply_appends(&out);
+    assert!(h.read().is_empty(), "registration happens once");
+}
+
+#[test]
+fn reply_election_then_drive_election_then_one_reply() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "anyone?")])[0].clone();
+    let out = h.read();
+    let rkey = reply_key("lobby", &m.id);
+    // One local agent contends for the whole relay.
+    assert_eq!(acquires(&out), vec![(rkey.clone(), "bo".to_string())]);
+
+    // Asking again while the acquire is in flight never double-acquires.
+    assert!(acquires(&h.tick(T0 + S)).is_empty());
+    assert!(acquires(&h.read()).is_empty());
+
+    let out = h.result(&rkey, "bo", true, 3);
+    let dkey = drive_key("lobby", "bo", &m.id);
+    assert_eq!(
+        appends(&out),
+        vec![(Some(format!("{rkey}@bo#3")), vec!["coord.note"])]
+    );
+    assert_eq!(acquires(&out), vec![(dkey.clone(), "r1".to_string())]);
+    h.apply_appends(&out);
+    h.read();
+    assert_eq!(
+        h.sync.board().designation("lobby", &m.id).unwrap().agent,
+        "bo"
+    );
+
+    let out = h.result(&dkey, "r1", true, 1);
+    assert_eq!(
+        appends(&out),
+        vec![(Some(format!("{dkey}@r1#1")), vec!["turn.prompted"])]
+    );
+    let st = starts(&out)[0].clone();
+    assert_eq!((st.agent.as_str(), st.epoch), ("bo", 3));
+    assert_eq!(st.claims.len(), 2);
+    assert!(matches!(&st.work, TurnWork::Reply(b) if b.text == "anyone?" && b.author == "ana"));
+    h.apply_appends(&out);
+    h.read();
+
+    let out = h.ended(&st.turn, TurnOutcome::Replied { text: "me".into() });
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!("{dkey}@r1#1")),
+            vec!["message.posted", "turn.replied"]
+        )]
+    );
+    let Intent::Append { batch, .. } = &out[0] else {
+        panic!()
+    };
+    assert_eq!(batch[0].parent, Some(m.id));
+    assert_eq!(batch[0].role, Role::Agent);
+    h.apply_appends(&out);
+    // The agent's own reply is not a message anyone answers.
+    let out = h.read();
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    assert!(h.sync.is_quiescent("lobby"));
+}
+
+#[test]
+fn a_lost_reply_claim_backs_off() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "q")])[0].clone();
+    h.read();
+    let rkey = reply_key("lobby", &m.id);
+    let out = h.result(&rkey, "bo", false, 4);
+    assert!(out.is_empty(), "{out:?}");
+    // Held elsewhere: not retried before the holder's lease would lapse.
+    assert!(acquires(&h.tick(T0 + 30 * S)).is_empty());
+}
+
+#[test]
+fn who_contends_for_a_message() {
+    // (local agents, config, author, role, text, expected contender)
+    let race = RoomConfig::default();
+    let mention_only = RoomConfig {
+        require_mention: true,
+        ..RoomConfig::default()
+    };
+    let cases: Vec<(&[&str], &RoomConfig, &str, Role, &str, Option<&str>)> = vec![
+        (
+            &["bo", "cy"],
+            &race,
+            "ana",
+            Role::Human,
+            "hi all",
+            Some("bo"),
+        ),
+        (
+            &["bo", "cy"],
+            &race,
+            "ana",
+            Role::Human,
+            "@cy hi",
+            Some("cy"),
+        ),
+        (&["bo"], &race, "ana", Role::Human, "@zed hi", Some("bo")),
+        (&["bo"], &mention_only, "ana", Role::Human, "hi all", None),
+        (
+            &["bo"],
+            &mention_only,
+            "ana",
+            Role::Human,
+            "@bo hi",
+            Some("bo"),
+        ),
+        (&["bo", "cy"], &race, "cy", Role::Agent, "hi all", None),
+        (
+            &["bo", "cy"],
+            &race,
+            "cy",
+            Role::Agent,
+            "@bo look",
+            Some("bo"),
+        ),
+        (&["bo"], &race, "bo", Role::Agent, "@bo note to self", None),
+        (&["bo"], &race, "ana", Role::Owner, "!delegate a: b", None),
+        (&["bo"], &race, "huddle", Role::System, "notice", None),
+    ];
+    for (i, (agents, cfg, author, role, text, want)) in cases.into_iter().enumerate() {
+        let mut h = H::with(agents, cfg.clone());
+        // A registered remote agent `zed` is not local: a mention of it is not ours,
+        // but mentions of unknown names fall back to broadcast.
+        h.start();
+        let out = h.post(vec![message(author, role, text)]);
+        let got: Vec<String> = acquires(&out).into_iter().map(|(_, a)| a).collect();
+        assert_eq!(
+            got,
+            want.map(|w| vec![w.to_string()]).unwrap_or_default(),
+            "case {i}: {text}"
+        );
+    }
+}
+
+#[test]
+fn a_mention_of_a_remote_agent_is_not_ours() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![ix(
+        Verb::AgentRegistered,
+        "zed",
+        Role::Agent,
+        json!({}),
+    )]);
+    let out = h.post(vec![message("ana", Role::Human, "@zed please")]);
+    assert!(acquires(&out).is_empty(), "{out:?}");
+}
+
+#[test]
+fn reply_to_addresses_the_parent_author() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    let mine = h.write(vec![message("cy", Role::Agent, "earlier answer")])[0].clone();
+    h.read();
+    let out = h.post(vec![
+        message("ana", Role::Human, "why?").with_parent(mine.id)
+    ]);
+    assert_eq!(
+        acquires(&out)
+            .into_iter()
+            .map(|(_, a)| a)
+            .collect::<Vec<_>>(),
+        vec!["cy"]
+    );
+}
+
+#[test]
+fn designated_responder_goes_first_and_others_fall_back() {
+    let cfg = config(Responder::Designated, Some("zed"), Allocation::Pull);
+    let mut h = H::with(&["bo"], cfg);
+    h.start();
+    h.post(vec![ix(
+        Verb::AgentRegistered,
+        "zed",
+        Role::Agent,
+        json!({}),
+    )]);
+    let m = h.write(vec![message("ana", Role::Human, "q")])[0].clone();
+    let out = h.read();
+    assert!(acquires(&out).is_empty(), "bo waits for the designated zed");
+    assert_eq!(h.sync.next_wakeup(), Some(m.at + 1_500_000));
+    assert!(acquires(&h.tick(m.at + 1_499_999)).is_empty());
+    let out = h.tick(m.at + 1_500_000);
+    assert_eq!(
+        acquires(&out),
+        vec![(reply_key("lobby", &m.id), "bo".into())]
+    );
+
+    // If zed had taken it meanwhile, bo would not contend.
+    let cfg = config(Responder::Designated, Some("zed"), Allocation::Pull);
+    let mut h = H::with(&["bo"], cfg);
+    h.start();
+    h.post(vec![ix(
+        Verb::AgentRegistered,
+        "zed",
+        Role::Agent,
+        json!({}),
+    )]);
+    let m = h.write(vec![message("ana", Role::Human, "q")])[0].clone();
+    h.read();
+    let note = json!({"kind": "designation", "message": m.id.to_hex(), "agent": "zed", "epoch": 1});
+    h.post(vec![ix(Verb::CoordNote, "zed", Role::Agent, note)]);
+    assert!(acquires(&h.tick(m.at + 2 * S)).is_empty());
+
+    // The designated agent itself goes at once.
+    let cfg = config(Responder::Designated, Some("bo"), Allocation::Pull);
+    let mut h = H::with(&["bo", "cy"], cfg);
+    h.start();
+    let out = h.post(vec![message("ana", Role::Human, "q")]);
+    assert_eq!(acquires(&out)[0].1, "bo");
+}
+
+#[test]
+fn a_failed_reply_turn_releases_and_another_agent_answers() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "q")])[0].clone();
+    h.read();
+    let rkey = reply_key("lobby", &m.id);
+    let out = h.result(&rkey, "bo", true, 1);
+    h.apply_appends(&out);
+    let dkey = drive_key("lobby", "bo", &m.id);
+    let out = h.result(&dkey, "r1", true, 1);
+    h.apply_appends(&out);
+    h.read();
+    let turn = starts(&out)[0].turn.clone();
+    let out = h.ended(
+        &turn,
+        TurnOutcome::Failed {
+            reason: "exit 1".into(),
+        },
+    );
+    assert_eq!(kinds(&out), vec!["append", "release", "release"], "{out:?}");
+    assert_eq!(appends(&out)[0].1, vec!["turn.failed"]);
+    h.apply_appends(&out);
+    let out = h.read();
+    // bo failed it; cy contends now.
+    assert_eq!(acquires(&out), vec![(rkey, "cy".into())]);
+}
+
+fn run_task_to_start(h: &mut H, task: &str, agent: &str, epoch: i64) -> TurnStart {
+    let tkey = task_key("lobby", task);
+    let out = h.result(&tkey, agent, true, epoch);
+    assert_eq!(
+        acquires(&out),
+        vec![(taskdrive_key("lobby", task), "r1".into())]
+    );
+    let out = h.result(&taskdrive_key("lobby", task), "r1", true, 1);
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!("{tkey}@{agent}#{epoch}")),
+            vec!["task.claimed", "turn.prompted"]
+        )]
+    );
+    h.apply_appends(&out);
+    h.read();
+    starts(&out)[0].clone()
+}
+
+#[test]
+fn pull_schedules_ready_tasks_and_completes_under_the_fence() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    let out = h.post(vec![
+        created("a", &[]),
+        created("b", &["a"]),
+        created("c", &[]),
+    ]);
+    // Ready: a and c; one free agent each.
+    assert_eq!(
+        acquires(&out),
+        vec![
+            (task_key("lobby", "a"), "bo".into()),
+            (task_key("lobby", "c"), "cy".into())
+        ]
+    );
+    let st = run_task_to_start(&mut h, "a", "bo", 5);
+    assert!(matches!(&st.work, TurnWork::Task(t) if t.id == "a" && t.attempt == 1));
+    assert_eq!(
+        h.sync.tasks().task("lobby", "a").unwrap().owner.as_deref(),
+        Some("bo")
+    );
+
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Replied {
+            text: "built".into(),
+        },
+    );
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!("{}@bo#5", task_key("lobby", "a"))),
+            vec!["task.completed", "turn.replied"]
+        )]
+    );
+    assert!(
+        !kinds(&out).contains(&"release"),
+        "a completed claim lapses"
+    );
+    h.apply_appends(&out);
+    let out = h.read();
+    assert_eq!(
+        h.sync.tasks().task("lobby", "a").unwrap().status,
+        TaskStatus::Done
+    );
+    // b is ready now and bo is free.
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "b"), "bo".into())]);
+}
+
+#[test]
+fn a_failed_task_turn_fails_the_attempt_never_completes() {
+    for outcome in [
+        TurnOutcome::Failed {
+            reason: "exit 2".into(),
+        },
+        TurnOutcome::Cancelled,
+    ] {
+        let mut h = H::new(&["bo"]);
+        h.start();
+        h.post(vec![created("a", &[])]);
+        let st = run_task_to_start(&mut h, "a", "bo", 2);
+        let out = h.ended(&st.turn, outcome.clone());
+        assert_eq!(
+            appends(&out),
+            vec![(
+                Some(format!("{}@bo#2", task_key("lobby", "a"))),
+                vec!["task.failed", "turn.failed"]
+            )]
+        );
+        assert_eq!(kinds(&out)[1..3], ["release", "release"]);
+        h.apply_appends(&out);
+        let out = h.read();
+        let t = h.sync.tasks().task("lobby", "a").unwrap();
+        assert_eq!((t.status, t.attempts), (TaskStatus::Open, 1));
+        // Back on the frontier, retried.
+        assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    }
+}
+
+#[test]
+fn a_lost_claim_cancels_the_turn_and_nothing_completes() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 2);
+    let out = h.sync.handle(Event::ClaimLost {
+        key: task_key("lobby", "a"),
+        epoch: 2,
+    });
+    assert_eq!(kinds(&out), vec!["cancel"]);
+    // Even if the driver reports a reply, a lost claim never completes.
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Replied {
+            text: "late".into(),
+        },
+    );
+    assert_eq!(appends(&out), vec![(None, vec!["turn.failed"])]);
+    // A stale loss report is ignored.
+    assert!(h
+        .sync
+        .handle(Event::ClaimLost {
+            key: task_key("lobby", "a"),
+            epoch: 1
+        })
+        .is_empty());
+}
+
+#[test]
+fn reconcile_renews_live_turns_only_and_retakes_lapsed_tasks() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    // A remote agent holds `x`; bo runs `a`.
+    h.post(vec![created("x", &[])]);
+    h.sync.handle(Event::ClaimResult(ClaimOutcome {
+        key: task_key("lobby", "x"),
+        holder: "bo".into(),
+        won: false,
+        epoch: 1,
+        expires_at: T0 + 60 * S,
+    }));
+    h.post(vec![claimed("x", "zed", 1), created("a", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 1);
+
+    // The next reconcile falls at TTL / 4.
+    assert_eq!(h.sync.next_wakeup(), Some(T0 + 15 * S));
+    let out = h.tick(T0 + 15 * S);
+    let renews: Vec<String> = out
+        .iter()
+        .filter_map(|i| match i {
+            Intent::Renew { key, .. } => Some(key.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        renews,
+        vec![task_key("lobby", "a"), taskdrive_key("lobby", "a")]
+    );
+    // x is backed off until zed's lease would lapse.
+    assert!(acquires(&out).is_empty(), "{out:?}");
+
+    // After the lease: cy tries to re-take x.
+    let out = h.tick(T0 + 61 * S);
+    assert!(
+        acquires(&out).contains(&(task_key("lobby", "x"), "cy".into())),
+        "{out:?}"
+    );
+    let out = h.result(&task_key("lobby", "x"), "cy", true, 2);
+    let out = {
+        let mut o = out;
+        o.extend(h.result(&taskdrive_key("lobby", "x"), "r1", true, 1));
+        o
+    };
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!("{}@cy#2", task_key("lobby", "x"))),
+            vec!["task.claimed", "turn.prompted"]
+        )]
+    );
+    h.apply_appends(&out);
+    h.read();
+    let t = h.sync.tasks().task("lobby", "x").unwrap();
+    assert_eq!((t.owner.as_deref(), t.attempts), (Some("cy"), 2));
+    let _ = st;
+}
+
+#[test]
+fn own_lapsed_claim_is_retaken_after_a_loss() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 1);
+    // Paused past the TTL: the renew fails, the turn is cancelled.
+    h.sync.handle(Event::ClaimLost {
+        key: task_key("lobby", "a"),
+        epoch: 1,
+    });
+    h.ended(&st.turn, TurnOutcome::Cancelled);
+    let out = h.tick(T0 + 15 * S);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    // Re-taken at a new epoch: a new attempt.
+    let st = run_task_to_start(&mut h, "a", "bo", 2);
+    assert!(matches!(&st.work, TurnWork::Task(t) if t.attempt == 2));
+}
+
+#[test]
+fn resuming_the_same_lease_appends_no_new_claim() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    // The ledger says bo holds `a` at 4 (e.g. this relay restarted mid-turn).
+    h.post(vec![created("a", &[]), claimed("a", "bo", 4)]);
+    let out = h.tick(T0 + 15 * S);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    h.result(&task_key("lobby", "a"), "bo", true, 4);
+    let out = h.result(&taskdrive_key("lobby", "a"), "r1", true, 2);
+    assert_eq!(appends(&out)[0].1, vec!["turn.prompted"]);
+    assert_eq!(starts(&out).len(), 1);
+}
+
+#[test]
+fn another_relay_driving_the_same_agent_wins_the_drive() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    h.result(&task_key("lobby", "a"), "bo", true, 1);
+    let out = h.result(&taskdrive_key("lobby", "a"), "r1", false, 9);
+    assert!(out.is_empty(), "{out:?}");
+    assert!(h.sync.live_turns().is_empty());
+}
+
+#[test]
+fn wakes_per_pass_are_capped() {
+    let agents: Vec<String> = (0..40).map(|i| format!("ag{i:02}")).collect();
+    let refs: Vec<&str> = agents.iter().map(String::as_str).collect();
+    let mut h = H::new(&refs);
+    h.start();
+    let tasks: Vec<String> = (0..40).map(|i| format!("t{i:02}")).collect();
+    let out = h.post(tasks.iter().map(|t| created(t, &[])).collect());
+    assert_eq!(acquires(&out).len(), 16);
+    // The rest drains on the next pass.
+    let out = h.tick(T0 + S);
+    assert_eq!(acquires(&out).len(), 16);
+}
+
+#[test]
+fn push_gives_the_task_to_its_assignee() {
+    let cfg = config(Responder::Race, None, Allocation::Push);
+    let mut h = H::with(&["bo", "cy"], cfg);
+    h.start();
+    let assigned = ix(
+        Verb::TaskCreated,
+        "ana",
+        Role::Owner,
+        json!({"task": "a", "label": "x", "assignee": "cy"}),
+    );
+    let remote = ix(
+        Verb::TaskCreated,
+        "ana",
+        Role::Owner,
+        json!({"task": "b", "label": "x", "assignee": "zed"}),
+    );
+    let out = h.post(vec![assigned, remote, created("c", &[])]);
+    assert_eq!(
+        acquires(&out),
+        vec![
+            (task_key("lobby", "a"), "cy".into()),
+            (task_key("lobby", "c"), "bo".into())
+        ]
+    );
+}
+
+#[test]
+fn needs_are_matched_against_capabilities() {
+    let mut sync = Synchronizer::new(
+        "r1",
+        ["lobby"],
+        vec![
+            LocalAgent::new("bo"),
+            LocalAgent::new("cy").with_capabilities(["rust"]),
+        ],
+    );
+    sync.handle(Event::Tick { now: T0 });
+    let mut l = Ledger::default();
+    let row = l.push(
+        ix(
+            Verb::TaskCreated,
+            "ana",
+            Role::Owner,
+            json!({"task": "a", "label": "x", "needs": ["rust"]}),
+        ),
+        T0,
+    );
+    let out = sync.handle(Event::Ledger {
+        rows: vec![row],
+        caught_up: true,
+    });
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "cy".into())]);
+}
+
+#[test]
+fn bid_window_then_winner_claims_and_losers_are_rejected() {
+    let cfg = config(Responder::Race, None, Allocation::Bid);
+    let mut h = H::with(&["bo", "cy"], cfg);
+    h.start();
+    let out = h.post(vec![created("a", &[])]);
+    // Both free agents bid on the only open window; nobody claims yet.
+    assert!(acquires(&out).is_empty());
+    assert_eq!(
+        appends(&out),
+        vec![(None, vec!["task.bid"]), (None, vec!["task.bid"])]
+    );
+    h.apply_appends(&out);
+    h.read();
+    // A remote bid with a higher load.
+    h.post(vec![bid("a", "zed", 1, &[], 3)]);
+    assert_eq!(h.sync.next_wakeup(), Some(T0 + 2 * S));
+    assert!(acquires(&h.tick(T0 + 2 * S - 1)).is_empty());
+    let out = h.tick(T0 + 2 * S);
+    // Equal load 0: the lower agent id wins.
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    h.result(&task_key("lobby", "a"), "bo", true, 1);
+    let out = h.result(&taskdrive_key("lobby", "a"), "r1", true, 1);
+    assert_eq!(
+        appends(&out)[0].1,
+        vec![
+            "task.claimed",
+            "task.rejected",
+            "task.rejected",
+            "turn.prompted"
+        ]
+    );
+    h.apply_appends(&out);
+    h.read();
+    let t = h.sync.tasks().task("lobby", "a").unwrap();
+    assert_eq!(t.rejected.keys().collect::<Vec<_>>(), vec!["cy", "zed"]);
+
+    // A late bid for the attempt bo holds is rejected explicitly too.
+    let out = h.post(vec![bid("a", "late", 1, &[], 0)]);
+    assert_eq!(appends(&out)[0].1, vec!["task.rejected"]);
+}
+
+#[test]
+fn no_bids_falls_back_to_pull() {
+    let cfg = config(Responder::Race, None, Allocation::Bid);
+    let mut sync = Synchronizer::new(
+        "r1",
+        ["lobby"],
+        vec![LocalAgent::new("bo").with_capabilities(["go"])],
+    );
+    sync.handle(Event::Config {
+        room: "lobby".into(),
+        thread: None,
+        config: cfg,
+    });
+    sync.handle(Event::Tick { now: T0 });
+    let mut l = Ledger::default();
+    let row = l.push(
+        ix(
+            Verb::TaskCreated,
+            "ana",
+            Role::Owner,
+            json!({"task": "a", "label": "x"}),
+        ),
+        T0,
+    );
+    // bo is busy bidding elsewhere? No: it bids. Drop that bid by never appending it.
+    let out = sync.handle(Event::Ledger {
+        rows: vec![row],
+        caught_up: true,
+    });
+    assert_eq!(appends(&out).len(), 2, "registration and bo's bid: {out:?}");
+    // The bid never reached the ledger: at the close there are no bids, so pull.
+    let out = sync.handle(Event::Tick { now: T0 + 2 * S });
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+}
+
+#[test]
+fn abandoned_tasks_get_one_owner_notice() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let flaky = ix(
+        Verb::TaskCreated,
+        "ana",
+        Role::Owner,
+        json!({"task": "a", "label": "x", "max_attempts": 1}),
+    );
+    h.post(vec![flaky]);
+    let st = run_task_to_start(&mut h, "a", "bo", 1);
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Failed {
+            reason: "no".into(),
+        },
+    );
+    h.apply_appends(&out);
+    let out = h.read();
+    assert_eq!(appends(&out), vec![(None, vec!["coord.note"])]);
+    h.apply_appends(&out);
+    let out = h.read();
+    assert!(appends(&out).is_empty());
+    let board = h.sync.board().room("lobby").unwrap();
+    assert_eq!(board.notices.len(), 1);
+    assert!(h.sync.is_quiescent("lobby"));
+}
+
+#[test]
+fn shutdown_cancels_releases_and_stops() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[]), created("b", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 1);
+    let out = h.sync.handle(Event::Shutdown);
+    assert_eq!(kinds(&out), vec!["cancel"]);
+    let out = h.ended(&st.turn, TurnOutcome::Cancelled);
+    assert_eq!(appends(&out)[0].1, vec!["task.released", "turn.failed"]);
+    assert_eq!(kinds(&out).last(), Some(&"stopped"));
+    // Nothing new starts afterwards.
+    h.apply_appends(&out);
+    assert!(acquires(&h.read()).is_empty());
+}
+
+#[test]
+fn coordination_block_is_delivered_once_per_change() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    h.post(vec![
+        created("a", &[]),
+        created("b", &[]),
+        created("c", &[]),
+        created("d", &[]),
+    ]);
+    run_task_to_start(&mut h, "a", "bo", 1);
+    // cy's first turn sees bo working on a.
+    let sb = run_task_to_start(&mut h, "b", "cy", 1);
+    let block = sb.coordination.clone().expect("first delivery");
+    assert!(block.contains("- bo: working on task a"), "{block}");
+    assert!(
+        !block.contains("- cy:"),
+        "the reader is not shown to itself"
+    );
+    // Complete b; cy's next turn (c) sees bo unchanged but the task summary changed,
+    // so the block is delivered again.
+    let mut out = h.ended(&sb.turn, TurnOutcome::Replied { text: "ok".into() });
+    h.apply_appends(&out);
+    out.extend(h.read());
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "c"), "cy".into())]);
+    let sc = run_task_to_start(&mut h, "c", "cy", 2);
+    let again = sc.coordination.expect("changed, so delivered");
+    assert!(again.contains("1 done"), "{again}");
+}
+
+#[test]
+fn unknown_or_stale_events_are_ignored() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    assert!(h.result("task/lobby/nope", "bo", true, 1).is_empty());
+    assert!(h
+        .ended(&TurnId("nope".into()), TurnOutcome::Cancelled)
+        .is_empty());
+    assert!(h
+        .sync
+        .handle(Event::ClaimLost {
+            key: "x".into(),
+            epoch: 1
+        })
+        .is_empty());
+    // Rows from rooms this relay does not serve are not folded.
+    let mut l = Ledger::default();
+    let row = l.push(
+        NewInteraction::new(
+            "elsewhere",
+            Verb::TaskCreated,
+            "ana",
+            Role::Owner,
+            json!({"task": "a", "label": "x"}),
+        ),
+        T0,
+    );
+    assert!(h
+        .sync
+        .handle(Event::Ledger {
+            rows: vec![row],
+            caught_up: true
+        })
+        .is_empty());
+    assert!(h.sync.tasks().room("elsewhere").is_none());
+}

@@ -1,0 +1,1287 @@
+//! The task DAG fold: `task.*` interactions folded into tasks, attempts, owners and the
+//! ready frontier.
+//!
+//! ```text
+//!            task.created (first wins)
+//!                  |
+//!                  v
+//!   +--------> open --(all deps done)--> ready --task.claimed--> claimed --task.completed--> done
+//!   |                                                               |   (owner + epoch only)
+//!   +------ task.failed / task.released (owner + epoch), attempts < max
+//!                                                                   |
+//!              attempts exhausted (or the last claim lapsed) ----> abandoned (+ owner notice)
+//! ```
+//!
+//! Rules (documented with every body schema in `docs/protocol/coordination.md`):
+//!
+//! - Task ids are scoped per room. The first `task.created` for an id wins; only
+//!   interactions with role `owner` or `system` create tasks (agent text is never a
+//!   command, so an agent cannot seed work).
+//! - A `task.claimed` counts when its epoch is greater than every epoch accepted before
+//!   for the task and every dependency is done. A claim that supersedes a live one (a
+//!   lapsed claim re-taken, possibly by its former holder) ends the previous attempt.
+//! - `task.completed`, `task.failed` and `task.released` count only from the current
+//!   owner at the current epoch; anything else is refused (counted, state unchanged).
+//! - A failed or released attempt returns the task to ready with one more attempt
+//!   used; when `max_attempts` are used the task is abandoned ("failed for good") and
+//!   an owner notice is due until a `coord.note` notice for it is folded.
+//! - Bodies are parsed defensively: a malformed body is counted and ignored.
+//!
+//! The state holds no ledger positions and every multi-writer field is merged by the
+//! claim epoch, so folding any interleaving that keeps each actor's order and the
+//! causal order gives the same [`Fold::state_hash`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::board::{CoordNoteBody, NoticeBody};
+use crate::fold::{hash_state, Fold};
+use crate::model::{Interaction, NewInteraction, Role, Timestamp};
+use crate::sync::ClaimEpoch;
+use crate::verbs::Verb;
+
+/// Attempts per task when `task.created` does not say (the `max-attempts` default).
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+/// The most attempts a task may be given, whatever its body says.
+pub const MAX_ATTEMPTS_CAP: u32 = 100;
+/// Longest task id, in bytes.
+pub const MAX_TASK_ID_BYTES: usize = 128;
+/// Longest task label, in bytes.
+pub const MAX_LABEL_BYTES: usize = 4096;
+/// Most dependencies of one task.
+pub const MAX_DEPS: usize = 1000;
+/// Most entries in a task's `needs` or a bid's `capabilities`.
+pub const MAX_CAPABILITIES: usize = 64;
+/// Longest capability name, in bytes.
+pub const MAX_CAPABILITY_BYTES: usize = 64;
+/// Longest `result` or `reason` text kept in the fold, in bytes (longer is truncated).
+pub const MAX_RESULT_BYTES: usize = 16 * 1024;
+/// The actor of interactions huddle writes on nobody's behalf (owner notices).
+pub const SYSTEM_ACTOR: &str = "huddle";
+
+/// Whether `id` is a valid task id: 1..=128 bytes of `[A-Za-z0-9_-]`.
+pub fn valid_task_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_TASK_ID_BYTES
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Whether `name` is a valid capability name: 1..=64 bytes, no white space or control
+/// characters.
+pub fn valid_capability(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_CAPABILITY_BYTES
+        && !name.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+/// Truncates `text` to at most `max` bytes on a character boundary.
+pub fn truncate_text(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
+/// Decodes a body into `T`, or `None` when it does not fit the schema.
+pub(crate) fn parse_body<T: DeserializeOwned>(body: &Value) -> Option<T> {
+    T::deserialize(body).ok()
+}
+
+fn to_value<T: Serialize>(body: &T) -> Value {
+    serde_json::to_value(body).unwrap_or(Value::Null)
+}
+
+fn sorted_unique(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v.dedup();
+    v
+}
+
+// ---------------------------------------------------------------------------------
+// Body schemas
+// ---------------------------------------------------------------------------------
+
+/// Body of `task.created` (role `owner` or `system`).
+///
+/// `{"task":"api","label":"Build the API","deps":["db"],"assignee":"bo","needs":["rust"],"max_attempts":3}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskCreatedBody {
+    /// Task id, `[A-Za-z0-9_-]{1,128}`, unique in the room.
+    pub task: String,
+    /// What to do; non-empty, at most 4 KiB.
+    pub label: String,
+    /// Ids of tasks that must be done first (may name tasks created later).
+    #[serde(default)]
+    pub deps: Vec<String>,
+    /// The agent that should do it under `push` allocation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignee: Option<String>,
+    /// Capabilities an agent must declare to take the task.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub needs: Vec<String>,
+    /// Attempts before the task fails for good (default 3, clamped to 1..=100). The
+    /// writer copies the room's `max-attempts` here so the fold never depends on
+    /// config that changes later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+}
+
+impl TaskCreatedBody {
+    /// Decodes and checks a body: valid ids, no self-dependency, sizes in bounds.
+    pub fn parse(body: &Value) -> Option<Self> {
+        let b: Self = parse_body(body)?;
+        let ok = valid_task_id(&b.task)
+            && !b.label.trim().is_empty()
+            && b.label.len() <= MAX_LABEL_BYTES
+            && b.deps.len() <= MAX_DEPS
+            && b.deps.iter().all(|d| valid_task_id(d) && *d != b.task)
+            && b.needs.len() <= MAX_CAPABILITIES
+            && b.needs.iter().all(|n| valid_capability(n))
+            && b.assignee.as_deref().is_none_or(|a| !a.is_empty());
+        ok.then_some(b)
+    }
+
+    /// The JSON body.
+    pub fn to_body(&self) -> Value {
+        to_value(self)
+    }
+}
+
+/// Body of `task.bid` (actor = the bidding agent; not fenced).
+///
+/// `{"task":"api","attempt":1,"capabilities":["rust"],"load":0}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskBidBody {
+    /// Task id.
+    pub task: String,
+    /// The attempt the bid is for: the task's attempts used so far + 1.
+    pub attempt: u32,
+    /// Capabilities the bidder declares.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    /// The bidder's current load (turns in flight and tasks held).
+    #[serde(default)]
+    pub load: u32,
+}
+
+impl TaskBidBody {
+    /// Decodes and checks a body.
+    pub fn parse(body: &Value) -> Option<Self> {
+        let b: Self = parse_body(body)?;
+        let ok = valid_task_id(&b.task)
+            && b.attempt >= 1
+            && b.capabilities.len() <= MAX_CAPABILITIES
+            && b.capabilities.iter().all(|c| valid_capability(c));
+        ok.then_some(b)
+    }
+
+    /// The JSON body.
+    pub fn to_body(&self) -> Value {
+        to_value(self)
+    }
+}
+
+/// Body of `task.rejected` (actor = the agent that claimed the task; appended fenced by
+/// that claim, in the batch of its `task.claimed` or later for late bids).
+///
+/// `{"task":"api","attempt":1,"agent":"cy","winner":"bo"}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRejectedBody {
+    /// Task id.
+    pub task: String,
+    /// The attempt the losing bid was for.
+    pub attempt: u32,
+    /// The losing bidder.
+    pub agent: String,
+    /// The agent that claimed the task.
+    pub winner: String,
+}
+
+impl TaskRejectedBody {
+    /// Decodes and checks a body.
+    pub fn parse(body: &Value) -> Option<Self> {
+        let b: Self = parse_body(body)?;
+        (valid_task_id(&b.task) && !b.agent.is_empty()).then_some(b)
+    }
+
+    /// The JSON body.
+    pub fn to_body(&self) -> Value {
+        to_value(self)
+    }
+}
+
+/// Body of `task.claimed` (actor = the claiming agent; appended fenced by
+/// `task/<room>/<task>` held by that agent at `epoch`).
+///
+/// `{"task":"api","epoch":7,"attempt":1}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskClaimedBody {
+    /// Task id.
+    pub task: String,
+    /// The claim's epoch (fencing token).
+    pub epoch: ClaimEpoch,
+    /// The attempt this claim starts, as the claimant computed it (informational: the
+    /// fold counts attempts itself).
+    pub attempt: u32,
+}
+
+impl TaskClaimedBody {
+    /// Decodes and checks a body.
+    pub fn parse(body: &Value) -> Option<Self> {
+        let b: Self = parse_body(body)?;
+        (valid_task_id(&b.task) && b.epoch > 0).then_some(b)
+    }
+
+    /// The JSON body.
+    pub fn to_body(&self) -> Value {
+        to_value(self)
+    }
+}
+
+/// Body of `task.completed` (actor = the owner; fenced by the task claim).
+///
+/// `{"task":"api","epoch":7,"result":"done: 3 endpoints","tokens":1200}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskCompletedBody {
+    /// Task id.
+    pub task: String,
+    /// The epoch of the claim the work was done under.
+    pub epoch: ClaimEpoch,
+    /// A short result (kept up to 16 KiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    /// Tokens the turn used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+}
+
+impl TaskCompletedBody {
+    /// Decodes and checks a body.
+    pub fn parse(body: &Value) -> Option<Self> {
+        let b: Self = parse_body(body)?;
+        valid_task_id(&b.task).then_some(b)
+    }
+
+    /// The JSON body.
+    pub fn to_body(&self) -> Value {
+        to_value(self)
+    }
+}
+
+/// Body of `task.failed` and `task.released` (actor = the owner; fenced by the task
+/// claim). Both give the attempt back; `failed` says it went wrong, `released` that
+/// the owner stopped (e.g. its relay shut down).
+///
+/// `{"task":"api","epoch":7,"reason":"exit status 1"}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEndedBody {
+    /// Task id.
+    pub task: String,
+    /// The epoch of the claim the attempt ran under.
+    pub epoch: ClaimEpoch,
+    /// Why (kept up to 16 KiB).
+    #[serde(default)]
+    pub reason: String,
+}
+
+impl TaskEndedBody {
+    /// Decodes and checks a body.
+    pub fn parse(body: &Value) -> Option<Self> {
+        let b: Self = parse_body(body)?;
+        valid_task_id(&b.task).then_some(b)
+    }
+
+    /// The JSON body.
+    pub fn to_body(&self) -> Value {
+        to_value(self)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// State
+// ---------------------------------------------------------------------------------
+
+/// Where a task is in its life. `ready` is derived (open with every dependency done).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskStatus {
+    /// Not held by anyone; ready when every dependency is done.
+    Open,
+    /// Held by `owner` at `epoch`.
+    Claimed,
+    /// Completed by its owner at its epoch.
+    Done,
+    /// Failed for good after `max_attempts` attempts.
+    Abandoned,
+}
+
+/// A bid as the fold keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskBid {
+    /// The bidder.
+    pub agent: String,
+    /// Declared capabilities, sorted and de-duplicated.
+    pub capabilities: Vec<String>,
+    /// Declared load.
+    pub load: u32,
+    /// Database time of the bid.
+    pub at: Timestamp,
+}
+
+/// One task of a room.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// Task id.
+    pub id: String,
+    /// What to do.
+    pub label: String,
+    /// Dependencies, sorted and de-duplicated.
+    pub deps: Vec<String>,
+    /// The `push` assignee.
+    pub assignee: Option<String>,
+    /// Required capabilities, sorted and de-duplicated.
+    pub needs: Vec<String>,
+    /// Attempts before the task fails for good.
+    pub max_attempts: u32,
+    /// Who created it.
+    pub created_by: String,
+    /// When it was created (database time).
+    pub created_at: Timestamp,
+    /// Life-cycle status.
+    pub status: TaskStatus,
+    /// Attempts started so far (accepted claims).
+    pub attempts: u32,
+    /// The current owner while claimed; the last owner once done or abandoned.
+    pub owner: Option<String>,
+    /// The epoch of the latest accepted claim; later claims must exceed it.
+    pub epoch: Option<ClaimEpoch>,
+    /// When the current attempt was claimed.
+    pub claimed_at: Option<Timestamp>,
+    /// When it was completed.
+    pub done_at: Option<Timestamp>,
+    /// When an attempt was last given back (failed, released, or lapsed).
+    pub returned_at: Option<Timestamp>,
+    /// The result of the completion.
+    pub result: Option<String>,
+    /// The reason of the last failure or release.
+    pub last_reason: Option<String>,
+    /// Bids for the next attempt (`attempts + 1`), by agent; cleared by a claim.
+    pub bids: BTreeMap<String, TaskBid>,
+    /// Losing bidders told so, with the attempt they bid for.
+    pub rejected: BTreeMap<String, u32>,
+    /// Whether the owner notice for an abandoned task has been folded.
+    pub notified: bool,
+}
+
+impl Task {
+    /// The attempt number the next claim starts.
+    pub fn next_attempt(&self) -> u32 {
+        self.attempts.saturating_add(1)
+    }
+
+    /// Whether the current owner at the current epoch is `(agent, epoch)`.
+    pub fn is_held_by(&self, agent: &str, epoch: ClaimEpoch) -> bool {
+        self.status == TaskStatus::Claimed
+            && self.owner.as_deref() == Some(agent)
+            && self.epoch == Some(epoch)
+    }
+}
+
+/// Counters of what a room's fold refused, for diagnostics.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusals {
+    /// Bodies that did not fit their schema.
+    pub malformed: u64,
+    /// Well-formed interactions that did not apply (unknown task, duplicate creation,
+    /// creation by a non-owner, stale epoch, not the owner, not ready, ...).
+    pub refused: u64,
+}
+
+/// The tasks of one room.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoomTasks {
+    /// Tasks by id.
+    pub tasks: BTreeMap<String, Task>,
+    /// What was refused.
+    pub refusals: Refusals,
+}
+
+/// Counts of a room's tasks by derived state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskSummary {
+    /// All tasks.
+    pub total: usize,
+    /// Completed.
+    pub done: usize,
+    /// Held by an owner.
+    pub claimed: usize,
+    /// Open with every dependency done.
+    pub ready: usize,
+    /// Open, waiting for dependencies that can still finish.
+    pub waiting: usize,
+    /// Open, but a dependency is abandoned, missing or in a cycle: it can never run.
+    pub blocked: usize,
+    /// Failed for good.
+    pub abandoned: usize,
+}
+
+/// The task DAG fold over every room.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskDag {
+    rooms: BTreeMap<String, RoomTasks>,
+}
+
+impl TaskDag {
+    /// An empty DAG.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Folds `interactions` from scratch (the full rebuild; equal to folding them one
+    /// by one).
+    pub fn rebuild<'a>(interactions: impl IntoIterator<Item = &'a Interaction>) -> Self {
+        let mut dag = Self::new();
+        dag.apply_all(interactions);
+        dag
+    }
+
+    /// Rooms that have task state, sorted.
+    pub fn rooms(&self) -> impl Iterator<Item = &str> {
+        self.rooms.keys().map(String::as_str)
+    }
+
+    /// A room's tasks.
+    pub fn room(&self, room: &str) -> Option<&RoomTasks> {
+        self.rooms.get(room)
+    }
+
+    /// One task.
+    pub fn task(&self, room: &str, task: &str) -> Option<&Task> {
+        self.rooms.get(room)?.tasks.get(task)
+    }
+
+    /// Whether `task` is ready: open and every dependency done.
+    pub fn is_ready(&self, room: &str, task: &str) -> bool {
+        match self.rooms.get(room) {
+            Some(r) => r.tasks.get(task).is_some_and(|t| r.is_ready(t)),
+            None => false,
+        }
+    }
+
+    /// The ready frontier of a room: open tasks whose dependencies are all done and
+    /// that nobody holds, sorted by id.
+    pub fn ready_frontier(&self, room: &str) -> Vec<&Task> {
+        match self.rooms.get(room) {
+            Some(r) => r.tasks.values().filter(|t| r.is_ready(t)).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Tasks currently held by an owner, sorted by id.
+    pub fn claimed(&self, room: &str) -> Vec<&Task> {
+        self.rooms
+            .get(room)
+            .map(|r| {
+                r.tasks
+                    .values()
+                    .filter(|t| t.status == TaskStatus::Claimed)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// When `task` became ready: the latest of its creation, its dependencies'
+    /// completions and its last give-back. `None` when it is not ready.
+    pub fn ready_since(&self, room: &str, task: &str) -> Option<Timestamp> {
+        let r = self.rooms.get(room)?;
+        let t = r.tasks.get(task)?;
+        if !r.is_ready(t) {
+            return None;
+        }
+        let mut since = t.created_at;
+        for d in &t.deps {
+            if let Some(done) = r.tasks.get(d).and_then(|d| d.done_at) {
+                since = since.max(done);
+            }
+        }
+        if let Some(back) = t.returned_at {
+            since = since.max(back);
+        }
+        Some(since)
+    }
+
+    /// Abandoned tasks whose owner notice has not been folded yet, sorted by id.
+    pub fn notices_due(&self, room: &str) -> Vec<&Task> {
+        self.rooms
+            .get(room)
+            .map(|r| {
+                r.tasks
+                    .values()
+                    .filter(|t| t.status == TaskStatus::Abandoned && !t.notified)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether no task of the room is ready or claimed (the task half of quiescence).
+    pub fn is_settled(&self, room: &str) -> bool {
+        match self.rooms.get(room) {
+            Some(r) => r
+                .tasks
+                .values()
+                .all(|t| t.status != TaskStatus::Claimed && !r.is_ready(t)),
+            None => true,
+        }
+    }
+
+    /// Counts of the room's tasks by derived state.
+    pub fn summary(&self, room: &str) -> TaskSummary {
+        let Some(r) = self.rooms.get(room) else {
+            return TaskSummary::default();
+        };
+        let finishable = r.finishable();
+        let mut s = TaskSummary {
+            total: r.tasks.len(),
+            ..TaskSummary::default()
+        };
+        for t in r.tasks.values() {
+            match t.status {
+                TaskStatus::Done => s.done += 1,
+                TaskStatus::Claimed => s.claimed += 1,
+                TaskStatus::Abandoned => s.abandoned += 1,
+                TaskStatus::Open if r.is_ready(t) => s.ready += 1,
+                TaskStatus::Open if finishable.contains(t.id.as_str()) => s.waiting += 1,
+                TaskStatus::Open => s.blocked += 1,
+            }
+        }
+        s
+    }
+
+    /// The `coord.note` notice that tells the room owner `task` failed for good. Its
+    /// content depends only on the folded task, so every relay that appends it writes
+    /// the same interaction (the ledger keeps one).
+    pub fn abandon_notice(&self, room: &str, task: &str) -> Option<NewInteraction> {
+        let t = self.task(room, task)?;
+        if t.status != TaskStatus::Abandoned {
+            return None;
+        }
+        let reason = t.last_reason.as_deref().unwrap_or("no reason given");
+        let body = CoordNoteBody::Notice(NoticeBody {
+            about: NoticeBody::TASK_ABANDONED.to_string(),
+            to: Some("owner".to_string()),
+            task: Some(t.id.clone()),
+            text: format!(
+                "task {} ({}) failed for good after {} attempt(s); last: {}",
+                t.id,
+                truncate_text(&t.label, 200),
+                t.attempts,
+                truncate_text(reason, 500)
+            ),
+        });
+        Some(NewInteraction::new(
+            room,
+            Verb::CoordNote,
+            SYSTEM_ACTOR,
+            Role::System,
+            body.to_body(),
+        ))
+    }
+}
+
+impl RoomTasks {
+    fn is_ready(&self, t: &Task) -> bool {
+        t.status == TaskStatus::Open && self.deps_done(t)
+    }
+
+    fn deps_done(&self, t: &Task) -> bool {
+        t.deps.iter().all(|d| {
+            self.tasks
+                .get(d)
+                .is_some_and(|d| d.status == TaskStatus::Done)
+        })
+    }
+
+    /// Ids of tasks that are done or can still become done (least fixpoint: a task can
+    /// finish when it is not abandoned and all its dependencies can finish).
+    fn finishable(&self) -> BTreeSet<&str> {
+        let mut dependents: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        let mut missing: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut queue: Vec<&str> = Vec::new();
+        for t in self.tasks.values() {
+            if t.status == TaskStatus::Abandoned {
+                continue;
+            }
+            missing.insert(t.id.as_str(), t.deps.len());
+            for d in &t.deps {
+                dependents
+                    .entry(d.as_str())
+                    .or_default()
+                    .push(t.id.as_str());
+            }
+            if t.deps.is_empty() {
+                queue.push(t.id.as_str());
+            }
+        }
+        let mut ok = BTreeSet::new();
+        while let Some(id) = queue.pop() {
+            if !ok.insert(id) {
+                continue;
+            }
+            for dep in dependents.get(id).into_iter().flatten() {
+                if let Some(n) = missing.get_mut(dep) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        queue.push(dep);
+                    }
+                }
+            }
+        }
+        ok
+    }
+
+    fn refuse(&mut self) {
+        self.refusals.refused += 1;
+    }
+
+    fn malformed(&mut self) {
+        self.refusals.malformed += 1;
+    }
+
+    fn apply(&mut self, i: &Interaction) {
+        match i.verb {
+            Verb::TaskCreated => self.created(i),
+            Verb::TaskBid => self.bid(i),
+            Verb::TaskRejected => self.rejected(i),
+            Verb::TaskClaimed => self.claimed(i),
+            Verb::TaskCompleted => self.completed(i),
+            Verb::TaskFailed | Verb::TaskReleased => self.given_back(i),
+            Verb::CoordNote => self.note(i),
+            _ => {}
+        }
+    }
+
+    fn created(&mut self, i: &Interaction) {
+        let Some(b) = TaskCreatedBody::parse(&i.body) else {
+            return self.malformed();
+        };
+        if !matches!(i.role, Role::Owner | Role::System) || self.tasks.contains_key(&b.task) {
+            return self.refuse();
+        }
+        let max_attempts = b
+            .max_attempts
+            .unwrap_or(DEFAULT_MAX_ATTEMPTS)
+            .clamp(1, MAX_ATTEMPTS_CAP);
+        let task = Task {
+            id: b.task.clone(),
+            label: b.label,
+            deps: sorted_unique(b.deps),
+            assignee: b.assignee,
+            needs: sorted_unique(b.needs),
+            max_attempts,
+            created_by: i.actor.clone(),
+            created_at: i.at,
+            status: TaskStatus::Open,
+            attempts: 0,
+            owner: None,
+            epoch: None,
+            claimed_at: None,
+            done_at: None,
+            returned_at: None,
+            result: None,
+            last_reason: None,
+            bids: BTreeMap::new(),
+            rejected: BTreeMap::new(),
+            notified: false,
+        };
+        self.tasks.insert(b.task, task);
+    }
+
+    fn bid(&mut self, i: &Interaction) {
+        let Some(b) = TaskBidBody::parse(&i.body) else {
+            return self.malformed();
+        };
+        let ready = match self.tasks.get(&b.task) {
+            Some(t) => self.is_ready(t) && b.attempt == t.next_attempt(),
+            None => false,
+        };
+        if !ready {
+            return self.refuse();
+        }
+        if let Some(t) = self.tasks.get_mut(&b.task) {
+            // The first bid of each agent for an attempt counts.
+            t.bids.entry(i.actor.clone()).or_insert_with(|| TaskBid {
+                agent: i.actor.clone(),
+                capabilities: sorted_unique(b.capabilities),
+                load: b.load,
+                at: i.at,
+            });
+        }
+    }
+
+    fn rejected(&mut self, i: &Interaction) {
+        let Some(b) = TaskRejectedBody::parse(&i.body) else {
+            return self.malformed();
+        };
+        match self.tasks.get_mut(&b.task) {
+            Some(t) if t.owner.as_deref() == Some(i.actor.as_str()) && b.attempt == t.attempts => {
+                let e = t.rejected.entry(b.agent).or_insert(b.attempt);
+                *e = (*e).max(b.attempt);
+            }
+            _ => self.refuse(),
+        }
+    }
+
+    fn claimed(&mut self, i: &Interaction) {
+        let Some(b) = TaskClaimedBody::parse(&i.body) else {
+            return self.malformed();
+        };
+        let acceptable = match self.tasks.get(&b.task) {
+            Some(t) => {
+                matches!(t.status, TaskStatus::Open | TaskStatus::Claimed)
+                    && t.epoch.is_none_or(|e| b.epoch > e)
+                    && self.deps_done(t)
+            }
+            None => false,
+        };
+        let Some(t) = self.tasks.get_mut(&b.task).filter(|_| acceptable) else {
+            return self.refuse();
+        };
+        t.epoch = Some(b.epoch);
+        t.bids.clear();
+        if t.status == TaskStatus::Claimed {
+            // A later claim supersedes a live one: the previous holder's lease lapsed
+            // and it was re-taken, so the previous attempt is over.
+            t.returned_at = Some(t.returned_at.map_or(i.at, |r| r.max(i.at)));
+            t.last_reason = Some("claim lapsed and was re-taken".to_string());
+        }
+        if t.attempts >= t.max_attempts {
+            t.status = TaskStatus::Abandoned;
+            t.owner = None;
+            return;
+        }
+        t.attempts += 1;
+        t.status = TaskStatus::Claimed;
+        t.owner = Some(i.actor.clone());
+        t.claimed_at = Some(i.at);
+    }
+
+    fn completed(&mut self, i: &Interaction) {
+        let Some(b) = TaskCompletedBody::parse(&i.body) else {
+            return self.malformed();
+        };
+        match self.tasks.get_mut(&b.task) {
+            Some(t) if t.is_held_by(&i.actor, b.epoch) => {
+                t.status = TaskStatus::Done;
+                t.done_at = Some(i.at);
+                t.result = b.result.map(|r| truncate_text(&r, MAX_RESULT_BYTES));
+            }
+            _ => self.refuse(),
+        }
+    }
+
+    fn given_back(&mut self, i: &Interaction) {
+        let Some(b) = TaskEndedBody::parse(&i.body) else {
+            return self.malformed();
+        };
+        match self.tasks.get_mut(&b.task) {
+            Some(t) if t.is_held_by(&i.actor, b.epoch) => {
+                t.returned_at = Some(i.at);
+                t.last_reason = Some(truncate_text(&b.reason, MAX_RESULT_BYTES));
+                t.status = if t.attempts >= t.max_attempts {
+                    TaskStatus::Abandoned
+                } else {
+                    t.owner = None;
+                    TaskStatus::Open
+                };
+            }
+            _ => self.refuse(),
+        }
+    }
+
+    fn note(&mut self, i: &Interaction) {
+        if let Some(CoordNoteBody::Notice(n)) = CoordNoteBody::parse(&i.body) {
+            if n.about == NoticeBody::TASK_ABANDONED {
+                if let Some(t) = n.task.and_then(|id| self.tasks.get_mut(&id)) {
+                    t.notified = true;
+                }
+            }
+        }
+    }
+}
+
+impl Fold for TaskDag {
+    fn apply(&mut self, interaction: &Interaction) {
+        let relevant = matches!(
+            interaction.verb,
+            Verb::TaskCreated
+                | Verb::TaskBid
+                | Verb::TaskRejected
+                | Verb::TaskClaimed
+                | Verb::TaskCompleted
+                | Verb::TaskFailed
+                | Verb::TaskReleased
+        );
+        if relevant {
+            self.rooms
+                .entry(interaction.room.clone())
+                .or_default()
+                .apply(interaction);
+        } else if interaction.verb == Verb::CoordNote {
+            if let Some(r) = self.rooms.get_mut(&interaction.room) {
+                r.apply(interaction);
+            }
+        }
+    }
+
+    fn state_hash(&self) -> [u8; 32] {
+        hash_state(self)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::type_complexity)] // case tables
+mod tests {
+    use super::*;
+    use crate::board::Board;
+    use crate::sync::testutil::{
+        bid, claimed, completed, created, failed, gen_history, ix, linearize, Ledger,
+    };
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// Folds `rows` (at = 1 s, 2 s, ...) and returns the DAG.
+    fn fold(rows: Vec<NewInteraction>) -> TaskDag {
+        let mut l = Ledger::default();
+        for (n, r) in rows.into_iter().enumerate() {
+            l.push(r, (n as i64 + 1) * 1_000_000);
+        }
+        TaskDag::rebuild(&l.rows)
+    }
+
+    fn frontier(dag: &TaskDag) -> Vec<&str> {
+        dag.ready_frontier("lobby")
+            .into_iter()
+            .map(|t| t.id.as_str())
+            .collect()
+    }
+
+    fn status(dag: &TaskDag, id: &str) -> Option<TaskStatus> {
+        dag.task("lobby", id).map(|t| t.status)
+    }
+
+    fn refused(dag: &TaskDag) -> u64 {
+        dag.room("lobby").map_or(0, |r| r.refusals.refused)
+    }
+
+    #[test]
+    fn frontier_follows_dependencies_and_is_sorted() {
+        // (history, expected frontier)
+        let cases: Vec<(Vec<NewInteraction>, Vec<&str>)> = vec![
+            (vec![], vec![]),
+            (vec![created("b", &[]), created("a", &[])], vec!["a", "b"]),
+            (vec![created("a", &[]), created("b", &["a"])], vec!["a"]),
+            (
+                vec![
+                    created("a", &[]),
+                    created("b", &["a"]),
+                    claimed("a", "bo", 1),
+                ],
+                vec![],
+            ),
+            (
+                vec![
+                    created("a", &[]),
+                    created("b", &["a"]),
+                    claimed("a", "bo", 1),
+                    completed("a", "bo", 1),
+                ],
+                vec!["b"],
+            ),
+            // A dependency created later is still a dependency.
+            (vec![created("b", &["a"])], vec![]),
+            (vec![created("b", &["a"]), created("a", &[])], vec!["a"]),
+            // Failure returns the task to the frontier.
+            (
+                vec![
+                    created("a", &[]),
+                    claimed("a", "bo", 1),
+                    failed("a", "bo", 1),
+                ],
+                vec!["a"],
+            ),
+        ];
+        for (i, (rows, want)) in cases.into_iter().enumerate() {
+            let dag = fold(rows);
+            assert_eq!(frontier(&dag), want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn creation_first_wins_and_only_owners_create() {
+        let dag = fold(vec![
+            created("a", &[]),
+            ix(
+                Verb::TaskCreated,
+                "ana",
+                Role::Owner,
+                json!({"task": "a", "label": "other"}),
+            ),
+            ix(
+                Verb::TaskCreated,
+                "bo",
+                Role::Agent,
+                json!({"task": "z", "label": "evil"}),
+            ),
+            ix(
+                Verb::TaskCreated,
+                "hu",
+                Role::Human,
+                json!({"task": "y", "label": "not owner"}),
+            ),
+            ix(
+                Verb::TaskCreated,
+                "huddle",
+                Role::System,
+                json!({"task": "s", "label": "sys"}),
+            ),
+        ]);
+        assert_eq!(dag.task("lobby", "a").unwrap().label, "do a");
+        assert!(dag.task("lobby", "z").is_none());
+        assert!(dag.task("lobby", "y").is_none());
+        assert!(dag.task("lobby", "s").is_some());
+        assert_eq!(refused(&dag), 3);
+    }
+
+    #[test]
+    fn completion_counts_only_from_owner_at_current_epoch() {
+        // (extra rows after `a` is claimed by bo at epoch 2, expected status, refused)
+        let cases: Vec<(Vec<NewInteraction>, TaskStatus, u64)> = vec![
+            (vec![completed("a", "bo", 2)], TaskStatus::Done, 0),
+            (vec![completed("a", "cy", 2)], TaskStatus::Claimed, 1),
+            (vec![completed("a", "bo", 1)], TaskStatus::Claimed, 1),
+            (vec![completed("a", "bo", 3)], TaskStatus::Claimed, 1),
+            (vec![failed("a", "cy", 2)], TaskStatus::Claimed, 1),
+            // Re-taken by cy at 3: bo's late completion no longer counts, cy's does.
+            (
+                vec![claimed("a", "cy", 3), completed("a", "bo", 2)],
+                TaskStatus::Claimed,
+                1,
+            ),
+            (
+                vec![claimed("a", "cy", 3), completed("a", "cy", 3)],
+                TaskStatus::Done,
+                0,
+            ),
+            // A second completion is refused.
+            (
+                vec![completed("a", "bo", 2), completed("a", "bo", 2)],
+                TaskStatus::Done,
+                1,
+            ),
+            // A stale claim is refused.
+            (vec![claimed("a", "cy", 2)], TaskStatus::Claimed, 1),
+        ];
+        for (i, (extra, want, want_refused)) in cases.into_iter().enumerate() {
+            let mut rows = vec![created("a", &[]), claimed("a", "bo", 2)];
+            rows.extend(extra);
+            let dag = fold(rows);
+            assert_eq!(status(&dag, "a"), Some(want), "case {i}");
+            assert_eq!(refused(&dag), want_refused, "case {i}");
+        }
+    }
+
+    #[test]
+    fn claims_need_a_ready_task() {
+        let dag = fold(vec![
+            claimed("ghost", "bo", 1),
+            created("a", &[]),
+            created("b", &["a"]),
+            claimed("b", "bo", 1),
+        ]);
+        assert_eq!(status(&dag, "b"), Some(TaskStatus::Open));
+        assert_eq!(refused(&dag), 2);
+    }
+
+    #[test]
+    fn attempts_run_out_and_the_owner_is_told() {
+        let mut rows = vec![ix(
+            Verb::TaskCreated,
+            "ana",
+            Role::Owner,
+            json!({"task": "a", "label": "flaky", "max_attempts": 2}),
+        )];
+        rows.extend([claimed("a", "bo", 1), failed("a", "bo", 1)]);
+        let dag = fold(rows.clone());
+        let t = dag.task("lobby", "a").unwrap();
+        assert_eq!(
+            (t.status, t.attempts, t.next_attempt()),
+            (TaskStatus::Open, 1, 2)
+        );
+        assert!(dag.notices_due("lobby").is_empty());
+
+        rows.extend([claimed("a", "cy", 2), failed("a", "cy", 2)]);
+        let dag = fold(rows.clone());
+        assert_eq!(status(&dag, "a"), Some(TaskStatus::Abandoned));
+        assert!(frontier(&dag).is_empty());
+        assert_eq!(dag.notices_due("lobby").len(), 1);
+        let notice = dag.abandon_notice("lobby", "a").unwrap();
+        assert_eq!(notice.actor, SYSTEM_ACTOR);
+        assert!(notice.body["text"].as_str().unwrap().contains("2 attempt"));
+
+        rows.push(notice);
+        let dag = fold(rows);
+        assert!(dag.notices_due("lobby").is_empty());
+    }
+
+    #[test]
+    fn a_retake_on_the_last_attempt_abandons() {
+        let dag = fold(vec![
+            ix(
+                Verb::TaskCreated,
+                "ana",
+                Role::Owner,
+                json!({"task": "a", "label": "x", "max_attempts": 1}),
+            ),
+            claimed("a", "bo", 1),
+            claimed("a", "cy", 2),
+        ]);
+        let t = dag.task("lobby", "a").unwrap();
+        assert_eq!((t.status, t.owner.clone()), (TaskStatus::Abandoned, None));
+    }
+
+    #[test]
+    fn a_retake_starts_a_new_attempt() {
+        let dag = fold(vec![
+            created("a", &[]),
+            claimed("a", "bo", 1),
+            claimed("a", "bo", 2),
+        ]);
+        let t = dag.task("lobby", "a").unwrap();
+        assert_eq!(
+            (t.attempts, t.epoch, t.owner.as_deref()),
+            (2, Some(2), Some("bo"))
+        );
+    }
+
+    #[test]
+    fn bids_count_only_for_the_next_attempt_of_a_ready_task() {
+        let dag = fold(vec![
+            created("a", &[]),
+            created("b", &["a"]),
+            bid("a", "bo", 1, &["rust"], 0),
+            bid("a", "bo", 1, &["go"], 5),
+            bid("a", "cy", 2, &[], 0),
+            bid("b", "cy", 1, &[], 0),
+        ]);
+        let a = dag.task("lobby", "a").unwrap();
+        assert_eq!(a.bids.keys().collect::<Vec<_>>(), vec!["bo"]);
+        assert_eq!(a.bids["bo"].capabilities, vec!["rust"]);
+        assert_eq!(refused(&dag), 2);
+
+        let dag = fold(vec![
+            created("a", &[]),
+            bid("a", "bo", 1, &[], 0),
+            bid("a", "cy", 1, &[], 0),
+            claimed("a", "bo", 1),
+            ix(
+                Verb::TaskRejected,
+                "bo",
+                Role::Agent,
+                json!({"task": "a", "attempt": 1, "agent": "cy", "winner": "bo"}),
+            ),
+        ]);
+        let a = dag.task("lobby", "a").unwrap();
+        assert!(a.bids.is_empty());
+        assert_eq!(a.rejected.get("cy"), Some(&1));
+    }
+
+    #[test]
+    fn summary_and_ready_since() {
+        let mut l = Ledger::default();
+        l.push(created("a", &[]), 10);
+        l.push(created("b", &["a"]), 20);
+        l.push(created("c", &["x"]), 30);
+        l.push(created("d", &["d2"]), 31);
+        l.push(
+            ix(
+                Verb::TaskCreated,
+                "ana",
+                Role::Owner,
+                json!({"task": "d2", "label": "x", "max_attempts": 1}),
+            ),
+            32,
+        );
+        l.push(claimed("d2", "bo", 1), 33);
+        l.push(failed("d2", "bo", 1), 34);
+        l.push(claimed("a", "bo", 1), 40);
+        l.push(completed("a", "bo", 1), 50);
+        let dag = TaskDag::rebuild(&l.rows);
+        assert_eq!(
+            dag.summary("lobby"),
+            TaskSummary {
+                total: 5,
+                done: 1,
+                claimed: 0,
+                ready: 1,
+                waiting: 0,
+                blocked: 2,
+                abandoned: 1,
+            }
+        );
+        assert_eq!(dag.ready_since("lobby", "b"), Some(50));
+        assert_eq!(dag.ready_since("lobby", "c"), None);
+        assert!(!dag.is_settled("lobby"));
+    }
+
+    #[test]
+    fn malformed_bodies_are_ignored_never_panic() {
+        let bodies = [
+            json!(null),
+            json!(42),
+            json!("text"),
+            json!([1, 2]),
+            json!({}),
+            json!({"task": 1}),
+            json!({"task": "a/b", "label": "x"}),
+            json!({"task": "", "label": "x"}),
+            json!({"task": "a", "label": "   "}),
+            json!({"task": "a", "label": "x", "deps": ["a"]}),
+            json!({"task": "a", "label": "x", "deps": "b"}),
+            json!({"task": "a", "epoch": "seven"}),
+            json!({"task": "a", "epoch": -1, "attempt": 1}),
+            json!({"task": "a", "epoch": 1e300}),
+            json!({"task": "a", "attempt": 0}),
+            json!({"task": "a".repeat(500), "label": "x"}),
+            json!({"task": "a", "label": "x".repeat(5000)}),
+        ];
+        let verbs = [
+            Verb::TaskCreated,
+            Verb::TaskBid,
+            Verb::TaskRejected,
+            Verb::TaskClaimed,
+            Verb::TaskCompleted,
+            Verb::TaskFailed,
+            Verb::TaskReleased,
+            Verb::CoordNote,
+        ];
+        let mut rows = Vec::new();
+        for v in verbs {
+            for b in &bodies {
+                rows.push(ix(v, "ana", Role::Owner, b.clone()));
+            }
+        }
+        let dag = fold(rows);
+        assert!(dag.room("lobby").unwrap().tasks.is_empty());
+        assert!(dag.room("lobby").unwrap().refusals.malformed > 0);
+    }
+
+    #[test]
+    fn rebuild_equals_incremental() {
+        let h = gen_history(8, 3, &(0..200u8).collect::<Vec<_>>());
+        let rows = linearize(&h, &[]);
+        let mut inc = TaskDag::new();
+        for r in &rows {
+            inc.apply(r);
+        }
+        assert_eq!(inc, TaskDag::rebuild(&rows));
+        assert_eq!(inc.state_hash(), TaskDag::rebuild(&rows).state_hash());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Any interleaving that keeps each actor's order and the causal order gives
+        /// the same task DAG and board state hash.
+        #[test]
+        fn folds_are_interleaving_invariant(
+            n_tasks in 1usize..10,
+            n_agents in 1usize..4,
+            choices in prop::collection::vec(any::<u8>(), 1..150),
+            order in prop::collection::vec(any::<u16>(), 1..64),
+        ) {
+            let h = gen_history(n_tasks, n_agents, &choices);
+            let reference = linearize(&h, &[]);
+            let shuffled = linearize(&h, &order);
+            prop_assert_eq!(
+                TaskDag::rebuild(&reference).state_hash(),
+                TaskDag::rebuild(&shuffled).state_hash()
+            );
+            prop_assert_eq!(
+                Board::rebuild(&reference).state_hash(),
+                Board::rebuild(&shuffled).state_hash()
+            );
+        }
+
+        /// After every prefix of every interleaving, no task on the ready frontier has
+        /// a dependency that is not done, and the frontier is sorted.
+        #[test]
+        fn frontier_never_holds_an_unfinished_dependency(
+            n_tasks in 1usize..10,
+            n_agents in 1usize..4,
+            choices in prop::collection::vec(any::<u8>(), 1..150),
+            order in prop::collection::vec(any::<u16>(), 1..64),
+        ) {
+            let rows = linearize(&gen_history(n_tasks, n_agents, &choices), &order);
+            let mut dag = TaskDag::new();
+            for r in &rows {
+                dag.apply(r);
+                let f = dag.ready_frontier("lobby");
+                for t in &f {
+                    prop_assert_eq!(t.status, TaskStatus::Open);
+                    for d in &t.deps {
+                        prop_assert_eq!(status(&dag, d), Some(TaskStatus::Done));
+                    }
+                }
+                let ids: Vec<&str> = f.iter().map(|t| t.id.as_str()).collect();
+                let mut sorted = ids.clone();
+                sorted.sort();
+                prop_assert_eq!(ids, sorted);
+            }
+        }
+
+        /// A completion from anyone but the current owner at the current epoch never
+        /// changes any task, wherever it lands.
+        #[test]
+        fn forged_or_stale_completions_change_nothing(
+            n_tasks in 1usize..8,
+            choices in prop::collection::vec(any::<u8>(), 1..120),
+            cut in any::<prop::sample::Index>(),
+            task in any::<prop::sample::Index>(),
+            forger in 0usize..4,
+            epoch_shift in -2i64..3,
+        ) {
+            let rows = linearize(&gen_history(n_tasks, 3, &choices), &[]);
+            let k = cut.index(rows.len() + 1);
+            let mut dag = TaskDag::rebuild(&rows[..k]);
+            let ids: Vec<String> = dag
+                .room("lobby")
+                .map(|r| r.tasks.keys().cloned().collect())
+                .unwrap_or_default();
+            let id = if ids.is_empty() { "t0".to_string() } else { ids[task.index(ids.len())].clone() };
+            let t = dag.task("lobby", &id).cloned();
+            let cur = t.as_ref().and_then(|t| t.epoch).unwrap_or(0);
+            let agent = format!("a{forger}");
+            let forged_epoch = cur + epoch_shift;
+            let is_owner_at_epoch = t.as_ref().is_some_and(|t| t.is_held_by(&agent, forged_epoch));
+            prop_assume!(!is_owner_at_epoch);
+            let tasks = |d: &TaskDag| d.room("lobby").map(|r| r.tasks.clone()).unwrap_or_default();
+            let before = tasks(&dag);
+            let forged = crate::sync::testutil::materialize(
+                completed(&id, &agent, forged_epoch),
+                crate::model::Position::new(9, 9),
+                i64::MAX / 2,
+            );
+            dag.apply(&forged);
+            prop_assert_eq!(tasks(&dag), before);
+        }
+    }
+}

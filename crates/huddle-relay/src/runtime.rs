@@ -1,0 +1,634 @@
+//! The relay: an event loop around the pure [`Synchronizer`] and an executor of its
+//! intents.
+//!
+//! ```text
+//!  Subscription ─ rows ─┐                       ┌─ Acquire ──> store.acquire ──> ClaimResult ─┐
+//!  reconcile clock ─────┼─> Synchronizer.handle ┼─ Append  ──> store.append[_fenced]          │
+//!  feedback channel <───┼───────────────────────┼─ StartTurn > driver.run ─────> TurnEnded ───┤
+//!  shutdown token ──────┘                       ├─ Renew/Release ─> store ─────> ClaimLost ───┘
+//!                                               └─ Cancel ──> the turn's cancellation token
+//! ```
+//!
+//! One relay folds each room once, however many agents it hosts. Intents of one
+//! `handle` call are performed in order, except that acquisitions are started without
+//! waiting (their outcome comes back as an event and nothing later in the same output
+//! depends on it). A fenced append that is refused skips the turns that depended on
+//! it and reports the claim lost.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use huddle_core::config::RoomConfig;
+use huddle_core::guards::TurnRequest as GuardTurn;
+use huddle_core::sync::{
+    ClaimOutcome, ClaimRef, Event, Intent, LocalAgent, ReplyGate, SyncOptions, Synchronizer,
+    TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
+};
+use huddle_core::{Fold, Interaction, Position, Timestamp};
+use huddle_core::{GuardFold, Verdict};
+use huddle_store::{Acquired, Fence, Store, StoreError, Subscription};
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::commands::{CommandHandler, Step};
+use crate::driver::{Driver, TurnOutcome, TurnRequest};
+
+/// An agent this relay speaks for.
+#[derive(Clone)]
+pub struct HostedAgent {
+    /// Key, capabilities and priority, as the synchronizer sees it.
+    pub local: LocalAgent,
+    /// Display name.
+    pub name: String,
+    /// How its turns run.
+    pub driver: Arc<dyn Driver>,
+}
+
+/// Relay tuning that is not room config.
+#[derive(Clone, Debug)]
+pub struct RelayOptions {
+    /// Rows per read-forward step (default 500).
+    pub read_batch: usize,
+    /// Longest wait between reconcile ticks (default 250 ms).
+    pub max_tick: Duration,
+    /// Synchronizer tuning.
+    pub sync: SyncOptions,
+    /// How long shutdown waits for turns to end (default 10 s).
+    pub shutdown_grace: Duration,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        RelayOptions {
+            read_batch: 500,
+            max_tick: Duration::from_millis(250),
+            sync: SyncOptions::default(),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What a relay reports when it stops: enough to check that relays converged.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RelaySummary {
+    /// Relay id.
+    pub relay: String,
+    /// Cursor reached.
+    pub cursor: String,
+    /// Hash of the board fold (hex).
+    pub board_hash: String,
+    /// Hash of the task DAG fold (hex).
+    pub tasks_hash: String,
+    /// Turns started by this relay.
+    pub turns_started: u64,
+    /// Turns that replied.
+    pub turns_replied: u64,
+    /// Turns that failed or were cancelled.
+    pub turns_failed: u64,
+    /// Fenced appends refused (claims lost between decision and write).
+    pub fenced_refusals: u64,
+    /// Ledger rows skipped as corrupt or foreign.
+    pub skipped_rows: u64,
+}
+
+/// Why a relay stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The store failed in a way retrying does not fix.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Results that come back to the event loop from performed intents.
+#[derive(Debug)]
+enum Feedback {
+    Claim(ClaimOutcome),
+    Lost {
+        key: String,
+        epoch: i64,
+        fenced: bool,
+    },
+    TurnEnded {
+        turn: TurnId,
+        outcome: CoreOutcome,
+        tokens: u64,
+    },
+    Failed(StoreError),
+}
+
+/// A relay: one process's host for its agents.
+pub struct Relay {
+    store: Arc<dyn Store>,
+    relay_id: String,
+    rooms: Vec<String>,
+    agents: BTreeMap<String, HostedAgent>,
+    options: RelayOptions,
+}
+
+struct Loop {
+    store: Arc<dyn Store>,
+    sync: Synchronizer,
+    agents: Arc<BTreeMap<String, HostedAgent>>,
+    turns: HashMap<TurnId, CancellationToken>,
+    feedback: mpsc::UnboundedSender<Feedback>,
+    commands: CommandHandler,
+    summary: RelaySummary,
+    /// Database time minus local time, µs, as of the last tick.
+    clock_offset: i64,
+    clock_base: Instant,
+}
+
+impl Relay {
+    /// A relay over `store` speaking for `agents` in `rooms`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        relay_id: impl Into<String>,
+        rooms: Vec<String>,
+        agents: Vec<HostedAgent>,
+        options: RelayOptions,
+    ) -> Self {
+        Relay {
+            store,
+            relay_id: relay_id.into(),
+            rooms,
+            agents: agents
+                .into_iter()
+                .map(|a| (a.local.key.clone(), a))
+                .collect(),
+            options,
+        }
+    }
+
+    /// Runs until `shutdown` is cancelled and every turn has ended, then returns what
+    /// it folded. Transient database errors are retried with a short back-off.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<RelaySummary, RelayError> {
+        let locals: Vec<LocalAgent> = self.agents.values().map(|a| a.local.clone()).collect();
+        let sync = Synchronizer::new(self.relay_id.clone(), self.rooms.clone(), locals)
+            .with_options(self.options.sync.clone())
+            .with_reply_gate(Box::new(GuardGate::default()));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut lp = Loop {
+            store: self.store.clone(),
+            sync,
+            agents: Arc::new(self.agents),
+            turns: HashMap::new(),
+            feedback: tx,
+            commands: CommandHandler::new(self.rooms.clone()),
+            summary: RelaySummary {
+                relay: self.relay_id.clone(),
+                ..Default::default()
+            },
+            clock_offset: 0,
+            clock_base: Instant::now(),
+        };
+        let ledger: Arc<dyn huddle_store::Ledger> = self.store.clone();
+        let mut sub = Subscription::new(ledger, Position::START, self.options.read_batch);
+        // First tick before anything: no decision is made before the synchronizer
+        // knows the database time.
+        lp.tick().await?;
+        let mut stopping = false;
+        let mut stop_deadline: Option<tokio::time::Instant> = None;
+        loop {
+            let sleep_for = lp.until_next_wakeup(self.options.max_tick);
+            tokio::select! {
+                batch = sub.next(), if !stopping => {
+                    match batch {
+                        Ok(batch) => {
+                            let n = batch.rows.len() + batch.skipped.len();
+                            lp.summary.skipped_rows += batch.skipped.len() as u64;
+                            let caught_up = n < self.options.read_batch;
+                            lp.summary.cursor = sub.cursor().to_string();
+                            lp.ledger(batch.rows, caught_up).await;
+                        }
+                        Err(e) => lp.transient(e).await?,
+                    }
+                }
+                Some(fb) = rx.recv() => {
+                    let event = match fb {
+                        Feedback::Claim(c) => Event::ClaimResult(c),
+                        Feedback::Lost { key, epoch, fenced } => {
+                            if fenced {
+                                lp.summary.fenced_refusals += 1;
+                            }
+                            Event::ClaimLost { key, epoch }
+                        }
+                        Feedback::TurnEnded { turn, outcome, tokens } => {
+                            lp.turns.remove(&turn);
+                            match &outcome {
+                                CoreOutcome::Replied { .. } => lp.summary.turns_replied += 1,
+                                _ => lp.summary.turns_failed += 1,
+                            }
+                            Event::TurnEnded { turn, outcome, tokens }
+                        }
+                        Feedback::Failed(e) => {
+                            warn!(error = %e, "a store operation failed");
+                            continue;
+                        }
+                    };
+                    if lp.handle(event) {
+                        break;
+                    }
+                }
+                _ = tokio::time::sleep(sleep_for) => {
+                    if let Err(e) = lp.tick().await {
+                        warn!(error = %e, "reconcile tick failed");
+                    }
+                    if let Some(deadline) = stop_deadline {
+                        if tokio::time::Instant::now() > deadline {
+                            warn!(turns = lp.turns.len(), "shutdown grace over; turns abandoned");
+                            break;
+                        }
+                    }
+                }
+                _ = shutdown.cancelled(), if !stopping => {
+                    info!(relay = %lp.summary.relay, "shutting down");
+                    stopping = true;
+                    stop_deadline = Some(tokio::time::Instant::now() + self.options.shutdown_grace);
+                    if lp.handle(Event::Shutdown) {
+                        break;
+                    }
+                }
+            }
+        }
+        // Fold everything committed so far, so relays stopped after a run can be
+        // compared by their state hashes.
+        loop {
+            match sub.poll_once().await {
+                Ok(batch) if batch.rows.is_empty() && batch.skipped.is_empty() => break,
+                Ok(batch) => {
+                    lp.summary.skipped_rows += batch.skipped.len() as u64;
+                    lp.sync.handle(Event::Ledger {
+                        rows: batch.rows,
+                        caught_up: false,
+                    });
+                }
+                Err(e) => {
+                    warn!(error = %e, "final catch-up read failed");
+                    break;
+                }
+            }
+        }
+        lp.summary.cursor = sub.cursor().to_string();
+        lp.summary.board_hash = hex(lp.sync.board().state_hash());
+        lp.summary.tasks_hash = hex(lp.sync.tasks().state_hash());
+        Ok(lp.summary)
+    }
+}
+
+/// The guards (turn cap, cooldown, rate cap, hops) as the synchronizer's reply gate:
+/// it folds every message it is asked about and checks it at its database time.
+#[derive(Default)]
+struct GuardGate {
+    guards: GuardFold,
+}
+
+impl ReplyGate for GuardGate {
+    fn admit(&mut self, message: &Interaction, config: &RoomConfig) -> bool {
+        self.guards.apply(message);
+        match self
+            .guards
+            .check(&GuardTurn::for_message(message, message.at), config)
+        {
+            Verdict::Allow => true,
+            Verdict::Deny(reason) => {
+                debug!(room = %message.room, message = %message.id.short(), ?reason, "guard denied a reply");
+                false
+            }
+        }
+    }
+}
+
+fn hex(bytes: [u8; 32]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Loop {
+    async fn transient(&mut self, e: StoreError) -> Result<(), RelayError> {
+        if e.is_retryable() {
+            warn!(error = %e, "database unavailable; retrying");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok(())
+        } else {
+            Err(e.into())
+        }
+    }
+
+    fn db_now_estimate(&self) -> Timestamp {
+        self.clock_base.elapsed().as_micros() as i64 + self.clock_offset
+    }
+
+    fn until_next_wakeup(&self, max: Duration) -> Duration {
+        match self.sync.next_wakeup() {
+            Some(at) => {
+                let left = at - self.db_now_estimate();
+                Duration::from_micros(left.clamp(1_000, max.as_micros() as i64) as u64)
+            }
+            None => max,
+        }
+    }
+
+    async fn tick(&mut self) -> Result<(), StoreError> {
+        let now = self.store.now().await?;
+        self.clock_offset = now - self.clock_base.elapsed().as_micros() as i64;
+        self.handle(Event::Tick { now });
+        Ok(())
+    }
+
+    async fn ledger(&mut self, rows: Vec<Interaction>, caught_up: bool) {
+        // Owner commands are executed by every relay: their results are deterministic
+        // content, so the ledger keeps one copy whoever appends first.
+        let observed = self.commands.observe(rows);
+        if !observed.appends.is_empty() {
+            self.spawn_intents(vec![Intent::Append {
+                fence: None,
+                batch: observed.appends,
+            }]);
+        }
+        let mut ended_with_rows = false;
+        let last = observed.steps.len();
+        for (i, step) in observed.steps.into_iter().enumerate() {
+            ended_with_rows = false;
+            match step {
+                Step::Rows(rows) => {
+                    self.handle(Event::Ledger {
+                        rows,
+                        caught_up: caught_up && i + 1 == last,
+                    });
+                    ended_with_rows = true;
+                }
+                Step::Config {
+                    room,
+                    thread,
+                    config,
+                } => {
+                    self.handle(Event::Config {
+                        room,
+                        thread,
+                        config,
+                    });
+                }
+            }
+        }
+        if !ended_with_rows {
+            self.handle(Event::Ledger {
+                rows: Vec::new(),
+                caught_up,
+            });
+        }
+    }
+
+    /// Feeds an event; performs the intents. Returns true when the relay may stop.
+    fn handle(&mut self, event: Event) -> bool {
+        let intents = self.sync.handle(event);
+        let stopped = intents.iter().any(|i| matches!(i, Intent::Stopped));
+        self.spawn_intents(intents);
+        stopped
+    }
+
+    fn spawn_intents(&mut self, intents: Vec<Intent>) {
+        if intents.is_empty() {
+            return;
+        }
+        // Start turns and cancellations here, where the turn table lives; everything
+        // that talks to the store runs in order on a task of its own.
+        let mut ordered: Vec<Intent> = Vec::with_capacity(intents.len());
+        for intent in intents {
+            match intent {
+                Intent::Cancel { turn } => {
+                    if let Some(token) = self.turns.get(&turn) {
+                        token.cancel();
+                    }
+                }
+                Intent::Stopped => {}
+                other => ordered.push(other),
+            }
+        }
+        if ordered.is_empty() {
+            return;
+        }
+        // Turn tokens are created now so a Cancel in a later output finds them.
+        let mut starts: HashMap<TurnId, CancellationToken> = HashMap::new();
+        for intent in &ordered {
+            if let Intent::StartTurn(start) = intent {
+                let token = CancellationToken::new();
+                self.turns.insert(start.turn.clone(), token.clone());
+                starts.insert(start.turn.clone(), token);
+                self.summary.turns_started += 1;
+            }
+        }
+        let exec = Executor {
+            store: self.store.clone(),
+            agents: self.agents.clone(),
+            feedback: self.feedback.clone(),
+        };
+        tokio::spawn(async move { exec.perform(ordered, starts).await });
+    }
+}
+
+/// Performs one output of intents against the store and the drivers.
+struct Executor {
+    store: Arc<dyn Store>,
+    agents: Arc<BTreeMap<String, HostedAgent>>,
+    feedback: mpsc::UnboundedSender<Feedback>,
+}
+
+impl Executor {
+    async fn perform(self, intents: Vec<Intent>, mut starts: HashMap<TurnId, CancellationToken>) {
+        let mut refused: Vec<ClaimRef> = Vec::new();
+        for intent in intents {
+            match intent {
+                Intent::Acquire {
+                    key, holder, ttl, ..
+                } => {
+                    let store = self.store.clone();
+                    let feedback = self.feedback.clone();
+                    tokio::spawn(async move {
+                        let out = match store.acquire(&key, &holder, ttl).await {
+                            Ok(a) => a,
+                            Err(e) => {
+                                debug!(key, error = %e, "acquire failed");
+                                // Report a loss so the synchronizer forgets the attempt
+                                // and may try again on a later pass.
+                                let _ = feedback.send(Feedback::Claim(ClaimOutcome {
+                                    key,
+                                    holder,
+                                    won: false,
+                                    epoch: 0,
+                                    expires_at: 0,
+                                }));
+                                let _ = feedback.send(Feedback::Failed(e));
+                                return;
+                            }
+                        };
+                        let won = matches!(out, Acquired::Won(_));
+                        let state = out.state();
+                        let _ = feedback.send(Feedback::Claim(ClaimOutcome {
+                            key,
+                            holder,
+                            won,
+                            epoch: state.epoch,
+                            expires_at: state.expires_at,
+                        }));
+                    });
+                }
+                Intent::Append { fence, batch } => {
+                    let result = match &fence {
+                        Some(f) => {
+                            let fence = Fence {
+                                key: f.key.clone(),
+                                holder: f.holder.clone(),
+                                epoch: f.epoch,
+                            };
+                            self.store.append_fenced(&fence, batch).await
+                        }
+                        None => self.store.append(batch).await,
+                    };
+                    match result {
+                        Ok(_) => {}
+                        Err(StoreError::Fenced { key, epoch, .. }) => {
+                            debug!(key, epoch, "fenced append refused");
+                            if let Some(f) = fence {
+                                refused.push(f);
+                            }
+                            let _ = self.feedback.send(Feedback::Lost {
+                                key,
+                                epoch,
+                                fenced: true,
+                            });
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "append failed");
+                            if let Some(f) = fence {
+                                let _ = self.feedback.send(Feedback::Lost {
+                                    key: f.key.clone(),
+                                    epoch: f.epoch,
+                                    fenced: false,
+                                });
+                                refused.push(f);
+                            }
+                            let _ = self.feedback.send(Feedback::Failed(e));
+                        }
+                    }
+                }
+                Intent::StartTurn(start) => {
+                    let token = starts.remove(&start.turn).unwrap_or_default();
+                    if start.claims.iter().any(|c| refused.contains(c)) {
+                        // Its fenced append was refused: the turn never runs.
+                        let _ = self.feedback.send(Feedback::TurnEnded {
+                            turn: start.turn.clone(),
+                            outcome: CoreOutcome::Cancelled,
+                            tokens: 0,
+                        });
+                        continue;
+                    }
+                    self.start_turn(*start, token);
+                }
+                Intent::Renew {
+                    key,
+                    holder,
+                    epoch,
+                    ttl,
+                } => match self.store.renew(&key, &holder, epoch, ttl).await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
+                        info!(key, epoch, "claim lost at renewal");
+                        let _ = self.feedback.send(Feedback::Lost {
+                            key,
+                            epoch,
+                            fenced: false,
+                        });
+                    }
+                    Err(e) => {
+                        // Unknown: the next reconcile pass renews again; the lease
+                        // lapses by itself if the database stays away.
+                        warn!(key, error = %e, "renew failed");
+                    }
+                },
+                Intent::Release { key, holder, epoch } => {
+                    if let Err(e) = self.store.release(&key, &holder, epoch).await {
+                        warn!(key, error = %e, "release failed; the lease will lapse");
+                    }
+                }
+                Intent::Cancel { .. } | Intent::Stopped => {}
+            }
+        }
+    }
+
+    fn start_turn(&self, start: TurnStart, token: CancellationToken) {
+        let Some(agent) = self.agents.get(&start.agent) else {
+            let _ = self.feedback.send(Feedback::TurnEnded {
+                turn: start.turn.clone(),
+                outcome: CoreOutcome::Failed {
+                    reason: format!("agent {} is not hosted here", start.agent),
+                },
+                tokens: 0,
+            });
+            return;
+        };
+        let driver = agent.driver.clone();
+        let feedback = self.feedback.clone();
+        let request = turn_request(&start);
+        tokio::spawn(async move {
+            let outcome = driver.run(request, token).await;
+            let (outcome, tokens) = match outcome {
+                TurnOutcome::Replied { text, tokens } => (CoreOutcome::Replied { text }, tokens),
+                TurnOutcome::Failed { reason, tokens } => (CoreOutcome::Failed { reason }, tokens),
+                TurnOutcome::Cancelled => (CoreOutcome::Cancelled, 0),
+            };
+            let _ = feedback.send(Feedback::TurnEnded {
+                turn: start.turn,
+                outcome,
+                tokens,
+            });
+        });
+    }
+}
+
+/// Builds the driver's request: the `<coordination>` block first (when it changed),
+/// then the message or the task.
+pub fn turn_request(start: &TurnStart) -> TurnRequest {
+    let mut prompt = String::new();
+    if let Some(block) = &start.coordination {
+        prompt.push_str(block);
+        if !block.ends_with('\n') {
+            prompt.push('\n');
+        }
+    }
+    let (task, attempt) = match &start.work {
+        TurnWork::Reply(m) => {
+            prompt.push_str(&format!(
+                "<message from=\"{}\" role=\"{}\">\n{}\n</message>\n",
+                m.author, m.role, m.text
+            ));
+            (None, 1)
+        }
+        TurnWork::Task(t) => {
+            prompt.push_str(&format!(
+                "<task id=\"{}\" attempt=\"{}\" of=\"{}\">\n{}\n",
+                t.id, t.attempt, t.max_attempts, t.label
+            ));
+            for d in &t.deps {
+                prompt.push_str(&format!(
+                    "<dependency id=\"{}\" label=\"{}\">{}</dependency>\n",
+                    d.id,
+                    d.label,
+                    d.result.as_deref().unwrap_or("")
+                ));
+            }
+            prompt.push_str("</task>\n");
+            (Some(t.id.clone()), t.attempt)
+        }
+    };
+    TurnRequest {
+        room: start.room.clone(),
+        thread: start.thread.clone(),
+        agent: start.agent.clone(),
+        task,
+        epoch: Some(start.epoch),
+        attempt,
+        prompt,
+    }
+}

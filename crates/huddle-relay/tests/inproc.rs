@@ -1,0 +1,158 @@
+//! In-process relays over one SQLite file: the relay loop end to end.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use huddle_core::sync::LocalAgent;
+use huddle_core::{Fold, NewInteraction, Position, Role, TaskDag, Verb};
+use huddle_relay::driver::{SimDriver, SimSettings};
+use huddle_relay::{HostedAgent, Relay, RelayOptions};
+use huddle_store::{Store, StoreOptions};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+async fn store(path: &str, relay: &str) -> Arc<dyn Store> {
+    huddle_store::open(
+        path,
+        StoreOptions {
+            relay: relay.into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("open store")
+}
+
+fn sim_agent(key: &str, turn_ms: u64) -> HostedAgent {
+    HostedAgent {
+        local: LocalAgent::new(key),
+        name: key.into(),
+        driver: Arc::new(SimDriver::new(SimSettings {
+            turn_ms,
+            ..Default::default()
+        })),
+    }
+}
+
+async fn fold_all(store: &dyn Store) -> (TaskDag, Vec<huddle_core::Interaction>) {
+    let mut dag = TaskDag::new();
+    let mut rows = Vec::new();
+    let mut cursor = Position::START;
+    loop {
+        let batch = store.read_forward(cursor, 1000).await.expect("read");
+        if batch.next == cursor {
+            break;
+        }
+        cursor = batch.next;
+        for r in batch.rows {
+            dag.apply(&r);
+            rows.push(r);
+        }
+    }
+    (dag, rows)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_complete_a_delegated_dag_exactly_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("h.db").display().to_string();
+    let admin = store(&path, "admin").await;
+    admin
+        .append(vec![NewInteraction::new(
+            "lobby",
+            Verb::RoomCreated,
+            "olga",
+            Role::Owner,
+            json!({"owner": "olga"}),
+        )])
+        .await
+        .expect("room");
+
+    let mut relays = Vec::new();
+    let shutdown = CancellationToken::new();
+    for r in 0..2 {
+        let s = store(&path, &format!("relay-{r}")).await;
+        let agents = vec![
+            sim_agent(&format!("a{r}0"), 20),
+            sim_agent(&format!("a{r}1"), 20),
+        ];
+        let relay = Relay::new(
+            s,
+            format!("relay-{r}"),
+            vec!["lobby".into()],
+            agents,
+            RelayOptions::default(),
+        );
+        relays.push(tokio::spawn(relay.run(shutdown.clone())));
+    }
+
+    let mut text = String::from("!delegate\n");
+    for i in 0..20 {
+        if i >= 2 {
+            text.push_str(&format!("t{i:02}: step {i} [after t{:02}]\n", i - 2));
+        } else {
+            text.push_str(&format!("t{i:02}: step {i}\n"));
+        }
+    }
+    admin
+        .append(vec![NewInteraction::new(
+            "lobby",
+            Verb::MessagePosted,
+            "olga",
+            Role::Owner,
+            json!({ "text": text }),
+        )])
+        .await
+        .expect("delegate");
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (dag, _) = fold_all(&*admin).await;
+        let s = dag.summary("lobby");
+        if s.total == 20 && s.done == 20 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not all tasks done in time: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    let mut hashes = Vec::new();
+    for r in relays {
+        let summary = r.await.expect("join").expect("relay ran");
+        hashes.push(summary.tasks_hash.clone());
+    }
+    let (dag, rows) = fold_all(&*admin).await;
+    // Every relay folded the same ledger into the same task state.
+    assert_eq!(hashes[0], hashes[1]);
+    assert_eq!(hashes[0], hex(dag.state_hash()));
+    // Exactly one accepted completion per task, in dependency order.
+    let mut done_at: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, r) in rows.iter().enumerate() {
+        if r.verb == Verb::TaskCompleted {
+            let task = r.body["task"].as_str().unwrap_or_default().to_string();
+            assert!(
+                done_at.insert(task.clone(), i).is_none(),
+                "{task} completed twice"
+            );
+        }
+    }
+    assert_eq!(done_at.len(), 20);
+    for i in 2..20 {
+        assert!(done_at[&format!("t{i:02}")] > done_at[&format!("t{:02}", i - 2)]);
+    }
+    // The owner got a reply to the command.
+    assert!(rows.iter().any(|r| r.verb == Verb::MessagePosted
+        && r.role == Role::System
+        && r.body["text"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("Created 20 tasks")));
+}
+
+fn hex(b: [u8; 32]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

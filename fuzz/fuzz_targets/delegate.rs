@@ -1,0 +1,32 @@
+//! Fuzzes `!delegate`: never panics, and whatever it accepts is a valid plan.
+#![no_main]
+
+use std::collections::BTreeSet;
+
+use huddle_core::commands::{owner_command, parse_delegate, MAX_TASKS};
+use huddle_core::Role;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let _ = owner_command(Role::Owner, text);
+    let Ok(plan) = parse_delegate(text) else {
+        return;
+    };
+    assert!(!plan.tasks.is_empty() && plan.tasks.len() <= MAX_TASKS);
+    let mut placed = BTreeSet::new();
+    for task in &plan.tasks {
+        assert!(!task.label.is_empty());
+        assert!(!task.id.is_empty() && task.id.len() <= 64);
+        for dep in &task.deps {
+            assert!(
+                placed.contains(dep),
+                "{} comes before its dependency {dep}",
+                task.id
+            );
+        }
+        assert!(placed.insert(task.id.clone()), "duplicate id {}", task.id);
+    }
+});
