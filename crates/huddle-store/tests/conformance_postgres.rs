@@ -416,3 +416,37 @@ async fn read_room_returns_only_that_room_on_its_index() {
     let rest = s.read_room("b", one.next, 10).await.expect("read");
     assert_eq!(rest.rows[0].body["text"], json!("4"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_store_closes_its_listen_and_notify_sessions() {
+    let db = test_database().await;
+    let store = PgStore::connect(&db.url, StoreOptions::default())
+        .await
+        .expect("connect");
+    store.append(vec![msg("ring once")]).await.expect("append");
+    store.flush_doorbell().await;
+    let admin = raw_session(&db.url).await;
+    let count = || async {
+        let n: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND application_name IN ('huddle-listen', 'huddle-notify')",
+                &[],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .get(0);
+        n
+    };
+    wait_until_listening(&db.url, 1).await;
+    assert_eq!(count().await, 2, "one LISTEN and one NOTIFY session");
+    drop(store);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count().await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "background sessions outlived the store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
