@@ -503,7 +503,17 @@ struct OpenMessage {
     failed: BTreeSet<String>,
     /// The highest reply-claim epoch of a failed turn: designations up to it are void.
     failed_upto: Option<ClaimEpoch>,
-    failures: u32,
+    /// Failed turns on it, by turn id (noted when the turn ends here and again when
+    /// its `turn.failed` is folded).
+    failed_turns: BTreeSet<String>,
+}
+
+impl OpenMessage {
+    fn note_failure(&mut self, agent: &str, turn: &str, epoch: ClaimEpoch) {
+        self.failed.insert(agent.to_string());
+        self.failed_upto = Some(self.failed_upto.map_or(epoch, |e| e.max(epoch)));
+        self.failed_turns.insert(turn.to_string());
+    }
 }
 
 /// A claim being acquired (`epoch: None`) or held by this relay.
@@ -554,6 +564,9 @@ pub struct Synchronizer {
     bids_sent: BTreeSet<(String, String, u32, String)>,
     rejections_sent: BTreeSet<(String, String, u32, String)>,
     notices_sent: BTreeSet<(String, String)>,
+    /// Task claims `(key, epoch)` whose turn ended here: never resumed, even while the
+    /// fold has not yet caught up with the completion or failure appended for them.
+    finished: BTreeSet<(String, ClaimEpoch)>,
     registered: bool,
     now: Option<Timestamp>,
     caught_up: bool,
@@ -611,6 +624,7 @@ impl Synchronizer {
             bids_sent: BTreeSet::new(),
             rejections_sent: BTreeSet::new(),
             notices_sent: BTreeSet::new(),
+            finished: BTreeSet::new(),
             registered: false,
             now: None,
             caught_up: false,
@@ -804,10 +818,8 @@ impl Synchronizer {
                         let max = self.options.max_reply_failures;
                         let key = (row.room.clone(), id);
                         if let Some(m) = self.messages.get_mut(&key) {
-                            m.failed.insert(row.actor.clone());
-                            m.failed_upto = Some(m.failed_upto.map_or(b.epoch, |e| e.max(b.epoch)));
-                            m.failures += 1;
-                            if m.failures >= max {
+                            m.note_failure(&row.actor, &b.turn, b.epoch);
+                            if m.failed_turns.len() >= max as usize {
                                 self.messages.remove(&key);
                             }
                         }
@@ -830,18 +842,26 @@ impl Synchronizer {
         }
     }
 
-    /// Agents known in a room: registered ones and local ones.
+    /// Agents registered in a room so far (in ledger order). Addressing uses only
+    /// these, never this relay's own agents, so every relay reads a message's
+    /// addressing the same way.
+    fn registered_agents(&self, room: &str) -> BTreeSet<String> {
+        self.board
+            .room(room)
+            .map(|b| b.agents.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Registered agents and local ones (the responder candidates of a broadcast).
     fn known_agents(&self, room: &str) -> BTreeSet<String> {
-        let mut known: BTreeSet<String> = self.agents.keys().cloned().collect();
-        if let Some(b) = self.board.room(room) {
-            known.extend(b.agents.keys().cloned());
-        }
+        let mut known = self.registered_agents(room);
+        known.extend(self.agents.keys().cloned());
         known
     }
 
     fn consider_message(&mut self, row: &Interaction) {
         let body: MessageBody = parse_body(&row.body).unwrap_or_default();
-        let known = self.known_agents(&row.room);
+        let known = self.registered_agents(&row.room);
         let parent_author = row.parent.and_then(|p| self.authors.get(&p)).cloned();
         let addressing =
             addressing::address(&body.text, &body.mentions, parent_author.as_deref(), &known);
@@ -870,7 +890,7 @@ impl Synchronizer {
                 eligible,
                 failed: BTreeSet::new(),
                 failed_upto: None,
-                failures: 0,
+                failed_turns: BTreeSet::new(),
             },
         );
     }
@@ -1023,8 +1043,11 @@ impl Synchronizer {
         };
         self.register(out);
         self.notify_owners(out);
+        // Re-takes first: those tasks and messages have waited longest.
+        self.retake_replies(now, out);
         self.elect_replies(now, out);
-        self.schedule_tasks(now, out);
+        let retakes = self.retake_tasks(now, out);
+        self.schedule_tasks(now, retakes, out);
     }
 
     fn register(&mut self, out: &mut Vec<Intent>) {
@@ -1118,9 +1141,9 @@ impl Synchronizer {
         })
     }
 
-    fn schedule_tasks(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
+    fn schedule_tasks(&mut self, now: Timestamp, already: usize, out: &mut Vec<Intent>) {
         let cap = self.options.max_wakes_per_pass;
-        let mut wakes = 0usize;
+        let mut wakes = already;
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
         for room in rooms {
             let config = self.config(&room, None).clone();
@@ -1223,7 +1246,8 @@ impl Synchronizer {
         }
     }
 
-    /// An agent's declared load: turns it runs here plus tasks the ledger says it holds.
+    /// An agent's declared load: turns it runs here plus tasks the ledger says it holds
+    /// (but whose turn has not already ended here).
     fn load_of(&self, agent: &str) -> u32 {
         let turns = self.turns.values().filter(|t| t.agent == agent).count();
         let held: usize = self
@@ -1234,6 +1258,10 @@ impl Synchronizer {
                     .claimed(r)
                     .iter()
                     .filter(|t| t.owner.as_deref() == Some(agent))
+                    .filter(|t| {
+                        !t.epoch
+                            .is_some_and(|e| self.finished.contains(&(task_key(r, &t.id), e)))
+                    })
                     .count()
             })
             .sum();
@@ -1270,20 +1298,27 @@ impl Synchronizer {
         }
         self.held_elsewhere.retain(|_, until| *until > now);
         let dag = &self.dag;
+        self.finished
+            .retain(|(key, epoch)| match ClaimKey::parse(key) {
+                Some(ClaimKey::Task { room, task }) => dag
+                    .task(&room, &task)
+                    .is_some_and(|t| t.status == TaskStatus::Claimed && t.epoch == Some(*epoch)),
+                _ => false,
+            });
         self.bids_sent.retain(|(room, task, attempt, _)| {
             dag.task(room, task)
                 .is_some_and(|t| t.next_attempt() == *attempt && t.status == TaskStatus::Open)
         });
-        if !self.caught_up || self.shutting_down {
-            return;
-        }
-        self.retake_tasks(now, out);
-        self.retake_replies(now, out);
+        // Re-takes and bid-window closes happen in the pass that follows every event.
     }
 
     /// Claimed tasks no local turn runs: try to take them; the store grants the claim
-    /// only once the owner's lease lapsed (or to the owner itself).
-    fn retake_tasks(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
+    /// only once the owner's lease lapsed (or to the owner itself). A refusal backs
+    /// the key off until the holder's lease would lapse, so each claimed task is
+    /// probed about once per lease. Returns how many acquisitions it started.
+    fn retake_tasks(&mut self, now: Timestamp, out: &mut Vec<Intent>) -> usize {
+        let cap = self.options.max_wakes_per_pass;
+        let mut wakes = 0usize;
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
         for room in rooms {
             let config = self.config(&room, None).clone();
@@ -1304,6 +1339,14 @@ impl Synchronizer {
                 let Some(task) = self.dag.task(&room, &id) else {
                     continue;
                 };
+                if task
+                    .epoch
+                    .is_some_and(|e| self.finished.contains(&(key.clone(), e)))
+                {
+                    // Our own turn under this very lease just ended; its completion or
+                    // failure is on its way into the fold.
+                    continue;
+                }
                 let right = retake_right(&config, task);
                 let owner_here = owner
                     .filter(|o| self.agents.contains_key(o) && !self.busy(o))
@@ -1319,15 +1362,20 @@ impl Synchronizer {
                         .map(|a| a.key.clone())
                 });
                 if let Some(agent) = chosen {
+                    if wakes >= cap {
+                        return wakes;
+                    }
                     let purpose = ClaimPurpose::Task {
                         room: room.clone(),
                         task: id.clone(),
                         agent: agent.clone(),
                     };
                     self.acquire(key, agent, purpose, out);
+                    wakes += 1;
                 }
             }
         }
+        wakes
     }
 
     /// Messages taken by an agent whose answer never came and that no local turn
@@ -1626,7 +1674,8 @@ impl Synchronizer {
         };
         // Resuming a lease the ledger already records (a restarted relay, or another
         // relay hosting the same agent went away): no new claim to append.
-        let resuming = t.is_held_by(&agent, task_epoch);
+        let resuming = t.is_held_by(&agent, task_epoch)
+            && !self.finished.contains(&(tkey.clone(), task_epoch));
         let fresh = !resuming
             && t.epoch.is_none_or(|e| task_epoch > e)
             && (t.status == TaskStatus::Claimed || self.dag.is_ready(&room, &task));
@@ -1799,6 +1848,27 @@ impl Synchronizer {
         };
         self.forget(&lt.exclusive.key);
         self.forget(&lt.drive.key);
+        match &lt.work {
+            // A turn that ended under its claim appends its completion or failure: never
+            // resume that lease, even before the fold shows the outcome.
+            LiveWork::Task { .. } if !lt.lost => {
+                self.finished
+                    .insert((lt.exclusive.key.clone(), lt.exclusive.epoch));
+            }
+            LiveWork::Reply { message }
+                if !matches!(outcome, TurnOutcome::Replied { .. }) || lt.lost =>
+            {
+                let max = self.options.max_reply_failures as usize;
+                let key = (lt.room.clone(), *message);
+                if let Some(m) = self.messages.get_mut(&key) {
+                    m.note_failure(&lt.agent, &turn.0, lt.exclusive.epoch);
+                    if m.failed_turns.len() >= max {
+                        self.messages.remove(&key);
+                    }
+                }
+            }
+            _ => {}
+        }
         let epoch = lt.exclusive.epoch;
         let failed_row = |reason: String| {
             let body = TurnFailedBody {

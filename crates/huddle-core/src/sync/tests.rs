@@ -39,9 +39,12 @@ impl H {
         }
     }
 
-    /// Starts the synchronizer: first tick, then a caught-up read.
+    /// Starts the synchronizer: first tick, then a caught-up read; its registrations
+    /// are written and read back.
     fn start(&mut self) -> Vec<Intent> {
         let mut out = self.sync.handle(Event::Tick { now: self.now });
+        out.extend(self.read());
+        self.apply_appends(&out);
         out.extend(self.read());
         out
     }
@@ -190,8 +193,8 @@ fn first_pass_registers_the_local_agents() {
         appends(&out),
         vec![(None, vec!["agent.registered", "agent.registered"])]
     );
-    h.apply_appends(&out);
     assert!(h.read().is_empty(), "registration happens once");
+    assert_eq!(h.sync.board().room("lobby").unwrap().agents.len(), 2);
 }
 
 #[test]
@@ -428,12 +431,16 @@ fn a_failed_reply_turn_releases_and_another_agent_answers() {
             reason: "exit 1".into(),
         },
     );
-    assert_eq!(kinds(&out), vec!["append", "release", "release"], "{out:?}");
+    // bo failed it: append, release both claims, and cy contends at once.
+    assert_eq!(
+        kinds(&out),
+        vec!["append", "release", "release", "acquire"],
+        "{out:?}"
+    );
     assert_eq!(appends(&out)[0].1, vec!["turn.failed"]);
-    h.apply_appends(&out);
-    let out = h.read();
-    // bo failed it; cy contends now.
     assert_eq!(acquires(&out), vec![(rkey, "cy".into())]);
+    h.apply_appends(&out);
+    assert!(acquires(&h.read()).is_empty(), "no second acquire");
 }
 
 fn run_task_to_start(h: &mut H, task: &str, agent: &str, epoch: i64) -> TurnStart {
@@ -636,8 +643,9 @@ fn own_lapsed_claim_is_retaken_after_a_loss() {
         key: task_key("lobby", "a"),
         epoch: 1,
     });
-    h.ended(&st.turn, TurnOutcome::Cancelled);
-    let out = h.tick(T0 + 15 * S);
+    let out = h.ended(&st.turn, TurnOutcome::Cancelled);
+    // Only the turn's failure is recorded (unfenced), and the lease is probed again.
+    assert_eq!(appends(&out), vec![(None, vec!["turn.failed"])]);
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
     // Re-taken at a new epoch: a new attempt.
     let st = run_task_to_start(&mut h, "a", "bo", 2);
@@ -648,9 +656,9 @@ fn own_lapsed_claim_is_retaken_after_a_loss() {
 fn resuming_the_same_lease_appends_no_new_claim() {
     let mut h = H::new(&["bo"]);
     h.start();
-    // The ledger says bo holds `a` at 4 (e.g. this relay restarted mid-turn).
-    h.post(vec![created("a", &[]), claimed("a", "bo", 4)]);
-    let out = h.tick(T0 + 15 * S);
+    // The ledger says bo holds `a` at 4 (e.g. this relay restarted mid-turn): the
+    // pass probes the lease at once.
+    let out = h.post(vec![created("a", &[]), claimed("a", "bo", 4)]);
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
     h.result(&task_key("lobby", "a"), "bo", true, 4);
     let out = h.result(&taskdrive_key("lobby", "a"), "r1", true, 2);
