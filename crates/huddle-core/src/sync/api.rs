@@ -164,7 +164,7 @@ pub enum Event {
         caught_up: bool,
     },
     /// Time passes: `now` is the database clock (µs). Send one at start, and at
-    /// [`Synchronizer::next_wakeup`].
+    /// [`Synchronizer::next_wakeup`](super::Synchronizer::next_wakeup).
     Tick {
         /// Database time.
         now: Timestamp,

@@ -22,8 +22,9 @@
 //!    is made before the first tick (so a relay replaying old history never answers
 //!    yesterday's messages).
 //! 3. Feed every read-forward batch as `Ledger { rows, caught_up }`, with `caught_up`
-//!    true when the read returned fewer rows than asked. Decisions wait for a caught-up
-//!    batch, so a relay never acts on a half-read ledger.
+//!    true when the read returned fewer rows than asked, including an empty first
+//!    read. Decisions wait for a caught-up batch, so a relay never acts on a half-read
+//!    ledger. Rows of rooms the relay does not serve are ignored.
 //! 4. Whenever the effective config of a room or thread changes (the config fold),
 //!    send `Config`. Rooms without one use [`RoomConfig::default`].
 //! 5. Send `Tick { now }` at [`Synchronizer::next_wakeup`] (at the latest): that is
