@@ -554,6 +554,13 @@ impl Synchronizer {
     // Passes
     // -----------------------------------------------------------------------------
 
+    /// Whether this relay is already acquiring or holding the task's claim or its
+    /// drive claim (the drive key is per task, so a second acquisition could not be
+    /// told apart from the first).
+    fn task_busy(&self, room: &str, task: &str, key: &str) -> bool {
+        self.claims.contains_key(key) || self.claims.contains_key(&taskdrive_key(room, task))
+    }
+
     fn busy(&self, agent: &str) -> bool {
         self.turns.values().any(|t| t.agent == agent)
             || self.claims.values().any(|s| s.purpose.agent() == agent)
@@ -773,7 +780,7 @@ impl Synchronizer {
                     return;
                 }
                 let key = task_key(&room, &id);
-                if self.claims.contains_key(&key) || self.held_elsewhere(&key, now) {
+                if self.task_busy(&room, &id, &key) || self.held_elsewhere(&key, now) {
                     continue;
                 }
                 let (Some(task), Some(since)) =
@@ -951,7 +958,7 @@ impl Synchronizer {
                     lt.room == room && matches!(&lt.work, LiveWork::Task { task } if *task == id)
                 });
                 let key = task_key(&room, &id);
-                if running || self.claims.contains_key(&key) || self.held_elsewhere(&key, now) {
+                if running || self.task_busy(&room, &id, &key) || self.held_elsewhere(&key, now) {
                     continue;
                 }
                 let Some(task) = self.dag.task(&room, &id) else {
@@ -1044,6 +1051,14 @@ impl Synchronizer {
         self.claims.remove(key);
     }
 
+    /// Forgets `key` only if this relay holds it at `epoch` (a newer acquisition of
+    /// the same key is left alone).
+    fn forget_at(&mut self, key: &str, epoch: ClaimEpoch) {
+        if self.held_at(key, epoch) {
+            self.claims.remove(key);
+        }
+    }
+
     fn held_at(&self, key: &str, epoch: ClaimEpoch) -> bool {
         self.claims.get(key).is_some_and(|s| s.epoch == Some(epoch))
     }
@@ -1064,10 +1079,24 @@ impl Synchronizer {
             // exclusive claim backs off as long.
             self.forget(&r.key);
             let exclusive = match &purpose {
-                ClaimPurpose::DriveReply { room, message, .. } => Some(reply_key(room, message)),
-                ClaimPurpose::DriveTask { room, task, .. } => Some(task_key(room, task)),
+                ClaimPurpose::DriveReply {
+                    room,
+                    message,
+                    reply_epoch,
+                    ..
+                } => Some((reply_key(room, message), *reply_epoch)),
+                ClaimPurpose::DriveTask {
+                    room,
+                    task,
+                    task_epoch,
+                    ..
+                } => Some((task_key(room, task), *task_epoch)),
                 _ => None,
             };
+            // Only the exclusive claim this drive was for, not a newer acquisition.
+            let exclusive = exclusive
+                .filter(|(k, e)| self.held_at(k, *e))
+                .map(|(k, _)| k);
             if let Some(k) = &exclusive {
                 self.forget(k);
             }
@@ -1174,7 +1203,7 @@ impl Synchronizer {
         let dkey = drive_key(&room, &agent, &message);
         let open = self.messages.get(&(room.clone(), message)).cloned();
         let Some(m) = open.filter(|_| self.held_at(&rkey, reply_epoch)) else {
-            self.forget(&rkey);
+            self.forget_at(&rkey, reply_epoch);
             self.forget(&dkey);
             return;
         };
@@ -1276,7 +1305,7 @@ impl Synchronizer {
             .filter(|_| self.held_at(&tkey, task_epoch))
             .cloned()
         else {
-            self.forget(&tkey);
+            self.forget_at(&tkey, task_epoch);
             self.forget(&dkey);
             return;
         };
@@ -1298,7 +1327,7 @@ impl Synchronizer {
             && t.epoch.is_none_or(|e| task_epoch > e)
             && (t.status == TaskStatus::Claimed || self.dag.is_ready(&room, &task));
         if !resuming && !fresh {
-            self.forget(&tkey);
+            self.forget_at(&tkey, task_epoch);
             self.forget(&dkey);
             return;
         }
@@ -1335,7 +1364,7 @@ impl Synchronizer {
                         epoch: c.epoch,
                     });
                 }
-                self.forget(&tkey);
+                self.forget_at(&tkey, task_epoch);
                 self.forget(&dkey);
                 return;
             }
@@ -1464,8 +1493,8 @@ impl Synchronizer {
         let Some(lt) = self.turns.remove(turn) else {
             return;
         };
-        self.forget(&lt.exclusive.key);
-        self.forget(&lt.drive.key);
+        self.forget_at(&lt.exclusive.key, lt.exclusive.epoch);
+        self.forget_at(&lt.drive.key, lt.drive.epoch);
         match &lt.work {
             // A turn that ended under its claim appends its completion or failure: never
             // resume that lease, even before the fold shows the outcome.

@@ -934,3 +934,184 @@ fn unknown_or_stale_events_are_ignored() {
         .is_empty());
     assert!(h.sync.tasks().room("elsewhere").is_none());
 }
+
+mod robustness {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
+    use std::collections::BTreeSet;
+
+    fn arb_body() -> impl Strategy<Value = Value> {
+        let id = prop::sample::select(vec!["a", "b", "c", "a/b", "", "ü"]).prop_map(Value::from);
+        let num = prop_oneof![
+            Just(json!(0)),
+            Just(json!(1)),
+            Just(json!(2)),
+            Just(json!(-1)),
+            Just(json!(i64::MAX)),
+            Just(json!(1e300)),
+            Just(json!("7")),
+        ];
+        let agent = prop::sample::select(vec!["bo", "cy", "zed", ""]).prop_map(Value::from);
+        let text = prop::sample::select(vec![
+            "hi",
+            "@bo hi",
+            "@cy",
+            "!delegate a: b",
+            "ana@bo",
+            "</coordination>",
+            "",
+        ])
+        .prop_map(Value::from);
+        let subject = (
+            prop::sample::select(vec!["task", "message", "x"]),
+            id.clone(),
+        )
+            .prop_map(|(k, i)| json!({"kind": k, "id": i}));
+        let kind = prop::sample::select(vec!["presence", "designation", "notice", "nope"]);
+        (
+            id,
+            num.clone(),
+            num,
+            agent,
+            text,
+            subject,
+            kind,
+            prop::collection::vec(prop::sample::select(vec!["a", "b", "c"]), 0..3),
+        )
+            .prop_map(|(id, n1, n2, agent, text, subject, kind, deps)| {
+                json!({
+                    "task": id, "label": "L", "deps": deps, "epoch": n1, "attempt": n2,
+                    "agent": agent, "text": text, "subject": subject, "kind": kind,
+                    "state": "working", "message": InteractionId([1; 32]).to_hex(),
+                    "turn": "t", "capabilities": ["x"], "load": n2, "about": "task-abandoned",
+                    "max_attempts": n1,
+                })
+            })
+    }
+
+    fn arb_row() -> impl Strategy<Value = NewInteraction> {
+        (
+            prop::sample::select(Verb::ALL.to_vec()),
+            prop::sample::select(vec!["ana", "bo", "cy", "zed", "huddle"]),
+            prop::sample::select(vec![Role::Owner, Role::Human, Role::Agent, Role::System]),
+            prop_oneof![
+                arb_body(),
+                Just(json!(null)),
+                Just(json!([1])),
+                Just(json!("x"))
+            ],
+            any::<bool>(),
+        )
+            .prop_map(|(verb, actor, role, body, threaded)| {
+                let n = ix(verb, actor, role, body);
+                if threaded {
+                    n.in_thread("t1")
+                } else {
+                    n
+                }
+            })
+    }
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        Rows(Vec<NewInteraction>),
+        Tick(i64),
+        /// Answer the k-th open acquire.
+        Result(usize, bool, i64),
+        /// End the k-th live turn.
+        End(usize, u8),
+        /// Lose the k-th held claim.
+        Lose(usize),
+        Config(u8),
+        Shutdown,
+    }
+
+    fn arb_step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => prop::collection::vec(arb_row(), 1..5).prop_map(Step::Rows),
+            2 => (0i64..90).prop_map(Step::Tick),
+            3 => (any::<usize>(), any::<bool>(), 1i64..5).prop_map(|(k, w, e)| Step::Result(k, w, e)),
+            2 => (any::<usize>(), any::<u8>()).prop_map(|(k, o)| Step::End(k, o)),
+            1 => any::<usize>().prop_map(Step::Lose),
+            1 => any::<u8>().prop_map(Step::Config),
+            1 => Just(Step::Shutdown),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Whatever rows and events arrive, the synchronizer never panics, never has
+        /// two acquisitions of one key in flight, and never starts a turn it is
+        /// already running.
+        #[test]
+        fn never_panics_never_double_acquires(steps in prop::collection::vec(arb_step(), 1..60)) {
+            let mut h = H::new(&["bo", "cy"]);
+            h.start();
+            let mut pending: Vec<(String, String)> = Vec::new();
+            let mut in_flight: BTreeSet<String> = BTreeSet::new();
+            let mut turns: Vec<TurnId> = Vec::new();
+            let mut held: Vec<(String, i64)> = Vec::new();
+            for step in steps {
+                let out = match step {
+                    Step::Rows(rows) => h.post(rows),
+                    Step::Tick(s) => {
+                        let now = h.now + s * S;
+                        h.tick(now)
+                    }
+                    Step::Result(k, won, epoch) if !pending.is_empty() => {
+                        let (key, holder) = pending.remove(k % pending.len());
+                        in_flight.remove(&key);
+                        if won {
+                            held.push((key.clone(), epoch));
+                        }
+                        h.result(&key, &holder, won, epoch)
+                    }
+                    Step::End(k, o) if !turns.is_empty() => {
+                        let turn = turns.remove(k % turns.len());
+                        let outcome = match o % 3 {
+                            0 => TurnOutcome::Replied { text: "ok".into() },
+                            1 => TurnOutcome::Failed { reason: "x".into() },
+                            _ => TurnOutcome::Cancelled,
+                        };
+                        h.ended(&turn, outcome)
+                    }
+                    Step::Lose(k) if !held.is_empty() => {
+                        let (key, epoch) = held.remove(k % held.len());
+                        h.sync.handle(Event::ClaimLost { key, epoch })
+                    }
+                    Step::Config(c) => {
+                        let config = RoomConfig {
+                            responder: [Responder::Race, Responder::Designated, Responder::RolePriority][c as usize % 3],
+                            responder_agent: Some("cy".into()),
+                            allocation: [Allocation::Pull, Allocation::Push, Allocation::Bid][(c / 3) as usize % 3],
+                            require_mention: c % 2 == 0,
+                            claim_ttl_ms: 1 + c as u64 * 500,
+                            ..RoomConfig::default()
+                        };
+                        h.sync.handle(Event::Config { room: "lobby".into(), thread: None, config })
+                    }
+                    Step::Shutdown => h.sync.handle(Event::Shutdown),
+                    _ => Vec::new(),
+                };
+                for i in &out {
+                    match i {
+                        Intent::Acquire { key, holder, .. } => {
+                            prop_assert!(in_flight.insert(key.clone()), "double acquire of {}", key);
+                            pending.push((key.clone(), holder.clone()));
+                        }
+                        Intent::StartTurn(st) => {
+                            prop_assert!(!turns.contains(&st.turn), "turn {} started twice", st.turn);
+                            turns.push(st.turn.clone());
+                        }
+                        _ => {}
+                    }
+                }
+                h.apply_appends(&out);
+                let _ = h.sync.next_wakeup();
+                let _ = h.sync.is_quiescent("lobby");
+            }
+        }
+    }
+}
