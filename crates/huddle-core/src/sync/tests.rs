@@ -1115,3 +1115,29 @@ mod robustness {
         }
     }
 }
+
+#[test]
+fn the_reply_gate_and_the_horizon_keep_agents_quiet() {
+    struct DenyHumans;
+    impl ReplyGate for DenyHumans {
+        fn admit(&mut self, message: &Interaction, _config: &RoomConfig) -> bool {
+            message.role != Role::Human
+        }
+    }
+    let mut h = H::new(&["bo"]);
+    h.sync = Synchronizer::new("r1", ["lobby"], vec![LocalAgent::new("bo")])
+        .with_reply_gate(Box::new(DenyHumans));
+    h.start();
+    assert!(acquires(&h.post(vec![message("hu", Role::Human, "hi")])).is_empty());
+    assert_eq!(
+        acquires(&h.post(vec![message("ana", Role::Owner, "hi")])).len(),
+        1
+    );
+
+    // A relay that starts late does not answer history older than the horizon.
+    let mut h = H::new(&["bo"]);
+    h.write(vec![message("ana", Role::Human, "old question")]);
+    h.now = T0 + 301 * S;
+    let out = h.start();
+    assert!(acquires(&out).is_empty(), "{out:?}");
+}
