@@ -539,6 +539,10 @@ impl Ledger for PgStore {
         &self.options.limits
     }
 
+    async fn flush(&self) {
+        self.flush_doorbell().await;
+    }
+
     async fn append(&self, batch: Vec<NewInteraction>) -> Result<Vec<Appended>> {
         self.validate(&batch)?;
         if batch.is_empty() {
