@@ -198,7 +198,12 @@ async fn reply_prompt_carries_coordination_and_related_context() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let (_, rows) = fold_all(&*admin).await;
-        if rows.iter().filter(|r| r.verb == Verb::AgentRegistered).count() == 2 {
+        if rows
+            .iter()
+            .filter(|r| r.verb == Verb::AgentRegistered)
+            .count()
+            == 2
+        {
             break;
         }
         assert!(

@@ -80,6 +80,7 @@ use crate::board::{
     AgentRegisteredBody, Board, CoordNoteBody, CoordinationDelivery, DesignationBody, MessageBody,
     Subject, SubjectKind, TurnFailedBody, TurnPromptedBody, TurnRepliedBody, DEFAULT_PRIORITY,
 };
+use crate::budget::BudgetFold;
 use crate::config::RoomConfig;
 use crate::fold::Fold;
 use crate::model::{Interaction, InteractionId, NewInteraction, Role, Timestamp};
@@ -168,6 +169,7 @@ pub struct Synchronizer {
     configs: BTreeMap<(String, Option<String>), RoomConfig>,
     board: Board,
     dag: TaskDag,
+    budget: BudgetFold,
     delivery: CoordinationDelivery,
     messages: BTreeMap<(String, InteractionId), OpenMessage>,
     authors: BTreeMap<InteractionId, String>,
@@ -228,6 +230,7 @@ impl Synchronizer {
             configs: BTreeMap::new(),
             board: Board::new(),
             dag: TaskDag::new(),
+            budget: BudgetFold::new(),
             delivery: CoordinationDelivery::new(),
             messages: BTreeMap::new(),
             authors: BTreeMap::new(),
@@ -411,6 +414,7 @@ impl Synchronizer {
         }
         self.board.apply(row);
         self.dag.apply(row);
+        self.budget.apply(row);
         if let Some(now) = self.now {
             self.now = Some(now.max(row.at));
         }
@@ -768,6 +772,10 @@ impl Synchronizer {
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
         for room in rooms {
             let config = self.config(&room, None).clone();
+            // A spent room budget stops new task claims (turns already running finish).
+            if !self.budget.budget_allows_new_claims(&room, config.budget) {
+                continue;
+            }
             let frontier: Vec<String> = self
                 .dag
                 .ready_frontier(&room)

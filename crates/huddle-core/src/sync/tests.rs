@@ -1141,3 +1141,31 @@ fn the_reply_gate_and_the_horizon_keep_agents_quiet() {
     let out = h.start();
     assert!(acquires(&out).is_empty(), "{out:?}");
 }
+
+#[test]
+fn a_spent_room_budget_stops_new_task_claims() {
+    let config = RoomConfig {
+        budget: Some(100),
+        ..RoomConfig::default()
+    };
+    let mut h = H::with(&["bo", "cy"], config);
+    h.start();
+    // Under budget: the ready task is contended for.
+    let out = h.post(vec![created("a", &[])]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    // Turns elsewhere in the room report 120 tokens: the budget is spent.
+    let spent = ix(
+        Verb::TurnReplied,
+        "zed",
+        Role::Agent,
+        serde_json::json!({"turn": "t/x", "epoch": 1, "tokens": 120}),
+    );
+    let mut out = h.post(vec![spent, created("b", &[])]);
+    out.extend(h.tick(h.now + 30 * S));
+    assert!(
+        !acquires(&out)
+            .iter()
+            .any(|(k, _)| *k == task_key("lobby", "b")),
+        "a spent budget must stop new claims: {out:?}"
+    );
+}
