@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use huddle_core::board::{CoordNoteBody, Subject, SubjectKind, TurnRepliedBody};
@@ -71,6 +71,7 @@ pub struct TestDatabase {
     /// The backend.
     pub backend: Backend,
     _dir: Option<tempfile::TempDir>,
+    _pg: Option<huddle_testkit::TestDb>,
 }
 
 impl TestDatabase {
@@ -84,10 +85,18 @@ impl TestDatabase {
                     url,
                     backend,
                     _dir: Some(dir),
+                    _pg: None,
                 }
             }
+            // Fails loudly, saying how to fix the machine, when there is no Postgres.
             Backend::Postgres => {
-                panic!("the Postgres backend is not on this branch yet: merge main once it lands")
+                let db = huddle_testkit::test_database().await;
+                TestDatabase {
+                    url: db.url.clone(),
+                    backend,
+                    _dir: None,
+                    _pg: Some(db),
+                }
             }
         }
     }
@@ -752,7 +761,7 @@ pub fn hex(bytes: [u8; 32]) -> String {
 
 /// Serializes the tests of one binary: relays are timing-sensitive (claim leases,
 /// responder windows) and a 2-core CI machine should run one world at a time.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// One test's world: database, room, relays, and the test's view of the ledger.
 pub struct Huddle {
@@ -769,14 +778,14 @@ pub struct Huddle {
     relays: BTreeMap<String, RelayProcess>,
     dir: tempfile::TempDir,
     started: Instant,
-    _turn: MutexGuard<'static, ()>,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
 }
 
 impl Huddle {
     /// A fresh database on `backend` with room `lobby` owned by `olga`, created with
     /// the CLI.
     pub async fn new(backend: Backend) -> Huddle {
-        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let turn = ONE_AT_A_TIME.lock().await;
         let db = TestDatabase::new(backend).await;
         let store = huddle_store::open(
             &db.url,
