@@ -450,6 +450,10 @@ impl Synchronizer {
                                 self.messages.remove(&key);
                             }
                         }
+                        // The failed holder released the reply claim before writing
+                        // this row: a back-off taken while it held the claim (until
+                        // its lease would lapse) no longer applies.
+                        self.held_elsewhere.remove(&reply_key(&row.room, &id));
                     }
                 }
             }
@@ -1620,11 +1624,26 @@ impl Synchronizer {
                 });
             }
             (LiveWork::Reply { .. }, _) => {
+                // The reply claim goes first: other relays contend for it as soon as
+                // they read `turn.failed`, and one still held then would make them
+                // back off for a whole lease. The failure is fenced by the drive
+                // claim, which is released after it.
+                let c = &lt.exclusive;
+                out.push(Intent::Release {
+                    key: c.key.clone(),
+                    holder: c.holder.clone(),
+                    epoch: c.epoch,
+                });
                 out.push(Intent::Append {
                     fence: Some(lt.drive.clone()),
                     batch: vec![failed_row(reason)],
                 });
-                release_both(out);
+                let c = &lt.drive;
+                out.push(Intent::Release {
+                    key: c.key.clone(),
+                    holder: c.holder.clone(),
+                    epoch: c.epoch,
+                });
             }
             (LiveWork::Task { task }, TurnOutcome::Replied { text }) => {
                 let done = TaskCompletedBody {
