@@ -290,6 +290,31 @@ async fn designated_agent_answers_and_silence_falls_back(backend: Backend) {
     assert!(note.at - msg_at >= window_us, "taken inside the window");
     asked.push(id);
 
+    // Silent because every turn of hers fails (an exec agent that exits non-zero):
+    // her failure is recorded and another agent answers.
+    let failing = h.script(
+        "fails.sh",
+        "cat >/dev/null\necho 'out of order' >&2\nexit 3",
+    );
+    h.spawn_relay("r0", vec![AgentSpec::exec("dora", &failing)]);
+    let (id, who) = ask(&mut h, "dora, can you take this one?").await;
+    assert_ne!(who, "dora");
+    let failed = h.ledger.about(Verb::TurnFailed, &message_subject(id));
+    assert!(
+        failed.iter().any(|r| r.actor == "dora"),
+        "dora's failed turn is not recorded: {failed:?}"
+    );
+    let notes = h.ledger.designations(id);
+    assert_eq!(
+        notes.first().map(|n| n.1.as_str()),
+        Some("dora"),
+        "she went first"
+    );
+    assert!(notes.last().is_some_and(|n| n.1 == who && n.2 > notes[0].2));
+    asked.push(id);
+    h.wait_quiescent(secs(30)).await;
+    h.relay("r0").terminate();
+
     // A restarted relay reads the whole history, answers nothing twice, and is live.
     h.spawn_relay("r0", vec![AgentSpec::sim("dora", 20)]);
     let (id, who) = ask(&mut h, "dora, welcome back?").await;

@@ -283,11 +283,12 @@ pub struct RelayProcess {
     exited: bool,
 }
 
+/// `kill -s SIGNAL pid` through the shell's built-in `kill` (no procps needed).
 fn send_signal(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args(["-s", signal, &pid.to_string()])
+    let status = Command::new("sh")
+        .args(["-c", "kill -s \"$0\" \"$1\"", signal, &pid.to_string()])
         .status()
-        .expect("run kill");
+        .expect("run sh -c kill");
     assert!(status.success(), "kill -s {signal} {pid} failed");
 }
 
@@ -812,7 +813,15 @@ impl Huddle {
             room,
             owner,
             relays: BTreeMap::new(),
-            dir: tempfile::tempdir().expect("tempdir"),
+            dir: {
+                let mut dir = tempfile::Builder::new()
+                    .prefix("huddle-e2e-")
+                    .tempdir()
+                    .expect("tempdir");
+                // HUDDLE_E2E_KEEP=1 keeps configs, scripts and relay logs for a look.
+                dir.disable_cleanup(std::env::var_os("HUDDLE_E2E_KEEP").is_some());
+                dir
+            },
             started: Instant::now(),
             _turn: turn,
         };
@@ -900,9 +909,27 @@ impl Huddle {
             }
             if Instant::now() >= deadline {
                 let logs: Vec<String> = self.relays.values().map(|r| r.log_tail(15)).collect();
+                let now = self.store.now().await.unwrap_or_default();
+                let claims: Vec<String> = self
+                    .store
+                    .list_claims("")
+                    .await
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|c| {
+                        format!(
+                            "  {} held by {} at epoch {}, expires in {} ms",
+                            c.state.key,
+                            c.state.holder,
+                            c.state.epoch,
+                            (c.state.expires_at - now) / 1000
+                        )
+                    })
+                    .collect();
                 panic!(
-                    "timed out after {limit:?} waiting for {what}\nledger: {}\n{}",
+                    "timed out after {limit:?} waiting for {what}\nledger: {}\nclaims:\n{}\n{}",
                     self.ledger.describe(),
+                    claims.join("\n"),
                     logs.join("\n")
                 );
             }
