@@ -311,6 +311,14 @@ async fn designated_agent_answers_and_silence_falls_back(backend: Backend) {
         "she went first"
     );
     assert!(notes.last().is_some_and(|n| n.1 == who && n.2 > notes[0].2));
+    // The others take over as soon as they read her failure, not a lease later.
+    let failed_at = failed.iter().map(|r| r.at).min().unwrap_or_default();
+    let taken_at = notes.last().map(|n| n.0.at).unwrap_or_default();
+    assert!(
+        taken_at - failed_at < 1_500_000,
+        "{who} took over {} ms after dora's failure",
+        (taken_at - failed_at) / 1000
+    );
     asked.push(id);
     h.wait_quiescent(secs(30)).await;
     h.relay("r0").terminate();
