@@ -220,7 +220,9 @@ impl PgStore {
         self.pool.get().await.map_err(map_pool)
     }
 
-    fn validate(&self, batch: &[NewInteraction]) -> Result<()> {
+    /// Checks the batch and every item; returns each item's id and canonical body
+    /// text (each body encoded once).
+    fn validate(&self, batch: &[NewInteraction]) -> Result<(Vec<InteractionId>, Vec<String>)> {
         let limits = &self.options.limits;
         if batch.len() > limits.max_batch {
             return Err(StoreError::BatchTooLarge {
@@ -228,10 +230,14 @@ impl PgStore {
                 max: limits.max_batch,
             });
         }
+        let mut ids = Vec::with_capacity(batch.len());
+        let mut bodies = Vec::with_capacity(batch.len());
         for n in batch {
-            n.validate(limits)?;
+            let (id, body) = n.checked(limits)?;
+            ids.push(id);
+            bodies.push(body);
         }
-        Ok(())
+        Ok((ids, bodies))
     }
 
     /// Rings the local bell and asks for one (coalesced) NOTIFY.
@@ -458,6 +464,7 @@ async fn insert_batch<C: Session>(
     client: &C,
     batch: &[NewInteraction],
     ids: &[InteractionId],
+    bodies: &[String],
 ) -> std::result::Result<Vec<Appended>, tokio_postgres::Error> {
     let id_col: Vec<&[u8]> = ids.iter().map(|i| &i.0[..]).collect();
     let rooms: Vec<&str> = batch.iter().map(|n| n.room.as_str()).collect();
@@ -473,10 +480,19 @@ async fn insert_batch<C: Session>(
         .iter()
         .map(|n| n.caused_by.iter().flat_map(|c| c.0).collect())
         .collect();
-    let bodies: Vec<String> = batch.iter().map(NewInteraction::body_text).collect();
     let keys: Vec<Option<&str>> = batch.iter().map(|n| n.idempotency_key.as_deref()).collect();
+    let bodies_col: Vec<&str> = bodies.iter().map(String::as_str).collect();
     let params: [&(dyn ToSql + Sync); 10] = [
-        &id_col, &rooms, &threads, &verbs, &actors, &roles, &parents, &causes, &bodies, &keys,
+        &id_col,
+        &rooms,
+        &threads,
+        &verbs,
+        &actors,
+        &roles,
+        &parents,
+        &causes,
+        &bodies_col,
+        &keys,
     ];
     let statement = client.statement(sql::APPEND).await?;
     let rows = client.rows(&statement, &params).await?;
@@ -544,14 +560,15 @@ impl Ledger for PgStore {
     }
 
     async fn append(&self, batch: Vec<NewInteraction>) -> Result<Vec<Appended>> {
-        self.validate(&batch)?;
+        let (ids, bodies) = self.validate(&batch)?;
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: Vec<InteractionId> = batch.iter().map(NewInteraction::id).collect();
         let client = self.client().await?;
         // One statement is its own transaction: the whole batch or nothing.
-        let out = insert_batch(&client, &batch, &ids).await.map_err(map_pg)?;
+        let out = insert_batch(&client, &batch, &ids, &bodies)
+            .await
+            .map_err(map_pg)?;
         drop(client);
         self.appended(&out);
         Ok(out)
@@ -562,8 +579,7 @@ impl Ledger for PgStore {
         fence: &Fence,
         batch: Vec<NewInteraction>,
     ) -> Result<Vec<Appended>> {
-        self.validate(&batch)?;
-        let ids: Vec<InteractionId> = batch.iter().map(NewInteraction::id).collect();
+        let (ids, bodies) = self.validate(&batch)?;
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(map_pg)?;
         let check = tx.prepare_cached(sql::FENCE).await.map_err(map_pg)?;
@@ -582,7 +598,9 @@ impl Ledger for PgStore {
         let out = if batch.is_empty() {
             Vec::new()
         } else {
-            insert_batch(&tx, &batch, &ids).await.map_err(map_pg)?
+            insert_batch(&tx, &batch, &ids, &bodies)
+                .await
+                .map_err(map_pg)?
         };
         tx.commit().await.map_err(map_pg)?;
         drop(client);
