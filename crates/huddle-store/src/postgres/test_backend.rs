@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use huddle_core::{InteractionId, NewInteraction, RawRow};
+use huddle_core::{NewInteraction, RawRow};
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls};
 
@@ -139,11 +139,12 @@ impl TestBackend for PgTestBackend {
     }
 
     async fn hold_append(&self, batch: Vec<NewInteraction>) -> Result<Box<dyn HeldAppend>> {
-        self.store.validate(&batch)?;
-        let ids: Vec<InteractionId> = batch.iter().map(NewInteraction::id).collect();
+        let (ids, bodies) = self.store.validate(&batch)?;
         let (client, driver) = self.session().await?;
         client.batch_execute("BEGIN").await.map_err(map_pg)?;
-        insert_batch(&client, &batch, &ids).await.map_err(map_pg)?;
+        insert_batch(&client, &batch, &ids, &bodies)
+            .await
+            .map_err(map_pg)?;
         Ok(Box::new(PgHeldAppend { client, driver }))
     }
 
