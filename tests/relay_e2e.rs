@@ -38,6 +38,7 @@ on_both_backends!(
     paused_relay_never_writes_under_a_stale_epoch,
     forged_completions_change_nothing,
     agent_text_is_never_a_command,
+    failed_task_goes_to_an_idle_agent_elsewhere,
 );
 
 /// Three relays of two simulated agents each.
@@ -917,4 +918,45 @@ async fn agent_text_is_never_a_command(backend: Backend) {
         1,
         "{system:?}"
     );
+}
+
+// ---------------------------------------------------------------------------------
+// A failed task attempt is handed over (fails today: see plans/0008, "Found")
+// ---------------------------------------------------------------------------------
+
+/// An agent whose every turn fails holds a task; a healthy agent idles on another
+/// relay. The failed attempt must go back to the room and be done by the healthy
+/// agent, not burned again and again by the failing one until it is abandoned.
+async fn failed_task_goes_to_an_idle_agent_elsewhere(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let failing = h.script("fails.sh", "cat >/dev/null\nsleep 1\nexit 3");
+    h.spawn_relay("r0", vec![AgentSpec::exec("flaky", &failing)]);
+    h.wait_registered(&["flaky"]).await;
+    h.delegate("j1: a job flaky cannot do").await;
+    h.wait_until("flaky holds j1", secs(30), |l| {
+        l.task("j1")
+            .is_some_and(|t| t.status == TaskStatus::Claimed)
+    })
+    .await;
+    h.spawn_relay("r1", vec![AgentSpec::sim("steady", 20)]);
+    h.wait_registered(&["steady"]).await;
+    h.wait_until("j1 settled", secs(30), |l| l.dag.is_settled(&l.room))
+        .await;
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+    let attempts: Vec<String> = h
+        .ledger
+        .claims()
+        .into_iter()
+        .map(|c| format!("{}#{}", c.actor, c.attempt))
+        .collect();
+    let j1 = h.ledger.task("j1").expect("j1");
+    assert_eq!(
+        j1.status,
+        TaskStatus::Done,
+        "j1 ended {:?} after attempts {attempts:?} while steady was idle",
+        j1.status
+    );
+    let done = h.ledger.assert_all_done_exactly_once(1);
+    assert_eq!(done["j1"].actor, "steady", "attempts {attempts:?}");
 }
