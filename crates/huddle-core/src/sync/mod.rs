@@ -158,6 +158,10 @@ struct LiveTurn {
     cancel_sent: bool,
 }
 
+/// How long to wait before retrying a claim whose holder's attempt already failed in
+/// the ledger (it is releasing the claim), µs.
+const RELEASE_BACK_OFF_US: i64 = 200_000;
+
 /// The synchronization state machine of one relay. See the [module docs](self).
 pub struct Synchronizer {
     relay: String,
@@ -177,6 +181,10 @@ pub struct Synchronizer {
     claims: BTreeMap<String, Slot>,
     turns: BTreeMap<TurnId, LiveTurn>,
     held_elsewhere: BTreeMap<String, Timestamp>,
+    /// The last failed or released attempt per task key: `(agent, epoch, at)`. The
+    /// agent that just failed a task gives others the first chance at the retry,
+    /// and a claim found still held at that epoch is about to be released.
+    returned: BTreeMap<String, (String, ClaimEpoch, Timestamp)>,
     bids_sent: BTreeSet<(String, String, u32, String)>,
     rejections_sent: BTreeSet<(String, String, u32, String)>,
     notices_sent: BTreeSet<(String, String)>,
@@ -238,6 +246,7 @@ impl Synchronizer {
             claims: BTreeMap::new(),
             turns: BTreeMap::new(),
             held_elsewhere: BTreeMap::new(),
+            returned: BTreeMap::new(),
             bids_sent: BTreeSet::new(),
             rejections_sent: BTreeSet::new(),
             notices_sent: BTreeSet::new(),
@@ -457,6 +466,16 @@ impl Synchronizer {
                     }
                 }
             }
+            Verb::TaskFailed | Verb::TaskReleased => {
+                if let Some(b) = TaskEndedBody::parse(&row.body) {
+                    let key = task_key(&row.room, &b.task);
+                    // Its holder releases the claim right after this row: a back-off
+                    // taken while it held the claim no longer applies.
+                    self.held_elsewhere.remove(&key);
+                    self.returned
+                        .insert(key, (row.actor.clone(), b.epoch, row.at));
+                }
+            }
             Verb::TaskBid => self.reject_late_bid(row, out),
             _ => {}
         }
@@ -581,6 +600,18 @@ impl Synchronizer {
     fn busy(&self, agent: &str) -> bool {
         self.turns.values().any(|t| t.agent == agent)
             || self.claims.values().any(|s| s.purpose.agent() == agent)
+    }
+
+    /// How long to leave a claim found held at `epoch` alone: until its lease lapses,
+    /// unless that epoch's attempt already failed in the ledger (its holder is
+    /// releasing it), then only a moment.
+    fn back_off_until(&self, key: &str, epoch: ClaimEpoch, expires_at: Timestamp) -> Timestamp {
+        match (self.returned.get(key), self.now) {
+            (Some((_, failed_epoch, _)), Some(now)) if *failed_epoch >= epoch => {
+                expires_at.min(now.saturating_add(RELEASE_BACK_OFF_US))
+            }
+            _ => expires_at,
+        }
     }
 
     fn held_elsewhere(&self, key: &str, now: Timestamp) -> bool {
@@ -814,6 +845,14 @@ impl Synchronizer {
                     bidding.push(id);
                     continue;
                 }
+                // The agent whose attempt just failed waits one responder window,
+                // so an idle agent elsewhere gets the retry first; alone, it retries.
+                let grace_us = (config.responder_window_ms as i64).saturating_mul(1000);
+                let benched = self
+                    .returned
+                    .get(&key)
+                    .filter(|(_, _, at)| now < at.saturating_add(grace_us))
+                    .map(|(agent, _, _)| agent.clone());
                 let chosen = self
                     .agents
                     .values()
@@ -821,6 +860,7 @@ impl Synchronizer {
                         right.allows(&a.key, &a.capabilities, task)
                             && !self.busy(&a.key)
                             && !self.outstanding_bid(&a.key, Some((&room, &id)))
+                            && benched.as_deref() != Some(a.key.as_str())
                     })
                     .map(|a| a.key.clone());
                 if let Some(agent) = chosen {
@@ -1127,7 +1167,8 @@ impl Synchronizer {
             }
             if !r.won {
                 for k in std::iter::once(r.key.clone()).chain(exclusive) {
-                    self.held_elsewhere.insert(k, r.expires_at);
+                    let until = self.back_off_until(&k, r.epoch, r.expires_at);
+                    self.held_elsewhere.insert(k, until);
                 }
             }
             return;

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::*;
 use crate::config::{Allocation, Responder};
-use crate::sync::testutil::{bid, claimed, created, ix, message, Ledger};
+use crate::sync::testutil::{bid, claimed, created, failed, ix, message, Ledger};
 
 const S: Timestamp = 1_000_000; // one second in µs
 const T0: Timestamp = 1_700_000_000 * S;
@@ -580,9 +580,54 @@ fn a_failed_task_turn_fails_the_attempt_never_completes() {
         let out = h.read();
         let t = h.sync.tasks().task("lobby", "a").unwrap();
         assert_eq!((t.status, t.attempts), (TaskStatus::Open, 1));
-        // Back on the frontier, retried.
+        // Back on the frontier. The agent that failed it gives others one responder
+        // window first; alone, it retries after that.
+        assert!(acquires(&out).is_empty(), "{out:?}");
+        let out = h.tick(h.now + 1_500_000 - 1);
+        assert!(acquires(&out).is_empty(), "{out:?}");
+        let out = h.tick(h.now + 1);
         assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
     }
+}
+
+#[test]
+fn a_failed_attempt_goes_to_another_free_agent_first() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 2);
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Failed {
+            reason: "exit 2".into(),
+        },
+    );
+    h.apply_appends(&out);
+    let out = h.read();
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "cy".into())]);
+}
+
+#[test]
+fn a_claim_still_held_at_a_failed_epoch_is_retried_soon() {
+    // Another relay's agent failed task a at epoch 4; this relay folds the failure
+    // before that relay released the claim.
+    let mut h = H::new(&["cy"]);
+    h.start();
+    let out = h.post(vec![created("a", &[]), claimed("a", "bo", 4)]);
+    // Seen claimed by a remote agent: the reconcile pass tries to re-take it, and the
+    // store says bo holds it: leave it alone until its lease lapses.
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "cy".into())]);
+    let out = h.result(&task_key("lobby", "a"), "cy", false, 4);
+    assert!(acquires(&out).is_empty());
+    assert!(acquires(&h.tick(h.now + 250_000)).is_empty());
+    let out = h.post(vec![failed("a", "bo", 4)]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "cy".into())]);
+    // The store still shows bo at epoch 4 with 50 s of lease left.
+    let out = h.result(&task_key("lobby", "a"), "cy", false, 4);
+    assert!(acquires(&out).is_empty());
+    // Not a lease later: a moment later.
+    let out = h.tick(h.now + 250_000);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "cy".into())]);
 }
 
 #[test]
