@@ -82,6 +82,10 @@ pub struct DemoArgs {
     /// Bid window under `--allocation bid` (`!config bid-window`).
     #[arg(long, default_value = "200ms")]
     pub bid_window: String,
+    /// Claim lease (`!config claim-ttl`): a few multiples of the longest task, so a
+    /// lapsed claim is re-taken quickly.
+    #[arg(long, default_value = "5s")]
+    pub claim_ttl: String,
     /// Attempts per task before it fails for good (`!config max-attempts`).
     #[arg(long, default_value_t = 5)]
     pub max_attempts: u32,
@@ -170,6 +174,7 @@ pub async fn run(args: DemoArgs, db: Option<String>, store: StoreOptions) -> any
         ),
         ("responder".to_string(), args.responder.as_str().to_string()),
         ("max-attempts".to_string(), args.max_attempts.to_string()),
+        ("claim-ttl".to_string(), args.claim_ttl.clone()),
     ];
     match args.allocation {
         AllocationArg::Push => workload.assign_round_robin(&scenario::agent_names(args.agents)),

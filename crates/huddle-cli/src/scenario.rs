@@ -196,13 +196,13 @@ impl Workload {
             );
             push(
                 format!("extract-{c:03}"),
-                format!("extract features and prices from {name}'s pages"),
+                format!("extract features and prices from the pages of {name}"),
                 vec![format!("fetch-{c:03}")],
                 1.5,
             );
             push(
                 format!("summarize-{c:03}"),
-                format!("summarize {name}'s positioning in five bullets"),
+                format!("summarize the positioning of {name} in five bullets"),
                 vec![format!("extract-{c:03}")],
                 2.0,
             );
@@ -688,6 +688,10 @@ impl Claims for MeteredStore {
             (&self.meter.other_acquires, None)
         };
         calls.fetch_add(1, Ordering::Relaxed);
+        if let Ok(a) = &r {
+            let st = a.state();
+            debug!(key, holder, won, by = %st.holder, epoch = st.epoch, "acquire");
+        }
         if let (true, Some(w)) = (won, wins) {
             w.fetch_add(1, Ordering::Relaxed);
         }
@@ -707,7 +711,9 @@ impl Claims for MeteredStore {
 
     async fn release(&self, key: &str, holder: &str, epoch: Epoch) -> huddle_store::Result<bool> {
         self.meter.releases.fetch_add(1, Ordering::Relaxed);
-        self.inner.release(key, holder, epoch).await
+        let r = self.inner.release(key, holder, epoch).await;
+        debug!(key, holder, epoch, released = ?r.as_ref().ok(), "release");
+        r
     }
 
     async fn list_claims(&self, prefix: &str) -> huddle_store::Result<Vec<ClaimRow>> {
@@ -1729,8 +1735,8 @@ pub fn render(r: &ScenarioReport) -> String {
     );
     let _ = writeln!(
         s,
-        "  claims      pickup (task ready and agent free -> claimed) p50 {:.1} ms, p99 {:.1} ms;   ready -> claimed p50 {:.1} ms, p99 {:.1} ms",
-        r.pickup.p50_ms, r.pickup.p99_ms, r.claim_wait.p50_ms, r.claim_wait.p99_ms
+        "  claims      pickup (task ready and agent free -> claimed) p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms;   ready -> claimed p50 {:.1} ms, p99 {:.1} ms",
+        r.pickup.p50_ms, r.pickup.p99_ms, r.pickup.max_ms, r.claim_wait.p50_ms, r.claim_wait.p99_ms
     );
     let _ = writeln!(
         s,
