@@ -68,6 +68,7 @@ pub async fn room_create(
         json!({ "owner": owner }),
     );
     let out = store.append(vec![created]).await?;
+    store.flush().await;
     // A concurrent creator may have won: the first room.created is the room.
     let winner = room_owner(&*store, room).await?.unwrap_or_default();
     if winner != owner {
@@ -115,6 +116,7 @@ pub async fn post(
     );
     message.thread = thread;
     let out = store.append(vec![message]).await?;
+    store.flush().await;
     println!("{}", out[0].id);
     Ok(())
 }

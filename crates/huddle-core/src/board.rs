@@ -134,6 +134,7 @@ impl PresenceState {
 /// - `{"kind":"designation","message":"<64 hex>","agent":"bo","epoch":3}` (actor = the
 ///   agent that won `reply/<room>/<message>` at `epoch`; appended fenced by it)
 /// - `{"kind":"notice","about":"task-abandoned","to":"owner","task":"api","text":".."}`
+///   (role `system` or `owner` only; notices from anyone else are ignored)
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum CoordNoteBody {
@@ -537,7 +538,8 @@ impl RoomBoard {
                     );
                 }
             }
-            CoordNoteBody::Notice(n) => {
+            // Notices reach every agent's prompt: only huddle and the owner post them.
+            CoordNoteBody::Notice(n) if matches!(i.role, Role::System | Role::Owner) => {
                 self.notices.insert(
                     i.id.to_hex(),
                     Notice {

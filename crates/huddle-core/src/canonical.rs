@@ -53,7 +53,12 @@ fn put_opt(out: &mut Vec<u8>, bytes: Option<&[u8]>) {
 
 /// Encodes the hashed fields canonically.
 pub fn encode_fields(f: &HashedFields<'_>) -> Vec<u8> {
-    let body = canonical_json(f.body);
+    encode_fields_with_body(f, &canonical_json(f.body))
+}
+
+/// [`encode_fields`] with the body's canonical JSON already computed (it must be
+/// `canonical_json(f.body)`), so a writer encodes each body once.
+pub fn encode_fields_with_body(f: &HashedFields<'_>, body: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(DOMAIN_TAG.len() + body.len() + 128);
     out.extend_from_slice(DOMAIN_TAG);
     put_bytes(&mut out, f.room.as_bytes());

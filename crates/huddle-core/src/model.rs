@@ -251,10 +251,29 @@ impl NewInteraction {
         canonical::canonical_json(&self.body)
     }
 
+    /// Validates against `limits` and returns the id and the canonical body text,
+    /// encoding the body once: what a store needs to write the row.
+    pub fn checked(&self, limits: &Limits) -> Result<(InteractionId, String), ModelError> {
+        let (id, body) = self.id_and_body();
+        self.validate_fields(limits, body.len())?;
+        Ok((id, body))
+    }
+
+    /// The content id and the canonical body text, encoding the body once.
+    pub fn id_and_body(&self) -> (InteractionId, String) {
+        let body = self.body_text();
+        let bytes = canonical::encode_fields_with_body(&self.hashed(), &body);
+        (InteractionId(*blake3::hash(&bytes).as_bytes()), body)
+    }
+
     /// Checks every field against `limits`: names, body size, key length. Called by
     /// every store before any write, so nothing oversized or hostile reaches the
     /// ledger half-written.
     pub fn validate(&self, limits: &Limits) -> Result<(), ModelError> {
+        self.validate_fields(limits, self.body_text().len())
+    }
+
+    fn validate_fields(&self, limits: &Limits, size: usize) -> Result<(), ModelError> {
         validate_name("room", &self.room, limits)?;
         if let Some(t) = &self.thread {
             validate_name("thread", t, limits)?;
@@ -274,7 +293,6 @@ impl NewInteraction {
                 max: limits.max_causes,
             });
         }
-        let size = self.body_text().len();
         if size > limits.max_body_bytes {
             return Err(ModelError::BodyTooLarge {
                 size,
@@ -527,6 +545,19 @@ mod tests {
         assert!(validate_name("room", "a/b", &limits).is_err());
         assert!(validate_name("room", "a\nb", &limits).is_err());
         assert!(validate_name("room", &"x".repeat(10_000), &limits).is_err());
+    }
+
+    #[test]
+    fn checked_gives_the_id_and_the_stored_body_text() {
+        let m = msg("hi");
+        let (id, body) = m.checked(&Limits::default()).unwrap();
+        assert_eq!(id, m.id());
+        assert_eq!(body, m.body_text());
+        let limits = Limits {
+            max_body_bytes: 5,
+            ..Limits::default()
+        };
+        assert!(m.checked(&limits).is_err());
     }
 
     #[test]

@@ -808,6 +808,9 @@ impl RoomTasks {
     }
 
     fn note(&mut self, i: &Interaction) {
+        if !matches!(i.role, Role::System | Role::Owner) {
+            return;
+        }
         if let Some(CoordNoteBody::Notice(n)) = CoordNoteBody::parse(&i.body) {
             if n.about == NoticeBody::TASK_ABANDONED {
                 if let Some(t) = n.task.and_then(|id| self.tasks.get_mut(&id)) {

@@ -15,7 +15,7 @@
 //! depends on it). A fenced append that is refused skips the turns that depended on
 //! it and reports the claim lost.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,10 @@ use huddle_core::sync::{
     ClaimOutcome, ClaimRef, Event, Intent, LocalAgent, ReplyGate, SyncOptions, Synchronizer,
     TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
 };
-use huddle_core::{Fold, Interaction, Position, Timestamp};
+use huddle_core::{
+    render_related_context, select_related, ContextRules, Fold, Interaction, Position, Timestamp,
+    Verb,
+};
 use huddle_core::{GuardFold, Verdict};
 use huddle_store::{Acquired, Fence, Store, StoreError, Subscription};
 use serde::Serialize;
@@ -35,6 +38,9 @@ use tracing::{debug, info, warn};
 
 use crate::commands::{CommandHandler, Step};
 use crate::driver::{Driver, TurnOutcome, TurnRequest};
+
+/// Recent messages kept per room for related context.
+const CONTEXT_WINDOW: usize = 200;
 
 /// An agent this relay speaks for.
 #[derive(Clone)]
@@ -136,6 +142,8 @@ struct Loop {
     feedback: mpsc::UnboundedSender<Feedback>,
     commands: CommandHandler,
     summary: RelaySummary,
+    /// Recent messages per room: the bounded look-back window for related context.
+    recent: HashMap<String, VecDeque<Interaction>>,
     /// Database time minus local time, µs, as of the last tick.
     clock_offset: i64,
     clock_base: Instant,
@@ -181,6 +189,7 @@ impl Relay {
                 relay: self.relay_id.clone(),
                 ..Default::default()
             },
+            recent: HashMap::new(),
             clock_offset: 0,
             clock_base: Instant::now(),
         };
@@ -340,6 +349,13 @@ impl Loop {
     async fn ledger(&mut self, rows: Vec<Interaction>, caught_up: bool) {
         // Owner commands are executed by every relay: their results are deterministic
         // content, so the ledger keeps one copy whoever appends first.
+        for row in rows.iter().filter(|r| r.verb == Verb::MessagePosted) {
+            let window = self.recent.entry(row.room.clone()).or_default();
+            window.push_back(row.clone());
+            while window.len() > CONTEXT_WINDOW {
+                window.pop_front();
+            }
+        }
         let observed = self.commands.observe(rows);
         if !observed.appends.is_empty() {
             self.spawn_intents(vec![Intent::Append {
@@ -388,6 +404,20 @@ impl Loop {
         stopped
     }
 
+    /// The `<related-context>` block for a reply turn in a thread: the most related
+    /// messages of sibling threads, from the bounded window of recent messages.
+    fn related_context(&self, start: &TurnStart) -> Option<String> {
+        let TurnWork::Reply(brief) = &start.work else {
+            return None;
+        };
+        let window: Vec<Interaction> = self.recent.get(&start.room)?.iter().cloned().collect();
+        let target = window.iter().find(|m| m.id == brief.id)?;
+        let rules = ContextRules::default();
+        let picked = select_related(target, &window, &rules);
+        let text = render_related_context(&picked, &rules);
+        (!text.is_empty()).then_some(text)
+    }
+
     fn spawn_intents(&mut self, intents: Vec<Intent>) {
         if intents.is_empty() {
             return;
@@ -409,13 +439,14 @@ impl Loop {
         if ordered.is_empty() {
             return;
         }
-        // Turn tokens are created now so a Cancel in a later output finds them.
-        let mut starts: HashMap<TurnId, CancellationToken> = HashMap::new();
+        // Turn tokens are created now so a Cancel in a later output finds them; the
+        // related context is chosen here, where the window of recent messages lives.
+        let mut starts: HashMap<TurnId, (CancellationToken, Option<String>)> = HashMap::new();
         for intent in &ordered {
             if let Intent::StartTurn(start) = intent {
                 let token = CancellationToken::new();
                 self.turns.insert(start.turn.clone(), token.clone());
-                starts.insert(start.turn.clone(), token);
+                starts.insert(start.turn.clone(), (token, self.related_context(start)));
                 self.summary.turns_started += 1;
             }
         }
@@ -436,7 +467,11 @@ struct Executor {
 }
 
 impl Executor {
-    async fn perform(self, intents: Vec<Intent>, mut starts: HashMap<TurnId, CancellationToken>) {
+    async fn perform(
+        self,
+        intents: Vec<Intent>,
+        mut starts: HashMap<TurnId, (CancellationToken, Option<String>)>,
+    ) {
         let mut refused: Vec<ClaimRef> = Vec::new();
         for intent in intents {
             match intent {
@@ -514,7 +549,7 @@ impl Executor {
                     }
                 }
                 Intent::StartTurn(start) => {
-                    let token = starts.remove(&start.turn).unwrap_or_default();
+                    let (token, related) = starts.remove(&start.turn).unwrap_or_default();
                     if start.claims.iter().any(|c| refused.contains(c)) {
                         // Its fenced append was refused: the turn never runs.
                         let _ = self.feedback.send(Feedback::TurnEnded {
@@ -524,7 +559,7 @@ impl Executor {
                         });
                         continue;
                     }
-                    self.start_turn(*start, token);
+                    self.start_turn(*start, token, related);
                 }
                 Intent::Renew {
                     key,
@@ -557,7 +592,7 @@ impl Executor {
         }
     }
 
-    fn start_turn(&self, start: TurnStart, token: CancellationToken) {
+    fn start_turn(&self, start: TurnStart, token: CancellationToken, related: Option<String>) {
         let Some(agent) = self.agents.get(&start.agent) else {
             let _ = self.feedback.send(Feedback::TurnEnded {
                 turn: start.turn.clone(),
@@ -570,7 +605,7 @@ impl Executor {
         };
         let driver = agent.driver.clone();
         let feedback = self.feedback.clone();
-        let request = turn_request(&start);
+        let request = turn_request(&start, related.as_deref());
         tokio::spawn(async move {
             let outcome = driver.run(request, token).await;
             let (outcome, tokens) = match outcome {
@@ -588,10 +623,13 @@ impl Executor {
 }
 
 /// Builds the driver's request: the `<coordination>` block first (when it changed),
-/// then the message or the task.
-pub fn turn_request(start: &TurnStart) -> TurnRequest {
+/// then the `<related-context>` block (when there is one), then the message or task.
+pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
     let mut prompt = String::new();
-    if let Some(block) = &start.coordination {
+    for block in [start.coordination.as_deref(), related]
+        .into_iter()
+        .flatten()
+    {
         prompt.push_str(block);
         if !block.ends_with('\n') {
             prompt.push('\n');

@@ -156,3 +156,102 @@ async fn two_relays_complete_a_delegated_dag_exactly_once() {
 fn hex(b: [u8; 32]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
+
+/// A reply turn in a thread gets the `<coordination>` block and a `<related-context>`
+/// block with the related message of a sibling thread, before the message itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reply_prompt_carries_coordination_and_related_context() {
+    use huddle_relay::driver::{ExecDriver, ExecSettings};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("h.db").display().to_string();
+    let admin = store(&path, "admin").await;
+    admin
+        .append(vec![NewInteraction::new(
+            "lobby",
+            Verb::RoomCreated,
+            "olga",
+            Role::Owner,
+            json!({"owner": "olga"}),
+        )])
+        .await
+        .expect("room");
+    let echo = HostedAgent {
+        local: LocalAgent::new("bob"),
+        name: "bob".into(),
+        driver: Arc::new(ExecDriver::new(ExecSettings {
+            command: vec!["cat".into()],
+            timeout_ms: 10_000,
+            max_reply_bytes: 64 * 1024,
+            cwd: None,
+        })),
+    };
+    let shutdown = CancellationToken::new();
+    let relay = Relay::new(
+        store(&path, "relay-0").await,
+        "relay-0",
+        vec!["lobby".into()],
+        vec![echo, sim_agent("ada", 10)],
+        RelayOptions::default(),
+    );
+    let handle = tokio::spawn(relay.run(shutdown.clone()));
+    // Wait until the agent is registered, so the mention below addresses it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, rows) = fold_all(&*admin).await;
+        if rows
+            .iter()
+            .filter(|r| r.verb == Verb::AgentRegistered)
+            .count()
+            == 2
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "agent never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sibling = NewInteraction::new(
+        "lobby",
+        Verb::MessagePosted,
+        "hank",
+        Role::Human,
+        json!({"text": "the postgres migration fails with a lock timeout"}),
+    )
+    .in_thread("ops");
+    let ask = NewInteraction::new(
+        "lobby",
+        Verb::MessagePosted,
+        "hank",
+        Role::Human,
+        json!({"text": "@bob why does the postgres migration fail?"}),
+    )
+    .in_thread("dev");
+    admin.append(vec![sibling]).await.expect("sibling");
+    admin.append(vec![ask.clone()]).await.expect("ask");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let reply = loop {
+        let (_, rows) = fold_all(&*admin).await;
+        if let Some(r) = rows.iter().find(|r| {
+            r.verb == Verb::MessagePosted && r.actor == "bob" && r.parent == Some(ask.id())
+        }) {
+            break r.body["text"].as_str().unwrap_or_default().to_string();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "bob never replied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    shutdown.cancel();
+    handle.await.expect("join").expect("relay");
+    let coord = reply.find("<coordination").expect("coordination block");
+    let related = reply
+        .find("<related-context>")
+        .expect("related-context block");
+    let message = reply
+        .find("why does the postgres migration fail")
+        .expect("the message");
+    assert!(coord < related && related < message, "{reply}");
+    assert!(reply.contains("lock timeout"), "{reply}");
+    // The board shows the other agent, not the reader.
+    assert!(reply[coord..related].contains("ada"), "{reply}");
+}

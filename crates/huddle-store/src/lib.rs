@@ -104,10 +104,7 @@ pub async fn open(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
             let store = sqlite::SqliteStore::open(&path, options).await?;
             Ok(Arc::new(store))
         }
-        Backend::Postgres(url) => {
-            let _ = postgres::PgStore::connect(&url, options).await?;
-            Err(StoreError::Config("not built".into()))
-        }
+        Backend::Postgres(url) => Ok(Arc::new(postgres::PgStore::connect(&url, options).await?)),
     }
 }
 

@@ -150,6 +150,12 @@ pub trait Ledger: Send + Sync + 'static {
 
     /// The fallback poll interval subscriptions use between doorbells.
     fn poll_interval(&self) -> Duration;
+
+    /// Waits (briefly, bounded) until every doorbell for this handle's appends has
+    /// been sent. Appends never wait for their doorbell; a process that appends and
+    /// then exits calls this so other processes wake at once rather than at their
+    /// fallback poll. The default does nothing.
+    async fn flush(&self) {}
 }
 
 /// Leased claims. Expiry is always judged by the database clock.

@@ -22,8 +22,9 @@
 //!    is made before the first tick (so a relay replaying old history never answers
 //!    yesterday's messages).
 //! 3. Feed every read-forward batch as `Ledger { rows, caught_up }`, with `caught_up`
-//!    true when the read returned fewer rows than asked. Decisions wait for a caught-up
-//!    batch, so a relay never acts on a half-read ledger.
+//!    true when the read returned fewer rows than asked, including an empty first
+//!    read. Decisions wait for a caught-up batch, so a relay never acts on a half-read
+//!    ledger. Rows of rooms the relay does not serve are ignored.
 //! 4. Whenever the effective config of a room or thread changes (the config fold),
 //!    send `Config`. Rooms without one use [`RoomConfig::default`].
 //! 5. Send `Tick { now }` at [`Synchronizer::next_wakeup`] (at the latest): that is
@@ -63,6 +64,7 @@
 //! `@mentions`. Nothing here routes it anywhere that executes.
 
 pub mod addressing;
+mod api;
 pub mod keys;
 
 #[cfg(test)]
@@ -74,12 +76,11 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::board::{
     AgentRegisteredBody, Board, CoordNoteBody, CoordinationDelivery, DesignationBody, MessageBody,
     Subject, SubjectKind, TurnFailedBody, TurnPromptedBody, TurnRepliedBody, DEFAULT_PRIORITY,
 };
+use crate::budget::BudgetFold;
 use crate::config::RoomConfig;
 use crate::fold::Fold;
 use crate::model::{Interaction, InteractionId, NewInteraction, Role, Timestamp};
@@ -94,397 +95,11 @@ use crate::tasks::{
 use crate::verbs::Verb;
 
 pub use addressing::{Addressing, Eligible};
+pub use api::{
+    AdmitAll, ClaimOutcome, ClaimPurpose, DepResult, Event, Intent, LocalAgent, MessageBrief,
+    ReplyGate, SyncOptions, TaskBrief, TurnId, TurnOutcome, TurnStart, TurnWork,
+};
 pub use keys::{drive_key, reply_key, task_key, taskdrive_key, ClaimEpoch, ClaimKey, ClaimRef};
-
-// ---------------------------------------------------------------------------------
-// Construction
-// ---------------------------------------------------------------------------------
-
-/// An agent hosted by this relay.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LocalAgent {
-    /// The agent key (its actor name in the ledger).
-    pub key: String,
-    /// Declared capabilities (matched against tasks' `needs`).
-    pub capabilities: Vec<String>,
-    /// Rank under `role-priority` (lower answers first).
-    pub priority: u32,
-}
-
-impl LocalAgent {
-    /// An agent with no capabilities and the default priority.
-    pub fn new(key: impl Into<String>) -> Self {
-        LocalAgent {
-            key: key.into(),
-            capabilities: Vec::new(),
-            priority: DEFAULT_PRIORITY,
-        }
-    }
-
-    /// Sets the capabilities (sorted, de-duplicated).
-    pub fn with_capabilities<I, S>(mut self, caps: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        let mut c: Vec<String> = caps.into_iter().map(Into::into).collect();
-        c.sort();
-        c.dedup();
-        self.capabilities = c;
-        self
-    }
-
-    /// Sets the `role-priority` rank.
-    pub fn with_priority(mut self, priority: u32) -> Self {
-        self.priority = priority;
-        self
-    }
-}
-
-/// Tuning of the synchronizer that is not room config.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SyncOptions {
-    /// Most task claims and bids started per pass (default 16); the rest of the
-    /// frontier drains on later passes.
-    pub max_wakes_per_pass: usize,
-    /// Messages older than this (database time) are never contended for, so a relay
-    /// that starts late does not answer old history (default 5 minutes).
-    pub reply_horizon_ms: u64,
-    /// Failed reply turns after which a message is given up (default 3).
-    pub max_reply_failures: u32,
-    /// Longest reply text appended, in bytes (default 64 KiB; longer is truncated).
-    pub max_reply_bytes: usize,
-    /// How many message authors are remembered for reply-to addressing (default 65,536).
-    pub remembered_authors: usize,
-}
-
-impl Default for SyncOptions {
-    fn default() -> Self {
-        SyncOptions {
-            max_wakes_per_pass: 16,
-            reply_horizon_ms: 300_000,
-            max_reply_failures: 3,
-            max_reply_bytes: 64 * 1024,
-            remembered_authors: 65_536,
-        }
-    }
-}
-
-/// Decides whether agents may answer a message at all (the guards: turn caps, rate
-/// caps, hops). Called once per `message.posted` as it is folded; the default admits
-/// everything.
-pub trait ReplyGate: Send {
-    /// Whether agents may answer `message` under `config`.
-    fn admit(&mut self, message: &Interaction, config: &RoomConfig) -> bool;
-}
-
-/// The [`ReplyGate`] that admits every message.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AdmitAll;
-
-impl ReplyGate for AdmitAll {
-    fn admit(&mut self, _message: &Interaction, _config: &RoomConfig) -> bool {
-        true
-    }
-}
-
-// ---------------------------------------------------------------------------------
-// Events and intents
-// ---------------------------------------------------------------------------------
-
-/// A turn's id: unique per (subject, agent, claim epochs), so a relay that restarts
-/// and resumes the same lease produces the same id.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct TurnId(pub String);
-
-impl fmt::Display for TurnId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// How a turn ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TurnOutcome {
-    /// The agent answered; `text` is the reply (a message reply, or a task's result).
-    Replied {
-        /// The reply.
-        text: String,
-    },
-    /// The turn failed (non-zero exit, timeout, driver error).
-    Failed {
-        /// Why.
-        reason: String,
-    },
-    /// The turn was stopped after [`Intent::Cancel`].
-    Cancelled,
-}
-
-/// The answer to an [`Intent::Acquire`], as the store's `acquire` returned it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClaimOutcome {
-    /// The key acquired.
-    pub key: String,
-    /// The holder the acquire was for.
-    pub holder: String,
-    /// Whether that holder holds the claim now.
-    pub won: bool,
-    /// The claim's epoch (the caller's when won, the current holder's otherwise).
-    pub epoch: ClaimEpoch,
-    /// When the lease lapses (database time).
-    pub expires_at: Timestamp,
-}
-
-/// What the relay tells the synchronizer.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Event {
-    /// Interactions read forward, in ledger order. `caught_up` is true when the read
-    /// reached the end of what is committed (fewer rows than asked).
-    Ledger {
-        /// The rows.
-        rows: Vec<Interaction>,
-        /// Whether the reader has caught up.
-        caught_up: bool,
-    },
-    /// Time passes: `now` is the database clock (µs). Send one at start, and at
-    /// [`Synchronizer::next_wakeup`].
-    Tick {
-        /// Database time.
-        now: Timestamp,
-    },
-    /// The outcome of an [`Intent::Acquire`].
-    ClaimResult(ClaimOutcome),
-    /// A turn started by [`Intent::StartTurn`] ended.
-    TurnEnded {
-        /// The turn.
-        turn: TurnId,
-        /// How it ended.
-        outcome: TurnOutcome,
-        /// Tokens it used.
-        tokens: u64,
-    },
-    /// A claim is no longer held at `epoch`: a renew returned nothing, or a fenced
-    /// append under it was refused.
-    ClaimLost {
-        /// The key.
-        key: String,
-        /// The epoch that was lost.
-        epoch: ClaimEpoch,
-    },
-    /// The effective config of a room (`thread: None`) or a thread changed.
-    Config {
-        /// Room.
-        room: String,
-        /// Thread, for a thread overlay.
-        thread: Option<String>,
-        /// The effective config.
-        config: RoomConfig,
-    },
-    /// Stop: cancel every turn, start nothing new.
-    Shutdown,
-}
-
-/// Why a claim is acquired, and so what the synchronizer does when it is won.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ClaimPurpose {
-    /// `reply/..` for `agent`; when won: append a designation (fenced) and acquire the
-    /// drive claim.
-    Reply {
-        /// Room.
-        room: String,
-        /// Thread of the message.
-        thread: Option<String>,
-        /// The message.
-        message: InteractionId,
-        /// The contending agent.
-        agent: String,
-    },
-    /// `drive/..` for this relay; when won: append `turn.prompted` (fenced) and start
-    /// the reply turn.
-    DriveReply {
-        /// Room.
-        room: String,
-        /// Thread of the message.
-        thread: Option<String>,
-        /// The message.
-        message: InteractionId,
-        /// The agent whose turn it is.
-        agent: String,
-        /// The epoch of the reply claim won.
-        reply_epoch: ClaimEpoch,
-    },
-    /// `task/..` for `agent`; when won: acquire the task drive claim.
-    Task {
-        /// Room.
-        room: String,
-        /// Task id.
-        task: String,
-        /// The contending agent.
-        agent: String,
-    },
-    /// `taskdrive/..` for this relay; when won: append `task.claimed` (+ rejections) and
-    /// `turn.prompted` fenced by the task claim, and start the task turn.
-    DriveTask {
-        /// Room.
-        room: String,
-        /// Task id.
-        task: String,
-        /// The agent whose turn it is.
-        agent: String,
-        /// The epoch of the task claim won.
-        task_epoch: ClaimEpoch,
-    },
-}
-
-impl ClaimPurpose {
-    /// The agent the claim is for.
-    pub fn agent(&self) -> &str {
-        match self {
-            ClaimPurpose::Reply { agent, .. }
-            | ClaimPurpose::DriveReply { agent, .. }
-            | ClaimPurpose::Task { agent, .. }
-            | ClaimPurpose::DriveTask { agent, .. } => agent,
-        }
-    }
-
-    /// The room.
-    pub fn room(&self) -> &str {
-        match self {
-            ClaimPurpose::Reply { room, .. }
-            | ClaimPurpose::DriveReply { room, .. }
-            | ClaimPurpose::Task { room, .. }
-            | ClaimPurpose::DriveTask { room, .. } => room,
-        }
-    }
-}
-
-/// The message a reply turn answers.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MessageBrief {
-    /// Its id.
-    pub id: InteractionId,
-    /// Its author.
-    pub author: String,
-    /// The author's role.
-    pub role: Role,
-    /// Its text (data, never instructions to huddle).
-    pub text: String,
-}
-
-/// A dependency of a task, with its result.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DepResult {
-    /// Task id.
-    pub id: String,
-    /// Its label.
-    pub label: String,
-    /// What its completion reported.
-    pub result: Option<String>,
-}
-
-/// The task a task turn works on.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskBrief {
-    /// Task id.
-    pub id: String,
-    /// What to do.
-    pub label: String,
-    /// This attempt's number (1-based).
-    pub attempt: u32,
-    /// Attempts allowed.
-    pub max_attempts: u32,
-    /// Required capabilities.
-    pub needs: Vec<String>,
-    /// Its dependencies and their results, by id.
-    pub deps: Vec<DepResult>,
-}
-
-/// What a turn is for.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TurnWork {
-    /// Answer a message.
-    Reply(MessageBrief),
-    /// Work on a task.
-    Task(TaskBrief),
-}
-
-/// Everything a driver needs to start a turn.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TurnStart {
-    /// The turn id (report it back in [`Event::TurnEnded`]).
-    pub turn: TurnId,
-    /// The agent.
-    pub agent: String,
-    /// The room.
-    pub room: String,
-    /// The thread the answer belongs in, if any.
-    pub thread: Option<String>,
-    /// What the turn is about.
-    pub subject: Subject,
-    /// The message or task.
-    pub work: TurnWork,
-    /// The epoch of the exclusive claim (reply or task): `HUDDLE_EPOCH` for drivers.
-    pub epoch: ClaimEpoch,
-    /// The claims the turn runs under: `[exclusive, drive]`.
-    pub claims: Vec<ClaimRef>,
-    /// The `<coordination>` block to put first in the prompt, when it changed since it
-    /// was last delivered to this agent in this room.
-    pub coordination: Option<String>,
-}
-
-/// What the synchronizer asks the relay to do. Perform them in order.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Intent {
-    /// Acquire `key` for `holder` for `ttl`; answer with [`Event::ClaimResult`].
-    Acquire {
-        /// Claim key.
-        key: String,
-        /// Holder (agent key or relay id).
-        holder: String,
-        /// Lease length.
-        ttl: Duration,
-        /// Why, and so what happens when it is won.
-        purpose: ClaimPurpose,
-    },
-    /// Append `batch` in one transaction; when `fence` is set, only while that claim is
-    /// still held at its epoch (otherwise send [`Event::ClaimLost`]).
-    Append {
-        /// The claim the batch is written under.
-        fence: Option<ClaimRef>,
-        /// The interactions.
-        batch: Vec<NewInteraction>,
-    },
-    /// Start a turn; answer with [`Event::TurnEnded`] when it ends.
-    StartTurn(Box<TurnStart>),
-    /// Renew the lease of `(key, holder, epoch)`; when that fails send
-    /// [`Event::ClaimLost`].
-    Renew {
-        /// Claim key.
-        key: String,
-        /// Holder.
-        holder: String,
-        /// Epoch held.
-        epoch: ClaimEpoch,
-        /// New lease length.
-        ttl: Duration,
-    },
-    /// Release (expire) `(key, holder, epoch)`.
-    Release {
-        /// Claim key.
-        key: String,
-        /// Holder.
-        holder: String,
-        /// Epoch held.
-        epoch: ClaimEpoch,
-    },
-    /// Stop the turn; it then ends with [`TurnOutcome::Cancelled`].
-    Cancel {
-        /// The turn.
-        turn: TurnId,
-    },
-    /// After [`Event::Shutdown`]: every turn has ended; the relay may exit.
-    Stopped,
-}
 
 // ---------------------------------------------------------------------------------
 // State
@@ -503,7 +118,17 @@ struct OpenMessage {
     failed: BTreeSet<String>,
     /// The highest reply-claim epoch of a failed turn: designations up to it are void.
     failed_upto: Option<ClaimEpoch>,
-    failures: u32,
+    /// Failed turns on it, by turn id (noted when the turn ends here and again when
+    /// its `turn.failed` is folded).
+    failed_turns: BTreeSet<String>,
+}
+
+impl OpenMessage {
+    fn note_failure(&mut self, agent: &str, turn: &str, epoch: ClaimEpoch) {
+        self.failed.insert(agent.to_string());
+        self.failed_upto = Some(self.failed_upto.map_or(epoch, |e| e.max(epoch)));
+        self.failed_turns.insert(turn.to_string());
+    }
 }
 
 /// A claim being acquired (`epoch: None`) or held by this relay.
@@ -544,6 +169,7 @@ pub struct Synchronizer {
     configs: BTreeMap<(String, Option<String>), RoomConfig>,
     board: Board,
     dag: TaskDag,
+    budget: BudgetFold,
     delivery: CoordinationDelivery,
     messages: BTreeMap<(String, InteractionId), OpenMessage>,
     authors: BTreeMap<InteractionId, String>,
@@ -554,6 +180,9 @@ pub struct Synchronizer {
     bids_sent: BTreeSet<(String, String, u32, String)>,
     rejections_sent: BTreeSet<(String, String, u32, String)>,
     notices_sent: BTreeSet<(String, String)>,
+    /// Task claims `(key, epoch)` whose turn ended here: never resumed, even while the
+    /// fold has not yet caught up with the completion or failure appended for them.
+    finished: BTreeSet<(String, ClaimEpoch)>,
     registered: bool,
     now: Option<Timestamp>,
     caught_up: bool,
@@ -601,6 +230,7 @@ impl Synchronizer {
             configs: BTreeMap::new(),
             board: Board::new(),
             dag: TaskDag::new(),
+            budget: BudgetFold::new(),
             delivery: CoordinationDelivery::new(),
             messages: BTreeMap::new(),
             authors: BTreeMap::new(),
@@ -611,6 +241,7 @@ impl Synchronizer {
             bids_sent: BTreeSet::new(),
             rejections_sent: BTreeSet::new(),
             notices_sent: BTreeSet::new(),
+            finished: BTreeSet::new(),
             registered: false,
             now: None,
             caught_up: false,
@@ -783,6 +414,7 @@ impl Synchronizer {
         }
         self.board.apply(row);
         self.dag.apply(row);
+        self.budget.apply(row);
         if let Some(now) = self.now {
             self.now = Some(now.max(row.at));
         }
@@ -804,10 +436,8 @@ impl Synchronizer {
                         let max = self.options.max_reply_failures;
                         let key = (row.room.clone(), id);
                         if let Some(m) = self.messages.get_mut(&key) {
-                            m.failed.insert(row.actor.clone());
-                            m.failed_upto = Some(m.failed_upto.map_or(b.epoch, |e| e.max(b.epoch)));
-                            m.failures += 1;
-                            if m.failures >= max {
+                            m.note_failure(&row.actor, &b.turn, b.epoch);
+                            if m.failed_turns.len() >= max as usize {
                                 self.messages.remove(&key);
                             }
                         }
@@ -830,18 +460,26 @@ impl Synchronizer {
         }
     }
 
-    /// Agents known in a room: registered ones and local ones.
+    /// Agents registered in a room so far (in ledger order). Addressing uses only
+    /// these, never this relay's own agents, so every relay reads a message's
+    /// addressing the same way.
+    fn registered_agents(&self, room: &str) -> BTreeSet<String> {
+        self.board
+            .room(room)
+            .map(|b| b.agents.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Registered agents and local ones (the responder candidates of a broadcast).
     fn known_agents(&self, room: &str) -> BTreeSet<String> {
-        let mut known: BTreeSet<String> = self.agents.keys().cloned().collect();
-        if let Some(b) = self.board.room(room) {
-            known.extend(b.agents.keys().cloned());
-        }
+        let mut known = self.registered_agents(room);
+        known.extend(self.agents.keys().cloned());
         known
     }
 
     fn consider_message(&mut self, row: &Interaction) {
         let body: MessageBody = parse_body(&row.body).unwrap_or_default();
-        let known = self.known_agents(&row.room);
+        let known = self.registered_agents(&row.room);
         let parent_author = row.parent.and_then(|p| self.authors.get(&p)).cloned();
         let addressing =
             addressing::address(&body.text, &body.mentions, parent_author.as_deref(), &known);
@@ -870,7 +508,7 @@ impl Synchronizer {
                 eligible,
                 failed: BTreeSet::new(),
                 failed_upto: None,
-                failures: 0,
+                failed_turns: BTreeSet::new(),
             },
         );
     }
@@ -919,6 +557,13 @@ impl Synchronizer {
     // -----------------------------------------------------------------------------
     // Passes
     // -----------------------------------------------------------------------------
+
+    /// Whether this relay is already acquiring or holding the task's claim or its
+    /// drive claim (the drive key is per task, so a second acquisition could not be
+    /// told apart from the first).
+    fn task_busy(&self, room: &str, task: &str, key: &str) -> bool {
+        self.claims.contains_key(key) || self.claims.contains_key(&taskdrive_key(room, task))
+    }
 
     fn busy(&self, agent: &str) -> bool {
         self.turns.values().any(|t| t.agent == agent)
@@ -1023,8 +668,11 @@ impl Synchronizer {
         };
         self.register(out);
         self.notify_owners(out);
+        // Re-takes first: those tasks and messages have waited longest.
+        self.retake_replies(now, out);
         self.elect_replies(now, out);
-        self.schedule_tasks(now, out);
+        let retakes = self.retake_tasks(now, out);
+        self.schedule_tasks(now, retakes, out);
     }
 
     fn register(&mut self, out: &mut Vec<Intent>) {
@@ -1118,12 +766,16 @@ impl Synchronizer {
         })
     }
 
-    fn schedule_tasks(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
+    fn schedule_tasks(&mut self, now: Timestamp, already: usize, out: &mut Vec<Intent>) {
         let cap = self.options.max_wakes_per_pass;
-        let mut wakes = 0usize;
+        let mut wakes = already;
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
         for room in rooms {
             let config = self.config(&room, None).clone();
+            // A spent room budget stops new task claims (turns already running finish).
+            if !self.budget.budget_allows_new_claims(&room, config.budget) {
+                continue;
+            }
             let frontier: Vec<String> = self
                 .dag
                 .ready_frontier(&room)
@@ -1136,7 +788,7 @@ impl Synchronizer {
                     return;
                 }
                 let key = task_key(&room, &id);
-                if self.claims.contains_key(&key) || self.held_elsewhere(&key, now) {
+                if self.task_busy(&room, &id, &key) || self.held_elsewhere(&key, now) {
                     continue;
                 }
                 let (Some(task), Some(since)) =
@@ -1223,7 +875,8 @@ impl Synchronizer {
         }
     }
 
-    /// An agent's declared load: turns it runs here plus tasks the ledger says it holds.
+    /// An agent's declared load: turns it runs here plus tasks the ledger says it holds
+    /// (but whose turn has not already ended here).
     fn load_of(&self, agent: &str) -> u32 {
         let turns = self.turns.values().filter(|t| t.agent == agent).count();
         let held: usize = self
@@ -1234,6 +887,10 @@ impl Synchronizer {
                     .claimed(r)
                     .iter()
                     .filter(|t| t.owner.as_deref() == Some(agent))
+                    .filter(|t| {
+                        !t.epoch
+                            .is_some_and(|e| self.finished.contains(&(task_key(r, &t.id), e)))
+                    })
                     .count()
             })
             .sum();
@@ -1270,20 +927,31 @@ impl Synchronizer {
         }
         self.held_elsewhere.retain(|_, until| *until > now);
         let dag = &self.dag;
+        self.rejections_sent.retain(|(room, task, attempt, _)| {
+            dag.task(room, task)
+                .is_some_and(|t| t.status == TaskStatus::Claimed && t.attempts == *attempt)
+        });
+        self.finished
+            .retain(|(key, epoch)| match ClaimKey::parse(key) {
+                Some(ClaimKey::Task { room, task }) => dag
+                    .task(&room, &task)
+                    .is_some_and(|t| t.status == TaskStatus::Claimed && t.epoch == Some(*epoch)),
+                _ => false,
+            });
         self.bids_sent.retain(|(room, task, attempt, _)| {
             dag.task(room, task)
                 .is_some_and(|t| t.next_attempt() == *attempt && t.status == TaskStatus::Open)
         });
-        if !self.caught_up || self.shutting_down {
-            return;
-        }
-        self.retake_tasks(now, out);
-        self.retake_replies(now, out);
+        // Re-takes and bid-window closes happen in the pass that follows every event.
     }
 
     /// Claimed tasks no local turn runs: try to take them; the store grants the claim
-    /// only once the owner's lease lapsed (or to the owner itself).
-    fn retake_tasks(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
+    /// only once the owner's lease lapsed (or to the owner itself). A refusal backs
+    /// the key off until the holder's lease would lapse, so each claimed task is
+    /// probed about once per lease. Returns how many acquisitions it started.
+    fn retake_tasks(&mut self, now: Timestamp, out: &mut Vec<Intent>) -> usize {
+        let cap = self.options.max_wakes_per_pass;
+        let mut wakes = 0usize;
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
         for room in rooms {
             let config = self.config(&room, None).clone();
@@ -1298,12 +966,20 @@ impl Synchronizer {
                     lt.room == room && matches!(&lt.work, LiveWork::Task { task } if *task == id)
                 });
                 let key = task_key(&room, &id);
-                if running || self.claims.contains_key(&key) || self.held_elsewhere(&key, now) {
+                if running || self.task_busy(&room, &id, &key) || self.held_elsewhere(&key, now) {
                     continue;
                 }
                 let Some(task) = self.dag.task(&room, &id) else {
                     continue;
                 };
+                if task
+                    .epoch
+                    .is_some_and(|e| self.finished.contains(&(key.clone(), e)))
+                {
+                    // Our own turn under this very lease just ended; its completion or
+                    // failure is on its way into the fold.
+                    continue;
+                }
                 let right = retake_right(&config, task);
                 let owner_here = owner
                     .filter(|o| self.agents.contains_key(o) && !self.busy(o))
@@ -1319,15 +995,20 @@ impl Synchronizer {
                         .map(|a| a.key.clone())
                 });
                 if let Some(agent) = chosen {
+                    if wakes >= cap {
+                        return wakes;
+                    }
                     let purpose = ClaimPurpose::Task {
                         room: room.clone(),
                         task: id.clone(),
                         agent: agent.clone(),
                     };
                     self.acquire(key, agent, purpose, out);
+                    wakes += 1;
                 }
             }
         }
+        wakes
     }
 
     /// Messages taken by an agent whose answer never came and that no local turn
@@ -1378,6 +1059,14 @@ impl Synchronizer {
         self.claims.remove(key);
     }
 
+    /// Forgets `key` only if this relay holds it at `epoch` (a newer acquisition of
+    /// the same key is left alone).
+    fn forget_at(&mut self, key: &str, epoch: ClaimEpoch) {
+        if self.held_at(key, epoch) {
+            self.claims.remove(key);
+        }
+    }
+
     fn held_at(&self, key: &str, epoch: ClaimEpoch) -> bool {
         self.claims.get(key).is_some_and(|s| s.epoch == Some(epoch))
     }
@@ -1398,10 +1087,24 @@ impl Synchronizer {
             // exclusive claim backs off as long.
             self.forget(&r.key);
             let exclusive = match &purpose {
-                ClaimPurpose::DriveReply { room, message, .. } => Some(reply_key(room, message)),
-                ClaimPurpose::DriveTask { room, task, .. } => Some(task_key(room, task)),
+                ClaimPurpose::DriveReply {
+                    room,
+                    message,
+                    reply_epoch,
+                    ..
+                } => Some((reply_key(room, message), *reply_epoch)),
+                ClaimPurpose::DriveTask {
+                    room,
+                    task,
+                    task_epoch,
+                    ..
+                } => Some((task_key(room, task), *task_epoch)),
                 _ => None,
             };
+            // Only the exclusive claim this drive was for, not a newer acquisition.
+            let exclusive = exclusive
+                .filter(|(k, e)| self.held_at(k, *e))
+                .map(|(k, _)| k);
             if let Some(k) = &exclusive {
                 self.forget(k);
             }
@@ -1508,7 +1211,7 @@ impl Synchronizer {
         let dkey = drive_key(&room, &agent, &message);
         let open = self.messages.get(&(room.clone(), message)).cloned();
         let Some(m) = open.filter(|_| self.held_at(&rkey, reply_epoch)) else {
-            self.forget(&rkey);
+            self.forget_at(&rkey, reply_epoch);
             self.forget(&dkey);
             return;
         };
@@ -1610,7 +1313,7 @@ impl Synchronizer {
             .filter(|_| self.held_at(&tkey, task_epoch))
             .cloned()
         else {
-            self.forget(&tkey);
+            self.forget_at(&tkey, task_epoch);
             self.forget(&dkey);
             return;
         };
@@ -1626,12 +1329,13 @@ impl Synchronizer {
         };
         // Resuming a lease the ledger already records (a restarted relay, or another
         // relay hosting the same agent went away): no new claim to append.
-        let resuming = t.is_held_by(&agent, task_epoch);
+        let resuming = t.is_held_by(&agent, task_epoch)
+            && !self.finished.contains(&(tkey.clone(), task_epoch));
         let fresh = !resuming
             && t.epoch.is_none_or(|e| task_epoch > e)
             && (t.status == TaskStatus::Claimed || self.dag.is_ready(&room, &task));
         if !resuming && !fresh {
-            self.forget(&tkey);
+            self.forget_at(&tkey, task_epoch);
             self.forget(&dkey);
             return;
         }
@@ -1668,7 +1372,7 @@ impl Synchronizer {
                         epoch: c.epoch,
                     });
                 }
-                self.forget(&tkey);
+                self.forget_at(&tkey, task_epoch);
                 self.forget(&dkey);
                 return;
             }
@@ -1797,8 +1501,29 @@ impl Synchronizer {
         let Some(lt) = self.turns.remove(turn) else {
             return;
         };
-        self.forget(&lt.exclusive.key);
-        self.forget(&lt.drive.key);
+        self.forget_at(&lt.exclusive.key, lt.exclusive.epoch);
+        self.forget_at(&lt.drive.key, lt.drive.epoch);
+        match &lt.work {
+            // A turn that ended under its claim appends its completion or failure: never
+            // resume that lease, even before the fold shows the outcome.
+            LiveWork::Task { .. } if !lt.lost => {
+                self.finished
+                    .insert((lt.exclusive.key.clone(), lt.exclusive.epoch));
+            }
+            LiveWork::Reply { message }
+                if !matches!(outcome, TurnOutcome::Replied { .. }) || lt.lost =>
+            {
+                let max = self.options.max_reply_failures as usize;
+                let key = (lt.room.clone(), *message);
+                if let Some(m) = self.messages.get_mut(&key) {
+                    m.note_failure(&lt.agent, &turn.0, lt.exclusive.epoch);
+                    if m.failed_turns.len() >= max {
+                        self.messages.remove(&key);
+                    }
+                }
+            }
+            _ => {}
+        }
         let epoch = lt.exclusive.epoch;
         let failed_row = |reason: String| {
             let body = TurnFailedBody {

@@ -39,9 +39,12 @@ impl H {
         }
     }
 
-    /// Starts the synchronizer: first tick, then a caught-up read.
+    /// Starts the synchronizer: first tick, then a caught-up read; its registrations
+    /// are written and read back.
     fn start(&mut self) -> Vec<Intent> {
         let mut out = self.sync.handle(Event::Tick { now: self.now });
+        out.extend(self.read());
+        self.apply_appends(&out);
         out.extend(self.read());
         out
     }
@@ -190,8 +193,8 @@ fn first_pass_registers_the_local_agents() {
         appends(&out),
         vec![(None, vec!["agent.registered", "agent.registered"])]
     );
-    h.apply_appends(&out);
     assert!(h.read().is_empty(), "registration happens once");
+    assert_eq!(h.sync.board().room("lobby").unwrap().agents.len(), 2);
 }
 
 #[test]
@@ -428,12 +431,16 @@ fn a_failed_reply_turn_releases_and_another_agent_answers() {
             reason: "exit 1".into(),
         },
     );
-    assert_eq!(kinds(&out), vec!["append", "release", "release"], "{out:?}");
+    // bo failed it: append, release both claims, and cy contends at once.
+    assert_eq!(
+        kinds(&out),
+        vec!["append", "release", "release", "acquire"],
+        "{out:?}"
+    );
     assert_eq!(appends(&out)[0].1, vec!["turn.failed"]);
-    h.apply_appends(&out);
-    let out = h.read();
-    // bo failed it; cy contends now.
     assert_eq!(acquires(&out), vec![(rkey, "cy".into())]);
+    h.apply_appends(&out);
+    assert!(acquires(&h.read()).is_empty(), "no second acquire");
 }
 
 fn run_task_to_start(h: &mut H, task: &str, agent: &str, epoch: i64) -> TurnStart {
@@ -636,8 +643,9 @@ fn own_lapsed_claim_is_retaken_after_a_loss() {
         key: task_key("lobby", "a"),
         epoch: 1,
     });
-    h.ended(&st.turn, TurnOutcome::Cancelled);
-    let out = h.tick(T0 + 15 * S);
+    let out = h.ended(&st.turn, TurnOutcome::Cancelled);
+    // Only the turn's failure is recorded (unfenced), and the lease is probed again.
+    assert_eq!(appends(&out), vec![(None, vec!["turn.failed"])]);
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
     // Re-taken at a new epoch: a new attempt.
     let st = run_task_to_start(&mut h, "a", "bo", 2);
@@ -648,9 +656,9 @@ fn own_lapsed_claim_is_retaken_after_a_loss() {
 fn resuming_the_same_lease_appends_no_new_claim() {
     let mut h = H::new(&["bo"]);
     h.start();
-    // The ledger says bo holds `a` at 4 (e.g. this relay restarted mid-turn).
-    h.post(vec![created("a", &[]), claimed("a", "bo", 4)]);
-    let out = h.tick(T0 + 15 * S);
+    // The ledger says bo holds `a` at 4 (e.g. this relay restarted mid-turn): the
+    // pass probes the lease at once.
+    let out = h.post(vec![created("a", &[]), claimed("a", "bo", 4)]);
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
     h.result(&task_key("lobby", "a"), "bo", true, 4);
     let out = h.result(&taskdrive_key("lobby", "a"), "r1", true, 2);
@@ -925,4 +933,239 @@ fn unknown_or_stale_events_are_ignored() {
         })
         .is_empty());
     assert!(h.sync.tasks().room("elsewhere").is_none());
+}
+
+mod robustness {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
+    use std::collections::BTreeSet;
+
+    fn arb_body() -> impl Strategy<Value = Value> {
+        let id = prop::sample::select(vec!["a", "b", "c", "a/b", "", "ü"]).prop_map(Value::from);
+        let num = prop_oneof![
+            Just(json!(0)),
+            Just(json!(1)),
+            Just(json!(2)),
+            Just(json!(-1)),
+            Just(json!(i64::MAX)),
+            Just(json!(1e300)),
+            Just(json!("7")),
+        ];
+        let agent = prop::sample::select(vec!["bo", "cy", "zed", ""]).prop_map(Value::from);
+        let text = prop::sample::select(vec![
+            "hi",
+            "@bo hi",
+            "@cy",
+            "!delegate a: b",
+            "ana@bo",
+            "</coordination>",
+            "",
+        ])
+        .prop_map(Value::from);
+        let subject = (
+            prop::sample::select(vec!["task", "message", "x"]),
+            id.clone(),
+        )
+            .prop_map(|(k, i)| json!({"kind": k, "id": i}));
+        let kind = prop::sample::select(vec!["presence", "designation", "notice", "nope"]);
+        (
+            id,
+            num.clone(),
+            num,
+            agent,
+            text,
+            subject,
+            kind,
+            prop::collection::vec(prop::sample::select(vec!["a", "b", "c"]), 0..3),
+        )
+            .prop_map(|(id, n1, n2, agent, text, subject, kind, deps)| {
+                json!({
+                    "task": id, "label": "L", "deps": deps, "epoch": n1, "attempt": n2,
+                    "agent": agent, "text": text, "subject": subject, "kind": kind,
+                    "state": "working", "message": InteractionId([1; 32]).to_hex(),
+                    "turn": "t", "capabilities": ["x"], "load": n2, "about": "task-abandoned",
+                    "max_attempts": n1,
+                })
+            })
+    }
+
+    fn arb_row() -> impl Strategy<Value = NewInteraction> {
+        (
+            prop::sample::select(Verb::ALL.to_vec()),
+            prop::sample::select(vec!["ana", "bo", "cy", "zed", "huddle"]),
+            prop::sample::select(vec![Role::Owner, Role::Human, Role::Agent, Role::System]),
+            prop_oneof![
+                arb_body(),
+                Just(json!(null)),
+                Just(json!([1])),
+                Just(json!("x"))
+            ],
+            any::<bool>(),
+        )
+            .prop_map(|(verb, actor, role, body, threaded)| {
+                let n = ix(verb, actor, role, body);
+                if threaded {
+                    n.in_thread("t1")
+                } else {
+                    n
+                }
+            })
+    }
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        Rows(Vec<NewInteraction>),
+        Tick(i64),
+        /// Answer the k-th open acquire.
+        Result(usize, bool, i64),
+        /// End the k-th live turn.
+        End(usize, u8),
+        /// Lose the k-th held claim.
+        Lose(usize),
+        Config(u8),
+        Shutdown,
+    }
+
+    fn arb_step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => prop::collection::vec(arb_row(), 1..5).prop_map(Step::Rows),
+            2 => (0i64..90).prop_map(Step::Tick),
+            3 => (any::<usize>(), any::<bool>(), 1i64..5).prop_map(|(k, w, e)| Step::Result(k, w, e)),
+            2 => (any::<usize>(), any::<u8>()).prop_map(|(k, o)| Step::End(k, o)),
+            1 => any::<usize>().prop_map(Step::Lose),
+            1 => any::<u8>().prop_map(Step::Config),
+            1 => Just(Step::Shutdown),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Whatever rows and events arrive, the synchronizer never panics, never has
+        /// two acquisitions of one key in flight, and never starts a turn it is
+        /// already running.
+        #[test]
+        fn never_panics_never_double_acquires(steps in prop::collection::vec(arb_step(), 1..60)) {
+            let mut h = H::new(&["bo", "cy"]);
+            h.start();
+            let mut pending: Vec<(String, String)> = Vec::new();
+            let mut in_flight: BTreeSet<String> = BTreeSet::new();
+            let mut turns: Vec<TurnId> = Vec::new();
+            let mut held: Vec<(String, i64)> = Vec::new();
+            for step in steps {
+                let out = match step {
+                    Step::Rows(rows) => h.post(rows),
+                    Step::Tick(s) => {
+                        let now = h.now + s * S;
+                        h.tick(now)
+                    }
+                    Step::Result(k, won, epoch) if !pending.is_empty() => {
+                        let (key, holder) = pending.remove(k % pending.len());
+                        in_flight.remove(&key);
+                        if won {
+                            held.push((key.clone(), epoch));
+                        }
+                        h.result(&key, &holder, won, epoch)
+                    }
+                    Step::End(k, o) if !turns.is_empty() => {
+                        let turn = turns.remove(k % turns.len());
+                        let outcome = match o % 3 {
+                            0 => TurnOutcome::Replied { text: "ok".into() },
+                            1 => TurnOutcome::Failed { reason: "x".into() },
+                            _ => TurnOutcome::Cancelled,
+                        };
+                        h.ended(&turn, outcome)
+                    }
+                    Step::Lose(k) if !held.is_empty() => {
+                        let (key, epoch) = held.remove(k % held.len());
+                        h.sync.handle(Event::ClaimLost { key, epoch })
+                    }
+                    Step::Config(c) => {
+                        let config = RoomConfig {
+                            responder: [Responder::Race, Responder::Designated, Responder::RolePriority][c as usize % 3],
+                            responder_agent: Some("cy".into()),
+                            allocation: [Allocation::Pull, Allocation::Push, Allocation::Bid][(c / 3) as usize % 3],
+                            require_mention: c % 2 == 0,
+                            claim_ttl_ms: 1 + c as u64 * 500,
+                            ..RoomConfig::default()
+                        };
+                        h.sync.handle(Event::Config { room: "lobby".into(), thread: None, config })
+                    }
+                    Step::Shutdown => h.sync.handle(Event::Shutdown),
+                    _ => Vec::new(),
+                };
+                for i in &out {
+                    match i {
+                        Intent::Acquire { key, holder, .. } => {
+                            prop_assert!(in_flight.insert(key.clone()), "double acquire of {}", key);
+                            pending.push((key.clone(), holder.clone()));
+                        }
+                        Intent::StartTurn(st) => {
+                            prop_assert!(!turns.contains(&st.turn), "turn {} started twice", st.turn);
+                            turns.push(st.turn.clone());
+                        }
+                        _ => {}
+                    }
+                }
+                h.apply_appends(&out);
+                let _ = h.sync.next_wakeup();
+                let _ = h.sync.is_quiescent("lobby");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_reply_gate_and_the_horizon_keep_agents_quiet() {
+    struct DenyHumans;
+    impl ReplyGate for DenyHumans {
+        fn admit(&mut self, message: &Interaction, _config: &RoomConfig) -> bool {
+            message.role != Role::Human
+        }
+    }
+    let mut h = H::new(&["bo"]);
+    h.sync = Synchronizer::new("r1", ["lobby"], vec![LocalAgent::new("bo")])
+        .with_reply_gate(Box::new(DenyHumans));
+    h.start();
+    assert!(acquires(&h.post(vec![message("hu", Role::Human, "hi")])).is_empty());
+    assert_eq!(
+        acquires(&h.post(vec![message("ana", Role::Owner, "hi")])).len(),
+        1
+    );
+
+    // A relay that starts late does not answer history older than the horizon.
+    let mut h = H::new(&["bo"]);
+    h.write(vec![message("ana", Role::Human, "old question")]);
+    h.now = T0 + 301 * S;
+    let out = h.start();
+    assert!(acquires(&out).is_empty(), "{out:?}");
+}
+
+#[test]
+fn a_spent_room_budget_stops_new_task_claims() {
+    let config = RoomConfig {
+        budget: Some(100),
+        ..RoomConfig::default()
+    };
+    let mut h = H::with(&["bo", "cy"], config);
+    h.start();
+    // Under budget: the ready task is contended for.
+    let out = h.post(vec![created("a", &[])]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    // Turns elsewhere in the room report 120 tokens: the budget is spent.
+    let spent = ix(
+        Verb::TurnReplied,
+        "zed",
+        Role::Agent,
+        serde_json::json!({"turn": "t/x", "epoch": 1, "tokens": 120}),
+    );
+    let mut out = h.post(vec![spent, created("b", &[])]);
+    out.extend(h.tick(h.now + 30 * S));
+    assert!(
+        !acquires(&out)
+            .iter()
+            .any(|(k, _)| *k == task_key("lobby", "b")),
+        "a spent budget must stop new claims: {out:?}"
+    );
 }

@@ -1,15 +1,788 @@
-//! Postgres backend.
+//! The Postgres backend: many relays on many machines share one database.
+//!
+//! - **Appends** are one `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING`
+//!   per batch (a prepared, cached statement), so identical content or a repeated
+//!   idempotency key is a no-op that reports the existing id.
+//! - **Reading forward** uses the gap-free cursor `(txid, seq)`: only rows of
+//!   transactions older than `pg_snapshot_xmin(pg_current_snapshot())` are read, so a
+//!   transaction that took a lower sequence number but commits later is read on a
+//!   later pass instead of being skipped. Every row is decoded defensively and
+//!   verified; corrupt or foreign rows are skipped, counted and logged.
+//! - **The doorbell**: after a commit the store rings its own bell and asks a
+//!   background task to `NOTIFY` on its own connection (`synchronous_commit = off`,
+//!   coalesced). One dedicated LISTEN connection per store rings the bell for other
+//!   stores' appends and re-LISTENs after a drop.
+//! - **Claims** are single statements judged by the database clock; a fenced append
+//!   locks the claim row `FOR SHARE` in the append's transaction.
+//!
+//! Pooled sessions carry `application_name` and `idle_in_transaction_session_timeout`,
+//! so one stuck session cannot hold back every reader's cursor for long.
 
+mod doorbell;
+mod errors;
+mod migrate;
+mod sql;
+mod test_backend;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use huddle_core::{
+    Interaction, InteractionId, Limits, NewInteraction, Position, RawRow, Timestamp,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Config, Row, Statement};
+
+use crate::traits::{
+    Acquired, Appended, ClaimRow, ClaimState, Claims, Doorbell, Epoch, Fence, Ledger, ReadBatch,
+    SkippedRow, Store,
+};
 use crate::{Result, StoreError, StoreOptions};
+use errors::{map_pg, map_pool};
 
-/// The Postgres store (being built).
-pub struct PgStore;
+pub use test_backend::{PgHeldAppend, PgTestBackend};
+
+/// Postgres-only settings. [`PgOptions::default`] suits production.
+#[derive(Clone, Debug)]
+pub struct PgOptions {
+    /// `application_name` of pooled sessions (the LISTEN session is always
+    /// `huddle-listen`, the NOTIFY session `huddle-notify`).
+    pub application_name: String,
+    /// `idle_in_transaction_session_timeout` of every session the store opens: a
+    /// session that stalls inside a transaction is cut after this long, so it cannot
+    /// hold back every reader's cursor (default 30 s).
+    pub idle_in_transaction_timeout: Duration,
+    /// How long to wait for a new connection (default 10 s).
+    pub connect_timeout: Duration,
+    /// How long an operation waits for a free pooled connection (default 30 s).
+    pub pool_wait_timeout: Duration,
+    /// First delay before the LISTEN connection reconnects (default 100 ms); doubles
+    /// up to [`PgOptions::listen_backoff_max`].
+    pub listen_backoff_min: Duration,
+    /// Longest delay between LISTEN reconnect attempts (default 2 s).
+    pub listen_backoff_max: Duration,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            application_name: "huddle".into(),
+            idle_in_transaction_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            pool_wait_timeout: Duration::from_secs(30),
+            listen_backoff_min: Duration::from_millis(100),
+            listen_backoff_max: Duration::from_secs(2),
+        }
+    }
+}
+
+/// `application_name` of the dedicated LISTEN session (tests find it by this name).
+pub const LISTEN_APPLICATION_NAME: &str = "huddle-listen";
+/// `application_name` of the dedicated NOTIFY session.
+pub const NOTIFY_APPLICATION_NAME: &str = "huddle-notify";
+
+/// The Postgres store: a connection pool for appends, reads and claims, plus one
+/// LISTEN and one NOTIFY connection of its own. Background tasks stop when the store
+/// is dropped.
+pub struct PgStore {
+    pool: Pool,
+    options: StoreOptions,
+    session: Config,
+    bell: Arc<watch::Sender<u64>>,
+    notifier: Arc<doorbell::Notifier>,
+    connect_timeout: Duration,
+    recheck: Arc<doorbell::Recheck>,
+    skipped: AtomicU64,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("relay", &self.options.relay)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
 
 impl PgStore {
-    /// Connects and migrates.
-    pub async fn connect(_url: &str, _options: StoreOptions) -> Result<Self> {
-        Err(StoreError::Config(
-            "the Postgres backend is not built yet".into(),
-        ))
+    /// Connects to `url` (`postgres://user:password@host:port/db`), applies pending
+    /// migrations under an advisory lock and starts the doorbell tasks, with
+    /// [`PgOptions::default`]. Must be called inside a Tokio runtime.
+    pub async fn connect(url: &str, options: StoreOptions) -> Result<Self> {
+        Self::connect_with(url, options, PgOptions::default()).await
+    }
+
+    /// [`PgStore::connect`] with Postgres-only settings.
+    pub async fn connect_with(url: &str, options: StoreOptions, pg: PgOptions) -> Result<Self> {
+        let base: Config = url
+            .parse()
+            .map_err(|e| StoreError::Config(format!("bad Postgres URL: {e}")))?;
+        let session = session_config(&base, &pg, &pg.application_name, &[]);
+        migrate::migrate(&session).await?;
+
+        let manager = Manager::from_config(
+            session.clone(),
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(1))
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(pg.pool_wait_timeout))
+            .create_timeout(Some(pg.connect_timeout))
+            .recycle_timeout(Some(pg.connect_timeout))
+            .build()
+            .map_err(|e| StoreError::Config(format!("connection pool: {e}")))?;
+
+        let (bell, _) = watch::channel(0u64);
+        let bell = Arc::new(bell);
+        let notifier = doorbell::Notifier::new();
+        let own = instance_token();
+        let mut listen_cfg = session_config(&base, &pg, LISTEN_APPLICATION_NAME, &[]);
+        // A silently dead peer (cable pulled) is noticed by keepalives, not by us.
+        listen_cfg
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(15))
+            .keepalives_interval(Duration::from_secs(5))
+            .keepalives_retries(3);
+        let notify_cfg = session_config(
+            &base,
+            &pg,
+            NOTIFY_APPLICATION_NAME,
+            &["synchronous_commit=off"],
+        );
+        let tasks = vec![
+            tokio::spawn(doorbell::listen_loop(
+                listen_cfg,
+                bell.clone(),
+                own.clone(),
+                pg.listen_backoff_min,
+                pg.listen_backoff_max,
+            )),
+            tokio::spawn(doorbell::notify_loop(notify_cfg, notifier.clone(), own)),
+        ];
+        // Rechecks back off to at most 1 s (or the poll, if shorter) during a long block.
+        let recheck = doorbell::Recheck::new(
+            Duration::from_millis(10),
+            options.poll_interval.min(Duration::from_secs(1)),
+        );
+        Ok(PgStore {
+            pool,
+            options,
+            session,
+            bell,
+            notifier,
+            connect_timeout: pg.connect_timeout,
+            recheck,
+            skipped: AtomicU64::new(0),
+            tasks,
+        })
+    }
+
+    /// How many rows this store's reads refused as corrupt or foreign (each sighting
+    /// counts).
+    pub fn skipped_total(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the NOTIFY for every append made so far on this store has been
+    /// sent (or has failed), at most about twice the connect timeout. Appends never
+    /// wait for their NOTIFY; a process that appends and exits at once (a one-shot
+    /// command) calls this first so other relays wake now rather than at their
+    /// fallback poll.
+    pub async fn flush_doorbell(&self) {
+        self.notifier.flush(self.connect_timeout * 2).await;
+    }
+
+    /// The configuration pooled sessions connect with (application name,
+    /// `idle_in_transaction_session_timeout`, connect timeout).
+    pub fn session_config(&self) -> &Config {
+        &self.session
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.pool.get().await.map_err(map_pool)
+    }
+
+    /// Checks the batch and every item; returns each item's id and canonical body
+    /// text (each body encoded once).
+    fn validate(&self, batch: &[NewInteraction]) -> Result<(Vec<InteractionId>, Vec<String>)> {
+        let limits = &self.options.limits;
+        if batch.len() > limits.max_batch {
+            return Err(StoreError::BatchTooLarge {
+                got: batch.len(),
+                max: limits.max_batch,
+            });
+        }
+        let mut ids = Vec::with_capacity(batch.len());
+        let mut bodies = Vec::with_capacity(batch.len());
+        for n in batch {
+            let (id, body) = n.checked(limits)?;
+            ids.push(id);
+            bodies.push(body);
+        }
+        Ok((ids, bodies))
+    }
+
+    /// Rings the local bell and asks for one (coalesced) NOTIFY.
+    fn appended(&self, out: &[Appended]) {
+        if out.iter().any(|a| a.inserted) {
+            doorbell::ring(&self.bell);
+            self.notifier.request();
+        }
+    }
+
+    /// Reads forward, over all rooms or one (then on the room index; `next` is past
+    /// the last row of that room examined).
+    async fn read(&self, room: Option<&str>, after: Position, limit: usize) -> Result<ReadBatch> {
+        if limit == 0 {
+            return Ok(ReadBatch {
+                next: after,
+                ..ReadBatch::default()
+            });
+        }
+        let (read_sql, held_sql) = match room {
+            None => (sql::READ_FORWARD, sql::HELD_BACK),
+            Some(_) => (sql::READ_ROOM, sql::HELD_BACK_ROOM),
+        };
+        let client = self.client().await?;
+        let (read, held) = tokio::try_join!(
+            client.prepare_cached(read_sql),
+            client.prepare_cached(held_sql)
+        )
+        .map_err(map_pg)?;
+        let txid = after.major.to_string();
+        // Positions come from this ledger, so minor fits; clamp a hand-made one.
+        let seq = i64::try_from(after.minor).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit.min(100_000)).unwrap_or(100_000);
+        let mut read_params: Vec<&(dyn ToSql + Sync)> = vec![&txid, &seq, &limit];
+        let mut held_params: Vec<&(dyn ToSql + Sync)> = vec![&txid, &seq];
+        if let Some(room) = &room {
+            read_params.push(room);
+            held_params.push(room);
+        }
+        // Both statements go out together (tokio-postgres pipelines): one round trip.
+        let (rows, held_back) = tokio::try_join!(
+            client.query(&read, &read_params),
+            client.query_one(&held, &held_params)
+        )
+        .map_err(map_pg)?;
+        drop(client);
+        let held_back: bool = held_back.try_get(0).map_err(map_pg)?;
+        self.recheck.after_read(held_back, &self.bell);
+        let mut next = after;
+        if let Some(last) = rows.last() {
+            next = decode_row(last)?.0;
+        }
+        let (rows, skipped) = self.decode_rows(rows)?;
+        Ok(ReadBatch {
+            rows,
+            skipped,
+            next,
+        })
+    }
+
+    fn decode_rows(&self, rows: Vec<Row>) -> Result<(Vec<Interaction>, Vec<SkippedRow>)> {
+        let mut good = Vec::with_capacity(rows.len());
+        let mut skipped = Vec::new();
+        for row in rows {
+            let (position, raw) = decode_row(&row)?;
+            match raw.and_then(|r| r.verify().map_err(|e| e.to_string())) {
+                Ok(i) => good.push(i),
+                Err(reason) => {
+                    tracing::warn!(%position, %reason, "skipping a corrupt or foreign ledger row");
+                    self.skipped.fetch_add(1, Ordering::Relaxed);
+                    skipped.push(SkippedRow { position, reason });
+                }
+            }
+        }
+        Ok((good, skipped))
+    }
+}
+
+/// The pool's per-session settings on top of the URL's.
+fn session_config(base: &Config, pg: &PgOptions, app: &str, extra: &[&str]) -> Config {
+    let mut cfg = base.clone();
+    cfg.application_name(app);
+    if cfg.get_connect_timeout().is_none() {
+        cfg.connect_timeout(pg.connect_timeout);
+    }
+    let mut opts = cfg.get_options().unwrap_or_default().to_string();
+    let idle_ms = pg
+        .idle_in_transaction_timeout
+        .as_millis()
+        .clamp(1, i32::MAX as u128);
+    opts.push_str(&format!(
+        " -c idle_in_transaction_session_timeout={idle_ms}"
+    ));
+    for e in extra {
+        opts.push_str(" -c ");
+        opts.push_str(e);
+    }
+    cfg.options(opts.trim());
+    cfg
+}
+
+/// A token identifying this store's own NOTIFYs, so its listener ignores them (the
+/// local bell already rang).
+fn instance_token() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    format!(
+        "{:x}-{:x}-{:x}",
+        std::process::id(),
+        nanos,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn micros(d: Duration) -> i64 {
+    // Ten years is long enough for any lease and keeps `now() + ttl` in range.
+    const MAX: u128 = 10 * 365 * 24 * 3600 * 1_000_000;
+    d.as_micros().min(MAX) as i64
+}
+
+/// Decodes one row. The position must decode (it is how the cursor moves past the
+/// row); any other column that does not decode makes the row a skipped one.
+fn decode_row(row: &Row) -> Result<(Position, std::result::Result<RawRow, String>)> {
+    let txid: String = row.try_get(0).map_err(map_pg)?;
+    let seq: i64 = row.try_get(1).map_err(map_pg)?;
+    let major = txid
+        .parse::<u64>()
+        .map_err(|e| StoreError::Backend(format!("unreadable txid {txid:?}: {e}")))?;
+    let minor = u64::try_from(seq)
+        .map_err(|_| StoreError::Backend(format!("negative sequence number {seq}")))?;
+    let position = Position::new(major, minor);
+    let raw = (|| {
+        fn col<'a, T: tokio_postgres::types::FromSql<'a>>(
+            row: &'a Row,
+            idx: usize,
+            name: &str,
+        ) -> std::result::Result<T, String> {
+            row.try_get(idx)
+                .map_err(|e| format!("column {name} unreadable: {e}"))
+        }
+        let caused_by: Vec<Option<Vec<u8>>> = col(row, 9, "caused_by")?;
+        let caused_by = caused_by
+            .into_iter()
+            .map(|c| c.ok_or_else(|| "caused_by holds a NULL".to_string()))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(RawRow {
+            id: col(row, 2, "id")?,
+            position,
+            room: col(row, 3, "room")?,
+            thread: col(row, 4, "thread")?,
+            verb: col(row, 5, "verb")?,
+            actor: col(row, 6, "actor")?,
+            role: col(row, 7, "role")?,
+            parent: col(row, 8, "parent")?,
+            caused_by,
+            body: col(row, 10, "body")?,
+            at: col(row, 11, "at")?,
+            relay: col(row, 12, "relay")?,
+        })
+    })();
+    Ok((position, raw))
+}
+
+/// What [`insert_batch`] runs on: a pooled connection or transaction (statements
+/// prepared once per session and cached) or a plain test session.
+#[async_trait]
+trait Session: Sync {
+    async fn statement(&self, sql: &str) -> std::result::Result<Statement, tokio_postgres::Error>;
+    async fn rows(
+        &self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<Vec<Row>, tokio_postgres::Error>;
+}
+
+#[async_trait]
+impl Session for deadpool_postgres::Object {
+    async fn statement(&self, sql: &str) -> std::result::Result<Statement, tokio_postgres::Error> {
+        self.prepare_cached(sql).await
+    }
+    async fn rows(
+        &self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+        self.query(statement, params).await
+    }
+}
+
+#[async_trait]
+impl Session for deadpool_postgres::Transaction<'_> {
+    async fn statement(&self, sql: &str) -> std::result::Result<Statement, tokio_postgres::Error> {
+        self.prepare_cached(sql).await
+    }
+    async fn rows(
+        &self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+        self.query(statement, params).await
+    }
+}
+
+#[async_trait]
+impl Session for tokio_postgres::Client {
+    async fn statement(&self, sql: &str) -> std::result::Result<Statement, tokio_postgres::Error> {
+        self.prepare(sql).await
+    }
+    async fn rows(
+        &self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+        self.query(statement, params).await
+    }
+}
+
+/// Inserts `batch` with one statement and resolves duplicates. `ids` are the batch's
+/// content ids, in order.
+async fn insert_batch<C: Session>(
+    client: &C,
+    batch: &[NewInteraction],
+    ids: &[InteractionId],
+    bodies: &[String],
+) -> std::result::Result<Vec<Appended>, tokio_postgres::Error> {
+    let id_col: Vec<&[u8]> = ids.iter().map(|i| &i.0[..]).collect();
+    let rooms: Vec<&str> = batch.iter().map(|n| n.room.as_str()).collect();
+    let threads: Vec<Option<&str>> = batch.iter().map(|n| n.thread.as_deref()).collect();
+    let verbs: Vec<&str> = batch.iter().map(|n| n.verb.as_str()).collect();
+    let actors: Vec<&str> = batch.iter().map(|n| n.actor.as_str()).collect();
+    let roles: Vec<&str> = batch.iter().map(|n| n.role.as_str()).collect();
+    let parents: Vec<Option<&[u8]>> = batch
+        .iter()
+        .map(|n| n.parent.as_ref().map(|p| &p.0[..]))
+        .collect();
+    let causes: Vec<Vec<u8>> = batch
+        .iter()
+        .map(|n| n.caused_by.iter().flat_map(|c| c.0).collect())
+        .collect();
+    let keys: Vec<Option<&str>> = batch.iter().map(|n| n.idempotency_key.as_deref()).collect();
+    let bodies_col: Vec<&str> = bodies.iter().map(String::as_str).collect();
+    let params: [&(dyn ToSql + Sync); 10] = [
+        &id_col,
+        &rooms,
+        &threads,
+        &verbs,
+        &actors,
+        &roles,
+        &parents,
+        &causes,
+        &bodies_col,
+        &keys,
+    ];
+    let statement = client.statement(sql::APPEND).await?;
+    let rows = client.rows(&statement, &params).await?;
+
+    let mut inserted: HashSet<(Vec<u8>, Option<String>)> = HashSet::with_capacity(rows.len());
+    for row in rows {
+        inserted.insert((row.try_get(0)?, row.try_get(1)?));
+    }
+    let mut out = Vec::with_capacity(batch.len());
+    let mut lookup: Vec<&str> = Vec::new();
+    for (n, id) in batch.iter().zip(ids) {
+        let pair = (id.0.to_vec(), n.idempotency_key.clone());
+        let was_inserted = inserted.remove(&pair);
+        if !was_inserted {
+            if let Some(k) = &n.idempotency_key {
+                lookup.push(k);
+            }
+        }
+        out.push(Appended {
+            id: *id,
+            inserted: was_inserted,
+        });
+    }
+    if !lookup.is_empty() {
+        // A duplicate key returns the first row's id, whatever its content. A keyed
+        // item that collided on content instead (its key is not stored) keeps its own
+        // id, which is already in the ledger.
+        let statement = client.statement(sql::IDS_BY_KEY).await?;
+        let mut by_key: HashMap<String, InteractionId> = HashMap::new();
+        for row in client.rows(&statement, &[&lookup]).await? {
+            let key: String = row.try_get(0)?;
+            let id: Vec<u8> = row.try_get(1)?;
+            if let Ok(id) = InteractionId::from_slice(&id) {
+                by_key.insert(key, id);
+            }
+        }
+        for (a, n) in out.iter_mut().zip(batch) {
+            if let (false, Some(k)) = (a.inserted, &n.idempotency_key) {
+                if let Some(existing) = by_key.get(k) {
+                    a.id = *existing;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn claim_state(key: &str, row: &Row) -> Result<ClaimState> {
+    Ok(ClaimState {
+        key: key.to_string(),
+        holder: row.try_get(0).map_err(map_pg)?,
+        epoch: row.try_get(1).map_err(map_pg)?,
+        expires_at: row.try_get(2).map_err(map_pg)?,
+    })
+}
+
+#[async_trait]
+impl Ledger for PgStore {
+    fn limits(&self) -> &Limits {
+        &self.options.limits
+    }
+
+    async fn flush(&self) {
+        self.flush_doorbell().await;
+    }
+
+    async fn append(&self, batch: Vec<NewInteraction>) -> Result<Vec<Appended>> {
+        let (ids, bodies) = self.validate(&batch)?;
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        // One statement is its own transaction: the whole batch or nothing.
+        let out = insert_batch(&client, &batch, &ids, &bodies)
+            .await
+            .map_err(map_pg)?;
+        drop(client);
+        self.appended(&out);
+        Ok(out)
+    }
+
+    async fn append_fenced(
+        &self,
+        fence: &Fence,
+        batch: Vec<NewInteraction>,
+    ) -> Result<Vec<Appended>> {
+        let (ids, bodies) = self.validate(&batch)?;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(map_pg)?;
+        let check = tx.prepare_cached(sql::FENCE).await.map_err(map_pg)?;
+        let held = tx
+            .query_opt(&check, &[&fence.key, &fence.holder, &fence.epoch])
+            .await
+            .map_err(map_pg)?;
+        if held.is_none() {
+            tx.rollback().await.map_err(map_pg)?;
+            return Err(StoreError::Fenced {
+                key: fence.key.clone(),
+                holder: fence.holder.clone(),
+                epoch: fence.epoch,
+            });
+        }
+        let out = if batch.is_empty() {
+            Vec::new()
+        } else {
+            insert_batch(&tx, &batch, &ids, &bodies)
+                .await
+                .map_err(map_pg)?
+        };
+        tx.commit().await.map_err(map_pg)?;
+        drop(client);
+        self.appended(&out);
+        Ok(out)
+    }
+
+    async fn read_forward(&self, after: Position, limit: usize) -> Result<ReadBatch> {
+        self.read(None, after, limit).await
+    }
+
+    async fn read_room(&self, room: &str, after: Position, limit: usize) -> Result<ReadBatch> {
+        self.read(Some(room), after, limit).await
+    }
+
+    async fn get(&self, id: InteractionId) -> Result<Option<Interaction>> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql::GET).await.map_err(map_pg)?;
+        let rows = client
+            .query(&statement, &[&&id.0[..]])
+            .await
+            .map_err(map_pg)?;
+        drop(client);
+        let (mut good, _) = self.decode_rows(rows)?;
+        Ok(good.pop())
+    }
+
+    fn doorbell(&self) -> Doorbell {
+        self.bell.subscribe()
+    }
+
+    async fn now(&self) -> Result<Timestamp> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql::NOW).await.map_err(map_pg)?;
+        let row = client.query_one(&statement, &[]).await.map_err(map_pg)?;
+        row.try_get(0).map_err(map_pg)
+    }
+
+    fn poll_interval(&self) -> Duration {
+        self.options.poll_interval
+    }
+}
+
+#[async_trait]
+impl Claims for PgStore {
+    async fn acquire(&self, key: &str, holder: &str, ttl: Duration) -> Result<Acquired> {
+        let ttl = micros(ttl);
+        let client = self.client().await?;
+        let acquire = client.prepare_cached(sql::ACQUIRE).await.map_err(map_pg)?;
+        let current = client.prepare_cached(sql::CLAIM).await.map_err(map_pg)?;
+        // The row can only be missing between the two statements if someone deleted
+        // it by hand; then the upsert wins on the next try.
+        for _ in 0..3 {
+            if let Some(row) = client
+                .query_opt(&acquire, &[&key, &holder, &ttl])
+                .await
+                .map_err(map_pg)?
+            {
+                return Ok(Acquired::Won(claim_state(key, &row)?));
+            }
+            if let Some(row) = client.query_opt(&current, &[&key]).await.map_err(map_pg)? {
+                return Ok(Acquired::HeldBy(claim_state(key, &row)?));
+            }
+        }
+        Err(StoreError::Backend(format!(
+            "claim {key:?} neither acquired nor found"
+        )))
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        holder: &str,
+        epoch: Epoch,
+        ttl: Duration,
+    ) -> Result<Option<ClaimState>> {
+        let ttl = micros(ttl);
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql::RENEW).await.map_err(map_pg)?;
+        client
+            .query_opt(&statement, &[&key, &holder, &epoch, &ttl])
+            .await
+            .map_err(map_pg)?
+            .map(|row| claim_state(key, &row))
+            .transpose()
+    }
+
+    async fn release(&self, key: &str, holder: &str, epoch: Epoch) -> Result<bool> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql::RELEASE).await.map_err(map_pg)?;
+        let n = client
+            .execute(&statement, &[&key, &holder, &epoch])
+            .await
+            .map_err(map_pg)?;
+        Ok(n > 0)
+    }
+
+    async fn list_claims(&self, prefix: &str) -> Result<Vec<ClaimRow>> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql::LIST_CLAIMS)
+            .await
+            .map_err(map_pg)?;
+        let rows = client.query(&statement, &[&prefix]).await.map_err(map_pg)?;
+        rows.iter()
+            .map(|row| {
+                Ok(ClaimRow {
+                    state: ClaimState {
+                        key: row.try_get(0).map_err(map_pg)?,
+                        holder: row.try_get(1).map_err(map_pg)?,
+                        epoch: row.try_get(2).map_err(map_pg)?,
+                        expires_at: row.try_get(3).map_err(map_pg)?,
+                    },
+                    live: row.try_get(4).map_err(map_pg)?,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Store for PgStore {
+    fn backend_name(&self) -> &'static str {
+        "postgres"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The read statements must stay index range scans on `(txid, seq)` however
+    /// large the ledger grows: the horizon is computed once (an InitPlan), not per row.
+    #[tokio::test]
+    async fn reads_use_the_cursor_index() {
+        let db = huddle_testkit::test_database().await;
+        let store = PgStore::connect(&db.url, StoreOptions::default())
+            .await
+            .expect("connect");
+        let client = store.client().await.expect("client");
+        client
+            .batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off")
+            .await
+            .expect("set");
+        for (name, sql, params) in [
+            ("read_forward", sql::READ_FORWARD, "('0', 0, 100)"),
+            ("held_back", sql::HELD_BACK, "('0', 0)"),
+            ("read_room", sql::READ_ROOM, "('0', 0, 100, 'lobby')"),
+            ("held_back_room", sql::HELD_BACK_ROOM, "('0', 0, 'lobby')"),
+        ] {
+            client
+                .batch_execute(&format!("PREPARE q_{name} AS {sql}"))
+                .await
+                .expect("prepare");
+            let plan: Vec<String> = client
+                .query(&format!("EXPLAIN EXECUTE q_{name}{params}"), &[])
+                .await
+                .expect("explain")
+                .iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect();
+            let plan = plan.join("\n");
+            let index = if name.contains("room") {
+                "interaction_room"
+            } else {
+                "interaction_cursor"
+            };
+            assert!(
+                plan.contains("Index") && plan.contains(index),
+                "{name} does not use {index}:\n{plan}"
+            );
+            assert!(
+                plan.contains("txid < $") || plan.contains("txid >= $"),
+                "{name}: the horizon must bound the index scan:\n{plan}"
+            );
+            assert!(
+                !plan.contains("Sort"),
+                "{name}: rows must come in index order, not sorted (by text!):\n{plan}"
+            );
+            assert!(
+                plan.contains("InitPlan"),
+                "{name}: the horizon should be computed once per statement:\n{plan}"
+            );
+        }
     }
 }

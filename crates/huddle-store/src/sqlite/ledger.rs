@@ -52,7 +52,7 @@ pub(crate) fn insert_batch(
     let mut insert = conn.prepare_cached(INSERT)?;
     let mut out = Vec::with_capacity(batch.len());
     for n in batch {
-        let id = n.id();
+        let (id, body) = n.id_and_body();
         let caused_by: Vec<u8> = n.caused_by.iter().flat_map(|c| c.0).collect();
         let changed = insert.execute(params![
             &id.0[..],
@@ -63,7 +63,7 @@ pub(crate) fn insert_batch(
             n.role.as_str(),
             n.parent.map(|p| p.0.to_vec()),
             caused_by,
-            n.body_text(),
+            body,
             n.idempotency_key,
             relay,
         ])?;

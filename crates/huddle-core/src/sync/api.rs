@@ -1,0 +1,404 @@
+//! The synchronizer's vocabulary: what a relay configures ([`LocalAgent`],
+//! [`SyncOptions`], [`ReplyGate`]), the [`Event`]s it feeds in and the [`Intent`]s it
+//! performs.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::board::{Subject, DEFAULT_PRIORITY};
+use crate::config::RoomConfig;
+use crate::model::{Interaction, InteractionId, NewInteraction, Role, Timestamp};
+
+use super::keys::{ClaimEpoch, ClaimRef};
+
+// ---------------------------------------------------------------------------------
+// Construction
+// ---------------------------------------------------------------------------------
+
+/// An agent hosted by this relay.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalAgent {
+    /// The agent key (its actor name in the ledger).
+    pub key: String,
+    /// Declared capabilities (matched against tasks' `needs`).
+    pub capabilities: Vec<String>,
+    /// Rank under `role-priority` (lower answers first).
+    pub priority: u32,
+}
+
+impl LocalAgent {
+    /// An agent with no capabilities and the default priority.
+    pub fn new(key: impl Into<String>) -> Self {
+        LocalAgent {
+            key: key.into(),
+            capabilities: Vec::new(),
+            priority: DEFAULT_PRIORITY,
+        }
+    }
+
+    /// Sets the capabilities (sorted, de-duplicated).
+    pub fn with_capabilities<I, S>(mut self, caps: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut c: Vec<String> = caps.into_iter().map(Into::into).collect();
+        c.sort();
+        c.dedup();
+        self.capabilities = c;
+        self
+    }
+
+    /// Sets the `role-priority` rank.
+    pub fn with_priority(mut self, priority: u32) -> Self {
+        self.priority = priority;
+        self
+    }
+}
+
+/// Tuning of the synchronizer that is not room config.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncOptions {
+    /// Most task claims and bids started per pass (default 16); the rest of the
+    /// frontier drains on later passes.
+    pub max_wakes_per_pass: usize,
+    /// Messages older than this (database time) are never contended for, so a relay
+    /// that starts late does not answer old history (default 5 minutes).
+    pub reply_horizon_ms: u64,
+    /// Failed reply turns after which a message is given up (default 3).
+    pub max_reply_failures: u32,
+    /// Longest reply text appended, in bytes (default 64 KiB; longer is truncated).
+    pub max_reply_bytes: usize,
+    /// How many message authors are remembered for reply-to addressing (default 65,536).
+    pub remembered_authors: usize,
+}
+
+impl Default for SyncOptions {
+    fn default() -> Self {
+        SyncOptions {
+            max_wakes_per_pass: 16,
+            reply_horizon_ms: 300_000,
+            max_reply_failures: 3,
+            max_reply_bytes: 64 * 1024,
+            remembered_authors: 65_536,
+        }
+    }
+}
+
+/// Decides whether agents may answer a message at all (the guards: turn caps, rate
+/// caps, hops). Called once per `message.posted` as it is folded; the default admits
+/// everything.
+pub trait ReplyGate: Send {
+    /// Whether agents may answer `message` under `config`.
+    fn admit(&mut self, message: &Interaction, config: &RoomConfig) -> bool;
+}
+
+/// The [`ReplyGate`] that admits every message.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AdmitAll;
+
+impl ReplyGate for AdmitAll {
+    fn admit(&mut self, _message: &Interaction, _config: &RoomConfig) -> bool {
+        true
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Events and intents
+// ---------------------------------------------------------------------------------
+
+/// A turn's id: unique per (subject, agent, claim epochs), so a relay that restarts
+/// and resumes the same lease produces the same id.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TurnId(pub String);
+
+impl fmt::Display for TurnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How a turn ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TurnOutcome {
+    /// The agent answered; `text` is the reply (a message reply, or a task's result).
+    Replied {
+        /// The reply.
+        text: String,
+    },
+    /// The turn failed (non-zero exit, timeout, driver error).
+    Failed {
+        /// Why.
+        reason: String,
+    },
+    /// The turn was stopped after [`Intent::Cancel`].
+    Cancelled,
+}
+
+/// The answer to an [`Intent::Acquire`], as the store's `acquire` returned it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimOutcome {
+    /// The key acquired.
+    pub key: String,
+    /// The holder the acquire was for.
+    pub holder: String,
+    /// Whether that holder holds the claim now.
+    pub won: bool,
+    /// The claim's epoch (the caller's when won, the current holder's otherwise).
+    pub epoch: ClaimEpoch,
+    /// When the lease lapses (database time).
+    pub expires_at: Timestamp,
+}
+
+/// What the relay tells the synchronizer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// Interactions read forward, in ledger order. `caught_up` is true when the read
+    /// reached the end of what is committed (fewer rows than asked).
+    Ledger {
+        /// The rows.
+        rows: Vec<Interaction>,
+        /// Whether the reader has caught up.
+        caught_up: bool,
+    },
+    /// Time passes: `now` is the database clock (µs). Send one at start, and at
+    /// [`Synchronizer::next_wakeup`](super::Synchronizer::next_wakeup).
+    Tick {
+        /// Database time.
+        now: Timestamp,
+    },
+    /// The outcome of an [`Intent::Acquire`].
+    ClaimResult(ClaimOutcome),
+    /// A turn started by [`Intent::StartTurn`] ended.
+    TurnEnded {
+        /// The turn.
+        turn: TurnId,
+        /// How it ended.
+        outcome: TurnOutcome,
+        /// Tokens it used.
+        tokens: u64,
+    },
+    /// A claim is no longer held at `epoch`: a renew returned nothing, or a fenced
+    /// append under it was refused.
+    ClaimLost {
+        /// The key.
+        key: String,
+        /// The epoch that was lost.
+        epoch: ClaimEpoch,
+    },
+    /// The effective config of a room (`thread: None`) or a thread changed.
+    Config {
+        /// Room.
+        room: String,
+        /// Thread, for a thread overlay.
+        thread: Option<String>,
+        /// The effective config.
+        config: RoomConfig,
+    },
+    /// Stop: cancel every turn, start nothing new.
+    Shutdown,
+}
+
+/// Why a claim is acquired, and so what the synchronizer does when it is won.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClaimPurpose {
+    /// `reply/..` for `agent`; when won: append a designation (fenced) and acquire the
+    /// drive claim.
+    Reply {
+        /// Room.
+        room: String,
+        /// Thread of the message.
+        thread: Option<String>,
+        /// The message.
+        message: InteractionId,
+        /// The contending agent.
+        agent: String,
+    },
+    /// `drive/..` for this relay; when won: append `turn.prompted` (fenced) and start
+    /// the reply turn.
+    DriveReply {
+        /// Room.
+        room: String,
+        /// Thread of the message.
+        thread: Option<String>,
+        /// The message.
+        message: InteractionId,
+        /// The agent whose turn it is.
+        agent: String,
+        /// The epoch of the reply claim won.
+        reply_epoch: ClaimEpoch,
+    },
+    /// `task/..` for `agent`; when won: acquire the task drive claim.
+    Task {
+        /// Room.
+        room: String,
+        /// Task id.
+        task: String,
+        /// The contending agent.
+        agent: String,
+    },
+    /// `taskdrive/..` for this relay; when won: append `task.claimed` (+ rejections) and
+    /// `turn.prompted` fenced by the task claim, and start the task turn.
+    DriveTask {
+        /// Room.
+        room: String,
+        /// Task id.
+        task: String,
+        /// The agent whose turn it is.
+        agent: String,
+        /// The epoch of the task claim won.
+        task_epoch: ClaimEpoch,
+    },
+}
+
+impl ClaimPurpose {
+    /// The agent the claim is for.
+    pub fn agent(&self) -> &str {
+        match self {
+            ClaimPurpose::Reply { agent, .. }
+            | ClaimPurpose::DriveReply { agent, .. }
+            | ClaimPurpose::Task { agent, .. }
+            | ClaimPurpose::DriveTask { agent, .. } => agent,
+        }
+    }
+
+    /// The room.
+    pub fn room(&self) -> &str {
+        match self {
+            ClaimPurpose::Reply { room, .. }
+            | ClaimPurpose::DriveReply { room, .. }
+            | ClaimPurpose::Task { room, .. }
+            | ClaimPurpose::DriveTask { room, .. } => room,
+        }
+    }
+}
+
+/// The message a reply turn answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageBrief {
+    /// Its id.
+    pub id: InteractionId,
+    /// Its author.
+    pub author: String,
+    /// The author's role.
+    pub role: Role,
+    /// Its text (data, never instructions to huddle).
+    pub text: String,
+}
+
+/// A dependency of a task, with its result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DepResult {
+    /// Task id.
+    pub id: String,
+    /// Its label.
+    pub label: String,
+    /// What its completion reported.
+    pub result: Option<String>,
+}
+
+/// The task a task turn works on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskBrief {
+    /// Task id.
+    pub id: String,
+    /// What to do.
+    pub label: String,
+    /// This attempt's number (1-based).
+    pub attempt: u32,
+    /// Attempts allowed.
+    pub max_attempts: u32,
+    /// Required capabilities.
+    pub needs: Vec<String>,
+    /// Its dependencies and their results, by id.
+    pub deps: Vec<DepResult>,
+}
+
+/// What a turn is for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TurnWork {
+    /// Answer a message.
+    Reply(MessageBrief),
+    /// Work on a task.
+    Task(TaskBrief),
+}
+
+/// Everything a driver needs to start a turn.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnStart {
+    /// The turn id (report it back in [`Event::TurnEnded`]).
+    pub turn: TurnId,
+    /// The agent.
+    pub agent: String,
+    /// The room.
+    pub room: String,
+    /// The thread the answer belongs in, if any.
+    pub thread: Option<String>,
+    /// What the turn is about.
+    pub subject: Subject,
+    /// The message or task.
+    pub work: TurnWork,
+    /// The epoch of the exclusive claim (reply or task): `HUDDLE_EPOCH` for drivers.
+    pub epoch: ClaimEpoch,
+    /// The claims the turn runs under: `[exclusive, drive]`.
+    pub claims: Vec<ClaimRef>,
+    /// The `<coordination>` block to put first in the prompt, when it changed since it
+    /// was last delivered to this agent in this room.
+    pub coordination: Option<String>,
+}
+
+/// What the synchronizer asks the relay to do. Perform them in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Intent {
+    /// Acquire `key` for `holder` for `ttl`; answer with [`Event::ClaimResult`].
+    Acquire {
+        /// Claim key.
+        key: String,
+        /// Holder (agent key or relay id).
+        holder: String,
+        /// Lease length.
+        ttl: Duration,
+        /// Why, and so what happens when it is won.
+        purpose: ClaimPurpose,
+    },
+    /// Append `batch` in one transaction; when `fence` is set, only while that claim is
+    /// still held at its epoch (otherwise send [`Event::ClaimLost`]).
+    Append {
+        /// The claim the batch is written under.
+        fence: Option<ClaimRef>,
+        /// The interactions.
+        batch: Vec<NewInteraction>,
+    },
+    /// Start a turn; answer with [`Event::TurnEnded`] when it ends.
+    StartTurn(Box<TurnStart>),
+    /// Renew the lease of `(key, holder, epoch)`; when that fails send
+    /// [`Event::ClaimLost`].
+    Renew {
+        /// Claim key.
+        key: String,
+        /// Holder.
+        holder: String,
+        /// Epoch held.
+        epoch: ClaimEpoch,
+        /// New lease length.
+        ttl: Duration,
+    },
+    /// Release (expire) `(key, holder, epoch)`.
+    Release {
+        /// Claim key.
+        key: String,
+        /// Holder.
+        holder: String,
+        /// Epoch held.
+        epoch: ClaimEpoch,
+    },
+    /// Stop the turn; it then ends with [`TurnOutcome::Cancelled`].
+    Cancel {
+        /// The turn.
+        turn: TurnId,
+    },
+    /// After [`Event::Shutdown`]: every turn has ended; the relay may exit.
+    Stopped,
+}

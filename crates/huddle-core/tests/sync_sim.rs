@@ -1,0 +1,878 @@
+//! A deterministic simulation of several relays, each running a `Synchronizer`,
+//! against a fake claims table and a fake ledger with the store's semantics
+//! (identical content deduplicated, fenced appends refused under a lost claim, epochs
+//! that rise on every change of hands or re-take after expiry).
+//!
+//! It uses only the public API, the way `huddle-relay` will: feed events, perform
+//! intents in order, answer acquires with `ClaimResult`, report turn endings.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use huddle_core::config::{Allocation, Responder, RoomConfig};
+use huddle_core::sync::{ClaimOutcome, TurnId, TurnOutcome, TurnStart, TurnWork};
+use huddle_core::{
+    Event, Fold, Intent, Interaction, InteractionId, LocalAgent, NewInteraction, Position, Role,
+    Synchronizer, TaskDag, TaskStatus, Timestamp, Verb,
+};
+use serde_json::json;
+
+const MS: Timestamp = 1_000;
+const S: Timestamp = 1_000_000;
+const T0: Timestamp = 1_700_000_000 * S;
+const ROOM: &str = "lobby";
+
+// ---------------------------------------------------------------------------------
+// Fake store
+// ---------------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+struct ClaimRow {
+    holder: String,
+    epoch: i64,
+    expires_at: Timestamp,
+}
+
+#[derive(Default)]
+struct Store {
+    rows: Vec<Interaction>,
+    ids: BTreeSet<InteractionId>,
+    claims: BTreeMap<String, ClaimRow>,
+    refused_appends: usize,
+}
+
+impl Store {
+    fn append(&mut self, batch: Vec<NewInteraction>, relay: &str, now: Timestamp) {
+        for n in batch {
+            let id = n.id();
+            if !self.ids.insert(id) {
+                continue;
+            }
+            let position = Position::new(0, self.rows.len() as u64 + 1);
+            self.rows.push(Interaction {
+                id,
+                position,
+                at: now,
+                relay: relay.to_string(),
+                room: n.room,
+                thread: n.thread,
+                verb: n.verb,
+                actor: n.actor,
+                role: n.role,
+                parent: n.parent,
+                caused_by: n.caused_by,
+                body: n.body,
+            });
+        }
+    }
+
+    fn fence_ok(&self, key: &str, holder: &str, epoch: i64, now: Timestamp) -> bool {
+        self.claims
+            .get(key)
+            .is_some_and(|c| c.holder == holder && c.epoch == epoch && c.expires_at > now)
+    }
+
+    fn acquire(&mut self, key: &str, holder: &str, ttl: Timestamp, now: Timestamp) -> ClaimOutcome {
+        let row = self.claims.get(key).cloned();
+        let (won, epoch) = match row {
+            None => (true, 1),
+            Some(c) if c.expires_at <= now => (true, c.epoch + 1),
+            Some(c) if c.holder == holder => (true, c.epoch),
+            Some(c) => (false, c.epoch),
+        };
+        if won {
+            self.claims.insert(
+                key.to_string(),
+                ClaimRow {
+                    holder: holder.to_string(),
+                    epoch,
+                    expires_at: now + ttl,
+                },
+            );
+        }
+        let c = &self.claims[key];
+        ClaimOutcome {
+            key: key.to_string(),
+            holder: holder.to_string(),
+            won,
+            epoch,
+            expires_at: c.expires_at,
+        }
+    }
+
+    fn renew(
+        &mut self,
+        key: &str,
+        holder: &str,
+        epoch: i64,
+        ttl: Timestamp,
+        now: Timestamp,
+    ) -> bool {
+        if !self.fence_ok(key, holder, epoch, now) {
+            return false;
+        }
+        if let Some(c) = self.claims.get_mut(key) {
+            c.expires_at = now + ttl;
+        }
+        true
+    }
+
+    fn release(&mut self, key: &str, holder: &str, epoch: i64, now: Timestamp) {
+        if let Some(c) = self.claims.get_mut(key) {
+            if c.holder == holder && c.epoch == epoch {
+                c.expires_at = now;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Relays
+// ---------------------------------------------------------------------------------
+
+struct RunningTurn {
+    ends_at: Timestamp,
+    outcome: TurnOutcome,
+}
+
+struct Relay {
+    id: String,
+    sync: Synchronizer,
+    cursor: usize,
+    turns: BTreeMap<TurnId, RunningTurn>,
+    state: RelayState,
+    stopped: bool,
+    read_once: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum RelayState {
+    Running,
+    /// Killed: never stepped again.
+    Dead,
+    /// Paused (SIGSTOP) until this time, then resumes with its old state.
+    PausedUntil(Timestamp),
+}
+
+/// How agents behave.
+#[derive(Clone)]
+struct AgentModel {
+    task_time: Timestamp,
+    reply_time: Timestamp,
+    /// Fail the first attempt of every task whose index is divisible by this.
+    fail_every: Option<usize>,
+}
+
+struct Sim {
+    store: Store,
+    relays: Vec<Relay>,
+    now: Timestamp,
+    model: AgentModel,
+    /// Turns started, by subject key, across relays.
+    started: BTreeMap<String, usize>,
+}
+
+impl Sim {
+    fn new(layout: &[&[&str]], config: RoomConfig, model: AgentModel) -> Self {
+        let relays = layout
+            .iter()
+            .enumerate()
+            .map(|(i, agents)| {
+                let id = format!("relay{i}");
+                let agents = agents
+                    .iter()
+                    .map(|a| LocalAgent::new(*a).with_capabilities(["work"]))
+                    .collect();
+                let mut sync = Synchronizer::new(id.clone(), [ROOM], agents);
+                sync.handle(Event::Config {
+                    room: ROOM.into(),
+                    thread: None,
+                    config: config.clone(),
+                });
+                Relay {
+                    id,
+                    sync,
+                    cursor: 0,
+                    turns: BTreeMap::new(),
+                    state: RelayState::Running,
+                    stopped: false,
+                    read_once: false,
+                }
+            })
+            .collect();
+        Sim {
+            store: Store::default(),
+            relays,
+            now: T0,
+            model,
+            started: BTreeMap::new(),
+        }
+    }
+
+    /// The owner appends rows (e.g. a delegated DAG, messages).
+    fn owner_append(&mut self, rows: Vec<NewInteraction>) {
+        let now = self.now;
+        self.store.append(rows, "owner-cli", now);
+    }
+
+    fn step_relay(&mut self, r: usize) {
+        let now = self.now;
+        match self.relays[r].state {
+            RelayState::Dead => return,
+            RelayState::PausedUntil(t) if now < t => return,
+            RelayState::PausedUntil(_) => self.relays[r].state = RelayState::Running,
+            RelayState::Running => {}
+        }
+        let mut queue: VecDeque<Event> = VecDeque::new();
+        let due = self.relays[r].sync.next_wakeup().is_none_or(|w| now >= w);
+        if due {
+            queue.push_back(Event::Tick { now });
+        }
+        let cursor = self.relays[r].cursor;
+        if cursor < self.store.rows.len() || !self.relays[r].read_once {
+            self.relays[r].read_once = true;
+            let rows = self.store.rows[cursor..].to_vec();
+            self.relays[r].cursor = self.store.rows.len();
+            queue.push_back(Event::Ledger {
+                rows,
+                caught_up: true,
+            });
+        }
+        let ended: Vec<TurnId> = self.relays[r]
+            .turns
+            .iter()
+            .filter(|(_, t)| t.ends_at <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ended {
+            if let Some(t) = self.relays[r].turns.remove(&id) {
+                queue.push_back(Event::TurnEnded {
+                    turn: id,
+                    outcome: t.outcome,
+                    tokens: 10,
+                });
+            }
+        }
+        let mut guard = 0;
+        while let Some(ev) = queue.pop_front() {
+            guard += 1;
+            assert!(guard < 100_000, "event storm on {}", self.relays[r].id);
+            let intents = self.relays[r].sync.handle(ev);
+            self.perform(r, intents, &mut queue);
+        }
+    }
+
+    fn perform(&mut self, r: usize, intents: Vec<Intent>, queue: &mut VecDeque<Event>) {
+        let now = self.now;
+        let relay_id = self.relays[r].id.clone();
+        let mut refused: BTreeSet<(String, i64)> = BTreeSet::new();
+        for intent in intents {
+            match intent {
+                Intent::Acquire {
+                    key, holder, ttl, ..
+                } => {
+                    let ttl = ttl.as_micros() as Timestamp;
+                    let outcome = self.store.acquire(&key, &holder, ttl, now);
+                    queue.push_back(Event::ClaimResult(outcome));
+                }
+                Intent::Append { fence, batch } => {
+                    if let Some(f) = &fence {
+                        if !self.store.fence_ok(&f.key, &f.holder, f.epoch, now) {
+                            self.store.refused_appends += 1;
+                            refused.insert((f.key.clone(), f.epoch));
+                            queue.push_back(Event::ClaimLost {
+                                key: f.key.clone(),
+                                epoch: f.epoch,
+                            });
+                            continue;
+                        }
+                    }
+                    self.store.append(batch, &relay_id, now);
+                }
+                Intent::StartTurn(start) => {
+                    if start
+                        .claims
+                        .iter()
+                        .any(|c| refused.contains(&(c.key.clone(), c.epoch)))
+                    {
+                        continue;
+                    }
+                    self.start_turn(r, &start);
+                }
+                Intent::Renew {
+                    key,
+                    holder,
+                    epoch,
+                    ttl,
+                } => {
+                    let ttl = ttl.as_micros() as Timestamp;
+                    if !self.store.renew(&key, &holder, epoch, ttl, now) {
+                        queue.push_back(Event::ClaimLost { key, epoch });
+                    }
+                }
+                Intent::Release { key, holder, epoch } => {
+                    self.store.release(&key, &holder, epoch, now);
+                }
+                Intent::Cancel { turn } => {
+                    if self.relays[r].turns.remove(&turn).is_some() {
+                        queue.push_back(Event::TurnEnded {
+                            turn,
+                            outcome: TurnOutcome::Cancelled,
+                            tokens: 1,
+                        });
+                    }
+                }
+                Intent::Stopped => self.relays[r].stopped = true,
+            }
+        }
+    }
+
+    fn start_turn(&mut self, r: usize, start: &TurnStart) {
+        *self.started.entry(start.subject.key()).or_default() += 1;
+        let (time, outcome) = match &start.work {
+            TurnWork::Task(t) => {
+                let index: usize = t.id.trim_start_matches('t').parse().unwrap_or(1);
+                let fail = self
+                    .model
+                    .fail_every
+                    .is_some_and(|k| index.checked_rem(k) == Some(0) && t.attempt == 1);
+                let outcome = if fail {
+                    TurnOutcome::Failed {
+                        reason: "simulated failure".into(),
+                    }
+                } else {
+                    TurnOutcome::Replied {
+                        text: format!("result of {}", t.id),
+                    }
+                };
+                (self.model.task_time, outcome)
+            }
+            TurnWork::Reply(m) => (
+                self.model.reply_time,
+                TurnOutcome::Replied {
+                    text: format!("{} answers {}", start.agent, m.id.short()),
+                },
+            ),
+        };
+        self.relays[r].turns.insert(
+            start.turn.clone(),
+            RunningTurn {
+                ends_at: self.now + time,
+                outcome,
+            },
+        );
+    }
+
+    /// Steps every relay every `step` until `done` or `limit`.
+    fn run(&mut self, step: Timestamp, limit: Timestamp, done: impl Fn(&Sim) -> bool) -> Timestamp {
+        while self.now < T0 + limit {
+            for r in 0..self.relays.len() {
+                self.step_relay(r);
+            }
+            if done(self) {
+                return self.now - T0;
+            }
+            self.now += step;
+        }
+        panic!("simulation did not finish within {} s", limit / S);
+    }
+
+    fn dag(&self) -> TaskDag {
+        TaskDag::rebuild(&self.store.rows)
+    }
+
+    fn rows(&self, verb: Verb) -> impl Iterator<Item = &Interaction> {
+        self.store.rows.iter().filter(move |r| r.verb == verb)
+    }
+}
+
+/// A deterministic DAG: task `i` depends on up to two earlier tasks.
+fn delegate(n: usize, assignees: &[&str]) -> (Vec<NewInteraction>, Vec<Vec<usize>>) {
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut rand = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut rows = Vec::new();
+    let mut deps = Vec::new();
+    for i in 0..n {
+        let mut d: Vec<usize> = Vec::new();
+        if i > 0 {
+            for _ in 0..(rand() % 3) {
+                // Mostly recent tasks, so the DAG has depth.
+                let back = 1 + (rand() as usize % 20).min(i - 1);
+                let j = i - back;
+                if !d.contains(&j) {
+                    d.push(j);
+                }
+            }
+        }
+        let mut body = json!({
+            "task": format!("t{i:03}"),
+            "label": format!("step {i}"),
+            "deps": d.iter().map(|j| format!("t{j:03}")).collect::<Vec<_>>(),
+            "needs": ["work"],
+        });
+        if !assignees.is_empty() {
+            body["assignee"] = json!(assignees[i % assignees.len()]);
+        }
+        rows.push(NewInteraction::new(
+            ROOM,
+            Verb::TaskCreated,
+            "ana",
+            Role::Owner,
+            body,
+        ));
+        deps.push(d);
+    }
+    (rows, deps)
+}
+
+fn all_tasks_settled(sim: &Sim) -> bool {
+    let dag = sim.dag();
+    let s = dag.summary(ROOM);
+    s.total > 0 && s.done + s.abandoned == s.total
+}
+
+/// Every task completed exactly once (one `task.completed` row, accepted), and no task
+/// was claimed before all its dependencies were completed.
+fn check_exactly_once_and_order(sim: &mut Sim, n: usize, deps: &[Vec<usize>]) {
+    // Let every relay read the tail of the ledger.
+    for _ in 0..2 {
+        sim.now += 100 * MS;
+        for r in 0..sim.relays.len() {
+            sim.step_relay(r);
+        }
+    }
+    let sim = &*sim;
+    let dag = sim.dag();
+    let mut completed_at: BTreeMap<String, Position> = BTreeMap::new();
+    for r in sim.rows(Verb::TaskCompleted) {
+        let task = r.body["task"].as_str().unwrap().to_string();
+        assert!(
+            completed_at.insert(task.clone(), r.position).is_none(),
+            "task {task} has two task.completed rows"
+        );
+    }
+    assert_eq!(completed_at.len(), n, "every task completed");
+    for i in 0..n {
+        let id = format!("t{i:03}");
+        assert_eq!(
+            dag.task(ROOM, &id).unwrap().status,
+            TaskStatus::Done,
+            "{id}"
+        );
+    }
+    for r in sim.rows(Verb::TaskClaimed) {
+        let task = r.body["task"].as_str().unwrap();
+        let i: usize = task[1..].parse().unwrap();
+        for d in &deps[i] {
+            let dep = format!("t{d:03}");
+            assert!(
+                completed_at[&dep] < r.position,
+                "{task} claimed before its dependency {dep} completed"
+            );
+        }
+    }
+    // Every relay folded the same state.
+    let hashes: BTreeSet<[u8; 32]> = sim
+        .relays
+        .iter()
+        .filter(|r| r.state != RelayState::Dead)
+        .map(|r| r.sync.tasks().state_hash())
+        .collect();
+    assert_eq!(hashes.len(), 1, "relays disagree on the task DAG");
+    assert_eq!(*hashes.iter().next().unwrap(), dag.state_hash());
+}
+
+fn agents(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+fn layout(names: &[Vec<String>]) -> Vec<Vec<&str>> {
+    names
+        .iter()
+        .map(|v| v.iter().map(String::as_str).collect())
+        .collect()
+}
+
+fn run_dag(
+    relays: usize,
+    per_relay: usize,
+    n: usize,
+    config: RoomConfig,
+    model: AgentModel,
+) -> (Sim, Vec<Vec<usize>>, Timestamp) {
+    let names: Vec<Vec<String>> = (0..relays)
+        .map(|r| agents(&format!("r{r}a"), per_relay))
+        .collect();
+    let l = layout(&names);
+    let refs: Vec<&[&str]> = l.iter().map(Vec::as_slice).collect();
+    let mut sim = Sim::new(&refs, config, model);
+    let (rows, deps) = delegate(n, &[]);
+    sim.owner_append(rows);
+    let took = sim.run(100 * MS, 3_600 * S, all_tasks_settled);
+    (sim, deps, took)
+}
+
+fn model(task_ms: i64) -> AgentModel {
+    AgentModel {
+        task_time: task_ms * MS,
+        reply_time: 500 * MS,
+        fail_every: None,
+    }
+}
+
+/// The makespan of an ideal central scheduler with no coordination cost: whenever an
+/// agent is free it takes the lowest ready task at once.
+fn greedy_makespan(deps: &[Vec<usize>], agents: usize, duration: Timestamp) -> Timestamp {
+    let n = deps.len();
+    let mut done_at: Vec<Option<Timestamp>> = vec![None; n];
+    let mut started = vec![false; n];
+    let mut free_at = vec![0 as Timestamp; agents];
+    let mut finished = 0;
+    let mut now = 0;
+    while finished < n {
+        for slot in free_at.iter_mut() {
+            if *slot > now {
+                continue;
+            }
+            let next = (0..n).find(|i| {
+                !started[*i]
+                    && deps[*i]
+                        .iter()
+                        .all(|d| done_at[*d].is_some_and(|t| t <= now))
+            });
+            if let Some(i) = next {
+                started[i] = true;
+                done_at[i] = Some(now + duration);
+                *slot = now + duration;
+                finished += 1;
+            }
+        }
+        now = free_at
+            .iter()
+            .chain(done_at.iter().flatten())
+            .copied()
+            .filter(|t| *t > now)
+            .min()
+            .unwrap_or(now + 1);
+    }
+    done_at.into_iter().flatten().max().unwrap_or(0)
+}
+
+#[test]
+fn three_hundred_tasks_pull_six_agents_three_relays() {
+    let (mut sim, deps, took) = run_dag(3, 2, 300, RoomConfig::default(), model(1_000));
+    check_exactly_once_and_order(&mut sim, 300, &deps);
+    // No duplicate work without failures: one turn per task.
+    assert!(sim.started.values().all(|n| *n == 1), "a task ran twice");
+    let ideal = greedy_makespan(&deps, 6, S);
+    eprintln!(
+        "pull 6 agents: makespan {:.1} s, ideal scheduler {:.1} s, ratio {:.2}",
+        took as f64 / 1e6,
+        ideal as f64 / 1e6,
+        took as f64 / ideal as f64
+    );
+    assert!(
+        took * 100 <= ideal * 110,
+        "makespan {took} vs ideal {ideal}"
+    );
+    // Termination is derived: every relay sees the room quiescent.
+    for r in &sim.relays {
+        assert!(r.sync.is_quiescent(ROOM), "{} not quiescent", r.id);
+    }
+}
+
+#[test]
+fn three_hundred_tasks_pull_thirty_agents_three_relays() {
+    let (mut sim, deps, took) = run_dag(3, 10, 300, RoomConfig::default(), model(5_000));
+    check_exactly_once_and_order(&mut sim, 300, &deps);
+    assert!(sim.started.values().all(|n| *n == 1), "a task ran twice");
+    let ideal = greedy_makespan(&deps, 30, 5 * S);
+    eprintln!(
+        "pull 30 agents: makespan {:.1} s, ideal scheduler {:.1} s, ratio {:.2}",
+        took as f64 / 1e6,
+        ideal as f64 / 1e6,
+        took as f64 / ideal as f64
+    );
+    // Coordination costs at most a simulation step or two per DAG level.
+    assert!(
+        took * 100 <= ideal * 110,
+        "makespan {took} vs ideal {ideal}"
+    );
+}
+
+#[test]
+fn failures_are_retried_and_still_complete_once() {
+    let m = AgentModel {
+        fail_every: Some(7),
+        ..model(1_000)
+    };
+    let (mut sim, deps, _) = run_dag(2, 3, 120, RoomConfig::default(), m);
+    check_exactly_once_and_order(&mut sim, 120, &deps);
+    let failed = sim.rows(Verb::TaskFailed).count();
+    assert_eq!(failed, (0..120).filter(|i| i % 7 == 0).count());
+}
+
+#[test]
+fn contract_net_bid_allocation() {
+    let config = RoomConfig {
+        allocation: Allocation::Bid,
+        ..RoomConfig::default()
+    };
+    let (mut sim, deps, took) = run_dag(2, 3, 100, config, model(3_000));
+    check_exactly_once_and_order(&mut sim, 100, &deps);
+    let bids = sim.rows(Verb::TaskBid).count();
+    let rejections = sim.rows(Verb::TaskRejected).count();
+    eprintln!(
+        "bid: makespan {:.1} s, {bids} bids, {rejections} rejections",
+        took as f64 / 1e6
+    );
+    // Agents bid on one open window at a time; windows that close without a bid
+    // fall back to pull, so not every task is bid on.
+    assert!(bids > 0 && rejections > 0);
+    // Every bidder that did not win its task was told.
+    let dag = sim.dag();
+    for r in sim.rows(Verb::TaskBid) {
+        let task = r.body["task"].as_str().unwrap();
+        let attempt = r.body["attempt"].as_u64().unwrap() as u32;
+        let t = dag.task(ROOM, task).unwrap();
+        if attempt == t.attempts && t.owner.as_deref() != Some(r.actor.as_str()) {
+            assert!(
+                t.rejected.contains_key(&r.actor),
+                "{} never told it lost {task}",
+                r.actor
+            );
+        }
+    }
+}
+
+#[test]
+fn push_allocation_goes_to_assignees() {
+    let config = RoomConfig {
+        allocation: Allocation::Push,
+        ..RoomConfig::default()
+    };
+    let names = vec![agents("p", 2), agents("q", 2)];
+    let l = layout(&names);
+    let refs: Vec<&[&str]> = l.iter().map(Vec::as_slice).collect();
+    let mut sim = Sim::new(&refs, config, model(1_000));
+    let (rows, deps) = delegate(60, &["p0", "q1"]);
+    sim.owner_append(rows);
+    sim.run(100 * MS, 3_600 * S, all_tasks_settled);
+    check_exactly_once_and_order(&mut sim, 60, &deps);
+    for r in sim.rows(Verb::TaskCompleted) {
+        let i: usize = r.body["task"].as_str().unwrap()[1..].parse().unwrap();
+        assert_eq!(r.actor, ["p0", "q1"][i % 2]);
+    }
+}
+
+#[test]
+fn a_killed_relay_is_failed_over_within_ttl_and_a_tick() {
+    let config = RoomConfig {
+        claim_ttl_ms: 4_000,
+        ..RoomConfig::default()
+    };
+    let names = vec![agents("k", 2), agents("m", 2), agents("n", 2)];
+    let l = layout(&names);
+    let refs: Vec<&[&str]> = l.iter().map(Vec::as_slice).collect();
+    let mut sim = Sim::new(&refs, config, model(2_000));
+    let (rows, deps) = delegate(150, &[]);
+    sim.owner_append(rows);
+    // Run a while, then kill relay 0 in the middle of its turns.
+    sim.run(100 * MS, 20 * S, |s| s.now >= T0 + 10 * S);
+    assert!(
+        !sim.relays[0].turns.is_empty(),
+        "relay 0 should be mid-turn"
+    );
+    let orphaned: Vec<String> = sim.relays[0]
+        .sync
+        .live_turns()
+        .iter()
+        .map(|(t, _, _)| t.0.clone())
+        .collect();
+    sim.relays[0].state = RelayState::Dead;
+    let killed_at = sim.now;
+    // Watch the orphaned tasks: each must be claimed again within TTL + one tick (+
+    // one simulation step of slack).
+    let orphan_tasks: Vec<String> = orphaned
+        .iter()
+        .map(|t| t.split('/').nth(2).unwrap().to_string())
+        .collect();
+    let retaken = |s: &Sim| {
+        let dag = s.dag();
+        orphan_tasks.iter().all(|id| {
+            let t = dag.task(ROOM, id).unwrap();
+            t.status == TaskStatus::Done || t.claimed_at.is_some_and(|c| c > killed_at)
+        })
+    };
+    sim.run(100 * MS, 3_600 * S, retaken);
+    let failover = sim.now - killed_at;
+    eprintln!("failover after {:.1} s", failover as f64 / 1e6);
+    assert!(
+        failover <= 4 * S + S + 200 * MS,
+        "failover took {failover} µs"
+    );
+    sim.run(100 * MS, 3_600 * S, all_tasks_settled);
+    check_exactly_once_and_order(&mut sim, 150, &deps);
+}
+
+#[test]
+fn a_paused_relay_never_completes_under_its_stale_epoch() {
+    let config = RoomConfig {
+        claim_ttl_ms: 4_000,
+        ..RoomConfig::default()
+    };
+    let names = vec![agents("s", 2), agents("u", 2)];
+    let l = layout(&names);
+    let refs: Vec<&[&str]> = l.iter().map(Vec::as_slice).collect();
+    let mut sim = Sim::new(&refs, config, model(3_000));
+    let (rows, deps) = delegate(40, &[]);
+    sim.owner_append(rows);
+    sim.run(100 * MS, 20 * S, |s| s.now >= T0 + 2 * S);
+    assert!(!sim.relays[0].turns.is_empty());
+    // Paused for three TTLs: its turns "finish" meanwhile, but its claims lapse.
+    sim.relays[0].state = RelayState::PausedUntil(sim.now + 12 * S);
+    sim.run(100 * MS, 3_600 * S, all_tasks_settled);
+    check_exactly_once_and_order(&mut sim, 40, &deps);
+    assert!(
+        sim.store.refused_appends > 0,
+        "stale appends were refused by the fence"
+    );
+}
+
+#[test]
+fn exactly_one_reply_per_message_with_three_relays() {
+    for responder in [Responder::Race, Responder::RolePriority] {
+        let config = RoomConfig {
+            responder,
+            ..RoomConfig::default()
+        };
+        // bo is hosted on two relays: drive election picks one of them.
+        let layout: Vec<&[&str]> = vec![&["bo", "cy"], &["bo", "dee"], &["eve", "fay"]];
+        let mut sim = Sim::new(&layout, config, model(1_000));
+        sim.run(100 * MS, 5 * S, |s| s.now >= T0 + S);
+        let mut ids = Vec::new();
+        for i in 0..60 {
+            let text = if i % 5 == 0 {
+                format!("@fay question {i}")
+            } else {
+                format!("question {i}")
+            };
+            let m = NewInteraction::new(
+                ROOM,
+                Verb::MessagePosted,
+                "ana",
+                Role::Human,
+                json!({ "text": text }),
+            );
+            ids.push(m.id());
+            sim.owner_append(vec![m]);
+            sim.run(100 * MS, 3_600 * S, |s| {
+                s.now >= T0 + S + (i + 1) * 300 * MS
+            });
+        }
+        let answered = |s: &Sim| {
+            let replied: BTreeSet<&str> = s
+                .rows(Verb::TurnReplied)
+                .filter_map(|r| r.body["subject"]["id"].as_str())
+                .collect();
+            ids.iter().all(|id| replied.contains(id.to_hex().as_str()))
+        };
+        sim.run(100 * MS, 3_600 * S, answered);
+        sim.run(100 * MS, 3_600 * S, |s| s.now >= T0 + 120 * S);
+        let mut replies: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for r in sim
+            .rows(Verb::MessagePosted)
+            .filter(|r| r.role == Role::Agent)
+        {
+            replies
+                .entry(r.parent.unwrap().to_hex())
+                .or_default()
+                .push(r.actor.clone());
+        }
+        for (i, id) in ids.iter().enumerate() {
+            let who = replies.get(&id.to_hex()).cloned().unwrap_or_default();
+            assert_eq!(
+                who.len(),
+                1,
+                "message {i} answered by {who:?} ({responder:?})"
+            );
+            if i % 5 == 0 {
+                assert_eq!(who, vec!["fay".to_string()], "mentioned agent answers");
+            }
+        }
+        assert_eq!(sim.rows(Verb::TurnReplied).count(), ids.len());
+        assert!(
+            sim.started.values().all(|n| *n == 1),
+            "a reply turn ran twice ({responder:?})"
+        );
+    }
+}
+
+#[test]
+fn a_silent_designated_responder_degrades_to_a_race() {
+    let config = RoomConfig {
+        responder: Responder::Designated,
+        responder_agent: Some("ghost".into()),
+        ..RoomConfig::default()
+    };
+    let layout: Vec<&[&str]> = vec![&["bo"], &["cy"]];
+    let mut sim = Sim::new(&layout, config, model(1_000));
+    // ghost registered once and went silent.
+    sim.owner_append(vec![NewInteraction::new(
+        ROOM,
+        Verb::AgentRegistered,
+        "ghost",
+        Role::Agent,
+        json!({}),
+    )]);
+    sim.run(100 * MS, 5 * S, |s| s.now >= T0 + S);
+    let m = NewInteraction::new(
+        ROOM,
+        Verb::MessagePosted,
+        "ana",
+        Role::Human,
+        json!({"text": "anyone"}),
+    );
+    let posted_at = sim.now;
+    sim.owner_append(vec![m]);
+    sim.run(100 * MS, 60 * S, |s| {
+        s.rows(Verb::TurnPrompted).count() == 1
+    });
+    let prompted = sim.rows(Verb::TurnPrompted).next().unwrap().at;
+    assert!(
+        prompted - posted_at >= 1_500 * MS,
+        "others waited the window"
+    );
+    assert!(prompted - posted_at <= 1_800 * MS, "and then answered");
+    sim.run(100 * MS, 60 * S, |s| s.rows(Verb::TurnReplied).count() == 1);
+    sim.run(100 * MS, 60 * S, |s| s.now >= T0 + 30 * S);
+    assert_eq!(sim.rows(Verb::TurnReplied).count(), 1);
+}
+
+#[test]
+fn shutdown_hands_tasks_back() {
+    let names = vec![agents("x", 2), agents("y", 2)];
+    let l = layout(&names);
+    let refs: Vec<&[&str]> = l.iter().map(Vec::as_slice).collect();
+    let mut sim = Sim::new(&refs, RoomConfig::default(), model(4_000));
+    let (rows, deps) = delegate(30, &[]);
+    sim.owner_append(rows);
+    sim.run(100 * MS, 20 * S, |s| s.now >= T0 + S);
+    let out = sim.relays[0].sync.handle(Event::Shutdown);
+    let mut q = VecDeque::new();
+    sim.perform(0, out, &mut q);
+    while let Some(ev) = q.pop_front() {
+        let out = sim.relays[0].sync.handle(ev);
+        sim.perform(0, out, &mut q);
+    }
+    assert!(sim.relays[0].stopped);
+    assert!(sim.rows(Verb::TaskReleased).count() >= 1);
+    sim.relays[0].state = RelayState::Dead;
+    // The rest finish everything well before a TTL would have lapsed.
+    sim.run(100 * MS, 3_600 * S, all_tasks_settled);
+    check_exactly_once_and_order(&mut sim, 30, &deps);
+}

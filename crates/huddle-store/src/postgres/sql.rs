@@ -1,0 +1,181 @@
+//! The SQL the Postgres store runs, in one place.
+//!
+//! Times cross the wire as microseconds since the Unix epoch (`int8`); `xid8`
+//! transaction ids as text (tokio-postgres has no `xid8` codec), cast on the
+//! parameter side so the `(txid, seq)` index stays usable.
+
+/// The notification channel every store LISTENs on and NOTIFYs.
+pub(crate) const CHANNEL: &str = "huddle";
+
+/// Appends a batch in one statement. Parameters are parallel arrays, one element per
+/// interaction; `$8` holds each row's causes concatenated (32 bytes each), split back
+/// here because Postgres arrays cannot be ragged (the subquery runs only for rows that
+/// have causes). `ORDER BY ord` keeps sequence numbers in batch order. Duplicates (same id, or same idempotency key) are skipped;
+/// `RETURNING` names the rows actually inserted.
+pub(crate) const APPEND: &str = "\
+INSERT INTO interaction
+    (id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key)
+SELECT t.id, t.room, t.thread, t.verb, t.actor, t.role, t.parent,
+       CASE WHEN octet_length(t.causes) = 0 THEN '{}'::bytea[]
+            ELSE ARRAY(SELECT substring(t.causes FROM g * 32 + 1 FOR 32)
+                       FROM generate_series(0, octet_length(t.causes) / 32 - 1) AS g
+                       ORDER BY g)
+       END,
+       t.body, t.ikey
+FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+            $7::bytea[], $8::bytea[], $9::text[], $10::text[])
+     WITH ORDINALITY AS t(id, room, thread, verb, actor, role, parent, causes, body, ikey, ord)
+ORDER BY t.ord
+ON CONFLICT DO NOTHING
+RETURNING id, idempotency_key";
+
+/// The ids already stored under some idempotency keys.
+pub(crate) const IDS_BY_KEY: &str = "\
+SELECT idempotency_key, id FROM interaction WHERE idempotency_key = ANY($1::text[])";
+
+/// Locks the claim row a fenced append presents, if it is still exactly
+/// `(key, holder, epoch)` and unexpired by the database clock.
+pub(crate) const FENCE: &str = "\
+SELECT 1 FROM external_claim
+WHERE key = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()
+FOR SHARE";
+
+/// The columns every read decodes, in this order. (The first is named `txid` but is
+/// text: ORDER BY must name `interaction.txid`, or it would sort by the text.)
+macro_rules! row_columns {
+    () => {
+        "txid::text, seq, id, room, thread, verb, actor, role, parent, caused_by, body,
+(extract(epoch FROM at) * 1000000)::int8, relay"
+    };
+}
+
+/// The read horizon: the oldest transaction still running (in this statement's
+/// snapshot) that may write to this database. Every transaction below it has ended,
+/// so no row below it can still appear.
+///
+/// It is `pg_snapshot_xmin(pg_current_snapshot())`, except that transactions
+/// `pg_stat_activity` shows running in *another* database of the cluster are passed
+/// over: they cannot write here, and otherwise any long transaction anywhere on the
+/// server would stall every reader. A transaction that cannot be placed (it ended
+/// meanwhile, belongs to a role whose sessions we may not see, is prepared) counts as
+/// ours, so the horizon is never too high. It is an uncorrelated scalar subquery, so
+/// Postgres evaluates it once per statement and the `(txid, seq)` index stays usable.
+macro_rules! horizon {
+    () => {
+        "(SELECT CASE
+    WHEN pg_snapshot_xmin(s.snap) = pg_snapshot_xmax(s.snap) THEN pg_snapshot_xmax(s.snap)
+    ELSE coalesce((
+        SELECT min(x.xid) FROM pg_snapshot_xip(s.snap) AS x(xid)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM pg_stat_activity AS a
+            WHERE a.backend_xid = x.xid::xid AND a.datname <> current_database())
+    ), pg_snapshot_xmax(s.snap))
+  END
+  FROM (SELECT pg_current_snapshot() AS snap) AS s)"
+    };
+}
+
+/// Reads forward from `($1, $2)`: only rows of transactions below the horizon, so a
+/// row of a transaction that commits later can never appear behind the cursor.
+pub(crate) const READ_FORWARD: &str = concat!(
+    "SELECT ",
+    row_columns!(),
+    " FROM interaction
+WHERE (txid, seq) > ($1::text::xid8, $2::int8)
+  AND txid < ",
+    horizon!(),
+    "
+ORDER BY interaction.txid, interaction.seq
+LIMIT $3"
+);
+
+/// [`READ_FORWARD`] for one room (`$4`), on the `(room, txid, seq)` index.
+pub(crate) const READ_ROOM: &str = concat!(
+    "SELECT ",
+    row_columns!(),
+    " FROM interaction
+WHERE room = $4
+  AND (txid, seq) > ($1::text::xid8, $2::int8)
+  AND txid < ",
+    horizon!(),
+    "
+ORDER BY interaction.txid, interaction.seq
+LIMIT $3"
+);
+
+/// Whether committed rows after `($1, $2)` exist that [`read_forward`] cannot return
+/// yet because an older transaction (of any database in the cluster, of a claim, of
+/// another program) is still running. Nothing rings the bell when such a transaction
+/// ends, so the store re-rings itself while this holds.
+pub(crate) const HELD_BACK: &str = concat!(
+    "SELECT EXISTS (
+    SELECT 1 FROM interaction
+    WHERE (txid, seq) > ($1::text::xid8, $2::int8)
+      AND txid >= ",
+    horizon!(),
+    ")"
+);
+
+/// [`HELD_BACK`] for one room (`$3`).
+pub(crate) const HELD_BACK_ROOM: &str = concat!(
+    "SELECT EXISTS (
+    SELECT 1 FROM interaction
+    WHERE room = $3
+      AND (txid, seq) > ($1::text::xid8, $2::int8)
+      AND txid >= ",
+    horizon!(),
+    ")"
+);
+
+/// One row by id.
+pub(crate) const GET: &str = concat!("SELECT ", row_columns!(), " FROM interaction WHERE id = $1");
+
+/// The database clock.
+pub(crate) const NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8";
+
+/// Takes a claim that is free, expired, or already the holder's: the epoch stays for
+/// the same holder's unexpired claim and increases in every other case.
+pub(crate) const ACQUIRE: &str = "\
+INSERT INTO external_claim AS c (key, holder, epoch, expires_at, acquired_at, renewed_at)
+VALUES ($1, $2, 1, now() + $3::int8 * interval '1 microsecond', now(), now())
+ON CONFLICT (key) DO UPDATE SET
+    holder = EXCLUDED.holder,
+    epoch = CASE WHEN c.holder = EXCLUDED.holder AND c.expires_at > now()
+                 THEN c.epoch ELSE c.epoch + 1 END,
+    expires_at = EXCLUDED.expires_at,
+    acquired_at = CASE WHEN c.holder = EXCLUDED.holder AND c.expires_at > now()
+                       THEN c.acquired_at ELSE now() END,
+    renewed_at = now()
+WHERE c.expires_at <= now() OR c.holder = EXCLUDED.holder
+RETURNING holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8";
+
+/// The claim as it stands (after an acquire lost).
+pub(crate) const CLAIM: &str = "\
+SELECT holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8
+FROM external_claim WHERE key = $1";
+
+/// Extends the lease of exactly `(key, holder, epoch)` while unexpired.
+pub(crate) const RENEW: &str = "\
+UPDATE external_claim
+SET expires_at = now() + $4::int8 * interval '1 microsecond', renewed_at = now()
+WHERE key = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()
+RETURNING holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8";
+
+/// Expires exactly `(key, holder, epoch)` now; the row stays so the epoch never goes
+/// backwards.
+pub(crate) const RELEASE: &str = "\
+UPDATE external_claim SET expires_at = now()
+WHERE key = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()";
+
+/// Claims under a key prefix, in byte order of the key.
+pub(crate) const LIST_CLAIMS: &str = "\
+SELECT key, holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8,
+       expires_at > now()
+FROM external_claim
+WHERE starts_with(key, $1)
+ORDER BY key COLLATE \"C\"";
+
+/// Inserts a row's content columns verbatim (test support: foreign or broken rows).
+pub(crate) const INSERT_RAW: &str = "\
+INSERT INTO interaction (id, room, thread, verb, actor, role, parent, caused_by, body)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";

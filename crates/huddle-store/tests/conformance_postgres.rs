@@ -1,0 +1,452 @@
+//! The Postgres backend against the store's written behaviour (the conformance
+//! suite), plus what only Postgres has: migrations under the advisory lock, the batch
+//! statement's duplicate resolution, the cluster-wide transaction horizon, the
+//! self-ringing bell for held-back rows, and a second process.
+//!
+//! Needs PostgreSQL: `initdb`/`pg_ctl` on the machine or `HUDDLE_TEST_DATABASE_URL`
+//! (see huddle-testkit). Without either these tests fail, loudly.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use huddle_core::{InteractionId, NewInteraction, Position, RawRow, Role, Verb};
+use huddle_store::conformance::TestBackend;
+use huddle_store::postgres::{PgOptions, PgStore, PgTestBackend};
+use huddle_store::{Ledger, StoreError, StoreOptions, Subscription};
+use huddle_testkit::test_database;
+use serde_json::json;
+
+async fn make_backend() -> PgTestBackend {
+    let db = test_database().await;
+    PgTestBackend::new(&db.url)
+        .await
+        .expect("connect to the test database")
+        .holding(db)
+}
+
+huddle_store::conformance_tests!(make_backend);
+
+fn msg(text: &str) -> NewInteraction {
+    NewInteraction::new(
+        "lobby",
+        Verb::MessagePosted,
+        "ana",
+        Role::Human,
+        json!({ "text": text }),
+    )
+}
+
+async fn read_all(ledger: &dyn Ledger) -> Vec<huddle_core::Interaction> {
+    let mut out = Vec::new();
+    let mut cursor = Position::START;
+    loop {
+        let batch = ledger.read_forward(cursor, 7).await.expect("read");
+        if batch.rows.is_empty() && batch.skipped.is_empty() {
+            return out;
+        }
+        cursor = batch.next;
+        out.extend(batch.rows);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_relays_starting_together_on_a_fresh_database_all_connect() {
+    let db = test_database().await;
+    let mut joins = Vec::new();
+    for i in 0..8 {
+        let url = db.url.clone();
+        joins.push(tokio::spawn(async move {
+            let options = StoreOptions {
+                relay: format!("r{i}"),
+                ..StoreOptions::default()
+            };
+            PgStore::connect(&url, options).await
+        }));
+    }
+    let mut stores = Vec::new();
+    for j in joins {
+        stores.push(
+            j.await
+                .expect("join")
+                .expect("every concurrent connect succeeds"),
+        );
+    }
+    // Each migration was recorded once, and the schema works from every store.
+    let (client, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM huddle_migration", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(n as usize, huddle_store::migrations::POSTGRES.len());
+    for (i, s) in stores.iter().enumerate() {
+        s.append(vec![msg(&format!("from {i}"))])
+            .await
+            .expect("append");
+    }
+    assert_eq!(read_all(&stores[0]).await.len(), 8);
+}
+
+#[tokio::test]
+async fn appends_are_idempotent_by_content_and_by_key_within_and_across_batches() {
+    let b = make_backend().await;
+    let s = b.store();
+    let a = msg("a");
+    let keyed = msg("k1").with_idempotency_key("key-1");
+    let same_key_other_content = msg("k2").with_idempotency_key("key-1");
+    let out = s
+        .append(vec![
+            a.clone(),
+            a.clone(),
+            keyed.clone(),
+            same_key_other_content.clone(),
+        ])
+        .await
+        .expect("append");
+    assert_eq!(
+        out.iter().map(|x| (x.id, x.inserted)).collect::<Vec<_>>(),
+        vec![
+            (a.id(), true),
+            (a.id(), false),
+            (keyed.id(), true),
+            (keyed.id(), false),
+        ]
+    );
+    // Again, in another batch: nothing new, same ids.
+    let again = s
+        .append(vec![same_key_other_content, a.clone()])
+        .await
+        .expect("append");
+    assert_eq!(again[0].id, keyed.id());
+    assert!(!again[0].inserted);
+    assert_eq!(again[1].id, a.id());
+    assert!(!again[1].inserted);
+    let rows = read_all(&*s).await;
+    assert_eq!(
+        rows.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![a.id(), keyed.id()]
+    );
+}
+
+#[tokio::test]
+async fn parents_and_several_causes_round_trip_through_the_batch_statement() {
+    let b = make_backend().await;
+    let s = b.store();
+    let parent = msg("p");
+    s.append(vec![parent.clone()]).await.expect("append parent");
+    let hostile = "Ro'om\"; DROP TABLE interaction; -- ü 🦀";
+    let n = NewInteraction::new(
+        hostile,
+        Verb::TaskCreated,
+        "bo\\b'",
+        Role::Agent,
+        json!({"nested": {"z": 1, "a": [true, null, "x"]}, "text": "é"}),
+    )
+    .in_thread("th'read")
+    .with_parent(parent.id())
+    .with_caused_by(vec![parent.id(), InteractionId([7; 32])]);
+    let out = s.append(vec![n.clone()]).await.expect("append");
+    assert!(out[0].inserted);
+    let got = s.get(n.id()).await.expect("get").expect("present");
+    assert_eq!(got.content(), n);
+    assert_eq!(got.caused_by, n.caused_by);
+    assert!(got.at > 0);
+    assert_eq!(got.relay, "postgres", "Postgres records the database role");
+    let too_big = NewInteraction::new(
+        "lobby",
+        Verb::MessagePosted,
+        "ana",
+        Role::Human,
+        json!({"text": "x".repeat(300 * 1024)}),
+    );
+    let err = s
+        .append(vec![msg("fine"), too_big])
+        .await
+        .expect_err("oversized body refused");
+    assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+    assert_eq!(read_all(&*s).await.len(), 2, "nothing of the refused batch");
+}
+
+async fn raw_session(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("raw session");
+    tokio::spawn(conn);
+    client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_transaction_in_another_database_does_not_hold_back_readers() {
+    let b = make_backend().await;
+    let other = test_database().await;
+    let s = b.store();
+    // A transaction with an xid, left open, in another database of the same cluster
+    // (or server, with HUDDLE_TEST_DATABASE_URL).
+    let elsewhere = raw_session(&other.url).await;
+    elsewhere
+        .batch_execute("BEGIN; CREATE TABLE t (x int); INSERT INTO t VALUES (1)")
+        .await
+        .expect("open transaction elsewhere");
+    let n = msg("not held back");
+    s.append(vec![n.clone()]).await.expect("append");
+    let batch = s.read_forward(Position::START, 10).await.expect("read");
+    assert_eq!(
+        batch.rows.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![n.id()]
+    );
+    // The same open transaction in *this* database does hold readers back: it could
+    // still write rows below the cursor.
+    let here = raw_session(b.url()).await;
+    here.batch_execute("BEGIN; SELECT pg_current_xact_id()")
+        .await
+        .expect("open transaction here");
+    let m = msg("held back");
+    s.append(vec![m.clone()]).await.expect("append");
+    let held = s.read_forward(batch.next, 10).await.expect("read");
+    assert!(held.rows.is_empty(), "{:?}", held.rows);
+    here.batch_execute("COMMIT").await.expect("commit");
+    let after = s.read_forward(batch.next, 10).await.expect("read");
+    assert_eq!(
+        after.rows.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![m.id()]
+    );
+    drop(elsewhere);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_held_back_by_a_claim_transaction_arrive_when_it_ends_without_the_poll() {
+    let db = test_database().await;
+    let slow_poll = StoreOptions {
+        poll_interval: Duration::from_secs(60),
+        ..StoreOptions::default()
+    };
+    let b = PgTestBackend::with_options(&db.url, slow_poll, PgOptions::default())
+        .await
+        .expect("connect")
+        .holding(db);
+    let ledger: Arc<dyn Ledger> = b.store();
+    let writer = b.reopen("writer").await.expect("reopen");
+    let mut sub = Subscription::new(ledger, Position::START, 100);
+    // A claim upsert in flight (it has a transaction id, and sends no NOTIFY when it
+    // ends): rows committed after it started are held back until it ends.
+    let claimer = raw_session(b.url()).await;
+    claimer
+        .batch_execute(
+            "BEGIN; INSERT INTO external_claim (key, holder, epoch, expires_at) \
+             VALUES ('lease/lobby/slow', 'x', 1, now() + interval '1 minute')",
+        )
+        .await
+        .expect("open claim transaction");
+    let n = msg("behind the claim");
+    writer.append(vec![n.clone()]).await.expect("append");
+    let early = tokio::time::timeout(Duration::from_millis(300), sub.next()).await;
+    assert!(early.is_err(), "read a row behind a running transaction");
+    claimer.batch_execute("COMMIT").await.expect("commit");
+    let batch = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("the store re-rings while rows are held back; no 60 s poll")
+        .expect("read");
+    assert_eq!(
+        batch.rows.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![n.id()]
+    );
+}
+
+#[tokio::test]
+async fn skipped_rows_are_counted_and_not_returned_by_get() {
+    let b = make_backend().await;
+    let s = b.pg_store();
+    let forged = RawRow {
+        id: vec![9; 32],
+        position: Position::START,
+        at: 0,
+        relay: String::new(),
+        room: "lobby".into(),
+        thread: None,
+        verb: "message.posted".into(),
+        actor: "mallory".into(),
+        role: "agent".into(),
+        parent: None,
+        caused_by: vec![vec![1; 32]],
+        body: r#"{"text":"forged"}"#.into(),
+    };
+    b.insert_raw(forged).await.expect("insert raw");
+    let batch = s.read_forward(Position::START, 10).await.expect("read");
+    assert!(batch.rows.is_empty());
+    assert_eq!(batch.skipped.len(), 1);
+    assert_eq!(
+        batch.next, batch.skipped[0].position,
+        "the cursor moves past it"
+    );
+    assert_eq!(s.skipped_total(), 1);
+    assert!(s.get(InteractionId([9; 32])).await.expect("get").is_none());
+    assert_eq!(s.skipped_total(), 2, "every sighting counts");
+}
+
+/// Set in the child process of [`a_commit_in_another_process_wakes_a_subscriber`]:
+/// the database URL the child appends to.
+const CHILD_URL: &str = "HUDDLE_PG_TEST_CHILD_URL";
+
+/// A real second process (this test binary, re-run in a child role) appends a row;
+/// this process's LISTEN connection rings the bell (the fallback poll is a minute)
+/// and the subscription picks the row up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_in_another_process_wakes_a_subscriber() {
+    let row = msg("from another process");
+    if let Ok(url) = std::env::var(CHILD_URL) {
+        // Child role: append one row, make sure its NOTIFY went out, exit.
+        let options = StoreOptions {
+            relay: "child".into(),
+            ..StoreOptions::default()
+        };
+        let store = PgStore::connect(&url, options)
+            .await
+            .expect("child connect");
+        assert!(store.append(vec![row]).await.expect("child append")[0].inserted);
+        store.flush_doorbell().await;
+        return;
+    }
+    let db = test_database().await;
+    let slow_poll = StoreOptions {
+        poll_interval: Duration::from_secs(60),
+        ..StoreOptions::default()
+    };
+    let b = PgTestBackend::with_options(&db.url, slow_poll, PgOptions::default())
+        .await
+        .expect("connect")
+        .holding(db);
+    let store = b.pg_store();
+    let ledger: Arc<dyn Ledger> = store.clone();
+    let mut sub = Subscription::new(ledger, Position::START, 10);
+    // Caught up and listening before the child writes.
+    assert!(sub.poll_once().await.expect("read").rows.is_empty());
+    wait_until_listening(b.url(), 1).await;
+    let mut bell = store.doorbell();
+    bell.borrow_and_update();
+
+    let exe = std::env::current_exe().expect("test binary path");
+    let child = tokio::process::Command::new(exe)
+        .args([
+            "--exact",
+            "a_commit_in_another_process_wakes_a_subscriber",
+            "--test-threads=1",
+        ])
+        .env(CHILD_URL, b.url())
+        .output()
+        .await
+        .expect("run the child process");
+    assert!(
+        child.status.success(),
+        "child failed: {}\n{}",
+        String::from_utf8_lossy(&child.stdout),
+        String::from_utf8_lossy(&child.stderr)
+    );
+    // Nothing in this process appended, so only the LISTEN connection can ring.
+    tokio::time::timeout(Duration::from_secs(10), bell.changed())
+        .await
+        .expect("no doorbell for another process's commit")
+        .expect("bell open");
+    let batch = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("subscription did not wake")
+        .expect("next");
+    assert_eq!(batch.rows.len(), 1);
+    assert_eq!(batch.rows[0].id, row.id());
+}
+
+/// Waits until `n` sessions of this database have run `LISTEN`.
+async fn wait_until_listening(url: &str, n: i64) {
+    let admin = raw_session(url).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let listening: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND application_name = 'huddle-listen' \
+                 AND query LIKE 'LISTEN%' AND state = 'idle'",
+                &[],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .get(0);
+        if listening >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the LISTEN session never came up"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn read_room_returns_only_that_room_on_its_index() {
+    let b = make_backend().await;
+    let s = b.store();
+    let in_room = |room: &str, text: &str| {
+        NewInteraction::new(
+            room,
+            Verb::MessagePosted,
+            "ana",
+            Role::Human,
+            json!({ "text": text }),
+        )
+    };
+    s.append(vec![
+        in_room("a", "1"),
+        in_room("b", "2"),
+        in_room("a", "3"),
+    ])
+    .await
+    .expect("append");
+    s.append(vec![in_room("b", "4")]).await.expect("append");
+    let batch = s.read_room("a", Position::START, 10).await.expect("read");
+    let texts: Vec<_> = batch.rows.iter().map(|r| r.body["text"].clone()).collect();
+    assert_eq!(texts, vec![json!("1"), json!("3")]);
+    assert_eq!(batch.next, batch.rows[1].position);
+    let none = s.read_room("a", batch.next, 10).await.expect("read");
+    assert!(none.rows.is_empty());
+    assert_eq!(none.next, batch.next);
+    let one = s.read_room("b", Position::START, 1).await.expect("read");
+    assert_eq!(one.rows.len(), 1);
+    let rest = s.read_room("b", one.next, 10).await.expect("read");
+    assert_eq!(rest.rows[0].body["text"], json!("4"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_store_closes_its_listen_and_notify_sessions() {
+    let db = test_database().await;
+    let store = PgStore::connect(&db.url, StoreOptions::default())
+        .await
+        .expect("connect");
+    store.append(vec![msg("ring once")]).await.expect("append");
+    store.flush_doorbell().await;
+    let admin = raw_session(&db.url).await;
+    let count = || async {
+        let n: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND application_name IN ('huddle-listen', 'huddle-notify')",
+                &[],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .get(0);
+        n
+    };
+    wait_until_listening(&db.url, 1).await;
+    assert_eq!(count().await, 2, "one LISTEN and one NOTIFY session");
+    drop(store);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count().await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "background sessions outlived the store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
