@@ -298,7 +298,7 @@ pub fn render(r: &CoordReport) -> String {
         "ideal",
         "ratio",
         "target",
-        "claim wait p50/99",
+        "pickup p50/99",
         "claims won/try",
         "acq ms",
         "conv"
@@ -329,10 +329,7 @@ pub fn render(r: &CoordReport) -> String {
                 None if run.meets_targets => "-".to_string(),
                 None => "MISS".to_string(),
             },
-            format!(
-                "{:.0}/{:.0} ms",
-                rep.claim_wait.p50_ms, rep.claim_wait.p99_ms
-            ),
+            format!("{:.0}/{:.0} ms", rep.pickup.p50_ms, rep.pickup.p99_ms),
             format!("{won}/{tried}"),
             acq_ms,
             if rep.converged { "yes" } else { "NO" }
