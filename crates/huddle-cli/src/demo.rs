@@ -16,6 +16,7 @@ use huddle_store::StoreOptions;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::scenario::{self, Progress, Quiet, ScenarioOptions, Tally, Workload};
+use crate::state_cmds::emit;
 
 /// How ready tasks are allocated (`!config allocation`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -212,15 +213,16 @@ pub async fn run(args: DemoArgs, db: Option<String>, store: StoreOptions) -> any
         scenario::run(&options, &workload, &mut view).await?
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else {
-        print!("{}", scenario::render(&report));
+        let mut text = scenario::render(&report);
         if temp.is_none() {
-            println!(
-                "\n  inspect: huddle --db {db} board --room {r}   |   huddle --db {db} tasks --room {r}",
+            text.push_str(&format!(
+                "\n  inspect: huddle --db {db} board --room {r}   |   huddle --db {db} tasks --room {r}\n",
                 r = report.room
-            );
+            ));
         }
+        emit(&text)?;
     }
     if !report.clean() {
         bail!(

@@ -14,6 +14,16 @@ use crate::ledger_cmds;
 use crate::output::format_time;
 use crate::scenario::Tally;
 
+/// Writes `text` to standard output; a closed pipe (`| head`) is not an error.
+pub fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
 /// Folds every row of `room`; fails when the room was never created.
 async fn fold_room(store: &dyn Store, room: &str) -> anyhow::Result<Tally> {
     let mut tally = Tally::new(room);
@@ -193,7 +203,13 @@ fn describe(on: &Option<Subject>) -> String {
         None => String::new(),
         Some(s) => match &s.label {
             Some(l) => format!("{} {} \"{}\"", s.kind.as_str(), s.id, clip(l, 50)),
-            None if s.id.len() > 16 => format!("{} {}", s.kind.as_str(), &s.id[..12]),
+            None if s.id.chars().count() > 16 => {
+                format!(
+                    "{} {}",
+                    s.kind.as_str(),
+                    s.id.chars().take(12).collect::<String>()
+                )
+            }
             None => format!("{} {}", s.kind.as_str(), s.id),
         },
     }
@@ -214,8 +230,7 @@ pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> a
     let store = ledger_cmds::open(db, options).await?;
     let view = board_view(&fold_room(&*store, room).await?);
     if json {
-        println!("{}", serde_json::to_string_pretty(&view)?);
-        return Ok(());
+        return emit(&format!("{}\n", serde_json::to_string_pretty(&view)?));
     }
     let mut out = String::new();
     let _ = writeln!(
@@ -256,7 +271,7 @@ pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> a
             let _ = writeln!(
                 out,
                 "  message {} taken by {} (epoch {}) at {}",
-                &d.message[..d.message.len().min(12)],
+                d.message.chars().take(12).collect::<String>(),
                 d.agent,
                 d.epoch,
                 format_time(d.at)
@@ -275,8 +290,7 @@ pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> a
             let _ = writeln!(out, "  {a} on {s}");
         }
     }
-    print!("{out}");
-    Ok(())
+    emit(&out)
 }
 
 /// One task as `huddle tasks` shows it.
@@ -375,8 +389,7 @@ pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> a
     let store = ledger_cmds::open(db, options).await?;
     let view = tasks_view(&fold_room(&*store, room).await?);
     if json {
-        println!("{}", serde_json::to_string_pretty(&view)?);
-        return Ok(());
+        return emit(&format!("{}\n", serde_json::to_string_pretty(&view)?));
     }
     let mut out = String::new();
     let _ = writeln!(out, "room {} — {}", view.room, summary_line(&view.summary));
@@ -424,6 +437,5 @@ pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> a
             clip(&t.label, 60)
         );
     }
-    print!("{out}");
-    Ok(())
+    emit(&out)
 }
