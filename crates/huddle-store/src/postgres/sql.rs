@@ -103,29 +103,23 @@ ORDER BY interaction.txid, interaction.seq
 LIMIT $3"
 );
 
-/// Whether committed rows after `($1, $2)` exist that [`read_forward`] cannot return
-/// yet because an older transaction (of any database in the cluster, of a claim, of
-/// another program) is still running. Nothing rings the bell when such a transaction
-/// ends, so the store re-rings itself while this holds.
-pub(crate) const HELD_BACK: &str = concat!(
-    "SELECT EXISTS (
+/// Whether any committed row lies after `($1, $2)`, the cursor a read just reached.
+/// Asked (in a statement of its own, so with a newer snapshot than the read's) after a
+/// read that returned fewer rows than asked: a row it finds was either held back by an
+/// older transaction that was still running at the read (nothing rings the bell when
+/// such a transaction ends) or committed since; either way the store re-rings itself
+/// so the reader comes back. Checking against the read's own horizon instead would
+/// race: the holding transaction may end between the two statements, and its held-back
+/// rows would then wait for the fallback poll.
+pub(crate) const HELD_BACK: &str = "SELECT EXISTS (
     SELECT 1 FROM interaction
-    WHERE (txid, seq) > ($1::text::xid8, $2::int8)
-      AND txid >= ",
-    horizon!(),
-    ")"
-);
+    WHERE (txid, seq) > ($1::text::xid8, $2::int8))";
 
 /// [`HELD_BACK`] for one room (`$3`).
-pub(crate) const HELD_BACK_ROOM: &str = concat!(
-    "SELECT EXISTS (
+pub(crate) const HELD_BACK_ROOM: &str = "SELECT EXISTS (
     SELECT 1 FROM interaction
     WHERE room = $3
-      AND (txid, seq) > ($1::text::xid8, $2::int8)
-      AND txid >= ",
-    horizon!(),
-    ")"
-);
+      AND (txid, seq) > ($1::text::xid8, $2::int8))";
 
 /// One row by id.
 pub(crate) const GET: &str = concat!("SELECT ", row_columns!(), " FROM interaction WHERE id = $1");
