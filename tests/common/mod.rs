@@ -118,3 +118,5 @@ impl Drop for LineChild {
         let _ = self.child.wait();
     }
 }
+
+pub mod relays;

@@ -385,6 +385,15 @@ impl Synchronizer {
                 config,
             } => {
                 self.configs.insert((room, thread), config);
+                // A shorter claim TTL takes effect at once: renewals and re-takes must
+                // not wait for a pass scheduled under the old TTL (a relay's first
+                // pass is scheduled before it has read the room's config).
+                if let (Some(now), Some(at)) = (self.now, self.next_reconcile) {
+                    let due = now.saturating_add(ms_to_us(self.reconcile_interval_ms()));
+                    if due < at {
+                        self.next_reconcile = Some(due);
+                    }
+                }
             }
             Event::Shutdown => {
                 self.shutting_down = true;
@@ -441,6 +450,10 @@ impl Synchronizer {
                                 self.messages.remove(&key);
                             }
                         }
+                        // The failed holder released the reply claim before writing
+                        // this row: a back-off taken while it held the claim (until
+                        // its lease would lapse) no longer applies.
+                        self.held_elsewhere.remove(&reply_key(&row.room, &id));
                     }
                 }
             }
@@ -901,14 +914,18 @@ impl Synchronizer {
     // Reconcile
     // -----------------------------------------------------------------------------
 
-    fn reconcile(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
-        let interval = self
-            .rooms
+    /// Time between reconcile passes: the shortest claim TTL of the rooms, over four.
+    fn reconcile_interval_ms(&self) -> u64 {
+        self.rooms
             .iter()
             .map(|r| self.config(r, None).claim_ttl_ms / 4)
             .min()
             .unwrap_or(self.default_config.claim_ttl_ms / 4)
-            .max(1);
+            .max(1)
+    }
+
+    fn reconcile(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
+        let interval = self.reconcile_interval_ms();
         self.next_reconcile = Some(now.saturating_add(ms_to_us(interval)));
         // Renew only the claims of turns that are alive.
         for t in self.turns.values() {
@@ -1607,11 +1624,26 @@ impl Synchronizer {
                 });
             }
             (LiveWork::Reply { .. }, _) => {
+                // The reply claim goes first: other relays contend for it as soon as
+                // they read `turn.failed`, and one still held then would make them
+                // back off for a whole lease. The failure is fenced by the drive
+                // claim, which is released after it.
+                let c = &lt.exclusive;
+                out.push(Intent::Release {
+                    key: c.key.clone(),
+                    holder: c.holder.clone(),
+                    epoch: c.epoch,
+                });
                 out.push(Intent::Append {
                     fence: Some(lt.drive.clone()),
                     batch: vec![failed_row(reason)],
                 });
-                release_both(out);
+                let c = &lt.drive;
+                out.push(Intent::Release {
+                    key: c.key.clone(),
+                    holder: c.holder.clone(),
+                    epoch: c.epoch,
+                });
             }
             (LiveWork::Task { task }, TurnOutcome::Replied { text }) => {
                 let done = TaskCompletedBody {

@@ -412,6 +412,43 @@ fn designated_responder_goes_first_and_others_fall_back() {
 }
 
 #[test]
+fn a_remote_failed_reply_ends_the_back_off_at_once() {
+    // This relay hosts cy; bo, on another relay, takes the message and fails it.
+    let mut h = H::new(&["cy"]);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "q")])[0].clone();
+    let rkey = reply_key("lobby", &m.id);
+    let out = h.read();
+    assert_eq!(acquires(&out), vec![(rkey.clone(), "cy".into())]);
+    // bo got there first: cy backs off until bo's lease would lapse (60 s).
+    h.result(&rkey, "cy", false, 1);
+    let note = CoordNoteBody::Designation(DesignationBody {
+        message: m.id,
+        agent: "bo".into(),
+        epoch: 1,
+    });
+    let out = h.post(vec![ix(Verb::CoordNote, "bo", Role::Agent, note.to_body())]);
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    // bo's turn fails (it released the claim before saying so): cy contends at once,
+    // not a lease later.
+    let failed = TurnFailedBody {
+        turn: "r/lobby/x/bo/1.1".into(),
+        subject: Subject::message(m.id),
+        epoch: 1,
+        reason: "exit 1".into(),
+        tokens: 0,
+    };
+    h.now += S;
+    let out = h.post(vec![ix(
+        Verb::TurnFailed,
+        "bo",
+        Role::Agent,
+        serde_json::to_value(&failed).unwrap(),
+    )]);
+    assert_eq!(acquires(&out), vec![(rkey, "cy".into())]);
+}
+
+#[test]
 fn a_failed_reply_turn_releases_and_another_agent_answers() {
     let mut h = H::new(&["bo", "cy"]);
     h.start();
@@ -431,12 +468,16 @@ fn a_failed_reply_turn_releases_and_another_agent_answers() {
             reason: "exit 1".into(),
         },
     );
-    // bo failed it: append, release both claims, and cy contends at once.
+    // bo failed it: release the reply claim (before the failure is visible, so no
+    // other relay finds it still held), append the failure under the drive claim,
+    // release that, and cy contends at once.
     assert_eq!(
         kinds(&out),
-        vec!["append", "release", "release", "acquire"],
+        vec!["release", "append", "release", "acquire"],
         "{out:?}"
     );
+    assert!(matches!(&out[0], Intent::Release { key, .. } if *key == rkey));
+    assert!(matches!(&out[2], Intent::Release { key, .. } if *key == dkey));
     assert_eq!(appends(&out)[0].1, vec!["turn.failed"]);
     assert_eq!(acquires(&out), vec![(rkey, "cy".into())]);
     h.apply_appends(&out);
@@ -630,6 +671,36 @@ fn reconcile_renews_live_turns_only_and_retakes_lapsed_tasks() {
     let t = h.sync.tasks().task("lobby", "x").unwrap();
     assert_eq!((t.owner.as_deref(), t.attempts), (Some("cy"), 2));
     let _ = st;
+}
+
+#[test]
+fn a_shorter_claim_ttl_brings_the_next_reconcile_forward() {
+    // As in a relay: the first tick (and so the first reconcile) comes before the
+    // room's config is read, under the default TTL.
+    let mut h = H::new(&["bo"]);
+    h.start();
+    assert_eq!(h.sync.next_wakeup(), Some(T0 + 15 * S));
+    let short = RoomConfig {
+        claim_ttl_ms: 2_000,
+        ..RoomConfig::default()
+    };
+    h.sync.handle(Event::Config {
+        room: "lobby".into(),
+        thread: None,
+        config: short.clone(),
+    });
+    assert_eq!(h.sync.next_wakeup(), Some(T0 + S / 2));
+    // A longer TTL never pushes a due pass back.
+    let long = RoomConfig {
+        claim_ttl_ms: 3_600_000,
+        ..short
+    };
+    h.sync.handle(Event::Config {
+        room: "lobby".into(),
+        thread: None,
+        config: long,
+    });
+    assert_eq!(h.sync.next_wakeup(), Some(T0 + S / 2));
 }
 
 #[test]

@@ -1,0 +1,1100 @@
+//! A harness for end-to-end tests that run relays as separate OS processes.
+//!
+//! One [`Huddle`] is one test's world: a fresh database on the chosen [`Backend`], a
+//! room with an owner, a temporary directory for relay configurations, logs and exec
+//! scripts, and the relays it started. Relays are real `huddle relay --config`
+//! processes: the harness writes a `huddle.toml` for each, stops them with SIGTERM and
+//! reads their JSON summaries, kills them with SIGKILL, and pauses them with SIGSTOP /
+//! SIGCONT.
+//!
+//! The test sees the ledger through its own store handle and waits for conditions by
+//! folding it ([`Ledger`]: rows, task DAG, board) with bounded waits, never a fixed
+//! sleep before an assertion.
+//!
+//! ```ignore
+//! let mut h = Huddle::new(Backend::Sqlite).await;
+//! h.spawn_relay("r0", vec![AgentSpec::sim("a0", 20)]);
+//! h.wait_registered(&["a0"]).await;
+//! h.config("allocation pull").await;
+//! h.delegate("!delegate\nt1: first\nt2: second [after t1]").await;
+//! h.wait_for("both done", secs(30), |l| l.summary().done == 2).await;
+//! let summaries = h.stop_all().await; // asserts identical state hashes
+//! ```
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use huddle_core::board::{CoordNoteBody, Subject, SubjectKind, TurnRepliedBody};
+use huddle_core::tasks::{TaskCompletedBody, TaskSummary};
+use huddle_core::{
+    Board, ConfigFold, Fold, Interaction, InteractionId, NewInteraction, Position, Role, Task,
+    TaskDag, Timestamp, Verb,
+};
+use huddle_store::{Store, StoreOptions};
+use serde_json::{json, Value};
+
+use super::huddle_bin;
+
+/// `Duration::from_secs`, short.
+pub fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// `Duration::from_millis`, short.
+pub fn ms(m: u64) -> Duration {
+    Duration::from_millis(m)
+}
+
+// ---------------------------------------------------------------------------------
+// Databases
+// ---------------------------------------------------------------------------------
+
+/// Which store backend a test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// A fresh SQLite file in a temporary directory.
+    Sqlite,
+    /// A fresh Postgres database from `huddle-testkit`.
+    Postgres,
+}
+
+/// A fresh database for one test; dropped with it.
+pub struct TestDatabase {
+    /// The URL relays and the harness connect to.
+    pub url: String,
+    /// The backend.
+    pub backend: Backend,
+    _dir: Option<tempfile::TempDir>,
+    _pg: Option<huddle_testkit::TestDb>,
+}
+
+impl TestDatabase {
+    /// A fresh, empty database on `backend`.
+    pub async fn new(backend: Backend) -> TestDatabase {
+        match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("tempdir for the database");
+                let url = format!("sqlite://{}", dir.path().join("huddle.db").display());
+                TestDatabase {
+                    url,
+                    backend,
+                    _dir: Some(dir),
+                    _pg: None,
+                }
+            }
+            // Fails loudly, saying how to fix the machine, when there is no Postgres.
+            Backend::Postgres => {
+                let db = huddle_testkit::test_database().await;
+                TestDatabase {
+                    url: db.url.clone(),
+                    backend,
+                    _dir: None,
+                    _pg: Some(db),
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Relay processes
+// ---------------------------------------------------------------------------------
+
+/// How a hosted agent runs its turns.
+#[derive(Clone, Debug)]
+pub enum DriverSpec {
+    /// The built-in simulator.
+    Sim {
+        /// Mean turn time.
+        turn_ms: u64,
+        /// Relative jitter, 0..=1.
+        jitter: f64,
+        /// Probability that a turn fails.
+        failure_rate: f64,
+        /// Seed.
+        seed: u64,
+    },
+    /// A command per turn (no shell unless the command is one).
+    Exec {
+        /// Program and arguments.
+        command: Vec<String>,
+        /// Turn timeout.
+        timeout_ms: u64,
+    },
+}
+
+/// One agent in a relay's configuration.
+#[derive(Clone, Debug)]
+pub struct AgentSpec {
+    /// The agent key.
+    pub key: String,
+    /// Its driver.
+    pub driver: DriverSpec,
+    /// Declared capabilities.
+    pub capabilities: Vec<String>,
+}
+
+impl AgentSpec {
+    /// A simulated agent whose turns take `turn_ms`, never failing.
+    pub fn sim(key: &str, turn_ms: u64) -> Self {
+        AgentSpec {
+            key: key.into(),
+            driver: DriverSpec::Sim {
+                turn_ms,
+                jitter: 0.0,
+                failure_rate: 0.0,
+                seed: 1,
+            },
+            capabilities: Vec::new(),
+        }
+    }
+
+    /// A simulated agent with relative jitter on its turn time.
+    pub fn sim_jitter(key: &str, turn_ms: u64, jitter: f64, seed: u64) -> Self {
+        AgentSpec {
+            key: key.into(),
+            driver: DriverSpec::Sim {
+                turn_ms,
+                jitter,
+                failure_rate: 0.0,
+                seed,
+            },
+            capabilities: Vec::new(),
+        }
+    }
+
+    /// An exec agent running `sh <script>` (see [`Huddle::script`]).
+    pub fn exec(key: &str, script: &Path) -> Self {
+        AgentSpec {
+            key: key.into(),
+            driver: DriverSpec::Exec {
+                command: vec!["sh".into(), script.display().to_string()],
+                timeout_ms: 30_000,
+            },
+            capabilities: Vec::new(),
+        }
+    }
+}
+
+/// A TOML basic string (JSON string escapes are a subset TOML accepts).
+fn toml_str(s: &str) -> String {
+    serde_json::to_string(s).expect("a string serializes")
+}
+
+/// The `huddle.toml` of one relay.
+pub fn relay_toml(id: &str, database: &str, rooms: &[&str], agents: &[AgentSpec]) -> String {
+    let mut t = String::new();
+    let rooms: Vec<String> = rooms.iter().map(|r| toml_str(r)).collect();
+    let _ = writeln!(t, "relay = {}", toml_str(id));
+    let _ = writeln!(t, "database = {}", toml_str(database));
+    let _ = writeln!(t, "rooms = [{}]", rooms.join(", "));
+    for a in agents {
+        let _ = writeln!(t, "\n[[agent]]\nkey = {}", toml_str(&a.key));
+        let caps: Vec<String> = a.capabilities.iter().map(|c| toml_str(c)).collect();
+        let _ = writeln!(t, "capabilities = [{}]", caps.join(", "));
+        match &a.driver {
+            DriverSpec::Sim {
+                turn_ms,
+                jitter,
+                failure_rate,
+                seed,
+            } => {
+                let _ = writeln!(
+                    t,
+                    "driver = \"sim\"\nsim = {{ turn_ms = {turn_ms}, jitter = {jitter:?}, \
+                     failure_rate = {failure_rate:?}, tokens = 10, seed = {seed} }}"
+                );
+            }
+            DriverSpec::Exec {
+                command,
+                timeout_ms,
+            } => {
+                let cmd: Vec<String> = command.iter().map(|c| toml_str(c)).collect();
+                let _ = writeln!(
+                    t,
+                    "driver = \"exec\"\nexec = {{ command = [{}], timeout_ms = {timeout_ms} }}",
+                    cmd.join(", ")
+                );
+            }
+        }
+    }
+    t
+}
+
+/// What `huddle relay` prints when it stops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RelaySummary {
+    /// Relay id.
+    pub relay: String,
+    /// Cursor reached.
+    pub cursor: String,
+    /// Board fold hash.
+    pub board_hash: String,
+    /// Task DAG fold hash.
+    pub tasks_hash: String,
+    /// Turns started.
+    pub turns_started: u64,
+    /// Turns that replied.
+    pub turns_replied: u64,
+    /// Turns that failed or were cancelled.
+    pub turns_failed: u64,
+    /// Fenced appends refused.
+    pub fenced_refusals: u64,
+    /// Corrupt or foreign rows skipped.
+    pub skipped_rows: u64,
+}
+
+impl RelaySummary {
+    /// Parses the JSON line.
+    pub fn parse(line: &str) -> Option<Self> {
+        let v: Value = serde_json::from_str(line).ok()?;
+        let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+        let n = |k: &str| v.get(k).and_then(Value::as_u64);
+        Some(RelaySummary {
+            relay: s("relay")?,
+            cursor: s("cursor")?,
+            board_hash: s("board_hash")?,
+            tasks_hash: s("tasks_hash")?,
+            turns_started: n("turns_started")?,
+            turns_replied: n("turns_replied")?,
+            turns_failed: n("turns_failed")?,
+            fenced_refusals: n("fenced_refusals")?,
+            skipped_rows: n("skipped_rows")?,
+        })
+    }
+}
+
+/// One running `huddle relay` process.
+pub struct RelayProcess {
+    /// Relay id.
+    pub id: String,
+    /// The agents it hosts.
+    pub agents: Vec<String>,
+    child: Child,
+    stdout: mpsc::Receiver<String>,
+    log: PathBuf,
+    paused: bool,
+    exited: bool,
+}
+
+/// `kill -s SIGNAL pid` through the shell's built-in `kill` (no procps needed).
+fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("sh")
+        .args(["-c", "kill -s \"$0\" \"$1\"", signal, &pid.to_string()])
+        .status()
+        .expect("run sh -c kill");
+    assert!(status.success(), "kill -s {signal} {pid} failed");
+}
+
+impl RelayProcess {
+    /// Starts `huddle relay --config <config>` with stderr going to `log`.
+    pub fn spawn(id: &str, agents: Vec<String>, database: &str, config: &Path, log: &Path) -> Self {
+        let filter = std::env::var("HUDDLE_E2E_LOG").unwrap_or_else(|_| "warn".into());
+        let log_file = std::fs::File::create(log).expect("create the relay log");
+        let mut child = Command::new(huddle_bin())
+            .args(["relay", "--config"])
+            .arg(config)
+            .env("HUDDLE_DB", database)
+            .env("HUDDLE_LOG", filter)
+            .env("HUDDLE_POLL_MS", "200")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file))
+            .spawn()
+            .expect("spawn huddle relay");
+        let out = child.stdout.take().expect("relay stdout");
+        let (tx, stdout) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        RelayProcess {
+            id: id.into(),
+            agents,
+            child,
+            stdout,
+            log: log.to_path_buf(),
+            paused: false,
+            exited: false,
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process is still running (a paused process is running).
+    pub fn is_running(&mut self) -> bool {
+        !self.exited && matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Freezes the process (SIGSTOP): it holds its claims but renews none.
+    pub fn pause(&mut self) {
+        send_signal(self.pid(), "STOP");
+        self.paused = true;
+    }
+
+    /// Lets a paused process go on (SIGCONT).
+    pub fn resume(&mut self) {
+        send_signal(self.pid(), "CONT");
+        self.paused = false;
+    }
+
+    /// Kills the process outright (SIGKILL): no summary, no clean-up.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.exited = true;
+    }
+
+    /// Sends SIGTERM (waking a paused process first) without waiting.
+    pub fn request_stop(&mut self) {
+        if self.paused {
+            self.resume();
+        }
+        send_signal(self.pid(), "TERM");
+    }
+
+    /// Waits for the process to exit after [`RelayProcess::request_stop`] and returns
+    /// its summary. Panics, with the log, if it does not exit in time or prints none.
+    pub fn wait_summary(&mut self, limit: Duration) -> RelaySummary {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(ms(20)),
+                Ok(None) => {
+                    let _ = self.child.kill();
+                    panic!(
+                        "relay {} did not stop within {limit:?} of SIGTERM\n{}",
+                        self.id,
+                        self.log_tail(40)
+                    );
+                }
+                Err(e) => panic!("waiting for relay {}: {e}", self.id),
+            }
+        };
+        self.exited = true;
+        let mut last = None;
+        // The reader thread ends at EOF; give it a moment to deliver the last lines.
+        while let Ok(line) = self.stdout.recv_timeout(secs(5)) {
+            if let Some(s) = RelaySummary::parse(&line) {
+                last = Some(s);
+            }
+        }
+        assert!(
+            status.success(),
+            "relay {} exited with {status}\n{}",
+            self.id,
+            self.log_tail(40)
+        );
+        last.unwrap_or_else(|| {
+            panic!(
+                "relay {} printed no summary\n{}",
+                self.id,
+                self.log_tail(40)
+            )
+        })
+    }
+
+    /// SIGTERM, then the summary.
+    pub fn terminate(&mut self) -> RelaySummary {
+        self.request_stop();
+        self.wait_summary(secs(30))
+    }
+
+    /// The last `n` lines of the relay's log (its stderr).
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(n);
+        format!(
+            "--- log of relay {} ({}) ---\n{}",
+            self.id,
+            self.log.display(),
+            lines[from..].join("\n")
+        )
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        if !self.exited {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The ledger as the test sees it
+// ---------------------------------------------------------------------------------
+
+/// The ledger read forward by the test, with the folds the assertions need.
+pub struct Ledger {
+    /// Every row read so far, in ledger order.
+    pub rows: Vec<Interaction>,
+    /// The task DAG folded from them.
+    pub dag: TaskDag,
+    /// The board folded from them.
+    pub board: Board,
+    /// The config fold.
+    pub config: ConfigFold,
+    /// The room the test is about.
+    pub room: String,
+    cursor: Position,
+}
+
+/// One `task.completed` row and whether the fold accepted it.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    /// Index of the row in [`Ledger::rows`].
+    pub index: usize,
+    /// The task.
+    pub task: String,
+    /// Who appended it.
+    pub actor: String,
+    /// The epoch it presented.
+    pub epoch: i64,
+    /// Database time.
+    pub at: Timestamp,
+    /// Whether the fold counted it (current owner at the current epoch).
+    pub accepted: bool,
+}
+
+/// One accepted `task.claimed` row.
+#[derive(Clone, Debug)]
+pub struct ClaimRow {
+    /// Index of the row.
+    pub index: usize,
+    /// The task.
+    pub task: String,
+    /// The new owner.
+    pub actor: String,
+    /// The claim epoch.
+    pub epoch: i64,
+    /// The attempt it started.
+    pub attempt: u32,
+    /// Database time.
+    pub at: Timestamp,
+}
+
+impl Ledger {
+    fn new(room: &str) -> Self {
+        Ledger {
+            rows: Vec::new(),
+            dag: TaskDag::new(),
+            board: Board::new(),
+            config: ConfigFold::new(),
+            room: room.into(),
+            cursor: Position::START,
+        }
+    }
+
+    /// Reads forward to the end of what is committed.
+    pub async fn refresh(&mut self, store: &dyn Store) {
+        loop {
+            let batch = store
+                .read_forward(self.cursor, 1000)
+                .await
+                .expect("read the ledger forward");
+            assert!(
+                batch.skipped.is_empty(),
+                "the ledger holds rows a reader refuses: {:?}",
+                batch.skipped
+            );
+            if batch.next == self.cursor {
+                return;
+            }
+            self.cursor = batch.next;
+            for r in batch.rows {
+                self.dag.apply(&r);
+                self.board.apply(&r);
+                self.config.apply(&r);
+                self.rows.push(r);
+            }
+        }
+    }
+
+    /// Rows of the test's room.
+    pub fn room_rows(&self) -> impl Iterator<Item = (usize, &Interaction)> {
+        self.rows
+            .iter()
+            .enumerate()
+            .filter(move |(_, r)| r.room == self.room)
+    }
+
+    /// Rows of a verb in the test's room.
+    pub fn of_verb(&self, verb: Verb) -> impl Iterator<Item = (usize, &Interaction)> {
+        self.room_rows().filter(move |(_, r)| r.verb == verb)
+    }
+
+    /// The task summary of the room.
+    pub fn summary(&self) -> TaskSummary {
+        self.dag.summary(&self.room)
+    }
+
+    /// The row with this id.
+    pub fn get(&self, id: InteractionId) -> Option<&Interaction> {
+        self.rows.iter().find(|r| r.id == id)
+    }
+
+    /// Agent replies (`message.posted` by an agent) to a message.
+    pub fn replies_to(&self, message: InteractionId) -> Vec<&Interaction> {
+        self.of_verb(Verb::MessagePosted)
+            .map(|(_, r)| r)
+            .filter(|r| r.role == Role::Agent && r.parent == Some(message))
+            .collect()
+    }
+
+    /// `turn.replied` rows whose subject is the message.
+    pub fn turns_replied_to(&self, message: InteractionId) -> Vec<&Interaction> {
+        let hex = message.to_hex();
+        self.of_verb(Verb::TurnReplied)
+            .map(|(_, r)| r)
+            .filter(|r| {
+                serde_json::from_value::<TurnRepliedBody>(r.body.clone())
+                    .is_ok_and(|b| b.subject.kind == SubjectKind::Message && b.subject.id == hex)
+            })
+            .collect()
+    }
+
+    /// Rows of `verb` about a subject (`turn.*` bodies carry one).
+    pub fn about(&self, verb: Verb, subject: &Subject) -> Vec<&Interaction> {
+        self.of_verb(verb)
+            .map(|(_, r)| r)
+            .filter(|r| {
+                r.body.get("subject").is_some_and(|s| {
+                    s.get("kind").and_then(Value::as_str) == Some(subject.kind.as_str())
+                        && s.get("id").and_then(Value::as_str) == Some(subject.id.as_str())
+                })
+            })
+            .collect()
+    }
+
+    /// Designation notes (`coord.note`, kind designation) for a message, in ledger
+    /// order: `(row, agent, epoch)`.
+    pub fn designations(&self, message: InteractionId) -> Vec<(&Interaction, String, i64)> {
+        self.of_verb(Verb::CoordNote)
+            .map(|(_, r)| r)
+            .filter_map(|r| match CoordNoteBody::parse(&r.body) {
+                Some(CoordNoteBody::Designation(d)) if d.message == message => {
+                    Some((r, d.agent, d.epoch))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A task of the room.
+    pub fn task(&self, id: &str) -> Option<&Task> {
+        self.dag.task(&self.room, id)
+    }
+
+    /// The system's reply to a command message, if any.
+    pub fn system_reply(&self, command: InteractionId) -> Option<&Interaction> {
+        self.of_verb(Verb::MessagePosted)
+            .map(|(_, r)| r)
+            .find(|r| r.role == Role::System && r.parent == Some(command))
+    }
+
+    /// Every `task.completed` of the room, with whether a fresh fold accepted it.
+    pub fn completions(&self) -> Vec<Completion> {
+        let mut dag = TaskDag::new();
+        let mut out = Vec::new();
+        for (index, r) in self.rows.iter().enumerate() {
+            if r.room == self.room && r.verb == Verb::TaskCompleted {
+                let b = TaskCompletedBody::parse(&r.body).expect("a well-formed task.completed");
+                let accepted = dag
+                    .task(&self.room, &b.task)
+                    .is_some_and(|t| t.is_held_by(&r.actor, b.epoch));
+                out.push(Completion {
+                    index,
+                    task: b.task,
+                    actor: r.actor.clone(),
+                    epoch: b.epoch,
+                    at: r.at,
+                    accepted,
+                });
+            }
+            dag.apply(r);
+        }
+        out
+    }
+
+    /// Every `task.claimed` of the room that a fresh fold accepted.
+    pub fn claims(&self) -> Vec<ClaimRow> {
+        let mut dag = TaskDag::new();
+        let mut out = Vec::new();
+        for (index, r) in self.rows.iter().enumerate() {
+            let before = (r.room == self.room && r.verb == Verb::TaskClaimed)
+                .then(|| {
+                    r.body
+                        .get("task")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                })
+                .flatten()
+                .and_then(|t| dag.task(&self.room, &t).map(|x| (t, x.epoch)));
+            dag.apply(r);
+            if let Some((task, old_epoch)) = before {
+                let Some(t) = dag.task(&self.room, &task) else {
+                    continue;
+                };
+                if t.epoch != old_epoch && t.owner.as_deref() == Some(r.actor.as_str()) {
+                    out.push(ClaimRow {
+                        index,
+                        task,
+                        actor: r.actor.clone(),
+                        epoch: t.epoch.unwrap_or_default(),
+                        attempt: t.attempts,
+                        at: r.at,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Asserts every task of the room was completed exactly once, by an accepted
+    /// completion, that no completion in the ledger was refused by the fold, and that
+    /// each task completed only after all its dependencies. Returns task -> completion.
+    pub fn assert_all_done_exactly_once(&self, expected: usize) -> BTreeMap<String, Completion> {
+        let s = self.summary();
+        assert_eq!(s.total, expected, "tasks created: {s:?}");
+        assert_eq!(s.done, expected, "not every task is done: {s:?}");
+        let mut done: BTreeMap<String, Completion> = BTreeMap::new();
+        for c in self.completions() {
+            assert!(
+                c.accepted,
+                "a task.completed the fold refuses reached the ledger: {c:?}"
+            );
+            if let Some(first) = done.insert(c.task.clone(), c.clone()) {
+                panic!("task {} completed twice: {first:?} and {c:?}", c.task);
+            }
+        }
+        assert_eq!(done.len(), expected, "completions: {}", done.len());
+        let tasks = &self.dag.room(&self.room).expect("room has tasks").tasks;
+        for (id, t) in tasks {
+            let mine = &done[id];
+            for d in &t.deps {
+                let dep = &done[d];
+                assert!(
+                    dep.index < mine.index,
+                    "{id} completed (row {}) before its dependency {d} (row {})",
+                    mine.index,
+                    dep.index
+                );
+            }
+        }
+        done
+    }
+
+    /// Who completed each task.
+    pub fn owners(&self) -> BTreeMap<String, String> {
+        self.completions()
+            .into_iter()
+            .filter(|c| c.accepted)
+            .map(|c| (c.task, c.actor))
+            .collect()
+    }
+
+    /// The board's hash and the task DAG's hash over the room's rows, as a relay
+    /// hosting only this room computes them.
+    pub fn hashes(&self) -> (String, String) {
+        let mut board = Board::new();
+        let mut dag = TaskDag::new();
+        for (_, r) in self.room_rows() {
+            board.apply(r);
+            dag.apply(r);
+        }
+        (hex(board.state_hash()), hex(dag.state_hash()))
+    }
+
+    /// Whether nothing is in flight in the room: every task settled and no turn open.
+    pub fn quiescent(&self) -> bool {
+        self.dag.is_settled(&self.room)
+            && self
+                .board
+                .room(&self.room)
+                .is_none_or(|b| b.open_turns().is_empty())
+    }
+
+    /// A short description for failure messages.
+    pub fn describe(&self) -> String {
+        let mut verbs: BTreeMap<&str, usize> = BTreeMap::new();
+        for (_, r) in self.room_rows() {
+            *verbs.entry(r.verb.as_str()).or_default() += 1;
+        }
+        let open = self
+            .board
+            .room(&self.room)
+            .map(|b| b.open_turns().len())
+            .unwrap_or(0);
+        format!(
+            "{} rows; verbs {verbs:?}; tasks {:?}; open turns {open}",
+            self.rows.len(),
+            self.summary()
+        )
+    }
+}
+
+/// Lower-case hex.
+pub fn hex(bytes: [u8; 32]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+// ---------------------------------------------------------------------------------
+// The harness
+// ---------------------------------------------------------------------------------
+
+/// Serializes the tests of one binary: relays are timing-sensitive (claim leases,
+/// responder windows) and a 2-core CI machine should run one world at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// One test's world: database, room, relays, and the test's view of the ledger.
+pub struct Huddle {
+    /// The database.
+    pub db: TestDatabase,
+    /// The test's own store handle.
+    pub store: Arc<dyn Store>,
+    /// The room.
+    pub room: String,
+    /// Its owner.
+    pub owner: String,
+    /// The ledger as read so far.
+    pub ledger: Ledger,
+    relays: BTreeMap<String, RelayProcess>,
+    dir: tempfile::TempDir,
+    started: Instant,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Huddle {
+    /// A fresh database on `backend` with room `lobby` owned by `olga`, created with
+    /// the CLI.
+    pub async fn new(backend: Backend) -> Huddle {
+        let turn = ONE_AT_A_TIME.lock().await;
+        let db = TestDatabase::new(backend).await;
+        let store = huddle_store::open(
+            &db.url,
+            StoreOptions {
+                relay: "e2e".into(),
+                poll_interval: ms(100),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("open the test database");
+        let room = "lobby".to_string();
+        let owner = "olga".to_string();
+        let out = super::ok({
+            let mut c = super::huddle(&db.url);
+            c.args(["room", "create", &room, "--owner", &owner]);
+            c
+        });
+        assert!(out.contains("created room"), "{out}");
+        let mut h = Huddle {
+            ledger: Ledger::new(&room),
+            db,
+            store,
+            room,
+            owner,
+            relays: BTreeMap::new(),
+            dir: {
+                let mut dir = tempfile::Builder::new()
+                    .prefix("huddle-e2e-")
+                    .tempdir()
+                    .expect("tempdir");
+                // HUDDLE_E2E_KEEP=1 keeps configs, scripts and relay logs for a look.
+                dir.disable_cleanup(std::env::var_os("HUDDLE_E2E_KEEP").is_some());
+                dir
+            },
+            started: Instant::now(),
+            _turn: turn,
+        };
+        h.refresh().await;
+        h
+    }
+
+    /// The temporary directory of this world (configs, logs, scripts).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes an executable shell script and returns its path.
+    pub fn script(&self, name: &str, body: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("write a script");
+        path
+    }
+
+    /// Starts relay `id` hosting `agents` in the room.
+    pub fn spawn_relay(&mut self, id: &str, agents: Vec<AgentSpec>) {
+        assert!(
+            !self.relays.get_mut(id).is_some_and(|r| r.is_running()),
+            "relay {id} is already running"
+        );
+        let config = self.dir.path().join(format!("{id}.toml"));
+        let text = relay_toml(id, &self.db.url, &[&self.room], &agents);
+        std::fs::write(&config, text).expect("write the relay config");
+        let n = self.relays.keys().filter(|k| k.starts_with(id)).count();
+        let log = self.dir.path().join(format!("{id}.{n}.log"));
+        let keys = agents.iter().map(|a| a.key.clone()).collect();
+        let p = RelayProcess::spawn(id, keys, &self.db.url, &config, &log);
+        self.relays.insert(id.to_string(), p);
+    }
+
+    /// A running (or paused) relay.
+    pub fn relay(&mut self, id: &str) -> &mut RelayProcess {
+        self.relays
+            .get_mut(id)
+            .unwrap_or_else(|| panic!("no relay {id}"))
+    }
+
+    /// The relay hosting `agent`.
+    pub fn relay_of(&self, agent: &str) -> &str {
+        self.relays
+            .values()
+            .find(|r| r.agents.iter().any(|a| a == agent))
+            .map(|r| r.id.as_str())
+            .unwrap_or_else(|| panic!("no relay hosts {agent}"))
+    }
+
+    /// Reads the ledger forward.
+    pub async fn refresh(&mut self) {
+        self.ledger.refresh(&*self.store).await;
+    }
+
+    /// The database clock.
+    pub async fn db_now(&self) -> Timestamp {
+        self.store.now().await.expect("database time")
+    }
+
+    /// Waits until `check` returns `Some`, reading the ledger forward between tries.
+    /// Panics after `limit` with `what`, the ledger state and the relays' logs; also
+    /// panics as soon as a relay that should run has exited.
+    pub async fn wait_for<T>(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        mut check: impl FnMut(&Ledger) -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + limit;
+        loop {
+            self.refresh().await;
+            if let Some(v) = check(&self.ledger) {
+                return v;
+            }
+            for r in self.relays.values_mut() {
+                if !r.exited && !r.is_running() {
+                    panic!(
+                        "while waiting for {what}: relay {} exited unexpectedly\n{}",
+                        r.id,
+                        r.log_tail(40)
+                    );
+                }
+            }
+            if Instant::now() >= deadline {
+                let logs: Vec<String> = self.relays.values().map(|r| r.log_tail(15)).collect();
+                let now = self.store.now().await.unwrap_or_default();
+                let claims: Vec<String> = self
+                    .store
+                    .list_claims("")
+                    .await
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|c| {
+                        format!(
+                            "  {} held by {} at epoch {}, expires in {} ms",
+                            c.state.key,
+                            c.state.holder,
+                            c.state.epoch,
+                            (c.state.expires_at - now) / 1000
+                        )
+                    })
+                    .collect();
+                panic!(
+                    "timed out after {limit:?} waiting for {what}\nledger: {}\nclaims:\n{}\n{}",
+                    self.ledger.describe(),
+                    claims.join("\n"),
+                    logs.join("\n")
+                );
+            }
+            tokio::time::sleep(ms(20)).await;
+        }
+    }
+
+    /// [`Huddle::wait_for`] with a boolean condition.
+    pub async fn wait_until(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        mut cond: impl FnMut(&Ledger) -> bool,
+    ) {
+        self.wait_for(what, limit, |l| cond(l).then_some(())).await
+    }
+
+    /// Waits until every agent in `agents` has registered in the room.
+    pub async fn wait_registered(&mut self, agents: &[&str]) {
+        let room = self.room.clone();
+        self.wait_until("agents to register", secs(30), |l| {
+            l.board
+                .room(&room)
+                .is_some_and(|b| agents.iter().all(|a| b.agents.contains_key(*a)))
+        })
+        .await;
+    }
+
+    /// Appends a message through the store and returns its id.
+    pub async fn post(&self, actor: &str, role: Role, text: &str) -> InteractionId {
+        let row = NewInteraction::new(
+            self.room.as_str(),
+            Verb::MessagePosted,
+            actor,
+            role,
+            json!({ "text": text }),
+        );
+        let out = self.store.append(vec![row]).await.expect("post a message");
+        out[0].id
+    }
+
+    /// Appends several messages in one batch and returns their ids.
+    pub async fn post_many(&self, rows: &[(&str, Role, String)]) -> Vec<InteractionId> {
+        let batch = rows
+            .iter()
+            .map(|(actor, role, text)| {
+                NewInteraction::new(
+                    self.room.as_str(),
+                    Verb::MessagePosted,
+                    *actor,
+                    *role,
+                    json!({ "text": text }),
+                )
+            })
+            .collect();
+        let out = self.store.append(batch).await.expect("post messages");
+        out.iter().map(|a| a.id).collect()
+    }
+
+    /// Posts `text` as the owner with the CLI and waits for the relays' reply to it.
+    pub async fn owner_says(&mut self, text: &str) -> String {
+        let id = super::ok({
+            let mut c = super::huddle(&self.db.url);
+            c.args(["post", "--room", &self.room, "--as", &self.owner, text]);
+            c
+        });
+        let id: InteractionId = id.trim().parse().expect("post prints the id");
+        let what = format!("the reply to the owner's {:?}", first_line(text));
+        self.wait_for(&what, secs(30), |l| {
+            l.system_reply(id).map(|r| {
+                r.body
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            })
+        })
+        .await
+    }
+
+    /// `!config <args>`, asserting it was accepted.
+    pub async fn config(&mut self, args: &str) -> String {
+        let reply = self.owner_says(&format!("!config {args}")).await;
+        assert!(
+            !reply.contains("rejected"),
+            "!config {args} was rejected: {reply}"
+        );
+        reply
+    }
+
+    /// A `!delegate` command, asserting it was accepted.
+    pub async fn delegate(&mut self, text: &str) -> String {
+        let text = if text.starts_with("!delegate") {
+            text.to_string()
+        } else {
+            format!("!delegate\n{text}")
+        };
+        let reply = self.owner_says(&text).await;
+        assert!(reply.starts_with("Created"), "!delegate refused: {reply}");
+        reply
+    }
+
+    /// Waits until nothing is in flight in the room (every task settled, no open turn).
+    pub async fn wait_quiescent(&mut self, limit: Duration) {
+        self.wait_until("the room to become quiescent", limit, Ledger::quiescent)
+            .await;
+    }
+
+    /// Stops every running relay with SIGTERM (all at once) and returns their
+    /// summaries, after asserting what every run must end with: every relay folded
+    /// the ledger to the same cursor and the same board and task state, and that
+    /// state is the one the test folds from the ledger itself. Call it when the room
+    /// is quiescent, so no relay writes while the others stop.
+    pub async fn stop_all(&mut self) -> Vec<RelaySummary> {
+        let ids: Vec<String> = self
+            .relays
+            .iter_mut()
+            .filter_map(|(id, r)| r.is_running().then(|| id.clone()))
+            .collect();
+        for id in &ids {
+            self.relay(id).request_stop();
+        }
+        let summaries: Vec<RelaySummary> = ids
+            .iter()
+            .map(|id| self.relay(id).wait_summary(secs(30)))
+            .collect();
+        self.refresh().await;
+        self.assert_converged(&summaries);
+        summaries
+    }
+
+    /// Asserts that the summaries agree with each other and with the test's fold.
+    pub fn assert_converged(&self, summaries: &[RelaySummary]) {
+        let Some(first) = summaries.first() else {
+            return;
+        };
+        for s in summaries {
+            assert_eq!(
+                (&s.board_hash, &s.tasks_hash, &s.cursor),
+                (&first.board_hash, &first.tasks_hash, &first.cursor),
+                "relays {} and {} folded different states:\n{summaries:#?}",
+                first.relay,
+                s.relay
+            );
+            assert_eq!(s.skipped_rows, 0, "{s:?}");
+        }
+        let (board, tasks) = self.ledger.hashes();
+        assert_eq!(
+            (&first.board_hash, &first.tasks_hash),
+            (&board, &tasks),
+            "the relays' state differs from the test's own fold of the ledger"
+        );
+    }
+
+    /// Time since the world was made.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or("")
+}
+
+/// The subject of a message, for [`Ledger::about`].
+pub fn message_subject(id: InteractionId) -> Subject {
+    Subject::message(id)
+}
