@@ -1,10 +1,14 @@
 //! `huddle`: the command-line tool. Flag definitions and glue; the work is done by
 //! the library crates.
 
+mod bench_coord;
 mod bench_ledger;
+mod demo;
 mod ledger_cmds;
 mod output;
 mod relay_cmd;
+mod scenario;
+mod state_cmds;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -84,6 +88,27 @@ pub enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
+    /// Simulated agents in several relays work a delegated task DAG, with a live
+    /// board and a report (a temporary SQLite file unless --db is given).
+    Demo(demo::DemoArgs),
+    /// A room's board: presence per agent, designations, notices.
+    Board {
+        /// Room to show.
+        #[arg(long)]
+        room: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A room's task DAG: counts, the ready frontier, every task's status and owner.
+    Tasks {
+        /// Room to show.
+        #[arg(long)]
+        room: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
     /// List claims.
     Claims {
         /// Only keys starting with this prefix.
@@ -114,6 +139,9 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The coordination-strategies scenario (300 URLs; 6 / 30 / 300 agents over 3
+    /// relays): duplicates, missed tasks, makespan against the ideal, wake latency.
+    Coord(bench_coord::CoordArgs),
 }
 
 /// `huddle room ...`
@@ -212,6 +240,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Relay { config } => relay_cmd::run(&config, cli.db.clone(), cli.poll_ms).await,
+        Command::Demo(args) => demo::run(args, cli.db.clone(), options).await,
+        Command::Board { room, json } => state_cmds::board(&db, options, &room, json).await,
+        Command::Tasks { room, json } => state_cmds::tasks(&db, options, &room, json).await,
+        Command::Bench {
+            command: BenchCommand::Coord(args),
+        } => {
+            let json = args.json;
+            let report = bench_coord::run(args, cli.db.clone(), options).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", bench_coord::render(&report));
+            }
+            if report.runs.iter().any(|r| !r.report.clean()) {
+                anyhow::bail!("a run missed or duplicated tasks");
+            }
+            Ok(())
+        }
         Command::Claims { prefix, json } => ledger_cmds::claims(&db, options, &prefix, json).await,
     }
 }

@@ -1,0 +1,441 @@
+//! `huddle board` and `huddle tasks`: a room's folded state, from any machine that
+//! can read the ledger.
+
+use std::fmt::Write as _;
+
+use anyhow::bail;
+use huddle_core::board::Subject;
+use huddle_core::tasks::TaskSummary;
+use huddle_core::{Position, TaskStatus, Timestamp};
+use huddle_store::{Store, StoreOptions};
+use serde::Serialize;
+
+use crate::ledger_cmds;
+use crate::output::format_time;
+use crate::scenario::Tally;
+
+/// Writes `text` to standard output; a closed pipe (`| head`) is not an error.
+pub fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// Folds every row of `room`; fails when the room was never created.
+async fn fold_room(store: &dyn Store, room: &str) -> anyhow::Result<Tally> {
+    let mut tally = Tally::new(room);
+    let mut cursor = Position::START;
+    let mut created = false;
+    loop {
+        let batch = store.read_room(room, cursor, 5000).await?;
+        for r in &batch.rows {
+            created |= r.verb == huddle_core::Verb::RoomCreated;
+            tally.apply(r);
+        }
+        if batch.next == cursor {
+            break;
+        }
+        cursor = batch.next;
+    }
+    if !created {
+        bail!("room {room:?} does not exist in this database (create it with `huddle room create {room} --owner NAME`)");
+    }
+    Ok(tally)
+}
+
+/// One agent on the board.
+#[derive(Debug, Serialize)]
+pub struct BoardAgent {
+    /// Agent key.
+    pub agent: String,
+    /// `working`, `idle`, `done`, `failed`.
+    pub state: String,
+    /// What it is on.
+    pub on: Option<Subject>,
+    /// Since when (database time, µs).
+    pub since: Timestamp,
+    /// Declared capabilities.
+    pub capabilities: Vec<String>,
+    /// Completions accepted from it.
+    pub tasks_done: u64,
+    /// Turns it was prompted for.
+    pub turns: u64,
+    /// Its failed turns.
+    pub failed_turns: u64,
+    /// Tokens of its turns.
+    pub tokens: u64,
+}
+
+/// A designation: who took a message.
+#[derive(Debug, Serialize)]
+pub struct BoardDesignation {
+    /// Message id (hex).
+    pub message: String,
+    /// The agent that took it.
+    pub agent: String,
+    /// The reply claim's epoch.
+    pub epoch: i64,
+    /// When.
+    pub at: Timestamp,
+}
+
+/// A notice for the owner.
+#[derive(Debug, Serialize)]
+pub struct BoardNotice {
+    /// What about.
+    pub about: String,
+    /// Task concerned.
+    pub task: Option<String>,
+    /// Text.
+    pub text: String,
+    /// When.
+    pub at: Timestamp,
+}
+
+/// `huddle board --json`.
+#[derive(Debug, Serialize)]
+pub struct BoardView {
+    /// Room.
+    pub room: String,
+    /// Owner.
+    pub owner: Option<String>,
+    /// Task counts.
+    pub tasks: TaskSummary,
+    /// Agents, by key.
+    pub agents: Vec<BoardAgent>,
+    /// Designations, oldest first.
+    pub designations: Vec<BoardDesignation>,
+    /// Notices, oldest first.
+    pub notices: Vec<BoardNotice>,
+    /// Turns in flight: (subject, turn, agent).
+    pub open_turns: Vec<(String, String, String)>,
+}
+
+fn board_view(t: &Tally) -> BoardView {
+    let room = &t.room;
+    let b = t.board.room(room);
+    let mut keys: Vec<String> = Vec::new();
+    if let Some(b) = b {
+        keys.extend(b.agents.keys().cloned());
+        keys.extend(b.presence.keys().cloned());
+    }
+    keys.sort();
+    keys.dedup();
+    let agents = keys
+        .into_iter()
+        .map(|agent| {
+            let p = b.and_then(|b| b.presence.get(&agent));
+            let tally = t.agents.get(&agent).cloned().unwrap_or_default();
+            BoardAgent {
+                state: p.map_or("unknown", |p| p.state.as_str()).to_string(),
+                on: p.and_then(|p| p.on.clone()),
+                since: p.map_or(0, |p| p.since),
+                capabilities: b
+                    .and_then(|b| b.agents.get(&agent))
+                    .map(|a| a.capabilities.clone())
+                    .unwrap_or_default(),
+                tasks_done: tally.tasks_done,
+                turns: tally.turns,
+                failed_turns: tally.failed_turns,
+                tokens: tally.tokens,
+                agent,
+            }
+        })
+        .collect();
+    let mut designations: Vec<BoardDesignation> = b
+        .map(|b| {
+            b.designations
+                .iter()
+                .map(|(m, d)| BoardDesignation {
+                    message: m.clone(),
+                    agent: d.agent.clone(),
+                    epoch: d.epoch,
+                    at: d.at,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    designations.sort_by(|x, y| (x.at, &x.message).cmp(&(y.at, &y.message)));
+    let mut notices: Vec<BoardNotice> = b
+        .map(|b| {
+            b.notices
+                .values()
+                .map(|n| BoardNotice {
+                    about: n.about.clone(),
+                    task: n.task.clone(),
+                    text: n.text.clone(),
+                    at: n.at,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    notices.sort_by_key(|n| n.at);
+    BoardView {
+        room: room.clone(),
+        owner: b.and_then(|b| b.owner.clone()),
+        tasks: t.dag.summary(room),
+        agents,
+        designations,
+        notices,
+        open_turns: b
+            .map(|b| {
+                b.open_turns()
+                    .into_iter()
+                    .map(|(s, turn, a)| (s.to_string(), turn.to_string(), a.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+fn summary_line(s: &TaskSummary) -> String {
+    format!(
+        "{} tasks: {} done, {} claimed, {} ready, {} waiting, {} blocked, {} abandoned",
+        s.total, s.done, s.claimed, s.ready, s.waiting, s.blocked, s.abandoned
+    )
+}
+
+fn describe(on: &Option<Subject>) -> String {
+    match on {
+        None => String::new(),
+        Some(s) => match &s.label {
+            Some(l) => format!("{} {} \"{}\"", s.kind.as_str(), s.id, clip(l, 50)),
+            None if s.id.chars().count() > 16 => {
+                format!(
+                    "{} {}",
+                    s.kind.as_str(),
+                    s.id.chars().take(12).collect::<String>()
+                )
+            }
+            None => format!("{} {}", s.kind.as_str(), s.id),
+        },
+    }
+}
+
+fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_string()
+    } else {
+        let mut s: String = text.chars().take(max.saturating_sub(1)).collect();
+        s.push('…');
+        s
+    }
+}
+
+/// `huddle board --room R [--json]`
+pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> anyhow::Result<()> {
+    let store = ledger_cmds::open(db, options).await?;
+    let view = board_view(&fold_room(&*store, room).await?);
+    if json {
+        return emit(&format!("{}\n", serde_json::to_string_pretty(&view)?));
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "room {} (owner {}) — {}",
+        view.room,
+        view.owner.as_deref().unwrap_or("?"),
+        summary_line(&view.tasks)
+    );
+    let _ = writeln!(
+        out,
+        "\n{:<12} {:<8} {:>5} {:>6} {:>8}  {:<23}  on",
+        "agent", "state", "done", "failed", "tokens", "since"
+    );
+    for a in &view.agents {
+        let _ = writeln!(
+            out,
+            "{:<12} {:<8} {:>5} {:>6} {:>8}  {:<23}  {}",
+            a.agent,
+            a.state,
+            a.tasks_done,
+            a.failed_turns,
+            a.tokens,
+            format_time(a.since),
+            describe(&a.on)
+        );
+    }
+    if view.agents.is_empty() {
+        let _ = writeln!(out, "(no agents yet)");
+    }
+    if !view.designations.is_empty() {
+        let _ = writeln!(
+            out,
+            "\ndesignations ({}; latest 10):",
+            view.designations.len()
+        );
+        for d in view.designations.iter().rev().take(10) {
+            let _ = writeln!(
+                out,
+                "  message {} taken by {} (epoch {}) at {}",
+                d.message.chars().take(12).collect::<String>(),
+                d.agent,
+                d.epoch,
+                format_time(d.at)
+            );
+        }
+    }
+    if !view.notices.is_empty() {
+        let _ = writeln!(out, "\nnotices ({}):", view.notices.len());
+        for n in view.notices.iter().rev().take(10) {
+            let _ = writeln!(out, "  {} {}: {}", format_time(n.at), n.about, n.text);
+        }
+    }
+    if !view.open_turns.is_empty() {
+        let _ = writeln!(out, "\nturns in flight ({}):", view.open_turns.len());
+        for (s, _, a) in view.open_turns.iter().take(20) {
+            let _ = writeln!(out, "  {a} on {s}");
+        }
+    }
+    emit(&out)
+}
+
+/// One task as `huddle tasks` shows it.
+#[derive(Debug, Serialize)]
+pub struct TaskLine {
+    /// Id.
+    pub id: String,
+    /// Label.
+    pub label: String,
+    /// `open`, `claimed`, `done`, `abandoned`.
+    pub status: TaskStatus,
+    /// Open with every dependency done.
+    pub ready: bool,
+    /// Current (or last) owner.
+    pub owner: Option<String>,
+    /// Epoch of the latest accepted claim.
+    pub epoch: Option<i64>,
+    /// Attempts started.
+    pub attempts: u32,
+    /// Attempts allowed.
+    pub max_attempts: u32,
+    /// Dependencies.
+    pub deps: Vec<String>,
+    /// The `push` assignee.
+    pub assignee: Option<String>,
+    /// Completions accepted by the fold (1 when done).
+    pub completions: u32,
+    /// Last failure reason.
+    pub last_reason: Option<String>,
+}
+
+/// `huddle tasks --json`.
+#[derive(Debug, Serialize)]
+pub struct TasksView {
+    /// Room.
+    pub room: String,
+    /// Counts.
+    pub summary: TaskSummary,
+    /// The ready frontier, sorted by id.
+    pub ready: Vec<String>,
+    /// Every task, sorted by id.
+    pub tasks: Vec<TaskLine>,
+    /// Task interactions the fold refused (stale epochs, forgeries, malformed).
+    pub refused: u64,
+    /// Malformed task bodies.
+    pub malformed: u64,
+}
+
+fn tasks_view(t: &Tally) -> TasksView {
+    let room = &t.room;
+    let ready: Vec<String> = t
+        .dag
+        .ready_frontier(room)
+        .into_iter()
+        .map(|x| x.id.clone())
+        .collect();
+    let tasks = t
+        .dag
+        .room(room)
+        .map(|r| {
+            r.tasks
+                .values()
+                .map(|x| TaskLine {
+                    id: x.id.clone(),
+                    label: x.label.clone(),
+                    status: x.status,
+                    ready: t.dag.is_ready(room, &x.id),
+                    owner: x.owner.clone(),
+                    epoch: x.epoch,
+                    attempts: x.attempts,
+                    max_attempts: x.max_attempts,
+                    deps: x.deps.clone(),
+                    assignee: x.assignee.clone(),
+                    completions: t.accepted_completions.get(&x.id).copied().unwrap_or(0),
+                    last_reason: x.last_reason.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let (refused, malformed) = t
+        .dag
+        .room(room)
+        .map_or((0, 0), |r| (r.refusals.refused, r.refusals.malformed));
+    TasksView {
+        room: room.clone(),
+        summary: t.dag.summary(room),
+        ready,
+        tasks,
+        refused,
+        malformed,
+    }
+}
+
+/// `huddle tasks --room R [--json]`
+pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> anyhow::Result<()> {
+    let store = ledger_cmds::open(db, options).await?;
+    let view = tasks_view(&fold_room(&*store, room).await?);
+    if json {
+        return emit(&format!("{}\n", serde_json::to_string_pretty(&view)?));
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "room {} — {}", view.room, summary_line(&view.summary));
+    let frontier = if view.ready.is_empty() {
+        "(empty)".to_string()
+    } else if view.ready.len() > 20 {
+        format!(
+            "{}, … ({} more)",
+            view.ready[..20].join(", "),
+            view.ready.len() - 20
+        )
+    } else {
+        view.ready.join(", ")
+    };
+    let _ = writeln!(out, "ready frontier: {frontier}");
+    if view.refused + view.malformed > 0 {
+        let _ = writeln!(
+            out,
+            "refused task interactions: {} (malformed {})",
+            view.refused, view.malformed
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n{:<16} {:<9} {:<12} {:>5} {:>8}  label",
+        "id", "status", "owner", "epoch", "attempts"
+    );
+    for t in &view.tasks {
+        let status = match (t.status, t.ready) {
+            (TaskStatus::Open, true) => "ready",
+            (TaskStatus::Open, false) => "waiting",
+            (TaskStatus::Claimed, _) => "claimed",
+            (TaskStatus::Done, _) => "done",
+            (TaskStatus::Abandoned, _) => "abandoned",
+        };
+        let _ = writeln!(
+            out,
+            "{:<16} {:<9} {:<12} {:>5} {:>4}/{:<3}  {}",
+            t.id,
+            status,
+            t.owner.as_deref().unwrap_or("-"),
+            t.epoch.map_or("-".to_string(), |e| e.to_string()),
+            t.attempts,
+            t.max_attempts,
+            clip(&t.label, 60)
+        );
+    }
+    emit(&out)
+}
