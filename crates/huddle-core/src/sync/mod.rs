@@ -597,6 +597,16 @@ impl Synchronizer {
         self.claims.contains_key(key) || self.claims.contains_key(&taskdrive_key(room, task))
     }
 
+    /// Every local agent with a live turn or a claim in flight or held: computed once
+    /// per scheduling pass instead of scanning turns and claims per task and agent.
+    fn busy_agents(&self) -> BTreeSet<String> {
+        self.turns
+            .values()
+            .map(|t| t.agent.clone())
+            .chain(self.claims.values().map(|s| s.purpose.agent().to_string()))
+            .collect()
+    }
+
     fn busy(&self, agent: &str) -> bool {
         self.turns.values().any(|t| t.agent == agent)
             || self.claims.values().any(|s| s.purpose.agent() == agent)
@@ -814,6 +824,7 @@ impl Synchronizer {
         let cap = self.options.max_wakes_per_pass;
         let mut wakes = already;
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
+        let mut busy = self.busy_agents();
         for room in rooms {
             let config = self.config(&room, None).clone();
             // A spent room budget stops new task claims (turns already running finish).
@@ -830,6 +841,11 @@ impl Synchronizer {
             for id in frontier {
                 if wakes >= cap {
                     return;
+                }
+                if self.agents.keys().all(|a| busy.contains(a)) {
+                    // Nobody here can take anything: the rest of the frontier is
+                    // only for bids (none from busy agents either).
+                    break;
                 }
                 let key = task_key(&room, &id);
                 if self.task_busy(&room, &id, &key) || self.held_elsewhere(&key, now) {
@@ -858,12 +874,13 @@ impl Synchronizer {
                     .values()
                     .find(|a| {
                         right.allows(&a.key, &a.capabilities, task)
-                            && !self.busy(&a.key)
+                            && !busy.contains(&a.key)
                             && !self.outstanding_bid(&a.key, Some((&room, &id)))
                             && benched.as_deref() != Some(a.key.as_str())
                     })
                     .map(|a| a.key.clone());
                 if let Some(agent) = chosen {
+                    busy.insert(agent.clone());
                     let purpose = ClaimPurpose::Task {
                         room: room.clone(),
                         task: id.clone(),
@@ -883,7 +900,7 @@ impl Synchronizer {
                 if wakes >= cap {
                     return;
                 }
-                if self.busy(&a.key) || self.outstanding_bid(&a.key, None) {
+                if busy.contains(&a.key) || self.outstanding_bid(&a.key, None) {
                     continue;
                 }
                 let pick = bidding
