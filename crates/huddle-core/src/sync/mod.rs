@@ -158,6 +158,17 @@ struct LiveTurn {
     cancel_sent: bool,
 }
 
+/// A relay's own rank for a task id (FNV-1a of both): deterministic per relay,
+/// different across relays.
+fn spread_rank(relay: &[u8], task: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in relay.iter().chain(&[0u8]).chain(task) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
 /// How long to wait before retrying a claim whose holder's attempt already failed in
 /// the ledger (it is releasing the claim), µs.
 const RELEASE_BACK_OFF_US: i64 = 200_000;
@@ -831,12 +842,20 @@ impl Synchronizer {
             if !self.budget.budget_allows_new_claims(&room, config.budget) {
                 continue;
             }
-            let frontier: Vec<String> = self
+            let mut frontier: Vec<String> = self
                 .dag
                 .ready_frontier(&room)
                 .into_iter()
                 .map(|t| t.id.clone())
                 .collect();
+            // With more ready tasks than free local agents, walk the frontier in this
+            // relay's own order, so relays spread over different tasks instead of all
+            // contending for the lowest ids (the fold's frontier stays sorted by id).
+            let free = self.agents.keys().filter(|a| !busy.contains(*a)).count();
+            if frontier.len() > free {
+                let relay = self.relay.as_bytes();
+                frontier.sort_by_cached_key(|id| (spread_rank(relay, id.as_bytes()), id.clone()));
+            }
             let mut bidding: Vec<String> = Vec::new();
             for id in frontier {
                 if wakes >= cap {

@@ -988,28 +988,42 @@ fn shutdown_cancels_releases_and_stops() {
 fn coordination_block_is_delivered_once_per_change() {
     let mut h = H::new(&["bo", "cy"]);
     h.start();
-    h.post(vec![
+    let out = h.post(vec![
         created("a", &[]),
         created("b", &[]),
         created("c", &[]),
         created("d", &[]),
     ]);
-    run_task_to_start(&mut h, "a", "bo", 1);
-    // cy's first turn sees bo working on a.
-    let sb = run_task_to_start(&mut h, "b", "cy", 1);
+    // More ready tasks than free agents: which ones this relay goes for first is its
+    // own spread order, so take the tasks from the acquisitions.
+    let task_for = |out: &[Intent], agent: &str| -> String {
+        acquires(out)
+            .into_iter()
+            .find(|(_, a)| a == agent)
+            .and_then(|(k, _)| k.rsplit('/').next().map(str::to_string))
+            .expect("an acquisition for the agent")
+    };
+    let (ta, tb) = (task_for(&out, "bo"), task_for(&out, "cy"));
+    run_task_to_start(&mut h, &ta, "bo", 1);
+    // cy's first turn sees bo working on its task.
+    let sb = run_task_to_start(&mut h, &tb, "cy", 1);
     let block = sb.coordination.clone().expect("first delivery");
-    assert!(block.contains("- bo: working on task a"), "{block}");
+    assert!(
+        block.contains(&format!("- bo: working on task {ta}")),
+        "{block}"
+    );
     assert!(
         !block.contains("- cy:"),
         "the reader is not shown to itself"
     );
-    // Complete b; cy's next turn (c) sees bo unchanged but the task summary changed,
-    // so the block is delivered again.
+    // Complete cy's task; cy's next turn sees bo unchanged but the task summary
+    // changed, so the block is delivered again.
     let mut out = h.ended(&sb.turn, TurnOutcome::Replied { text: "ok".into() });
     h.apply_appends(&out);
     out.extend(h.read());
-    assert_eq!(acquires(&out), vec![(task_key("lobby", "c"), "cy".into())]);
-    let sc = run_task_to_start(&mut h, "c", "cy", 2);
+    let tc = task_for(&out, "cy");
+    assert!(tc != ta && tc != tb);
+    let sc = run_task_to_start(&mut h, &tc, "cy", 2);
     let again = sc.coordination.expect("changed, so delivered");
     assert!(again.contains("1 done"), "{again}");
 }
