@@ -73,13 +73,25 @@ fn nonce() -> u64 {
     NONCE.fetch_add(1, Ordering::Relaxed)
 }
 
+/// This process's start time: keeps rows of different bench runs on one database
+/// distinct (identical content would be deduplicated, or collide in the baseline).
+fn process_tag() -> u128 {
+    static TAG: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    *TAG.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    })
+}
+
 fn bench_message(run: u64, writer: usize, n: u64) -> NewInteraction {
     NewInteraction::new(
         "bench",
         Verb::MessagePosted,
         format!("writer-{writer}"),
         Role::Agent,
-        json!({ "text": format!("bench message {run}-{writer}-{n}"), "n": n }),
+        json!({ "text": format!("bench message {}-{run}-{writer}-{n}", process_tag()), "n": n }),
     )
 }
 

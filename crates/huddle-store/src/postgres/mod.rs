@@ -468,40 +468,79 @@ impl Session for tokio_postgres::Client {
 
 /// Inserts `batch` with one statement and resolves duplicates. `ids` are the batch's
 /// content ids, in order.
+/// Inserts a batch with no conflict handling ([`sql::APPEND_PLAIN`]).
+async fn insert_plain(
+    client: &deadpool_postgres::Object,
+    batch: &[NewInteraction],
+    ids: &[InteractionId],
+    bodies: &[String],
+) -> std::result::Result<(), tokio_postgres::Error> {
+    let columns = Columns::new(batch, ids, bodies);
+    let statement = client.prepare_cached(sql::APPEND_PLAIN).await?;
+    client.execute(&statement, &columns.params()).await?;
+    Ok(())
+}
+
+/// The column arrays of a batch, as the append statements take them.
+struct Columns<'a> {
+    ids: Vec<&'a [u8]>,
+    rooms: Vec<&'a str>,
+    threads: Vec<Option<&'a str>>,
+    verbs: Vec<&'a str>,
+    actors: Vec<&'a str>,
+    roles: Vec<&'a str>,
+    parents: Vec<Option<&'a [u8]>>,
+    causes: Vec<Vec<u8>>,
+    bodies: Vec<&'a str>,
+    keys: Vec<Option<&'a str>>,
+}
+
+impl<'a> Columns<'a> {
+    fn new(batch: &'a [NewInteraction], ids: &'a [InteractionId], bodies: &'a [String]) -> Self {
+        Columns {
+            ids: ids.iter().map(|i| &i.0[..]).collect(),
+            rooms: batch.iter().map(|n| n.room.as_str()).collect(),
+            threads: batch.iter().map(|n| n.thread.as_deref()).collect(),
+            verbs: batch.iter().map(|n| n.verb.as_str()).collect(),
+            actors: batch.iter().map(|n| n.actor.as_str()).collect(),
+            roles: batch.iter().map(|n| n.role.as_str()).collect(),
+            parents: batch
+                .iter()
+                .map(|n| n.parent.as_ref().map(|p| &p.0[..]))
+                .collect(),
+            causes: batch
+                .iter()
+                .map(|n| n.caused_by.iter().flat_map(|c| c.0).collect())
+                .collect(),
+            bodies: bodies.iter().map(String::as_str).collect(),
+            keys: batch.iter().map(|n| n.idempotency_key.as_deref()).collect(),
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 10] {
+        [
+            &self.ids,
+            &self.rooms,
+            &self.threads,
+            &self.verbs,
+            &self.actors,
+            &self.roles,
+            &self.parents,
+            &self.causes,
+            &self.bodies,
+            &self.keys,
+        ]
+    }
+}
+
 async fn insert_batch<C: Session>(
     client: &C,
     batch: &[NewInteraction],
     ids: &[InteractionId],
     bodies: &[String],
 ) -> std::result::Result<Vec<Appended>, tokio_postgres::Error> {
-    let id_col: Vec<&[u8]> = ids.iter().map(|i| &i.0[..]).collect();
-    let rooms: Vec<&str> = batch.iter().map(|n| n.room.as_str()).collect();
-    let threads: Vec<Option<&str>> = batch.iter().map(|n| n.thread.as_deref()).collect();
-    let verbs: Vec<&str> = batch.iter().map(|n| n.verb.as_str()).collect();
-    let actors: Vec<&str> = batch.iter().map(|n| n.actor.as_str()).collect();
-    let roles: Vec<&str> = batch.iter().map(|n| n.role.as_str()).collect();
-    let parents: Vec<Option<&[u8]>> = batch
-        .iter()
-        .map(|n| n.parent.as_ref().map(|p| &p.0[..]))
-        .collect();
-    let causes: Vec<Vec<u8>> = batch
-        .iter()
-        .map(|n| n.caused_by.iter().flat_map(|c| c.0).collect())
-        .collect();
-    let keys: Vec<Option<&str>> = batch.iter().map(|n| n.idempotency_key.as_deref()).collect();
-    let bodies_col: Vec<&str> = bodies.iter().map(String::as_str).collect();
-    let params: [&(dyn ToSql + Sync); 10] = [
-        &id_col,
-        &rooms,
-        &threads,
-        &verbs,
-        &actors,
-        &roles,
-        &parents,
-        &causes,
-        &bodies_col,
-        &keys,
-    ];
+    let columns = Columns::new(batch, ids, bodies);
+    let params = columns.params();
     let statement = client.statement(sql::APPEND).await?;
     let rows = client.rows(&statement, &params).await?;
 
@@ -573,10 +612,24 @@ impl Ledger for PgStore {
             return Ok(Vec::new());
         }
         let client = self.client().await?;
-        // One statement is its own transaction: the whole batch or nothing.
-        let out = insert_batch(&client, &batch, &ids, &bodies)
-            .await
-            .map_err(map_pg)?;
+        // One statement is its own transaction: the whole batch or nothing. Plain
+        // insert first; a duplicate in the batch (rare) falls back to the statement
+        // that skips duplicates and reports them.
+        let out = match insert_plain(&client, &batch, &ids, &bodies).await {
+            Ok(()) => ids
+                .iter()
+                .map(|id| Appended {
+                    id: *id,
+                    inserted: true,
+                })
+                .collect(),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
+                insert_batch(&client, &batch, &ids, &bodies)
+                    .await
+                    .map_err(map_pg)?
+            }
+            Err(e) => return Err(map_pg(e)),
+        };
         drop(client);
         self.appended(&out);
         Ok(out)
@@ -657,18 +710,27 @@ impl Claims for PgStore {
     async fn acquire(&self, key: &str, holder: &str, ttl: Duration) -> Result<Acquired> {
         let ttl = micros(ttl);
         let client = self.client().await?;
-        let acquire = client.prepare_cached(sql::ACQUIRE).await.map_err(map_pg)?;
-        let current = client.prepare_cached(sql::CLAIM).await.map_err(map_pg)?;
-        // The row can only be missing between the two statements if someone deleted
-        // it by hand; then the upsert wins on the next try.
+        let acquire = client
+            .prepare_cached(sql::ACQUIRE_OR_HOLDER)
+            .await
+            .map_err(map_pg)?;
+        // One round trip in the common case. No row back means the conflicting row was
+        // committed after the statement's snapshot (or deleted by hand): ask again.
         for _ in 0..3 {
             if let Some(row) = client
                 .query_opt(&acquire, &[&key, &holder, &ttl])
                 .await
                 .map_err(map_pg)?
             {
-                return Ok(Acquired::Won(claim_state(key, &row)?));
+                let won: bool = row.try_get(3).map_err(map_pg)?;
+                let state = claim_state(key, &row)?;
+                return Ok(if won {
+                    Acquired::Won(state)
+                } else {
+                    Acquired::HeldBy(state)
+                });
             }
+            let current = client.prepare_cached(sql::CLAIM).await.map_err(map_pg)?;
             if let Some(row) = client.query_opt(&current, &[&key]).await.map_err(map_pg)? {
                 return Ok(Acquired::HeldBy(claim_state(key, &row)?));
             }

@@ -29,6 +29,26 @@ ORDER BY t.ord
 ON CONFLICT DO NOTHING
 RETURNING id, idempotency_key";
 
+/// The common case of [`APPEND`]: the same rows with no conflict handling and
+/// nothing returned. Speculative insertion (`ON CONFLICT`) costs measurably more per
+/// row, and duplicates are rare, so a batch is tried this way first; a unique
+/// violation (nothing written: one statement is one transaction) falls back to
+/// [`APPEND`].
+pub(crate) const APPEND_PLAIN: &str = "\
+INSERT INTO interaction
+    (id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key)
+SELECT t.id, t.room, t.thread, t.verb, t.actor, t.role, t.parent,
+       CASE WHEN octet_length(t.causes) = 0 THEN '{}'::bytea[]
+            ELSE ARRAY(SELECT substring(t.causes FROM g * 32 + 1 FOR 32)
+                       FROM generate_series(0, octet_length(t.causes) / 32 - 1) AS g
+                       ORDER BY g)
+       END,
+       t.body, t.ikey
+FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+            $7::bytea[], $8::bytea[], $9::text[], $10::text[])
+     WITH ORDINALITY AS t(id, room, thread, verb, actor, role, parent, causes, body, ikey, ord)
+ORDER BY t.ord";
+
 /// The ids already stored under some idempotency keys.
 pub(crate) const IDS_BY_KEY: &str = "\
 SELECT idempotency_key, id FROM interaction WHERE idempotency_key = ANY($1::text[])";
@@ -127,9 +147,14 @@ pub(crate) const GET: &str = concat!("SELECT ", row_columns!(), " FROM interacti
 /// The database clock.
 pub(crate) const NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8";
 
-/// Takes a claim that is free, expired, or already the holder's: the epoch stays for
-/// the same holder's unexpired claim and increases in every other case.
-pub(crate) const ACQUIRE: &str = "\
+/// Takes a claim: one upsert whose update applies only when the row is expired or
+/// already held by the same holder; the epoch stays for the same holder's unexpired
+/// claim and increases in every other case. When the upsert did not apply, the same
+/// statement answers with the current holder (`won` false). When the conflicting row
+/// was committed after this statement's snapshot, neither branch returns a row and
+/// the caller asks again.
+pub(crate) const ACQUIRE_OR_HOLDER: &str = "\
+WITH up AS (
 INSERT INTO external_claim AS c (key, holder, epoch, expires_at, acquired_at, renewed_at)
 VALUES ($1, $2, 1, now() + $3::int8 * interval '1 microsecond', now(), now())
 ON CONFLICT (key) DO UPDATE SET
@@ -141,7 +166,11 @@ ON CONFLICT (key) DO UPDATE SET
                        THEN c.acquired_at ELSE now() END,
     renewed_at = now()
 WHERE c.expires_at <= now() OR c.holder = EXCLUDED.holder
-RETURNING holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8";
+RETURNING holder, epoch, expires_at)
+SELECT holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8, true FROM up
+UNION ALL
+SELECT holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8, false
+FROM external_claim WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM up)";
 
 /// The claim as it stands (after an acquire lost).
 pub(crate) const CLAIM: &str = "\
