@@ -203,3 +203,39 @@ fn claims_lists_nothing_on_a_fresh_database() {
     });
     assert_eq!(json.trim(), "[]");
 }
+
+/// `huddle tail | head` ends quietly: no panic on a closed pipe.
+#[test]
+fn a_closed_output_pipe_is_not_a_panic() {
+    let (_dir, db) = db();
+    ok({
+        let mut c = huddle(&db);
+        c.args(["room", "create", "lobby", "--owner", "olga"]);
+        c
+    });
+    for i in 0..50 {
+        ok({
+            let mut c = huddle(&db);
+            c.args([
+                "post",
+                "--room",
+                "lobby",
+                "--as",
+                "olga",
+                &format!("line {i}"),
+            ]);
+            c
+        });
+    }
+    let mut child = huddle(&db)
+        .args(["tail", "--room", "lobby"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Close our end of the pipe without reading.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -168,6 +168,13 @@ fn init_tracing(filter: &str) {
 }
 
 fn main() -> ExitCode {
+    // Like other command-line tools, end quietly when the reader of our output goes
+    // away (`huddle tail | head`) instead of failing on a broken pipe.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     init_tracing(&cli.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
