@@ -7,13 +7,11 @@
 /// The notification channel every store LISTENs on and NOTIFYs.
 pub(crate) const CHANNEL: &str = "huddle";
 
-/// Appends a batch in one statement. Parameters are parallel arrays, one element per
-/// interaction; `$8` holds each row's causes concatenated (32 bytes each), split back
-/// here because Postgres arrays cannot be ragged (the subquery runs only for rows that
-/// have causes). `ORDER BY ord` keeps sequence numbers in batch order. Duplicates (same id, or same idempotency key) are skipped;
-/// `RETURNING` names the rows actually inserted.
-pub(crate) const APPEND: &str = "\
-INSERT INTO interaction
+/// The insert of a batch from column arrays, rows in batch order; the caused_by
+/// column arrives as concatenated 32-byte ids.
+macro_rules! insert_rows {
+    () => {
+        "INSERT INTO interaction
     (id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key)
 SELECT t.id, t.room, t.thread, t.verb, t.actor, t.role, t.parent,
        CASE WHEN octet_length(t.causes) = 0 THEN '{}'::bytea[]
@@ -25,29 +23,26 @@ SELECT t.id, t.room, t.thread, t.verb, t.actor, t.role, t.parent,
 FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
             $7::bytea[], $8::bytea[], $9::text[], $10::text[])
      WITH ORDINALITY AS t(id, room, thread, verb, actor, role, parent, causes, body, ikey, ord)
-ORDER BY t.ord
-ON CONFLICT DO NOTHING
-RETURNING id, idempotency_key";
+ORDER BY t.ord"
+    };
+}
+
+/// Appends a batch in one statement. Parameters are parallel arrays, one element per
+/// interaction; `$8` holds each row's causes concatenated (32 bytes each), split back
+/// here because Postgres arrays cannot be ragged (the subquery runs only for rows that
+/// have causes). `ORDER BY ord` keeps sequence numbers in batch order. Duplicates (same id, or same idempotency key) are skipped;
+/// `RETURNING` names the rows actually inserted.
+pub(crate) const APPEND: &str = concat!(
+    insert_rows!(),
+    "\nON CONFLICT DO NOTHING\nRETURNING id, idempotency_key"
+);
 
 /// The common case of [`APPEND`]: the same rows with no conflict handling and
 /// nothing returned. Speculative insertion (`ON CONFLICT`) costs measurably more per
 /// row, and duplicates are rare, so a batch is tried this way first; a unique
 /// violation (nothing written: one statement is one transaction) falls back to
 /// [`APPEND`].
-pub(crate) const APPEND_PLAIN: &str = "\
-INSERT INTO interaction
-    (id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key)
-SELECT t.id, t.room, t.thread, t.verb, t.actor, t.role, t.parent,
-       CASE WHEN octet_length(t.causes) = 0 THEN '{}'::bytea[]
-            ELSE ARRAY(SELECT substring(t.causes FROM g * 32 + 1 FOR 32)
-                       FROM generate_series(0, octet_length(t.causes) / 32 - 1) AS g
-                       ORDER BY g)
-       END,
-       t.body, t.ikey
-FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-            $7::bytea[], $8::bytea[], $9::text[], $10::text[])
-     WITH ORDINALITY AS t(id, room, thread, verb, actor, role, parent, causes, body, ikey, ord)
-ORDER BY t.ord";
+pub(crate) const APPEND_PLAIN: &str = insert_rows!();
 
 /// The ids already stored under some idempotency keys.
 pub(crate) const IDS_BY_KEY: &str = "\
