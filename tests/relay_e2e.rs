@@ -960,3 +960,35 @@ async fn failed_task_goes_to_an_idle_agent_elsewhere(backend: Backend) {
     let done = h.ledger.assert_all_done_exactly_once(1);
     assert_eq!(done["j1"].actor, "steady", "attempts {attempts:?}");
 }
+
+// ---------------------------------------------------------------------------------
+// A restarted database: every connection of every relay breaks mid-run
+// ---------------------------------------------------------------------------------
+
+/// Three relays work a DAG on a Postgres cluster that is restarted while tasks are
+/// claimed and running: every relay reconnects (pool, LISTEN, reads forward from its
+/// cursor), every task is still completed exactly once, and the relays converge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_survive_a_restarted_postgres() {
+    let mut h = Huddle::new(Backend::PostgresOwnCluster).await;
+    let all = three_relays(&mut h, 150);
+    h.wait_registered(&strs(&all)).await;
+    h.config("claim-ttl 3s").await;
+    let reply = h.delegate(&dag_text(60)).await;
+    assert!(reply.starts_with("Created 60 tasks"), "{reply}");
+    h.wait_until("some tasks done, some running", secs(60), |l| {
+        let s = l.summary();
+        s.done >= 10 && s.claimed > 0
+    })
+    .await;
+    h.db.restart_postgres();
+    h.wait_until("60 tasks done after the restart", secs(120), |l| {
+        l.summary().done == 60
+    })
+    .await;
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+    h.ledger.assert_all_done_exactly_once(60);
+    let s = h.ledger.summary();
+    assert_eq!((s.ready, s.claimed, s.abandoned), (0, 0, 0), "{s:?}");
+}

@@ -62,6 +62,8 @@ pub enum Backend {
     Sqlite,
     /// A fresh Postgres database from `huddle-testkit`.
     Postgres,
+    /// A database on a Postgres cluster of the test's own, which it may restart.
+    PostgresOwnCluster,
 }
 
 /// A fresh database for one test; dropped with it.
@@ -72,6 +74,7 @@ pub struct TestDatabase {
     pub backend: Backend,
     _dir: Option<tempfile::TempDir>,
     _pg: Option<huddle_testkit::TestDb>,
+    cluster: Option<huddle_testkit::PgCluster>,
 }
 
 impl TestDatabase {
@@ -86,6 +89,7 @@ impl TestDatabase {
                     backend,
                     _dir: Some(dir),
                     _pg: None,
+                    cluster: None,
                 }
             }
             // Fails loudly, saying how to fix the machine, when there is no Postgres.
@@ -96,9 +100,41 @@ impl TestDatabase {
                     backend,
                     _dir: None,
                     _pg: Some(db),
+                    cluster: None,
+                }
+            }
+            Backend::PostgresOwnCluster => {
+                let cluster = huddle_testkit::PgCluster::start();
+                let (admin, conn) =
+                    tokio_postgres::connect(&cluster.admin_url(), tokio_postgres::NoTls)
+                        .await
+                        .expect("connect to the test's own cluster");
+                let driver = tokio::spawn(conn);
+                admin
+                    .batch_execute("CREATE DATABASE huddle_e2e")
+                    .await
+                    .expect("create the test database");
+                drop(admin);
+                let _ = driver.await;
+                TestDatabase {
+                    url: cluster.url_for("huddle_e2e"),
+                    backend,
+                    _dir: None,
+                    _pg: None,
+                    cluster: Some(cluster),
                 }
             }
         }
+    }
+
+    /// Stops the test's own Postgres cluster and starts it again on the same port:
+    /// every connection of every relay breaks.
+    pub fn restart_postgres(&self) {
+        let cluster = self
+            .cluster
+            .as_ref()
+            .expect("restart_postgres needs Backend::PostgresOwnCluster");
+        cluster.restart().expect("restart the cluster");
     }
 }
 
