@@ -162,6 +162,20 @@ pub async fn append_and_read_back(b: &impl TestBackend) {
         s.get(second.id()).await.expect("get").map(|r| r.id),
         Some(second.id())
     );
+
+    // A batch of one with every optional field (backends may write it another way).
+    let third = message("lobby", "cy", "all fields")
+        .in_thread("t2")
+        .with_parent(second.id())
+        .with_caused_by(vec![first.id(), second.id()])
+        .with_idempotency_key("third");
+    let out = s.append(vec![third.clone()]).await.expect("append one");
+    assert_eq!(out[0].id, third.id());
+    let tail = s.read_forward(cursor, 10).await.expect("read");
+    assert_eq!(tail.rows.len(), 1);
+    let mut expected = third.clone();
+    expected.idempotency_key = None; // not part of the content
+    assert_eq!(tail.rows[0].content(), expected);
     assert!(s
         .get(message("x", "y", "z").id())
         .await

@@ -475,6 +475,29 @@ async fn insert_plain(
     ids: &[InteractionId],
     bodies: &[String],
 ) -> std::result::Result<(), tokio_postgres::Error> {
+    if let ([n], [id], [body]) = (batch, ids, bodies) {
+        let causes: Vec<&[u8]> = n.caused_by.iter().map(|c| &c.0[..]).collect();
+        let parent = n.parent.as_ref().map(|p| &p.0[..]);
+        let statement = client.prepare_cached(sql::APPEND_ONE).await?;
+        client
+            .execute(
+                &statement,
+                &[
+                    &&id.0[..],
+                    &n.room,
+                    &n.thread,
+                    &n.verb.as_str(),
+                    &n.actor,
+                    &n.role.as_str(),
+                    &parent,
+                    &causes,
+                    &body.as_str(),
+                    &n.idempotency_key,
+                ],
+            )
+            .await?;
+        return Ok(());
+    }
     let columns = Columns::new(batch, ids, bodies);
     let statement = client.prepare_cached(sql::APPEND_PLAIN).await?;
     client.execute(&statement, &columns.params()).await?;
