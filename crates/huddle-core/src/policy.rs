@@ -133,9 +133,14 @@ pub fn claim_right(
 ) -> ClaimRight {
     match config.allocation {
         Allocation::Pull => ClaimRight::Anyone,
+        // The assignee has one claim lease to take its ready task; after that anyone
+        // capable may, so an assignee that is absent (a typo, a relay that died)
+        // never strands the task.
         Allocation::Push => match &task.assignee {
-            Some(a) => ClaimRight::Only(a.clone()),
-            None => ClaimRight::Anyone,
+            Some(a) if now < ready_since.saturating_add(ms_to_us(config.claim_ttl_ms)) => {
+                ClaimRight::Only(a.clone())
+            }
+            _ => ClaimRight::Anyone,
         },
         Allocation::Bid => {
             let window = ms_to_us(config.bid_window_ms);
@@ -213,13 +218,12 @@ pub fn losing_bidders<'a>(task: &'a Task, winner: &str) -> Vec<&'a str> {
 }
 
 /// Who may re-take a task whose owner's claim may have lapsed (the reconcile pass):
-/// the `push` assignee when there is one, otherwise any capable agent. Bidding is not
-/// repeated for a re-take: the attempt was already allocated once.
-pub fn retake_right(config: &RoomConfig, task: &Task) -> ClaimRight {
-    match (config.allocation, &task.assignee) {
-        (Allocation::Push, Some(a)) => ClaimRight::Only(a.clone()),
-        _ => ClaimRight::Anyone,
-    }
+/// any capable agent, whatever the allocation. A lapsed lease means the owner's relay
+/// stopped renewing it; under `push` the owner was the assignee, so keeping the task
+/// for it would strand the task with its relay. Bidding is not repeated for a re-take:
+/// the attempt was already allocated once.
+pub fn retake_right(_config: &RoomConfig, _task: &Task) -> ClaimRight {
+    ClaimRight::Anyone
 }
 
 #[cfg(test)]
@@ -337,6 +341,14 @@ mod tests {
         let cases: Vec<(Allocation, &Task, i64, ClaimRight)> = vec![
             (Pull, &with_bids, s, ClaimRight::Anyone),
             (Push, &no_bids, s, ClaimRight::Only("cy".into())),
+            (
+                Push,
+                &no_bids,
+                s + 60_000_000 - 1,
+                ClaimRight::Only("cy".into()),
+            ),
+            // One claim lease (default 60 s) after it became ready: anyone.
+            (Push, &no_bids, s + 60_000_000, ClaimRight::Anyone),
             (Push, &unassigned, s, ClaimRight::Anyone),
             (
                 Bid,
@@ -374,7 +386,7 @@ mod tests {
         assert!(!ClaimRight::Anyone.allows("x", &[], &needs_rust));
         assert!(ClaimRight::Anyone.allows("x", &["rust".into()], &needs_rust));
         let push = cfg(Responder::Race, None, Push);
-        assert_eq!(retake_right(&push, &no_bids), ClaimRight::Only("cy".into()));
+        assert_eq!(retake_right(&push, &no_bids), ClaimRight::Anyone);
         assert_eq!(retake_right(&push, &unassigned), ClaimRight::Anyone);
     }
 
