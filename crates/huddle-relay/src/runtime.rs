@@ -281,8 +281,8 @@ impl Relay {
             }
         }
         lp.summary.cursor = sub.cursor().to_string();
-        lp.summary.board_hash = hex(lp.sync.board().state_hash());
-        lp.summary.tasks_hash = hex(lp.sync.tasks().state_hash());
+        lp.summary.board_hash = hex::encode(lp.sync.board().state_hash());
+        lp.summary.tasks_hash = hex::encode(lp.sync.tasks().state_hash());
         Ok(lp.summary)
     }
 }
@@ -308,10 +308,6 @@ impl ReplyGate for GuardGate {
             }
         }
     }
-}
-
-fn hex(bytes: [u8; 32]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Loop {

@@ -128,7 +128,7 @@ async fn two_relays_complete_a_delegated_dag_exactly_once() {
     let (dag, rows) = fold_all(&*admin).await;
     // Every relay folded the same ledger into the same task state.
     assert_eq!(hashes[0], hashes[1]);
-    assert_eq!(hashes[0], hex(dag.state_hash()));
+    assert_eq!(hashes[0], hex::encode(dag.state_hash()));
     // Exactly one accepted completion per task, in dependency order.
     let mut done_at: BTreeMap<String, usize> = BTreeMap::new();
     for (i, r) in rows.iter().enumerate() {
@@ -151,10 +151,6 @@ async fn two_relays_complete_a_delegated_dag_exactly_once() {
             .as_str()
             .unwrap_or("")
             .starts_with("Created 20 tasks")));
-}
-
-fn hex(b: [u8; 32]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// A reply turn in a thread gets the `<coordination>` block and a `<related-context>`
