@@ -570,13 +570,6 @@ impl Board {
         Self::default()
     }
 
-    /// Folds `interactions` from scratch.
-    pub fn rebuild<'a>(interactions: impl IntoIterator<Item = &'a Interaction>) -> Self {
-        let mut b = Self::new();
-        b.apply_all(interactions);
-        b
-    }
-
     /// A room's board.
     pub fn room(&self, room: &str) -> Option<&RoomBoard> {
         self.rooms.get(room)

@@ -20,6 +20,18 @@ pub trait Fold {
     /// A hash of the whole state, equal on every relay that folded the same rows.
     fn state_hash(&self) -> [u8; 32];
 
+    /// Folds `interactions` (in ledger order) from scratch: the full rebuild, equal to
+    /// applying them one by one to an empty state.
+    fn rebuild<'a, I>(interactions: I) -> Self
+    where
+        I: IntoIterator<Item = &'a Interaction>,
+        Self: Default + Sized,
+    {
+        let mut fold = Self::default();
+        fold.apply_all(interactions);
+        fold
+    }
+
     /// Applies every interaction in order.
     fn apply_all<'a, I>(&mut self, interactions: I)
     where

@@ -240,16 +240,6 @@ impl GuardFold {
         Self::default()
     }
 
-    /// Folds `rows` (in ledger order) from scratch.
-    pub fn rebuild<'a, I>(rows: I) -> Self
-    where
-        I: IntoIterator<Item = &'a Interaction>,
-    {
-        let mut fold = Self::new();
-        fold.apply_all(rows);
-        fold
-    }
-
     /// The loop run of a scope.
     pub fn loop_run(&self, room: &str, thread: Option<&str>) -> LoopRun {
         let Some(r) = self.rooms.get(room) else {

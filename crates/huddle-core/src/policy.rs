@@ -233,6 +233,7 @@ mod tests {
     use crate::sync::testutil::{bid, ix, Ledger};
     use crate::tasks::TaskDag;
     use crate::verbs::Verb;
+    use crate::Fold;
     use crate::Role;
     use proptest::prelude::*;
     use serde_json::json;

@@ -446,14 +446,6 @@ impl TaskDag {
         Self::default()
     }
 
-    /// Folds `interactions` from scratch (the full rebuild; equal to folding them one
-    /// by one).
-    pub fn rebuild<'a>(interactions: impl IntoIterator<Item = &'a Interaction>) -> Self {
-        let mut dag = Self::new();
-        dag.apply_all(interactions);
-        dag
-    }
-
     /// Rooms that have task state, sorted.
     pub fn rooms(&self) -> impl Iterator<Item = &str> {
         self.rooms.keys().map(String::as_str)

@@ -91,16 +91,6 @@ impl ConfigFold {
         Self::default()
     }
 
-    /// Folds `rows` (in ledger order) from scratch.
-    pub fn rebuild<'a, I>(rows: I) -> Self
-    where
-        I: IntoIterator<Item = &'a Interaction>,
-    {
-        let mut fold = Self::new();
-        fold.apply_all(rows);
-        fold
-    }
-
     /// The room's owner, as named by its first `room.created`.
     pub fn owner(&self, room: &str) -> Option<&str> {
         self.rooms
