@@ -121,51 +121,37 @@ impl Baseline {
         let started = Instant::now();
         match self {
             Baseline::Postgres(clients) => {
-                let mut tasks = Vec::new();
-                for (w, client) in clients.iter().enumerate() {
-                    let stmt = client
-                        .prepare(
-                            "INSERT INTO interaction (id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key) \
-                             SELECT id, room, NULL, verb, actor, role, NULL, '{}', body, NULL \
-                             FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) \
-                             AS t(id, room, verb, actor, role, body)",
-                        )
-                        .await?;
-                    let count = count.clone();
-                    let bar = bar.clone();
-                    let client = client.clone();
-                    tasks.push(tokio::spawn(async move {
-                        let mut n = 0u64;
-                        while Instant::now() < deadline {
-                            let rows: Vec<NewInteraction> = (0..batch)
-                                .map(|_| {
-                                    n += 1;
-                                    bench_message(run + 1_000_000, w, n)
-                                })
-                                .collect();
-                            // Equivalent raw work: the same columns, ids precomputed the
-                            // cheapest way (blake3 of the text), no checks, no NOTIFY.
-                            let ids: Vec<Vec<u8>> = rows
-                                .iter()
-                                .map(|r| blake3::hash(r.body_text().as_bytes()).as_bytes().to_vec())
-                                .collect();
-                            let rooms: Vec<&str> = rows.iter().map(|r| r.room.as_str()).collect();
-                            let verbs: Vec<&str> = rows.iter().map(|r| r.verb.as_str()).collect();
-                            let actors: Vec<&str> = rows.iter().map(|r| r.actor.as_str()).collect();
-                            let roles: Vec<&str> = rows.iter().map(|r| r.role.as_str()).collect();
-                            let bodies: Vec<String> = rows.iter().map(|r| r.body_text()).collect();
-                            client
-                                .execute(&stmt, &[&ids, &rooms, &verbs, &actors, &roles, &bodies])
-                                .await?;
-                            count.fetch_add(batch as u64, Ordering::Relaxed);
-                            bar.inc(batch as u64);
-                        }
-                        anyhow::Ok(())
-                    }));
-                }
-                for t in tasks {
-                    t.await??;
-                }
+                let statements = prepare_all(
+                    clients,
+                    "INSERT INTO interaction (id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key) \
+                     SELECT id, room, NULL, verb, actor, role, NULL, '{}', body, NULL \
+                     FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) \
+                     AS t(id, room, verb, actor, role, body)",
+                )
+                .await?;
+                let clients = Arc::new(clients.clone());
+                return measure(clients.len(), secs, bar, move |w, step| {
+                    let (client, stmt) = (clients[w].clone(), statements[w].clone());
+                    async move {
+                        let rows = bench_batch(run + 1_000_000, w, step, batch);
+                        // Equivalent raw work: the same columns, ids precomputed the
+                        // cheapest way (blake3 of the text), no checks, no NOTIFY.
+                        let ids: Vec<Vec<u8>> = rows
+                            .iter()
+                            .map(|r| blake3::hash(r.body_text().as_bytes()).as_bytes().to_vec())
+                            .collect();
+                        let rooms: Vec<&str> = rows.iter().map(|r| r.room.as_str()).collect();
+                        let verbs: Vec<&str> = rows.iter().map(|r| r.verb.as_str()).collect();
+                        let actors: Vec<&str> = rows.iter().map(|r| r.actor.as_str()).collect();
+                        let roles: Vec<&str> = rows.iter().map(|r| r.role.as_str()).collect();
+                        let bodies: Vec<String> = rows.iter().map(|r| r.body_text()).collect();
+                        client
+                            .execute(&stmt, &[&ids, &rooms, &verbs, &actors, &roles, &bodies])
+                            .await?;
+                        Ok(batch as u64)
+                    }
+                })
+                .await;
             }
             Baseline::Sqlite(path, writers) => {
                 let mut handles = Vec::new();
@@ -225,38 +211,28 @@ impl Baseline {
         let started = Instant::now();
         match self {
             Baseline::Postgres(clients) => {
-                let mut tasks = Vec::new();
-                for (w, client) in clients.iter().enumerate() {
-                    let stmt = client
-                        .prepare(
-                            "INSERT INTO external_claim AS c (key, holder, epoch, expires_at) \
-                             VALUES ($1, $2, 1, now() + make_interval(secs => $3)) \
-                             ON CONFLICT (key) DO UPDATE SET holder = EXCLUDED.holder, \
-                               epoch = CASE WHEN c.holder = EXCLUDED.holder AND c.expires_at > now() THEN c.epoch ELSE c.epoch + 1 END, \
-                               expires_at = EXCLUDED.expires_at, renewed_at = now() \
-                             WHERE c.expires_at <= now() OR c.holder = EXCLUDED.holder \
-                             RETURNING holder, epoch, expires_at",
-                        )
-                        .await?;
-                    let count = count.clone();
-                    let bar = bar.clone();
-                    let client = client.clone();
-                    tasks.push(tokio::spawn(async move {
-                        let mut n = 0u64;
-                        while Instant::now() < deadline {
-                            n += 1;
-                            let key = format!("bench-raw/{run}/{}", n % 16);
-                            let holder = format!("h{w}");
-                            client.query(&stmt, &[&key, &holder, &0.001f64]).await?;
-                            count.fetch_add(1, Ordering::Relaxed);
-                            bar.inc(1);
-                        }
-                        anyhow::Ok(())
-                    }));
-                }
-                for t in tasks {
-                    t.await??;
-                }
+                let statements = prepare_all(
+                    clients,
+                    "INSERT INTO external_claim AS c (key, holder, epoch, expires_at) \
+                     VALUES ($1, $2, 1, now() + make_interval(secs => $3)) \
+                     ON CONFLICT (key) DO UPDATE SET holder = EXCLUDED.holder, \
+                       epoch = CASE WHEN c.holder = EXCLUDED.holder AND c.expires_at > now() THEN c.epoch ELSE c.epoch + 1 END, \
+                       expires_at = EXCLUDED.expires_at, renewed_at = now() \
+                     WHERE c.expires_at <= now() OR c.holder = EXCLUDED.holder \
+                     RETURNING holder, epoch, expires_at",
+                )
+                .await?;
+                let clients = Arc::new(clients.clone());
+                return measure(clients.len(), secs, bar, move |w, step| {
+                    let (client, stmt) = (clients[w].clone(), statements[w].clone());
+                    async move {
+                        let key = format!("bench-raw/{run}/{}", step % 16);
+                        let holder = format!("h{w}");
+                        client.query(&stmt, &[&key, &holder, &0.001f64]).await?;
+                        Ok(1)
+                    }
+                })
+                .await;
             }
             Baseline::Sqlite(path, writers) => {
                 let mut handles = Vec::new();
@@ -305,34 +281,26 @@ impl Baseline {
     }
 }
 
-async fn huddle_appends(
-    store: &Arc<dyn Store>,
-    writers: usize,
-    batch: usize,
-    secs: f64,
-    bar: &ProgressBar,
-) -> anyhow::Result<f64> {
-    let run = nonce();
+/// Runs one task per writer calling `op(writer, step)` (step 1, 2, ...) until `secs`
+/// have passed; each call returns how many operations it did. Operations per second.
+async fn measure<F, Fut>(writers: usize, secs: f64, bar: &ProgressBar, op: F) -> anyhow::Result<f64>
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<u64>> + Send + 'static,
+{
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let count = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..writers {
-        let store = store.clone();
-        let count = count.clone();
-        let bar = bar.clone();
+        let (op, count, bar) = (op.clone(), count.clone(), bar.clone());
         tasks.push(tokio::spawn(async move {
-            let mut n = 0u64;
+            let mut step = 0u64;
             while Instant::now() < deadline {
-                let rows: Vec<NewInteraction> = (0..batch)
-                    .map(|_| {
-                        n += 1;
-                        bench_message(run, w, n)
-                    })
-                    .collect();
-                store.append(rows).await?;
-                count.fetch_add(batch as u64, Ordering::Relaxed);
-                bar.inc(batch as u64);
+                step += 1;
+                let done = op(w, step).await?;
+                count.fetch_add(done, Ordering::Relaxed);
+                bar.inc(done);
             }
             anyhow::Ok(())
         }));
@@ -343,6 +311,45 @@ async fn huddle_appends(
     Ok(count.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
 }
 
+/// Prepares `sql` on every baseline connection.
+async fn prepare_all(
+    clients: &[Arc<tokio_postgres::Client>],
+    sql: &str,
+) -> anyhow::Result<Arc<Vec<tokio_postgres::Statement>>> {
+    let mut statements = Vec::with_capacity(clients.len());
+    for c in clients {
+        statements.push(c.prepare(sql).await?);
+    }
+    Ok(Arc::new(statements))
+}
+
+/// The messages of writer `w`'s `step`-th batch: numbered on from the previous batch.
+fn bench_batch(run: u64, w: usize, step: u64, batch: usize) -> Vec<NewInteraction> {
+    let first = (step - 1) * batch as u64;
+    (1..=batch as u64)
+        .map(|i| bench_message(run, w, first + i))
+        .collect()
+}
+
+async fn huddle_appends(
+    store: &Arc<dyn Store>,
+    writers: usize,
+    batch: usize,
+    secs: f64,
+    bar: &ProgressBar,
+) -> anyhow::Result<f64> {
+    let run = nonce();
+    let store = store.clone();
+    measure(writers, secs, bar, move |w, step| {
+        let store = store.clone();
+        async move {
+            store.append(bench_batch(run, w, step, batch)).await?;
+            Ok(batch as u64)
+        }
+    })
+    .await
+}
+
 async fn huddle_claims(
     store: &Arc<dyn Store>,
     writers: usize,
@@ -350,33 +357,18 @@ async fn huddle_claims(
     bar: &ProgressBar,
 ) -> anyhow::Result<f64> {
     let run = nonce();
-    let deadline = Instant::now() + Duration::from_secs_f64(secs);
-    let count = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for w in 0..writers {
+    let store = store.clone();
+    measure(writers, secs, bar, move |w, step| {
         let store = store.clone();
-        let count = count.clone();
-        let bar = bar.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut n = 0u64;
-            let holder = format!("h{w}");
-            while Instant::now() < deadline {
-                n += 1;
-                let key = format!("bench/{run}/{}", n % 16);
-                store
-                    .acquire(&key, &holder, Duration::from_millis(1))
-                    .await?;
-                count.fetch_add(1, Ordering::Relaxed);
-                bar.inc(1);
-            }
-            anyhow::Ok(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(count.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+        async move {
+            let key = format!("bench/{run}/{}", step % 16);
+            store
+                .acquire(&key, &format!("h{w}"), Duration::from_millis(1))
+                .await?;
+            Ok(1)
+        }
+    })
+    .await
 }
 
 fn bar(label: &str) -> ProgressBar {
