@@ -136,6 +136,22 @@ impl TestDatabase {
             .expect("restart_postgres needs Backend::PostgresOwnCluster");
         cluster.restart().expect("restart the cluster");
     }
+
+    fn own_cluster(&self) -> &huddle_testkit::PgCluster {
+        self.cluster
+            .as_ref()
+            .expect("stopping Postgres needs Backend::PostgresOwnCluster")
+    }
+
+    /// Stops the test's own Postgres cluster (fast shutdown): every relay loses it.
+    pub fn stop_postgres(&self) {
+        self.own_cluster().stop().expect("stop the cluster");
+    }
+
+    /// Starts the test's own Postgres cluster again on the same port.
+    pub fn start_postgres(&self) {
+        self.own_cluster().start_again().expect("start the cluster");
+    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -284,6 +300,10 @@ pub struct RelaySummary {
     pub fenced_refusals: u64,
     /// Corrupt or foreign rows skipped.
     pub skipped_rows: u64,
+    /// Writes retried while the database was away.
+    pub writes_retried: u64,
+    /// Results given up unwritten.
+    pub results_lost: u64,
 }
 
 impl RelaySummary {
@@ -302,6 +322,8 @@ impl RelaySummary {
             turns_failed: n("turns_failed")?,
             fenced_refusals: n("fenced_refusals")?,
             skipped_rows: n("skipped_rows")?,
+            writes_retried: n("writes_retried").unwrap_or(0),
+            results_lost: n("results_lost").unwrap_or(0),
         })
     }
 }
@@ -926,6 +948,27 @@ impl Huddle {
     /// The database clock.
     pub async fn db_now(&self) -> Timestamp {
         self.store.now().await.expect("database time")
+    }
+
+    /// Waits until `check` (which must not need the database) is true; panics after
+    /// `limit` with `what` and the relays' logs.
+    pub async fn wait_local(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        mut check: impl FnMut() -> bool,
+    ) {
+        let deadline = Instant::now() + limit;
+        while !check() {
+            if Instant::now() >= deadline {
+                let logs: Vec<String> = self.relays.values().map(|r| r.log_tail(15)).collect();
+                panic!(
+                    "timed out after {limit:?} waiting for {what}\n{}",
+                    logs.join("\n")
+                );
+            }
+            tokio::time::sleep(ms(20)).await;
+        }
     }
 
     /// Waits until `check` returns `Some`, reading the ledger forward between tries.
