@@ -31,11 +31,12 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use huddle_core::board::{CoordNoteBody, Subject, SubjectKind, TurnRepliedBody};
-use huddle_core::tasks::{TaskCompletedBody, TaskSummary};
+use huddle_core::tasks::TaskSummary;
 use huddle_core::{
-    Board, ConfigFold, Fold, Interaction, InteractionId, NewInteraction, Position, Role, Task,
-    TaskDag, Timestamp, Verb,
+    ConfigFold, Fold, Interaction, InteractionId, NewInteraction, Position, Role, Task, Timestamp,
+    Verb,
 };
+use huddle_sim::Tally;
 use huddle_store::{Store, StoreOptions};
 use serde_json::{json, Value};
 
@@ -478,63 +479,39 @@ impl Drop for RelayProcess {
 // The ledger as the test sees it
 // ---------------------------------------------------------------------------------
 
-/// The ledger read forward by the test, with the folds the assertions need.
+/// The ledger read forward by the test: every row, the config fold, and the report
+/// fold of the test's room ([`Tally`], which this dereferences to, so `l.dag`,
+/// `l.board`, `l.room`, `l.completions` and `l.claims` are the tally's).
 pub struct Ledger {
     /// Every row read so far, in ledger order.
     pub rows: Vec<Interaction>,
-    /// The task DAG folded from them.
-    pub dag: TaskDag,
-    /// The board folded from them.
-    pub board: Board,
     /// The config fold.
     pub config: ConfigFold,
-    /// The room the test is about.
-    pub room: String,
+    /// The report fold of the room, as `huddle demo` judges a run.
+    pub fold: Tally,
     cursor: Position,
 }
 
 /// One `task.completed` row and whether the fold accepted it.
-#[derive(Clone, Debug)]
-pub struct Completion {
-    /// Index of the row in [`Ledger::rows`].
-    pub index: usize,
-    /// The task.
-    pub task: String,
-    /// Who appended it.
-    pub actor: String,
-    /// The epoch it presented.
-    pub epoch: i64,
-    /// Database time.
-    pub at: Timestamp,
-    /// Whether the fold counted it (current owner at the current epoch).
-    pub accepted: bool,
-}
+pub type Completion = huddle_sim::Completion;
 
 /// One accepted `task.claimed` row.
-#[derive(Clone, Debug)]
-pub struct ClaimRow {
-    /// Index of the row.
-    pub index: usize,
-    /// The task.
-    pub task: String,
-    /// The new owner.
-    pub actor: String,
-    /// The claim epoch.
-    pub epoch: i64,
-    /// The attempt it started.
-    pub attempt: u32,
-    /// Database time.
-    pub at: Timestamp,
+pub type ClaimRow = huddle_sim::Claim;
+
+impl std::ops::Deref for Ledger {
+    type Target = Tally;
+
+    fn deref(&self) -> &Tally {
+        &self.fold
+    }
 }
 
 impl Ledger {
     fn new(room: &str) -> Self {
         Ledger {
             rows: Vec::new(),
-            dag: TaskDag::new(),
-            board: Board::new(),
             config: ConfigFold::new(),
-            room: room.into(),
+            fold: Tally::new(room),
             cursor: Position::START,
         }
     }
@@ -556,8 +533,7 @@ impl Ledger {
             }
             self.cursor = batch.next;
             for r in batch.rows {
-                self.dag.apply(&r);
-                self.board.apply(&r);
+                self.fold.apply(&r);
                 self.config.apply(&r);
                 self.rows.push(r);
             }
@@ -646,62 +622,14 @@ impl Ledger {
             .find(|r| r.role == Role::System && r.parent == Some(command))
     }
 
-    /// Every `task.completed` of the room, with whether a fresh fold accepted it.
+    /// Every `task.completed` of the room, with whether the fold accepted it.
     pub fn completions(&self) -> Vec<Completion> {
-        let mut dag = TaskDag::new();
-        let mut out = Vec::new();
-        for (index, r) in self.rows.iter().enumerate() {
-            if r.room == self.room && r.verb == Verb::TaskCompleted {
-                let b = TaskCompletedBody::parse(&r.body).expect("a well-formed task.completed");
-                let accepted = dag
-                    .task(&self.room, &b.task)
-                    .is_some_and(|t| t.is_held_by(&r.actor, b.epoch));
-                out.push(Completion {
-                    index,
-                    task: b.task,
-                    actor: r.actor.clone(),
-                    epoch: b.epoch,
-                    at: r.at,
-                    accepted,
-                });
-            }
-            dag.apply(r);
-        }
-        out
+        self.fold.completions.clone()
     }
 
-    /// Every `task.claimed` of the room that a fresh fold accepted.
+    /// Every `task.claimed` of the room that the fold accepted.
     pub fn claims(&self) -> Vec<ClaimRow> {
-        let mut dag = TaskDag::new();
-        let mut out = Vec::new();
-        for (index, r) in self.rows.iter().enumerate() {
-            let before = (r.room == self.room && r.verb == Verb::TaskClaimed)
-                .then(|| {
-                    r.body
-                        .get("task")
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
-                })
-                .flatten()
-                .and_then(|t| dag.task(&self.room, &t).map(|x| (t, x.epoch)));
-            dag.apply(r);
-            if let Some((task, old_epoch)) = before {
-                let Some(t) = dag.task(&self.room, &task) else {
-                    continue;
-                };
-                if t.epoch != old_epoch && t.owner.as_deref() == Some(r.actor.as_str()) {
-                    out.push(ClaimRow {
-                        index,
-                        task,
-                        actor: r.actor.clone(),
-                        epoch: t.epoch.unwrap_or_default(),
-                        attempt: t.attempts,
-                        at: r.at,
-                    });
-                }
-            }
-        }
-        out
+        self.fold.claims.clone()
     }
 
     /// Asserts every task of the room was completed exactly once, by an accepted
@@ -750,13 +678,8 @@ impl Ledger {
     /// The board's hash and the task DAG's hash over the room's rows, as a relay
     /// hosting only this room computes them.
     pub fn hashes(&self) -> (String, String) {
-        let mut board = Board::new();
-        let mut dag = TaskDag::new();
-        for (_, r) in self.room_rows() {
-            board.apply(r);
-            dag.apply(r);
-        }
-        (hex(board.state_hash()), hex(dag.state_hash()))
+        let h = self.fold.state_hashes();
+        (h.board, h.tasks)
     }
 
     /// Whether nothing is in flight in the room: every task settled and no turn open.
@@ -785,11 +708,6 @@ impl Ledger {
             self.summary()
         )
     }
-}
-
-/// Lower-case hex.
-pub fn hex(bytes: [u8; 32]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 // ---------------------------------------------------------------------------------
