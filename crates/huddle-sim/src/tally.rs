@@ -255,3 +255,110 @@ impl Tally {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use huddle_core::{NewInteraction, Position};
+    use serde_json::{json, Value};
+
+    /// A stored row of `room` at `at` seconds.
+    fn row(room: &str, at: i64, verb: Verb, actor: &str, role: Role, body: Value) -> Interaction {
+        let n = NewInteraction::new(room, verb, actor, role, body);
+        Interaction {
+            id: n.id(),
+            position: Position::START,
+            at: at * 1_000_000,
+            relay: "test".into(),
+            room: room.into(),
+            thread: None,
+            verb,
+            actor: actor.into(),
+            role,
+            parent: None,
+            caused_by: Vec::new(),
+            body: n.body,
+        }
+    }
+
+    fn created(at: i64, task: &str) -> Interaction {
+        let body = json!({ "task": task, "label": task });
+        row("lobby", at, Verb::TaskCreated, "olga", Role::Owner, body)
+    }
+
+    fn claimed(at: i64, task: &str, agent: &str, epoch: i64, attempt: u32) -> Interaction {
+        let body = json!({ "task": task, "epoch": epoch, "attempt": attempt });
+        row("lobby", at, Verb::TaskClaimed, agent, Role::Agent, body)
+    }
+
+    fn completed(at: i64, task: &str, agent: &str, epoch: i64) -> Interaction {
+        let body = json!({ "task": task, "epoch": epoch });
+        row("lobby", at, Verb::TaskCompleted, agent, Role::Agent, body)
+    }
+
+    #[test]
+    fn completions_and_claims_are_judged_as_the_task_fold_judges_them() {
+        let mut t = Tally::new("lobby");
+        let other = row(
+            "elsewhere",
+            1,
+            Verb::MessagePosted,
+            "x",
+            Role::Agent,
+            json!({ "text": "hi" }),
+        );
+        let rows = vec![
+            created(1, "a"),
+            other,
+            claimed(2, "a", "ada", 1, 1),
+            // A stale claim (same epoch) and a completion from a non-holder: refused.
+            claimed(3, "a", "bo", 1, 1),
+            completed(4, "a", "bo", 1),
+            completed(5, "a", "ada", 1),
+            // A second completion after done: recorded, not accepted.
+            completed(6, "a", "ada", 1),
+        ];
+        for r in &rows {
+            t.apply(r);
+        }
+        assert_eq!(t.rows, 6, "the other room's row is not folded");
+        let claims: Vec<(usize, &str, ClaimEpoch)> = t
+            .claims
+            .iter()
+            .map(|c| (c.index, c.actor.as_str(), c.epoch))
+            .collect();
+        assert_eq!(claims, vec![(2, "ada", 1)]);
+        let completions: Vec<(usize, &str, bool)> = t
+            .completions
+            .iter()
+            .map(|c| (c.index, c.actor.as_str(), c.accepted))
+            .collect();
+        assert_eq!(
+            completions,
+            vec![(4, "bo", false), (5, "ada", true), (6, "ada", false)]
+        );
+        assert_eq!(t.completions_per_task(true)["a"], 1);
+        assert_eq!(t.completions_per_task(false)["a"], 3);
+        assert_eq!(t.agents["ada"].tasks_done, 1);
+        assert_eq!(t.agents.get("bo").map_or(0, |a| a.tasks_done), 0);
+        assert_eq!(
+            t.claim_waits_us,
+            vec![1_000_000],
+            "ready at 1 s, claimed at 2 s"
+        );
+        assert_eq!(t.last_done_at, Some(5_000_000));
+    }
+
+    #[test]
+    fn state_hashes_are_the_folds_hashes_in_hex_and_differ_for_different_rooms() {
+        let mut one = Tally::new("lobby");
+        one.apply(&created(1, "a"));
+        let mut two = one.clone();
+        two.apply(&created(2, "b"));
+        let h = one.state_hashes();
+        assert_eq!(h.tasks, hex::encode(one.dag.state_hash()));
+        assert_eq!(h.board, hex::encode(one.board.state_hash()));
+        assert_eq!(h.tasks.len(), 64);
+        assert_ne!(h.tasks, two.state_hashes().tasks);
+    }
+}
