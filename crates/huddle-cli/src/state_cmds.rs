@@ -7,6 +7,7 @@ use anyhow::bail;
 use huddle_core::board::Subject;
 use huddle_core::tasks::TaskSummary;
 use huddle_core::{Position, TaskStatus, Timestamp};
+use huddle_sim::render::clip;
 use huddle_sim::Tally;
 use huddle_store::{Store, StoreOptions};
 use serde::Serialize;
@@ -212,16 +213,6 @@ fn describe(on: &Option<Subject>) -> String {
             }
             None => format!("{} {}", s.kind.as_str(), s.id),
         },
-    }
-}
-
-fn clip(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        text.to_string()
-    } else {
-        let mut s: String = text.chars().take(max.saturating_sub(1)).collect();
-        s.push('…');
-        s
     }
 }
 

@@ -260,7 +260,7 @@ pub fn agent_status(tally: &Tally, agent: &str, relay: &str) -> Option<(String, 
 }
 
 /// `text` cut to `max` characters, with an ellipsis when cut.
-fn clip(text: &str, max: usize) -> String {
+pub fn clip(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
         text.to_string()
     } else {

@@ -260,64 +260,74 @@ impl Tally {
 mod tests {
     use super::*;
     use huddle_core::{NewInteraction, Position};
+    use huddle_store::StoreOptions;
     use serde_json::{json, Value};
 
-    /// A stored row of `room` at `at` seconds.
-    fn row(room: &str, at: i64, verb: Verb, actor: &str, role: Role, body: Value) -> Interaction {
-        let n = NewInteraction::new(room, verb, actor, role, body);
-        Interaction {
-            id: n.id(),
-            position: Position::START,
-            at: at * 1_000_000,
-            relay: "test".into(),
-            room: room.into(),
-            thread: None,
-            verb,
-            actor: actor.into(),
-            role,
-            parent: None,
-            caused_by: Vec::new(),
-            body: n.body,
+    /// The rows, appended one by one to a fresh SQLite ledger and read back.
+    async fn stored(rows: Vec<(&str, Verb, &str, Role, Value)>) -> Vec<Interaction> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("huddle.db").display());
+        let store = huddle_store::open(&url, StoreOptions::default())
+            .await
+            .expect("open a fresh ledger");
+        for (room, verb, actor, role, body) in rows {
+            let row = NewInteraction::new(room, verb, actor, role, body);
+            store.append(vec![row]).await.expect("append");
         }
+        let batch = store
+            .read_forward(Position::START, 100)
+            .await
+            .expect("read back");
+        batch.rows
     }
 
-    fn created(at: i64, task: &str) -> Interaction {
+    fn created(task: &str) -> (&'static str, Verb, &'static str, Role, Value) {
         let body = json!({ "task": task, "label": task });
-        row("lobby", at, Verb::TaskCreated, "olga", Role::Owner, body)
+        ("lobby", Verb::TaskCreated, "olga", Role::Owner, body)
     }
 
-    fn claimed(at: i64, task: &str, agent: &str, epoch: i64, attempt: u32) -> Interaction {
-        let body = json!({ "task": task, "epoch": epoch, "attempt": attempt });
-        row("lobby", at, Verb::TaskClaimed, agent, Role::Agent, body)
+    fn claimed<'a>(
+        task: &str,
+        agent: &'a str,
+        epoch: i64,
+    ) -> (&'static str, Verb, &'a str, Role, Value) {
+        let body = json!({ "task": task, "epoch": epoch, "attempt": 1 });
+        ("lobby", Verb::TaskClaimed, agent, Role::Agent, body)
     }
 
-    fn completed(at: i64, task: &str, agent: &str, epoch: i64) -> Interaction {
-        let body = json!({ "task": task, "epoch": epoch });
-        row("lobby", at, Verb::TaskCompleted, agent, Role::Agent, body)
+    fn completed<'a>(
+        task: &str,
+        agent: &'a str,
+        epoch: i64,
+        n: u32,
+    ) -> (&'static str, Verb, &'a str, Role, Value) {
+        // `result` keeps otherwise identical rows distinct.
+        let body = json!({ "task": task, "epoch": epoch, "result": format!("take {n}") });
+        ("lobby", Verb::TaskCompleted, agent, Role::Agent, body)
     }
 
-    #[test]
-    fn completions_and_claims_are_judged_as_the_task_fold_judges_them() {
-        let mut t = Tally::new("lobby");
-        let other = row(
-            "elsewhere",
-            1,
-            Verb::MessagePosted,
-            "x",
-            Role::Agent,
-            json!({ "text": "hi" }),
-        );
-        let rows = vec![
-            created(1, "a"),
-            other,
-            claimed(2, "a", "ada", 1, 1),
+    #[tokio::test]
+    async fn completions_and_claims_are_judged_as_the_task_fold_judges_them() {
+        let rows = stored(vec![
+            created("a"),
+            (
+                "elsewhere",
+                Verb::MessagePosted,
+                "x",
+                Role::Agent,
+                json!({ "text": "hi" }),
+            ),
+            claimed("a", "ada", 1),
             // A stale claim (same epoch) and a completion from a non-holder: refused.
-            claimed(3, "a", "bo", 1, 1),
-            completed(4, "a", "bo", 1),
-            completed(5, "a", "ada", 1),
+            claimed("a", "bo", 1),
+            completed("a", "bo", 1, 1),
+            completed("a", "ada", 1, 2),
             // A second completion after done: recorded, not accepted.
-            completed(6, "a", "ada", 1),
-        ];
+            completed("a", "ada", 1, 3),
+        ])
+        .await;
+        assert_eq!(rows.len(), 7);
+        let mut t = Tally::new("lobby");
         for r in &rows {
             t.apply(r);
         }
@@ -341,20 +351,17 @@ mod tests {
         assert_eq!(t.completions_per_task(false)["a"], 3);
         assert_eq!(t.agents["ada"].tasks_done, 1);
         assert_eq!(t.agents.get("bo").map_or(0, |a| a.tasks_done), 0);
-        assert_eq!(
-            t.claim_waits_us,
-            vec![1_000_000],
-            "ready at 1 s, claimed at 2 s"
-        );
-        assert_eq!(t.last_done_at, Some(5_000_000));
+        assert_eq!(t.claim_waits_us, vec![(rows[2].at - rows[0].at).max(0)]);
+        assert_eq!(t.last_done_at, Some(rows[5].at));
     }
 
-    #[test]
-    fn state_hashes_are_the_folds_hashes_in_hex_and_differ_for_different_rooms() {
+    #[tokio::test]
+    async fn state_hashes_are_the_folds_hashes_in_hex_and_differ_for_different_states() {
+        let rows = stored(vec![created("a"), created("b")]).await;
         let mut one = Tally::new("lobby");
-        one.apply(&created(1, "a"));
+        one.apply(&rows[0]);
         let mut two = one.clone();
-        two.apply(&created(2, "b"));
+        two.apply(&rows[1]);
         let h = one.state_hashes();
         assert_eq!(h.tasks, hex::encode(one.dag.state_hash()));
         assert_eq!(h.board, hex::encode(one.board.state_hash()));
