@@ -192,7 +192,7 @@ pub async fn run(args: DemoArgs, db: Option<String>, store: StoreOptions) -> any
         bail!(
             "{} task(s) missed, {} completed more than once",
             report.missed,
-            report.duplicates.accepted.max(report.duplicates.raw_rows)
+            report.duplicated_tasks()
         );
     }
     Ok(())

@@ -175,7 +175,7 @@ pub fn coord(r: &CoordReport) -> String {
                 a + l.store.acquire_mean_ms / rep.per_relay.len().max(1) as f64,
             )
         });
-        let dup = rep.duplicates.accepted.max(rep.duplicates.raw_rows);
+        let dup = rep.duplicated_tasks();
         let _ = writeln!(
             s,
             "{:>6} {:>5} {:>6} {:>4} {:>9} {:>9} {:>6.3} {:>7} {:>16} {:>13} {:>8.2} {:>6}",

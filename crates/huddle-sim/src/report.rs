@@ -201,6 +201,12 @@ impl ScenarioReport {
     pub fn clean(&self) -> bool {
         self.missed == 0 && self.duplicates.accepted == 0 && self.duplicates.raw_rows == 0
     }
+
+    /// Tasks completed more than once, counting accepted completions or raw rows,
+    /// whichever finds more.
+    pub fn duplicated_tasks(&self) -> usize {
+        self.duplicates.accepted.max(self.duplicates.raw_rows)
+    }
 }
 
 /// What a report is built from.
