@@ -329,13 +329,17 @@ mod tests {
     async fn forwards_both_ways() {
         let p = FaultProxy::start(echo_server().await).await.expect("proxy");
         let mut s = TcpStream::connect(p.addr()).await.expect("connect");
-        let got = within("echo", roundtrip(&mut s, b"hello")).await.expect("io");
+        let got = within("echo", roundtrip(&mut s, b"hello"))
+            .await
+            .expect("io");
         assert_eq!(got, b"hello");
         // More than one chunk, both ways.
         let big: Vec<u8> = (0..(3 * FaultProxy::CHUNK + 17))
             .map(|i| (i % 251) as u8)
             .collect();
-        let got = within("big echo", roundtrip(&mut s, &big)).await.expect("io");
+        let got = within("big echo", roundtrip(&mut s, &big))
+            .await
+            .expect("io");
         assert_eq!(got, big);
         assert_eq!(p.stats().accepted, 1);
         assert_eq!(p.stats().open, 1);
@@ -370,13 +374,25 @@ mod tests {
         within("warm", roundtrip(&mut s, b"x")).await.expect("io");
         p.set_delay(Duration::from_millis(150));
         let t = Instant::now();
-        within("delayed", roundtrip(&mut s, b"y")).await.expect("io");
+        within("delayed", roundtrip(&mut s, b"y"))
+            .await
+            .expect("io");
         // Held once each way.
-        assert!(t.elapsed() >= Duration::from_millis(300), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            t.elapsed()
+        );
         p.set_delay(Duration::ZERO);
         let t = Instant::now();
-        within("undelayed", roundtrip(&mut s, b"z")).await.expect("io");
-        assert!(t.elapsed() < Duration::from_millis(300), "{:?}", t.elapsed());
+        within("undelayed", roundtrip(&mut s, b"z"))
+            .await
+            .expect("io");
+        assert!(
+            t.elapsed() < Duration::from_millis(300),
+            "{:?}",
+            t.elapsed()
+        );
     }
 
     #[tokio::test]
@@ -407,7 +423,9 @@ mod tests {
             .await
             .expect("io");
         assert_eq!(&buf, b"late");
-        let got = within("after heal", roundtrip(&mut s, b"free")).await.expect("io");
+        let got = within("after heal", roundtrip(&mut s, b"free"))
+            .await
+            .expect("io");
         assert_eq!(got, b"free");
     }
 
