@@ -547,7 +547,7 @@ fn size(fault_kinds: usize) -> Size {
             chunk: 30,
             messages: 40,
             faults: Some(fault_kinds),
-            turn_sleep: "0.05",
+            turn_sleep: "0.15",
             limit: secs(100),
         }
     }
@@ -652,8 +652,22 @@ impl Battery {
         self.agents.keys().cloned().collect()
     }
 
+    /// A relay to hit: one whose agents hold a claimed task now when there is one
+    /// (so the fault lands between a turn and its write), else any.
     fn pick_relay(&mut self) -> String {
-        let rs = self.relays();
+        let busy: BTreeSet<String> = self
+            .h
+            .ledger
+            .dag
+            .claimed(&self.h.room)
+            .iter()
+            .filter_map(|t| self.hosts.get(t.owner.as_deref()?).cloned())
+            .collect();
+        let rs: Vec<String> = if busy.is_empty() {
+            self.relays()
+        } else {
+            busy.into_iter().collect()
+        };
         let i = self.rng.below(rs.len() as u64) as usize;
         rs[i].clone()
     }
@@ -864,7 +878,7 @@ impl Battery {
         let continuous = self.size.faults.is_none();
         let per_chunk = self.size.messages.div_ceil(chunks);
         let started = Instant::now();
-        let mut next_fault = Instant::now() + self.rng.ms_between(500, 1_500);
+        let mut next_fault = Instant::now() + self.rng.ms_between(1_500, 3_000);
         let mut faults_done = 0usize;
         loop {
             if let Err(e) = self.h.ledger.try_refresh(&*self.h.store).await {
