@@ -38,18 +38,8 @@ const T0: i64 = 1_700_000_000_000_000;
 struct Rows(Vec<Interaction>);
 
 impl Rows {
+    /// Appends a row of the room; `parent` for replies.
     fn push(
-        &mut self,
-        verb: Verb,
-        actor: &str,
-        role: Role,
-        body: serde_json::Value,
-        at: i64,
-    ) -> InteractionId {
-        self.push_parent(verb, actor, role, body, at, None)
-    }
-
-    fn push_parent(
         &mut self,
         verb: Verb,
         actor: &str,
@@ -88,7 +78,14 @@ impl Rows {
             needs: Vec::new(),
             max_attempts: None,
         };
-        self.push(Verb::TaskCreated, "olga", Role::Owner, b.to_body(), T0);
+        self.push(
+            Verb::TaskCreated,
+            "olga",
+            Role::Owner,
+            b.to_body(),
+            T0,
+            None,
+        );
     }
 
     fn claim(&mut self, task: &str, agent: &str, epoch: i64, at: i64) {
@@ -97,7 +94,7 @@ impl Rows {
             epoch,
             attempt: 1,
         };
-        self.push(Verb::TaskClaimed, agent, Role::Agent, b.to_body(), at);
+        self.push(Verb::TaskClaimed, agent, Role::Agent, b.to_body(), at, None);
     }
 
     fn complete(&mut self, task: &str, agent: &str, epoch: i64, at: i64) {
@@ -107,7 +104,14 @@ impl Rows {
             result: Some(format!("done by {agent}")),
             tokens: Some(1),
         };
-        self.push(Verb::TaskCompleted, agent, Role::Agent, b.to_body(), at);
+        self.push(
+            Verb::TaskCompleted,
+            agent,
+            Role::Agent,
+            b.to_body(),
+            at,
+            None,
+        );
     }
 
     fn message(&mut self, token: &str) -> InteractionId {
@@ -117,11 +121,12 @@ impl Rows {
             Role::Human,
             json!({ "text": format!("question {token}") }),
             T0,
+            None,
         )
     }
 
     fn reply(&mut self, to: InteractionId, agent: &str, at: i64) {
-        self.push_parent(
+        self.push(
             Verb::MessagePosted,
             agent,
             Role::Agent,
@@ -150,6 +155,16 @@ fn ran(work: Work, agent: &str, epoch: i64, start: i64, pid: u32) -> [SideEffect
         exec(Phase::Start, work.clone(), agent, epoch, start, pid),
         exec(Phase::End, work, agent, epoch, start + 10_000, pid),
     ]
+}
+
+/// A fault with no duration (a kill, a dropped link) on `relay` at `at`.
+fn instant(kind: FaultKind, relay: &str, at: i64) -> Fault {
+    Fault {
+        kind,
+        relay: Some(relay.into()),
+        from_us: at,
+        to_us: at,
+    }
 }
 
 fn task(t: &str) -> Work {
@@ -350,12 +365,8 @@ fn checker_finds_unexplained_reexecution_phantom_completion_and_hash_split() {
     // t2 runs twice on a live relay with no fault at all (short turns, stale view).
     w.effects.extend(ran(task("t2"), "a1", 1, T0 + 200_000, 40));
     // A drop of connections does not excuse a repeat.
-    w.faults.push(Fault {
-        kind: FaultKind::DropConnections,
-        relay: Some("r1".into()),
-        from_us: T0 + 170_000,
-        to_us: T0 + 170_000,
-    });
+    w.faults
+        .push(instant(FaultKind::DropConnections, "r1", T0 + 170_000));
     // No execution stands behind t1's completion.
     w.effects.retain(|e| e.work != task("t1"));
     w.summaries.push(summary("r2", "other"));
@@ -374,12 +385,7 @@ fn checker_finds_unexplained_reexecution_phantom_completion_and_hash_split() {
     // A kill of the first runner's relay in between explains it.
     let mut w = World::clean();
     w.effects.extend(ran(task("t2"), "a0", 2, T0 + 200_000, 41));
-    w.faults.push(Fault {
-        kind: FaultKind::Kill9,
-        relay: Some("r1".into()),
-        from_us: T0 + 170_000,
-        to_us: T0 + 170_000,
-    });
+    w.faults.push(instant(FaultKind::Kill9, "r1", T0 + 170_000));
     let r = w.check();
     assert!(r.violations.is_empty(), "{r}");
     assert_eq!(r.repeats_by_cause().get("kill-9"), Some(&1));

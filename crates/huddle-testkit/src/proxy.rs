@@ -307,6 +307,15 @@ mod tests {
         Ok(got)
     }
 
+    /// A proxy in front of an echo server, with one connection that has echoed once.
+    async fn warm_proxy() -> (FaultProxy, TcpStream) {
+        let p = FaultProxy::start(echo_server().await).await.expect("proxy");
+        let mut s = TcpStream::connect(p.addr()).await.expect("connect");
+        let got = within("warm", roundtrip(&mut s, b"x")).await.expect("io");
+        assert_eq!(got, b"x");
+        (p, s)
+    }
+
     const LIMIT: Duration = Duration::from_secs(5);
 
     async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
@@ -369,9 +378,7 @@ mod tests {
 
     #[tokio::test]
     async fn delay_holds_each_chunk() {
-        let p = FaultProxy::start(echo_server().await).await.expect("proxy");
-        let mut s = TcpStream::connect(p.addr()).await.expect("connect");
-        within("warm", roundtrip(&mut s, b"x")).await.expect("io");
+        let (p, mut s) = warm_proxy().await;
         p.set_delay(Duration::from_millis(150));
         let t = Instant::now();
         within("delayed", roundtrip(&mut s, b"y"))
@@ -397,9 +404,7 @@ mod tests {
 
     #[tokio::test]
     async fn black_hole_holds_bytes_without_closing_and_heal_delivers_them() {
-        let p = FaultProxy::start(echo_server().await).await.expect("proxy");
-        let mut s = TcpStream::connect(p.addr()).await.expect("connect");
-        within("warm", roundtrip(&mut s, b"x")).await.expect("io");
+        let (p, mut s) = warm_proxy().await;
         p.black_hole();
         assert!(p.is_black_holed());
         s.write_all(b"held").await.expect("write into the hole");
@@ -431,9 +436,7 @@ mod tests {
 
     #[tokio::test]
     async fn refuse_closes_new_connections_only() {
-        let p = FaultProxy::start(echo_server().await).await.expect("proxy");
-        let mut old = TcpStream::connect(p.addr()).await.expect("connect");
-        within("warm", roundtrip(&mut old, b"x")).await.expect("io");
+        let (p, mut old) = warm_proxy().await;
         p.refuse(true);
         let mut new = TcpStream::connect(p.addr()).await.expect("tcp accept");
         let r = within("refused", roundtrip(&mut new, b"no")).await;
