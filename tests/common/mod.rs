@@ -119,4 +119,5 @@ impl Drop for LineChild {
     }
 }
 
+pub mod history;
 pub mod relays;

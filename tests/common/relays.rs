@@ -31,11 +31,12 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use huddle_core::board::{CoordNoteBody, Subject, SubjectKind, TurnRepliedBody};
-use huddle_core::tasks::{TaskCompletedBody, TaskSummary};
+use huddle_core::tasks::TaskSummary;
 use huddle_core::{
-    Board, ConfigFold, Fold, Interaction, InteractionId, NewInteraction, Position, Role, Task,
-    TaskDag, Timestamp, Verb,
+    ConfigFold, Fold, Interaction, InteractionId, NewInteraction, Position, Role, Task, Timestamp,
+    Verb,
 };
+use huddle_sim::Tally;
 use huddle_store::{Store, StoreOptions};
 use serde_json::{json, Value};
 
@@ -135,6 +136,11 @@ impl TestDatabase {
             .as_ref()
             .expect("restart_postgres needs Backend::PostgresOwnCluster");
         cluster.restart().expect("restart the cluster");
+    }
+
+    /// The test's own Postgres cluster (`Backend::PostgresOwnCluster` only).
+    pub fn cluster(&self) -> Option<&huddle_testkit::PgCluster> {
+        self.cluster.as_ref()
     }
 
     fn own_cluster(&self) -> &huddle_testkit::PgCluster {
@@ -500,86 +506,66 @@ impl Drop for RelayProcess {
 // The ledger as the test sees it
 // ---------------------------------------------------------------------------------
 
-/// The ledger read forward by the test, with the folds the assertions need.
+/// The ledger read forward by the test: every row, the config fold, and the report
+/// fold of the test's room ([`Tally`], which this dereferences to, so `l.dag`,
+/// `l.board`, `l.room`, `l.completions` and `l.claims` are the tally's).
 pub struct Ledger {
     /// Every row read so far, in ledger order.
     pub rows: Vec<Interaction>,
-    /// The task DAG folded from them.
-    pub dag: TaskDag,
-    /// The board folded from them.
-    pub board: Board,
     /// The config fold.
     pub config: ConfigFold,
-    /// The room the test is about.
-    pub room: String,
+    /// The report fold of the room, as `huddle demo` judges a run.
+    pub fold: Tally,
     cursor: Position,
 }
 
 /// One `task.completed` row and whether the fold accepted it.
-#[derive(Clone, Debug)]
-pub struct Completion {
-    /// Index of the row in [`Ledger::rows`].
-    pub index: usize,
-    /// The task.
-    pub task: String,
-    /// Who appended it.
-    pub actor: String,
-    /// The epoch it presented.
-    pub epoch: i64,
-    /// Database time.
-    pub at: Timestamp,
-    /// Whether the fold counted it (current owner at the current epoch).
-    pub accepted: bool,
-}
+pub type Completion = huddle_sim::Completion;
 
 /// One accepted `task.claimed` row.
-#[derive(Clone, Debug)]
-pub struct ClaimRow {
-    /// Index of the row.
-    pub index: usize,
-    /// The task.
-    pub task: String,
-    /// The new owner.
-    pub actor: String,
-    /// The claim epoch.
-    pub epoch: i64,
-    /// The attempt it started.
-    pub attempt: u32,
-    /// Database time.
-    pub at: Timestamp,
+pub type ClaimRow = huddle_sim::Claim;
+
+impl std::ops::Deref for Ledger {
+    type Target = Tally;
+
+    fn deref(&self) -> &Tally {
+        &self.fold
+    }
 }
 
 impl Ledger {
     fn new(room: &str) -> Self {
         Ledger {
             rows: Vec::new(),
-            dag: TaskDag::new(),
-            board: Board::new(),
             config: ConfigFold::new(),
-            room: room.into(),
+            fold: Tally::new(room),
             cursor: Position::START,
         }
     }
 
     /// Reads forward to the end of what is committed.
     pub async fn refresh(&mut self, store: &dyn Store) {
+        self.try_refresh(store)
+            .await
+            .expect("read the ledger forward");
+    }
+
+    /// [`Ledger::refresh`] that hands back a store error (a database being restarted)
+    /// instead of panicking; what was read before the error is kept.
+    pub async fn try_refresh(&mut self, store: &dyn Store) -> Result<(), huddle_store::StoreError> {
         loop {
-            let batch = store
-                .read_forward(self.cursor, 1000)
-                .await
-                .expect("read the ledger forward");
+            let batch = store.read_forward(self.cursor, 1000).await?;
             assert!(
                 batch.skipped.is_empty(),
                 "the ledger holds rows a reader refuses: {:?}",
                 batch.skipped
             );
             if batch.next == self.cursor {
-                return;
+                return Ok(());
             }
             self.cursor = batch.next;
             for r in batch.rows {
-                self.dag.apply(&r);
-                self.board.apply(&r);
+                self.fold.apply(&r);
                 self.config.apply(&r);
                 self.rows.push(r);
             }
@@ -668,62 +654,14 @@ impl Ledger {
             .find(|r| r.role == Role::System && r.parent == Some(command))
     }
 
-    /// Every `task.completed` of the room, with whether a fresh fold accepted it.
+    /// Every `task.completed` of the room, with whether the fold accepted it.
     pub fn completions(&self) -> Vec<Completion> {
-        let mut dag = TaskDag::new();
-        let mut out = Vec::new();
-        for (index, r) in self.rows.iter().enumerate() {
-            if r.room == self.room && r.verb == Verb::TaskCompleted {
-                let b = TaskCompletedBody::parse(&r.body).expect("a well-formed task.completed");
-                let accepted = dag
-                    .task(&self.room, &b.task)
-                    .is_some_and(|t| t.is_held_by(&r.actor, b.epoch));
-                out.push(Completion {
-                    index,
-                    task: b.task,
-                    actor: r.actor.clone(),
-                    epoch: b.epoch,
-                    at: r.at,
-                    accepted,
-                });
-            }
-            dag.apply(r);
-        }
-        out
+        self.fold.completions.clone()
     }
 
-    /// Every `task.claimed` of the room that a fresh fold accepted.
+    /// Every `task.claimed` of the room that the fold accepted.
     pub fn claims(&self) -> Vec<ClaimRow> {
-        let mut dag = TaskDag::new();
-        let mut out = Vec::new();
-        for (index, r) in self.rows.iter().enumerate() {
-            let before = (r.room == self.room && r.verb == Verb::TaskClaimed)
-                .then(|| {
-                    r.body
-                        .get("task")
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
-                })
-                .flatten()
-                .and_then(|t| dag.task(&self.room, &t).map(|x| (t, x.epoch)));
-            dag.apply(r);
-            if let Some((task, old_epoch)) = before {
-                let Some(t) = dag.task(&self.room, &task) else {
-                    continue;
-                };
-                if t.epoch != old_epoch && t.owner.as_deref() == Some(r.actor.as_str()) {
-                    out.push(ClaimRow {
-                        index,
-                        task,
-                        actor: r.actor.clone(),
-                        epoch: t.epoch.unwrap_or_default(),
-                        attempt: t.attempts,
-                        at: r.at,
-                    });
-                }
-            }
-        }
-        out
+        self.fold.claims.clone()
     }
 
     /// Asserts every task of the room was completed exactly once, by an accepted
@@ -772,22 +710,22 @@ impl Ledger {
     /// The board's hash and the task DAG's hash over the room's rows, as a relay
     /// hosting only this room computes them.
     pub fn hashes(&self) -> (String, String) {
-        self.hashes_upto(None)
+        let h = self.fold.state_hashes();
+        (h.board, h.tasks)
     }
 
-    /// [`Ledger::hashes`] over the rows at or before `cursor` (all rows when `None`):
+    /// The board's and task DAG's hashes over the room's rows at or before `cursor`:
     /// what a relay whose reads ended at `cursor` must have folded.
-    pub fn hashes_upto(&self, cursor: Option<Position>) -> (String, String) {
-        let mut board = Board::new();
-        let mut dag = TaskDag::new();
+    pub fn hashes_upto(&self, cursor: Position) -> (String, String) {
+        let mut fold = Tally::new(&self.room);
         for (_, r) in self.room_rows() {
-            if cursor.is_some_and(|c| r.position > c) {
+            if r.position > cursor {
                 break;
             }
-            board.apply(r);
-            dag.apply(r);
+            fold.apply(r);
         }
-        (hex(board.state_hash()), hex(dag.state_hash()))
+        let h = fold.state_hashes();
+        (h.board, h.tasks)
     }
 
     /// Whether nothing is in flight in the room: every task settled and no turn open.
@@ -816,11 +754,6 @@ impl Ledger {
             self.summary()
         )
     }
-}
-
-/// Lower-case hex.
-pub fn hex(bytes: [u8; 32]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 // ---------------------------------------------------------------------------------
@@ -910,17 +843,24 @@ impl Huddle {
 
     /// Starts relay `id` hosting `agents` in the room.
     pub fn spawn_relay(&mut self, id: &str, agents: Vec<AgentSpec>) {
+        let url = self.db.url.clone();
+        self.spawn_relay_on(id, agents, &url);
+    }
+
+    /// Starts relay `id` hosting `agents` in the room, connecting to `database` (e.g.
+    /// the test database through a fault-injecting proxy).
+    pub fn spawn_relay_on(&mut self, id: &str, agents: Vec<AgentSpec>, database: &str) {
         assert!(
             !self.relays.get_mut(id).is_some_and(|r| r.is_running()),
             "relay {id} is already running"
         );
         let config = self.dir.path().join(format!("{id}.toml"));
-        let text = relay_toml(id, &self.db.url, &[&self.room], &agents);
+        let text = relay_toml(id, database, &[&self.room], &agents);
         std::fs::write(&config, text).expect("write the relay config");
         let n = self.relays.keys().filter(|k| k.starts_with(id)).count();
         let log = self.dir.path().join(format!("{id}.{n}.log"));
         let keys = agents.iter().map(|a| a.key.clone()).collect();
-        let p = RelayProcess::spawn(id, keys, &self.db.url, &config, &log);
+        let p = RelayProcess::spawn(id, keys, database, &config, &log);
         self.relays.insert(id.to_string(), p);
     }
 
@@ -1132,6 +1072,14 @@ impl Huddle {
     /// state is the one the test folds from the ledger itself. Call it when the room
     /// is quiescent, so no relay writes while the others stop.
     pub async fn stop_all(&mut self) -> Vec<RelaySummary> {
+        let summaries = self.stop_all_unchecked().await;
+        self.assert_converged(&summaries);
+        summaries
+    }
+
+    /// [`Huddle::stop_all`] without the convergence assertions, for tests that check
+    /// the summaries themselves.
+    pub async fn stop_all_unchecked(&mut self) -> Vec<RelaySummary> {
         let ids: Vec<String> = self
             .relays
             .iter_mut()
@@ -1145,7 +1093,6 @@ impl Huddle {
             .map(|id| self.relay(id).wait_summary(secs(30)))
             .collect();
         self.refresh().await;
-        self.assert_converged(&summaries);
         summaries
     }
 
@@ -1165,7 +1112,7 @@ impl Huddle {
             let cursor: Position = s.cursor.parse().expect("a relay's cursor");
             assert_eq!(
                 (s.board_hash.clone(), s.tasks_hash.clone()),
-                self.ledger.hashes_upto(Some(cursor)),
+                self.ledger.hashes_upto(cursor),
                 "relay {} folded a different state than the ledger up to its cursor {cursor}:\n{summaries:#?}",
                 s.relay
             );

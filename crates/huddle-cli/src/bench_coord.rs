@@ -3,23 +3,20 @@
 //! store handles.
 //!
 //! Each agent count runs in a fresh room (on SQLite without `--db`: a fresh database
-//! file) through [`crate::scenario`], the same code as `huddle demo`. Targets:
+//! file) through `huddle_sim::coord`, the same runner as `huddle demo`. Targets:
 //! duplicates 0, missed 0, makespan ÷ ideal ≤ 1.10 at 30 agents and ≤ 1.25 at 300.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::bail;
 use clap::Args;
-use huddle_relay::RelayOptions;
+use huddle_sim::coord::{self, CoordOptions, CoordReport, CoordStep};
+use huddle_sim::{Progress, Quiet, Tally};
 use huddle_store::StoreOptions;
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::Serialize;
 
 use crate::demo::AllocationArg;
-use crate::scenario::{
-    self, Progress, Quiet, ScenarioOptions, ScenarioReport, Tally, WakeReport, Workload,
-};
+use crate::scratch::ScratchDir;
 
 /// Flags of `huddle bench coord`.
 #[derive(Args, Debug, Clone)]
@@ -56,53 +53,34 @@ pub struct CoordArgs {
     pub json: bool,
 }
 
-/// One agent count.
-#[derive(Clone, Debug, Serialize)]
-pub struct CoordRun {
-    /// Agents.
-    pub agents: usize,
-    /// The makespan ÷ ideal target, when there is one.
-    pub target: Option<f64>,
-    /// Whether the run met every target (0 duplicates, 0 missed, ratio).
-    pub meets_targets: bool,
-    /// The scenario report.
-    pub report: ScenarioReport,
-}
-
-/// The bench report.
-#[derive(Clone, Debug, Serialize)]
-pub struct CoordReport {
-    /// `sqlite` or `postgres`.
-    pub backend: String,
-    /// Tasks per run.
-    pub tasks: usize,
-    /// Work per task, ms.
-    pub task_ms: u64,
-    /// Relays.
-    pub relays: usize,
-    /// Allocation.
-    pub allocation: String,
-    /// Synchronizer cap on claims per pass, when overridden.
-    pub max_wakes: Option<usize>,
-    /// Relay tick, ms, when overridden.
-    pub max_tick_ms: Option<u64>,
-    /// One line per agent count.
-    pub runs: Vec<CoordRun>,
-    /// Wake latency at idle.
-    pub wake: Option<WakeReport>,
-}
-
-/// The makespan ÷ ideal target for an agent count.
-pub fn target_for(agents: usize) -> Option<f64> {
-    match agents {
-        30 => Some(1.10),
-        300 => Some(1.25),
-        _ => None,
-    }
-}
-
+/// A progress bar of tasks done, or a spinner during the wake probes.
 struct BenchBar {
     bar: ProgressBar,
+}
+
+impl BenchBar {
+    fn new(step: CoordStep, tasks: usize) -> Self {
+        let bar = match step {
+            CoordStep::Run { agents } => {
+                let bar = ProgressBar::new(tasks as u64);
+                bar.set_style(
+                    ProgressStyle::with_template(&format!(
+                        "{{spinner}} {agents:>4} agents [{{bar:30}}] {{pos}}/{{len}} done  {{msg}}"
+                    ))
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+                );
+                bar
+            }
+            CoordStep::Wake { samples } => {
+                let bar = ProgressBar::new_spinner();
+                bar.set_message(format!("wake latency: {samples} probes"));
+                bar
+            }
+        };
+        bar.enable_steady_tick(Duration::from_millis(200));
+        BenchBar { bar }
+    }
 }
 
 impl Progress for BenchBar {
@@ -122,235 +100,42 @@ impl Progress for BenchBar {
     }
 }
 
-/// Runs the bench.
+/// Runs the bench; without `--db`, each run gets a fresh SQLite file in a temporary
+/// directory.
 pub async fn run(
     args: CoordArgs,
     db: Option<String>,
     store: StoreOptions,
 ) -> anyhow::Result<CoordReport> {
-    if args.agents.is_empty() || args.agents.contains(&0) || args.tasks == 0 || args.relays == 0 {
-        bail!("agent counts, --tasks and --relays must be positive");
-    }
-    let temp = std::env::temp_dir().join(format!(
-        "huddle-bench-coord-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default()
-    ));
-    if db.is_none() {
-        std::fs::create_dir_all(&temp).map_err(|e| {
-            anyhow::anyhow!(
-                "cannot create a temporary directory {}: {e}",
-                temp.display()
-            )
-        })?;
-    }
-    let result = run_all(&args, db.as_deref(), &store, &temp).await;
-    if db.is_none() {
-        let _ = std::fs::remove_dir_all(&temp);
-    }
-    result
-}
-
-async fn run_all(
-    args: &CoordArgs,
-    db: Option<&str>,
-    store: &StoreOptions,
-    temp: &std::path::Path,
-) -> anyhow::Result<CoordReport> {
-    let work = Duration::from_millis(args.task_ms.max(1));
-    let mut workload = Workload::independent(args.tasks, work);
-    let mut relay = RelayOptions::default();
-    if let Some(w) = args.max_wakes {
-        relay.sync.max_wakes_per_pass = w.max(1);
-    }
-    if let Some(t) = args.max_tick_ms {
-        relay.max_tick = Duration::from_millis(t.max(1));
-    }
-    let mut runs = Vec::new();
-    let mut backend = String::from("sqlite");
-    for (i, &agents) in args.agents.iter().enumerate() {
-        let db = match db {
-            Some(d) => d.to_string(),
-            None => temp.join(format!("coord-{i}.db")).display().to_string(),
-        };
-        let mut config = vec![(
-            "allocation".to_string(),
-            args.allocation.as_str().to_string(),
-        )];
-        match args.allocation {
-            AllocationArg::Push => {
-                workload.assign_round_robin(&scenario::agent_names(agents));
-            }
-            AllocationArg::Bid => config.push(("bid-window".into(), "100ms".into())),
-            AllocationArg::Pull => {}
-        }
-        let options = ScenarioOptions {
-            db,
-            store: store.clone(),
-            room: Some(format!(
-                "coord-{agents}-{}",
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_millis())
-                    .unwrap_or_default()
-            )),
-            agents,
-            relays: args.relays,
-            config,
-            failure_rate: 0.0,
-            seed: 1,
-            timeout: Duration::from_secs(3600),
-            stall: Duration::from_secs(60).max(work * 4),
-            relay: relay.clone(),
-        };
-        tracing::info!(agents, "coordination scenario run");
-        let report = if args.json {
-            scenario::run(&options, &workload, &mut Quiet).await?
-        } else {
-            let bar = ProgressBar::new(args.tasks as u64);
-            bar.set_style(
-                ProgressStyle::with_template(&format!(
-                    "{{spinner}} {agents:>4} agents [{{bar:30}}] {{pos}}/{{len}} done  {{msg}}"
-                ))
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
-            );
-            bar.enable_steady_tick(Duration::from_millis(200));
-            scenario::run(&options, &workload, &mut BenchBar { bar }).await?
-        };
-        backend = report.backend.clone();
-        let target = target_for(agents);
-        let meets_targets = report.clean() && target.is_none_or(|t| report.makespan.ratio <= t);
-        runs.push(CoordRun {
-            agents,
-            target,
-            meets_targets,
-            report,
-        });
-    }
-    let wake = if args.wake_samples > 0 {
-        let db = match db {
-            Some(d) => d.to_string(),
-            None => temp.join("wake.db").display().to_string(),
-        };
-        let spinner = if args.json {
-            ProgressBar::hidden()
-        } else {
-            ProgressBar::new_spinner()
-        };
-        spinner.set_message(format!("wake latency: {} probes", args.wake_samples));
-        spinner.enable_steady_tick(Duration::from_millis(200));
-        let w = scenario::wake_latency(
-            &db,
-            store,
-            args.wake_samples,
-            Duration::from_millis(args.wake_gap_ms),
-        )
-        .await?;
-        spinner.finish_and_clear();
-        Some(w)
-    } else {
-        None
+    let scratch = match db {
+        Some(_) => None,
+        None => Some(ScratchDir::create("huddle-bench-coord")?),
     };
-    Ok(CoordReport {
-        backend,
+    let database = |name: &str| match &scratch {
+        Some(dir) => dir.db(&format!("{name}.db")),
+        None => db.clone().unwrap_or_default(),
+    };
+    let options = CoordOptions {
+        agents: args.agents,
         tasks: args.tasks,
-        task_ms: args.task_ms,
+        task_work: Duration::from_millis(args.task_ms),
         relays: args.relays,
-        allocation: args.allocation.as_str().to_string(),
+        allocation: args.allocation.with_window("100ms"),
+        store,
         max_wakes: args.max_wakes,
-        max_tick_ms: args.max_tick_ms,
-        runs,
-        wake,
-    })
-}
-
-/// The table.
-pub fn render(r: &CoordReport) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "coordination scenario on {}: {} independent tasks x {} ms, {} relays, allocation {}{}{}",
-        r.backend,
-        r.tasks,
-        r.task_ms,
-        r.relays,
-        r.allocation,
-        r.max_wakes
-            .map(|w| format!(", max wakes/pass {w}"))
-            .unwrap_or_default(),
-        r.max_tick_ms
-            .map(|t| format!(", max tick {t} ms"))
-            .unwrap_or_default()
-    );
-    let _ = writeln!(
-        s,
-        "{:>6} {:>5} {:>6} {:>4} {:>9} {:>9} {:>6} {:>7} {:>16} {:>13} {:>8} {:>6}",
-        "agents",
-        "done",
-        "missed",
-        "dup",
-        "makespan",
-        "ideal",
-        "ratio",
-        "target",
-        "pickup p50/99",
-        "claims won/try",
-        "acq ms",
-        "conv"
-    );
-    for run in &r.runs {
-        let rep = &run.report;
-        let (won, tried, acq_ms) = rep.per_relay.iter().fold((0, 0, 0.0), |(w, t, a), l| {
-            (
-                w + l.store.task_won,
-                t + l.store.task_acquires,
-                a + l.store.acquire_mean_ms / rep.per_relay.len().max(1) as f64,
-            )
-        });
-        let dup = rep.duplicates.accepted.max(rep.duplicates.raw_rows);
-        let _ = writeln!(
-            s,
-            "{:>6} {:>5} {:>6} {:>4} {:>9} {:>9} {:>6.3} {:>7} {:>16} {:>13} {:>8.2} {:>6}",
-            run.agents,
-            rep.done,
-            rep.missed,
-            dup,
-            scenario::secs(rep.makespan.makespan_ms),
-            scenario::secs(rep.makespan.ideal_ms),
-            rep.makespan.ratio,
-            match run.target {
-                Some(t) if run.meets_targets => format!("<={t:.2} ok"),
-                Some(t) => format!("<={t:.2} MISS"),
-                None if run.meets_targets => "-".to_string(),
-                None => "MISS".to_string(),
-            },
-            format!("{:.0}/{:.0} ms", rep.pickup.p50_ms, rep.pickup.p99_ms),
-            format!("{won}/{tried}"),
-            acq_ms,
-            if rep.converged { "yes" } else { "NO" }
-        );
-        if let Some(why) = &rep.stopped_early {
-            let _ = writeln!(s, "       stopped early: {why}");
+        max_tick: args.max_tick_ms.map(Duration::from_millis),
+        wake_samples: args.wake_samples,
+        wake_gap: Duration::from_millis(args.wake_gap_ms),
+    };
+    let tasks = options.tasks;
+    let json = args.json;
+    let report = coord::run(&options, database, |step| -> Box<dyn Progress> {
+        if json {
+            Box::new(Quiet)
+        } else {
+            Box::new(BenchBar::new(step, tasks))
         }
-    }
-    if let Some(w) = &r.wake {
-        let _ = writeln!(
-            s,
-            "wake latency on {} ({} probes at idle, {} lost): append->arrival p50 {:.2} ms p99 {:.2} ms; commit->arrival p50 {:.2} ms p99 {:.2} ms; append alone p50 {:.2} ms",
-            w.backend,
-            w.samples,
-            w.lost,
-            w.append_to_arrival.p50_ms,
-            w.append_to_arrival.p99_ms,
-            w.commit_to_arrival.p50_ms,
-            w.commit_to_arrival.p99_ms,
-            w.append.p50_ms
-        );
-    }
-    s
+    })
+    .await?;
+    Ok(report)
 }

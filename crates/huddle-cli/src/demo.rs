@@ -1,21 +1,20 @@
 //! `huddle demo`: simulated agents in several relays work a delegated task DAG, with
 //! a live view of the fold and a report at the end.
 //!
-//! The work is done by [`crate::scenario`]; this module picks the database, turns the
+//! The work is done by `huddle_sim`; this module picks the database, turns the
 //! flags into a scenario, draws the progress display and prints the report.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::bail;
 use clap::{Args, ValueEnum};
-use huddle_core::board::PresenceState;
 use huddle_relay::RelayOptions;
+use huddle_sim::{render, Allocation, Progress, Quiet, ScenarioOptions, Tally, Workload};
 use huddle_store::StoreOptions;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::scenario::{self, Progress, Quiet, ScenarioOptions, Tally, Workload};
+use crate::scratch::ScratchDir;
 use crate::state_cmds::emit;
 
 /// How ready tasks are allocated (`!config allocation`).
@@ -30,12 +29,14 @@ pub enum AllocationArg {
 }
 
 impl AllocationArg {
-    /// The `!config allocation` value.
-    pub fn as_str(self) -> &'static str {
+    /// The allocation, with `bid_window` under `bid`.
+    pub fn with_window(self, bid_window: &str) -> Allocation {
         match self {
-            AllocationArg::Pull => "pull",
-            AllocationArg::Push => "push",
-            AllocationArg::Bid => "bid",
+            AllocationArg::Pull => Allocation::Pull,
+            AllocationArg::Push => Allocation::Push,
+            AllocationArg::Bid => Allocation::Bid {
+                window: bid_window.to_string(),
+            },
         }
     }
 }
@@ -110,37 +111,6 @@ pub struct DemoArgs {
     pub json: bool,
 }
 
-/// A database file in a fresh temporary directory, removed on drop.
-struct TempDb {
-    dir: PathBuf,
-}
-
-impl TempDb {
-    fn create() -> anyhow::Result<Self> {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        let dir = std::env::temp_dir().join(format!("huddle-demo-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| {
-            anyhow::anyhow!("cannot create a temporary directory {}: {e}", dir.display())
-        })?;
-        Ok(TempDb { dir })
-    }
-
-    fn path(&self) -> String {
-        self.dir.join("huddle.db").display().to_string()
-    }
-}
-
-impl Drop for TempDb {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
-            tracing::debug!(dir = %self.dir.display(), error = %e, "temporary database not removed");
-        }
-    }
-}
-
 /// Runs the demo; fails (after printing the report) when a task was missed or
 /// completed twice.
 pub async fn run(args: DemoArgs, db: Option<String>, store: StoreOptions) -> anyhow::Result<()> {
@@ -159,8 +129,8 @@ pub async fn run(args: DemoArgs, db: Option<String>, store: StoreOptions) -> any
     let (db, temp) = match db {
         Some(db) => (db, None),
         None => {
-            let t = TempDb::create()?;
-            (t.path(), Some(t))
+            let t = ScratchDir::create("huddle-demo")?;
+            (t.db("huddle.db"), Some(t))
         }
     };
     let mut workload = Workload::pipeline(
@@ -168,20 +138,14 @@ pub async fn run(args: DemoArgs, db: Option<String>, store: StoreOptions) -> any
         args.seed,
         Duration::from_millis(args.turn_ms.max(1)),
     );
+    let allocation = args.allocation.with_window(&args.bid_window);
     let mut config = vec![
-        (
-            "allocation".to_string(),
-            args.allocation.as_str().to_string(),
-        ),
+        ("allocation".to_string(), allocation.name().to_string()),
         ("responder".to_string(), args.responder.as_str().to_string()),
         ("max-attempts".to_string(), args.max_attempts.to_string()),
         ("claim-ttl".to_string(), args.claim_ttl.clone()),
     ];
-    match args.allocation {
-        AllocationArg::Push => workload.assign_round_robin(&scenario::agent_names(args.agents)),
-        AllocationArg::Bid => config.push(("bid-window".to_string(), args.bid_window.clone())),
-        AllocationArg::Pull => {}
-    }
+    allocation.configure(&mut workload, args.agents, &mut config);
     let options = ScenarioOptions {
         db: db.clone(),
         store,
@@ -192,11 +156,11 @@ pub async fn run(args: DemoArgs, db: Option<String>, store: StoreOptions) -> any
         failure_rate: args.failure_rate,
         seed: args.seed,
         timeout: Duration::from_secs(args.timeout.max(1)),
-        stall: Duration::from_secs(60).max(workload_longest(&workload) * 4),
+        stall: Duration::from_secs(60).max(workload.longest_task() * 4),
         relay: RelayOptions::default(),
     };
     let report = if args.json {
-        scenario::run(&options, &workload, &mut Quiet).await?
+        huddle_sim::run(&options, &workload, &mut Quiet).await?
     } else {
         let mut view = LiveView::new(args.tasks, args.agents);
         eprintln!(
@@ -210,12 +174,12 @@ pub async fn run(args: DemoArgs, db: Option<String>, store: StoreOptions) -> any
                 db.clone()
             }
         );
-        scenario::run(&options, &workload, &mut view).await?
+        huddle_sim::run(&options, &workload, &mut view).await?
     };
     if args.json {
         emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else {
-        let mut text = scenario::render(&report);
+        let mut text = render::scenario(&report);
         if temp.is_none() {
             text.push_str(&format!(
                 "\n  inspect: huddle --db {db} board --room {r}   |   huddle --db {db} tasks --room {r}\n",
@@ -228,14 +192,10 @@ pub async fn run(args: DemoArgs, db: Option<String>, store: StoreOptions) -> any
         bail!(
             "{} task(s) missed, {} completed more than once",
             report.missed,
-            report.duplicates.accepted.max(report.duplicates.raw_rows)
+            report.duplicated_tasks()
         );
     }
     Ok(())
-}
-
-fn workload_longest(w: &Workload) -> Duration {
-    w.tasks.iter().map(|t| t.work).max().unwrap_or_default()
 }
 
 /// Board lines shown at most.
@@ -296,47 +256,18 @@ impl Progress for LiveView {
     }
 
     fn update(&mut self, tally: &Tally, relay_of: &BTreeMap<String, String>) {
-        let room = &tally.room;
-        let s = tally.dag.summary(room);
-        self.tasks.set_position(s.done as u64);
-        let failed: u64 = tally.agents.values().map(|a| a.failed_turns).sum();
-        self.tasks.set_message(format!(
-            "ready {} · claimed {} · waiting {} · abandoned {} · failed turns {}",
-            s.ready, s.claimed, s.waiting, s.abandoned, failed
-        ));
-        let Some(board) = tally.board.room(room) else {
-            return;
-        };
+        self.tasks
+            .set_position(tally.dag.summary(&tally.room).done as u64);
+        self.tasks.set_message(render::task_counts(tally));
         let mut working = 0usize;
-        let lines: Vec<String> = relay_of
-            .iter()
-            .map(|(agent, relay)| {
-                let done = tally.agents.get(agent).map_or(0, |a| a.tasks_done);
-                let (state, on) = match board.presence.get(agent) {
-                    Some(p) => {
-                        let on =
-                            p.on.as_ref()
-                                .map(|o| {
-                                    let label = o
-                                        .label
-                                        .as_deref()
-                                        .or_else(|| {
-                                            tally.dag.task(room, &o.id).map(|t| t.label.as_str())
-                                        })
-                                        .unwrap_or("");
-                                    format!("{:<14} {}", o.id, clip(label, 60))
-                                })
-                                .unwrap_or_default();
-                        if p.state == PresenceState::Working {
-                            working += 1;
-                        }
-                        (p.state.as_str(), on)
-                    }
-                    None => ("-", String::new()),
-                };
-                format!("{agent:<10} {relay:<8} {done:>4} done  {state:<8} {on}")
-            })
-            .collect();
+        let mut lines = Vec::new();
+        for (agent, relay) in relay_of {
+            let Some((line, busy)) = render::agent_status(tally, agent, relay) else {
+                return;
+            };
+            working += usize::from(busy);
+            lines.push(line);
+        }
         for (bar, line) in self.board.iter().zip(&lines) {
             bar.set_message(line.clone());
         }
@@ -354,15 +285,5 @@ impl Progress for LiveView {
         }
         self.tasks.finish();
         self.phase.finish_and_clear();
-    }
-}
-
-fn clip(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        text.to_string()
-    } else {
-        let mut s: String = text.chars().take(max.saturating_sub(1)).collect();
-        s.push('…');
-        s
     }
 }

@@ -7,7 +7,7 @@ mod demo;
 mod ledger_cmds;
 mod output;
 mod relay_cmd;
-mod scenario;
+mod scratch;
 mod state_cmds;
 
 use std::process::ExitCode;
@@ -258,7 +258,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
-                print!("{}", bench_coord::render(&report));
+                print!("{}", huddle_sim::render::coord(&report));
             }
             if report.runs.iter().any(|r| !r.report.clean()) {
                 anyhow::bail!("a run missed or duplicated tasks");

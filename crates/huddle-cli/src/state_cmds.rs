@@ -7,12 +7,13 @@ use anyhow::bail;
 use huddle_core::board::Subject;
 use huddle_core::tasks::TaskSummary;
 use huddle_core::{Position, TaskStatus, Timestamp};
+use huddle_sim::render::clip;
+use huddle_sim::Tally;
 use huddle_store::{Store, StoreOptions};
 use serde::Serialize;
 
 use crate::ledger_cmds;
 use crate::output::format_time;
-use crate::scenario::Tally;
 
 /// Writes `text` to standard output; a closed pipe (`| head`) is not an error.
 pub fn emit(text: &str) -> anyhow::Result<()> {
@@ -215,16 +216,6 @@ fn describe(on: &Option<Subject>) -> String {
     }
 }
 
-fn clip(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        text.to_string()
-    } else {
-        let mut s: String = text.chars().take(max.saturating_sub(1)).collect();
-        s.push('…');
-        s
-    }
-}
-
 /// `huddle board --room R [--json]`
 pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> anyhow::Result<()> {
     let store = ledger_cmds::open(db, options).await?;
@@ -341,6 +332,7 @@ pub struct TasksView {
 
 fn tasks_view(t: &Tally) -> TasksView {
     let room = &t.room;
+    let completions = t.completions_per_task(true);
     let ready: Vec<String> = t
         .dag
         .ready_frontier(room)
@@ -364,7 +356,7 @@ fn tasks_view(t: &Tally) -> TasksView {
                     max_attempts: x.max_attempts,
                     deps: x.deps.clone(),
                     assignee: x.assignee.clone(),
-                    completions: t.accepted_completions.get(&x.id).copied().unwrap_or(0),
+                    completions: completions.get(x.id.as_str()).copied().unwrap_or(0),
                     last_reason: x.last_reason.clone(),
                 })
                 .collect()

@@ -15,5 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod pg;
+pub mod proxy;
 
 pub use pg::{test_database, ClusterError, PgCluster, TestDb, TEST_DATABASE_URL_ENV};
+pub use proxy::FaultProxy;

@@ -1,0 +1,231 @@
+//! Store meters: a [`Store`] wrapper that counts what one relay's handle was asked to
+//! do (acquisitions won and lost per key kind, fenced appends refused, renewals,
+//! releases, mean latencies).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use huddle_core::{Interaction, InteractionId, Limits, NewInteraction, Position, Timestamp};
+use huddle_store::{
+    Acquired, Appended, ClaimRow, ClaimState, Claims, Doorbell, Epoch, Fence, Ledger, ReadBatch,
+    Store,
+};
+use serde::Serialize;
+use tracing::debug;
+
+use crate::report::round2;
+
+/// Counters of what one relay's store handle was asked to do.
+#[derive(Default)]
+pub struct Meter {
+    task_acquires: AtomicU64,
+    task_won: AtomicU64,
+    drive_acquires: AtomicU64,
+    drive_won: AtomicU64,
+    other_acquires: AtomicU64,
+    acquire_us: AtomicU64,
+    fenced_appends: AtomicU64,
+    fenced_refused: AtomicU64,
+    plain_appends: AtomicU64,
+    append_us: AtomicU64,
+    renews: AtomicU64,
+    releases: AtomicU64,
+}
+
+/// A snapshot of a [`Meter`].
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct MeterReport {
+    /// `task/...` acquisitions (one per claim attempt on a task).
+    pub task_acquires: u64,
+    /// Of those, won.
+    pub task_won: u64,
+    /// `taskdrive/...` acquisitions.
+    pub drive_acquires: u64,
+    /// Of those, won.
+    pub drive_won: u64,
+    /// Other acquisitions (reply, drive of replies).
+    pub other_acquires: u64,
+    /// Mean time of one acquisition through this handle, ms (includes waiting for
+    /// the handle's writer connection).
+    pub acquire_mean_ms: f64,
+    /// Fenced appends (claims, completions).
+    pub fenced_appends: u64,
+    /// Of those, refused by the fence.
+    pub fenced_refused: u64,
+    /// Unfenced appends (registrations, bids, command results).
+    pub plain_appends: u64,
+    /// Mean time of one append, ms.
+    pub append_mean_ms: f64,
+    /// Renewals.
+    pub renews: u64,
+    /// Releases.
+    pub releases: u64,
+}
+
+impl Meter {
+    /// What the meter counted so far.
+    pub fn report(&self) -> MeterReport {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let acquires =
+            get(&self.task_acquires) + get(&self.drive_acquires) + get(&self.other_acquires);
+        let appends = get(&self.fenced_appends) + get(&self.plain_appends);
+        let mean = |us: u64, n: u64| {
+            if n == 0 {
+                0.0
+            } else {
+                round2(us as f64 / n as f64 / 1000.0)
+            }
+        };
+        MeterReport {
+            task_acquires: get(&self.task_acquires),
+            task_won: get(&self.task_won),
+            drive_acquires: get(&self.drive_acquires),
+            drive_won: get(&self.drive_won),
+            other_acquires: get(&self.other_acquires),
+            acquire_mean_ms: mean(get(&self.acquire_us), acquires),
+            fenced_appends: get(&self.fenced_appends),
+            fenced_refused: get(&self.fenced_refused),
+            plain_appends: get(&self.plain_appends),
+            append_mean_ms: mean(get(&self.append_us), appends),
+            renews: get(&self.renews),
+            releases: get(&self.releases),
+        }
+    }
+}
+
+fn add_elapsed(counter: &AtomicU64, since: Instant) {
+    counter.fetch_add(since.elapsed().as_micros() as u64, Ordering::Relaxed);
+}
+
+/// A store that counts what passes through it; otherwise the inner store.
+pub struct MeteredStore {
+    inner: Arc<dyn Store>,
+    meter: Arc<Meter>,
+}
+
+impl MeteredStore {
+    /// Wraps `inner`, counting into `meter`.
+    pub fn new(inner: Arc<dyn Store>, meter: Arc<Meter>) -> Self {
+        MeteredStore { inner, meter }
+    }
+}
+
+#[async_trait]
+impl Ledger for MeteredStore {
+    fn limits(&self) -> &Limits {
+        self.inner.limits()
+    }
+
+    async fn append(&self, batch: Vec<NewInteraction>) -> huddle_store::Result<Vec<Appended>> {
+        let t = Instant::now();
+        let r = self.inner.append(batch).await;
+        self.meter.plain_appends.fetch_add(1, Ordering::Relaxed);
+        add_elapsed(&self.meter.append_us, t);
+        r
+    }
+
+    async fn append_fenced(
+        &self,
+        fence: &Fence,
+        batch: Vec<NewInteraction>,
+    ) -> huddle_store::Result<Vec<Appended>> {
+        let t = Instant::now();
+        let r = self.inner.append_fenced(fence, batch).await;
+        self.meter.fenced_appends.fetch_add(1, Ordering::Relaxed);
+        if matches!(r, Err(huddle_store::StoreError::Fenced { .. })) {
+            self.meter.fenced_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        add_elapsed(&self.meter.append_us, t);
+        r
+    }
+
+    async fn read_forward(&self, after: Position, limit: usize) -> huddle_store::Result<ReadBatch> {
+        self.inner.read_forward(after, limit).await
+    }
+
+    async fn read_room(
+        &self,
+        room: &str,
+        after: Position,
+        limit: usize,
+    ) -> huddle_store::Result<ReadBatch> {
+        self.inner.read_room(room, after, limit).await
+    }
+
+    async fn get(&self, id: InteractionId) -> huddle_store::Result<Option<Interaction>> {
+        self.inner.get(id).await
+    }
+
+    fn doorbell(&self) -> Doorbell {
+        self.inner.doorbell()
+    }
+
+    async fn now(&self) -> huddle_store::Result<Timestamp> {
+        self.inner.now().await
+    }
+
+    fn poll_interval(&self) -> Duration {
+        self.inner.poll_interval()
+    }
+}
+
+#[async_trait]
+impl Claims for MeteredStore {
+    async fn acquire(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> huddle_store::Result<Acquired> {
+        let t = Instant::now();
+        let r = self.inner.acquire(key, holder, ttl).await;
+        add_elapsed(&self.meter.acquire_us, t);
+        let won = matches!(r, Ok(Acquired::Won(_)));
+        let (calls, wins) = if key.starts_with("task/") {
+            (&self.meter.task_acquires, Some(&self.meter.task_won))
+        } else if key.starts_with("taskdrive/") {
+            (&self.meter.drive_acquires, Some(&self.meter.drive_won))
+        } else {
+            (&self.meter.other_acquires, None)
+        };
+        calls.fetch_add(1, Ordering::Relaxed);
+        if let Ok(a) = &r {
+            let st = a.state();
+            debug!(key, holder, won, by = %st.holder, epoch = st.epoch, "acquire");
+        }
+        if let (true, Some(w)) = (won, wins) {
+            w.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        holder: &str,
+        epoch: Epoch,
+        ttl: Duration,
+    ) -> huddle_store::Result<Option<ClaimState>> {
+        self.meter.renews.fetch_add(1, Ordering::Relaxed);
+        self.inner.renew(key, holder, epoch, ttl).await
+    }
+
+    async fn release(&self, key: &str, holder: &str, epoch: Epoch) -> huddle_store::Result<bool> {
+        self.meter.releases.fetch_add(1, Ordering::Relaxed);
+        let r = self.inner.release(key, holder, epoch).await;
+        debug!(key, holder, epoch, released = ?r.as_ref().ok(), "release");
+        r
+    }
+
+    async fn list_claims(&self, prefix: &str) -> huddle_store::Result<Vec<ClaimRow>> {
+        self.inner.list_claims(prefix).await
+    }
+}
+
+impl Store for MeteredStore {
+    fn backend_name(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+}
