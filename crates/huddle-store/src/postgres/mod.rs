@@ -22,6 +22,7 @@ mod doorbell;
 mod errors;
 mod migrate;
 mod sql;
+#[cfg(feature = "testing")]
 mod test_backend;
 
 use std::collections::{HashMap, HashSet};
@@ -46,6 +47,7 @@ use crate::traits::{
 use crate::{Result, StoreError, StoreOptions};
 use errors::{map_pg, map_pool};
 
+#[cfg(feature = "testing")]
 pub use test_backend::{PgHeldAppend, PgTestBackend};
 
 /// Postgres-only settings. [`PgOptions::default`] suits production.
@@ -98,6 +100,7 @@ pub struct PgStore {
     notifier: Arc<doorbell::Notifier>,
     connect_timeout: Duration,
     recheck: Arc<doorbell::Recheck>,
+    listening: watch::Receiver<bool>,
     skipped: AtomicU64,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -167,10 +170,12 @@ impl PgStore {
             NOTIFY_APPLICATION_NAME,
             &["synchronous_commit=off"],
         );
+        let (listening_tx, listening) = watch::channel(false);
         let tasks = vec![
             tokio::spawn(doorbell::listen_loop(
                 listen_cfg,
                 bell.clone(),
+                listening_tx,
                 own.clone(),
                 pg.listen_backoff_min,
                 pg.listen_backoff_max,
@@ -190,6 +195,7 @@ impl PgStore {
             notifier,
             connect_timeout: pg.connect_timeout,
             recheck,
+            listening,
             skipped: AtomicU64::new(0),
             tasks,
         })
@@ -210,6 +216,19 @@ impl PgStore {
         self.notifier.flush(self.connect_timeout * 2).await;
     }
 
+    /// Waits (at most `timeout`) until this store's LISTEN connection is up, so that
+    /// whatever other stores or processes commit from then on rings its doorbell;
+    /// returns whether it is. Subscriptions need not wait (the first LISTEN rings the
+    /// bell and they read forward); this is for a caller that must know the doorbell
+    /// is live, such as a test that proves a wake-up came from another process.
+    pub async fn wait_listening(&self, timeout: Duration) -> bool {
+        let mut listening = self.listening.clone();
+        let up = tokio::time::timeout(timeout, listening.wait_for(|up| *up))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        up
+    }
+
     /// The configuration pooled sessions connect with (application name,
     /// `idle_in_transaction_session_timeout`, connect timeout).
     pub fn session_config(&self) -> &Config {
@@ -223,21 +242,7 @@ impl PgStore {
     /// Checks the batch and every item; returns each item's id and canonical body
     /// text (each body encoded once).
     fn validate(&self, batch: &[NewInteraction]) -> Result<(Vec<InteractionId>, Vec<String>)> {
-        let limits = &self.options.limits;
-        if batch.len() > limits.max_batch {
-            return Err(StoreError::BatchTooLarge {
-                got: batch.len(),
-                max: limits.max_batch,
-            });
-        }
-        let mut ids = Vec::with_capacity(batch.len());
-        let mut bodies = Vec::with_capacity(batch.len());
-        for n in batch {
-            let (id, body) = n.checked(limits)?;
-            ids.push(id);
-            bodies.push(body);
-        }
-        Ok((ids, bodies))
+        crate::checked_batch(&self.options.limits, batch)
     }
 
     /// Rings the local bell and asks for one (coalesced) NOTIFY.
@@ -452,6 +457,8 @@ impl Session for deadpool_postgres::Transaction<'_> {
     }
 }
 
+/// A plain session outside the pool (the test backend's held append).
+#[cfg(feature = "testing")]
 #[async_trait]
 impl Session for tokio_postgres::Client {
     async fn statement(&self, sql: &str) -> std::result::Result<Statement, tokio_postgres::Error> {
