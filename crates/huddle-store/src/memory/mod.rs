@@ -171,11 +171,17 @@ impl Tables {
         self.rows.push(row);
     }
 
-    /// Whether `fence` is still the claim's `(holder, epoch)` and unexpired at `now`.
-    fn fence_holds(&self, fence: &Fence, now: Timestamp) -> bool {
-        self.claims.get(&fence.key).is_some_and(|c| {
-            c.holder == fence.holder && c.epoch == fence.epoch && c.expires_at > now
-        })
+    /// The claim `key` if it is still `(holder, epoch)` and unexpired at `now`.
+    fn live_claim(
+        &mut self,
+        key: &str,
+        holder: &str,
+        epoch: Epoch,
+        now: Timestamp,
+    ) -> Option<&mut ClaimState> {
+        self.claims
+            .get_mut(key)
+            .filter(|c| c.holder == holder && c.epoch == epoch && c.expires_at > now)
     }
 }
 
@@ -215,7 +221,10 @@ impl Shared {
         let out = {
             let mut tables = self.tables();
             if let Some(fence) = fence {
-                if !tables.fence_holds(fence, now) {
+                if tables
+                    .live_claim(&fence.key, &fence.holder, fence.epoch, now)
+                    .is_none()
+                {
                     return Err(StoreError::Fenced {
                         key: fence.key.clone(),
                         holder: fence.holder.clone(),
@@ -415,17 +424,9 @@ impl Claims for MemoryStore {
         ttl: Duration,
     ) -> Result<Option<ClaimState>> {
         let ttl = micros(ttl);
-        let fence = Fence {
-            key: key.to_string(),
-            holder: holder.to_string(),
-            epoch,
-        };
         Ok(self
             .claims(|tables, now| {
-                if !tables.fence_holds(&fence, now) {
-                    return None;
-                }
-                let claim = tables.claims.get_mut(key)?;
+                let claim = tables.live_claim(key, holder, epoch, now)?;
                 claim.expires_at = now.saturating_add(ttl);
                 Some(claim.clone())
             })
@@ -433,21 +434,16 @@ impl Claims for MemoryStore {
     }
 
     async fn release(&self, key: &str, holder: &str, epoch: Epoch) -> Result<bool> {
-        let fence = Fence {
-            key: key.to_string(),
-            holder: holder.to_string(),
-            epoch,
-        };
         Ok(self
-            .claims(|tables, now| {
-                if !tables.fence_holds(&fence, now) {
-                    return false;
-                }
-                if let Some(claim) = tables.claims.get_mut(key) {
-                    claim.expires_at = now;
-                }
-                true
-            })
+            .claims(
+                |tables, now| match tables.live_claim(key, holder, epoch, now) {
+                    Some(claim) => {
+                        claim.expires_at = now;
+                        true
+                    }
+                    None => false,
+                },
+            )
             .await)
     }
 
