@@ -845,11 +845,19 @@ pub async fn subscription_wakes_on_append_from_another_handle(b: &impl TestBacke
     );
     let mut sub = Subscription::new(reader, Position::START, 100);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    // Errors go to the test through the channel: once the test is over (the runtime
+    // shutting down cancels the store's blocking reads) nobody is listening.
     let follower = tokio::spawn(async move {
         loop {
-            let batch = sub.next().await.expect("next");
+            let batch = match sub.next().await {
+                Ok(batch) => batch,
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
             for row in batch.rows {
-                if tx.send(row.body["text"].clone()).is_err() {
+                if tx.send(Ok(row.body["text"].clone())).is_err() {
                     return;
                 }
             }
@@ -864,7 +872,8 @@ pub async fn subscription_wakes_on_append_from_another_handle(b: &impl TestBacke
         let got = tokio::time::timeout(Duration::from_secs(10), rx.recv())
             .await
             .expect("the subscription did not wake up for a new row")
-            .expect("follower alive");
+            .expect("follower alive")
+            .expect("the subscription failed");
         assert_eq!(got, json!(i.to_string()));
     }
     follower.abort();
