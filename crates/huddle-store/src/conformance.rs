@@ -1,16 +1,23 @@
-//! The conformance suite: one written behaviour that every backend runs.
+//! The conformance suite: one written behaviour that every backend runs (feature
+//! `testing`).
 //!
 //! A backend's test file implements [`TestBackend`] and invokes
 //! [`conformance_tests!`](crate::conformance_tests) with an async constructor; every
 //! function below becomes one `#[tokio::test]`.
 
+use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use huddle_core::{NewInteraction, RawRow};
+use huddle_core::{Interaction, NewInteraction, Position, RawRow, Role, Verb};
+use serde_json::json;
+use tokio::sync::Barrier;
 
-use crate::error::Result;
-use crate::traits::Store;
+use crate::error::{Result, StoreError};
+use crate::subscribe::Subscription;
+use crate::traits::{Acquired, Fence, Store};
+use crate::StoreOptions;
 
 /// An append transaction that has inserted its rows (they hold their sequence
 /// numbers) but has not committed yet.
@@ -20,6 +27,17 @@ pub trait HeldAppend: Send {
     async fn commit(self: Box<Self>) -> Result<()>;
 }
 
+/// How a backend's writers relate while one of them holds a transaction open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writers {
+    /// One writer at a time: a second writer waits until the held transaction commits
+    /// (SQLite's `BEGIN IMMEDIATE`, the in-memory store's writer gate).
+    Serialized,
+    /// Writers run side by side: a second writer commits while the first, which took
+    /// the lower sequence number, is still open (Postgres).
+    Concurrent,
+}
+
 /// What the suite needs from a backend beyond the [`Store`] traits.
 #[async_trait]
 pub trait TestBackend: Send + Sync + 'static {
@@ -27,8 +45,17 @@ pub trait TestBackend: Send + Sync + 'static {
     fn store(&self) -> Arc<dyn Store>;
     /// Another independent handle on the same database, as a second relay would open.
     /// Its fallback poll must be long (30 s or more), so that a prompt wake-up in the
-    /// suite proves the doorbell rather than the poll.
+    /// suite proves the doorbell rather than the poll, and its doorbell must be live
+    /// when this returns: whatever any handle or process commits afterwards rings it.
     async fn reopen(&self, relay: &str) -> Result<Arc<dyn Store>>;
+    /// Whether a second writer waits for a held append or commits beside it.
+    fn writers(&self) -> Writers;
+    /// A URL another process can open with [`crate::open`], or `None` when the
+    /// database lives in this process only.
+    fn url(&self) -> Option<String>;
+    /// What the `relay` column of a row holds when a store opened with
+    /// `StoreOptions::relay = relay` wrote it (Postgres records the database role).
+    fn recorded_relay(&self, relay: &str) -> String;
     /// Starts an append transaction, inserts `batch` and returns without committing.
     async fn hold_append(&self, batch: Vec<NewInteraction>) -> Result<Box<dyn HeldAppend>>;
     /// Inserts a row bypassing every check, as a foreign or broken writer would. Only
@@ -36,24 +63,17 @@ pub trait TestBackend: Send + Sync + 'static {
     async fn insert_raw(&self, row: RawRow) -> Result<()>;
 }
 
-use std::collections::HashSet;
-use std::time::Duration;
-
-use huddle_core::{Interaction, Position, Role, Verb};
-use serde_json::json;
-
-use crate::error::StoreError;
-use crate::subscribe::Subscription;
-use crate::traits::{Acquired, Fence};
-
 /// Invokes every conformance test for a backend. `$make` is an async fn returning a
-/// [`TestBackend`] over a fresh database.
+/// [`TestBackend`] over a fresh database. With `across_processes` (backends whose
+/// database another process can open, see [`TestBackend::url`]) the suite also runs
+/// [`a_commit_in_another_process_wakes_a_subscriber`].
 #[macro_export]
 macro_rules! conformance_tests {
     ($make:path) => {
         $crate::conformance_tests!(@each $make;
             append_and_read_back,
             identical_content_is_one_row,
+            identical_content_from_concurrent_writers_is_one_row,
             idempotency_key_returns_first_id,
             oversized_and_invalid_batches_write_nothing,
             hostile_names_round_trip,
@@ -65,9 +85,22 @@ macro_rules! conformance_tests {
             other_holder_wins_only_after_expiry,
             release_then_reacquire_bumps_epoch,
             fenced_append_refused_after_handover,
+            fenced_append_racing_a_takeover_lands_only_under_a_live_epoch,
             subscription_wakes_on_append_from_another_handle,
             claims_are_listed_by_prefix,
         );
+    };
+    ($make:path, across_processes) => {
+        $crate::conformance_tests!($make);
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_commit_in_another_process_wakes_a_subscriber() {
+            if $crate::conformance::child_role().await {
+                return;
+            }
+            let backend = $make().await;
+            $crate::conformance::a_commit_in_another_process_wakes_a_subscriber(&backend).await;
+        }
     };
     (@each $make:path; $($name:ident),* $(,)?) => {
         $(
@@ -117,6 +150,17 @@ async fn wait_for_db_time(store: &dyn Store, t: i64) {
             "database clock stuck"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Busy-waits until `t`. The racing tasks of the suite start this way rather than on a
+/// timer or a barrier: a timer rounds a few microseconds up to a millisecond, and a
+/// barrier wakes its waiters a scheduling delay after the last arrival, either longer
+/// than many operations take, so the tasks would run one after the other instead of
+/// side by side. (The suite's runtime has worker threads to spare.)
+fn spin_until(t: std::time::Instant) {
+    while std::time::Instant::now() < t {
+        std::hint::spin_loop();
     }
 }
 
@@ -205,6 +249,47 @@ pub async fn identical_content_is_one_row(b: &impl TestBackend) {
     assert_eq!(batch[1].id, other.id());
     let (rows, _, _) = read_all(&*s, Position::START).await;
     assert_eq!(rows.len(), 2);
+}
+
+/// Writers on several handles appending the same content at the same moment all get
+/// its id; exactly one of them inserted it, and the ledger holds it once.
+pub async fn identical_content_from_concurrent_writers_is_one_row(b: &impl TestBackend) {
+    const WRITERS: usize = 8;
+    const ROUNDS: usize = 5;
+    let mut stores = Vec::new();
+    for w in 0..WRITERS {
+        stores.push(if w % 2 == 0 {
+            b.store()
+        } else {
+            b.reopen(&format!("twin-{w}")).await.expect("reopen")
+        });
+    }
+    let mut expected = Vec::new();
+    for round in 0..ROUNDS {
+        let m = message("r", "twin", &format!("the same words, round {round}"));
+        let start = Arc::new(Barrier::new(WRITERS));
+        let tasks: Vec<_> = stores
+            .iter()
+            .map(|store| {
+                let (store, start, m) = (store.clone(), start.clone(), m.clone());
+                tokio::spawn(async move {
+                    start.wait().await;
+                    store.append(vec![m]).await.expect("append")
+                })
+            })
+            .collect();
+        let mut inserted = 0;
+        for t in tasks {
+            let out = t.await.expect("join");
+            assert_eq!(out.len(), 1);
+            assert_eq!(out[0].id, m.id(), "every writer gets the content's id");
+            inserted += usize::from(out[0].inserted);
+        }
+        assert_eq!(inserted, 1, "round {round}: {inserted} writers inserted");
+        expected.push(m.id());
+    }
+    let (rows, _, _) = read_all(&*b.store(), Position::START).await;
+    assert_eq!(rows.iter().map(|r| r.id).collect::<Vec<_>>(), expected);
 }
 
 /// A second append with the same idempotency key returns the first row's id.
@@ -298,6 +383,13 @@ pub async fn hostile_names_round_trip(b: &impl TestBackend) {
 
 /// A transaction that took a lower sequence number but commits last is never
 /// skipped: readers see every row exactly once, in one order.
+///
+/// The held append takes the lower position. On a backend whose writers run side by
+/// side, the second writer commits while the held one is still open (the out-of-order
+/// commit this is about, forced, not left to timing); on one that serializes writers,
+/// the second writer waits. Either way a read in between returns nothing — a row
+/// behind an open transaction must not move the cursor past that transaction's row —
+/// and after the held commit both rows come back once, held row first.
 pub async fn no_gaps_when_a_lower_sequence_commits_last(b: &impl TestBackend) {
     let s = b.store();
     s.append(vec![message("r", "a", "before")])
@@ -306,52 +398,43 @@ pub async fn no_gaps_when_a_lower_sequence_commits_last(b: &impl TestBackend) {
     let (before, _, cursor) = read_all(&*s, Position::START).await;
     assert_eq!(before.len(), 1);
 
-    let held = b
-        .hold_append(vec![message("r", "slow", "takes the lower sequence")])
-        .await
-        .expect("hold");
-    // A second writer appends while the first transaction is still open. On a backend
-    // that serializes writers it blocks until the commit; elsewhere it commits first.
-    let writer_store = b.store();
-    let writer = tokio::spawn(async move {
-        writer_store
-            .append(vec![message("r", "fast", "commits first")])
+    let slow = message("r", "slow", "takes the lower sequence");
+    let fast = message("r", "fast", "commits first");
+    let writer_store = b.reopen("fast-writer").await.expect("reopen");
+    let held = b.hold_append(vec![slow.clone()]).await.expect("hold");
+    let fast_row = fast.clone();
+    let mut writer = tokio::spawn(async move { writer_store.append(vec![fast_row]).await });
+    if b.writers() == Writers::Concurrent {
+        tokio::time::timeout(Duration::from_secs(10), &mut writer)
             .await
-    });
-    // On a backend whose writers run concurrently the fast writer commits now, ahead
-    // of the held transaction; on one that serializes writers it stays blocked. The
-    // bounded wait only chooses which of the two orders we exercise: the assertions
-    // hold for both.
-    let mut writer = writer;
-    let fast_done = tokio::time::timeout(Duration::from_millis(500), &mut writer).await;
-    let fast_committed_first = match fast_done {
-        Ok(joined) => {
-            joined.expect("join").expect("fast append");
-            true
-        }
-        Err(_) => false,
-    };
-    let mut seen: Vec<Interaction> = Vec::new();
+            .expect("a concurrent writer waited for the held transaction")
+            .expect("join")
+            .expect("fast append");
+    }
     let batch = s.read_forward(cursor, 100).await.expect("read");
-    let cur = batch.next;
-    seen.extend(batch.rows);
+    assert!(
+        batch.rows.is_empty() && batch.skipped.is_empty(),
+        "read past a transaction that is still open: {:?}",
+        batch.rows
+    );
+    assert_eq!(
+        batch.next, cursor,
+        "the cursor moved past an open transaction"
+    );
     held.commit().await.expect("commit held");
-    if !fast_committed_first {
+    if b.writers() == Writers::Serialized {
         writer.await.expect("join").expect("fast append");
     }
-    let (rest, _, _) = read_all(&*s, cur).await;
-    seen.extend(rest);
-    let texts: Vec<_> = seen
-        .iter()
-        .map(|r| r.body["text"].as_str().unwrap_or_default().to_string())
-        .collect();
-    assert_eq!(texts.len(), 2, "every row exactly once: {texts:?}");
-    assert!(texts.contains(&"takes the lower sequence".to_string()));
-    assert!(texts.contains(&"commits first".to_string()));
+    let (seen, _, _) = read_all(&*s, cursor).await;
+    assert_eq!(
+        seen.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![slow.id(), fast.id()],
+        "every row exactly once, the held (lower) one first"
+    );
     // A fresh reader from the start sees the same order.
     let (all, _, _) = read_all(&*s, Position::START).await;
     let ids: Vec<_> = all.iter().skip(1).map(|r| r.id).collect();
-    assert_eq!(ids, seen.iter().map(|r| r.id).collect::<Vec<_>>());
+    assert_eq!(ids, vec![slow.id(), fast.id()]);
 }
 
 /// Several writers (on several handles) and two readers following the ledger at the
@@ -643,6 +726,114 @@ pub async fn fenced_append_refused_after_handover(b: &impl TestBackend) {
     assert_eq!(texts, vec![json!("claimed"), json!("done")]);
 }
 
+/// A fenced append racing a takeover of its claim lands only while the epoch it names
+/// is still the claim's: the new holder, reading right after it won, already sees
+/// every append that landed, and a refused append leaves no row.
+///
+/// Each round, one task appends under `(a, e)` while another (on another handle)
+/// releases `(a, e)` and acquires the claim for `b`. Both start at one instant, one of
+/// them later by a round-dependent offset scaled to how long the two take, so over the
+/// rounds the append falls before, inside and after the takeover. The test needs both outcomes
+/// to have happened, so a race that was never run cannot pass.
+pub async fn fenced_append_racing_a_takeover_lands_only_under_a_live_epoch(b: &impl TestBackend) {
+    const MIN_ROUNDS: usize = 40;
+    const MAX_ROUNDS: usize = 400;
+    let ttl = Duration::from_secs(30);
+    let worker = b.store();
+    let taker = b.reopen("taker").await.expect("reopen");
+    let (mut landed, mut refused) = (0usize, 0usize);
+    // How long the slower side took last round (first guess: 1 ms).
+    let mut span = Duration::from_millis(1);
+    let mut round = 0;
+    while round < MIN_ROUNDS || landed == 0 || refused == 0 {
+        assert!(
+            round < MAX_ROUNDS,
+            "{MAX_ROUNDS} rounds and the race never went both ways: \
+             {landed} appends landed, {refused} were refused"
+        );
+        let key = format!("task/r/race-{round}");
+        let first = worker.acquire(&key, "a", ttl).await.expect("acquire");
+        let Acquired::Won(first) = first else {
+            panic!("a fresh key was not won")
+        };
+        let epoch = first.epoch;
+        let fence = Fence {
+            key: key.clone(),
+            holder: "a".into(),
+            epoch,
+        };
+        let row = message("r", "a", &format!("under epoch {epoch} in round {round}"));
+        // From nothing to a little more than the slower side took last round, on the
+        // appender's side in even rounds and the taker's in odd ones: short enough
+        // that the two overlap, varied so that they overlap differently whatever the
+        // backend's speed.
+        let offset = span.mul_f64(((round * 37) % 100) as f64 / 80.0);
+        let start = std::time::Instant::now() + Duration::from_millis(2);
+        let (append_start, takeover_start) = if round % 2 == 0 {
+            (start + offset, start)
+        } else {
+            (start, start + offset)
+        };
+        let append = {
+            let (worker, row) = (worker.clone(), row.clone());
+            tokio::spawn(async move {
+                spin_until(append_start);
+                let took = std::time::Instant::now();
+                (
+                    worker.append_fenced(&fence, vec![row]).await,
+                    took.elapsed(),
+                )
+            })
+        };
+        let takeover = {
+            let (taker, key, id) = (taker.clone(), key.clone(), row.id());
+            tokio::spawn(async move {
+                spin_until(takeover_start);
+                let took = std::time::Instant::now();
+                assert!(
+                    taker.release(&key, "a", epoch).await.expect("release"),
+                    "the live claim was not released"
+                );
+                let won = taker.acquire(&key, "b", ttl).await.expect("acquire");
+                assert!(won.won(), "a released claim was not taken: {won:?}");
+                assert!(won.state().epoch > epoch);
+                // What the new holder sees the moment it holds the claim.
+                let seen = taker.get(id).await.expect("get").is_some();
+                (seen, took.elapsed())
+            })
+        };
+        let (appended, append_took) = append.await.expect("join");
+        let (seen_by_new_holder, takeover_took) = takeover.await.expect("join");
+        span = append_took.max(takeover_took);
+        match appended {
+            Ok(out) => {
+                assert!(out[0].inserted);
+                assert!(
+                    seen_by_new_holder,
+                    "round {round}: a fenced append landed after its epoch was taken over"
+                );
+                landed += 1;
+            }
+            Err(StoreError::Fenced { .. }) => {
+                assert!(
+                    worker.get(row.id()).await.expect("get").is_none(),
+                    "round {round}: a refused append wrote its row"
+                );
+                refused += 1;
+            }
+            Err(e) => panic!("round {round}: fenced append failed: {e}"),
+        }
+        round += 1;
+    }
+    eprintln!("fenced race: {round} rounds, {landed} appends landed, {refused} refused");
+    let (rows, _, _) = read_all(&*b.store(), Position::START).await;
+    assert_eq!(
+        rows.len(),
+        landed,
+        "exactly the appends that landed are stored"
+    );
+}
+
 /// A subscription on one handle wakes up for appends made on another, promptly
 /// (well before the fallback poll): each append is made only after the subscriber
 /// has caught up and is waiting.
@@ -654,11 +845,19 @@ pub async fn subscription_wakes_on_append_from_another_handle(b: &impl TestBacke
     );
     let mut sub = Subscription::new(reader, Position::START, 100);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    // Errors go to the test through the channel: once the test is over (the runtime
+    // shutting down cancels the store's blocking reads) nobody is listening.
     let follower = tokio::spawn(async move {
         loop {
-            let batch = sub.next().await.expect("next");
+            let batch = match sub.next().await {
+                Ok(batch) => batch,
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
             for row in batch.rows {
-                if tx.send(row.body["text"].clone()).is_err() {
+                if tx.send(Ok(row.body["text"].clone())).is_err() {
                     return;
                 }
             }
@@ -673,7 +872,8 @@ pub async fn subscription_wakes_on_append_from_another_handle(b: &impl TestBacke
         let got = tokio::time::timeout(Duration::from_secs(10), rx.recv())
             .await
             .expect("the subscription did not wake up for a new row")
-            .expect("follower alive");
+            .expect("follower alive")
+            .expect("the subscription failed");
         assert_eq!(got, json!(i.to_string()));
     }
     follower.abort();
@@ -694,4 +894,79 @@ pub async fn claims_are_listed_by_prefix(b: &impl TestBackend) {
     // A prefix with LIKE wildcards is matched literally.
     assert!(s.list_claims("task/%").await.expect("list").is_empty());
     assert!(s.list_claims("task/_/").await.expect("list").is_empty());
+}
+
+/// Set in the child process of [`a_commit_in_another_process_wakes_a_subscriber`]: the
+/// database URL the child appends to.
+pub const CHILD_URL_ENV: &str = "HUDDLE_CONFORMANCE_CHILD_URL";
+
+/// The relay name the child process writes under.
+const CHILD_RELAY: &str = "child-process";
+
+/// The row the child process appends.
+fn child_row() -> NewInteraction {
+    message("lobby", "child", "from another process")
+}
+
+/// In the child process of [`a_commit_in_another_process_wakes_a_subscriber`] (when
+/// [`CHILD_URL_ENV`] is set): opens the database, appends one row, makes sure its
+/// doorbell went out, and returns `true`. Elsewhere returns `false` at once.
+pub async fn child_role() -> bool {
+    let Ok(url) = std::env::var(CHILD_URL_ENV) else {
+        return false;
+    };
+    let options = StoreOptions {
+        relay: CHILD_RELAY.into(),
+        ..StoreOptions::default()
+    };
+    let store = crate::open(&url, options).await.expect("child open");
+    let out = store.append(vec![child_row()]).await.expect("child append");
+    assert!(out[0].inserted);
+    store.flush().await;
+    true
+}
+
+/// A real second process (this test binary, re-run in a child role) appends a row;
+/// this process's doorbell rings through the backend's cross-process path (SQLite's
+/// change watcher, Postgres's LISTEN connection), not the fallback poll, and a
+/// subscription picks the row up.
+pub async fn a_commit_in_another_process_wakes_a_subscriber(b: &impl TestBackend) {
+    let url = b
+        .url()
+        .expect("a backend run across processes must give a URL");
+    let reader = b.reopen("reader").await.expect("reopen");
+    let mut sub = Subscription::new(reader.clone(), Position::START, 10);
+    assert!(sub.poll_once().await.expect("read").rows.is_empty());
+    let mut bell = reader.doorbell();
+    bell.borrow_and_update();
+
+    let exe = std::env::current_exe().expect("test binary path");
+    let child = tokio::process::Command::new(exe)
+        .args([
+            "--exact",
+            "a_commit_in_another_process_wakes_a_subscriber",
+            "--test-threads=1",
+        ])
+        .env(CHILD_URL_ENV, url)
+        .output()
+        .await
+        .expect("run the child process");
+    assert!(
+        child.status.success(),
+        "child failed: {}\n{}",
+        String::from_utf8_lossy(&child.stdout),
+        String::from_utf8_lossy(&child.stderr)
+    );
+    // Nothing in this process appended, so only the cross-process path can ring.
+    tokio::time::timeout(Duration::from_secs(10), bell.changed())
+        .await
+        .expect("no doorbell for another process's commit")
+        .expect("bell open");
+    let batch = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("subscription did not wake")
+        .expect("next");
+    assert_eq!(batch.rows.len(), 1);
+    assert_eq!(batch.rows[0].id, child_row().id());
+    assert_eq!(batch.rows[0].relay, b.recorded_relay(CHILD_RELAY));
 }

@@ -3,7 +3,12 @@
 //! The ledger (append-only interactions, read forward from a gap-free cursor) and the
 //! claims table (leased rows whose atomicity is the database row lock), behind two
 //! traits, [`Ledger`] and [`Claims`], with a SQLite backend (the embedded default) and
-//! a Postgres backend. Both run the same [`conformance`] suite.
+//! a Postgres backend. With the `memory` feature there is a third, in-memory backend
+//! for tests and simulations (`memory::MemoryStore`).
+//!
+//! All three run one written behaviour, the conformance suite (`conformance`, with
+//! each backend's test hooks), compiled only with the `testing` feature: test crates
+//! turn it on through their dev-dependencies, so none of it is in a shipped binary.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), huddle_store::StoreError> {
@@ -18,8 +23,11 @@
 //! ```
 #![warn(missing_docs)]
 
+#[cfg(feature = "testing")]
 pub mod conformance;
 pub mod error;
+#[cfg(feature = "memory")]
+pub mod memory;
 pub mod migrations;
 pub mod postgres;
 pub mod sqlite;
@@ -33,7 +41,7 @@ pub use error::{Result, StoreError};
 pub use subscribe::{ReadStep, Reader, Subscription};
 pub use traits::*;
 
-use huddle_core::Limits;
+use huddle_core::{InteractionId, Limits, NewInteraction};
 
 /// Options common to both backends.
 #[derive(Clone, Debug)]
@@ -62,6 +70,29 @@ impl Default for StoreOptions {
             pool_size: 8,
         }
     }
+}
+
+/// Checks a batch against `limits` before anything is written: its size, then every
+/// interaction. Returns each item's id and canonical body text (each body encoded
+/// once). One bad interaction refuses the whole batch.
+pub(crate) fn checked_batch(
+    limits: &Limits,
+    batch: &[NewInteraction],
+) -> Result<(Vec<InteractionId>, Vec<String>)> {
+    if batch.len() > limits.max_batch {
+        return Err(StoreError::BatchTooLarge {
+            got: batch.len(),
+            max: limits.max_batch,
+        });
+    }
+    let mut ids = Vec::with_capacity(batch.len());
+    let mut bodies = Vec::with_capacity(batch.len());
+    for n in batch {
+        let (id, body) = n.checked(limits)?;
+        ids.push(id);
+        bodies.push(body);
+    }
+    Ok((ids, bodies))
 }
 
 /// Which backend a URL names.

@@ -1,7 +1,8 @@
 //! The Postgres backend against the store's written behaviour (the conformance
 //! suite), plus what only Postgres has: migrations under the advisory lock, the batch
 //! statement's duplicate resolution, the cluster-wide transaction horizon, the
-//! self-ringing bell for held-back rows, and a second process.
+//! self-ringing bell for held-back rows. (The suite's cross-process test runs here
+//! too.)
 //!
 //! Needs PostgreSQL: `initdb`/`pg_ctl` on the machine or `HUDDLE_TEST_DATABASE_URL`
 //! (see huddle-testkit). Without either these tests fail, loudly.
@@ -24,7 +25,7 @@ async fn make_backend() -> PgTestBackend {
         .holding(db)
 }
 
-huddle_store::conformance_tests!(make_backend);
+huddle_store::conformance_tests!(make_backend, across_processes);
 
 fn msg(text: &str) -> NewInteraction {
     NewInteraction::new(
@@ -286,103 +287,6 @@ async fn skipped_rows_are_counted_and_not_returned_by_get() {
     assert_eq!(s.skipped_total(), 2, "every sighting counts");
 }
 
-/// Set in the child process of [`a_commit_in_another_process_wakes_a_subscriber`]:
-/// the database URL the child appends to.
-const CHILD_URL: &str = "HUDDLE_PG_TEST_CHILD_URL";
-
-/// A real second process (this test binary, re-run in a child role) appends a row;
-/// this process's LISTEN connection rings the bell (the fallback poll is a minute)
-/// and the subscription picks the row up.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_in_another_process_wakes_a_subscriber() {
-    let row = msg("from another process");
-    if let Ok(url) = std::env::var(CHILD_URL) {
-        // Child role: append one row, make sure its NOTIFY went out, exit.
-        let options = StoreOptions {
-            relay: "child".into(),
-            ..StoreOptions::default()
-        };
-        let store = PgStore::connect(&url, options)
-            .await
-            .expect("child connect");
-        assert!(store.append(vec![row]).await.expect("child append")[0].inserted);
-        store.flush_doorbell().await;
-        return;
-    }
-    let db = test_database().await;
-    let slow_poll = StoreOptions {
-        poll_interval: Duration::from_secs(60),
-        ..StoreOptions::default()
-    };
-    let b = PgTestBackend::with_options(&db.url, slow_poll, PgOptions::default())
-        .await
-        .expect("connect")
-        .holding(db);
-    let store = b.pg_store();
-    let ledger: Arc<dyn Ledger> = store.clone();
-    let mut sub = Subscription::new(ledger, Position::START, 10);
-    // Caught up and listening before the child writes.
-    assert!(sub.poll_once().await.expect("read").rows.is_empty());
-    wait_until_listening(b.url(), 1).await;
-    let mut bell = store.doorbell();
-    bell.borrow_and_update();
-
-    let exe = std::env::current_exe().expect("test binary path");
-    let child = tokio::process::Command::new(exe)
-        .args([
-            "--exact",
-            "a_commit_in_another_process_wakes_a_subscriber",
-            "--test-threads=1",
-        ])
-        .env(CHILD_URL, b.url())
-        .output()
-        .await
-        .expect("run the child process");
-    assert!(
-        child.status.success(),
-        "child failed: {}\n{}",
-        String::from_utf8_lossy(&child.stdout),
-        String::from_utf8_lossy(&child.stderr)
-    );
-    // Nothing in this process appended, so only the LISTEN connection can ring.
-    tokio::time::timeout(Duration::from_secs(10), bell.changed())
-        .await
-        .expect("no doorbell for another process's commit")
-        .expect("bell open");
-    let batch = tokio::time::timeout(Duration::from_secs(10), sub.next())
-        .await
-        .expect("subscription did not wake")
-        .expect("next");
-    assert_eq!(batch.rows.len(), 1);
-    assert_eq!(batch.rows[0].id, row.id());
-}
-
-/// Waits until `n` sessions of this database have run `LISTEN`.
-async fn wait_until_listening(url: &str, n: i64) {
-    let admin = raw_session(url).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let listening: i64 = admin
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND application_name = 'huddle-listen' \
-                 AND query LIKE 'LISTEN%' AND state = 'idle'",
-                &[],
-            )
-            .await
-            .expect("pg_stat_activity")
-            .get(0);
-        if listening >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the LISTEN session never came up"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test]
 async fn read_room_returns_only_that_room_on_its_index() {
     let b = make_backend().await;
@@ -438,7 +342,7 @@ async fn dropping_a_store_closes_its_listen_and_notify_sessions() {
             .get(0);
         n
     };
-    wait_until_listening(&db.url, 1).await;
+    assert!(store.wait_listening(Duration::from_secs(20)).await);
     assert_eq!(count().await, 2, "one LISTEN and one NOTIFY session");
     drop(store);
     let deadline = Instant::now() + Duration::from_secs(20);

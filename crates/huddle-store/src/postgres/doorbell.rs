@@ -150,10 +150,13 @@ pub(crate) async fn notify_loop(config: Config, notifier: Arc<Notifier>, own: St
 
 /// Keeps one LISTEN connection alive and turns notifications into bell rings. After
 /// every (re)connect it rings once, so subscribers read forward over anything
-/// committed while nobody was listening. Reconnects back off from `min` to `max`.
+/// committed while nobody was listening, and only then reports `listening` true
+/// (false again while the connection is down). Reconnects back off from `min` to
+/// `max`.
 pub(crate) async fn listen_loop(
     config: Config,
     bell: Arc<watch::Sender<u64>>,
+    listening: watch::Sender<bool>,
     own: String,
     min: Duration,
     max: Duration,
@@ -161,7 +164,9 @@ pub(crate) async fn listen_loop(
     let mut backoff = min;
     let mut outage_logged = false;
     loop {
-        match listen_once(&config, &bell, &own).await {
+        let end = listen_once(&config, &bell, &listening, &own).await;
+        listening.send_replace(false);
+        match end {
             ListenEnd::Lost(reason) => {
                 tracing::warn!(reason = %reason, "doorbell: LISTEN connection lost; reconnecting");
                 outage_logged = true;
@@ -188,7 +193,12 @@ enum ListenEnd {
     NotConnected(String),
 }
 
-async fn listen_once(config: &Config, bell: &watch::Sender<u64>, own: &str) -> ListenEnd {
+async fn listen_once(
+    config: &Config,
+    bell: &watch::Sender<u64>,
+    listening: &watch::Sender<bool>,
+    own: &str,
+) -> ListenEnd {
     let (client, mut connection) = match config.connect(NoTls).await {
         Ok(pair) => pair,
         Err(e) => return ListenEnd::NotConnected(e.to_string()),
@@ -222,6 +232,7 @@ async fn listen_once(config: &Config, bell: &watch::Sender<u64>, own: &str) -> L
     tracing::debug!("doorbell: listening");
     // Anything committed while we were not listening is found by reading forward.
     ring(bell);
+    listening.send_replace(true);
     let reason = loop {
         match messages.next().await {
             Some(Ok(m)) => on_message(m),

@@ -22,6 +22,7 @@ mod doorbell;
 mod errors;
 mod migrate;
 mod sql;
+#[cfg(feature = "testing")]
 mod test_backend;
 
 use std::collections::{HashMap, HashSet};
@@ -46,6 +47,7 @@ use crate::traits::{
 use crate::{Result, StoreError, StoreOptions};
 use errors::{map_pg, map_pool};
 
+#[cfg(feature = "testing")]
 pub use test_backend::{PgHeldAppend, PgTestBackend};
 
 /// Postgres-only settings. [`PgOptions::default`] suits production.
@@ -98,6 +100,7 @@ pub struct PgStore {
     notifier: Arc<doorbell::Notifier>,
     connect_timeout: Duration,
     recheck: Arc<doorbell::Recheck>,
+    listening: watch::Receiver<bool>,
     skipped: AtomicU64,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -167,10 +170,12 @@ impl PgStore {
             NOTIFY_APPLICATION_NAME,
             &["synchronous_commit=off"],
         );
+        let (listening_tx, listening) = watch::channel(false);
         let tasks = vec![
             tokio::spawn(doorbell::listen_loop(
                 listen_cfg,
                 bell.clone(),
+                listening_tx,
                 own.clone(),
                 pg.listen_backoff_min,
                 pg.listen_backoff_max,
@@ -190,6 +195,7 @@ impl PgStore {
             notifier,
             connect_timeout: pg.connect_timeout,
             recheck,
+            listening,
             skipped: AtomicU64::new(0),
             tasks,
         })
@@ -210,6 +216,19 @@ impl PgStore {
         self.notifier.flush(self.connect_timeout * 2).await;
     }
 
+    /// Waits (at most `timeout`) until this store's LISTEN connection is up, so that
+    /// whatever other stores or processes commit from then on rings its doorbell;
+    /// returns whether it is. Subscriptions need not wait (the first LISTEN rings the
+    /// bell and they read forward); this is for a caller that must know the doorbell
+    /// is live, such as a test that proves a wake-up came from another process.
+    pub async fn wait_listening(&self, timeout: Duration) -> bool {
+        let mut listening = self.listening.clone();
+        let up = tokio::time::timeout(timeout, listening.wait_for(|up| *up))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        up
+    }
+
     /// The configuration pooled sessions connect with (application name,
     /// `idle_in_transaction_session_timeout`, connect timeout).
     pub fn session_config(&self) -> &Config {
@@ -223,21 +242,7 @@ impl PgStore {
     /// Checks the batch and every item; returns each item's id and canonical body
     /// text (each body encoded once).
     fn validate(&self, batch: &[NewInteraction]) -> Result<(Vec<InteractionId>, Vec<String>)> {
-        let limits = &self.options.limits;
-        if batch.len() > limits.max_batch {
-            return Err(StoreError::BatchTooLarge {
-                got: batch.len(),
-                max: limits.max_batch,
-            });
-        }
-        let mut ids = Vec::with_capacity(batch.len());
-        let mut bodies = Vec::with_capacity(batch.len());
-        for n in batch {
-            let (id, body) = n.checked(limits)?;
-            ids.push(id);
-            bodies.push(body);
-        }
-        Ok((ids, bodies))
+        crate::checked_batch(&self.options.limits, batch)
     }
 
     /// Rings the local bell and asks for one (coalesced) NOTIFY.
@@ -452,6 +457,8 @@ impl Session for deadpool_postgres::Transaction<'_> {
     }
 }
 
+/// A plain session outside the pool (the test backend's held append).
+#[cfg(feature = "testing")]
 #[async_trait]
 impl Session for tokio_postgres::Client {
     async fn statement(&self, sql: &str) -> std::result::Result<Statement, tokio_postgres::Error> {
@@ -823,9 +830,26 @@ impl Store for PgStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
+
+    /// Every node of an `EXPLAIN (FORMAT JSON)` plan, depth first.
+    fn plan_nodes(plan: &Value) -> Vec<&Value> {
+        let mut out = vec![plan];
+        if let Some(children) = plan["Plans"].as_array() {
+            for child in children {
+                out.extend(plan_nodes(child));
+            }
+        }
+        out
+    }
 
     /// The read statements must stay index range scans on `(txid, seq)` however
     /// large the ledger grows: the horizon is computed once (an InitPlan), not per row.
+    ///
+    /// The plan is read as JSON, by node type, relation, index and parent
+    /// relationship, which every supported Postgres major version reports alike (the
+    /// text form names an InitPlan's output `$0` before version 17 and
+    /// `(InitPlan 1).col1` from it on).
     #[tokio::test]
     async fn reads_use_the_cursor_index() {
         let db = huddle_testkit::test_database().await;
@@ -847,36 +871,59 @@ mod tests {
                 .batch_execute(&format!("PREPARE q_{name} AS {sql}"))
                 .await
                 .expect("prepare");
-            let plan: Vec<String> = client
-                .query(&format!("EXPLAIN EXECUTE q_{name}{params}"), &[])
+            // The simple protocol returns the json column as text.
+            let messages = client
+                .simple_query(&format!("EXPLAIN (FORMAT JSON) EXECUTE q_{name}{params}"))
                 .await
-                .expect("explain")
+                .expect("explain");
+            let text = messages
                 .iter()
-                .map(|r| r.get::<_, String>(0))
-                .collect();
-            let plan = plan.join("\n");
+                .find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0),
+                    _ => None,
+                })
+                .expect("a plan row");
+            let explained: Value = serde_json::from_str(text).expect("plan JSON");
+            let nodes = plan_nodes(&explained[0]["Plan"]);
+            let shown = serde_json::to_string_pretty(&explained).unwrap_or_default();
             let index = if name.contains("room") {
                 "interaction_room"
             } else {
                 "interaction_cursor"
             };
+            let scans: Vec<&Value> = nodes
+                .iter()
+                .copied()
+                .filter(|n| n["Relation Name"] == "interaction")
+                .collect();
             assert!(
-                plan.contains("Index") && plan.contains(index),
-                "{name} does not use {index}:\n{plan}"
-            );
-            let reads = name.starts_with("read");
-            assert!(
-                !reads || plan.contains("txid < $"),
-                "{name}: the horizon must bound the index scan:\n{plan}"
-            );
-            assert!(
-                !plan.contains("Sort"),
-                "{name}: rows must come in index order, not sorted (by text!):\n{plan}"
+                !scans.is_empty()
+                    && scans.iter().all(|n| {
+                        matches!(
+                            n["Node Type"].as_str(),
+                            Some("Index Scan" | "Index Only Scan")
+                        ) && n["Index Name"] == index
+                    }),
+                "{name} does not read interaction through {index} alone:\n{shown}"
             );
             assert!(
-                !reads || plan.contains("InitPlan"),
-                "{name}: the horizon should be computed once per statement:\n{plan}"
+                !nodes
+                    .iter()
+                    .any(|n| n["Node Type"].as_str().is_some_and(|t| t.contains("Sort"))),
+                "{name}: rows must come in index order, not sorted (by text!):\n{shown}"
             );
+            if name.starts_with("read") {
+                assert!(
+                    scans.iter().any(|n| n["Index Cond"]
+                        .as_str()
+                        .is_some_and(|c| c.contains("txid <"))),
+                    "{name}: the horizon must bound the index scan:\n{shown}"
+                );
+                assert!(
+                    nodes.iter().any(|n| n["Parent Relationship"] == "InitPlan"),
+                    "{name}: the horizon should be computed once per statement:\n{shown}"
+                );
+            }
         }
     }
 }

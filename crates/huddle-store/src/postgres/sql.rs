@@ -200,8 +200,3 @@ SELECT key, holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8,
 FROM external_claim
 WHERE starts_with(key, $1)
 ORDER BY key COLLATE \"C\"";
-
-/// Inserts a row's content columns verbatim (test support: foreign or broken rows).
-pub(crate) const INSERT_RAW: &str = "\
-INSERT INTO interaction (id, room, thread, verb, actor, role, parent, caused_by, body)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";

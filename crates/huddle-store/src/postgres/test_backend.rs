@@ -15,9 +15,15 @@ use tokio_postgres::{Client, NoTls};
 
 use super::errors::map_pg;
 use super::{insert_batch, sql, PgOptions, PgStore};
-use crate::conformance::{HeldAppend, TestBackend};
+use crate::conformance::{HeldAppend, TestBackend, Writers};
 use crate::traits::Store;
-use crate::{Result, StoreOptions};
+use crate::{Result, StoreError, StoreOptions};
+
+/// Inserts a row's content columns verbatim, bypassing every check (foreign or broken
+/// rows for [`TestBackend::insert_raw`]).
+const INSERT_RAW: &str = "\
+INSERT INTO interaction (id, room, thread, verb, actor, role, parent, caused_by, body)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// The least fallback poll of stores opened by [`TestBackend::reopen`].
 const REOPEN_POLL: Duration = Duration::from_secs(60);
@@ -133,9 +139,31 @@ impl TestBackend for PgTestBackend {
             poll_interval: self.options.poll_interval.max(REOPEN_POLL),
             ..self.options.clone()
         };
-        Ok(Arc::new(
-            PgStore::connect_with(&self.url, options, self.pg.clone()).await?,
-        ))
+        let store = PgStore::connect_with(&self.url, options, self.pg.clone()).await?;
+        if !store.wait_listening(self.pg.connect_timeout * 2).await {
+            return Err(StoreError::Unavailable(
+                "the reopened store's LISTEN connection did not come up".into(),
+            ));
+        }
+        Ok(Arc::new(store))
+    }
+
+    fn writers(&self) -> Writers {
+        // Each append is its own transaction on its own session.
+        Writers::Concurrent
+    }
+
+    fn url(&self) -> Option<String> {
+        Some(self.url.clone())
+    }
+
+    fn recorded_relay(&self, _relay: &str) -> String {
+        // Postgres records the database role, whatever the relay calls itself.
+        self.store
+            .session_config()
+            .get_user()
+            .unwrap_or_default()
+            .to_string()
     }
 
     async fn hold_append(&self, batch: Vec<NewInteraction>) -> Result<Box<dyn HeldAppend>> {
@@ -152,7 +180,7 @@ impl TestBackend for PgTestBackend {
         let (client, driver) = self.session().await?;
         let result = client
             .execute(
-                sql::INSERT_RAW,
+                INSERT_RAW,
                 &[
                     &row.id,
                     &row.room,

@@ -25,6 +25,7 @@
 mod claims;
 mod conn;
 mod ledger;
+#[cfg(feature = "testing")]
 mod testing;
 mod watcher;
 
@@ -51,6 +52,7 @@ use conn::{now_us, ConnKind, MEMORY};
 use ledger::row_columns;
 use watcher::Watcher;
 
+#[cfg(feature = "testing")]
 pub use testing::{SqliteHeldAppend, SqliteTestBackend};
 
 const READ_FORWARD: &str = concat!(

@@ -12,7 +12,7 @@ use tempfile::TempDir;
 
 use super::conn::{now_us, open_connection, ConnKind};
 use super::{joined, ledger, SqliteStore};
-use crate::conformance::{HeldAppend, TestBackend};
+use crate::conformance::{HeldAppend, TestBackend, Writers};
 use crate::error::{Result, StoreError};
 use crate::traits::Store;
 use crate::StoreOptions;
@@ -93,6 +93,19 @@ impl TestBackend for SqliteTestBackend {
         Ok(Arc::new(
             SqliteStore::open(path_str(&self.path)?, options).await?,
         ))
+    }
+
+    fn writers(&self) -> Writers {
+        // `BEGIN IMMEDIATE`: one writer at a time.
+        Writers::Serialized
+    }
+
+    fn url(&self) -> Option<String> {
+        self.raw_path().ok()
+    }
+
+    fn recorded_relay(&self, relay: &str) -> String {
+        relay.to_string()
     }
 
     async fn hold_append(&self, batch: Vec<NewInteraction>) -> Result<Box<dyn HeldAppend>> {

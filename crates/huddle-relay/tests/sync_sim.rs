@@ -1,129 +1,30 @@
 //! A deterministic simulation of several relays, each running a `Synchronizer`,
-//! against a fake claims table and a fake ledger with the store's semantics
-//! (identical content deduplicated, fenced appends refused under a lost claim, epochs
-//! that rise on every change of hands or re-take after expiry).
+//! against the in-memory store (`huddle_store::memory`) on a manual clock: the same
+//! claims and ledger semantics as SQLite and Postgres (the store conformance suite
+//! holds it to them), with simulated time.
 //!
-//! It uses only the public API, the way `huddle-relay` will: feed events, perform
-//! intents in order, answer acquires with `ClaimResult`, report turn endings.
+//! It drives the synchronizers the way `huddle-relay`'s runtime does: feed events,
+//! perform intents in order against the store, answer acquires with `ClaimResult`,
+//! report turn endings and lost claims. Time moves only when the simulation moves it,
+//! so every run is the same.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use huddle_core::config::{Allocation, Responder, RoomConfig};
 use huddle_core::sync::{ClaimOutcome, TurnId, TurnOutcome, TurnStart, TurnWork};
 use huddle_core::{
-    Event, Fold, Intent, Interaction, InteractionId, LocalAgent, NewInteraction, Position, Role,
-    Synchronizer, TaskDag, TaskStatus, Timestamp, Verb,
+    Event, Fold, Intent, Interaction, LocalAgent, NewInteraction, Position, Role, Synchronizer,
+    TaskDag, TaskStatus, Timestamp, Verb,
 };
+use huddle_store::memory::{ManualClock, MemoryStore};
+use huddle_store::{Claims, Fence, Ledger, StoreError, StoreOptions};
 use serde_json::json;
 
 const MS: Timestamp = 1_000;
 const S: Timestamp = 1_000_000;
 const T0: Timestamp = 1_700_000_000 * S;
 const ROOM: &str = "lobby";
-
-// ---------------------------------------------------------------------------------
-// Fake store
-// ---------------------------------------------------------------------------------
-
-#[derive(Clone, Debug)]
-struct ClaimRow {
-    holder: String,
-    epoch: i64,
-    expires_at: Timestamp,
-}
-
-#[derive(Default)]
-struct Store {
-    rows: Vec<Interaction>,
-    ids: BTreeSet<InteractionId>,
-    claims: BTreeMap<String, ClaimRow>,
-    refused_appends: usize,
-}
-
-impl Store {
-    fn append(&mut self, batch: Vec<NewInteraction>, relay: &str, now: Timestamp) {
-        for n in batch {
-            let id = n.id();
-            if !self.ids.insert(id) {
-                continue;
-            }
-            let position = Position::new(0, self.rows.len() as u64 + 1);
-            self.rows.push(Interaction {
-                id,
-                position,
-                at: now,
-                relay: relay.to_string(),
-                room: n.room,
-                thread: n.thread,
-                verb: n.verb,
-                actor: n.actor,
-                role: n.role,
-                parent: n.parent,
-                caused_by: n.caused_by,
-                body: n.body,
-            });
-        }
-    }
-
-    fn fence_ok(&self, key: &str, holder: &str, epoch: i64, now: Timestamp) -> bool {
-        self.claims
-            .get(key)
-            .is_some_and(|c| c.holder == holder && c.epoch == epoch && c.expires_at > now)
-    }
-
-    fn acquire(&mut self, key: &str, holder: &str, ttl: Timestamp, now: Timestamp) -> ClaimOutcome {
-        let row = self.claims.get(key).cloned();
-        let (won, epoch) = match row {
-            None => (true, 1),
-            Some(c) if c.expires_at <= now => (true, c.epoch + 1),
-            Some(c) if c.holder == holder => (true, c.epoch),
-            Some(c) => (false, c.epoch),
-        };
-        if won {
-            self.claims.insert(
-                key.to_string(),
-                ClaimRow {
-                    holder: holder.to_string(),
-                    epoch,
-                    expires_at: now + ttl,
-                },
-            );
-        }
-        let c = &self.claims[key];
-        ClaimOutcome {
-            key: key.to_string(),
-            holder: holder.to_string(),
-            won,
-            epoch,
-            expires_at: c.expires_at,
-        }
-    }
-
-    fn renew(
-        &mut self,
-        key: &str,
-        holder: &str,
-        epoch: i64,
-        ttl: Timestamp,
-        now: Timestamp,
-    ) -> bool {
-        if !self.fence_ok(key, holder, epoch, now) {
-            return false;
-        }
-        if let Some(c) = self.claims.get_mut(key) {
-            c.expires_at = now + ttl;
-        }
-        true
-    }
-
-    fn release(&mut self, key: &str, holder: &str, epoch: i64, now: Timestamp) {
-        if let Some(c) = self.claims.get_mut(key) {
-            if c.holder == holder && c.epoch == epoch {
-                c.expires_at = now;
-            }
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------
 // Relays
@@ -137,7 +38,9 @@ struct RunningTurn {
 struct Relay {
     id: String,
     sync: Synchronizer,
-    cursor: usize,
+    /// This relay's handle on the shared store.
+    store: Arc<MemoryStore>,
+    cursor: Position,
     turns: BTreeMap<TurnId, RunningTurn>,
     state: RelayState,
     stopped: bool,
@@ -163,7 +66,14 @@ struct AgentModel {
 }
 
 struct Sim {
-    store: Store,
+    /// The owner's handle on the store (the relays hold their own).
+    store: MemoryStore,
+    /// The store's clock, set to `now` before every write.
+    clock: ManualClock,
+    /// Every row of the ledger so far, read forward from the store by [`Sim::refresh`].
+    rows: Vec<Interaction>,
+    /// Fenced appends the store refused.
+    refused_appends: usize,
     relays: Vec<Relay>,
     now: Timestamp,
     model: AgentModel,
@@ -171,8 +81,17 @@ struct Sim {
     started: BTreeMap<String, usize>,
 }
 
+fn options(relay: &str) -> StoreOptions {
+    StoreOptions {
+        relay: relay.to_string(),
+        ..StoreOptions::default()
+    }
+}
+
 impl Sim {
     fn new(layout: &[&[&str]], config: RoomConfig, model: AgentModel) -> Self {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::with_clock(options("owner-cli"), clock.clone());
         let relays = layout
             .iter()
             .enumerate()
@@ -189,9 +108,10 @@ impl Sim {
                     config: config.clone(),
                 });
                 Relay {
+                    store: Arc::new(store.handle(options(&id))),
                     id,
                     sync,
-                    cursor: 0,
+                    cursor: Position::START,
                     turns: BTreeMap::new(),
                     state: RelayState::Running,
                     stopped: false,
@@ -200,7 +120,10 @@ impl Sim {
             })
             .collect();
         Sim {
-            store: Store::default(),
+            store,
+            clock,
+            rows: Vec::new(),
+            refused_appends: 0,
             relays,
             now: T0,
             model,
@@ -208,13 +131,30 @@ impl Sim {
         }
     }
 
-    /// The owner appends rows (e.g. a delegated DAG, messages).
-    fn owner_append(&mut self, rows: Vec<NewInteraction>) {
-        let now = self.now;
-        self.store.append(rows, "owner-cli", now);
+    /// Reads the ledger forward into `rows`.
+    async fn refresh(&mut self) {
+        let after = self.rows.last().map_or(Position::START, |r| r.position);
+        let batch = self
+            .store
+            .read_forward(after, usize::MAX)
+            .await
+            .expect("read");
+        assert!(
+            batch.skipped.is_empty(),
+            "corrupt rows: {:?}",
+            batch.skipped
+        );
+        self.rows.extend(batch.rows);
     }
 
-    fn step_relay(&mut self, r: usize) {
+    /// The owner appends rows (e.g. a delegated DAG, messages).
+    async fn owner_append(&mut self, rows: Vec<NewInteraction>) {
+        self.clock.set(self.now);
+        self.store.append(rows).await.expect("owner append");
+        self.refresh().await;
+    }
+
+    async fn step_relay(&mut self, r: usize) {
         let now = self.now;
         match self.relays[r].state {
             RelayState::Dead => return,
@@ -227,13 +167,17 @@ impl Sim {
         if due {
             queue.push_back(Event::Tick { now });
         }
-        let cursor = self.relays[r].cursor;
-        if cursor < self.store.rows.len() || !self.relays[r].read_once {
-            self.relays[r].read_once = true;
-            let rows = self.store.rows[cursor..].to_vec();
-            self.relays[r].cursor = self.store.rows.len();
+        let relay = &mut self.relays[r];
+        let batch = relay
+            .store
+            .read_forward(relay.cursor, usize::MAX)
+            .await
+            .expect("read");
+        relay.cursor = batch.next;
+        if !batch.rows.is_empty() || !relay.read_once {
+            relay.read_once = true;
             queue.push_back(Event::Ledger {
-                rows,
+                rows: batch.rows,
                 caught_up: true,
             });
         }
@@ -257,36 +201,51 @@ impl Sim {
             guard += 1;
             assert!(guard < 100_000, "event storm on {}", self.relays[r].id);
             let intents = self.relays[r].sync.handle(ev);
-            self.perform(r, intents, &mut queue);
+            self.perform(r, intents, &mut queue).await;
         }
     }
 
-    fn perform(&mut self, r: usize, intents: Vec<Intent>, queue: &mut VecDeque<Event>) {
-        let now = self.now;
-        let relay_id = self.relays[r].id.clone();
+    /// Performs intents in order against the store, as the relay's executor does.
+    async fn perform(&mut self, r: usize, intents: Vec<Intent>, queue: &mut VecDeque<Event>) {
+        self.clock.set(self.now);
+        let store = Arc::clone(&self.relays[r].store);
         let mut refused: BTreeSet<(String, i64)> = BTreeSet::new();
         for intent in intents {
             match intent {
                 Intent::Acquire {
                     key, holder, ttl, ..
                 } => {
-                    let ttl = ttl.as_micros() as Timestamp;
-                    let outcome = self.store.acquire(&key, &holder, ttl, now);
-                    queue.push_back(Event::ClaimResult(outcome));
+                    let out = store.acquire(&key, &holder, ttl).await.expect("acquire");
+                    let state = out.state();
+                    queue.push_back(Event::ClaimResult(ClaimOutcome {
+                        won: out.won(),
+                        epoch: state.epoch,
+                        expires_at: state.expires_at,
+                        key,
+                        holder,
+                    }));
                 }
                 Intent::Append { fence, batch } => {
-                    if let Some(f) = &fence {
-                        if !self.store.fence_ok(&f.key, &f.holder, f.epoch, now) {
-                            self.store.refused_appends += 1;
-                            refused.insert((f.key.clone(), f.epoch));
-                            queue.push_back(Event::ClaimLost {
+                    let appended = match &fence {
+                        Some(f) => {
+                            let fence = Fence {
                                 key: f.key.clone(),
+                                holder: f.holder.clone(),
                                 epoch: f.epoch,
-                            });
-                            continue;
+                            };
+                            store.append_fenced(&fence, batch).await
                         }
+                        None => store.append(batch).await,
+                    };
+                    match appended {
+                        Ok(_) => {}
+                        Err(StoreError::Fenced { key, epoch, .. }) => {
+                            self.refused_appends += 1;
+                            refused.insert((key.clone(), epoch));
+                            queue.push_back(Event::ClaimLost { key, epoch });
+                        }
+                        Err(e) => panic!("append on {}: {e}", self.relays[r].id),
                     }
-                    self.store.append(batch, &relay_id, now);
                 }
                 Intent::StartTurn(start) => {
                     if start
@@ -304,13 +263,13 @@ impl Sim {
                     epoch,
                     ttl,
                 } => {
-                    let ttl = ttl.as_micros() as Timestamp;
-                    if !self.store.renew(&key, &holder, epoch, ttl, now) {
+                    let renewed = store.renew(&key, &holder, epoch, ttl).await.expect("renew");
+                    if renewed.is_none() {
                         queue.push_back(Event::ClaimLost { key, epoch });
                     }
                 }
                 Intent::Release { key, holder, epoch } => {
-                    self.store.release(&key, &holder, epoch, now);
+                    store.release(&key, &holder, epoch).await.expect("release");
                 }
                 Intent::Cancel { turn } => {
                     if self.relays[r].turns.remove(&turn).is_some() {
@@ -325,7 +284,6 @@ impl Sim {
             }
         }
     }
-
     fn start_turn(&mut self, r: usize, start: &TurnStart) {
         *self.started.entry(start.subject.key()).or_default() += 1;
         let (time, outcome) = match &start.work {
@@ -363,11 +321,17 @@ impl Sim {
     }
 
     /// Steps every relay every `step` until `done` or `limit`.
-    fn run(&mut self, step: Timestamp, limit: Timestamp, done: impl Fn(&Sim) -> bool) -> Timestamp {
+    async fn run(
+        &mut self,
+        step: Timestamp,
+        limit: Timestamp,
+        done: impl Fn(&Sim) -> bool,
+    ) -> Timestamp {
         while self.now < T0 + limit {
             for r in 0..self.relays.len() {
-                self.step_relay(r);
+                self.step_relay(r).await;
             }
+            self.refresh().await;
             if done(self) {
                 return self.now - T0;
             }
@@ -377,11 +341,11 @@ impl Sim {
     }
 
     fn dag(&self) -> TaskDag {
-        TaskDag::rebuild(&self.store.rows)
+        TaskDag::rebuild(&self.rows)
     }
 
     fn rows(&self, verb: Verb) -> impl Iterator<Item = &Interaction> {
-        self.store.rows.iter().filter(move |r| r.verb == verb)
+        self.rows.iter().filter(move |r| r.verb == verb)
     }
 }
 
@@ -437,14 +401,15 @@ fn all_tasks_settled(sim: &Sim) -> bool {
 
 /// Every task completed exactly once (one `task.completed` row, accepted), and no task
 /// was claimed before all its dependencies were completed.
-fn check_exactly_once_and_order(sim: &mut Sim, n: usize, deps: &[Vec<usize>]) {
+async fn check_exactly_once_and_order(sim: &mut Sim, n: usize, deps: &[Vec<usize>]) {
     // Let every relay read the tail of the ledger.
     for _ in 0..2 {
         sim.now += 100 * MS;
         for r in 0..sim.relays.len() {
-            sim.step_relay(r);
+            sim.step_relay(r).await;
         }
     }
+    sim.refresh().await;
     let sim = &*sim;
     let dag = sim.dag();
     let mut completed_at: BTreeMap<String, Position> = BTreeMap::new();
@@ -497,7 +462,7 @@ fn layout(names: &[Vec<String>]) -> Vec<Vec<&str>> {
         .collect()
 }
 
-fn run_dag(
+async fn run_dag(
     relays: usize,
     per_relay: usize,
     n: usize,
@@ -511,8 +476,8 @@ fn run_dag(
     let refs: Vec<&[&str]> = l.iter().map(Vec::as_slice).collect();
     let mut sim = Sim::new(&refs, config, model);
     let (rows, deps) = delegate(n, &[]);
-    sim.owner_append(rows);
-    let took = sim.run(100 * MS, 3_600 * S, all_tasks_settled);
+    sim.owner_append(rows).await;
+    let took = sim.run(100 * MS, 3_600 * S, all_tasks_settled).await;
     (sim, deps, took)
 }
 
@@ -562,10 +527,10 @@ fn greedy_makespan(deps: &[Vec<usize>], agents: usize, duration: Timestamp) -> T
     done_at.into_iter().flatten().max().unwrap_or(0)
 }
 
-#[test]
-fn three_hundred_tasks_pull_six_agents_three_relays() {
-    let (mut sim, deps, took) = run_dag(3, 2, 300, RoomConfig::default(), model(1_000));
-    check_exactly_once_and_order(&mut sim, 300, &deps);
+#[tokio::test]
+async fn three_hundred_tasks_pull_six_agents_three_relays() {
+    let (mut sim, deps, took) = run_dag(3, 2, 300, RoomConfig::default(), model(1_000)).await;
+    check_exactly_once_and_order(&mut sim, 300, &deps).await;
     // No duplicate work without failures: one turn per task.
     assert!(sim.started.values().all(|n| *n == 1), "a task ran twice");
     let ideal = greedy_makespan(&deps, 6, S);
@@ -585,10 +550,10 @@ fn three_hundred_tasks_pull_six_agents_three_relays() {
     }
 }
 
-#[test]
-fn three_hundred_tasks_pull_thirty_agents_three_relays() {
-    let (mut sim, deps, took) = run_dag(3, 10, 300, RoomConfig::default(), model(5_000));
-    check_exactly_once_and_order(&mut sim, 300, &deps);
+#[tokio::test]
+async fn three_hundred_tasks_pull_thirty_agents_three_relays() {
+    let (mut sim, deps, took) = run_dag(3, 10, 300, RoomConfig::default(), model(5_000)).await;
+    check_exactly_once_and_order(&mut sim, 300, &deps).await;
     assert!(sim.started.values().all(|n| *n == 1), "a task ran twice");
     let ideal = greedy_makespan(&deps, 30, 5 * S);
     eprintln!(
@@ -604,26 +569,26 @@ fn three_hundred_tasks_pull_thirty_agents_three_relays() {
     );
 }
 
-#[test]
-fn failures_are_retried_and_still_complete_once() {
+#[tokio::test]
+async fn failures_are_retried_and_still_complete_once() {
     let m = AgentModel {
         fail_every: Some(7),
         ..model(1_000)
     };
-    let (mut sim, deps, _) = run_dag(2, 3, 120, RoomConfig::default(), m);
-    check_exactly_once_and_order(&mut sim, 120, &deps);
+    let (mut sim, deps, _) = run_dag(2, 3, 120, RoomConfig::default(), m).await;
+    check_exactly_once_and_order(&mut sim, 120, &deps).await;
     let failed = sim.rows(Verb::TaskFailed).count();
     assert_eq!(failed, (0..120).filter(|i| i % 7 == 0).count());
 }
 
-#[test]
-fn contract_net_bid_allocation() {
+#[tokio::test]
+async fn contract_net_bid_allocation() {
     let config = RoomConfig {
         allocation: Allocation::Bid,
         ..RoomConfig::default()
     };
-    let (mut sim, deps, took) = run_dag(2, 3, 100, config, model(3_000));
-    check_exactly_once_and_order(&mut sim, 100, &deps);
+    let (mut sim, deps, took) = run_dag(2, 3, 100, config, model(3_000)).await;
+    check_exactly_once_and_order(&mut sim, 100, &deps).await;
     let bids = sim.rows(Verb::TaskBid).count();
     let rejections = sim.rows(Verb::TaskRejected).count();
     eprintln!(
@@ -649,8 +614,8 @@ fn contract_net_bid_allocation() {
     }
 }
 
-#[test]
-fn push_allocation_goes_to_assignees() {
+#[tokio::test]
+async fn push_allocation_goes_to_assignees() {
     let config = RoomConfig {
         allocation: Allocation::Push,
         ..RoomConfig::default()
@@ -660,17 +625,17 @@ fn push_allocation_goes_to_assignees() {
     let refs: Vec<&[&str]> = l.iter().map(Vec::as_slice).collect();
     let mut sim = Sim::new(&refs, config, model(1_000));
     let (rows, deps) = delegate(60, &["p0", "q1"]);
-    sim.owner_append(rows);
-    sim.run(100 * MS, 3_600 * S, all_tasks_settled);
-    check_exactly_once_and_order(&mut sim, 60, &deps);
+    sim.owner_append(rows).await;
+    sim.run(100 * MS, 3_600 * S, all_tasks_settled).await;
+    check_exactly_once_and_order(&mut sim, 60, &deps).await;
     for r in sim.rows(Verb::TaskCompleted) {
         let i: usize = r.body["task"].as_str().unwrap()[1..].parse().unwrap();
         assert_eq!(r.actor, ["p0", "q1"][i % 2]);
     }
 }
 
-#[test]
-fn a_killed_relay_is_failed_over_within_ttl_and_a_tick() {
+#[tokio::test]
+async fn a_killed_relay_is_failed_over_within_ttl_and_a_tick() {
     let config = RoomConfig {
         claim_ttl_ms: 4_000,
         ..RoomConfig::default()
@@ -680,9 +645,9 @@ fn a_killed_relay_is_failed_over_within_ttl_and_a_tick() {
     let refs: Vec<&[&str]> = l.iter().map(Vec::as_slice).collect();
     let mut sim = Sim::new(&refs, config, model(2_000));
     let (rows, deps) = delegate(150, &[]);
-    sim.owner_append(rows);
+    sim.owner_append(rows).await;
     // Run a while, then kill relay 0 in the middle of its turns.
-    sim.run(100 * MS, 20 * S, |s| s.now >= T0 + 10 * S);
+    sim.run(100 * MS, 20 * S, |s| s.now >= T0 + 10 * S).await;
     assert!(
         !sim.relays[0].turns.is_empty(),
         "relay 0 should be mid-turn"
@@ -708,19 +673,19 @@ fn a_killed_relay_is_failed_over_within_ttl_and_a_tick() {
             t.status == TaskStatus::Done || t.claimed_at.is_some_and(|c| c > killed_at)
         })
     };
-    sim.run(100 * MS, 3_600 * S, retaken);
+    sim.run(100 * MS, 3_600 * S, retaken).await;
     let failover = sim.now - killed_at;
     eprintln!("failover after {:.1} s", failover as f64 / 1e6);
     assert!(
         failover <= 4 * S + S + 200 * MS,
         "failover took {failover} µs"
     );
-    sim.run(100 * MS, 3_600 * S, all_tasks_settled);
-    check_exactly_once_and_order(&mut sim, 150, &deps);
+    sim.run(100 * MS, 3_600 * S, all_tasks_settled).await;
+    check_exactly_once_and_order(&mut sim, 150, &deps).await;
 }
 
-#[test]
-fn a_paused_relay_never_completes_under_its_stale_epoch() {
+#[tokio::test]
+async fn a_paused_relay_never_completes_under_its_stale_epoch() {
     let config = RoomConfig {
         claim_ttl_ms: 4_000,
         ..RoomConfig::default()
@@ -730,21 +695,21 @@ fn a_paused_relay_never_completes_under_its_stale_epoch() {
     let refs: Vec<&[&str]> = l.iter().map(Vec::as_slice).collect();
     let mut sim = Sim::new(&refs, config, model(3_000));
     let (rows, deps) = delegate(40, &[]);
-    sim.owner_append(rows);
-    sim.run(100 * MS, 20 * S, |s| s.now >= T0 + 2 * S);
+    sim.owner_append(rows).await;
+    sim.run(100 * MS, 20 * S, |s| s.now >= T0 + 2 * S).await;
     assert!(!sim.relays[0].turns.is_empty());
     // Paused for three TTLs: its turns "finish" meanwhile, but its claims lapse.
     sim.relays[0].state = RelayState::PausedUntil(sim.now + 12 * S);
-    sim.run(100 * MS, 3_600 * S, all_tasks_settled);
-    check_exactly_once_and_order(&mut sim, 40, &deps);
+    sim.run(100 * MS, 3_600 * S, all_tasks_settled).await;
+    check_exactly_once_and_order(&mut sim, 40, &deps).await;
     assert!(
-        sim.store.refused_appends > 0,
+        sim.refused_appends > 0,
         "stale appends were refused by the fence"
     );
 }
 
-#[test]
-fn exactly_one_reply_per_message_with_three_relays() {
+#[tokio::test]
+async fn exactly_one_reply_per_message_with_three_relays() {
     for responder in [Responder::Race, Responder::RolePriority] {
         let config = RoomConfig {
             responder,
@@ -753,7 +718,7 @@ fn exactly_one_reply_per_message_with_three_relays() {
         // bo is hosted on two relays: drive election picks one of them.
         let layout: Vec<&[&str]> = vec![&["bo", "cy"], &["bo", "dee"], &["eve", "fay"]];
         let mut sim = Sim::new(&layout, config, model(1_000));
-        sim.run(100 * MS, 5 * S, |s| s.now >= T0 + S);
+        sim.run(100 * MS, 5 * S, |s| s.now >= T0 + S).await;
         let mut ids = Vec::new();
         for i in 0..60 {
             let text = if i % 5 == 0 {
@@ -769,10 +734,11 @@ fn exactly_one_reply_per_message_with_three_relays() {
                 json!({ "text": text }),
             );
             ids.push(m.id());
-            sim.owner_append(vec![m]);
+            sim.owner_append(vec![m]).await;
             sim.run(100 * MS, 3_600 * S, |s| {
                 s.now >= T0 + S + (i + 1) * 300 * MS
-            });
+            })
+            .await;
         }
         let answered = |s: &Sim| {
             let replied: BTreeSet<&str> = s
@@ -781,8 +747,9 @@ fn exactly_one_reply_per_message_with_three_relays() {
                 .collect();
             ids.iter().all(|id| replied.contains(id.to_hex().as_str()))
         };
-        sim.run(100 * MS, 3_600 * S, answered);
-        sim.run(100 * MS, 3_600 * S, |s| s.now >= T0 + 120 * S);
+        sim.run(100 * MS, 3_600 * S, answered).await;
+        sim.run(100 * MS, 3_600 * S, |s| s.now >= T0 + 120 * S)
+            .await;
         let mut replies: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for r in sim
             .rows(Verb::MessagePosted)
@@ -812,8 +779,8 @@ fn exactly_one_reply_per_message_with_three_relays() {
     }
 }
 
-#[test]
-fn a_silent_designated_responder_degrades_to_a_race() {
+#[tokio::test]
+async fn a_silent_designated_responder_degrades_to_a_race() {
     let config = RoomConfig {
         responder: Responder::Designated,
         responder_agent: Some("ghost".into()),
@@ -828,8 +795,9 @@ fn a_silent_designated_responder_degrades_to_a_race() {
         "ghost",
         Role::Agent,
         json!({}),
-    )]);
-    sim.run(100 * MS, 5 * S, |s| s.now >= T0 + S);
+    )])
+    .await;
+    sim.run(100 * MS, 5 * S, |s| s.now >= T0 + S).await;
     let m = NewInteraction::new(
         ROOM,
         Verb::MessagePosted,
@@ -838,41 +806,44 @@ fn a_silent_designated_responder_degrades_to_a_race() {
         json!({"text": "anyone"}),
     );
     let posted_at = sim.now;
-    sim.owner_append(vec![m]);
+    sim.owner_append(vec![m]).await;
     sim.run(100 * MS, 60 * S, |s| {
         s.rows(Verb::TurnPrompted).count() == 1
-    });
+    })
+    .await;
     let prompted = sim.rows(Verb::TurnPrompted).next().unwrap().at;
     assert!(
         prompted - posted_at >= 1_500 * MS,
         "others waited the window"
     );
     assert!(prompted - posted_at <= 1_800 * MS, "and then answered");
-    sim.run(100 * MS, 60 * S, |s| s.rows(Verb::TurnReplied).count() == 1);
-    sim.run(100 * MS, 60 * S, |s| s.now >= T0 + 30 * S);
+    sim.run(100 * MS, 60 * S, |s| s.rows(Verb::TurnReplied).count() == 1)
+        .await;
+    sim.run(100 * MS, 60 * S, |s| s.now >= T0 + 30 * S).await;
     assert_eq!(sim.rows(Verb::TurnReplied).count(), 1);
 }
 
-#[test]
-fn shutdown_hands_tasks_back() {
+#[tokio::test]
+async fn shutdown_hands_tasks_back() {
     let names = vec![agents("x", 2), agents("y", 2)];
     let l = layout(&names);
     let refs: Vec<&[&str]> = l.iter().map(Vec::as_slice).collect();
     let mut sim = Sim::new(&refs, RoomConfig::default(), model(4_000));
     let (rows, deps) = delegate(30, &[]);
-    sim.owner_append(rows);
-    sim.run(100 * MS, 20 * S, |s| s.now >= T0 + S);
+    sim.owner_append(rows).await;
+    sim.run(100 * MS, 20 * S, |s| s.now >= T0 + S).await;
     let out = sim.relays[0].sync.handle(Event::Shutdown);
     let mut q = VecDeque::new();
-    sim.perform(0, out, &mut q);
+    sim.perform(0, out, &mut q).await;
     while let Some(ev) = q.pop_front() {
         let out = sim.relays[0].sync.handle(ev);
-        sim.perform(0, out, &mut q);
+        sim.perform(0, out, &mut q).await;
     }
+    sim.refresh().await;
     assert!(sim.relays[0].stopped);
     assert!(sim.rows(Verb::TaskReleased).count() >= 1);
     sim.relays[0].state = RelayState::Dead;
     // The rest finish everything well before a TTL would have lapsed.
-    sim.run(100 * MS, 3_600 * S, all_tasks_settled);
-    check_exactly_once_and_order(&mut sim, 30, &deps);
+    sim.run(100 * MS, 3_600 * S, all_tasks_settled).await;
+    check_exactly_once_and_order(&mut sim, 30, &deps).await;
 }

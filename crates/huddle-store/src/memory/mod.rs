@@ -1,0 +1,469 @@
+//! The in-memory store (feature `memory`): one process, nothing persisted.
+//!
+//! It keeps the written behaviour of the database backends (the conformance suite runs
+//! against it) without their I/O, for tests and simulations:
+//!
+//! - **Handles** ([`MemoryStore::handle`]) share one ledger and one claims table, as
+//!   separate connections to one database would; each has its own relay name, limits
+//!   and fallback poll.
+//! - **Writes** (appends and claim changes) pass one writer gate at a time, like
+//!   SQLite's `BEGIN IMMEDIATE`, so positions `(0, n)` are in commit order and a
+//!   reader never sees a later row before an earlier one.
+//! - **Rows** are kept as they were stored ([`RawRow`]) and verified on every read,
+//!   like the database backends, so a corrupt row is skipped and never blocks the
+//!   cursor.
+//! - **The doorbell** rings every handle's subscriptions on every insert.
+//! - **The clock** is the system's, or a [`ManualClock`] a simulation sets: expiry of
+//!   claims and every row's `at` are judged by it, never by a caller.
+//!
+//! ```
+//! # async fn demo() -> Result<(), huddle_store::StoreError> {
+//! use std::time::Duration;
+//! use huddle_store::memory::{ManualClock, MemoryStore};
+//! use huddle_store::{Claims, StoreOptions};
+//! let clock = ManualClock::new(1_000_000);
+//! let store = MemoryStore::with_clock(StoreOptions::default(), clock.clone());
+//! let other = store.handle(StoreOptions { relay: "second".into(), ..StoreOptions::default() });
+//! assert!(store.acquire("task/lobby/t1", "a", Duration::from_secs(1)).await?.won());
+//! assert!(!other.acquire("task/lobby/t1", "b", Duration::from_secs(1)).await?.won());
+//! clock.advance(Duration::from_secs(1));
+//! assert!(other.acquire("task/lobby/t1", "b", Duration::from_secs(1)).await?.won());
+//! # Ok(()) }
+//! ```
+
+#[cfg(feature = "testing")]
+mod testing;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use huddle_core::{
+    Interaction, InteractionId, Limits, NewInteraction, Position, RawRow, Timestamp,
+};
+use tokio::sync::watch;
+
+use crate::error::{Result, StoreError};
+use crate::traits::{
+    Acquired, Appended, ClaimRow, ClaimState, Claims, Doorbell, Epoch, Fence, Ledger, ReadBatch,
+    SkippedRow, Store,
+};
+use crate::StoreOptions;
+
+#[cfg(feature = "testing")]
+pub use testing::{MemoryHeldAppend, MemoryTestBackend};
+
+/// A clock a simulation moves by hand: µs since the Unix epoch. Clones share the time.
+#[derive(Clone, Debug)]
+pub struct ManualClock(Arc<AtomicI64>);
+
+impl ManualClock {
+    /// A clock that reads `start` until it is moved.
+    pub fn new(start: Timestamp) -> Self {
+        ManualClock(Arc::new(AtomicI64::new(start)))
+    }
+
+    /// The time now.
+    pub fn now(&self) -> Timestamp {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Sets the time (it may go backwards; claims are judged by whatever it reads).
+    pub fn set(&self, t: Timestamp) {
+        self.0.store(t, Ordering::SeqCst);
+    }
+
+    /// Moves the time forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        self.0.fetch_add(micros(by), Ordering::SeqCst);
+    }
+}
+
+/// The store's clock: the "database clock" of this backend.
+#[derive(Clone, Debug)]
+enum Clock {
+    System,
+    Manual(ManualClock),
+}
+
+impl Clock {
+    fn now(&self) -> Timestamp {
+        match self {
+            Clock::System => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+                .unwrap_or(0),
+            Clock::Manual(m) => m.now(),
+        }
+    }
+}
+
+/// A duration in µs, at most 100 years, so `now + ttl` cannot overflow.
+fn micros(d: Duration) -> i64 {
+    const MAX: u128 = 100 * 365 * 24 * 3600 * 1_000_000;
+    d.as_micros().min(MAX) as i64
+}
+
+/// The database: what every handle shares.
+#[derive(Default)]
+struct Tables {
+    /// Rows as stored, in position order; row `i` is at `(0, i + 1)`.
+    rows: Vec<RawRow>,
+    /// Stored id bytes → index in `rows`.
+    by_id: HashMap<Vec<u8>, usize>,
+    /// Idempotency key → the id of the row that holds it.
+    by_key: HashMap<String, InteractionId>,
+    /// Claims by key (byte order).
+    claims: BTreeMap<String, ClaimState>,
+}
+
+impl Tables {
+    /// Inserts one validated interaction unless its id or idempotency key is already
+    /// there; returns what the append reports.
+    fn insert(
+        &mut self,
+        n: &NewInteraction,
+        id: InteractionId,
+        body: &str,
+        at: Timestamp,
+        relay: &str,
+    ) -> Appended {
+        // A repeated key returns its first row, whatever that row's content; a
+        // repeated content is the row itself (its key, if any, is not stored).
+        if let Some(existing) = n.idempotency_key.as_ref().and_then(|k| self.by_key.get(k)) {
+            return Appended {
+                id: *existing,
+                inserted: false,
+            };
+        }
+        if self.by_id.contains_key(&id.0[..]) {
+            return Appended {
+                id,
+                inserted: false,
+            };
+        }
+        if let Some(k) = &n.idempotency_key {
+            self.by_key.insert(k.clone(), id);
+        }
+        self.push(RawRow {
+            id: id.0.to_vec(),
+            position: Position::START,
+            at,
+            relay: relay.to_string(),
+            room: n.room.clone(),
+            thread: n.thread.clone(),
+            verb: n.verb.as_str().to_string(),
+            actor: n.actor.clone(),
+            role: n.role.as_str().to_string(),
+            parent: n.parent.map(|p| p.0.to_vec()),
+            caused_by: n.caused_by.iter().map(|c| c.0.to_vec()).collect(),
+            body: body.to_string(),
+        });
+        Appended { id, inserted: true }
+    }
+
+    /// Stores `row` at the next position.
+    fn push(&mut self, mut row: RawRow) {
+        row.position = Position::new(0, self.rows.len() as u64 + 1);
+        self.by_id.insert(row.id.clone(), self.rows.len());
+        self.rows.push(row);
+    }
+
+    /// The claim `key` if it is still `(holder, epoch)` and unexpired at `now`.
+    fn live_claim(
+        &mut self,
+        key: &str,
+        holder: &str,
+        epoch: Epoch,
+        now: Timestamp,
+    ) -> Option<&mut ClaimState> {
+        self.claims
+            .get_mut(key)
+            .filter(|c| c.holder == holder && c.epoch == epoch && c.expires_at > now)
+    }
+}
+
+/// What the handles of one in-memory database share.
+struct Shared {
+    tables: Mutex<Tables>,
+    /// One writer at a time (appends, held appends, claim changes), like SQLite's
+    /// `BEGIN IMMEDIATE`. Async, so a held append makes other writers wait without
+    /// blocking a thread.
+    writer: Arc<tokio::sync::Mutex<()>>,
+    bell: watch::Sender<u64>,
+    clock: Clock,
+}
+
+impl Shared {
+    /// The tables. A mutex poisoned by a panic elsewhere is still usable: every
+    /// change to the tables is complete before anything that could panic.
+    fn tables(&self) -> MutexGuard<'_, Tables> {
+        self.tables.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn ring(&self) {
+        self.bell.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Inserts a validated batch in one step (the caller holds the writer gate), after
+    /// checking the fence when given; rings the bell when a row was inserted.
+    fn commit(
+        &self,
+        fence: Option<&Fence>,
+        batch: &[NewInteraction],
+        ids: &[InteractionId],
+        bodies: &[String],
+        relay: &str,
+    ) -> Result<Vec<Appended>> {
+        let now = self.clock.now();
+        let out = {
+            let mut tables = self.tables();
+            if let Some(fence) = fence {
+                if tables
+                    .live_claim(&fence.key, &fence.holder, fence.epoch, now)
+                    .is_none()
+                {
+                    return Err(StoreError::Fenced {
+                        key: fence.key.clone(),
+                        holder: fence.holder.clone(),
+                        epoch: fence.epoch,
+                    });
+                }
+            }
+            batch
+                .iter()
+                .zip(ids.iter().zip(bodies))
+                .map(|(n, (id, body))| tables.insert(n, *id, body, now, relay))
+                .collect::<Vec<_>>()
+        };
+        if out.iter().any(|a| a.inserted) {
+            self.ring();
+        }
+        Ok(out)
+    }
+}
+
+/// A handle on an in-memory ledger and claims table. Create the database with
+/// [`MemoryStore::new`] or [`MemoryStore::with_clock`]; open more handles on it with
+/// [`MemoryStore::handle`]. The data lives as long as any handle.
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+    options: StoreOptions,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("relay", &self.options.relay)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryStore {
+    /// A new, empty database on the system clock.
+    pub fn new(options: StoreOptions) -> Self {
+        Self::create(options, Clock::System)
+    }
+
+    /// A new, empty database whose clock is `clock`.
+    pub fn with_clock(options: StoreOptions, clock: ManualClock) -> Self {
+        Self::create(options, Clock::Manual(clock))
+    }
+
+    fn create(options: StoreOptions, clock: Clock) -> Self {
+        let (bell, _) = watch::channel(0u64);
+        MemoryStore {
+            shared: Arc::new(Shared {
+                tables: Mutex::new(Tables::default()),
+                writer: Arc::new(tokio::sync::Mutex::new(())),
+                bell,
+                clock,
+            }),
+            options,
+        }
+    }
+
+    /// Another handle on the same database, with its own options (relay name, limits,
+    /// fallback poll), as a second relay would open.
+    pub fn handle(&self, options: StoreOptions) -> MemoryStore {
+        MemoryStore {
+            shared: Arc::clone(&self.shared),
+            options,
+        }
+    }
+
+    /// The relay identity written into each appended row's `relay` column.
+    pub fn relay(&self) -> &str {
+        &self.options.relay
+    }
+
+    /// Appends under the writer gate, fenced when asked.
+    async fn write(
+        &self,
+        fence: Option<&Fence>,
+        batch: &[NewInteraction],
+    ) -> Result<Vec<Appended>> {
+        let (ids, bodies) = crate::checked_batch(&self.options.limits, batch)?;
+        if batch.is_empty() && fence.is_none() {
+            return Ok(Vec::new());
+        }
+        let _gate = self.shared.writer.lock().await;
+        self.shared
+            .commit(fence, batch, &ids, &bodies, &self.options.relay)
+    }
+
+    /// Runs `f` on the tables under the writer gate, at the clock's time now.
+    async fn claims<T>(&self, f: impl FnOnce(&mut Tables, Timestamp) -> T) -> T {
+        let _gate = self.shared.writer.lock().await;
+        let now = self.shared.clock.now();
+        f(&mut self.shared.tables(), now)
+    }
+}
+
+/// Verifies a stored row, logging and describing a corrupt or foreign one.
+fn verified(row: RawRow) -> std::result::Result<Interaction, SkippedRow> {
+    let position = row.position;
+    row.verify().map_err(|e| {
+        let reason = e.to_string();
+        tracing::warn!(%position, %reason, "skipping a corrupt or foreign ledger row");
+        SkippedRow { position, reason }
+    })
+}
+
+#[async_trait]
+impl Ledger for MemoryStore {
+    fn limits(&self) -> &Limits {
+        &self.options.limits
+    }
+
+    async fn append(&self, batch: Vec<NewInteraction>) -> Result<Vec<Appended>> {
+        self.write(None, &batch).await
+    }
+
+    async fn append_fenced(
+        &self,
+        fence: &Fence,
+        batch: Vec<NewInteraction>,
+    ) -> Result<Vec<Appended>> {
+        self.write(Some(fence), &batch).await
+    }
+
+    async fn read_forward(&self, after: Position, limit: usize) -> Result<ReadBatch> {
+        let stored: Vec<RawRow> = {
+            let tables = self.shared.tables();
+            let first = tables.rows.partition_point(|r| r.position <= after);
+            tables.rows[first..].iter().take(limit).cloned().collect()
+        };
+        let mut batch = ReadBatch {
+            next: stored.last().map_or(after, |r| r.position),
+            ..ReadBatch::default()
+        };
+        for row in stored {
+            match verified(row) {
+                Ok(i) => batch.rows.push(i),
+                Err(skipped) => batch.skipped.push(skipped),
+            }
+        }
+        Ok(batch)
+    }
+
+    async fn get(&self, id: InteractionId) -> Result<Option<Interaction>> {
+        let stored = {
+            let tables = self.shared.tables();
+            tables.by_id.get(&id.0[..]).map(|&i| tables.rows[i].clone())
+        };
+        Ok(stored.and_then(|row| verified(row).ok()))
+    }
+
+    fn doorbell(&self) -> Doorbell {
+        self.shared.bell.subscribe()
+    }
+
+    async fn now(&self) -> Result<Timestamp> {
+        Ok(self.shared.clock.now())
+    }
+
+    fn poll_interval(&self) -> Duration {
+        self.options.poll_interval
+    }
+}
+
+#[async_trait]
+impl Claims for MemoryStore {
+    async fn acquire(&self, key: &str, holder: &str, ttl: Duration) -> Result<Acquired> {
+        let ttl = micros(ttl);
+        Ok(self
+            .claims(|tables, now| {
+                let taken = |epoch| ClaimState {
+                    key: key.to_string(),
+                    holder: holder.to_string(),
+                    epoch,
+                    expires_at: now.saturating_add(ttl),
+                };
+                let state = match tables.claims.get(key) {
+                    None => taken(1),
+                    // The same holder extending a live lease keeps its epoch.
+                    Some(c) if c.expires_at > now && c.holder == holder => taken(c.epoch),
+                    Some(c) if c.expires_at > now => return Acquired::HeldBy(c.clone()),
+                    // Free again (expired or released): a new epoch, whoever takes it.
+                    Some(c) => taken(c.epoch + 1),
+                };
+                tables.claims.insert(key.to_string(), state.clone());
+                Acquired::Won(state)
+            })
+            .await)
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        holder: &str,
+        epoch: Epoch,
+        ttl: Duration,
+    ) -> Result<Option<ClaimState>> {
+        let ttl = micros(ttl);
+        Ok(self
+            .claims(|tables, now| {
+                let claim = tables.live_claim(key, holder, epoch, now)?;
+                claim.expires_at = now.saturating_add(ttl);
+                Some(claim.clone())
+            })
+            .await)
+    }
+
+    async fn release(&self, key: &str, holder: &str, epoch: Epoch) -> Result<bool> {
+        Ok(self
+            .claims(
+                |tables, now| match tables.live_claim(key, holder, epoch, now) {
+                    Some(claim) => {
+                        claim.expires_at = now;
+                        true
+                    }
+                    None => false,
+                },
+            )
+            .await)
+    }
+
+    async fn list_claims(&self, prefix: &str) -> Result<Vec<ClaimRow>> {
+        let now = self.shared.clock.now();
+        let tables = self.shared.tables();
+        Ok(tables
+            .claims
+            .range(prefix.to_string()..)
+            .take_while(|(key, _)| key.starts_with(prefix))
+            .map(|(_, state)| ClaimRow {
+                state: state.clone(),
+                live: state.expires_at > now,
+            })
+            .collect())
+    }
+}
+
+impl Store for MemoryStore {
+    fn backend_name(&self) -> &'static str {
+        "memory"
+    }
+}
