@@ -17,42 +17,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fold::{hash_state, Fold};
 use crate::model::Interaction;
 use crate::verbs::Verb;
-use crate::{hash_state, Fold};
 
-/// The part of a `turn.replied` / `turn.failed` body this fold reads.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TurnUsageBody {
-    /// Tokens the turn used.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tokens: Option<TokensBody>,
-}
-
-/// Tokens used by one turn.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum TokensBody {
-    /// A total.
-    Total(u64),
-    /// Input and output separately; their sum counts.
-    Split {
-        /// Prompt tokens.
-        input: u64,
-        /// Completion tokens.
-        output: u64,
-    },
-}
-
-impl TokensBody {
-    /// The total.
-    pub fn total(&self) -> u64 {
-        match *self {
-            TokensBody::Total(n) => n,
-            TokensBody::Split { input, output } => input.saturating_add(output),
-        }
-    }
-}
+pub use crate::protocol::turn::{TokensBody, TurnUsageBody};
 
 /// Token use of one room.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -166,8 +135,8 @@ impl Fold for BudgetFold {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::testing::*;
     use crate::model::{Role, Timestamp};
+    use crate::testing::*;
     use proptest::prelude::*;
     use serde_json::json;
 

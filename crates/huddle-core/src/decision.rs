@@ -67,116 +67,19 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::limits::Limits;
-use crate::model::{validate_name, Interaction, InteractionId, NewInteraction, Role, Timestamp};
+use crate::fold::{hash_state, Fold};
+use crate::model::{Interaction, InteractionId, NewInteraction, Role, Timestamp};
+use crate::protocol::{closing_key, deadline_from, truncate_text, valid_name};
 use crate::verbs::Verb;
-use crate::{hash_state, Fold};
 
 /// One unit of vote weight, in the fixed-point micro-units weights are kept in.
 pub const WEIGHT_UNIT: u64 = 1_000_000;
-/// Parts per million: the unit of margins and margin thresholds.
-pub const PPM: u64 = 1_000_000;
-/// Most voters one proposal may list.
-pub const MAX_VOTERS: usize = 1024;
-/// Most options one proposal may offer.
-pub const MAX_OPTIONS: usize = 64;
-/// Largest weight one voter may carry.
-pub const MAX_WEIGHT: f64 = 1_000_000.0;
-/// Longest question text kept, in bytes.
-pub const MAX_QUESTION_BYTES: usize = 4096;
 
-// ---------------------------------------------------------------------------------
-// Body schemas (the wire form).
-// ---------------------------------------------------------------------------------
-
-/// Body of `decision.proposed`.
-///
-/// Exactly one of `deadline` and `window_ms` must be given.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ProposalBody {
-    /// The proposal id, unique in the room (the first proposal of an id wins).
-    pub id: String,
-    /// The question, for people and prompts.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub question: Option<String>,
-    /// The options, in order (the order breaks ties in reports). Default `yes`, `no`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub options: Option<Vec<String>>,
-    /// Who may vote: a list (weight 1 each) or a map from voter to weight.
-    pub voters: VotersBody,
-    /// The quorum. Default: a majority of the voters by count.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quorum: Option<QuorumBody>,
-    /// Absolute deadline, microseconds since the epoch in database time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deadline: Option<Timestamp>,
-    /// Deadline relative to the proposal's own `at`, in milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub window_ms: Option<u64>,
-    /// A stricter margin threshold for this decision, as a fraction (0.25 = 25 %).
-    /// It can only raise the room's threshold, never lower it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_margin: Option<f64>,
-}
-
-/// The voter set of a proposal on the wire.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum VotersBody {
-    /// Every voter has weight 1.
-    List(Vec<String>),
-    /// Voter to weight (finite, greater than 0, at most [`MAX_WEIGHT`]).
-    Weighted(BTreeMap<String, f64>),
-}
-
-/// The quorum of a proposal on the wire: `{"count": 3}` or `{"weight": 2.5}`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum QuorumBody {
-    /// At least this many voters chose the leading option.
-    Count(u64),
-    /// The leading option's voters weigh at least this much together.
-    Weight(f64),
-}
-
-/// Body of `decision.voted`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VoteBody {
-    /// The proposal id.
-    pub id: String,
-    /// The chosen option.
-    pub option: String,
-}
-
-/// Body of `decision.committed`, `decision.escalated` and `decision.failed`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct DecisionClosedBody {
-    /// The proposal id.
-    pub id: String,
-    /// The committed option (required for `decision.committed`), or the leader of an
-    /// escalated decision.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub option: Option<String>,
-    /// Why it was escalated or failed (`thin-margin`, `leader-without-quorum`,
-    /// `deadline-missed`, `quorum-unreachable`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// The winning margin as a fraction, when there was a runner-up.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub margin: Option<f64>,
-    /// Votes per option, informational.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tally: Option<BTreeMap<String, OptionTallyBody>>,
-}
-
-/// One option's votes in a closing body.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct OptionTallyBody {
-    /// Number of voters.
-    pub count: u64,
-    /// Their summed weight.
-    pub weight: f64,
-}
+pub use crate::protocol::decision::{
+    DecisionClosedBody, OptionTallyBody, ProposalBody, QuorumBody, VoteBody, VotersBody,
+    MAX_OPTIONS, MAX_QUESTION_BYTES, MAX_VOTERS, MAX_WEIGHT,
+};
+pub use crate::protocol::PPM;
 
 // ---------------------------------------------------------------------------------
 // Validated state.
@@ -661,23 +564,6 @@ impl DecisionState {
     }
 }
 
-/// An idempotency key for the one closing row of a pattern instance: short, free of
-/// `/` in names, and the same on every relay.
-pub(crate) fn closing_key(kind: &str, room: &str, id: &str) -> String {
-    let mut h = blake3::Hasher::new();
-    h.update(kind.as_bytes());
-    h.update(&[0]);
-    h.update(room.as_bytes());
-    h.update(&[0]);
-    h.update(id.as_bytes());
-    format!("{kind}-closed:{}", &h.finalize().to_hex()[..32])
-}
-
-/// Whether `s` is usable as an id, option, phase or agent name.
-pub(crate) fn valid_name(s: &str) -> bool {
-    validate_name("name", s, &Limits::default()).is_ok()
-}
-
 /// A weight as micro-units, if it is finite, positive and not over [`MAX_WEIGHT`].
 fn weight_micros(w: f64) -> Option<u64> {
     if !w.is_finite() || w <= 0.0 || w > MAX_WEIGHT {
@@ -688,23 +574,6 @@ fn weight_micros(w: f64) -> Option<u64> {
         None
     } else {
         Some(m as u64)
-    }
-}
-
-/// The deadline of a pattern instance from its body: exactly one of an absolute
-/// deadline or a window (ms) after the opening row's `at`.
-pub(crate) fn deadline_from(
-    at: Timestamp,
-    deadline: Option<Timestamp>,
-    window_ms: Option<u64>,
-) -> Option<Timestamp> {
-    match (deadline, window_ms) {
-        (Some(d), None) => Some(d),
-        (None, Some(w)) => {
-            let us = i64::try_from(w).unwrap_or(i64::MAX).saturating_mul(1000);
-            Some(at.saturating_add(us))
-        }
-        _ => None,
     }
 }
 
@@ -767,14 +636,7 @@ impl Proposal {
             }
             Some(_) => return None,
         };
-        let mut question = body.question.unwrap_or_default();
-        if question.len() > MAX_QUESTION_BYTES {
-            let mut cut = MAX_QUESTION_BYTES;
-            while !question.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            question.truncate(cut);
-        }
+        let question = truncate_text(&body.question.unwrap_or_default(), MAX_QUESTION_BYTES);
         Some(Proposal {
             id: body.id,
             interaction: i.id,
@@ -970,106 +832,9 @@ impl Fold for DecisionFold {
 }
 
 #[cfg(test)]
-pub(crate) mod testing {
-    //! Shared helpers for the coordination-pattern tests.
-
-    use proptest::prelude::*;
-    use serde_json::Value;
-
-    use crate::model::{Interaction, NewInteraction, Position, Role, Timestamp};
-    use crate::verbs::Verb;
-
-    /// One second in µs.
-    pub const SEC: Timestamp = 1_000_000;
-
-    /// An interaction as read back, at database time `at` (position 0 until
-    /// [`positioned`] numbers it).
-    pub fn row(
-        room: &str,
-        verb: Verb,
-        actor: &str,
-        role: Role,
-        at: Timestamp,
-        body: Value,
-    ) -> Interaction {
-        from_new(NewInteraction::new(room, verb, actor, role, body), at)
-    }
-
-    /// An interaction from a writer's form.
-    pub fn from_new(n: NewInteraction, at: Timestamp) -> Interaction {
-        Interaction {
-            id: n.id(),
-            position: Position::START,
-            at,
-            relay: "relay-1".into(),
-            room: n.room,
-            thread: n.thread,
-            verb: n.verb,
-            actor: n.actor,
-            role: n.role,
-            parent: n.parent,
-            caused_by: n.caused_by,
-            body: n.body,
-        }
-    }
-
-    /// Numbers rows 1.. in the given ledger order.
-    pub fn positioned(rows: Vec<Interaction>) -> Vec<Interaction> {
-        rows.into_iter()
-            .enumerate()
-            .map(|(n, mut r)| {
-                r.position = Position::new(0, n as u64 + 1);
-                r
-            })
-            .collect()
-    }
-
-    /// Every interleaving of `rows` that keeps each actor's own order: a shuffle of
-    /// the actor labels, the k-th occurrence of an actor taking its k-th row.
-    pub fn interleaving(rows: Vec<Interaction>) -> impl Strategy<Value = Vec<Interaction>> {
-        let labels: Vec<String> = rows.iter().map(|r| r.actor.clone()).collect();
-        Just(labels).prop_shuffle().prop_map(move |order| {
-            let mut queues: std::collections::BTreeMap<
-                String,
-                std::collections::VecDeque<Interaction>,
-            > = Default::default();
-            for r in &rows {
-                queues
-                    .entry(r.actor.clone())
-                    .or_default()
-                    .push_back(r.clone());
-            }
-            positioned(
-                order
-                    .iter()
-                    .filter_map(|a| queues.get_mut(a).and_then(|q| q.pop_front()))
-                    .collect(),
-            )
-        })
-    }
-
-    /// Folds `rows` incrementally, checking at every step that a rebuild from scratch
-    /// gives the same hash, and returns the final fold.
-    pub fn fold_checked<F: crate::Fold + Default + Clone>(rows: &[Interaction]) -> F {
-        let mut f = F::default();
-        for (n, r) in rows.iter().enumerate() {
-            f.apply(r);
-            let mut rebuilt = F::default();
-            rebuilt.apply_all(&rows[..=n]);
-            assert_eq!(
-                f.state_hash(),
-                rebuilt.state_hash(),
-                "rebuild differs after row {n}"
-            );
-        }
-        f
-    }
-}
-
-#[cfg(test)]
 mod tests {
-    use super::testing::*;
     use super::*;
+    use crate::testing::*;
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -1523,157 +1288,6 @@ mod tests {
                 } else if s.as_ref().is_some_and(DecisionStatus::is_final) {
                     seen = s;
                 }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod robustness {
-    //! Every coordination-pattern fold and decision function, fed arbitrary and
-    //! near-valid bodies under every pattern verb: nothing may panic.
-
-    use super::testing::*;
-    use crate::barrier::{BarrierFold, BarrierRules};
-    use crate::budget::BudgetFold;
-    use crate::context::{render_related_context, select_related, ContextRules};
-    use crate::lease::{LeaseFold, LeaseRules, DEFAULT_LEASE};
-    use crate::model::{Interaction, Role, Timestamp};
-    use crate::verbs::Verb;
-    use crate::{DecisionFold, DecisionRules, Fold};
-    use proptest::prelude::*;
-    use serde_json::{json, Value};
-
-    fn leaf() -> impl Strategy<Value = Value> {
-        prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(|n| json!(n)),
-            any::<u64>().prop_map(|n| json!(n)),
-            (-1e12f64..1e12).prop_map(|f| json!(f)),
-            Just(json!(f64::MAX)),
-            prop::sample::select(vec!["a", "b", "", "x/y", "yes", "no", "p", "escalate"])
-                .prop_map(|s| json!(s)),
-            ".{0,8}".prop_map(Value::String),
-        ]
-    }
-
-    fn value() -> impl Strategy<Value = Value> {
-        leaf().prop_recursive(3, 24, 6, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
-                prop::collection::btree_map(
-                    prop::sample::select(vec![
-                        "a",
-                        "b",
-                        "count",
-                        "weight",
-                        "quorum",
-                        "proceed-with-quorum",
-                        "input",
-                        "output"
-                    ])
-                    .prop_map(str::to_string),
-                    inner,
-                    0..4
-                )
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
-    }
-
-    /// Bodies built from the pattern's own field names with arbitrary values.
-    fn body() -> impl Strategy<Value = Value> {
-        let key = prop::sample::select(vec![
-            "id",
-            "phase",
-            "voters",
-            "roster",
-            "epoch",
-            "tokens",
-            "option",
-            "options",
-            "quorum",
-            "deadline",
-            "window_ms",
-            "timeout_ms",
-            "on_timeout",
-            "text",
-            "holder",
-            "ttl_ms",
-            "beat",
-            "min_margin",
-            "name",
-            "directive",
-            "question",
-        ]);
-        prop_oneof![
-            value(),
-            prop::collection::btree_map(key.prop_map(str::to_string), value(), 0..8)
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
-        ]
-    }
-
-    fn rows() -> impl Strategy<Value = Vec<Interaction>> {
-        let verb = prop::sample::select(vec![
-            Verb::DecisionProposed,
-            Verb::DecisionVoted,
-            Verb::DecisionCommitted,
-            Verb::DecisionEscalated,
-            Verb::DecisionFailed,
-            Verb::BarrierOpened,
-            Verb::BarrierCheckin,
-            Verb::BarrierPassed,
-            Verb::BarrierEscalated,
-            Verb::LeaseHeartbeat,
-            Verb::LeaseDirective,
-            Verb::TurnReplied,
-            Verb::TurnFailed,
-            Verb::MessagePosted,
-        ]);
-        let role = prop::sample::select(vec![Role::Agent, Role::System, Role::Owner]);
-        let who = prop::sample::select(vec!["a", "b", "p"]);
-        let at = prop_oneof![any::<i64>(), 0i64..1_000_000_000];
-        prop::collection::vec((verb, who, role, at, body()), 0..24).prop_map(|v| {
-            positioned(
-                v.into_iter()
-                    .map(|(verb, who, role, at, body)| row("r", verb, who, role, at, body))
-                    .collect(),
-            )
-        })
-    }
-
-    proptest! {
-        #[test]
-        fn nothing_panics_on_any_body(rows in rows(), now in any::<i64>()) {
-            let nows: [Timestamp; 4] = [now, 0, i64::MIN, i64::MAX];
-            let mut d = DecisionFold::new();
-            let mut b = BarrierFold::new();
-            let mut l = LeaseFold::new();
-            let mut t = BudgetFold::new();
-            for r in &rows {
-                let _ = l.check_directive(r);
-                d.apply(r);
-                b.apply(r);
-                l.apply(r);
-                t.apply(r);
-            }
-            for now in nows {
-                let _ = d.due(now, &DecisionRules::default(), "relay");
-                let _ = d.due(now, &DecisionRules { min_margin_ppm: u64::MAX, grace_us: i64::MAX }, "relay");
-                let _ = b.due(now, &BarrierRules::default(), "relay");
-                let _ = b.due(now, &BarrierRules { grace_us: i64::MIN }, "relay");
-                for me in ["a", "b", "p"] {
-                    let _ = l.due("r", DEFAULT_LEASE, me, now, &LeaseRules::default());
-                    let _ = l.due("r", DEFAULT_LEASE, me, now,
-                        &LeaseRules { active_window_us: i64::MAX, ttl_ms: u64::MAX });
-                }
-                let _ = t.status("r", Some(now.unsigned_abs()));
-            }
-            let rules = ContextRules { half_life_us: now, ..ContextRules::default() };
-            for target in &rows {
-                let ctx = select_related(target, &rows, &rules);
-                let _ = render_related_context(&ctx, &rules);
             }
         }
     }

@@ -65,21 +65,15 @@
 
 pub mod addressing;
 mod api;
-pub mod keys;
 
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-pub(crate) mod testutil;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
-use crate::board::{
-    AgentRegisteredBody, Board, CoordNoteBody, CoordinationDelivery, DesignationBody, MessageBody,
-    Subject, SubjectKind, TurnFailedBody, TurnPromptedBody, TurnRepliedBody, DEFAULT_PRIORITY,
-};
+use crate::board::{Board, CoordinationDelivery};
 use crate::budget::BudgetFold;
 use crate::config::RoomConfig;
 use crate::fold::Fold;
@@ -88,18 +82,27 @@ use crate::policy::{
     bids_on_sight, capable, claim_right, losing_bidders, responder_delay_ms, retake_right,
     ClaimRight, ResponderCandidate,
 };
-use crate::tasks::{
-    parse_body, truncate_text, TaskBidBody, TaskClaimedBody, TaskCompletedBody, TaskDag,
-    TaskEndedBody, TaskRejectedBody, TaskStatus, MAX_RESULT_BYTES,
+use crate::protocol::task::{
+    TaskBidBody, TaskClaimedBody, TaskCompletedBody, TaskEndedBody, TaskRejectedBody,
+    MAX_RESULT_BYTES,
 };
+use crate::protocol::{
+    parse_body, truncate_text, AgentRegisteredBody, CoordNoteBody, DesignationBody, MessageBody,
+    Subject, SubjectKind, TurnFailedBody, TurnPromptedBody, TurnRepliedBody, DEFAULT_PRIORITY,
+};
+use crate::tasks::{TaskDag, TaskStatus};
 use crate::verbs::Verb;
 
+/// Claim keys and epochs are protocol vocabulary; re-exported here, where the relay
+/// meets them.
+pub use crate::protocol::claims::{
+    drive_key, reply_key, task_key, taskdrive_key, ClaimEpoch, ClaimKey, ClaimRef,
+};
 pub use addressing::{Addressing, Eligible};
 pub use api::{
     AdmitAll, ClaimOutcome, ClaimPurpose, DepResult, Event, Intent, LocalAgent, MessageBrief,
     ReplyGate, SyncOptions, TaskBrief, TurnId, TurnOutcome, TurnStart, TurnWork,
 };
-pub use keys::{drive_key, reply_key, task_key, taskdrive_key, ClaimEpoch, ClaimKey, ClaimRef};
 
 // ---------------------------------------------------------------------------------
 // State

@@ -1,8 +1,15 @@
-//! Test builders shared by the coordination unit tests.
+//! Test support shared by the unit tests of every module: one way to turn a
+//! writer's interaction into the row a store returns, ledgers with increasing
+//! positions, builders for common rows, generated histories and interleavings.
+//!
+//! It sits beside [`crate::model`] in the layers, so a test of any module may use it
+//! without importing a module above its own.
 #![allow(dead_code)]
 
+use proptest::prelude::*;
 use serde_json::{json, Value};
 
+use crate::fold::Fold;
 use crate::model::{Interaction, InteractionId, NewInteraction, Position, Role, Timestamp};
 use crate::verbs::Verb;
 
@@ -37,6 +44,97 @@ pub(crate) fn materialize(n: NewInteraction, position: Position, at: Timestamp) 
         caused_by: n.caused_by,
         body: n.body,
     }
+}
+
+/// A row as a backend would return it, at ledger position `(0, pos)`, optionally in a
+/// thread.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ledger_row(
+    pos: u64,
+    at: Timestamp,
+    room: &str,
+    thread: Option<&str>,
+    verb: Verb,
+    actor: &str,
+    role: Role,
+    body: Value,
+) -> Interaction {
+    let mut n = NewInteraction::new(room, verb, actor, role, body);
+    n.thread = thread.map(str::to_string);
+    materialize(n, Position::new(0, pos), at)
+}
+
+/// One second in µs.
+pub(crate) const SEC: Timestamp = 1_000_000;
+
+/// An interaction as read back, at database time `at` (position 0 until
+/// [`positioned`] numbers it).
+pub(crate) fn row(
+    room: &str,
+    verb: Verb,
+    actor: &str,
+    role: Role,
+    at: Timestamp,
+    body: Value,
+) -> Interaction {
+    from_new(NewInteraction::new(room, verb, actor, role, body), at)
+}
+
+/// An interaction from a writer's form (position 0 until [`positioned`] numbers it).
+pub(crate) fn from_new(n: NewInteraction, at: Timestamp) -> Interaction {
+    materialize(n, Position::START, at)
+}
+
+/// Numbers rows 1.. in the given ledger order.
+pub(crate) fn positioned(rows: Vec<Interaction>) -> Vec<Interaction> {
+    rows.into_iter()
+        .enumerate()
+        .map(|(n, mut r)| {
+            r.position = Position::new(0, n as u64 + 1);
+            r
+        })
+        .collect()
+}
+
+/// Every interleaving of `rows` that keeps each actor's own order: a shuffle of
+/// the actor labels, the k-th occurrence of an actor taking its k-th row.
+pub(crate) fn interleaving(rows: Vec<Interaction>) -> impl Strategy<Value = Vec<Interaction>> {
+    let labels: Vec<String> = rows.iter().map(|r| r.actor.clone()).collect();
+    Just(labels).prop_shuffle().prop_map(move |order| {
+        let mut queues: std::collections::BTreeMap<
+            String,
+            std::collections::VecDeque<Interaction>,
+        > = Default::default();
+        for r in &rows {
+            queues
+                .entry(r.actor.clone())
+                .or_default()
+                .push_back(r.clone());
+        }
+        positioned(
+            order
+                .iter()
+                .filter_map(|a| queues.get_mut(a).and_then(|q| q.pop_front()))
+                .collect(),
+        )
+    })
+}
+
+/// Folds `rows` incrementally, checking at every step that a rebuild from scratch
+/// gives the same hash, and returns the final fold.
+pub(crate) fn fold_checked<F: Fold + Default + Clone>(rows: &[Interaction]) -> F {
+    let mut f = F::default();
+    for (n, r) in rows.iter().enumerate() {
+        f.apply(r);
+        let mut rebuilt = F::default();
+        rebuilt.apply_all(&rows[..=n]);
+        assert_eq!(
+            f.state_hash(),
+            rebuilt.state_hash(),
+            "rebuild differs after row {n}"
+        );
+    }
+    f
 }
 
 /// A new interaction in room `lobby`.
