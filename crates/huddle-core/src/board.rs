@@ -34,6 +34,20 @@ pub use crate::protocol::room::{
 };
 pub use crate::protocol::turn::{TurnFailedBody, TurnPromptedBody, TurnRepliedBody};
 
+/// The verbs the board folds.
+const FOLDED: &[Verb] = &[
+    Verb::RoomCreated,
+    Verb::AgentRegistered,
+    Verb::CoordNote,
+    Verb::TurnPrompted,
+    Verb::TurnReplied,
+    Verb::TurnFailed,
+    Verb::TaskClaimed,
+    Verb::TaskCompleted,
+    Verb::TaskFailed,
+    Verb::TaskReleased,
+];
+
 /// Most designations shown in a `<coordination>` block (the most recent).
 pub const RENDER_DESIGNATIONS: usize = 10;
 /// Most notices shown in a `<coordination>` block (the most recent).
@@ -348,20 +362,7 @@ impl Board {
 
 impl Fold for Board {
     fn apply(&mut self, interaction: &Interaction) {
-        let relevant = matches!(
-            interaction.verb,
-            Verb::RoomCreated
-                | Verb::AgentRegistered
-                | Verb::CoordNote
-                | Verb::TurnPrompted
-                | Verb::TurnReplied
-                | Verb::TurnFailed
-                | Verb::TaskClaimed
-                | Verb::TaskCompleted
-                | Verb::TaskFailed
-                | Verb::TaskReleased
-        );
-        if relevant {
+        if FOLDED.contains(&interaction.verb) {
             self.rooms
                 .entry(interaction.room.clone())
                 .or_default()
@@ -593,7 +594,9 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 mod tests {
     use super::*;
     use crate::model::NewInteraction;
-    use crate::testing::{claimed, completed, gen_history, ix, linearize, Ledger};
+    use crate::testing::{
+        claimed, completed, every_pair, hashes_in_two_orders, history_and_order, ix, Ledger,
+    };
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -835,22 +838,7 @@ notices:\n\
             json!({"task": 7}),
             json!({"owner": 7}),
         ];
-        let verbs = [
-            Verb::CoordNote,
-            Verb::TurnPrompted,
-            Verb::TurnReplied,
-            Verb::TurnFailed,
-            Verb::AgentRegistered,
-            Verb::TaskClaimed,
-            Verb::RoomCreated,
-        ];
-        let mut rows = Vec::new();
-        for v in verbs {
-            for body in &bodies {
-                rows.push(ix(v, "bo", Role::Agent, body.clone()));
-            }
-        }
-        let b = fold(rows);
+        let b = fold(every_pair(FOLDED, &bodies, "bo", Role::Agent));
         let r = b.room("lobby").unwrap();
         assert!(r.designations.is_empty() && r.turns.is_empty());
         assert!(r.malformed > 0);
@@ -862,19 +850,9 @@ notices:\n\
         /// Any interleaving that keeps each actor's order and the causal order gives
         /// the same board state hash.
         #[test]
-        fn board_is_interleaving_invariant(
-            n_tasks in 1usize..10,
-            n_agents in 1usize..4,
-            choices in prop::collection::vec(any::<u8>(), 1..150),
-            order in prop::collection::vec(any::<u16>(), 1..64),
-        ) {
-            let h = gen_history(n_tasks, n_agents, &choices);
-            let reference = linearize(&h, &[]);
-            let shuffled = linearize(&h, &order);
-            prop_assert_eq!(
-                Board::rebuild(&reference).state_hash(),
-                Board::rebuild(&shuffled).state_hash()
-            );
+        fn board_is_interleaving_invariant((history, order) in history_and_order()) {
+            let (reference, shuffled) = hashes_in_two_orders::<Board>(&history, &order);
+            prop_assert_eq!(reference, shuffled);
         }
     }
 }

@@ -63,13 +63,6 @@ impl BudgetFold {
         Self::default()
     }
 
-    /// A fold rebuilt from scratch over `interactions` in ledger order.
-    pub fn from_interactions<'a>(interactions: impl IntoIterator<Item = &'a Interaction>) -> Self {
-        let mut f = Self::new();
-        f.apply_all(interactions);
-        f
-    }
-
     /// A room's token use (all zero for a room with no turns).
     pub fn room(&self, room: &str) -> RoomSpend {
         self.rooms.get(room).cloned().unwrap_or_default()
@@ -191,7 +184,7 @@ mod tests {
             .map(|b| turn("a", Verb::TurnReplied, b.clone()))
             .chain([turn("a", Verb::TurnReplied, json!("not an object"))])
             .collect();
-        let f = BudgetFold::from_interactions(&positioned(rows));
+        let f = BudgetFold::rebuild(&positioned(rows));
         let r = f.room(ROOM);
         assert_eq!(r.malformed, bad.len() as u64);
         assert_eq!(r.spent, 0);
@@ -204,7 +197,7 @@ mod tests {
             turn("a", Verb::TurnReplied, json!({"tokens": u64::MAX})),
             turn("a", Verb::TurnReplied, json!({"tokens": u64::MAX})),
         ]);
-        let f = BudgetFold::from_interactions(&rows);
+        let f = BudgetFold::rebuild(&rows);
         assert_eq!(f.spent(ROOM), u64::MAX);
         assert!(!f.budget_allows_new_claims(ROOM, Some(u64::MAX)));
     }
@@ -228,8 +221,8 @@ mod tests {
         fn any_interleaving_gives_the_same_state(
             (rows, shuffled) in turns().prop_flat_map(|rows| (Just(rows.clone()), interleaving(rows))),
         ) {
-            let reference = BudgetFold::from_interactions(&positioned(rows)).state_hash();
-            prop_assert_eq!(BudgetFold::from_interactions(&shuffled).state_hash(), reference);
+            let reference = BudgetFold::rebuild(&positioned(rows)).state_hash();
+            prop_assert_eq!(BudgetFold::rebuild(&shuffled).state_hash(), reference);
         }
 
         /// Once a budget stops new claims, further turns never reopen it.

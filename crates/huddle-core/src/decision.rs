@@ -67,9 +67,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::fold::{hash_state, Fold};
-use crate::model::{Interaction, InteractionId, NewInteraction, Role, Timestamp};
-use crate::protocol::{closing_key, deadline_from, truncate_text, valid_name};
+use crate::model::{Interaction, InteractionId, Timestamp};
+use crate::pattern::{ClosingRow, Instance, PatternFold, Read};
+use crate::protocol::{deadline_from, truncate_text, valid_name};
 use crate::verbs::Verb;
 
 /// One unit of vote weight, in the fixed-point micro-units weights are kept in.
@@ -379,189 +379,6 @@ impl DecisionState {
             remaining_weight,
         }
     }
-
-    /// The outcome at database time `now`. Monotone: once final, later `now`s and
-    /// further votes give the same outcome.
-    pub fn status(&self, now: Timestamp, rules: &DecisionRules) -> DecisionStatus {
-        let p = &self.proposal;
-        let threshold = rules.min_margin_ppm.max(p.min_margin_ppm.unwrap_or(0));
-        let tally = self.tally();
-        let support = |t: &OptionTally| match p.quorum {
-            Quorum::Count(_) => t.count,
-            Quorum::Weight(_) => t.weight,
-        };
-        let (need, remaining) = match p.quorum {
-            Quorum::Count(q) => (q, tally.remaining_count),
-            Quorum::Weight(q) => (q, tally.remaining_weight),
-        };
-        let Some((lead, runner)) = tally.leader() else {
-            // No options: cannot happen for a validated proposal; never commit.
-            return DecisionStatus::Failed {
-                reason: FailureReason::QuorumUnreachable,
-            };
-        };
-        let has_quorum = support(lead) >= need;
-        let settled =
-            now > p.deadline.saturating_add(rules.grace_us.max(0)) || tally.remaining_count == 0;
-
-        if has_quorum {
-            let worst_case = if settled {
-                runner
-            } else {
-                runner.saturating_add(tally.remaining_weight)
-            };
-            if clear(lead.weight, worst_case, threshold) {
-                return DecisionStatus::Committed {
-                    option: lead.option.clone(),
-                    margin_ppm: margin_ppm(lead.weight, runner),
-                };
-            }
-            if settled {
-                return DecisionStatus::Escalated {
-                    leader: lead.option.clone(),
-                    margin_ppm: margin_ppm(lead.weight, runner),
-                    reason: EscalationReason::ThinMargin,
-                };
-            }
-            return DecisionStatus::Open;
-        }
-        let reachable = tally
-            .options
-            .iter()
-            .any(|t| support(t).saturating_add(remaining) >= need);
-        if !reachable {
-            return DecisionStatus::Failed {
-                reason: FailureReason::QuorumUnreachable,
-            };
-        }
-        if !settled {
-            return DecisionStatus::Open;
-        }
-        if tally.options.iter().any(|t| support(t) >= need) {
-            return DecisionStatus::Escalated {
-                leader: lead.option.clone(),
-                margin_ppm: margin_ppm(lead.weight, runner),
-                reason: EscalationReason::LeaderWithoutQuorum,
-            };
-        }
-        DecisionStatus::Failed {
-            reason: FailureReason::DeadlineMissed,
-        }
-    }
-
-    fn count_vote(&mut self, actor: &str, option: &str, at: Timestamp) {
-        let p = &self.proposal;
-        if !p.voters.contains_key(actor) {
-            self.ignored.not_voter += 1;
-        } else if at > p.deadline {
-            self.ignored.late += 1;
-        } else if !p.options.iter().any(|o| o == option) {
-            self.ignored.unknown_option += 1;
-        } else if self.votes.contains_key(actor) {
-            self.ignored.repeated += 1;
-        } else {
-            self.votes.insert(
-                actor.to_string(),
-                CastVote {
-                    option: option.to_string(),
-                    at,
-                },
-            );
-        }
-    }
-
-    fn close(&mut self, c: PendingClosure) {
-        let p = &self.proposal;
-        let trusted = c.actor == p.proposer || matches!(c.role, Role::System | Role::Owner);
-        let option_ok = match &c.option {
-            Some(o) => p.options.contains(o),
-            None => c.verb != Verb::DecisionCommitted,
-        };
-        if self.closure.is_some() || !trusted || !option_ok {
-            self.ignored_closures += 1;
-            return;
-        }
-        self.closure = Some(Closure {
-            verb: c.verb,
-            option: c.option,
-            reason: c.reason,
-            actor: c.actor,
-            interaction: c.interaction,
-        });
-    }
-
-    /// The closing interaction to append for a final outcome, written by `actor` (a
-    /// relay, role `system`). `None` while open or once a closing row was folded.
-    pub fn due(
-        &self,
-        room: &str,
-        now: Timestamp,
-        rules: &DecisionRules,
-        actor: &str,
-    ) -> Option<NewInteraction> {
-        if self.closure.is_some() {
-            return None;
-        }
-        let status = self.status(now, rules);
-        let tally = self.tally();
-        let tally_body: BTreeMap<String, OptionTallyBody> = tally
-            .options
-            .iter()
-            .map(|t| {
-                (
-                    t.option.clone(),
-                    OptionTallyBody {
-                        count: t.count,
-                        weight: t.weight as f64 / WEIGHT_UNIT as f64,
-                    },
-                )
-            })
-            .collect();
-        let to_fraction = |m: Option<u64>| m.map(|m| m as f64 / PPM as f64);
-        let (verb, body) = match status {
-            DecisionStatus::Open => return None,
-            DecisionStatus::Committed { option, margin_ppm } => (
-                Verb::DecisionCommitted,
-                DecisionClosedBody {
-                    id: self.proposal.id.clone(),
-                    option: Some(option),
-                    reason: None,
-                    margin: to_fraction(margin_ppm),
-                    tally: Some(tally_body),
-                },
-            ),
-            DecisionStatus::Escalated {
-                leader,
-                margin_ppm,
-                reason,
-            } => (
-                Verb::DecisionEscalated,
-                DecisionClosedBody {
-                    id: self.proposal.id.clone(),
-                    option: Some(leader),
-                    reason: Some(reason.as_str().to_string()),
-                    margin: to_fraction(margin_ppm),
-                    tally: Some(tally_body),
-                },
-            ),
-            DecisionStatus::Failed { reason } => (
-                Verb::DecisionFailed,
-                DecisionClosedBody {
-                    id: self.proposal.id.clone(),
-                    option: None,
-                    reason: Some(reason.as_str().to_string()),
-                    margin: None,
-                    tally: Some(tally_body),
-                },
-            ),
-        };
-        let body = serde_json::to_value(body).ok()?;
-        let mut new = NewInteraction::new(room, verb, actor, Role::System, body)
-            .with_parent(self.proposal.interaction)
-            .with_idempotency_key(closing_key("decision", room, &self.proposal.id));
-        new.thread = self.proposal.thread.clone();
-        Some(new)
-    }
 }
 
 /// A weight as micro-units, if it is finite, positive and not over [`MAX_WEIGHT`].
@@ -656,184 +473,227 @@ impl Proposal {
 // The fold.
 // ---------------------------------------------------------------------------------
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-struct PendingClosure {
-    verb: Verb,
-    option: Option<String>,
-    reason: Option<String>,
-    actor: String,
-    role: Role,
-    interaction: InteractionId,
-}
-
-/// A row for a proposal not folded yet, held until it arrives.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-enum Pending {
-    Vote {
-        actor: String,
-        option: String,
-        at: Timestamp,
-    },
-    Closure(PendingClosure),
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-struct RoomDecisions {
-    proposals: BTreeMap<String, DecisionState>,
-    /// Rows for proposals not seen yet, in ledger order.
-    pending: BTreeMap<String, Vec<Pending>>,
-    /// Bodies that did not parse.
-    malformed: u64,
-    /// Later proposals of an id already proposed.
-    duplicate_proposals: u64,
-}
-
 /// The decisions of every room, folded from `decision.*` interactions.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct DecisionFold {
-    rooms: BTreeMap<String, RoomDecisions>,
-}
+pub type DecisionFold = PatternFold<DecisionState>;
 
-impl DecisionFold {
-    /// An empty fold.
-    pub fn new() -> Self {
-        Self::default()
-    }
+/// A decision is a pattern instance: opened by `decision.proposed`, voted on by
+/// `decision.voted`, closed by `decision.committed` / `escalated` / `failed`.
+impl Instance for DecisionState {
+    /// The option voted for.
+    type Member = String;
+    /// The option and the reason a closing row names.
+    type Closing = (Option<String>, Option<String>);
+    type Rules = DecisionRules;
+    type Closed = DecisionClosedBody;
+    type Status = DecisionStatus;
 
-    /// A fold rebuilt from scratch over `interactions` in ledger order.
-    pub fn from_interactions<'a>(interactions: impl IntoIterator<Item = &'a Interaction>) -> Self {
-        let mut f = Self::new();
-        f.apply_all(interactions);
-        f
-    }
+    const KIND: &'static str = "decision";
 
-    /// One proposal's state.
-    pub fn get(&self, room: &str, id: &str) -> Option<&DecisionState> {
-        self.rooms.get(room)?.proposals.get(id)
-    }
-
-    /// A room's proposals, by id.
-    pub fn proposals(&self, room: &str) -> impl Iterator<Item = (&String, &DecisionState)> {
-        self.rooms
-            .get(room)
-            .into_iter()
-            .flat_map(|r| r.proposals.iter())
-    }
-
-    /// How many `decision.*` bodies in the room did not parse (they were ignored).
-    pub fn malformed(&self, room: &str) -> u64 {
-        self.rooms.get(room).map_or(0, |r| r.malformed)
-    }
-
-    /// A proposal's outcome at `now`.
-    pub fn status(
-        &self,
-        room: &str,
-        id: &str,
-        now: Timestamp,
-        rules: &DecisionRules,
-    ) -> Option<DecisionStatus> {
-        Some(self.get(room, id)?.status(now, rules))
-    }
-
-    /// Every closing interaction that is due at `now`, in room and id order, written
-    /// by `actor` (the relay, role `system`). Each carries an idempotency key, so
-    /// several relays writing the same closure land it once.
-    pub fn due(&self, now: Timestamp, rules: &DecisionRules, actor: &str) -> Vec<NewInteraction> {
-        self.rooms
-            .iter()
-            .flat_map(|(room, r)| {
-                r.proposals
-                    .values()
-                    .filter_map(move |d| d.due(room, now, rules, actor))
-            })
-            .collect()
-    }
-
-    fn apply_pending(state: &mut DecisionState, p: Pending) {
-        match p {
-            Pending::Vote { actor, option, at } => state.count_vote(&actor, &option, at),
-            Pending::Closure(c) => state.close(c),
-        }
-    }
-
-    fn route(&mut self, i: &Interaction, id: String, p: Pending) {
-        let room = self.rooms.entry(i.room.clone()).or_default();
-        match room.proposals.get_mut(&id) {
-            Some(state) => Self::apply_pending(state, p),
-            None => room.pending.entry(id).or_default().push(p),
-        }
-    }
-}
-
-impl Fold for DecisionFold {
-    fn apply(&mut self, i: &Interaction) {
-        match i.verb {
+    fn read(i: &Interaction) -> Option<Read<Self>> {
+        let read = match i.verb {
             Verb::DecisionProposed => {
-                let room = self.rooms.entry(i.room.clone()).or_default();
-                let Some(proposal) = Proposal::parse(i) else {
-                    room.malformed += 1;
-                    return;
-                };
-                if room.proposals.contains_key(&proposal.id) {
-                    room.duplicate_proposals += 1;
-                    return;
-                }
-                let id = proposal.id.clone();
-                let mut state = DecisionState {
+                Read::Open(Proposal::parse(i).map(|proposal| DecisionState {
                     proposal,
                     votes: BTreeMap::new(),
                     ignored: IgnoredVotes::default(),
                     closure: None,
                     ignored_closures: 0,
-                };
-                for p in room.pending.remove(&id).unwrap_or_default() {
-                    Self::apply_pending(&mut state, p);
-                }
-                room.proposals.insert(id, state);
+                }))
             }
-            Verb::DecisionVoted => match VoteBody::deserialize(&i.body) {
-                Ok(v) => self.route(
-                    i,
-                    v.id,
-                    Pending::Vote {
-                        actor: i.actor.clone(),
-                        option: v.option,
-                        at: i.at,
-                    },
-                ),
-                Err(_) => self.rooms.entry(i.room.clone()).or_default().malformed += 1,
-            },
+            Verb::DecisionVoted => Read::Member(
+                VoteBody::deserialize(&i.body)
+                    .ok()
+                    .map(|v| (v.id, v.option)),
+            ),
             Verb::DecisionCommitted | Verb::DecisionEscalated | Verb::DecisionFailed => {
-                match DecisionClosedBody::deserialize(&i.body) {
-                    Ok(c) => self.route(
-                        i,
-                        c.id,
-                        Pending::Closure(PendingClosure {
-                            verb: i.verb,
-                            option: c.option,
-                            reason: c.reason,
-                            actor: i.actor.clone(),
-                            role: i.role,
-                            interaction: i.id,
-                        }),
-                    ),
-                    Err(_) => self.rooms.entry(i.room.clone()).or_default().malformed += 1,
-                }
+                let closed = DecisionClosedBody::deserialize(&i.body).ok();
+                Read::Closing(closed.map(|c| (c.id, (c.option, c.reason))))
             }
-            _ => {}
+            _ => return None,
+        };
+        Some(read)
+    }
+
+    fn name(&self) -> &str {
+        &self.proposal.id
+    }
+
+    fn member(&mut self, actor: &str, at: Timestamp, option: String) {
+        let p = &self.proposal;
+        if !p.voters.contains_key(actor) {
+            self.ignored.not_voter += 1;
+        } else if at > p.deadline {
+            self.ignored.late += 1;
+        } else if !p.options.contains(&option) {
+            self.ignored.unknown_option += 1;
+        } else if self.votes.contains_key(actor) {
+            self.ignored.repeated += 1;
+        } else {
+            self.votes
+                .insert(actor.to_string(), CastVote { option, at });
         }
     }
 
-    fn state_hash(&self) -> [u8; 32] {
-        hash_state(self)
+    fn close(&mut self, c: ClosingRow<(Option<String>, Option<String>)>) {
+        let p = &self.proposal;
+        let option_ok = match &c.body.0 {
+            Some(o) => p.options.contains(o),
+            None => c.verb != Verb::DecisionCommitted,
+        };
+        if self.closure.is_some() || !c.trusted(&p.proposer) || !option_ok {
+            self.ignored_closures += 1;
+            return;
+        }
+        let (option, reason) = c.body;
+        self.closure = Some(Closure {
+            verb: c.verb,
+            option,
+            reason,
+            actor: c.actor,
+            interaction: c.interaction,
+        });
+    }
+
+    /// The outcome at database time `now`. Monotone: once final, later `now`s and
+    /// further votes give the same outcome.
+    fn status(&self, now: Timestamp, rules: &DecisionRules) -> DecisionStatus {
+        let p = &self.proposal;
+        let threshold = rules.min_margin_ppm.max(p.min_margin_ppm.unwrap_or(0));
+        let tally = self.tally();
+        let support = |t: &OptionTally| match p.quorum {
+            Quorum::Count(_) => t.count,
+            Quorum::Weight(_) => t.weight,
+        };
+        let (need, remaining) = match p.quorum {
+            Quorum::Count(q) => (q, tally.remaining_count),
+            Quorum::Weight(q) => (q, tally.remaining_weight),
+        };
+        let Some((lead, runner)) = tally.leader() else {
+            // No options: cannot happen for a validated proposal; never commit.
+            return DecisionStatus::Failed {
+                reason: FailureReason::QuorumUnreachable,
+            };
+        };
+        let has_quorum = support(lead) >= need;
+        let settled =
+            now > p.deadline.saturating_add(rules.grace_us.max(0)) || tally.remaining_count == 0;
+
+        if has_quorum {
+            let worst_case = if settled {
+                runner
+            } else {
+                runner.saturating_add(tally.remaining_weight)
+            };
+            if clear(lead.weight, worst_case, threshold) {
+                return DecisionStatus::Committed {
+                    option: lead.option.clone(),
+                    margin_ppm: margin_ppm(lead.weight, runner),
+                };
+            }
+            if settled {
+                return DecisionStatus::Escalated {
+                    leader: lead.option.clone(),
+                    margin_ppm: margin_ppm(lead.weight, runner),
+                    reason: EscalationReason::ThinMargin,
+                };
+            }
+            return DecisionStatus::Open;
+        }
+        let reachable = tally
+            .options
+            .iter()
+            .any(|t| support(t).saturating_add(remaining) >= need);
+        if !reachable {
+            return DecisionStatus::Failed {
+                reason: FailureReason::QuorumUnreachable,
+            };
+        }
+        if !settled {
+            return DecisionStatus::Open;
+        }
+        if tally.options.iter().any(|t| support(t) >= need) {
+            return DecisionStatus::Escalated {
+                leader: lead.option.clone(),
+                margin_ppm: margin_ppm(lead.weight, runner),
+                reason: EscalationReason::LeaderWithoutQuorum,
+            };
+        }
+        DecisionStatus::Failed {
+            reason: FailureReason::DeadlineMissed,
+        }
+    }
+
+    fn opening(&self) -> (InteractionId, Option<&String>) {
+        (self.proposal.interaction, self.proposal.thread.as_ref())
+    }
+
+    fn closed(&self) -> bool {
+        self.closure.is_some()
+    }
+
+    fn closing(&self, now: Timestamp, rules: &DecisionRules) -> Option<(Verb, DecisionClosedBody)> {
+        let status = self.status(now, rules);
+        let tally = self.tally();
+        let tally_body: BTreeMap<String, OptionTallyBody> = tally
+            .options
+            .iter()
+            .map(|t| {
+                (
+                    t.option.clone(),
+                    OptionTallyBody {
+                        count: t.count,
+                        weight: t.weight as f64 / WEIGHT_UNIT as f64,
+                    },
+                )
+            })
+            .collect();
+        let to_fraction = |m: Option<u64>| m.map(|m| m as f64 / PPM as f64);
+        let closing = match status {
+            DecisionStatus::Open => return None,
+            DecisionStatus::Committed { option, margin_ppm } => (
+                Verb::DecisionCommitted,
+                DecisionClosedBody {
+                    id: self.proposal.id.clone(),
+                    option: Some(option),
+                    reason: None,
+                    margin: to_fraction(margin_ppm),
+                    tally: Some(tally_body),
+                },
+            ),
+            DecisionStatus::Escalated {
+                leader,
+                margin_ppm,
+                reason,
+            } => (
+                Verb::DecisionEscalated,
+                DecisionClosedBody {
+                    id: self.proposal.id.clone(),
+                    option: Some(leader),
+                    reason: Some(reason.as_str().to_string()),
+                    margin: to_fraction(margin_ppm),
+                    tally: Some(tally_body),
+                },
+            ),
+            DecisionStatus::Failed { reason } => (
+                Verb::DecisionFailed,
+                DecisionClosedBody {
+                    id: self.proposal.id.clone(),
+                    option: None,
+                    reason: Some(reason.as_str().to_string()),
+                    margin: None,
+                    tally: Some(tally_body),
+                },
+            ),
+        };
+        Some(closing)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fold::Fold;
+    use crate::model::Role;
     use crate::testing::*;
     use proptest::prelude::*;
     use serde_json::json;
@@ -928,7 +788,7 @@ mod tests {
             }
         );
         // With a 3 % threshold the same votes commit.
-        let f = DecisionFold::from_interactions(&positioned(rows));
+        let f = DecisionFold::rebuild(&positioned(rows));
         let lax = DecisionRules {
             min_margin_ppm: 30_000,
             ..DecisionRules::default()
@@ -956,7 +816,7 @@ mod tests {
             vote("c", "material", deadline + 1),
             vote("d", "material", deadline + 5 * SEC),
         ];
-        let f = DecisionFold::from_interactions(&positioned(rows.clone()));
+        let f = DecisionFold::rebuild(&positioned(rows.clone()));
         let d = f.get(ROOM, "d1").unwrap();
         assert_eq!(d.votes().len(), 2);
         assert_eq!(d.ignored().late, 2);
@@ -981,7 +841,7 @@ mod tests {
             vote("a", "material", t),
             vote("b", "material", t),
         ];
-        let f = DecisionFold::from_interactions(&positioned(rows));
+        let f = DecisionFold::rebuild(&positioned(rows));
         let d = f.get(ROOM, "d1").unwrap();
         assert_eq!(d.votes()["a"].option, "routine");
         assert_eq!(
@@ -1024,7 +884,7 @@ mod tests {
             vote("c", "no", t),
             vote("d", "no", t),
         ];
-        let f = DecisionFold::from_interactions(&positioned(rows));
+        let f = DecisionFold::rebuild(&positioned(rows));
         let zero = DecisionRules {
             min_margin_ppm: 0,
             ..DecisionRules::default()
@@ -1116,7 +976,7 @@ mod tests {
             T0,
             json!(null),
         ));
-        let f = DecisionFold::from_interactions(&positioned(rows));
+        let f = DecisionFold::rebuild(&positioned(rows));
         assert_eq!(f.malformed(ROOM), bad.len() as u64 + 2);
         assert!(f.get(ROOM, "d1").is_none());
     }
@@ -1130,7 +990,7 @@ mod tests {
             vote("b", "material", t),
             vote("c", "material", t),
         ];
-        let f = DecisionFold::from_interactions(&positioned(rows.clone()));
+        let f = DecisionFold::rebuild(&positioned(rows.clone()));
         let rules = DecisionRules::default();
         let due = f.due(t, &rules, "relay-1");
         assert_eq!(due.len(), 1);
@@ -1155,7 +1015,7 @@ mod tests {
         let mut rows2 = rows.clone();
         rows2.push(forged);
         rows2.push(from_new(c.clone(), t));
-        let f2 = DecisionFold::from_interactions(&positioned(rows2));
+        let f2 = DecisionFold::rebuild(&positioned(rows2));
         let d = f2.get(ROOM, "d1").unwrap();
         assert_eq!(d.closure().unwrap().option.as_deref(), Some("material"));
         assert!(f2.due(t, &rules, "relay-1").is_empty());
@@ -1232,8 +1092,8 @@ mod tests {
         fn any_interleaving_gives_the_same_state(
             (rows, shuffled) in scenario().prop_flat_map(|(rows, _)| (Just(rows.clone()), interleaving(rows))),
         ) {
-            let reference = DecisionFold::from_interactions(&positioned(rows)).state_hash();
-            prop_assert_eq!(DecisionFold::from_interactions(&shuffled).state_hash(), reference);
+            let reference = DecisionFold::rebuild(&positioned(rows)).state_hash();
+            prop_assert_eq!(DecisionFold::rebuild(&shuffled).state_hash(), reference);
         }
 
         /// Adding votes stamped after the deadline never changes the outcome, at any
@@ -1250,7 +1110,7 @@ mod tests {
             // Only rows on time, so a late row is not a voter's first vote by accident.
             let deadline = T0 + 10 * SEC;
             let on_time: Vec<Interaction> = rows.into_iter().filter(|r| r.at <= deadline).collect();
-            let before = DecisionFold::from_interactions(&positioned(on_time.clone()));
+            let before = DecisionFold::rebuild(&positioned(on_time.clone()));
             let mut with_late = on_time;
             for (v, o, s, idx) in late {
                 let r = row(ROOM, Verb::DecisionVoted, v, Role::Agent, deadline + s,
@@ -1258,7 +1118,7 @@ mod tests {
                 let at = idx.index(with_late.len() + 1);
                 with_late.insert(at, r);
             }
-            let after = DecisionFold::from_interactions(&positioned(with_late));
+            let after = DecisionFold::rebuild(&positioned(with_late));
             for dt in [0, 5, 11, 30] {
                 let t = now + dt * SEC;
                 prop_assert_eq!(before.status(ROOM, "d1", t, &rules), after.status(ROOM, "d1", t, &rules));

@@ -179,13 +179,6 @@ impl LeaseFold {
         Self::default()
     }
 
-    /// A fold rebuilt from scratch over `interactions` in ledger order.
-    pub fn from_interactions<'a>(interactions: impl IntoIterator<Item = &'a Interaction>) -> Self {
-        let mut f = Self::new();
-        f.apply_all(interactions);
-        f
-    }
-
     /// The latest heartbeat state of a lease.
     pub fn lease(&self, room: &str, name: &str) -> Option<&Lease> {
         self.rooms.get(room)?.leases.get(name)
@@ -544,7 +537,7 @@ mod tests {
 
     #[test]
     fn holder_renews_after_a_third_of_the_ttl() {
-        let f = LeaseFold::from_interactions(&positioned(vec![hb("c", 4, T0, 7)]));
+        let f = LeaseFold::rebuild(&positioned(vec![hb("c", 4, T0, 7)]));
         let rules = LeaseRules::default();
         assert!(f
             .due(ROOM, DEFAULT_LEASE, "c", T0 + 29 * SEC, &rules)
@@ -561,11 +554,7 @@ mod tests {
 
     #[test]
     fn vacant_lease_elects_lowest_active_agent_at_epoch_one() {
-        let f = LeaseFold::from_interactions(&positioned(vec![
-            msg("b", T0),
-            msg("a", T0),
-            msg("c", T0),
-        ]));
+        let f = LeaseFold::rebuild(&positioned(vec![msg("b", T0), msg("a", T0), msg("c", T0)]));
         let rules = LeaseRules::default();
         assert_eq!(f.status(ROOM, DEFAULT_LEASE, T0), LeaseStatus::Vacant);
         let hb = f.due(ROOM, DEFAULT_LEASE, "a", T0, &rules).unwrap();
@@ -614,7 +603,7 @@ mod tests {
             T0,
             json!({"no": "epoch"}),
         ));
-        let f = LeaseFold::from_interactions(&positioned(rows));
+        let f = LeaseFold::rebuild(&positioned(rows));
         assert_eq!(f.malformed(ROOM), 1 + bad.len() as u64 + 1);
         let l = f.lease(ROOM, DEFAULT_LEASE).unwrap();
         assert_eq!((l.holder.as_str(), l.epoch), ("c", 2));
@@ -650,8 +639,8 @@ mod tests {
         fn any_interleaving_gives_the_same_state(
             (rows, shuffled) in lease_rows().prop_flat_map(|rows| (Just(rows.clone()), interleaving(rows))),
         ) {
-            let reference = LeaseFold::from_interactions(&positioned(rows)).state_hash();
-            prop_assert_eq!(LeaseFold::from_interactions(&shuffled).state_hash(), reference);
+            let reference = LeaseFold::rebuild(&positioned(rows)).state_hash();
+            prop_assert_eq!(LeaseFold::rebuild(&shuffled).state_hash(), reference);
         }
 
         /// A directive older than the latest folded heartbeat never applies, and one
@@ -685,8 +674,8 @@ mod tests {
         ) {
             let rules = LeaseRules { active_window_us: 120 * SEC, ..LeaseRules::default() };
             let now = T0 + now * SEC;
-            let a = LeaseFold::from_interactions(&positioned(rows));
-            let b = LeaseFold::from_interactions(&shuffled);
+            let a = LeaseFold::rebuild(&positioned(rows));
+            let b = LeaseFold::rebuild(&shuffled);
             let s = a.successor(ROOM, DEFAULT_LEASE, now, &rules);
             prop_assert_eq!(&s, &b.successor(ROOM, DEFAULT_LEASE, now, &rules));
             if let Some(s) = s {

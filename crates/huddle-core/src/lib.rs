@@ -10,9 +10,10 @@
 //! 1. the record: [`error`], [`limits`], [`id`], [`canonical`], [`verbs`], [`model`],
 //!    [`fold`];
 //! 2. the wire vocabulary: [`protocol`] (bodies, claim keys and epochs, names);
-//! 3. the folds: [`config`], [`tasks`], [`decision`], [`barrier`], [`lease`],
-//!    [`budget`], [`context`], then [`board`] (which shows the task summary) and
-//!    [`guards`] (which read the config);
+//! 3. the folds: [`config`], [`tasks`], [`lease`], [`budget`], [`context`], the
+//!    coordination patterns [`decision`] and [`barrier`] (on the shared [`pattern`]),
+//!    then [`board`] (which shows the task summary) and [`guards`] (which read the
+//!    config);
 //! 4. the decisions on top of them: [`policy`], [`commands`];
 //! 5. the relay's state machine: [`sync`].
 //!
@@ -40,6 +41,7 @@ pub mod id;
 pub mod lease;
 pub mod limits;
 pub mod model;
+pub mod pattern;
 pub mod policy;
 pub mod protocol;
 #[cfg(test)]

@@ -48,6 +48,18 @@ pub use crate::protocol::task::{
 };
 pub use crate::protocol::{truncate_text, SYSTEM_ACTOR};
 
+/// The verbs that create a room's tasks or change them (`coord.note` notices only
+/// mark tasks already known).
+const FOLDED: &[Verb] = &[
+    Verb::TaskCreated,
+    Verb::TaskBid,
+    Verb::TaskRejected,
+    Verb::TaskClaimed,
+    Verb::TaskCompleted,
+    Verb::TaskFailed,
+    Verb::TaskReleased,
+];
+
 fn sorted_unique(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v.dedup();
@@ -563,17 +575,7 @@ impl RoomTasks {
 
 impl Fold for TaskDag {
     fn apply(&mut self, interaction: &Interaction) {
-        let relevant = matches!(
-            interaction.verb,
-            Verb::TaskCreated
-                | Verb::TaskBid
-                | Verb::TaskRejected
-                | Verb::TaskClaimed
-                | Verb::TaskCompleted
-                | Verb::TaskFailed
-                | Verb::TaskReleased
-        );
-        if relevant {
+        if FOLDED.contains(&interaction.verb) {
             self.rooms
                 .entry(interaction.room.clone())
                 .or_default()
@@ -595,7 +597,8 @@ impl Fold for TaskDag {
 mod tests {
     use super::*;
     use crate::testing::{
-        bid, claimed, completed, created, failed, gen_history, ix, linearize, Ledger,
+        bid, claimed, completed, created, every_pair, failed, gen_history, hashes_in_two_orders,
+        history_and_order, ix, linearize, Ledger,
     };
     use proptest::prelude::*;
     use serde_json::json;
@@ -905,23 +908,8 @@ mod tests {
             json!({"task": "a".repeat(500), "label": "x"}),
             json!({"task": "a", "label": "x".repeat(5000)}),
         ];
-        let verbs = [
-            Verb::TaskCreated,
-            Verb::TaskBid,
-            Verb::TaskRejected,
-            Verb::TaskClaimed,
-            Verb::TaskCompleted,
-            Verb::TaskFailed,
-            Verb::TaskReleased,
-            Verb::CoordNote,
-        ];
-        let mut rows = Vec::new();
-        for v in verbs {
-            for b in &bodies {
-                rows.push(ix(v, "ana", Role::Owner, b.clone()));
-            }
-        }
-        let dag = fold(rows);
+        let verbs = [FOLDED, &[Verb::CoordNote]].concat();
+        let dag = fold(every_pair(&verbs, &bodies, "ana", Role::Owner));
         assert!(dag.room("lobby").unwrap().tasks.is_empty());
         assert!(dag.room("lobby").unwrap().refusals.malformed > 0);
     }
@@ -944,19 +932,9 @@ mod tests {
         /// Any interleaving that keeps each actor's order and the causal order gives
         /// the same task DAG state hash (the board's: in `board`).
         #[test]
-        fn folds_are_interleaving_invariant(
-            n_tasks in 1usize..10,
-            n_agents in 1usize..4,
-            choices in prop::collection::vec(any::<u8>(), 1..150),
-            order in prop::collection::vec(any::<u16>(), 1..64),
-        ) {
-            let h = gen_history(n_tasks, n_agents, &choices);
-            let reference = linearize(&h, &[]);
-            let shuffled = linearize(&h, &order);
-            prop_assert_eq!(
-                TaskDag::rebuild(&reference).state_hash(),
-                TaskDag::rebuild(&shuffled).state_hash()
-            );
+        fn folds_are_interleaving_invariant((history, order) in history_and_order()) {
+            let (reference, shuffled) = hashes_in_two_orders::<TaskDag>(&history, &order);
+            prop_assert_eq!(reference, shuffled);
         }
 
         /// After every prefix of every interleaving, no task on the ready frontier has

@@ -142,6 +142,19 @@ pub(crate) fn ix(verb: Verb, actor: &str, role: Role, body: Value) -> NewInterac
     NewInteraction::new("lobby", verb, actor, role, body)
 }
 
+/// One interaction in room `lobby` for every verb and body, verb by verb.
+pub(crate) fn every_pair(
+    verbs: &[Verb],
+    bodies: &[Value],
+    actor: &str,
+    role: Role,
+) -> Vec<NewInteraction> {
+    verbs
+        .iter()
+        .flat_map(|v| bodies.iter().map(|b| ix(*v, actor, role, b.clone())))
+        .collect()
+}
+
 /// `task.created` by the owner.
 pub(crate) fn created(task: &str, deps: &[&str]) -> NewInteraction {
     ix(
@@ -520,4 +533,30 @@ pub(crate) fn linearize(events: &[HistoryEvent], order: &[u16]) -> Vec<Interacti
         ));
     }
     out
+}
+
+/// A generated history (up to 9 tasks, 3 agents) and a stream of choices for
+/// [`linearize`].
+pub(crate) fn history_and_order() -> impl Strategy<Value = (Vec<HistoryEvent>, Vec<u16>)> {
+    (
+        1usize..10,
+        1usize..4,
+        prop::collection::vec(any::<u8>(), 1..150),
+        prop::collection::vec(any::<u16>(), 1..64),
+    )
+        .prop_map(|(n_tasks, n_agents, choices, order)| {
+            (gen_history(n_tasks, n_agents, &choices), order)
+        })
+}
+
+/// The state hashes of `F` rebuilt over `history` in generation order and in the
+/// interleaving `order` chooses: equal when the fold does not depend on how actors'
+/// rows interleave.
+pub(crate) fn hashes_in_two_orders<F: Fold + Default>(
+    history: &[HistoryEvent],
+    order: &[u16],
+) -> ([u8; 32], [u8; 32]) {
+    let reference = F::rebuild(&linearize(history, &[]));
+    let shuffled = F::rebuild(&linearize(history, order));
+    (reference.state_hash(), shuffled.state_hash())
 }
