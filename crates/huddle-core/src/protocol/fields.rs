@@ -39,13 +39,21 @@ pub(crate) fn to_value<T: Serialize>(body: &T) -> Value {
 /// An idempotency key for the one closing row of a pattern instance: short, free of
 /// `/` in names, and the same on every relay.
 pub(crate) fn closing_key(kind: &str, room: &str, id: &str) -> String {
+    let hash = hash_parts(&[kind, room, id]);
+    format!("{kind}-closed:{}", &hash.to_hex()[..32])
+}
+
+/// blake3 of `parts`, each followed by a NUL byte but the last: a stable hash of a
+/// tuple of names (names hold no control characters, so the tuple reads back).
+pub(crate) fn hash_parts(parts: &[&str]) -> blake3::Hash {
     let mut h = blake3::Hasher::new();
-    h.update(kind.as_bytes());
-    h.update(&[0]);
-    h.update(room.as_bytes());
-    h.update(&[0]);
-    h.update(id.as_bytes());
-    format!("{kind}-closed:{}", &h.finalize().to_hex()[..32])
+    for (n, part) in parts.iter().enumerate() {
+        if n > 0 {
+            h.update(&[0]);
+        }
+        h.update(part.as_bytes());
+    }
+    h.finalize()
 }
 
 /// Whether `s` is usable as an id, option, phase or agent name.

@@ -24,7 +24,7 @@ pub use claims::{drive_key, reply_key, task_key, taskdrive_key, ClaimEpoch, Clai
 pub use coord::{
     CoordNoteBody, DesignationBody, NoticeBody, PresenceBody, PresenceState, Subject, SubjectKind,
 };
-pub(crate) use fields::{closing_key, deadline_from, parse_body, valid_name};
+pub(crate) use fields::{closing_key, deadline_from, hash_parts, parse_body, valid_name};
 pub use fields::{truncate_text, PPM, SYSTEM_ACTOR};
 pub use room::{AgentRegisteredBody, MessageBody, RoomCreatedBody, DEFAULT_PRIORITY};
 pub use turn::{TokensBody, TurnFailedBody, TurnPromptedBody, TurnRepliedBody, TurnUsageBody};

@@ -87,8 +87,9 @@ use crate::protocol::task::{
     MAX_RESULT_BYTES,
 };
 use crate::protocol::{
-    parse_body, truncate_text, AgentRegisteredBody, CoordNoteBody, DesignationBody, MessageBody,
-    Subject, SubjectKind, TurnFailedBody, TurnPromptedBody, TurnRepliedBody, DEFAULT_PRIORITY,
+    hash_parts, parse_body, truncate_text, AgentRegisteredBody, CoordNoteBody, DesignationBody,
+    MessageBody, Subject, SubjectKind, TurnFailedBody, TurnPromptedBody, TurnRepliedBody,
+    DEFAULT_PRIORITY,
 };
 use crate::tasks::{TaskDag, TaskStatus};
 use crate::verbs::Verb;
@@ -1836,13 +1837,7 @@ fn rejection(room: &str, winner: &str, task: &str, attempt: u32, loser: &str) ->
 /// A deterministic pseudo-random rank of a task for an agent, so agents on different
 /// relays bid on different tasks first.
 fn spread(agent: &str, room: &str, task: &str) -> [u8; 8] {
-    let mut h = blake3::Hasher::new();
-    h.update(agent.as_bytes());
-    h.update(&[0]);
-    h.update(room.as_bytes());
-    h.update(&[0]);
-    h.update(task.as_bytes());
     let mut out = [0u8; 8];
-    out.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    out.copy_from_slice(&hash_parts(&[agent, room, task]).as_bytes()[..8]);
     out
 }
