@@ -19,73 +19,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::decision::{closing_key, deadline_from, valid_name};
-use crate::model::{Interaction, InteractionId, NewInteraction, Role, Timestamp};
+use crate::model::{Interaction, InteractionId, Timestamp};
+use crate::pattern::{ClosingRow, Instance, PatternFold, Read};
+use crate::protocol::{deadline_from, valid_name};
 use crate::verbs::Verb;
-use crate::{hash_state, Fold};
 
-/// Largest roster one barrier may expect.
-pub const MAX_ROSTER: usize = 1024;
-
-/// Body of `barrier.opened`. Exactly one of `timeout_ms` and `deadline` is required.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BarrierOpenedBody {
-    /// The phase this barrier closes; unique per room.
-    pub phase: String,
-    /// Who must check in.
-    pub roster: Vec<String>,
-    /// Timeout relative to the opening row's `at`, in milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_ms: Option<u64>,
-    /// Absolute timeout, microseconds since the epoch in database time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deadline: Option<Timestamp>,
-    /// What happens at the timeout; default `escalate`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub on_timeout: Option<OnTimeout>,
-}
-
-/// What a barrier does when its timeout passes with someone missing.
-///
-/// On the wire: `"escalate"` or `{"proceed-with-quorum": {"quorum": 4}}`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OnTimeout {
-    /// Pass if at least `quorum` roster members checked in; the rest are dropped.
-    /// Otherwise escalate.
-    ProceedWithQuorum {
-        /// Check-ins needed, 1 to the roster size.
-        quorum: u64,
-    },
-    /// Hand the barrier to a person.
-    Escalate,
-}
-
-/// Body of `barrier.checkin`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BarrierCheckinBody {
-    /// The phase checked in to.
-    pub phase: String,
-}
-
-/// Body of `barrier.passed` and `barrier.escalated`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BarrierClosedBody {
-    /// The phase.
-    pub phase: String,
-    /// Roster members who checked in.
-    #[serde(default)]
-    pub checked_in: Vec<String>,
-    /// `barrier.passed`: roster members dropped at the timeout.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub dropped: Vec<String>,
-    /// `barrier.escalated`: roster members still missing.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub missing: Vec<String>,
-    /// `barrier.escalated`: `timeout` or `quorum-not-reached`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
+pub use crate::protocol::barrier::{
+    BarrierCheckinBody, BarrierClosedBody, BarrierOpenedBody, OnTimeout, MAX_ROSTER,
+};
 
 /// A validated barrier.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -268,9 +209,78 @@ impl BarrierState {
             .cloned()
             .collect()
     }
+}
+
+/// The barriers of every room, folded from `barrier.*` interactions.
+pub type BarrierFold = PatternFold<BarrierState>;
+
+/// A barrier is a pattern instance: opened by `barrier.opened`, checked in to by
+/// `barrier.checkin`, closed by `barrier.passed` / `barrier.escalated`.
+impl Instance for BarrierState {
+    /// A check-in carries nothing but its actor and time.
+    type Member = ();
+    /// A closing row is judged by its writer alone.
+    type Closing = ();
+    type Rules = BarrierRules;
+    type Closed = BarrierClosedBody;
+    type Status = BarrierStatus;
+
+    const KIND: &'static str = "barrier";
+
+    fn read(i: &Interaction) -> Option<Read<Self>> {
+        let read = match i.verb {
+            Verb::BarrierOpened => Read::Open(Barrier::parse(i).map(|barrier| BarrierState {
+                barrier,
+                checked_in: BTreeMap::new(),
+                ignored: IgnoredCheckins::default(),
+                closure: None,
+                ignored_closures: 0,
+            })),
+            Verb::BarrierCheckin => Read::Member(
+                BarrierCheckinBody::deserialize(&i.body)
+                    .ok()
+                    .map(|c| (c.phase, ())),
+            ),
+            Verb::BarrierPassed | Verb::BarrierEscalated => Read::Closing(
+                BarrierClosedBody::deserialize(&i.body)
+                    .ok()
+                    .map(|c| (c.phase, ())),
+            ),
+            _ => return None,
+        };
+        Some(read)
+    }
+
+    fn name(&self) -> &str {
+        &self.barrier.phase
+    }
+
+    fn member(&mut self, actor: &str, at: Timestamp, _: ()) {
+        if !self.barrier.roster.contains(actor) {
+            self.ignored.not_roster += 1;
+        } else if at > self.barrier.deadline {
+            self.ignored.late += 1;
+        } else if self.checked_in.contains_key(actor) {
+            self.ignored.repeated += 1;
+        } else {
+            self.checked_in.insert(actor.to_string(), at);
+        }
+    }
+
+    fn close(&mut self, c: ClosingRow<()>) {
+        if self.closure.is_some() || !c.trusted(&self.barrier.opener) {
+            self.ignored_closures += 1;
+            return;
+        }
+        self.closure = Some(BarrierClosure {
+            verb: c.verb,
+            actor: c.actor,
+            interaction: c.interaction,
+        });
+    }
 
     /// The status at database time `now`. Monotone: once final it stays final.
-    pub fn status(&self, now: Timestamp, rules: &BarrierRules) -> BarrierStatus {
+    fn status(&self, now: Timestamp, rules: &BarrierRules) -> BarrierStatus {
         let missing = self.missing();
         if missing.is_empty() {
             return BarrierStatus::Passed {
@@ -296,21 +306,18 @@ impl BarrierState {
         }
     }
 
-    /// The closing row to append for a final status, written by `actor` (a relay,
-    /// role `system`); `None` while waiting or once a closing row was folded.
-    pub fn due(
-        &self,
-        room: &str,
-        now: Timestamp,
-        rules: &BarrierRules,
-        actor: &str,
-    ) -> Option<NewInteraction> {
-        if self.closure.is_some() {
-            return None;
-        }
+    fn opening(&self) -> (InteractionId, Option<&String>) {
+        (self.barrier.interaction, self.barrier.thread.as_ref())
+    }
+
+    fn closed(&self) -> bool {
+        self.closure.is_some()
+    }
+
+    fn closing(&self, now: Timestamp, rules: &BarrierRules) -> Option<(Verb, BarrierClosedBody)> {
         let checked_in: Vec<String> = self.checked_in.keys().cloned().collect();
         let phase = self.barrier.phase.clone();
-        let (verb, body) = match self.status(now, rules) {
+        let closing = match self.status(now, rules) {
             BarrierStatus::Waiting { .. } => return None,
             BarrierStatus::Passed { dropped } => (
                 Verb::BarrierPassed,
@@ -333,207 +340,16 @@ impl BarrierState {
                 },
             ),
         };
-        let body = serde_json::to_value(body).ok()?;
-        let mut new = NewInteraction::new(room, verb, actor, Role::System, body)
-            .with_parent(self.barrier.interaction)
-            .with_idempotency_key(closing_key("barrier", room, &self.barrier.phase));
-        new.thread = self.barrier.thread.clone();
-        Some(new)
-    }
-
-    fn checkin(&mut self, actor: &str, at: Timestamp) {
-        if !self.barrier.roster.contains(actor) {
-            self.ignored.not_roster += 1;
-        } else if at > self.barrier.deadline {
-            self.ignored.late += 1;
-        } else if self.checked_in.contains_key(actor) {
-            self.ignored.repeated += 1;
-        } else {
-            self.checked_in.insert(actor.to_string(), at);
-        }
-    }
-
-    fn close(&mut self, c: PendingClose) {
-        let trusted =
-            c.actor == self.barrier.opener || matches!(c.role, Role::System | Role::Owner);
-        if self.closure.is_some() || !trusted {
-            self.ignored_closures += 1;
-            return;
-        }
-        self.closure = Some(BarrierClosure {
-            verb: c.verb,
-            actor: c.actor,
-            interaction: c.interaction,
-        });
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-struct PendingClose {
-    verb: Verb,
-    actor: String,
-    role: Role,
-    interaction: InteractionId,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-enum Pending {
-    Checkin { actor: String, at: Timestamp },
-    Close(PendingClose),
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-struct RoomBarriers {
-    barriers: BTreeMap<String, BarrierState>,
-    /// Rows for barriers not opened yet, in ledger order.
-    pending: BTreeMap<String, Vec<Pending>>,
-    malformed: u64,
-    duplicate_openings: u64,
-}
-
-/// The barriers of every room, folded from `barrier.*` interactions.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct BarrierFold {
-    rooms: BTreeMap<String, RoomBarriers>,
-}
-
-impl BarrierFold {
-    /// An empty fold.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// A fold rebuilt from scratch over `interactions` in ledger order.
-    pub fn from_interactions<'a>(interactions: impl IntoIterator<Item = &'a Interaction>) -> Self {
-        let mut f = Self::new();
-        f.apply_all(interactions);
-        f
-    }
-
-    /// One barrier's state.
-    pub fn get(&self, room: &str, phase: &str) -> Option<&BarrierState> {
-        self.rooms.get(room)?.barriers.get(phase)
-    }
-
-    /// A room's barriers, by phase.
-    pub fn barriers(&self, room: &str) -> impl Iterator<Item = (&String, &BarrierState)> {
-        self.rooms
-            .get(room)
-            .into_iter()
-            .flat_map(|r| r.barriers.iter())
-    }
-
-    /// How many `barrier.*` bodies in the room did not parse (they were ignored).
-    pub fn malformed(&self, room: &str) -> u64 {
-        self.rooms.get(room).map_or(0, |r| r.malformed)
-    }
-
-    /// A barrier's status at `now`.
-    pub fn status(
-        &self,
-        room: &str,
-        phase: &str,
-        now: Timestamp,
-        rules: &BarrierRules,
-    ) -> Option<BarrierStatus> {
-        Some(self.get(room, phase)?.status(now, rules))
-    }
-
-    /// Every closing row due at `now`, in room and phase order, written by `actor`
-    /// (the relay, role `system`), each with an idempotency key.
-    pub fn due(&self, now: Timestamp, rules: &BarrierRules, actor: &str) -> Vec<NewInteraction> {
-        self.rooms
-            .iter()
-            .flat_map(|(room, r)| {
-                r.barriers
-                    .values()
-                    .filter_map(move |b| b.due(room, now, rules, actor))
-            })
-            .collect()
-    }
-
-    fn apply_pending(state: &mut BarrierState, p: Pending) {
-        match p {
-            Pending::Checkin { actor, at } => state.checkin(&actor, at),
-            Pending::Close(c) => state.close(c),
-        }
-    }
-
-    fn route(&mut self, i: &Interaction, phase: String, p: Pending) {
-        let room = self.rooms.entry(i.room.clone()).or_default();
-        match room.barriers.get_mut(&phase) {
-            Some(state) => Self::apply_pending(state, p),
-            None => room.pending.entry(phase).or_default().push(p),
-        }
-    }
-}
-
-impl Fold for BarrierFold {
-    fn apply(&mut self, i: &Interaction) {
-        match i.verb {
-            Verb::BarrierOpened => {
-                let room = self.rooms.entry(i.room.clone()).or_default();
-                let Some(barrier) = Barrier::parse(i) else {
-                    room.malformed += 1;
-                    return;
-                };
-                if room.barriers.contains_key(&barrier.phase) {
-                    room.duplicate_openings += 1;
-                    return;
-                }
-                let phase = barrier.phase.clone();
-                let mut state = BarrierState {
-                    barrier,
-                    checked_in: BTreeMap::new(),
-                    ignored: IgnoredCheckins::default(),
-                    closure: None,
-                    ignored_closures: 0,
-                };
-                for p in room.pending.remove(&phase).unwrap_or_default() {
-                    Self::apply_pending(&mut state, p);
-                }
-                room.barriers.insert(phase, state);
-            }
-            Verb::BarrierCheckin => match BarrierCheckinBody::deserialize(&i.body) {
-                Ok(c) => self.route(
-                    i,
-                    c.phase,
-                    Pending::Checkin {
-                        actor: i.actor.clone(),
-                        at: i.at,
-                    },
-                ),
-                Err(_) => self.rooms.entry(i.room.clone()).or_default().malformed += 1,
-            },
-            Verb::BarrierPassed | Verb::BarrierEscalated => {
-                match BarrierClosedBody::deserialize(&i.body) {
-                    Ok(c) => self.route(
-                        i,
-                        c.phase,
-                        Pending::Close(PendingClose {
-                            verb: i.verb,
-                            actor: i.actor.clone(),
-                            role: i.role,
-                            interaction: i.id,
-                        }),
-                    ),
-                    Err(_) => self.rooms.entry(i.room.clone()).or_default().malformed += 1,
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn state_hash(&self) -> [u8; 32] {
-        hash_state(self)
+        Some(closing)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::testing::*;
+    use crate::fold::Fold;
+    use crate::model::Role;
+    use crate::testing::*;
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -614,7 +430,7 @@ mod tests {
                 dropped: names(&["s5"])
             }
         );
-        let f = BarrierFold::from_interactions(&positioned(rows.clone()));
+        let f = BarrierFold::rebuild(&positioned(rows.clone()));
         let due = f.due(after, &BarrierRules::default(), "relay-1");
         assert_eq!(due.len(), 1);
         assert_eq!(due[0].verb, Verb::BarrierPassed);
@@ -623,7 +439,7 @@ mod tests {
         // Once the closing row is folded nothing more is due.
         let mut closed = rows;
         closed.push(from_new(due[0].clone(), after));
-        let f = BarrierFold::from_interactions(&positioned(closed));
+        let f = BarrierFold::rebuild(&positioned(closed));
         assert!(f.due(after, &BarrierRules::default(), "relay-1").is_empty());
         assert_eq!(
             f.get(ROOM, "scrape").unwrap().closure().unwrap().verb,
@@ -661,7 +477,7 @@ mod tests {
         rows.push(checkin("mallory", t));
         rows.push(checkin("s1", t));
         rows.push(checkin("s1", t + 1));
-        let f = BarrierFold::from_interactions(&positioned(rows));
+        let f = BarrierFold::rebuild(&positioned(rows));
         let b = f.get(ROOM, "scrape").unwrap();
         assert_eq!(b.checked_in().len(), 1);
         assert_eq!(
@@ -710,9 +526,9 @@ mod tests {
             T0,
             json!([]),
         ));
-        let f = BarrierFold::from_interactions(&positioned(rows));
+        let f = BarrierFold::rebuild(&positioned(rows));
         assert_eq!(f.malformed(ROOM), bad.len() as u64 + 2);
-        assert_eq!(f.barriers(ROOM).count(), 0);
+        assert_eq!(f.instances(ROOM).count(), 0);
     }
 
     fn scenario() -> impl Strategy<Value = Vec<Interaction>> {
@@ -736,8 +552,8 @@ mod tests {
         fn any_interleaving_gives_the_same_state(
             (rows, shuffled) in scenario().prop_flat_map(|rows| (Just(rows.clone()), interleaving(rows))),
         ) {
-            let reference = BarrierFold::from_interactions(&positioned(rows)).state_hash();
-            prop_assert_eq!(BarrierFold::from_interactions(&shuffled).state_hash(), reference);
+            let reference = BarrierFold::rebuild(&positioned(rows)).state_hash();
+            prop_assert_eq!(BarrierFold::rebuild(&shuffled).state_hash(), reference);
         }
 
         /// Check-ins from outside the roster never change a barrier's status, so they
@@ -759,15 +575,15 @@ mod tests {
                 with_strangers.insert(idx.index(with_strangers.len() + 1), checkin(w, T0 + s * SEC));
             }
             let now = T0 + now * SEC;
-            let a = BarrierFold::from_interactions(&positioned(roster_only));
-            let b = BarrierFold::from_interactions(&positioned(with_strangers.clone()));
+            let a = BarrierFold::rebuild(&positioned(roster_only));
+            let b = BarrierFold::rebuild(&positioned(with_strangers.clone()));
             prop_assert_eq!(a.status(ROOM, "scrape", now, &rules), b.status(ROOM, "scrape", now, &rules));
             // Strangers alone never pass it, at any time.
             let only: Vec<Interaction> = with_strangers
                 .into_iter()
                 .filter(|r| r.verb == Verb::BarrierOpened || !SCRAPERS.contains(&r.actor.as_str()))
                 .collect();
-            let c = BarrierFold::from_interactions(&positioned(only));
+            let c = BarrierFold::rebuild(&positioned(only));
             let passed = matches!(c.status(ROOM, "scrape", now, &rules), Some(BarrierStatus::Passed { .. }));
             prop_assert!(!passed);
         }

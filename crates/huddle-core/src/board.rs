@@ -21,280 +21,37 @@ use serde_json::Value;
 
 use crate::fold::{hash_state, Fold};
 use crate::model::{Interaction, InteractionId, Role, Timestamp};
-use crate::sync::ClaimEpoch;
-use crate::tasks::{parse_body, truncate_text, TaskSummary, MAX_CAPABILITIES};
+use crate::protocol::task::{valid_capability, valid_task_id, MAX_CAPABILITIES};
+use crate::protocol::{parse_body, truncate_text, ClaimEpoch};
+use crate::tasks::TaskSummary;
 use crate::verbs::Verb;
+
+pub use crate::protocol::coord::{
+    CoordNoteBody, DesignationBody, NoticeBody, PresenceBody, PresenceState, Subject, SubjectKind,
+};
+pub use crate::protocol::room::{
+    AgentRegisteredBody, MessageBody, RoomCreatedBody, DEFAULT_PRIORITY,
+};
+pub use crate::protocol::turn::{TurnFailedBody, TurnPromptedBody, TurnRepliedBody};
+
+/// The verbs the board folds.
+const FOLDED: &[Verb] = &[
+    Verb::RoomCreated,
+    Verb::AgentRegistered,
+    Verb::CoordNote,
+    Verb::TurnPrompted,
+    Verb::TurnReplied,
+    Verb::TurnFailed,
+    Verb::TaskClaimed,
+    Verb::TaskCompleted,
+    Verb::TaskFailed,
+    Verb::TaskReleased,
+];
 
 /// Most designations shown in a `<coordination>` block (the most recent).
 pub const RENDER_DESIGNATIONS: usize = 10;
 /// Most notices shown in a `<coordination>` block (the most recent).
 pub const RENDER_NOTICES: usize = 5;
-
-// ---------------------------------------------------------------------------------
-// Body schemas
-// ---------------------------------------------------------------------------------
-
-/// What a turn or a presence is about.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Subject {
-    /// `message` or `task`.
-    pub kind: SubjectKind,
-    /// The message id (64 hex digits) or the task id.
-    pub id: String,
-    /// A short human label (a task's label), if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub label: Option<String>,
-}
-
-impl Subject {
-    /// A message subject.
-    pub fn message(id: InteractionId) -> Self {
-        Subject {
-            kind: SubjectKind::Message,
-            id: id.to_hex(),
-            label: None,
-        }
-    }
-
-    /// A task subject.
-    pub fn task(id: impl Into<String>, label: Option<String>) -> Self {
-        Subject {
-            kind: SubjectKind::Task,
-            id: id.into(),
-            label,
-        }
-    }
-
-    /// `message:<id>` or `task:<id>`: the key of the subject in the board.
-    pub fn key(&self) -> String {
-        format!("{}:{}", self.kind.as_str(), self.id)
-    }
-
-    fn describe(&self) -> String {
-        match self.kind {
-            SubjectKind::Message => format!("message {}", short_hex(&self.id)),
-            SubjectKind::Task => match &self.label {
-                Some(l) => format!("task {} \"{}\"", clean(&self.id, 128), clean(l, 80)),
-                None => format!("task {}", clean(&self.id, 128)),
-            },
-        }
-    }
-}
-
-/// The kind of a [`Subject`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SubjectKind {
-    /// Answering a message.
-    Message,
-    /// Working on a task.
-    Task,
-}
-
-impl SubjectKind {
-    /// `message` or `task`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            SubjectKind::Message => "message",
-            SubjectKind::Task => "task",
-        }
-    }
-}
-
-/// An agent's presence state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PresenceState {
-    /// In a turn, on a subject.
-    Working,
-    /// Not working.
-    Idle,
-    /// Finished its last subject.
-    Done,
-    /// Its last subject failed.
-    Failed,
-}
-
-impl PresenceState {
-    /// The lowercase name.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            PresenceState::Working => "working",
-            PresenceState::Idle => "idle",
-            PresenceState::Done => "done",
-            PresenceState::Failed => "failed",
-        }
-    }
-}
-
-/// Body of `coord.note`, tagged by `kind`.
-///
-/// - `{"kind":"presence","state":"working","on":{"kind":"task","id":"api"},"note":".."}`
-///   (actor = the agent whose presence it is)
-/// - `{"kind":"designation","message":"<64 hex>","agent":"bo","epoch":3}` (actor = the
-///   agent that won `reply/<room>/<message>` at `epoch`; appended fenced by it)
-/// - `{"kind":"notice","about":"task-abandoned","to":"owner","task":"api","text":".."}`
-///   (role `system` or `owner` only; notices from anyone else are ignored)
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum CoordNoteBody {
-    /// An agent says what it is doing.
-    Presence(PresenceBody),
-    /// An agent took a message.
-    Designation(DesignationBody),
-    /// A notice for the room (the owner above all).
-    Notice(NoticeBody),
-}
-
-impl CoordNoteBody {
-    /// Decodes and checks a body.
-    pub fn parse(body: &Value) -> Option<Self> {
-        let b: Self = parse_body(body)?;
-        let ok = match &b {
-            CoordNoteBody::Presence(p) => p.note.as_ref().is_none_or(|n| n.len() <= 4096),
-            CoordNoteBody::Designation(d) => !d.agent.is_empty() && d.epoch > 0,
-            CoordNoteBody::Notice(n) => !n.about.is_empty() && n.text.len() <= 16 * 1024,
-        };
-        ok.then_some(b)
-    }
-
-    /// The JSON body.
-    pub fn to_body(&self) -> Value {
-        serde_json::to_value(self).unwrap_or(Value::Null)
-    }
-}
-
-/// A presence note.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PresenceBody {
-    /// The state.
-    pub state: PresenceState,
-    /// What it is about.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub on: Option<Subject>,
-    /// Free text (at most 4 KiB).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
-
-/// A designation note: `agent` took `message` under the reply claim at `epoch`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DesignationBody {
-    /// The message taken.
-    pub message: InteractionId,
-    /// The agent that took it (must be the note's actor).
-    pub agent: String,
-    /// The reply claim's epoch.
-    pub epoch: ClaimEpoch,
-}
-
-/// A notice.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NoticeBody {
-    /// What it is about, e.g. [`NoticeBody::TASK_ABANDONED`].
-    pub about: String,
-    /// Who should read it (`owner`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub to: Option<String>,
-    /// The task concerned.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub task: Option<String>,
-    /// The text shown.
-    pub text: String,
-}
-
-impl NoticeBody {
-    /// `about` of the notice that a task failed for good.
-    pub const TASK_ABANDONED: &'static str = "task-abandoned";
-}
-
-/// Body of `turn.prompted` (actor = the agent; fenced by the drive claim).
-///
-/// `{"turn":"t/lobby/api/bo/4/9","subject":{"kind":"task","id":"api"},"epoch":4,"drive_epoch":9}`
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TurnPromptedBody {
-    /// The turn id.
-    pub turn: String,
-    /// What the turn is about.
-    pub subject: Subject,
-    /// Epoch of the subject's exclusive claim (`reply/..` or `task/..`).
-    pub epoch: ClaimEpoch,
-    /// Epoch of the drive claim (`drive/..` or `taskdrive/..`).
-    pub drive_epoch: ClaimEpoch,
-}
-
-/// Body of `turn.replied` (actor = the agent; fenced by the claim of the turn).
-///
-/// `{"turn":"..","subject":{..},"epoch":4,"tokens":1200,"reply":"<64 hex>"}`
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TurnRepliedBody {
-    /// The turn id.
-    pub turn: String,
-    /// What the turn was about.
-    pub subject: Subject,
-    /// Epoch of the subject's exclusive claim.
-    pub epoch: ClaimEpoch,
-    /// Tokens the turn used.
-    #[serde(default)]
-    pub tokens: u64,
-    /// The id of the `message.posted` that carries the reply, when there is one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reply: Option<InteractionId>,
-}
-
-/// Body of `turn.failed` (actor = the agent).
-///
-/// `{"turn":"..","subject":{..},"epoch":4,"reason":"exit status 1","tokens":10}`
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TurnFailedBody {
-    /// The turn id.
-    pub turn: String,
-    /// What the turn was about.
-    pub subject: Subject,
-    /// Epoch of the subject's exclusive claim.
-    pub epoch: ClaimEpoch,
-    /// Why it failed.
-    #[serde(default)]
-    pub reason: String,
-    /// Tokens the turn used.
-    #[serde(default)]
-    pub tokens: u64,
-}
-
-/// Body of `agent.registered` (actor = the agent, role `agent`).
-///
-/// `{"capabilities":["rust","sql"],"priority":10}`
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AgentRegisteredBody {
-    /// Declared capabilities.
-    #[serde(default)]
-    pub capabilities: Vec<String>,
-    /// Rank under `role-priority` (lower answers first; default 100).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub priority: Option<u32>,
-}
-
-/// Body of `message.posted` as coordination reads it.
-///
-/// `{"text":"@bo can you look?","mentions":["bo"]}`; `mentions` is optional (adapters
-/// that know who was mentioned put it here; `@name` in the text counts too).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MessageBody {
-    /// The text.
-    #[serde(default)]
-    pub text: String,
-    /// Agents explicitly mentioned.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mentions: Vec<String>,
-}
-
-/// Body of `room.created` as coordination reads it: `{"owner":"ana"}`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RoomCreatedBody {
-    /// The room's owner (the actor when absent).
-    #[serde(default)]
-    pub owner: Option<String>,
-}
 
 // ---------------------------------------------------------------------------------
 // State
@@ -430,7 +187,7 @@ impl RoomBoard {
                 let mut caps: Vec<String> = b
                     .capabilities
                     .into_iter()
-                    .filter(|c| crate::tasks::valid_capability(c))
+                    .filter(|c| valid_capability(c))
                     .take(MAX_CAPABILITIES)
                     .collect();
                 caps.sort();
@@ -482,7 +239,7 @@ impl RoomBoard {
                 let Some(task) = i.body.get("task").and_then(Value::as_str) else {
                     return;
                 };
-                if !crate::tasks::valid_task_id(task) {
+                if !valid_task_id(task) {
                     return;
                 }
                 let state = match i.verb {
@@ -555,9 +312,6 @@ impl RoomBoard {
     }
 }
 
-/// The `role-priority` rank of an agent that declares none.
-pub const DEFAULT_PRIORITY: u32 = 100;
-
 /// The board fold over every room.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Board {
@@ -608,20 +362,7 @@ impl Board {
 
 impl Fold for Board {
     fn apply(&mut self, interaction: &Interaction) {
-        let relevant = matches!(
-            interaction.verb,
-            Verb::RoomCreated
-                | Verb::AgentRegistered
-                | Verb::CoordNote
-                | Verb::TurnPrompted
-                | Verb::TurnReplied
-                | Verb::TurnFailed
-                | Verb::TaskClaimed
-                | Verb::TaskCompleted
-                | Verb::TaskFailed
-                | Verb::TaskReleased
-        );
-        if relevant {
+        if FOLDED.contains(&interaction.verb) {
             self.rooms
                 .entry(interaction.room.clone())
                 .or_default()
@@ -720,7 +461,7 @@ impl CoordinationView {
             for (agent, p) in &self.agents {
                 let _ = write!(out, "- {}: {}", clean(agent, 256), p.state.as_str());
                 if let Some(on) = &p.on {
-                    let _ = write!(out, " on {}", on.describe());
+                    let _ = write!(out, " on {}", describe(on));
                 }
                 let _ = write!(out, " since {}", format_timestamp(p.since));
                 if let Some(n) = &p.note {
@@ -805,6 +546,17 @@ pub fn clean(text: &str, max: usize) -> String {
     truncate_text(&s, max)
 }
 
+/// A subject as one line of the `<coordination>` block.
+fn describe(subject: &Subject) -> String {
+    match subject.kind {
+        SubjectKind::Message => format!("message {}", short_hex(&subject.id)),
+        SubjectKind::Task => match &subject.label {
+            Some(l) => format!("task {} \"{}\"", clean(&subject.id, 128), clean(l, 80)),
+            None => format!("task {}", clean(&subject.id, 128)),
+        },
+    }
+}
+
 fn short_hex(id: &str) -> String {
     clean(&id.chars().take(12).collect::<String>(), 12)
 }
@@ -842,7 +594,10 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 mod tests {
     use super::*;
     use crate::model::NewInteraction;
-    use crate::sync::testutil::{claimed, completed, ix, Ledger};
+    use crate::testing::{
+        claimed, completed, every_pair, hashes_in_two_orders, history_and_order, ix, Ledger,
+    };
+    use proptest::prelude::*;
     use serde_json::json;
 
     const T0: Timestamp = 1_700_000_000_000_000; // 2023-11-14T22:13:20Z
@@ -1083,24 +838,21 @@ notices:\n\
             json!({"task": 7}),
             json!({"owner": 7}),
         ];
-        let verbs = [
-            Verb::CoordNote,
-            Verb::TurnPrompted,
-            Verb::TurnReplied,
-            Verb::TurnFailed,
-            Verb::AgentRegistered,
-            Verb::TaskClaimed,
-            Verb::RoomCreated,
-        ];
-        let mut rows = Vec::new();
-        for v in verbs {
-            for body in &bodies {
-                rows.push(ix(v, "bo", Role::Agent, body.clone()));
-            }
-        }
-        let b = fold(rows);
+        let b = fold(every_pair(FOLDED, &bodies, "bo", Role::Agent));
         let r = b.room("lobby").unwrap();
         assert!(r.designations.is_empty() && r.turns.is_empty());
         assert!(r.malformed > 0);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Any interleaving that keeps each actor's order and the causal order gives
+        /// the same board state hash.
+        #[test]
+        fn board_is_interleaving_invariant((history, order) in history_and_order()) {
+            let (reference, shuffled) = hashes_in_two_orders::<Board>(&history, &order);
+            prop_assert_eq!(reference, shuffled);
+        }
     }
 }

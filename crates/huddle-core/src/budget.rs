@@ -17,42 +17,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fold::{hash_state, Fold};
 use crate::model::Interaction;
 use crate::verbs::Verb;
-use crate::{hash_state, Fold};
 
-/// The part of a `turn.replied` / `turn.failed` body this fold reads.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TurnUsageBody {
-    /// Tokens the turn used.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tokens: Option<TokensBody>,
-}
-
-/// Tokens used by one turn.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum TokensBody {
-    /// A total.
-    Total(u64),
-    /// Input and output separately; their sum counts.
-    Split {
-        /// Prompt tokens.
-        input: u64,
-        /// Completion tokens.
-        output: u64,
-    },
-}
-
-impl TokensBody {
-    /// The total.
-    pub fn total(&self) -> u64 {
-        match *self {
-            TokensBody::Total(n) => n,
-            TokensBody::Split { input, output } => input.saturating_add(output),
-        }
-    }
-}
+pub use crate::protocol::turn::{TokensBody, TurnUsageBody};
 
 /// Token use of one room.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -92,13 +61,6 @@ impl BudgetFold {
     /// An empty fold.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// A fold rebuilt from scratch over `interactions` in ledger order.
-    pub fn from_interactions<'a>(interactions: impl IntoIterator<Item = &'a Interaction>) -> Self {
-        let mut f = Self::new();
-        f.apply_all(interactions);
-        f
     }
 
     /// A room's token use (all zero for a room with no turns).
@@ -166,8 +128,8 @@ impl Fold for BudgetFold {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::testing::*;
     use crate::model::{Role, Timestamp};
+    use crate::testing::*;
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -222,7 +184,7 @@ mod tests {
             .map(|b| turn("a", Verb::TurnReplied, b.clone()))
             .chain([turn("a", Verb::TurnReplied, json!("not an object"))])
             .collect();
-        let f = BudgetFold::from_interactions(&positioned(rows));
+        let f = BudgetFold::rebuild(&positioned(rows));
         let r = f.room(ROOM);
         assert_eq!(r.malformed, bad.len() as u64);
         assert_eq!(r.spent, 0);
@@ -235,7 +197,7 @@ mod tests {
             turn("a", Verb::TurnReplied, json!({"tokens": u64::MAX})),
             turn("a", Verb::TurnReplied, json!({"tokens": u64::MAX})),
         ]);
-        let f = BudgetFold::from_interactions(&rows);
+        let f = BudgetFold::rebuild(&rows);
         assert_eq!(f.spent(ROOM), u64::MAX);
         assert!(!f.budget_allows_new_claims(ROOM, Some(u64::MAX)));
     }
@@ -259,8 +221,8 @@ mod tests {
         fn any_interleaving_gives_the_same_state(
             (rows, shuffled) in turns().prop_flat_map(|rows| (Just(rows.clone()), interleaving(rows))),
         ) {
-            let reference = BudgetFold::from_interactions(&positioned(rows)).state_hash();
-            prop_assert_eq!(BudgetFold::from_interactions(&shuffled).state_hash(), reference);
+            let reference = BudgetFold::rebuild(&positioned(rows)).state_hash();
+            prop_assert_eq!(BudgetFold::rebuild(&shuffled).state_hash(), reference);
         }
 
         /// Once a budget stops new claims, further turns never reopen it.

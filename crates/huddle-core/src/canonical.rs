@@ -10,7 +10,7 @@
 
 use serde_json::Value;
 
-use crate::model::InteractionId;
+use crate::id::InteractionId;
 
 /// Domain tag that starts every encoding; bump the version to change the format.
 pub const DOMAIN_TAG: &[u8] = b"huddle.interaction.v1\0";

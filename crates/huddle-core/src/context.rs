@@ -29,8 +29,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::decision::PPM;
 use crate::model::{Interaction, InteractionId};
+use crate::protocol::PPM;
 use crate::verbs::Verb;
 
 /// Words too common to say what a message is about.
@@ -336,8 +336,8 @@ pub fn render_related_context(ctx: &RelatedContext<'_>, rules: &ContextRules) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::testing::*;
     use crate::model::{NewInteraction, Role, Timestamp};
+    use crate::testing::*;
     use proptest::prelude::*;
     use serde_json::json;
 

@@ -67,116 +67,19 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::limits::Limits;
-use crate::model::{validate_name, Interaction, InteractionId, NewInteraction, Role, Timestamp};
+use crate::model::{Interaction, InteractionId, Timestamp};
+use crate::pattern::{ClosingRow, Instance, PatternFold, Read};
+use crate::protocol::{deadline_from, truncate_text, valid_name};
 use crate::verbs::Verb;
-use crate::{hash_state, Fold};
 
 /// One unit of vote weight, in the fixed-point micro-units weights are kept in.
 pub const WEIGHT_UNIT: u64 = 1_000_000;
-/// Parts per million: the unit of margins and margin thresholds.
-pub const PPM: u64 = 1_000_000;
-/// Most voters one proposal may list.
-pub const MAX_VOTERS: usize = 1024;
-/// Most options one proposal may offer.
-pub const MAX_OPTIONS: usize = 64;
-/// Largest weight one voter may carry.
-pub const MAX_WEIGHT: f64 = 1_000_000.0;
-/// Longest question text kept, in bytes.
-pub const MAX_QUESTION_BYTES: usize = 4096;
 
-// ---------------------------------------------------------------------------------
-// Body schemas (the wire form).
-// ---------------------------------------------------------------------------------
-
-/// Body of `decision.proposed`.
-///
-/// Exactly one of `deadline` and `window_ms` must be given.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ProposalBody {
-    /// The proposal id, unique in the room (the first proposal of an id wins).
-    pub id: String,
-    /// The question, for people and prompts.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub question: Option<String>,
-    /// The options, in order (the order breaks ties in reports). Default `yes`, `no`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub options: Option<Vec<String>>,
-    /// Who may vote: a list (weight 1 each) or a map from voter to weight.
-    pub voters: VotersBody,
-    /// The quorum. Default: a majority of the voters by count.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quorum: Option<QuorumBody>,
-    /// Absolute deadline, microseconds since the epoch in database time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deadline: Option<Timestamp>,
-    /// Deadline relative to the proposal's own `at`, in milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub window_ms: Option<u64>,
-    /// A stricter margin threshold for this decision, as a fraction (0.25 = 25 %).
-    /// It can only raise the room's threshold, never lower it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_margin: Option<f64>,
-}
-
-/// The voter set of a proposal on the wire.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum VotersBody {
-    /// Every voter has weight 1.
-    List(Vec<String>),
-    /// Voter to weight (finite, greater than 0, at most [`MAX_WEIGHT`]).
-    Weighted(BTreeMap<String, f64>),
-}
-
-/// The quorum of a proposal on the wire: `{"count": 3}` or `{"weight": 2.5}`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum QuorumBody {
-    /// At least this many voters chose the leading option.
-    Count(u64),
-    /// The leading option's voters weigh at least this much together.
-    Weight(f64),
-}
-
-/// Body of `decision.voted`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VoteBody {
-    /// The proposal id.
-    pub id: String,
-    /// The chosen option.
-    pub option: String,
-}
-
-/// Body of `decision.committed`, `decision.escalated` and `decision.failed`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct DecisionClosedBody {
-    /// The proposal id.
-    pub id: String,
-    /// The committed option (required for `decision.committed`), or the leader of an
-    /// escalated decision.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub option: Option<String>,
-    /// Why it was escalated or failed (`thin-margin`, `leader-without-quorum`,
-    /// `deadline-missed`, `quorum-unreachable`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// The winning margin as a fraction, when there was a runner-up.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub margin: Option<f64>,
-    /// Votes per option, informational.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tally: Option<BTreeMap<String, OptionTallyBody>>,
-}
-
-/// One option's votes in a closing body.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct OptionTallyBody {
-    /// Number of voters.
-    pub count: u64,
-    /// Their summed weight.
-    pub weight: f64,
-}
+pub use crate::protocol::decision::{
+    DecisionClosedBody, OptionTallyBody, ProposalBody, QuorumBody, VoteBody, VotersBody,
+    MAX_OPTIONS, MAX_QUESTION_BYTES, MAX_VOTERS, MAX_WEIGHT,
+};
+pub use crate::protocol::PPM;
 
 // ---------------------------------------------------------------------------------
 // Validated state.
@@ -476,10 +379,184 @@ impl DecisionState {
             remaining_weight,
         }
     }
+}
+
+/// A weight as micro-units, if it is finite, positive and not over [`MAX_WEIGHT`].
+fn weight_micros(w: f64) -> Option<u64> {
+    if !w.is_finite() || w <= 0.0 || w > MAX_WEIGHT {
+        return None;
+    }
+    let m = (w * WEIGHT_UNIT as f64).round();
+    if m < 1.0 {
+        None
+    } else {
+        Some(m as u64)
+    }
+}
+
+impl Proposal {
+    /// Validates a `decision.proposed` interaction. `None` when the body is
+    /// malformed: missing or bad id, no deadline (or two), empty or oversized voter
+    /// set, bad weight, duplicate or bad options, an impossible quorum.
+    pub fn parse(i: &Interaction) -> Option<Proposal> {
+        let body = ProposalBody::deserialize(&i.body).ok()?;
+        if !valid_name(&body.id) {
+            return None;
+        }
+        let options = body
+            .options
+            .unwrap_or_else(|| vec!["yes".to_string(), "no".to_string()]);
+        if options.is_empty() || options.len() > MAX_OPTIONS {
+            return None;
+        }
+        for (n, o) in options.iter().enumerate() {
+            if !valid_name(o) || options[..n].contains(o) {
+                return None;
+            }
+        }
+        let voters: BTreeMap<String, u64> = match body.voters {
+            VotersBody::List(list) => {
+                let n = list.len();
+                let map: BTreeMap<String, u64> =
+                    list.into_iter().map(|v| (v, WEIGHT_UNIT)).collect();
+                if map.len() != n {
+                    return None; // a voter listed twice
+                }
+                map
+            }
+            VotersBody::Weighted(map) => map
+                .into_iter()
+                .map(|(v, w)| weight_micros(w).map(|w| (v, w)))
+                .collect::<Option<_>>()?,
+        };
+        if voters.is_empty() || voters.len() > MAX_VOTERS || !voters.keys().all(|v| valid_name(v)) {
+            return None;
+        }
+        let total: u64 = voters.values().fold(0u64, |a, w| a.saturating_add(*w));
+        let quorum = match body.quorum {
+            None => Quorum::Count(voters.len() as u64 / 2 + 1),
+            Some(QuorumBody::Count(q)) => Quorum::Count(q),
+            Some(QuorumBody::Weight(w)) => Quorum::Weight(weight_micros(w)?),
+        };
+        let possible = match quorum {
+            Quorum::Count(q) => q >= 1 && q <= voters.len() as u64,
+            Quorum::Weight(w) => w >= 1 && w <= total,
+        };
+        if !possible {
+            return None;
+        }
+        let deadline = deadline_from(i.at, body.deadline, body.window_ms)?;
+        let min_margin_ppm = match body.min_margin {
+            None => None,
+            Some(m) if m.is_finite() && (0.0..=1_000.0).contains(&m) => {
+                Some((m * PPM as f64).round() as u64)
+            }
+            Some(_) => return None,
+        };
+        let question = truncate_text(&body.question.unwrap_or_default(), MAX_QUESTION_BYTES);
+        Some(Proposal {
+            id: body.id,
+            interaction: i.id,
+            thread: i.thread.clone(),
+            proposer: i.actor.clone(),
+            question,
+            options,
+            voters,
+            quorum,
+            deadline,
+            min_margin_ppm,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The fold.
+// ---------------------------------------------------------------------------------
+
+/// The decisions of every room, folded from `decision.*` interactions.
+pub type DecisionFold = PatternFold<DecisionState>;
+
+/// A decision is a pattern instance: opened by `decision.proposed`, voted on by
+/// `decision.voted`, closed by `decision.committed` / `escalated` / `failed`.
+impl Instance for DecisionState {
+    /// The option voted for.
+    type Member = String;
+    /// The option and the reason a closing row names.
+    type Closing = (Option<String>, Option<String>);
+    type Rules = DecisionRules;
+    type Closed = DecisionClosedBody;
+    type Status = DecisionStatus;
+
+    const KIND: &'static str = "decision";
+
+    fn read(i: &Interaction) -> Option<Read<Self>> {
+        let read = match i.verb {
+            Verb::DecisionProposed => {
+                Read::Open(Proposal::parse(i).map(|proposal| DecisionState {
+                    proposal,
+                    votes: BTreeMap::new(),
+                    ignored: IgnoredVotes::default(),
+                    closure: None,
+                    ignored_closures: 0,
+                }))
+            }
+            Verb::DecisionVoted => Read::Member(
+                VoteBody::deserialize(&i.body)
+                    .ok()
+                    .map(|v| (v.id, v.option)),
+            ),
+            Verb::DecisionCommitted | Verb::DecisionEscalated | Verb::DecisionFailed => {
+                let closed = DecisionClosedBody::deserialize(&i.body).ok();
+                Read::Closing(closed.map(|c| (c.id, (c.option, c.reason))))
+            }
+            _ => return None,
+        };
+        Some(read)
+    }
+
+    fn name(&self) -> &str {
+        &self.proposal.id
+    }
+
+    fn member(&mut self, actor: &str, at: Timestamp, option: String) {
+        let p = &self.proposal;
+        if !p.voters.contains_key(actor) {
+            self.ignored.not_voter += 1;
+        } else if at > p.deadline {
+            self.ignored.late += 1;
+        } else if !p.options.contains(&option) {
+            self.ignored.unknown_option += 1;
+        } else if self.votes.contains_key(actor) {
+            self.ignored.repeated += 1;
+        } else {
+            self.votes
+                .insert(actor.to_string(), CastVote { option, at });
+        }
+    }
+
+    fn close(&mut self, c: ClosingRow<(Option<String>, Option<String>)>) {
+        let p = &self.proposal;
+        let option_ok = match &c.body.0 {
+            Some(o) => p.options.contains(o),
+            None => c.verb != Verb::DecisionCommitted,
+        };
+        if self.closure.is_some() || !c.trusted(&p.proposer) || !option_ok {
+            self.ignored_closures += 1;
+            return;
+        }
+        let (option, reason) = c.body;
+        self.closure = Some(Closure {
+            verb: c.verb,
+            option,
+            reason,
+            actor: c.actor,
+            interaction: c.interaction,
+        });
+    }
 
     /// The outcome at database time `now`. Monotone: once final, later `now`s and
     /// further votes give the same outcome.
-    pub fn status(&self, now: Timestamp, rules: &DecisionRules) -> DecisionStatus {
+    fn status(&self, now: Timestamp, rules: &DecisionRules) -> DecisionStatus {
         let p = &self.proposal;
         let threshold = rules.min_margin_ppm.max(p.min_margin_ppm.unwrap_or(0));
         let tally = self.tally();
@@ -546,59 +623,15 @@ impl DecisionState {
         }
     }
 
-    fn count_vote(&mut self, actor: &str, option: &str, at: Timestamp) {
-        let p = &self.proposal;
-        if !p.voters.contains_key(actor) {
-            self.ignored.not_voter += 1;
-        } else if at > p.deadline {
-            self.ignored.late += 1;
-        } else if !p.options.iter().any(|o| o == option) {
-            self.ignored.unknown_option += 1;
-        } else if self.votes.contains_key(actor) {
-            self.ignored.repeated += 1;
-        } else {
-            self.votes.insert(
-                actor.to_string(),
-                CastVote {
-                    option: option.to_string(),
-                    at,
-                },
-            );
-        }
+    fn opening(&self) -> (InteractionId, Option<&String>) {
+        (self.proposal.interaction, self.proposal.thread.as_ref())
     }
 
-    fn close(&mut self, c: PendingClosure) {
-        let p = &self.proposal;
-        let trusted = c.actor == p.proposer || matches!(c.role, Role::System | Role::Owner);
-        let option_ok = match &c.option {
-            Some(o) => p.options.contains(o),
-            None => c.verb != Verb::DecisionCommitted,
-        };
-        if self.closure.is_some() || !trusted || !option_ok {
-            self.ignored_closures += 1;
-            return;
-        }
-        self.closure = Some(Closure {
-            verb: c.verb,
-            option: c.option,
-            reason: c.reason,
-            actor: c.actor,
-            interaction: c.interaction,
-        });
+    fn closed(&self) -> bool {
+        self.closure.is_some()
     }
 
-    /// The closing interaction to append for a final outcome, written by `actor` (a
-    /// relay, role `system`). `None` while open or once a closing row was folded.
-    pub fn due(
-        &self,
-        room: &str,
-        now: Timestamp,
-        rules: &DecisionRules,
-        actor: &str,
-    ) -> Option<NewInteraction> {
-        if self.closure.is_some() {
-            return None;
-        }
+    fn closing(&self, now: Timestamp, rules: &DecisionRules) -> Option<(Verb, DecisionClosedBody)> {
         let status = self.status(now, rules);
         let tally = self.tally();
         let tally_body: BTreeMap<String, OptionTallyBody> = tally
@@ -615,7 +648,7 @@ impl DecisionState {
             })
             .collect();
         let to_fraction = |m: Option<u64>| m.map(|m| m as f64 / PPM as f64);
-        let (verb, body) = match status {
+        let closing = match status {
             DecisionStatus::Open => return None,
             DecisionStatus::Committed { option, margin_ppm } => (
                 Verb::DecisionCommitted,
@@ -652,424 +685,16 @@ impl DecisionState {
                 },
             ),
         };
-        let body = serde_json::to_value(body).ok()?;
-        let mut new = NewInteraction::new(room, verb, actor, Role::System, body)
-            .with_parent(self.proposal.interaction)
-            .with_idempotency_key(closing_key("decision", room, &self.proposal.id));
-        new.thread = self.proposal.thread.clone();
-        Some(new)
-    }
-}
-
-/// An idempotency key for the one closing row of a pattern instance: short, free of
-/// `/` in names, and the same on every relay.
-pub(crate) fn closing_key(kind: &str, room: &str, id: &str) -> String {
-    let mut h = blake3::Hasher::new();
-    h.update(kind.as_bytes());
-    h.update(&[0]);
-    h.update(room.as_bytes());
-    h.update(&[0]);
-    h.update(id.as_bytes());
-    format!("{kind}-closed:{}", &h.finalize().to_hex()[..32])
-}
-
-/// Whether `s` is usable as an id, option, phase or agent name.
-pub(crate) fn valid_name(s: &str) -> bool {
-    validate_name("name", s, &Limits::default()).is_ok()
-}
-
-/// A weight as micro-units, if it is finite, positive and not over [`MAX_WEIGHT`].
-fn weight_micros(w: f64) -> Option<u64> {
-    if !w.is_finite() || w <= 0.0 || w > MAX_WEIGHT {
-        return None;
-    }
-    let m = (w * WEIGHT_UNIT as f64).round();
-    if m < 1.0 {
-        None
-    } else {
-        Some(m as u64)
-    }
-}
-
-/// The deadline of a pattern instance from its body: exactly one of an absolute
-/// deadline or a window (ms) after the opening row's `at`.
-pub(crate) fn deadline_from(
-    at: Timestamp,
-    deadline: Option<Timestamp>,
-    window_ms: Option<u64>,
-) -> Option<Timestamp> {
-    match (deadline, window_ms) {
-        (Some(d), None) => Some(d),
-        (None, Some(w)) => {
-            let us = i64::try_from(w).unwrap_or(i64::MAX).saturating_mul(1000);
-            Some(at.saturating_add(us))
-        }
-        _ => None,
-    }
-}
-
-impl Proposal {
-    /// Validates a `decision.proposed` interaction. `None` when the body is
-    /// malformed: missing or bad id, no deadline (or two), empty or oversized voter
-    /// set, bad weight, duplicate or bad options, an impossible quorum.
-    pub fn parse(i: &Interaction) -> Option<Proposal> {
-        let body = ProposalBody::deserialize(&i.body).ok()?;
-        if !valid_name(&body.id) {
-            return None;
-        }
-        let options = body
-            .options
-            .unwrap_or_else(|| vec!["yes".to_string(), "no".to_string()]);
-        if options.is_empty() || options.len() > MAX_OPTIONS {
-            return None;
-        }
-        for (n, o) in options.iter().enumerate() {
-            if !valid_name(o) || options[..n].contains(o) {
-                return None;
-            }
-        }
-        let voters: BTreeMap<String, u64> = match body.voters {
-            VotersBody::List(list) => {
-                let n = list.len();
-                let map: BTreeMap<String, u64> =
-                    list.into_iter().map(|v| (v, WEIGHT_UNIT)).collect();
-                if map.len() != n {
-                    return None; // a voter listed twice
-                }
-                map
-            }
-            VotersBody::Weighted(map) => map
-                .into_iter()
-                .map(|(v, w)| weight_micros(w).map(|w| (v, w)))
-                .collect::<Option<_>>()?,
-        };
-        if voters.is_empty() || voters.len() > MAX_VOTERS || !voters.keys().all(|v| valid_name(v)) {
-            return None;
-        }
-        let total: u64 = voters.values().fold(0u64, |a, w| a.saturating_add(*w));
-        let quorum = match body.quorum {
-            None => Quorum::Count(voters.len() as u64 / 2 + 1),
-            Some(QuorumBody::Count(q)) => Quorum::Count(q),
-            Some(QuorumBody::Weight(w)) => Quorum::Weight(weight_micros(w)?),
-        };
-        let possible = match quorum {
-            Quorum::Count(q) => q >= 1 && q <= voters.len() as u64,
-            Quorum::Weight(w) => w >= 1 && w <= total,
-        };
-        if !possible {
-            return None;
-        }
-        let deadline = deadline_from(i.at, body.deadline, body.window_ms)?;
-        let min_margin_ppm = match body.min_margin {
-            None => None,
-            Some(m) if m.is_finite() && (0.0..=1_000.0).contains(&m) => {
-                Some((m * PPM as f64).round() as u64)
-            }
-            Some(_) => return None,
-        };
-        let mut question = body.question.unwrap_or_default();
-        if question.len() > MAX_QUESTION_BYTES {
-            let mut cut = MAX_QUESTION_BYTES;
-            while !question.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            question.truncate(cut);
-        }
-        Some(Proposal {
-            id: body.id,
-            interaction: i.id,
-            thread: i.thread.clone(),
-            proposer: i.actor.clone(),
-            question,
-            options,
-            voters,
-            quorum,
-            deadline,
-            min_margin_ppm,
-        })
-    }
-}
-
-// ---------------------------------------------------------------------------------
-// The fold.
-// ---------------------------------------------------------------------------------
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-struct PendingClosure {
-    verb: Verb,
-    option: Option<String>,
-    reason: Option<String>,
-    actor: String,
-    role: Role,
-    interaction: InteractionId,
-}
-
-/// A row for a proposal not folded yet, held until it arrives.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-enum Pending {
-    Vote {
-        actor: String,
-        option: String,
-        at: Timestamp,
-    },
-    Closure(PendingClosure),
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-struct RoomDecisions {
-    proposals: BTreeMap<String, DecisionState>,
-    /// Rows for proposals not seen yet, in ledger order.
-    pending: BTreeMap<String, Vec<Pending>>,
-    /// Bodies that did not parse.
-    malformed: u64,
-    /// Later proposals of an id already proposed.
-    duplicate_proposals: u64,
-}
-
-/// The decisions of every room, folded from `decision.*` interactions.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct DecisionFold {
-    rooms: BTreeMap<String, RoomDecisions>,
-}
-
-impl DecisionFold {
-    /// An empty fold.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// A fold rebuilt from scratch over `interactions` in ledger order.
-    pub fn from_interactions<'a>(interactions: impl IntoIterator<Item = &'a Interaction>) -> Self {
-        let mut f = Self::new();
-        f.apply_all(interactions);
-        f
-    }
-
-    /// One proposal's state.
-    pub fn get(&self, room: &str, id: &str) -> Option<&DecisionState> {
-        self.rooms.get(room)?.proposals.get(id)
-    }
-
-    /// A room's proposals, by id.
-    pub fn proposals(&self, room: &str) -> impl Iterator<Item = (&String, &DecisionState)> {
-        self.rooms
-            .get(room)
-            .into_iter()
-            .flat_map(|r| r.proposals.iter())
-    }
-
-    /// How many `decision.*` bodies in the room did not parse (they were ignored).
-    pub fn malformed(&self, room: &str) -> u64 {
-        self.rooms.get(room).map_or(0, |r| r.malformed)
-    }
-
-    /// A proposal's outcome at `now`.
-    pub fn status(
-        &self,
-        room: &str,
-        id: &str,
-        now: Timestamp,
-        rules: &DecisionRules,
-    ) -> Option<DecisionStatus> {
-        Some(self.get(room, id)?.status(now, rules))
-    }
-
-    /// Every closing interaction that is due at `now`, in room and id order, written
-    /// by `actor` (the relay, role `system`). Each carries an idempotency key, so
-    /// several relays writing the same closure land it once.
-    pub fn due(&self, now: Timestamp, rules: &DecisionRules, actor: &str) -> Vec<NewInteraction> {
-        self.rooms
-            .iter()
-            .flat_map(|(room, r)| {
-                r.proposals
-                    .values()
-                    .filter_map(move |d| d.due(room, now, rules, actor))
-            })
-            .collect()
-    }
-
-    fn apply_pending(state: &mut DecisionState, p: Pending) {
-        match p {
-            Pending::Vote { actor, option, at } => state.count_vote(&actor, &option, at),
-            Pending::Closure(c) => state.close(c),
-        }
-    }
-
-    fn route(&mut self, i: &Interaction, id: String, p: Pending) {
-        let room = self.rooms.entry(i.room.clone()).or_default();
-        match room.proposals.get_mut(&id) {
-            Some(state) => Self::apply_pending(state, p),
-            None => room.pending.entry(id).or_default().push(p),
-        }
-    }
-}
-
-impl Fold for DecisionFold {
-    fn apply(&mut self, i: &Interaction) {
-        match i.verb {
-            Verb::DecisionProposed => {
-                let room = self.rooms.entry(i.room.clone()).or_default();
-                let Some(proposal) = Proposal::parse(i) else {
-                    room.malformed += 1;
-                    return;
-                };
-                if room.proposals.contains_key(&proposal.id) {
-                    room.duplicate_proposals += 1;
-                    return;
-                }
-                let id = proposal.id.clone();
-                let mut state = DecisionState {
-                    proposal,
-                    votes: BTreeMap::new(),
-                    ignored: IgnoredVotes::default(),
-                    closure: None,
-                    ignored_closures: 0,
-                };
-                for p in room.pending.remove(&id).unwrap_or_default() {
-                    Self::apply_pending(&mut state, p);
-                }
-                room.proposals.insert(id, state);
-            }
-            Verb::DecisionVoted => match VoteBody::deserialize(&i.body) {
-                Ok(v) => self.route(
-                    i,
-                    v.id,
-                    Pending::Vote {
-                        actor: i.actor.clone(),
-                        option: v.option,
-                        at: i.at,
-                    },
-                ),
-                Err(_) => self.rooms.entry(i.room.clone()).or_default().malformed += 1,
-            },
-            Verb::DecisionCommitted | Verb::DecisionEscalated | Verb::DecisionFailed => {
-                match DecisionClosedBody::deserialize(&i.body) {
-                    Ok(c) => self.route(
-                        i,
-                        c.id,
-                        Pending::Closure(PendingClosure {
-                            verb: i.verb,
-                            option: c.option,
-                            reason: c.reason,
-                            actor: i.actor.clone(),
-                            role: i.role,
-                            interaction: i.id,
-                        }),
-                    ),
-                    Err(_) => self.rooms.entry(i.room.clone()).or_default().malformed += 1,
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn state_hash(&self) -> [u8; 32] {
-        hash_state(self)
-    }
-}
-
-#[cfg(test)]
-pub(crate) mod testing {
-    //! Shared helpers for the coordination-pattern tests.
-
-    use proptest::prelude::*;
-    use serde_json::Value;
-
-    use crate::model::{Interaction, NewInteraction, Position, Role, Timestamp};
-    use crate::verbs::Verb;
-
-    /// One second in µs.
-    pub const SEC: Timestamp = 1_000_000;
-
-    /// An interaction as read back, at database time `at` (position 0 until
-    /// [`positioned`] numbers it).
-    pub fn row(
-        room: &str,
-        verb: Verb,
-        actor: &str,
-        role: Role,
-        at: Timestamp,
-        body: Value,
-    ) -> Interaction {
-        from_new(NewInteraction::new(room, verb, actor, role, body), at)
-    }
-
-    /// An interaction from a writer's form.
-    pub fn from_new(n: NewInteraction, at: Timestamp) -> Interaction {
-        Interaction {
-            id: n.id(),
-            position: Position::START,
-            at,
-            relay: "relay-1".into(),
-            room: n.room,
-            thread: n.thread,
-            verb: n.verb,
-            actor: n.actor,
-            role: n.role,
-            parent: n.parent,
-            caused_by: n.caused_by,
-            body: n.body,
-        }
-    }
-
-    /// Numbers rows 1.. in the given ledger order.
-    pub fn positioned(rows: Vec<Interaction>) -> Vec<Interaction> {
-        rows.into_iter()
-            .enumerate()
-            .map(|(n, mut r)| {
-                r.position = Position::new(0, n as u64 + 1);
-                r
-            })
-            .collect()
-    }
-
-    /// Every interleaving of `rows` that keeps each actor's own order: a shuffle of
-    /// the actor labels, the k-th occurrence of an actor taking its k-th row.
-    pub fn interleaving(rows: Vec<Interaction>) -> impl Strategy<Value = Vec<Interaction>> {
-        let labels: Vec<String> = rows.iter().map(|r| r.actor.clone()).collect();
-        Just(labels).prop_shuffle().prop_map(move |order| {
-            let mut queues: std::collections::BTreeMap<
-                String,
-                std::collections::VecDeque<Interaction>,
-            > = Default::default();
-            for r in &rows {
-                queues
-                    .entry(r.actor.clone())
-                    .or_default()
-                    .push_back(r.clone());
-            }
-            positioned(
-                order
-                    .iter()
-                    .filter_map(|a| queues.get_mut(a).and_then(|q| q.pop_front()))
-                    .collect(),
-            )
-        })
-    }
-
-    /// Folds `rows` incrementally, checking at every step that a rebuild from scratch
-    /// gives the same hash, and returns the final fold.
-    pub fn fold_checked<F: crate::Fold + Default + Clone>(rows: &[Interaction]) -> F {
-        let mut f = F::default();
-        for (n, r) in rows.iter().enumerate() {
-            f.apply(r);
-            let mut rebuilt = F::default();
-            rebuilt.apply_all(&rows[..=n]);
-            assert_eq!(
-                f.state_hash(),
-                rebuilt.state_hash(),
-                "rebuild differs after row {n}"
-            );
-        }
-        f
+        Some(closing)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::testing::*;
     use super::*;
+    use crate::fold::Fold;
+    use crate::model::Role;
+    use crate::testing::*;
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -1163,7 +788,7 @@ mod tests {
             }
         );
         // With a 3 % threshold the same votes commit.
-        let f = DecisionFold::from_interactions(&positioned(rows));
+        let f = DecisionFold::rebuild(&positioned(rows));
         let lax = DecisionRules {
             min_margin_ppm: 30_000,
             ..DecisionRules::default()
@@ -1191,7 +816,7 @@ mod tests {
             vote("c", "material", deadline + 1),
             vote("d", "material", deadline + 5 * SEC),
         ];
-        let f = DecisionFold::from_interactions(&positioned(rows.clone()));
+        let f = DecisionFold::rebuild(&positioned(rows.clone()));
         let d = f.get(ROOM, "d1").unwrap();
         assert_eq!(d.votes().len(), 2);
         assert_eq!(d.ignored().late, 2);
@@ -1216,7 +841,7 @@ mod tests {
             vote("a", "material", t),
             vote("b", "material", t),
         ];
-        let f = DecisionFold::from_interactions(&positioned(rows));
+        let f = DecisionFold::rebuild(&positioned(rows));
         let d = f.get(ROOM, "d1").unwrap();
         assert_eq!(d.votes()["a"].option, "routine");
         assert_eq!(
@@ -1259,7 +884,7 @@ mod tests {
             vote("c", "no", t),
             vote("d", "no", t),
         ];
-        let f = DecisionFold::from_interactions(&positioned(rows));
+        let f = DecisionFold::rebuild(&positioned(rows));
         let zero = DecisionRules {
             min_margin_ppm: 0,
             ..DecisionRules::default()
@@ -1351,7 +976,7 @@ mod tests {
             T0,
             json!(null),
         ));
-        let f = DecisionFold::from_interactions(&positioned(rows));
+        let f = DecisionFold::rebuild(&positioned(rows));
         assert_eq!(f.malformed(ROOM), bad.len() as u64 + 2);
         assert!(f.get(ROOM, "d1").is_none());
     }
@@ -1365,7 +990,7 @@ mod tests {
             vote("b", "material", t),
             vote("c", "material", t),
         ];
-        let f = DecisionFold::from_interactions(&positioned(rows.clone()));
+        let f = DecisionFold::rebuild(&positioned(rows.clone()));
         let rules = DecisionRules::default();
         let due = f.due(t, &rules, "relay-1");
         assert_eq!(due.len(), 1);
@@ -1390,7 +1015,7 @@ mod tests {
         let mut rows2 = rows.clone();
         rows2.push(forged);
         rows2.push(from_new(c.clone(), t));
-        let f2 = DecisionFold::from_interactions(&positioned(rows2));
+        let f2 = DecisionFold::rebuild(&positioned(rows2));
         let d = f2.get(ROOM, "d1").unwrap();
         assert_eq!(d.closure().unwrap().option.as_deref(), Some("material"));
         assert!(f2.due(t, &rules, "relay-1").is_empty());
@@ -1467,8 +1092,8 @@ mod tests {
         fn any_interleaving_gives_the_same_state(
             (rows, shuffled) in scenario().prop_flat_map(|(rows, _)| (Just(rows.clone()), interleaving(rows))),
         ) {
-            let reference = DecisionFold::from_interactions(&positioned(rows)).state_hash();
-            prop_assert_eq!(DecisionFold::from_interactions(&shuffled).state_hash(), reference);
+            let reference = DecisionFold::rebuild(&positioned(rows)).state_hash();
+            prop_assert_eq!(DecisionFold::rebuild(&shuffled).state_hash(), reference);
         }
 
         /// Adding votes stamped after the deadline never changes the outcome, at any
@@ -1485,7 +1110,7 @@ mod tests {
             // Only rows on time, so a late row is not a voter's first vote by accident.
             let deadline = T0 + 10 * SEC;
             let on_time: Vec<Interaction> = rows.into_iter().filter(|r| r.at <= deadline).collect();
-            let before = DecisionFold::from_interactions(&positioned(on_time.clone()));
+            let before = DecisionFold::rebuild(&positioned(on_time.clone()));
             let mut with_late = on_time;
             for (v, o, s, idx) in late {
                 let r = row(ROOM, Verb::DecisionVoted, v, Role::Agent, deadline + s,
@@ -1493,7 +1118,7 @@ mod tests {
                 let at = idx.index(with_late.len() + 1);
                 with_late.insert(at, r);
             }
-            let after = DecisionFold::from_interactions(&positioned(with_late));
+            let after = DecisionFold::rebuild(&positioned(with_late));
             for dt in [0, 5, 11, 30] {
                 let t = now + dt * SEC;
                 prop_assert_eq!(before.status(ROOM, "d1", t, &rules), after.status(ROOM, "d1", t, &rules));
@@ -1523,157 +1148,6 @@ mod tests {
                 } else if s.as_ref().is_some_and(DecisionStatus::is_final) {
                     seen = s;
                 }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod robustness {
-    //! Every coordination-pattern fold and decision function, fed arbitrary and
-    //! near-valid bodies under every pattern verb: nothing may panic.
-
-    use super::testing::*;
-    use crate::barrier::{BarrierFold, BarrierRules};
-    use crate::budget::BudgetFold;
-    use crate::context::{render_related_context, select_related, ContextRules};
-    use crate::lease::{LeaseFold, LeaseRules, DEFAULT_LEASE};
-    use crate::model::{Interaction, Role, Timestamp};
-    use crate::verbs::Verb;
-    use crate::{DecisionFold, DecisionRules, Fold};
-    use proptest::prelude::*;
-    use serde_json::{json, Value};
-
-    fn leaf() -> impl Strategy<Value = Value> {
-        prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(|n| json!(n)),
-            any::<u64>().prop_map(|n| json!(n)),
-            (-1e12f64..1e12).prop_map(|f| json!(f)),
-            Just(json!(f64::MAX)),
-            prop::sample::select(vec!["a", "b", "", "x/y", "yes", "no", "p", "escalate"])
-                .prop_map(|s| json!(s)),
-            ".{0,8}".prop_map(Value::String),
-        ]
-    }
-
-    fn value() -> impl Strategy<Value = Value> {
-        leaf().prop_recursive(3, 24, 6, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
-                prop::collection::btree_map(
-                    prop::sample::select(vec![
-                        "a",
-                        "b",
-                        "count",
-                        "weight",
-                        "quorum",
-                        "proceed-with-quorum",
-                        "input",
-                        "output"
-                    ])
-                    .prop_map(str::to_string),
-                    inner,
-                    0..4
-                )
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
-    }
-
-    /// Bodies built from the pattern's own field names with arbitrary values.
-    fn body() -> impl Strategy<Value = Value> {
-        let key = prop::sample::select(vec![
-            "id",
-            "phase",
-            "voters",
-            "roster",
-            "epoch",
-            "tokens",
-            "option",
-            "options",
-            "quorum",
-            "deadline",
-            "window_ms",
-            "timeout_ms",
-            "on_timeout",
-            "text",
-            "holder",
-            "ttl_ms",
-            "beat",
-            "min_margin",
-            "name",
-            "directive",
-            "question",
-        ]);
-        prop_oneof![
-            value(),
-            prop::collection::btree_map(key.prop_map(str::to_string), value(), 0..8)
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
-        ]
-    }
-
-    fn rows() -> impl Strategy<Value = Vec<Interaction>> {
-        let verb = prop::sample::select(vec![
-            Verb::DecisionProposed,
-            Verb::DecisionVoted,
-            Verb::DecisionCommitted,
-            Verb::DecisionEscalated,
-            Verb::DecisionFailed,
-            Verb::BarrierOpened,
-            Verb::BarrierCheckin,
-            Verb::BarrierPassed,
-            Verb::BarrierEscalated,
-            Verb::LeaseHeartbeat,
-            Verb::LeaseDirective,
-            Verb::TurnReplied,
-            Verb::TurnFailed,
-            Verb::MessagePosted,
-        ]);
-        let role = prop::sample::select(vec![Role::Agent, Role::System, Role::Owner]);
-        let who = prop::sample::select(vec!["a", "b", "p"]);
-        let at = prop_oneof![any::<i64>(), 0i64..1_000_000_000];
-        prop::collection::vec((verb, who, role, at, body()), 0..24).prop_map(|v| {
-            positioned(
-                v.into_iter()
-                    .map(|(verb, who, role, at, body)| row("r", verb, who, role, at, body))
-                    .collect(),
-            )
-        })
-    }
-
-    proptest! {
-        #[test]
-        fn nothing_panics_on_any_body(rows in rows(), now in any::<i64>()) {
-            let nows: [Timestamp; 4] = [now, 0, i64::MIN, i64::MAX];
-            let mut d = DecisionFold::new();
-            let mut b = BarrierFold::new();
-            let mut l = LeaseFold::new();
-            let mut t = BudgetFold::new();
-            for r in &rows {
-                let _ = l.check_directive(r);
-                d.apply(r);
-                b.apply(r);
-                l.apply(r);
-                t.apply(r);
-            }
-            for now in nows {
-                let _ = d.due(now, &DecisionRules::default(), "relay");
-                let _ = d.due(now, &DecisionRules { min_margin_ppm: u64::MAX, grace_us: i64::MAX }, "relay");
-                let _ = b.due(now, &BarrierRules::default(), "relay");
-                let _ = b.due(now, &BarrierRules { grace_us: i64::MIN }, "relay");
-                for me in ["a", "b", "p"] {
-                    let _ = l.due("r", DEFAULT_LEASE, me, now, &LeaseRules::default());
-                    let _ = l.due("r", DEFAULT_LEASE, me, now,
-                        &LeaseRules { active_window_us: i64::MAX, ttl_ms: u64::MAX });
-                }
-                let _ = t.status("r", Some(now.unsigned_abs()));
-            }
-            let rules = ContextRules { half_life_us: now, ..ContextRules::default() };
-            for target in &rows {
-                let ctx = select_related(target, &rows, &rules);
-                let _ = render_related_context(&ctx, &rules);
             }
         }
     }

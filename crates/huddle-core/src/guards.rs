@@ -360,7 +360,7 @@ pub fn check_message(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::testrows::row;
+    use crate::testing::ledger_row as row;
     use proptest::prelude::*;
     use serde_json::json;
 

@@ -27,54 +27,14 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::decision::valid_name;
+use crate::fold::{hash_state, Fold};
 use crate::model::{Interaction, NewInteraction, Role, Timestamp};
+use crate::protocol::valid_name;
 use crate::verbs::Verb;
-use crate::{hash_state, Fold};
 
-/// The lease name used when a body names none.
-pub const DEFAULT_LEASE: &str = "coordinator";
-/// Default lease ttl: three heartbeat intervals of 30 s.
-pub const DEFAULT_TTL_MS: u64 = 90_000;
-/// Shortest ttl a heartbeat may ask for.
-pub const MIN_TTL_MS: u64 = 1_000;
-/// Longest ttl a heartbeat may ask for.
-pub const MAX_TTL_MS: u64 = 3_600_000;
-
-/// Body of `lease.heartbeat`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseHeartbeatBody {
-    /// The lease; default [`DEFAULT_LEASE`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// The holder; default the actor. Only a `system` row (a relay speaking for its
-    /// agent) may name another holder.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub holder: Option<String>,
-    /// The fencing epoch.
-    pub epoch: u64,
-    /// How long the lease lasts after this heartbeat, ms; default
-    /// [`DEFAULT_TTL_MS`], clamped to [`MIN_TTL_MS`]..=[`MAX_TTL_MS`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttl_ms: Option<u64>,
-    /// Renewal counter: makes each renewal distinct content (identical content is
-    /// the same interaction).
-    #[serde(default)]
-    pub beat: u64,
-}
-
-/// Body of `lease.directive`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseDirectiveBody {
-    /// The lease; default [`DEFAULT_LEASE`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// The coordinator's epoch when it issued the directive.
-    pub epoch: u64,
-    /// The directive itself, opaque to the fold.
-    #[serde(default)]
-    pub directive: serde_json::Value,
-}
+pub use crate::protocol::lease::{
+    LeaseDirectiveBody, LeaseHeartbeatBody, DEFAULT_LEASE, DEFAULT_TTL_MS, MAX_TTL_MS, MIN_TTL_MS,
+};
 
 /// The latest heartbeat state of one lease.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -217,13 +177,6 @@ impl LeaseFold {
     /// An empty fold.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// A fold rebuilt from scratch over `interactions` in ledger order.
-    pub fn from_interactions<'a>(interactions: impl IntoIterator<Item = &'a Interaction>) -> Self {
-        let mut f = Self::new();
-        f.apply_all(interactions);
-        f
     }
 
     /// The latest heartbeat state of a lease.
@@ -459,7 +412,7 @@ impl Fold for LeaseFold {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::testing::*;
+    use crate::testing::*;
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -584,7 +537,7 @@ mod tests {
 
     #[test]
     fn holder_renews_after_a_third_of_the_ttl() {
-        let f = LeaseFold::from_interactions(&positioned(vec![hb("c", 4, T0, 7)]));
+        let f = LeaseFold::rebuild(&positioned(vec![hb("c", 4, T0, 7)]));
         let rules = LeaseRules::default();
         assert!(f
             .due(ROOM, DEFAULT_LEASE, "c", T0 + 29 * SEC, &rules)
@@ -601,11 +554,7 @@ mod tests {
 
     #[test]
     fn vacant_lease_elects_lowest_active_agent_at_epoch_one() {
-        let f = LeaseFold::from_interactions(&positioned(vec![
-            msg("b", T0),
-            msg("a", T0),
-            msg("c", T0),
-        ]));
+        let f = LeaseFold::rebuild(&positioned(vec![msg("b", T0), msg("a", T0), msg("c", T0)]));
         let rules = LeaseRules::default();
         assert_eq!(f.status(ROOM, DEFAULT_LEASE, T0), LeaseStatus::Vacant);
         let hb = f.due(ROOM, DEFAULT_LEASE, "a", T0, &rules).unwrap();
@@ -654,7 +603,7 @@ mod tests {
             T0,
             json!({"no": "epoch"}),
         ));
-        let f = LeaseFold::from_interactions(&positioned(rows));
+        let f = LeaseFold::rebuild(&positioned(rows));
         assert_eq!(f.malformed(ROOM), 1 + bad.len() as u64 + 1);
         let l = f.lease(ROOM, DEFAULT_LEASE).unwrap();
         assert_eq!((l.holder.as_str(), l.epoch), ("c", 2));
@@ -690,8 +639,8 @@ mod tests {
         fn any_interleaving_gives_the_same_state(
             (rows, shuffled) in lease_rows().prop_flat_map(|rows| (Just(rows.clone()), interleaving(rows))),
         ) {
-            let reference = LeaseFold::from_interactions(&positioned(rows)).state_hash();
-            prop_assert_eq!(LeaseFold::from_interactions(&shuffled).state_hash(), reference);
+            let reference = LeaseFold::rebuild(&positioned(rows)).state_hash();
+            prop_assert_eq!(LeaseFold::rebuild(&shuffled).state_hash(), reference);
         }
 
         /// A directive older than the latest folded heartbeat never applies, and one
@@ -725,8 +674,8 @@ mod tests {
         ) {
             let rules = LeaseRules { active_window_us: 120 * SEC, ..LeaseRules::default() };
             let now = T0 + now * SEC;
-            let a = LeaseFold::from_interactions(&positioned(rows));
-            let b = LeaseFold::from_interactions(&shuffled);
+            let a = LeaseFold::rebuild(&positioned(rows));
+            let b = LeaseFold::rebuild(&shuffled);
             let s = a.successor(ROOM, DEFAULT_LEASE, now, &rules);
             prop_assert_eq!(&s, &b.successor(ROOM, DEFAULT_LEASE, now, &rules));
             if let Some(s) = s {

@@ -1,9 +1,21 @@
 //! # huddle-core
 //!
-//! The pure heart of huddle: the interaction model and its canonical encoding, and
-//! (as they land) the folds, policies, owner-command parsers and synchronization
+//! The pure heart of huddle: the interaction model and its canonical encoding, the
+//! wire vocabulary, the folds, policies, owner-command parsers and synchronization
 //! decisions. Nothing here does I/O, spawns tasks or reads a clock: time and identity
 //! are passed in, so every decision is tested without a database.
+//!
+//! The modules form layers; each imports only from the layers before it:
+//!
+//! 1. the record: [`error`], [`limits`], [`id`], [`canonical`], [`verbs`], [`model`],
+//!    [`fold`];
+//! 2. the wire vocabulary: [`protocol`] (bodies, claim keys and epochs, names);
+//! 3. the folds: [`config`], [`tasks`], [`lease`], [`budget`], [`context`], the
+//!    coordination patterns [`decision`] and [`barrier`] (on the shared [`pattern`]),
+//!    then [`board`] (which shows the task summary) and [`guards`] (which read the
+//!    config);
+//! 4. the decisions on top of them: [`policy`], [`commands`];
+//! 5. the relay's state machine: [`sync`].
 //!
 //! ```
 //! use huddle_core::{NewInteraction, Role, Verb};
@@ -25,12 +37,19 @@ pub mod decision;
 pub mod error;
 pub mod fold;
 pub mod guards;
+pub mod id;
 pub mod lease;
 pub mod limits;
 pub mod model;
+pub mod pattern;
 pub mod policy;
+pub mod protocol;
+#[cfg(test)]
+mod robustness;
 pub mod sync;
 pub mod tasks;
+#[cfg(test)]
+mod testing;
 pub mod verbs;
 
 pub use barrier::{BarrierFold, BarrierRules, BarrierStatus};
@@ -50,5 +69,6 @@ pub use model::{
 pub use verbs::Verb;
 
 pub use board::{Board, CoordinationBlock, CoordinationDelivery};
-pub use sync::{ClaimEpoch, ClaimRef, Event, Intent, LocalAgent, Synchronizer};
+pub use protocol::{ClaimEpoch, ClaimRef};
+pub use sync::{Event, Intent, LocalAgent, Synchronizer};
 pub use tasks::{Task, TaskDag, TaskStatus};

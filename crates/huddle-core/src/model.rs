@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::canonical;
 use crate::error::ModelError;
+pub use crate::id::InteractionId;
 use crate::limits::Limits;
 use crate::verbs::Verb;
 
@@ -19,63 +20,6 @@ use crate::verbs::Verb;
 ///
 /// The core never reads a clock; every `now` it sees is passed in.
 pub type Timestamp = i64;
-
-/// The 32-byte blake3 id of an interaction. Shown as 64 lowercase hex digits.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct InteractionId(pub [u8; 32]);
-
-impl InteractionId {
-    /// The id as 64 lowercase hex digits.
-    pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
-    }
-
-    /// The first 12 hex digits, for display.
-    pub fn short(&self) -> String {
-        hex::encode(&self.0[..6])
-    }
-
-    /// Builds an id from exactly 32 bytes.
-    pub fn from_slice(bytes: &[u8]) -> Result<Self, ModelError> {
-        let arr: [u8; 32] = bytes
-            .try_into()
-            .map_err(|_| ModelError::BadId(format!("expected 32 bytes, got {}", bytes.len())))?;
-        Ok(InteractionId(arr))
-    }
-}
-
-impl fmt::Debug for InteractionId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "InteractionId({})", self.short())
-    }
-}
-
-impl fmt::Display for InteractionId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_hex())
-    }
-}
-
-impl FromStr for InteractionId {
-    type Err = ModelError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bytes = hex::decode(s).map_err(|e| ModelError::BadId(format!("{s:?}: {e}")))?;
-        Self::from_slice(&bytes)
-    }
-}
-
-impl Serialize for InteractionId {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_hex())
-    }
-}
-
-impl<'de> Deserialize<'de> for InteractionId {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
 
 /// Who wrote an interaction, frozen at append.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -230,11 +230,11 @@ pub fn retake_right(_config: &RoomConfig, _task: &Task) -> ClaimRight {
 #[allow(clippy::type_complexity)] // case tables
 mod tests {
     use super::*;
-    use crate::sync::testutil::{bid, ix, Ledger};
+    use crate::fold::Fold;
+    use crate::model::Role;
     use crate::tasks::TaskDag;
+    use crate::testing::{bid, ix, Ledger};
     use crate::verbs::Verb;
-    use crate::Fold;
-    use crate::Role;
     use proptest::prelude::*;
     use serde_json::json;
     use std::collections::BTreeMap;

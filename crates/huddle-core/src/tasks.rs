@@ -33,277 +33,37 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use crate::board::{CoordNoteBody, NoticeBody};
 use crate::fold::{hash_state, Fold};
 use crate::model::{Interaction, NewInteraction, Role, Timestamp};
-use crate::sync::ClaimEpoch;
+use crate::protocol::{ClaimEpoch, CoordNoteBody, NoticeBody};
 use crate::verbs::Verb;
 
-/// Attempts per task when `task.created` does not say (the `max-attempts` default).
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
-/// The most attempts a task may be given, whatever its body says.
-pub const MAX_ATTEMPTS_CAP: u32 = 100;
-/// Longest task id, in bytes.
-pub const MAX_TASK_ID_BYTES: usize = 128;
-/// Longest task label, in bytes.
-pub const MAX_LABEL_BYTES: usize = 4096;
-/// Most dependencies of one task.
-pub const MAX_DEPS: usize = 1000;
-/// Most entries in a task's `needs` or a bid's `capabilities`.
-pub const MAX_CAPABILITIES: usize = 64;
-/// Longest capability name, in bytes.
-pub const MAX_CAPABILITY_BYTES: usize = 64;
-/// Longest `result` or `reason` text kept in the fold, in bytes (longer is truncated).
-pub const MAX_RESULT_BYTES: usize = 16 * 1024;
-/// The actor of interactions huddle writes on nobody's behalf (owner notices).
-pub const SYSTEM_ACTOR: &str = "huddle";
+pub use crate::protocol::task::{
+    valid_capability, valid_task_id, TaskBidBody, TaskClaimedBody, TaskCompletedBody,
+    TaskCreatedBody, TaskEndedBody, TaskRejectedBody, DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_CAP,
+    MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_DEPS, MAX_LABEL_BYTES, MAX_RESULT_BYTES,
+    MAX_TASK_ID_BYTES,
+};
+pub use crate::protocol::{truncate_text, SYSTEM_ACTOR};
 
-/// Whether `id` is a valid task id: 1..=128 bytes of `[A-Za-z0-9_-]`.
-pub fn valid_task_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= MAX_TASK_ID_BYTES
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
-/// Whether `name` is a valid capability name: 1..=64 bytes, no white space or control
-/// characters.
-pub fn valid_capability(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_CAPABILITY_BYTES
-        && !name.chars().any(|c| c.is_whitespace() || c.is_control())
-}
-
-/// Truncates `text` to at most `max` bytes on a character boundary.
-pub fn truncate_text(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_string()
-}
-
-/// Decodes a body into `T`, or `None` when it does not fit the schema.
-pub(crate) fn parse_body<T: DeserializeOwned>(body: &Value) -> Option<T> {
-    T::deserialize(body).ok()
-}
-
-fn to_value<T: Serialize>(body: &T) -> Value {
-    serde_json::to_value(body).unwrap_or(Value::Null)
-}
+/// The verbs that create a room's tasks or change them (`coord.note` notices only
+/// mark tasks already known).
+const FOLDED: &[Verb] = &[
+    Verb::TaskCreated,
+    Verb::TaskBid,
+    Verb::TaskRejected,
+    Verb::TaskClaimed,
+    Verb::TaskCompleted,
+    Verb::TaskFailed,
+    Verb::TaskReleased,
+];
 
 fn sorted_unique(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v.dedup();
     v
-}
-
-// ---------------------------------------------------------------------------------
-// Body schemas
-// ---------------------------------------------------------------------------------
-
-/// Body of `task.created` (role `owner` or `system`).
-///
-/// `{"task":"api","label":"Build the API","deps":["db"],"assignee":"bo","needs":["rust"],"max_attempts":3}`
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskCreatedBody {
-    /// Task id, `[A-Za-z0-9_-]{1,128}`, unique in the room.
-    pub task: String,
-    /// What to do; non-empty, at most 4 KiB.
-    pub label: String,
-    /// Ids of tasks that must be done first (may name tasks created later).
-    #[serde(default)]
-    pub deps: Vec<String>,
-    /// The agent that should do it under `push` allocation.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub assignee: Option<String>,
-    /// Capabilities an agent must declare to take the task.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub needs: Vec<String>,
-    /// Attempts before the task fails for good (default 3, clamped to 1..=100). The
-    /// writer copies the room's `max-attempts` here so the fold never depends on
-    /// config that changes later.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_attempts: Option<u32>,
-}
-
-impl TaskCreatedBody {
-    /// Decodes and checks a body: valid ids, no self-dependency, sizes in bounds.
-    pub fn parse(body: &Value) -> Option<Self> {
-        let b: Self = parse_body(body)?;
-        let ok = valid_task_id(&b.task)
-            && !b.label.trim().is_empty()
-            && b.label.len() <= MAX_LABEL_BYTES
-            && b.deps.len() <= MAX_DEPS
-            && b.deps.iter().all(|d| valid_task_id(d) && *d != b.task)
-            && b.needs.len() <= MAX_CAPABILITIES
-            && b.needs.iter().all(|n| valid_capability(n))
-            && b.assignee.as_deref().is_none_or(|a| !a.is_empty());
-        ok.then_some(b)
-    }
-
-    /// The JSON body.
-    pub fn to_body(&self) -> Value {
-        to_value(self)
-    }
-}
-
-/// Body of `task.bid` (actor = the bidding agent; not fenced).
-///
-/// `{"task":"api","attempt":1,"capabilities":["rust"],"load":0}`
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskBidBody {
-    /// Task id.
-    pub task: String,
-    /// The attempt the bid is for: the task's attempts used so far + 1.
-    pub attempt: u32,
-    /// Capabilities the bidder declares.
-    #[serde(default)]
-    pub capabilities: Vec<String>,
-    /// The bidder's current load (turns in flight and tasks held).
-    #[serde(default)]
-    pub load: u32,
-}
-
-impl TaskBidBody {
-    /// Decodes and checks a body.
-    pub fn parse(body: &Value) -> Option<Self> {
-        let b: Self = parse_body(body)?;
-        let ok = valid_task_id(&b.task)
-            && b.attempt >= 1
-            && b.capabilities.len() <= MAX_CAPABILITIES
-            && b.capabilities.iter().all(|c| valid_capability(c));
-        ok.then_some(b)
-    }
-
-    /// The JSON body.
-    pub fn to_body(&self) -> Value {
-        to_value(self)
-    }
-}
-
-/// Body of `task.rejected` (actor = the agent that claimed the task; appended fenced by
-/// that claim, in the batch of its `task.claimed` or later for late bids).
-///
-/// `{"task":"api","attempt":1,"agent":"cy","winner":"bo"}`
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskRejectedBody {
-    /// Task id.
-    pub task: String,
-    /// The attempt the losing bid was for.
-    pub attempt: u32,
-    /// The losing bidder.
-    pub agent: String,
-    /// The agent that claimed the task.
-    pub winner: String,
-}
-
-impl TaskRejectedBody {
-    /// Decodes and checks a body.
-    pub fn parse(body: &Value) -> Option<Self> {
-        let b: Self = parse_body(body)?;
-        (valid_task_id(&b.task) && !b.agent.is_empty()).then_some(b)
-    }
-
-    /// The JSON body.
-    pub fn to_body(&self) -> Value {
-        to_value(self)
-    }
-}
-
-/// Body of `task.claimed` (actor = the claiming agent; appended fenced by
-/// `task/<room>/<task>` held by that agent at `epoch`).
-///
-/// `{"task":"api","epoch":7,"attempt":1}`
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskClaimedBody {
-    /// Task id.
-    pub task: String,
-    /// The claim's epoch (fencing token).
-    pub epoch: ClaimEpoch,
-    /// The attempt this claim starts, as the claimant computed it (informational: the
-    /// fold counts attempts itself).
-    pub attempt: u32,
-}
-
-impl TaskClaimedBody {
-    /// Decodes and checks a body.
-    pub fn parse(body: &Value) -> Option<Self> {
-        let b: Self = parse_body(body)?;
-        (valid_task_id(&b.task) && b.epoch > 0).then_some(b)
-    }
-
-    /// The JSON body.
-    pub fn to_body(&self) -> Value {
-        to_value(self)
-    }
-}
-
-/// Body of `task.completed` (actor = the owner; fenced by the task claim).
-///
-/// `{"task":"api","epoch":7,"result":"done: 3 endpoints","tokens":1200}`
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskCompletedBody {
-    /// Task id.
-    pub task: String,
-    /// The epoch of the claim the work was done under.
-    pub epoch: ClaimEpoch,
-    /// A short result (kept up to 16 KiB).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<String>,
-    /// Tokens the turn used.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tokens: Option<u64>,
-}
-
-impl TaskCompletedBody {
-    /// Decodes and checks a body.
-    pub fn parse(body: &Value) -> Option<Self> {
-        let b: Self = parse_body(body)?;
-        valid_task_id(&b.task).then_some(b)
-    }
-
-    /// The JSON body.
-    pub fn to_body(&self) -> Value {
-        to_value(self)
-    }
-}
-
-/// Body of `task.failed` and `task.released` (actor = the owner; fenced by the task
-/// claim). Both give the attempt back; `failed` says it went wrong, `released` that
-/// the owner stopped (e.g. its relay shut down).
-///
-/// `{"task":"api","epoch":7,"reason":"exit status 1"}`
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskEndedBody {
-    /// Task id.
-    pub task: String,
-    /// The epoch of the claim the attempt ran under.
-    pub epoch: ClaimEpoch,
-    /// Why (kept up to 16 KiB).
-    #[serde(default)]
-    pub reason: String,
-}
-
-impl TaskEndedBody {
-    /// Decodes and checks a body.
-    pub fn parse(body: &Value) -> Option<Self> {
-        let b: Self = parse_body(body)?;
-        valid_task_id(&b.task).then_some(b)
-    }
-
-    /// The JSON body.
-    pub fn to_body(&self) -> Value {
-        to_value(self)
-    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -815,17 +575,7 @@ impl RoomTasks {
 
 impl Fold for TaskDag {
     fn apply(&mut self, interaction: &Interaction) {
-        let relevant = matches!(
-            interaction.verb,
-            Verb::TaskCreated
-                | Verb::TaskBid
-                | Verb::TaskRejected
-                | Verb::TaskClaimed
-                | Verb::TaskCompleted
-                | Verb::TaskFailed
-                | Verb::TaskReleased
-        );
-        if relevant {
+        if FOLDED.contains(&interaction.verb) {
             self.rooms
                 .entry(interaction.room.clone())
                 .or_default()
@@ -846,9 +596,9 @@ impl Fold for TaskDag {
 #[allow(clippy::type_complexity)] // case tables
 mod tests {
     use super::*;
-    use crate::board::Board;
-    use crate::sync::testutil::{
-        bid, claimed, completed, created, failed, gen_history, ix, linearize, Ledger,
+    use crate::testing::{
+        bid, claimed, completed, created, every_pair, failed, gen_history, hashes_in_two_orders,
+        history_and_order, ix, linearize, Ledger,
     };
     use proptest::prelude::*;
     use serde_json::json;
@@ -1158,23 +908,8 @@ mod tests {
             json!({"task": "a".repeat(500), "label": "x"}),
             json!({"task": "a", "label": "x".repeat(5000)}),
         ];
-        let verbs = [
-            Verb::TaskCreated,
-            Verb::TaskBid,
-            Verb::TaskRejected,
-            Verb::TaskClaimed,
-            Verb::TaskCompleted,
-            Verb::TaskFailed,
-            Verb::TaskReleased,
-            Verb::CoordNote,
-        ];
-        let mut rows = Vec::new();
-        for v in verbs {
-            for b in &bodies {
-                rows.push(ix(v, "ana", Role::Owner, b.clone()));
-            }
-        }
-        let dag = fold(rows);
+        let verbs = [FOLDED, &[Verb::CoordNote]].concat();
+        let dag = fold(every_pair(&verbs, &bodies, "ana", Role::Owner));
         assert!(dag.room("lobby").unwrap().tasks.is_empty());
         assert!(dag.room("lobby").unwrap().refusals.malformed > 0);
     }
@@ -1195,25 +930,11 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
         /// Any interleaving that keeps each actor's order and the causal order gives
-        /// the same task DAG and board state hash.
+        /// the same task DAG state hash (the board's: in `board`).
         #[test]
-        fn folds_are_interleaving_invariant(
-            n_tasks in 1usize..10,
-            n_agents in 1usize..4,
-            choices in prop::collection::vec(any::<u8>(), 1..150),
-            order in prop::collection::vec(any::<u16>(), 1..64),
-        ) {
-            let h = gen_history(n_tasks, n_agents, &choices);
-            let reference = linearize(&h, &[]);
-            let shuffled = linearize(&h, &order);
-            prop_assert_eq!(
-                TaskDag::rebuild(&reference).state_hash(),
-                TaskDag::rebuild(&shuffled).state_hash()
-            );
-            prop_assert_eq!(
-                Board::rebuild(&reference).state_hash(),
-                Board::rebuild(&shuffled).state_hash()
-            );
+        fn folds_are_interleaving_invariant((history, order) in history_and_order()) {
+            let (reference, shuffled) = hashes_in_two_orders::<TaskDag>(&history, &order);
+            prop_assert_eq!(reference, shuffled);
         }
 
         /// After every prefix of every interleaving, no task on the ready frontier has
@@ -1270,7 +991,7 @@ mod tests {
             prop_assume!(!is_owner_at_epoch);
             let tasks = |d: &TaskDag| d.room("lobby").map(|r| r.tasks.clone()).unwrap_or_default();
             let before = tasks(&dag);
-            let forged = crate::sync::testutil::materialize(
+            let forged = crate::testing::materialize(
                 completed(&id, &agent, forged_epoch),
                 crate::model::Position::new(9, 9),
                 i64::MAX / 2,

@@ -24,6 +24,25 @@ async fn store(path: &str, relay: &str) -> Arc<dyn Store> {
     .expect("open store")
 }
 
+/// A fresh SQLite ledger holding room `lobby`, owned by `olga`: its directory (kept
+/// alive by the caller), its path and the owner's store.
+async fn lobby() -> (tempfile::TempDir, String, Arc<dyn Store>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("h.db").display().to_string();
+    let admin = store(&path, "admin").await;
+    admin
+        .append(vec![NewInteraction::new(
+            "lobby",
+            Verb::RoomCreated,
+            "olga",
+            Role::Owner,
+            json!({"owner": "olga"}),
+        )])
+        .await
+        .expect("room");
+    (dir, path, admin)
+}
+
 fn sim_agent(key: &str, turn_ms: u64) -> HostedAgent {
     HostedAgent {
         local: LocalAgent::new(key),
@@ -55,19 +74,7 @@ async fn fold_all(store: &dyn Store) -> (TaskDag, Vec<huddle_core::Interaction>)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_relays_complete_a_delegated_dag_exactly_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("h.db").display().to_string();
-    let admin = store(&path, "admin").await;
-    admin
-        .append(vec![NewInteraction::new(
-            "lobby",
-            Verb::RoomCreated,
-            "olga",
-            Role::Owner,
-            json!({"owner": "olga"}),
-        )])
-        .await
-        .expect("room");
+    let (_dir, path, admin) = lobby().await;
 
     let mut relays = Vec::new();
     let shutdown = CancellationToken::new();
@@ -158,19 +165,7 @@ async fn two_relays_complete_a_delegated_dag_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reply_prompt_carries_coordination_and_related_context() {
     use huddle_relay::driver::{ExecDriver, ExecSettings};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("h.db").display().to_string();
-    let admin = store(&path, "admin").await;
-    admin
-        .append(vec![NewInteraction::new(
-            "lobby",
-            Verb::RoomCreated,
-            "olga",
-            Role::Owner,
-            json!({"owner": "olga"}),
-        )])
-        .await
-        .expect("room");
+    let (_dir, path, admin) = lobby().await;
     let echo = HostedAgent {
         local: LocalAgent::new("bob"),
         name: "bob".into(),

@@ -1,9 +1,9 @@
 //! Tests of both owner commands through their public seams.
 
 use super::*;
-use crate::config::testrows::row;
 use crate::config::{ConfigKey, ConfigValue};
 use crate::fold::Fold;
+use crate::testing::ledger_row as row;
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -407,7 +407,7 @@ fn config_change_lands_in_the_right_scope() {
         0,
         "lobby",
         Some("t1"),
-        crate::Verb::MessagePosted,
+        Verb::MessagePosted,
         "olga",
         Role::Owner,
         json!({"text": "!config rate 5"}),
@@ -420,7 +420,7 @@ fn config_change_lands_in_the_right_scope() {
     );
     assert_eq!(
         (a.verb, a.role, a.parent),
-        (crate::Verb::ConfigSet, Role::Owner, Some(msg.id))
+        (Verb::ConfigSet, Role::Owner, Some(msg.id))
     );
     assert_eq!(
         here.to_interaction("lobby", None, "olga", msg.id).thread,
@@ -495,7 +495,7 @@ fn get_reply_shows_sources() {
         0,
         "lobby",
         None,
-        crate::Verb::RoomCreated,
+        Verb::RoomCreated,
         "olga",
         Role::Owner,
         json!({"owner": "olga"}),
@@ -505,7 +505,7 @@ fn get_reply_shows_sources() {
         0,
         "lobby",
         None,
-        crate::Verb::ConfigSet,
+        Verb::ConfigSet,
         "olga",
         Role::Owner,
         json!({"set": {"rate": 4}}),
@@ -515,7 +515,7 @@ fn get_reply_shows_sources() {
         0,
         "lobby",
         Some("t1"),
-        crate::Verb::ConfigSet,
+        Verb::ConfigSet,
         "olga",
         Role::Owner,
         json!({"set": {"loop-max": 2}}),
@@ -584,13 +584,13 @@ fn ledger_rows_command_only_from_the_named_owner() {
         0,
         "lobby",
         None,
-        crate::Verb::RoomCreated,
+        Verb::RoomCreated,
         "olga",
         Role::Owner,
         json!({"owner": "olga"}),
     ));
     let ctx = ParseContext::default();
-    let post = |actor: &str, role: Role, verb: crate::Verb| {
+    let post = |actor: &str, role: Role, verb: Verb| {
         row(
             2,
             0,
@@ -602,13 +602,13 @@ fn ledger_rows_command_only_from_the_named_owner() {
             json!({"text": "!config rate 5"}),
         )
     };
-    let yes = post("olga", Role::Owner, crate::Verb::MessagePosted);
+    let yes = post("olga", Role::Owner, Verb::MessagePosted);
     assert!(matches!(owner_command_in(&yes, &owners, &ctx), Some(Ok(_))));
     for no in [
-        post("mallory", Role::Owner, crate::Verb::MessagePosted),
-        post("olga", Role::Human, crate::Verb::MessagePosted),
-        post("olga", Role::Agent, crate::Verb::MessagePosted),
-        post("olga", Role::Owner, crate::Verb::TurnReplied),
+        post("mallory", Role::Owner, Verb::MessagePosted),
+        post("olga", Role::Human, Verb::MessagePosted),
+        post("olga", Role::Agent, Verb::MessagePosted),
+        post("olga", Role::Owner, Verb::TurnReplied),
     ] {
         assert!(owner_command_in(&no, &owners, &ctx).is_none(), "{no:?}");
     }
@@ -617,7 +617,7 @@ fn ledger_rows_command_only_from_the_named_owner() {
         0,
         "den",
         None,
-        crate::Verb::MessagePosted,
+        Verb::MessagePosted,
         "olga",
         Role::Owner,
         json!({"text": "!config rate 5"}),
@@ -628,7 +628,7 @@ fn ledger_rows_command_only_from_the_named_owner() {
         0,
         "lobby",
         None,
-        crate::Verb::MessagePosted,
+        Verb::MessagePosted,
         "olga",
         Role::Owner,
         json!({"text": 5}),

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::config::{check_agent_name, ConfigKey, ConfigSetBody, ConfigValue, RoomConfig};
+use super::keys::{check_agent_name, ConfigKey, ConfigSetBody, ConfigValue, RoomConfig};
 use crate::fold::{hash_state, Fold};
 use crate::model::{Interaction, Position, Role};
 use crate::verbs::Verb;
@@ -234,8 +234,8 @@ impl Fold for ConfigFold {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::testrows::row;
-    use crate::config::{Allocation, Responder};
+    use crate::config::keys::{Allocation, Responder};
+    use crate::testing::ledger_row as row;
     use proptest::prelude::*;
     use serde_json::{json, Value};
 
@@ -424,7 +424,7 @@ mod tests {
             (c.rate, c.claim_ttl_ms, c.loop_max, c.max_hops),
             (1, 1_000, 1, 16)
         );
-        assert_eq!(c.budget, Some(crate::config::MAX_BUDGET));
+        assert_eq!(c.budget, Some(crate::config::keys::MAX_BUDGET));
     }
 
     // ---- property tests -------------------------------------------------------

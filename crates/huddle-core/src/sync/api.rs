@@ -7,11 +7,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::board::{Subject, DEFAULT_PRIORITY};
 use crate::config::RoomConfig;
 use crate::model::{Interaction, InteractionId, NewInteraction, Role, Timestamp};
-
-use super::keys::{ClaimEpoch, ClaimRef};
+use crate::protocol::{ClaimEpoch, ClaimRef, Subject, DEFAULT_PRIORITY};
 
 // ---------------------------------------------------------------------------------
 // Construction

@@ -65,21 +65,15 @@
 
 pub mod addressing;
 mod api;
-pub mod keys;
 
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-pub(crate) mod testutil;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
-use crate::board::{
-    AgentRegisteredBody, Board, CoordNoteBody, CoordinationDelivery, DesignationBody, MessageBody,
-    Subject, SubjectKind, TurnFailedBody, TurnPromptedBody, TurnRepliedBody, DEFAULT_PRIORITY,
-};
+use crate::board::{Board, CoordinationDelivery};
 use crate::budget::BudgetFold;
 use crate::config::RoomConfig;
 use crate::fold::Fold;
@@ -88,18 +82,28 @@ use crate::policy::{
     bids_on_sight, capable, claim_right, losing_bidders, responder_delay_ms, retake_right,
     ClaimRight, ResponderCandidate,
 };
-use crate::tasks::{
-    parse_body, truncate_text, TaskBidBody, TaskClaimedBody, TaskCompletedBody, TaskDag,
-    TaskEndedBody, TaskRejectedBody, TaskStatus, MAX_RESULT_BYTES,
+use crate::protocol::task::{
+    TaskBidBody, TaskClaimedBody, TaskCompletedBody, TaskEndedBody, TaskRejectedBody,
+    MAX_RESULT_BYTES,
 };
+use crate::protocol::{
+    hash_parts, parse_body, truncate_text, AgentRegisteredBody, CoordNoteBody, DesignationBody,
+    MessageBody, Subject, SubjectKind, TurnFailedBody, TurnPromptedBody, TurnRepliedBody,
+    DEFAULT_PRIORITY,
+};
+use crate::tasks::{TaskDag, TaskStatus};
 use crate::verbs::Verb;
 
+/// Claim keys and epochs are protocol vocabulary; re-exported here, where the relay
+/// meets them.
+pub use crate::protocol::claims::{
+    drive_key, reply_key, task_key, taskdrive_key, ClaimEpoch, ClaimKey, ClaimRef,
+};
 pub use addressing::{Addressing, Eligible};
 pub use api::{
     AdmitAll, ClaimOutcome, ClaimPurpose, DepResult, Event, Intent, LocalAgent, MessageBrief,
     ReplyGate, SyncOptions, TaskBrief, TurnId, TurnOutcome, TurnStart, TurnWork,
 };
-pub use keys::{drive_key, reply_key, task_key, taskdrive_key, ClaimEpoch, ClaimKey, ClaimRef};
 
 // ---------------------------------------------------------------------------------
 // State
@@ -1833,13 +1837,7 @@ fn rejection(room: &str, winner: &str, task: &str, attempt: u32, loser: &str) ->
 /// A deterministic pseudo-random rank of a task for an agent, so agents on different
 /// relays bid on different tasks first.
 fn spread(agent: &str, room: &str, task: &str) -> [u8; 8] {
-    let mut h = blake3::Hasher::new();
-    h.update(agent.as_bytes());
-    h.update(&[0]);
-    h.update(room.as_bytes());
-    h.update(&[0]);
-    h.update(task.as_bytes());
     let mut out = [0u8; 8];
-    out.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    out.copy_from_slice(&hash_parts(&[agent, room, task]).as_bytes()[..8]);
     out
 }

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::*;
 use crate::config::{Allocation, Responder};
-use crate::sync::testutil::{bid, claimed, created, failed, ix, message, Ledger};
+use crate::testing::{bid, claimed, created, failed, ix, message, Ledger};
 
 const S: Timestamp = 1_000_000; // one second in µs
 const T0: Timestamp = 1_700_000_000 * S;

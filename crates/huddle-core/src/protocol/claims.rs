@@ -14,7 +14,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::InteractionId;
+use crate::id::InteractionId;
 
 /// A claim's fencing token: strictly increases every time the claim changes hands or
 /// is re-taken after expiry (the store's `Epoch`).

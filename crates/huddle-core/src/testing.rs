@@ -1,8 +1,15 @@
-//! Test builders shared by the coordination unit tests.
+//! Test support shared by the unit tests of every module: one way to turn a
+//! writer's interaction into the row a store returns, ledgers with increasing
+//! positions, builders for common rows, generated histories and interleavings.
+//!
+//! It sits beside [`crate::model`] in the layers, so a test of any module may use it
+//! without importing a module above its own.
 #![allow(dead_code)]
 
+use proptest::prelude::*;
 use serde_json::{json, Value};
 
+use crate::fold::Fold;
 use crate::model::{Interaction, InteractionId, NewInteraction, Position, Role, Timestamp};
 use crate::verbs::Verb;
 
@@ -39,9 +46,113 @@ pub(crate) fn materialize(n: NewInteraction, position: Position, at: Timestamp) 
     }
 }
 
+/// A row as a backend would return it, at ledger position `(0, pos)`, optionally in a
+/// thread.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ledger_row(
+    pos: u64,
+    at: Timestamp,
+    room: &str,
+    thread: Option<&str>,
+    verb: Verb,
+    actor: &str,
+    role: Role,
+    body: Value,
+) -> Interaction {
+    let mut n = NewInteraction::new(room, verb, actor, role, body);
+    n.thread = thread.map(str::to_string);
+    materialize(n, Position::new(0, pos), at)
+}
+
+/// One second in µs.
+pub(crate) const SEC: Timestamp = 1_000_000;
+
+/// An interaction as read back, at database time `at` (position 0 until
+/// [`positioned`] numbers it).
+pub(crate) fn row(
+    room: &str,
+    verb: Verb,
+    actor: &str,
+    role: Role,
+    at: Timestamp,
+    body: Value,
+) -> Interaction {
+    from_new(NewInteraction::new(room, verb, actor, role, body), at)
+}
+
+/// An interaction from a writer's form (position 0 until [`positioned`] numbers it).
+pub(crate) fn from_new(n: NewInteraction, at: Timestamp) -> Interaction {
+    materialize(n, Position::START, at)
+}
+
+/// Numbers rows 1.. in the given ledger order.
+pub(crate) fn positioned(rows: Vec<Interaction>) -> Vec<Interaction> {
+    rows.into_iter()
+        .enumerate()
+        .map(|(n, mut r)| {
+            r.position = Position::new(0, n as u64 + 1);
+            r
+        })
+        .collect()
+}
+
+/// Every interleaving of `rows` that keeps each actor's own order: a shuffle of
+/// the actor labels, the k-th occurrence of an actor taking its k-th row.
+pub(crate) fn interleaving(rows: Vec<Interaction>) -> impl Strategy<Value = Vec<Interaction>> {
+    let labels: Vec<String> = rows.iter().map(|r| r.actor.clone()).collect();
+    Just(labels).prop_shuffle().prop_map(move |order| {
+        let mut queues: std::collections::BTreeMap<
+            String,
+            std::collections::VecDeque<Interaction>,
+        > = Default::default();
+        for r in &rows {
+            queues
+                .entry(r.actor.clone())
+                .or_default()
+                .push_back(r.clone());
+        }
+        positioned(
+            order
+                .iter()
+                .filter_map(|a| queues.get_mut(a).and_then(|q| q.pop_front()))
+                .collect(),
+        )
+    })
+}
+
+/// Folds `rows` incrementally, checking at every step that a rebuild from scratch
+/// gives the same hash, and returns the final fold.
+pub(crate) fn fold_checked<F: Fold + Default + Clone>(rows: &[Interaction]) -> F {
+    let mut f = F::default();
+    for (n, r) in rows.iter().enumerate() {
+        f.apply(r);
+        let mut rebuilt = F::default();
+        rebuilt.apply_all(&rows[..=n]);
+        assert_eq!(
+            f.state_hash(),
+            rebuilt.state_hash(),
+            "rebuild differs after row {n}"
+        );
+    }
+    f
+}
+
 /// A new interaction in room `lobby`.
 pub(crate) fn ix(verb: Verb, actor: &str, role: Role, body: Value) -> NewInteraction {
     NewInteraction::new("lobby", verb, actor, role, body)
+}
+
+/// One interaction in room `lobby` for every verb and body, verb by verb.
+pub(crate) fn every_pair(
+    verbs: &[Verb],
+    bodies: &[Value],
+    actor: &str,
+    role: Role,
+) -> Vec<NewInteraction> {
+    verbs
+        .iter()
+        .flat_map(|v| bodies.iter().map(|b| ix(*v, actor, role, b.clone())))
+        .collect()
 }
 
 /// `task.created` by the owner.
@@ -422,4 +533,30 @@ pub(crate) fn linearize(events: &[HistoryEvent], order: &[u16]) -> Vec<Interacti
         ));
     }
     out
+}
+
+/// A generated history (up to 9 tasks, 3 agents) and a stream of choices for
+/// [`linearize`].
+pub(crate) fn history_and_order() -> impl Strategy<Value = (Vec<HistoryEvent>, Vec<u16>)> {
+    (
+        1usize..10,
+        1usize..4,
+        prop::collection::vec(any::<u8>(), 1..150),
+        prop::collection::vec(any::<u16>(), 1..64),
+    )
+        .prop_map(|(n_tasks, n_agents, choices, order)| {
+            (gen_history(n_tasks, n_agents, &choices), order)
+        })
+}
+
+/// The state hashes of `F` rebuilt over `history` in generation order and in the
+/// interleaving `order` chooses: equal when the fold does not depend on how actors'
+/// rows interleave.
+pub(crate) fn hashes_in_two_orders<F: Fold + Default>(
+    history: &[HistoryEvent],
+    order: &[u16],
+) -> ([u8; 32], [u8; 32]) {
+    let reference = F::rebuild(&linearize(history, &[]));
+    let shuffled = F::rebuild(&linearize(history, order));
+    (reference.state_hash(), shuffled.state_hash())
 }

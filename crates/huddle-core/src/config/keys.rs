@@ -1,18 +1,5 @@
-//! Room configuration: the topology (responder and allocation policies) and the
-//! limits the room owner tunes with `!config`.
-//!
-//! - [`RoomConfig`] is the typed, effective configuration that policies, guards and
-//!   synchronization decisions read.
-//! - [`ConfigKey`] names every tunable key; each numeric key has [`Bounds`] that a
-//!   value is clamped into when it is parsed ([`ConfigKey::parse_value`], which
-//!   reports the clamp as a [`ClampNote`]) and again when it is read
-//!   ([`RoomConfig::clamped`]): chat can tune a protection but never switch it off.
-//! - [`ConfigSetBody`] is the body of a `config.set` interaction.
-//! - [`ConfigFold`] folds `room.created` and `config.set` into room and thread
-//!   overlays and answers [`ConfigFold::effective`].
-//!
-//! The grammar of the `!config` command lives in [`crate::commands`]; the reference
-//! for users is `docs/protocol/commands.md`.
+//! The keys: typed values, bounds and clamps, the `config.set` body, and the
+//! effective [`RoomConfig`] they make.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -23,12 +10,6 @@ use serde_json::Value;
 
 use crate::limits::Limits;
 use crate::model::validate_name;
-
-mod fold;
-#[cfg(test)]
-pub(crate) mod testrows;
-
-pub use fold::{ConfigFold, ConfigSource, ExplainedSetting};
 
 /// Who answers an addressed message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -1331,7 +1312,7 @@ mod doc_tests {
     /// and its range.
     #[test]
     fn docs_list_every_key_with_its_default_and_range() {
-        let docs = include_str!("../../../docs/protocol/commands.md");
+        let docs = include_str!("../../../../docs/protocol/commands.md");
         for key in ConfigKey::ALL {
             let prefix = format!("| `{key}` |");
             let row = docs

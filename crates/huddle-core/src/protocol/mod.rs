@@ -1,0 +1,30 @@
+//! The wire vocabulary: everything that says what an interaction means.
+//!
+//! The bodies of the coordination verbs ([`coord`], [`turn`], [`room`], [`task`],
+//! [`decision`], [`barrier`], [`lease`]), claim keys and fencing epochs
+//! ([`claims`]), the checks on names, and the helpers every fold uses to read a body
+//! defensively. Folds, policies and the synchronizer all depend on this module; it
+//! depends only on the record ([`crate::model`], [`crate::verbs`], [`crate::limits`]).
+//! The bodies of `config.set` live with their keys in [`crate::config`].
+//!
+//! Every body here serialises exactly as documented in `docs/protocol/`; changing a
+//! field changes the ids of the interactions that carry it.
+
+pub mod barrier;
+pub mod claims;
+pub mod coord;
+pub mod decision;
+mod fields;
+pub mod lease;
+pub mod room;
+pub mod task;
+pub mod turn;
+
+pub use claims::{drive_key, reply_key, task_key, taskdrive_key, ClaimEpoch, ClaimKey, ClaimRef};
+pub use coord::{
+    CoordNoteBody, DesignationBody, NoticeBody, PresenceBody, PresenceState, Subject, SubjectKind,
+};
+pub(crate) use fields::{closing_key, deadline_from, hash_parts, parse_body, valid_name};
+pub use fields::{truncate_text, PPM, SYSTEM_ACTOR};
+pub use room::{AgentRegisteredBody, MessageBody, RoomCreatedBody, DEFAULT_PRIORITY};
+pub use turn::{TokensBody, TurnFailedBody, TurnPromptedBody, TurnRepliedBody, TurnUsageBody};

@@ -1,0 +1,42 @@
+//! Bodies of the room's own verbs as coordination reads them: `room.created`,
+//! `agent.registered`, `message.posted`.
+
+use serde::{Deserialize, Serialize};
+
+/// Body of `agent.registered` (actor = the agent, role `agent`).
+///
+/// `{"capabilities":["rust","sql"],"priority":10}`
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentRegisteredBody {
+    /// Declared capabilities.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    /// Rank under `role-priority` (lower answers first; default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
+}
+
+/// Body of `message.posted` as coordination reads it.
+///
+/// `{"text":"@bo can you look?","mentions":["bo"]}`; `mentions` is optional (adapters
+/// that know who was mentioned put it here; `@name` in the text counts too).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageBody {
+    /// The text.
+    #[serde(default)]
+    pub text: String,
+    /// Agents explicitly mentioned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mentions: Vec<String>,
+}
+
+/// Body of `room.created` as coordination reads it: `{"owner":"ana"}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoomCreatedBody {
+    /// The room's owner (the actor when absent).
+    #[serde(default)]
+    pub owner: Option<String>,
+}
+
+/// The `role-priority` rank of an agent that declares none.
+pub const DEFAULT_PRIORITY: u32 = 100;
