@@ -73,7 +73,7 @@ impl Identity {
                         renewed: Instant::now(),
                     });
                 }
-                Acquired::HeldBy(state) => {
+                Acquired::HeldBy(state) | Acquired::Closed { state, .. } => {
                     let renewed_since = first_seen.as_ref().is_some_and(|f| {
                         f.holder == state.holder
                             && f.epoch == state.epoch
@@ -124,7 +124,7 @@ impl Identity {
                     warn!(relay = %self.relay, epoch = state.epoch, "relay id lease had lapsed; re-taken");
                     self.epoch = state.epoch;
                 }
-                Acquired::HeldBy(state) => {
+                Acquired::HeldBy(state) | Acquired::Closed { state, .. } => {
                     return Err(IdentityError::InUse {
                         relay: self.relay.clone(),
                         holder: state.holder,
