@@ -9,6 +9,9 @@
 //! `quick` on relay `r1` re-takes it after `r0` is killed, stopped or loses the claim,
 //! and the tests check that the first run was over — no member of its process group
 //! running, its file no longer growing — before the re-take started.
+//!
+//! Linux only: processes are observed through `/proc`.
+#![cfg(target_os = "linux")]
 
 mod common;
 

@@ -336,7 +336,7 @@ mod imp {
     }
 
     #[derive(Default)]
-    struct Spawner {
+    pub(super) struct Spawner {
         reaper: Option<Reaper>,
         /// Groups registered and not yet gone: told again to a new reaper.
         live: BTreeSet<i32>,
@@ -371,7 +371,7 @@ mod imp {
 
         /// The running reaper, started (again) when there is none; a new one is told
         /// every live group.
-        fn ensure_reaper(&mut self) -> io::Result<RawFd> {
+        pub(super) fn ensure_reaper(&mut self) -> io::Result<RawFd> {
             if let Some(r) = &mut self.reaper {
                 match r.process.try_wait() {
                     Ok(None) => return Ok(r.socket.as_raw_fd()),
@@ -431,7 +431,7 @@ mod imp {
             }
         }
 
-        fn spawn(&mut self, mut cmd: Command, runtime: &Handle) -> io::Result<Child> {
+        pub(super) fn spawn(&mut self, mut cmd: Command, runtime: &Handle) -> io::Result<Child> {
             let reaper = self.ensure_reaper()?;
             // The child reports the pid it registered, so that a spawn whose exec
             // fails is unregistered again.
@@ -502,6 +502,24 @@ mod imp {
     }
 
     #[cfg(test)]
+    impl Spawner {
+        /// Kills the reaper behind the spawner's back, as a stray `kill -9` would.
+        pub(super) fn kill_reaper(&mut self) {
+            let r = self.reaper.as_mut().expect("a reaper");
+            r.process.kill().expect("kill the reaper");
+            while r.process.try_wait().expect("try_wait").is_none() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+
+        /// Closes the spawner's end of the reaper's input, as the relay's death would,
+        /// and hands back the reaper process.
+        pub(super) fn close_reaper(&mut self) -> std::process::Child {
+            self.reaper.take().expect("a reaper").process
+        }
+    }
+
+    #[cfg(test)]
     pub(super) fn reaper_for_test() -> io::Result<(std::process::Child, UnixStream)> {
         let (ours, theirs) = UnixStream::pair()?;
         let process = std::process::Command::new("/bin/sh")
@@ -518,7 +536,7 @@ mod imp {
     }
 }
 
-#[cfg(all(test, unix))]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use std::io::Write;
     use std::os::unix::process::CommandExt as _;
@@ -645,12 +663,38 @@ mod tests {
         // The spawner goes on working.
         let mut p = AgentProcess::spawn(sh("echo $$ $$")).await.expect("spawn");
         let (leader, _) = pids(&mut p).await;
+        assert!(p.child().wait().await.expect("wait").success());
         assert!(p
             .stop(Duration::from_secs(1))
             .await
             .expect("stop")
             .success());
         assert!(!imp::runs(leader));
+    }
+
+    #[tokio::test]
+    async fn a_replaced_reaper_is_told_every_live_group() {
+        let mut spawner = imp::Spawner::default();
+        let child = spawner
+            .spawn(
+                sh("sleep 30 & echo $$ $!; wait"),
+                &tokio::runtime::Handle::current(),
+            )
+            .expect("spawn");
+        let mut p = AgentProcess { child, group: None };
+        let (leader, grandchild) = pids(&mut p).await;
+        spawner.kill_reaper();
+        spawner.ensure_reaper().expect("a new reaper");
+        let mut reaper = spawner.close_reaper();
+        assert!(reaper.wait().expect("the reaper exits").success());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while (imp::runs(leader) || alive(grandchild)) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(
+            !imp::runs(leader) && !alive(grandchild),
+            "the new reaper did not know the group"
+        );
     }
 
     #[test]
