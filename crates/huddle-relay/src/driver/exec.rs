@@ -235,6 +235,8 @@ impl Driver for ExecDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(target_os = "linux")]
+    use crate::driver::process::tests::alive as runs;
 
     fn req() -> TurnRequest {
         TurnRequest {
@@ -283,17 +285,6 @@ mod tests {
             TurnOutcome::Failed { reason, .. } => assert!(reason.contains("boom"), "{reason}"),
             other => panic!("{other:?}"),
         }
-    }
-
-    /// Whether process `pid` runs (a zombie runs nothing).
-    fn runs(pid: u32) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                let rest = &s[s.rfind(')')? + 1..];
-                rest.split_whitespace().next().map(|st| st != "Z")
-            })
-            .unwrap_or(false)
     }
 
     /// A script that starts a grandchild, writes `leader grandchild` to a file and
