@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::relays::*;
-use huddle_core::TaskStatus;
+use huddle_core::{Role, TaskStatus, Verb};
 
 /// The bound of issue 18: an agent's work is gone this soon after its relay is.
 const BOUND: Duration = Duration::from_millis(100);
@@ -53,6 +53,32 @@ async fn lost_claim_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_claim_postgres() {
     lost_claim(Backend::Postgres).await
+}
+
+/// An agent that exits without reading its prompt (longer than a pipe holds) fails
+/// or ends its turn; the relay, writing into the closed pipe, goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_ignores_its_prompt_does_not_end_the_relay() {
+    let mut h = Huddle::new(Backend::Sqlite).await;
+    let script = h.script("deaf.sh", "exit 0");
+    h.spawn_relay("r0", vec![AgentSpec::exec("deaf", &script)]);
+    h.wait_registered(&["deaf"]).await;
+    let m = h
+        .post(
+            "hank",
+            Role::Human,
+            &format!("deaf, {}", "x".repeat(200_000)),
+        )
+        .await;
+    let msg = message_subject(m);
+    // `wait_until` panics as soon as the relay exits.
+    h.wait_until("deaf's turn to end", secs(30), |l| {
+        !l.about(Verb::TurnReplied, &msg).is_empty() || !l.about(Verb::TurnFailed, &msg).is_empty()
+    })
+    .await;
+    h.wait_quiescent(secs(30)).await;
+    let s = h.stop_all().await;
+    assert_eq!(s[0].turns_started, 1, "{s:?}");
 }
 
 // ---------------------------------------------------------------------------------

@@ -91,9 +91,13 @@ impl AgentProcess {
     /// SIGKILL once `grace` is over, then waits until no member runs. Also right after
     /// the leader exited by itself: what it left behind must not outlive the turn.
     pub async fn stop(&mut self, grace: Duration) -> io::Result<ExitStatus> {
+        // The group is let go of only once it is gone: if this future is dropped
+        // half-way, `Drop` still kills it.
         #[cfg(unix)]
-        if let Some(group) = self.group.take() {
-            return group.end(&mut self.child, grace).await;
+        if let Some(group) = &self.group {
+            let status = group.end(&mut self.child, grace).await;
+            self.group = None;
+            return status;
         }
         #[cfg(not(unix))]
         {
@@ -158,7 +162,7 @@ mod imp {
         /// TERM, KILL after `grace`, reap the leader, wait until no member runs,
         /// unregister.
         pub(super) async fn end(
-            self,
+            &self,
             leader: &mut Child,
             grace: Duration,
         ) -> io::Result<ExitStatus> {
@@ -571,6 +575,10 @@ pub(crate) mod tests {
         (p, leader, grandchild)
     }
 
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
     /// Waits (bounded) until neither the group nor the grandchild runs.
     async fn wait_gone(leader: u32, grandchild: u32) {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -650,6 +658,24 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn dropping_kills_the_group() {
         let (p, leader, grandchild) = sleeping_group().await;
+        drop(p);
+        wait_gone(leader, grandchild).await;
+    }
+
+    #[tokio::test]
+    async fn a_stop_dropped_half_way_still_ends_the_group() {
+        let mut p = AgentProcess::spawn(sh(
+            "trap '' TERM; sh -c 'trap \"\" TERM; sleep 30' & echo $$ $!; wait",
+        ))
+        .await
+        .expect("spawn");
+        let (leader, grandchild) = pids(&mut p).await;
+        let stopping = tokio::time::timeout(Duration::from_millis(100), p.stop(secs(30))).await;
+        assert!(
+            stopping.is_err(),
+            "TERM is ignored: the stop is still in its grace"
+        );
+        assert!(alive(leader) && alive(grandchild));
         drop(p);
         wait_gone(leader, grandchild).await;
     }
