@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use huddle_core::config::RoomConfig;
 use huddle_core::guards::TurnRequest as GuardTurn;
 use huddle_core::sync::{
-    ClaimOutcome, ClaimRef, Event, Intent, LocalAgent, ReplyGate, SyncOptions, Synchronizer,
-    TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
+    ClaimKey, ClaimOutcome, ClaimRef, Event, Intent, LocalAgent, ReplyGate, SyncOptions,
+    Synchronizer, TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
 };
 use huddle_core::{
     render_related_context, select_related, ContextRules, Fold, Interaction, Position, Timestamp,
@@ -506,6 +506,7 @@ impl Executor {
                     });
                 }
                 Intent::Append { fence, batch } => {
+                    let actor = batch.first().map(|r| r.actor.clone());
                     let result = match &fence {
                         Some(f) => {
                             let fence = Fence {
@@ -519,8 +520,17 @@ impl Executor {
                     };
                     match result {
                         Ok(_) => {}
-                        Err(StoreError::Fenced { key, epoch, .. }) => {
-                            debug!(key, epoch, "fenced append refused");
+                        Err(StoreError::Fenced { key, holder, epoch }) => {
+                            let agent = actor.as_deref();
+                            log_lost_claim(
+                                &*self.store,
+                                "fenced append refused",
+                                &key,
+                                &holder,
+                                agent,
+                                epoch,
+                            )
+                            .await;
                             if let Some(f) = fence {
                                 refused.push(f);
                             }
@@ -565,7 +575,15 @@ impl Executor {
                 } => match self.store.renew(&key, &holder, epoch, ttl).await {
                     Ok(Some(_)) => {}
                     Ok(None) => {
-                        info!(key, epoch, "claim lost at renewal");
+                        log_lost_claim(
+                            &*self.store,
+                            "claim lost at renewal",
+                            &key,
+                            &holder,
+                            None,
+                            epoch,
+                        )
+                        .await;
                         let _ = self.feedback.send(Feedback::Lost {
                             key,
                             epoch,
@@ -616,6 +634,42 @@ impl Executor {
             });
         });
     }
+}
+
+/// Logs a lost claim at `info`: the task or message it elected, the agent, the epoch
+/// this relay held and the holder and epoch the claim is at now.
+async fn log_lost_claim(
+    store: &dyn Store,
+    what: &'static str,
+    key: &str,
+    holder: &str,
+    agent: Option<&str>,
+    epoch: i64,
+) {
+    let now = match store.list_claims(key).await {
+        Ok(rows) => rows.into_iter().find(|c| c.state.key == key),
+        Err(_) => None,
+    };
+    let now_epoch = now.as_ref().map(|c| c.state.epoch);
+    let now_holder = now.as_ref().map(|c| c.state.holder.as_str());
+    // Reply and task claims are held by the agent; drive claims by the relay (a
+    // message's names the agent in its key).
+    let held_by_agent = agent.or(Some(holder)).map(str::to_string);
+    let (task, message, agent) = match ClaimKey::parse(key) {
+        Some(ClaimKey::Task { task, .. }) => (Some(task), None, held_by_agent),
+        Some(ClaimKey::TaskDrive { task, .. }) => (Some(task), None, agent.map(str::to_string)),
+        Some(ClaimKey::Reply { message, .. }) => (None, Some(message.short()), held_by_agent),
+        Some(ClaimKey::Drive {
+            message,
+            agent: driven,
+            ..
+        }) => (None, Some(message.short()), Some(driven)),
+        None => (None, None, agent.map(str::to_string)),
+    };
+    info!(
+        key,
+        task, message, agent, holder, epoch, now_epoch, now_holder, "{what}"
+    );
 }
 
 /// Builds the driver's request: the `<coordination>` block first (when it changed),
