@@ -357,9 +357,22 @@ fn send_signal(pid: u32, signal: &str) {
 }
 
 impl RelayProcess {
-    /// Starts `huddle relay --config <config>` with stderr going to `log`.
+    /// Starts `huddle relay --config <config>` with stderr going to `log`, at the log
+    /// level `HUDDLE_E2E_LOG` names (default `warn`).
     pub fn spawn(id: &str, agents: Vec<String>, database: &str, config: &Path, log: &Path) -> Self {
         let filter = std::env::var("HUDDLE_E2E_LOG").unwrap_or_else(|_| "warn".into());
+        Self::spawn_logging(id, agents, database, config, log, &filter)
+    }
+
+    /// [`RelayProcess::spawn`] with the log filter `filter`.
+    pub fn spawn_logging(
+        id: &str,
+        agents: Vec<String>,
+        database: &str,
+        config: &Path,
+        log: &Path,
+        filter: &str,
+    ) -> Self {
         let log_file = std::fs::File::create(log).expect("create the relay log");
         let mut child = Command::new(huddle_bin())
             .args(["relay", "--config"])
@@ -844,12 +857,29 @@ impl Huddle {
     /// Starts relay `id` hosting `agents` in the room.
     pub fn spawn_relay(&mut self, id: &str, agents: Vec<AgentSpec>) {
         let url = self.db.url.clone();
-        self.spawn_relay_on(id, agents, &url);
+        self.spawn_relay_full(id, agents, &url, None);
     }
 
     /// Starts relay `id` hosting `agents` in the room, connecting to `database` (e.g.
     /// the test database through a fault-injecting proxy).
     pub fn spawn_relay_on(&mut self, id: &str, agents: Vec<AgentSpec>, database: &str) {
+        self.spawn_relay_full(id, agents, database, None);
+    }
+
+    /// [`Huddle::spawn_relay`] with its own log filter (e.g. `info`) instead of
+    /// `HUDDLE_E2E_LOG`'s.
+    pub fn spawn_relay_logging(&mut self, id: &str, agents: Vec<AgentSpec>, filter: Option<&str>) {
+        let url = self.db.url.clone();
+        self.spawn_relay_full(id, agents, &url, filter);
+    }
+
+    fn spawn_relay_full(
+        &mut self,
+        id: &str,
+        agents: Vec<AgentSpec>,
+        database: &str,
+        filter: Option<&str>,
+    ) {
         assert!(
             !self.relays.get_mut(id).is_some_and(|r| r.is_running()),
             "relay {id} is already running"
@@ -860,7 +890,10 @@ impl Huddle {
         let n = self.relays.keys().filter(|k| k.starts_with(id)).count();
         let log = self.dir.path().join(format!("{id}.{n}.log"));
         let keys = agents.iter().map(|a| a.key.clone()).collect();
-        let p = RelayProcess::spawn(id, keys, database, &config, &log);
+        let p = match filter {
+            Some(f) => RelayProcess::spawn_logging(id, keys, database, &config, &log, f),
+            None => RelayProcess::spawn(id, keys, database, &config, &log),
+        };
         self.relays.insert(id.to_string(), p);
     }
 

@@ -36,6 +36,14 @@ pub fn hosted_agents(cfg: &RelayConfig) -> Vec<HostedAgent> {
 /// Runs a relay from a configuration file until Ctrl-C or SIGTERM; prints its
 /// summary (JSON) on exit.
 pub async fn run(config: &Path, db_override: Option<String>, poll_ms: u64) -> anyhow::Result<()> {
+    // `main` gives SIGPIPE its default action for the output commands; a relay writes
+    // prompts into agents' pipes, and an agent that exits without reading its prompt
+    // must fail its turn, not end the relay.
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to "ignore" has no handler to race with.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
     let mut cfg = RelayConfig::load(config)?;
     if let Some(db) = db_override {
         cfg.database = db;

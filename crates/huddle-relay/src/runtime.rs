@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use huddle_core::config::RoomConfig;
 use huddle_core::guards::TurnRequest as GuardTurn;
 use huddle_core::sync::{
-    ClaimOutcome, ClaimRef, Event, Intent, LocalAgent, ReplyGate, SyncOptions, Synchronizer,
-    TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
+    ClaimKey, ClaimOutcome, ClaimRef, Event, Intent, LocalAgent, ReplyGate, SyncOptions,
+    Synchronizer, TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
 };
 use huddle_core::{
     render_related_context, select_related, ContextRules, Fold, Interaction, NewInteraction,
@@ -481,7 +481,7 @@ impl Loop {
                 let command = group[0].parent;
                 let (room, thread) = (group[0].room.clone(), group[0].thread.clone());
                 let rows = group.len();
-                if let Err(e) = exec.append_retrying(None, group).await {
+                if let Err(e) = exec.append_retrying(&[], false, group).await {
                     warn!(room, rows, error = %e, "the result of an owner command could not be written");
                     let _ = exec.feedback.send(Feedback::ResultLost);
                     let Some(command) = command else { continue };
@@ -496,7 +496,7 @@ impl Loop {
                     )
                     .with_parent(command);
                     notice.thread = thread;
-                    if let Err(e) = exec.append_retrying(None, vec![notice]).await {
+                    if let Err(e) = exec.append_retrying(&[], false, vec![notice]).await {
                         warn!(error = %e, "the notice about a failed owner command could not be written either");
                     }
                 }
@@ -626,12 +626,16 @@ impl Executor {
                                     won: false,
                                     epoch: 0,
                                     expires_at: 0,
+                                    closed: false,
                                 }));
                                 let _ = feedback.send(Feedback::Failed(e));
                                 return;
                             }
                         };
                         let won = matches!(out, Acquired::Won(_));
+                        if let Acquired::Closed { by, .. } = &out {
+                            debug!(key, holder, closed_by = %by.short(), "claim is closed: the work is finished");
+                        }
                         let state = out.state();
                         let _ = feedback.send(Feedback::Claim(ClaimOutcome {
                             key,
@@ -639,47 +643,55 @@ impl Executor {
                             won,
                             epoch: state.epoch,
                             expires_at: state.expires_at,
+                            closed: out.closed(),
                         }));
                     });
                 }
-                Intent::Append { fence, batch } => {
-                    let fence = fence.map(|f| Fence {
-                        key: f.key,
-                        holder: f.holder,
-                        epoch: f.epoch,
-                    });
-                    match self.append_retrying(fence.as_ref(), batch).await {
+                Intent::Append {
+                    fences,
+                    close,
+                    batch,
+                } => {
+                    let actor = batch.first().map(|r| r.actor.clone());
+                    let store_fences: Vec<Fence> = fences
+                        .iter()
+                        .map(|f| Fence {
+                            key: f.key.clone(),
+                            holder: f.holder.clone(),
+                            epoch: f.epoch,
+                        })
+                        .collect();
+                    match self.append_retrying(&store_fences, close, batch).await {
                         Ok(()) => {}
                         Err(StoreError::Fenced { key, holder, epoch }) => {
-                            info!(key, holder, epoch, "fenced append refused: the claim was lost; the result is not written");
-                            if let Some(f) = &fence {
-                                refused.push(ClaimRef {
-                                    key: f.key.clone(),
-                                    holder: f.holder.clone(),
-                                    epoch: f.epoch,
-                                });
-                            }
+                            log_lost_claim(
+                                &*self.store,
+                                "fenced append refused",
+                                &key,
+                                &holder,
+                                actor.as_deref(),
+                                epoch,
+                            )
+                            .await;
                             let _ = self.feedback.send(Feedback::Lost {
                                 key,
                                 epoch,
                                 fenced: true,
                             });
+                            // Every turn that depended on this write is skipped.
+                            refused.extend(fences);
                         }
                         Err(e) => {
                             warn!(error = %e, "append failed for good; the result is not written");
                             let _ = self.feedback.send(Feedback::ResultLost);
-                            if let Some(f) = fence {
+                            for f in &fences {
                                 let _ = self.feedback.send(Feedback::Lost {
                                     key: f.key.clone(),
                                     epoch: f.epoch,
                                     fenced: false,
                                 });
-                                refused.push(ClaimRef {
-                                    key: f.key,
-                                    holder: f.holder,
-                                    epoch: f.epoch,
-                                });
                             }
+                            refused.extend(fences);
                             let _ = self.feedback.send(Feedback::Failed(e));
                         }
                     }
@@ -705,7 +717,15 @@ impl Executor {
                 } => match self.store.renew(&key, &holder, epoch, ttl).await {
                     Ok(Some(_)) => {}
                     Ok(None) => {
-                        info!(key, epoch, "claim lost at renewal");
+                        log_lost_claim(
+                            &*self.store,
+                            "claim lost at renewal",
+                            &key,
+                            &holder,
+                            None,
+                            epoch,
+                        )
+                        .await;
                         let _ = self.feedback.send(Feedback::Lost {
                             key,
                             epoch,
@@ -736,11 +756,12 @@ impl Executor {
     /// chunks (only unfenced batches can be that large: owner-command results).
     async fn append_retrying(
         &self,
-        fence: Option<&Fence>,
+        fences: &[Fence],
+        close: bool,
         batch: Vec<NewInteraction>,
     ) -> Result<(), StoreError> {
         let max = self.store.limits().max_batch.max(1);
-        let chunks: Vec<Vec<NewInteraction>> = if fence.is_none() && batch.len() > max {
+        let chunks: Vec<Vec<NewInteraction>> = if fences.is_empty() && batch.len() > max {
             batch.chunks(max).map(|c| c.to_vec()).collect()
         } else {
             vec![batch]
@@ -749,9 +770,10 @@ impl Executor {
             let mut delay = RETRY_FIRST;
             let mut attempt = 0u32;
             loop {
-                let result = match fence {
-                    Some(f) => self.store.append_fenced(f, chunk.clone()).await,
-                    None => self.store.append(chunk.clone()).await,
+                let result = if fences.is_empty() {
+                    self.store.append(chunk.clone()).await
+                } else {
+                    self.store.append_under(fences, close, chunk.clone()).await
                 };
                 match result {
                     Ok(_) => break,
@@ -802,6 +824,42 @@ impl Executor {
             });
         });
     }
+}
+
+/// Logs a lost claim at `info`: the task or message it elected, the agent, the epoch
+/// this relay held and the holder and epoch the claim is at now.
+async fn log_lost_claim(
+    store: &dyn Store,
+    what: &'static str,
+    key: &str,
+    holder: &str,
+    agent: Option<&str>,
+    epoch: i64,
+) {
+    let now = match store.list_claims(key).await {
+        Ok(rows) => rows.into_iter().find(|c| c.state.key == key),
+        Err(_) => None,
+    };
+    let now_epoch = now.as_ref().map(|c| c.state.epoch);
+    let now_holder = now.as_ref().map(|c| c.state.holder.as_str());
+    // Reply and task claims are held by the agent; drive claims by the relay (a
+    // message's names the agent in its key).
+    let held_by_agent = agent.or(Some(holder)).map(str::to_string);
+    let (task, message, agent) = match ClaimKey::parse(key) {
+        Some(ClaimKey::Task { task, .. }) => (Some(task), None, held_by_agent),
+        Some(ClaimKey::TaskDrive { task, .. }) => (Some(task), None, agent.map(str::to_string)),
+        Some(ClaimKey::Reply { message, .. }) => (None, Some(message.short()), held_by_agent),
+        Some(ClaimKey::Drive {
+            message,
+            agent: driven,
+            ..
+        }) => (None, Some(message.short()), Some(driven)),
+        None => (None, None, agent.map(str::to_string)),
+    };
+    info!(
+        key,
+        task, message, agent, holder, epoch, now_epoch, now_holder, "{what}"
+    );
 }
 
 /// Builds the driver's request: the `<coordination>` block first (when it changed),

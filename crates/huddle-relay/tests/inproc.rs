@@ -174,6 +174,7 @@ async fn reply_prompt_carries_coordination_and_related_context() {
             timeout_ms: 10_000,
             max_reply_bytes: 64 * 1024,
             cwd: None,
+            stop_grace_ms: 2_000,
         })),
     };
     let shutdown = CancellationToken::new();

@@ -221,22 +221,25 @@ impl Sim {
                         won: out.won(),
                         epoch: state.epoch,
                         expires_at: state.expires_at,
+                        closed: out.closed(),
                         key,
                         holder,
                     }));
                 }
-                Intent::Append { fence, batch } => {
-                    let appended = match &fence {
-                        Some(f) => {
-                            let fence = Fence {
-                                key: f.key.clone(),
-                                holder: f.holder.clone(),
-                                epoch: f.epoch,
-                            };
-                            store.append_fenced(&fence, batch).await
-                        }
-                        None => store.append(batch).await,
-                    };
+                Intent::Append {
+                    fences,
+                    close,
+                    batch,
+                } => {
+                    let fences: Vec<Fence> = fences
+                        .iter()
+                        .map(|f| Fence {
+                            key: f.key.clone(),
+                            holder: f.holder.clone(),
+                            epoch: f.epoch,
+                        })
+                        .collect();
+                    let appended = store.append_under(&fences, close, batch).await;
                     match appended {
                         Ok(_) => {}
                         Err(StoreError::Fenced { key, epoch, .. }) => {

@@ -84,6 +84,7 @@ impl H {
             won,
             epoch,
             expires_at: self.now + 60 * S,
+            closed: false,
         }))
     }
 
@@ -114,14 +115,24 @@ fn acquires(out: &[Intent]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// `(fence key, verbs)` of every append.
+/// `(fences, verbs)` of every append: the fences as `key@holder#epoch` joined by
+/// ` + `, followed by ` (closes)` when the append closes them; `None` when unfenced.
 fn appends(out: &[Intent]) -> Vec<(Option<String>, Vec<&'static str>)> {
     out.iter()
         .filter_map(|i| match i {
-            Intent::Append { fence, batch } => Some((
-                fence
-                    .as_ref()
-                    .map(|f| format!("{}@{}#{}", f.key, f.holder, f.epoch)),
+            Intent::Append {
+                fences,
+                close,
+                batch,
+            } => Some((
+                (!fences.is_empty()).then(|| {
+                    let f: Vec<String> = fences
+                        .iter()
+                        .map(|f| format!("{}@{}#{}", f.key, f.holder, f.epoch))
+                        .collect();
+                    let closes = if *close { " (closes)" } else { "" };
+                    format!("{}{closes}", f.join(" + "))
+                }),
                 batch.iter().map(|b| b.verb.as_str()).collect(),
             )),
             _ => None,
@@ -228,7 +239,10 @@ fn reply_election_then_drive_election_then_one_reply() {
     let out = h.result(&dkey, "r1", true, 1);
     assert_eq!(
         appends(&out),
-        vec![(Some(format!("{dkey}@r1#1")), vec!["turn.prompted"])]
+        vec![(
+            Some(format!("{rkey}@bo#3 + {dkey}@r1#1")),
+            vec!["turn.prompted"]
+        )]
     );
     let st = starts(&out)[0].clone();
     assert_eq!((st.agent.as_str(), st.epoch), ("bo", 3));
@@ -241,7 +255,7 @@ fn reply_election_then_drive_election_then_one_reply() {
     assert_eq!(
         appends(&out),
         vec![(
-            Some(format!("{dkey}@r1#1")),
+            Some(format!("{rkey}@bo#3 + {dkey}@r1#1 (closes)")),
             vec!["message.posted", "turn.replied"]
         )]
     );
@@ -495,7 +509,10 @@ fn run_task_to_start(h: &mut H, task: &str, agent: &str, epoch: i64) -> TurnStar
     assert_eq!(
         appends(&out),
         vec![(
-            Some(format!("{tkey}@{agent}#{epoch}")),
+            Some(format!(
+                "{tkey}@{agent}#{epoch} + {}@r1#1",
+                taskdrive_key("lobby", task)
+            )),
             vec!["task.claimed", "turn.prompted"]
         )]
     );
@@ -537,7 +554,11 @@ fn pull_schedules_ready_tasks_and_completes_under_the_fence() {
     assert_eq!(
         appends(&out),
         vec![(
-            Some(format!("{}@bo#5", task_key("lobby", "a"))),
+            Some(format!(
+                "{}@bo#5 + {}@r1#1 (closes)",
+                task_key("lobby", "a"),
+                taskdrive_key("lobby", "a")
+            )),
             vec!["task.completed", "turn.replied"]
         )]
     );
@@ -571,7 +592,11 @@ fn a_failed_task_turn_fails_the_attempt_never_completes() {
         assert_eq!(
             appends(&out),
             vec![(
-                Some(format!("{}@bo#2", task_key("lobby", "a"))),
+                Some(format!(
+                    "{}@bo#2 + {}@r1#1",
+                    task_key("lobby", "a"),
+                    taskdrive_key("lobby", "a")
+                )),
                 vec!["task.failed", "turn.failed"]
             )]
         );
@@ -671,6 +696,7 @@ fn reconcile_renews_live_turns_only_and_retakes_lapsed_tasks() {
         won: false,
         epoch: 1,
         expires_at: T0 + 60 * S,
+        closed: false,
     }));
     h.post(vec![claimed("x", "zed", 1), created("a", &[])]);
     let st = run_task_to_start(&mut h, "a", "bo", 1);
@@ -707,7 +733,11 @@ fn reconcile_renews_live_turns_only_and_retakes_lapsed_tasks() {
     assert_eq!(
         appends(&out),
         vec![(
-            Some(format!("{}@cy#2", task_key("lobby", "x"))),
+            Some(format!(
+                "{}@cy#2 + {}@r1#1",
+                task_key("lobby", "x"),
+                taskdrive_key("lobby", "x")
+            )),
             vec!["task.claimed", "turn.prompted"]
         )]
     );

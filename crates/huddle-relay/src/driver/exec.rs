@@ -9,7 +9,11 @@
 //! - A line `huddle-tokens: N` on standard error reports the tokens used; without one
 //!   the driver estimates a token per four bytes of prompt and reply.
 //! - A non-zero exit or the timeout is a failed turn; cancellation (claim lost,
-//!   shutdown) kills the child.
+//!   shutdown) ends it.
+//! - The command leads a process group of its own ([`AgentProcess`]): whatever it
+//!   starts is ended with it. However the turn ends, the group gets SIGTERM, then
+//!   SIGKILL after `stop_grace_ms`, and the turn is over only when nothing of it runs;
+//!   if the relay dies, the group is killed by the reaper.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -19,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use super::{Driver, TurnOutcome, TurnRequest};
+use super::{AgentProcess, Driver, TurnOutcome, TurnRequest};
 
 /// Settings of an exec agent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,10 +40,19 @@ pub struct ExecSettings {
     /// Working directory (default: the relay's).
     #[serde(default)]
     pub cwd: Option<String>,
+    /// How long the command's process group has between SIGTERM and SIGKILL when its
+    /// turn ends early (cancelled, timed out) or it leaves processes behind, in
+    /// milliseconds (default 2,000; 0 kills at once).
+    #[serde(default = "default_stop_grace_ms")]
+    pub stop_grace_ms: u64,
 }
 
 fn default_timeout_ms() -> u64 {
     300_000
+}
+
+fn default_stop_grace_ms() -> u64 {
+    2_000
 }
 
 fn default_max_reply() -> usize {
@@ -110,13 +123,12 @@ impl Driver for ExecDriver {
             .env("HUDDLE_ATTEMPT", request.attempt.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         if let Some(dir) = &s.cwd {
             cmd.current_dir(dir);
         }
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
+        let mut process = match AgentProcess::spawn(cmd).await {
+            Ok(p) => p,
             Err(e) => {
                 return TurnOutcome::Failed {
                     reason: format!("cannot start {program:?}: {e}"),
@@ -124,6 +136,7 @@ impl Driver for ExecDriver {
                 }
             }
         };
+        let child = process.child();
         let stdin = child.stdin.take();
         let prompt = request.prompt.clone();
         let writer = tokio::spawn(async move {
@@ -169,19 +182,20 @@ impl Driver for ExecDriver {
             buf
         });
         let timeout = Duration::from_millis(s.timeout_ms);
-        let status = tokio::select! {
-            status = child.wait() => status,
-            _ = tokio::time::sleep(timeout) => {
-                let _ = child.kill().await;
-                return TurnOutcome::Failed {
-                    reason: format!("timed out after {} ms", s.timeout_ms),
-                    tokens: 0,
-                };
-            }
-            _ = cancel.cancelled() => {
-                let _ = child.kill().await;
-                return TurnOutcome::Cancelled;
-            }
+        let ended = tokio::select! {
+            status = process.child().wait() => Ok(status),
+            _ = tokio::time::sleep(timeout) => Err(TurnOutcome::Failed {
+                reason: format!("timed out after {} ms", s.timeout_ms),
+                tokens: 0,
+            }),
+            _ = cancel.cancelled() => Err(TurnOutcome::Cancelled),
+        };
+        // However it ended, nothing the turn started may outlive it: end the group
+        // (what a finished command left behind, or all of a cancelled one) and wait.
+        let stopped = process.stop(Duration::from_millis(s.stop_grace_ms)).await;
+        let status = match ended {
+            Ok(waited) => waited.and(stopped),
+            Err(outcome) => return outcome,
         };
         let _ = writer.await;
         let out = read_out.await.unwrap_or_default();
@@ -221,6 +235,8 @@ impl Driver for ExecDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(target_os = "linux")]
+    use crate::driver::process::tests::alive as runs;
 
     fn req() -> TurnRequest {
         TurnRequest {
@@ -240,6 +256,7 @@ mod tests {
             timeout_ms,
             max_reply_bytes: 1024,
             cwd: None,
+            stop_grace_ms: 2_000,
         })
     }
 
@@ -270,25 +287,96 @@ mod tests {
         }
     }
 
+    /// A script that starts a grandchild, writes `leader grandchild` to a file and
+    /// waits; the pids once the file is there.
+    async fn started(dir: &std::path::Path) -> (u32, u32) {
+        let file = dir.join("pids");
+        for _ in 0..1000 {
+            if let Ok(text) = std::fs::read_to_string(&file) {
+                let pids: Vec<u32> = text
+                    .split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect();
+                if pids.len() == 2 {
+                    return (pids[0], pids[1]);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the script never wrote its pids");
+    }
+
+    fn with_grandchild(dir: &std::path::Path, timeout_ms: u64) -> ExecDriver {
+        let file = dir.join("pids");
+        sh(
+            &format!(
+                "sleep 30 & echo $$ $! > {f}.tmp; mv {f}.tmp {f}; wait",
+                f = file.display()
+            ),
+            timeout_ms,
+        )
+    }
+
+    #[cfg(target_os = "linux")]
     #[tokio::test]
-    async fn timeout_and_cancel_kill_the_child() {
-        let out = sh("sleep 30", 200)
+    async fn timeout_and_cancel_end_the_whole_group() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = with_grandchild(dir.path(), 300)
             .run(req(), CancellationToken::new())
             .await;
         assert!(
             matches!(out, TurnOutcome::Failed { ref reason, .. } if reason.contains("timed out")),
             "{out:?}"
         );
+        let (leader, grandchild) = started(dir.path()).await;
+        assert!(
+            !runs(leader) && !runs(grandchild),
+            "the timed-out turn left processes"
+        );
+
+        std::fs::remove_file(dir.path().join("pids")).expect("rm");
         let cancel = CancellationToken::new();
-        let d = sh("sleep 30", 60_000);
+        let d = with_grandchild(dir.path(), 60_000);
         let c2 = cancel.clone();
         let h = tokio::spawn(async move { d.run(req(), c2).await });
+        let (leader, grandchild) = started(dir.path()).await;
+        assert!(runs(leader) && runs(grandchild));
         cancel.cancel();
         let out = tokio::time::timeout(Duration::from_secs(10), h)
             .await
             .expect("cancel is prompt")
             .expect("join");
         assert_eq!(out, TurnOutcome::Cancelled);
+        // The driver returns only once the group is gone.
+        assert!(
+            !runs(leader) && !runs(grandchild),
+            "the cancelled turn left processes"
+        );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_background_process_does_not_outlive_a_finished_turn() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("pids");
+        // The background `sleep` keeps stdout open: without ending the group the turn
+        // would not even finish reading the reply.
+        let d = sh(
+            &format!("sleep 30 & echo $$ $! > {}; echo done", file.display()),
+            10_000,
+        );
+        let out = tokio::time::timeout(
+            Duration::from_secs(10),
+            d.run(req(), CancellationToken::new()),
+        )
+        .await
+        .expect("the turn ends when its command does");
+        assert!(
+            matches!(out, TurnOutcome::Replied { ref text, .. } if text == "done\n"),
+            "{out:?}"
+        );
+        let (leader, grandchild) = started(dir.path()).await;
+        assert!(!runs(leader) && !runs(grandchild));
     }
 
     #[tokio::test]
@@ -298,6 +386,7 @@ mod tests {
             timeout_ms: 1000,
             max_reply_bytes: 10,
             cwd: None,
+            stop_grace_ms: 2_000,
         });
         let out = d.run(req(), CancellationToken::new()).await;
         assert!(

@@ -3,12 +3,17 @@
 //! A driver gets a [`TurnRequest`] (the prompt and where it belongs) and a
 //! cancellation token, and returns a [`TurnOutcome`]. The relay cancels the token when
 //! the turn's claim is lost or the relay shuts down; a driver must then stop promptly
-//! (the exec driver kills its child).
+//! (the exec driver ends its child's whole process group).
+//!
+//! A driver that starts processes starts them through [`AgentProcess`], which ties
+//! them to the turn and to the relay's life (plan 0013).
 
 mod exec;
+pub mod process;
 mod sim;
 
 pub use exec::{ExecDriver, ExecSettings};
+pub use process::AgentProcess;
 pub use sim::{SimDriver, SimSettings};
 
 use async_trait::async_trait;
