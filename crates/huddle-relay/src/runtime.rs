@@ -219,10 +219,30 @@ impl Relay {
             .spawn(4, Duration::from_millis(200));
         let mut cursor = Position::START;
         // One live process per relay id: refuse to start beside another.
-        let mut identity = Identity::take(self.store.as_ref(), &self.relay_id).await?;
+        // A database that is away at start (restarting, failing over) is waited for.
+        let mut delay = RETRY_FIRST;
+        let mut identity = loop {
+            match Identity::take(self.store.as_ref(), &self.relay_id).await {
+                Err(IdentityError::Store(e)) if e.is_retryable() => {
+                    warn!(error = %e, "database unavailable at start; retrying");
+                    tokio::time::sleep(jittered(delay)).await;
+                    delay = (delay * 2).min(RETRY_MAX);
+                }
+                other => break other?,
+            }
+        };
         // First tick before anything: no decision is made before the synchronizer
         // knows the database time.
-        lp.tick().await?;
+        loop {
+            match lp.tick().await {
+                Err(e) if e.is_retryable() => {
+                    warn!(error = %e, "database unavailable at start; retrying");
+                    tokio::time::sleep(jittered(delay)).await;
+                    delay = (delay * 2).min(RETRY_MAX);
+                }
+                other => break other?,
+            }
+        }
         let mut stopping = false;
         let mut stop_deadline: Option<tokio::time::Instant> = None;
         loop {

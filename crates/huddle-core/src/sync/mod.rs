@@ -968,7 +968,7 @@ impl Synchronizer {
                 let id = t.id.clone();
                 out.push(Intent::Append {
                     fences: Vec::new(),
-                close: false,
+                    close: false,
                     batch: vec![NewInteraction::new(
                         room.as_str(),
                         Verb::TaskBid,

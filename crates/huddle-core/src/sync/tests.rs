@@ -798,6 +798,67 @@ fn own_lapsed_claim_is_retaken_after_a_loss() {
     assert!(matches!(&st.work, TurnWork::Task(t) if t.attempt == 2));
 }
 
+/// A relay whose view is stale (it has not read a completion another relay wrote)
+/// contends for the finished task; the claims table answers "closed", and the relay
+/// never tries that task again, however many passes and ticks follow.
+#[test]
+fn a_closed_claim_is_never_tried_again() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let out = h.post(vec![created("a", &[])]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    let out = h.sync.handle(Event::ClaimResult(ClaimOutcome {
+        key: task_key("lobby", "a"),
+        holder: "bo".into(),
+        won: false,
+        epoch: 3,
+        expires_at: T0,
+        closed: true,
+    }));
+    assert!(
+        starts(&out).is_empty() && acquires(&out).is_empty(),
+        "{out:?}"
+    );
+    for i in 1..20 {
+        let out = h.tick(T0 + i * 10 * S);
+        assert!(
+            acquires(&out).is_empty(),
+            "tried a closed claim again: {out:?}"
+        );
+    }
+}
+
+/// The last allowed attempt failing abandons the task: its failure closes the claims;
+/// an earlier attempt's failure does not (the task is retried).
+#[test]
+fn only_the_last_failed_attempt_closes_the_task() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let mut closes = Vec::new();
+    for epoch in 1..=3 {
+        let st = run_task_to_start(&mut h, "a", "bo", epoch);
+        let out = h.ended(
+            &st.turn,
+            TurnOutcome::Failed {
+                reason: "no".into(),
+            },
+        );
+        closes.push(
+            out.iter()
+                .any(|i| matches!(i, Intent::Append { close: true, .. })),
+        );
+        h.apply_appends(&out);
+        h.read();
+        h.tick(T0 + epoch * 120 * S);
+    }
+    assert_eq!(closes, vec![false, false, true]);
+    assert_eq!(
+        h.sync.tasks().task("lobby", "a").unwrap().status,
+        TaskStatus::Abandoned
+    );
+}
+
 #[test]
 fn resuming_the_same_lease_appends_no_new_claim() {
     let mut h = H::new(&["bo"]);
