@@ -1,0 +1,73 @@
+//! What can go wrong, said so that an agent knows what to do next.
+
+use huddle_core::{ClaimEpoch, Timestamp};
+use huddle_store::StoreError;
+
+/// An operation's refusal. Every message says what was wrong and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// An argument is malformed.
+    #[error("bad argument: {0}")]
+    BadArgument(String),
+    /// The room has no `room.created`.
+    #[error("room {0:?} does not exist in this database; ask its owner to create it (`huddle room create {0} --owner ID`)")]
+    NoRoom(String),
+    /// No task with this id in the room.
+    #[error("no task {0:?} in this room; call `tasks` to see the task ids")]
+    NoTask(String),
+    /// The task cannot be claimed now (done, abandoned, waiting, not this agent's).
+    #[error("task {task:?} cannot be claimed: {why}")]
+    NotClaimable {
+        /// Task id.
+        task: String,
+        /// Why, with what to do.
+        why: String,
+    },
+    /// Another agent holds the task's claim.
+    #[error("task {task:?} is held by {holder} at epoch {epoch} until {expires_at} µs (database clock); pick another task or try again after the lease lapses")]
+    HeldBy {
+        /// Task id.
+        task: String,
+        /// The holder.
+        holder: String,
+        /// Its epoch.
+        epoch: ClaimEpoch,
+        /// When its lease lapses unless renewed.
+        expires_at: Timestamp,
+    },
+    /// This agent does not hold the task (never claimed it, or lost it).
+    #[error("you do not hold task {task:?}: {why}")]
+    NotHolder {
+        /// Task id.
+        task: String,
+        /// Why, with what to do.
+        why: String,
+    },
+    /// A write under a claim was refused: the claim lapsed or moved on. Nothing was
+    /// recorded.
+    #[error("stale claim: {0}")]
+    LeaseLost(String),
+    /// The store failed (database away, ...). Retrying the same call (with the same
+    /// `idempotency_key`) is safe.
+    #[error("the database failed: {0}; retrying the same call is safe")]
+    Store(#[from] StoreError),
+}
+
+impl AgentError {
+    /// A short machine-readable code for the error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            AgentError::BadArgument(_) => "bad_argument",
+            AgentError::NoRoom(_) => "no_room",
+            AgentError::NoTask(_) => "no_task",
+            AgentError::NotClaimable { .. } => "not_claimable",
+            AgentError::HeldBy { .. } => "held_by_other",
+            AgentError::NotHolder { .. } => "not_holder",
+            AgentError::LeaseLost(_) => "stale_claim",
+            AgentError::Store(_) => "store",
+        }
+    }
+}
+
+/// Result of an agent operation.
+pub type Result<T> = std::result::Result<T, AgentError>;

@@ -1,0 +1,329 @@
+//! [`AgentSession`]: one agent in one room, over a store. The folds it keeps and the
+//! operations that only read or post; the task operations are in [`crate::tasks`].
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use huddle_core::config::check_agent_name;
+use huddle_core::protocol::{AgentRegisteredBody, MessageBody};
+use huddle_core::{
+    validate_name, Board, ClaimEpoch, ConfigFold, Fold, InteractionId, NewInteraction, Position, Role,
+    TaskDag, Verb,
+};
+use huddle_store::Store;
+use tokio::sync::{Mutex, MutexGuard};
+use tokio::time::Instant;
+
+use crate::error::{AgentError, Result};
+use crate::views::{
+    BoardResult, InteractionView, PostArgs, ReadArgs, ReadResult, SummaryView, Written,
+};
+
+/// Rows per read-forward page.
+const PAGE: usize = 1000;
+/// Default and largest `limit` of `read`.
+const READ_DEFAULT: u32 = 50;
+const READ_MAX: u32 = 500;
+/// The longest any call waits (`wait_ms`).
+pub const MAX_WAIT_MS: u64 = 60_000;
+
+/// The folded state of the session's room, and how far it has read.
+pub(crate) struct Folded {
+    pub(crate) cursor: Position,
+    pub(crate) dag: TaskDag,
+    pub(crate) config: ConfigFold,
+    pub(crate) board: Board,
+    /// Epochs of the claims this session took, by task: what a write presents when
+    /// the call gives none, so a stale write is refused by its fence, not guessed.
+    pub(crate) mine: BTreeMap<String, ClaimEpoch>,
+}
+
+/// One agent acting in one room. The agent's identity is fixed here: no operation
+/// takes an actor from its arguments, so an agent cannot speak as another.
+///
+/// Every operation first reads the ledger forward from the session's cursor (what is
+/// new since the last call), so it decides on the room as it is now.
+pub struct AgentSession {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) room: String,
+    pub(crate) agent: String,
+    pub(crate) capabilities: Vec<String>,
+    pub(crate) state: Mutex<Folded>,
+}
+
+impl AgentSession {
+    /// Opens a session for `agent` in `room`: checks the names, reads the room, and
+    /// registers the agent (`agent.registered` with its capabilities; the same content
+    /// again is a no-op). Fails when the room does not exist.
+    pub async fn open(
+        store: Arc<dyn Store>,
+        room: &str,
+        agent: &str,
+        mut capabilities: Vec<String>,
+    ) -> Result<Self> {
+        validate_name("room", room, store.limits())
+            .map_err(|e| AgentError::BadArgument(e.to_string()))?;
+        check_agent_name(agent).map_err(AgentError::BadArgument)?;
+        capabilities.sort();
+        capabilities.dedup();
+        if let Some(bad) = capabilities
+            .iter()
+            .find(|c| !huddle_core::tasks::valid_capability(c))
+        {
+            return Err(AgentError::BadArgument(format!(
+                "capability {bad:?}: 1 to 64 bytes, no white space"
+            )));
+        }
+        let session = AgentSession {
+            store,
+            room: room.to_string(),
+            agent: agent.to_string(),
+            capabilities,
+            state: Mutex::new(Folded {
+                cursor: Position::START,
+                dag: TaskDag::new(),
+                config: ConfigFold::new(),
+                board: Board::new(),
+                mine: BTreeMap::new(),
+            }),
+        };
+        {
+            let st = session.synced().await?;
+            if st.config.owner(room).is_none() {
+                return Err(AgentError::NoRoom(room.to_string()));
+            }
+        }
+        let body = AgentRegisteredBody {
+            capabilities: session.capabilities.clone(),
+            priority: None,
+        };
+        session
+            .store
+            .append(vec![NewInteraction::new(
+                room,
+                Verb::AgentRegistered,
+                agent,
+                Role::Agent,
+                serde_json::to_value(&body).unwrap_or_default(),
+            )])
+            .await?;
+        Ok(session)
+    }
+
+    /// The agent this session speaks for.
+    pub fn agent(&self) -> &str {
+        &self.agent
+    }
+
+    /// The room.
+    pub fn room(&self) -> &str {
+        &self.room
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The state, read forward to the end of the ledger.
+    pub(crate) async fn synced(&self) -> Result<MutexGuard<'_, Folded>> {
+        let mut st = self.state.lock().await;
+        self.catch_up(&mut st).await?;
+        Ok(st)
+    }
+
+    /// Reads forward from the cursor until nothing more is readable.
+    pub(crate) async fn catch_up(&self, st: &mut Folded) -> Result<()> {
+        loop {
+            let batch = self.store.read_room(&self.room, st.cursor, PAGE).await?;
+            for row in &batch.rows {
+                st.dag.apply(row);
+                st.config.apply(row);
+                st.board.apply(row);
+            }
+            if batch.next == st.cursor {
+                return Ok(());
+            }
+            st.cursor = batch.next;
+        }
+    }
+
+    /// Waits until the store's doorbell rings, the fallback poll is due, or
+    /// `deadline`. Returns false once the deadline has passed.
+    pub(crate) async fn wait_for_news(&self, deadline: Instant) -> bool {
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        let mut bell = self.store.doorbell();
+        bell.borrow_and_update();
+        let nap = self.store.poll_interval().min(deadline - now);
+        tokio::select! {
+            _ = bell.changed() => {}
+            _ = tokio::time::sleep(nap) => {}
+        }
+        true
+    }
+
+    /// The namespaced idempotency key of this agent's write.
+    pub(crate) fn idempotency(&self, key: Option<&str>) -> Result<Option<String>> {
+        match key {
+            None => Ok(None),
+            Some(k) if k.is_empty() || k.len() > 200 => Err(AgentError::BadArgument(
+                "idempotency_key must be 1 to 200 bytes".into(),
+            )),
+            Some(k) => Ok(Some(format!("agent/{}/{}/{k}", self.room, self.agent))),
+        }
+    }
+
+    /// Appends rows written by this agent (no fence).
+    async fn append_own(&self, row: NewInteraction) -> Result<Written> {
+        let out = self.store.append(vec![row]).await?;
+        self.store.flush().await;
+        let a = out
+            .first()
+            .ok_or_else(|| AgentError::BadArgument("nothing was written".into()))?;
+        Ok(Written {
+            id: a.id.to_string(),
+            inserted: a.inserted,
+        })
+    }
+
+    /// `read`: the room's interactions after a cursor (or the newest `limit`),
+    /// optionally one thread, waiting up to `wait_ms` for something new.
+    pub async fn read(&self, args: ReadArgs) -> Result<ReadResult> {
+        let limit = args.limit.unwrap_or(READ_DEFAULT).clamp(1, READ_MAX) as usize;
+        let wait = Duration::from_millis(args.wait_ms.unwrap_or(0).min(MAX_WAIT_MS));
+        let deadline = Instant::now() + wait;
+        let after = match args.after.as_deref() {
+            Some(c) => Some(c.parse::<Position>().map_err(|_| {
+                AgentError::BadArgument(format!(
+                    "cursor {c:?} is not one `read` returned (it looks like `0:42`)"
+                ))
+            })?),
+            None => None,
+        };
+        let keep = |r: &huddle_core::Interaction| {
+            args.thread.is_none() || r.thread.as_deref() == args.thread.as_deref()
+        };
+        let Some(mut cursor) = after else {
+            // The newest `limit`: read the room through, keep the tail.
+            let mut tail: VecDeque<InteractionView> = VecDeque::new();
+            let mut cursor = Position::START;
+            loop {
+                let batch = self.store.read_room(&self.room, cursor, PAGE).await?;
+                for r in batch.rows.iter().filter(|r| keep(r)) {
+                    if tail.len() == limit {
+                        tail.pop_front();
+                    }
+                    tail.push_back(r.into());
+                }
+                if batch.next == cursor {
+                    break;
+                }
+                cursor = batch.next;
+            }
+            return Ok(ReadResult {
+                interactions: tail.into(),
+                next: cursor.to_string(),
+            });
+        };
+        loop {
+            let mut out = Vec::new();
+            loop {
+                let batch = self.store.read_room(&self.room, cursor, limit).await?;
+                let mut last = None;
+                for r in &batch.rows {
+                    if out.len() == limit {
+                        break;
+                    }
+                    last = Some(r.position);
+                    if keep(r) {
+                        out.push(InteractionView::from(r));
+                    }
+                }
+                let full = out.len() == limit;
+                // Stop the cursor at the last row returned when the page was cut.
+                let next = if full {
+                    last.unwrap_or(batch.next)
+                } else {
+                    batch.next
+                };
+                let moved = next != cursor;
+                cursor = next;
+                if full || !moved {
+                    break;
+                }
+            }
+            if !out.is_empty() || !self.wait_for_news(deadline).await {
+                return Ok(ReadResult {
+                    interactions: out,
+                    next: cursor.to_string(),
+                });
+            }
+        }
+    }
+
+    /// `post`: a message, or a reply when `reply_to` names the message answered.
+    pub async fn post(&self, args: PostArgs) -> Result<Written> {
+        if args.text.trim().is_empty() {
+            return Err(AgentError::BadArgument("text is empty".into()));
+        }
+        let mut mentions = args.mentions.clone();
+        mentions.sort();
+        mentions.dedup();
+        if let Some(bad) = mentions.iter().find(|m| check_agent_name(m).is_err()) {
+            return Err(AgentError::BadArgument(format!(
+                "mention {bad:?} is not an agent name"
+            )));
+        }
+        let body = MessageBody {
+            text: args.text,
+            mentions,
+        };
+        let mut row = NewInteraction::new(
+            self.room.as_str(),
+            Verb::MessagePosted,
+            self.agent.as_str(),
+            Role::Agent,
+            serde_json::to_value(&body).unwrap_or_default(),
+        );
+        if let Some(t) = args.thread {
+            validate_name("thread", &t, self.store.limits())
+                .map_err(|e| AgentError::BadArgument(e.to_string()))?;
+            row = row.in_thread(t);
+        }
+        if let Some(p) = args.reply_to.as_deref() {
+            let id: InteractionId = p.parse().map_err(|_| {
+                AgentError::BadArgument(format!("reply_to {p:?} is not an interaction id (64 hex digits)"))
+            })?;
+            match self.store.get(id).await? {
+                Some(m) if m.room == self.room => row = row.with_parent(id),
+                _ => {
+                    return Err(AgentError::BadArgument(format!(
+                        "reply_to {p}: no such interaction in this room"
+                    )))
+                }
+            }
+        }
+        if let Some(k) = self.idempotency(args.idempotency_key.as_deref())? {
+            row = row.with_idempotency_key(k);
+        }
+        self.append_own(row).await
+    }
+
+    /// `board`: who is doing what, as the `<coordination>` block and as data.
+    pub async fn board(&self) -> Result<BoardResult> {
+        let st = self.synced().await?;
+        let summary = st.dag.summary(&self.room);
+        let block = st
+            .board
+            .coordination(&self.room, &self.agent, Some(summary));
+        Ok(BoardResult {
+            coordination: block.map(|b| b.text),
+            board: serde_json::to_value(st.board.room(&self.room)).unwrap_or_default(),
+            tasks: SummaryView::from(summary),
+        })
+    }
+}

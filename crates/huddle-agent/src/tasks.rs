@@ -1,0 +1,637 @@
+//! The task operations: `tasks`, `task_claim`, `task_renew`, `task_complete`,
+//! `task_fail`, `task_release`.
+//!
+//! They write exactly what a relay writes for a task turn (`docs/protocol.md`,
+//! "Exactly once"), fenced by the task claim `task/<room>/<task>` held by the agent.
+//! There is no task-drive claim: no relay drives an agent that acts for itself.
+
+use std::time::Duration;
+
+use huddle_core::policy::{claim_right, losing_bidders, retake_right, ClaimRight};
+use huddle_core::protocol::task_key;
+use huddle_core::tasks::{
+    truncate_text, Task, TaskClaimedBody, TaskCompletedBody, TaskEndedBody, TaskRejectedBody,
+    MAX_RESULT_BYTES,
+};
+use huddle_core::{ClaimEpoch, NewInteraction, Role, TaskStatus, Timestamp, Verb};
+use huddle_store::{Acquired, Fence, StoreError};
+use tokio::time::Instant;
+
+use crate::error::{AgentError, Result};
+use crate::session::{AgentSession, Folded, MAX_WAIT_MS};
+use crate::views::{
+    ClaimArgs, ClaimResult, ClaimedTask, CompleteArgs, DependencyView, GiveBackArgs, LeaseView,
+    RenewArgs, TaskView, TaskWritten, TasksResult, Written,
+};
+
+/// Most claims one best-next call tries before it reports nothing claimable.
+const MAX_TRIES: usize = 16;
+
+/// What one attempt at a named task came to.
+enum Try {
+    Claimed(Box<ClaimedTask>),
+    /// Not this one (held, closed, not claimable any more): why.
+    Skip(AgentError),
+}
+
+impl AgentSession {
+    fn lease_ms(&self, st: &Folded) -> u64 {
+        st.config.effective(&self.room, None).claim_ttl_ms.max(1)
+    }
+
+    fn task<'a>(&self, st: &'a Folded, id: &str) -> Result<&'a Task> {
+        st.dag
+            .task(&self.room, id)
+            .ok_or_else(|| AgentError::NoTask(id.to_string()))
+    }
+
+    fn view(&self, st: &Folded, t: &Task) -> TaskView {
+        TaskView::of(t, st.dag.is_ready(&self.room, &t.id))
+    }
+
+    /// Who may claim the ready task `t` now; `None` when it is not ready.
+    fn right(&self, st: &Folded, t: &Task, now: Timestamp) -> Option<ClaimRight> {
+        let since = st.dag.ready_since(&self.room, &t.id)?;
+        let config = st.config.effective(&self.room, None);
+        Some(claim_right(&config, t, since, now))
+    }
+
+    /// `tasks`: the DAG, and the ready tasks this agent may claim now.
+    pub async fn tasks(&self) -> Result<TasksResult> {
+        let now = self.store.now().await?;
+        let st = self.synced().await?;
+        let Some(room) = st.dag.room(&self.room) else {
+            return Ok(TasksResult {
+                summary: Default::default(),
+                ready_for_you: Vec::new(),
+                yours: Vec::new(),
+                tasks: Vec::new(),
+            });
+        };
+        let ready_for_you = st
+            .dag
+            .ready_frontier(&self.room)
+            .into_iter()
+            .filter(|t| {
+                self.right(&st, t, now)
+                    .is_some_and(|r| r.allows(&self.agent, &self.capabilities, t))
+            })
+            .map(|t| t.id.clone())
+            .collect();
+        let yours = st
+            .dag
+            .claimed(&self.room)
+            .into_iter()
+            .filter(|t| t.owner.as_deref() == Some(self.agent.as_str()))
+            .map(|t| t.id.clone())
+            .collect();
+        Ok(TasksResult {
+            summary: st.dag.summary(&self.room).into(),
+            ready_for_you,
+            yours,
+            tasks: room.tasks.values().map(|t| self.view(&st, t)).collect(),
+        })
+    }
+
+    /// `task_claim`: the named task, or the best next one for this agent (waiting up
+    /// to `wait_ms` for one).
+    pub async fn task_claim(&self, args: ClaimArgs) -> Result<ClaimResult> {
+        if let Some(id) = args.task.as_deref() {
+            let mut st = self.synced().await?;
+            let now = self.store.now().await?;
+            let t = self.task(&st, id)?;
+            match t.status {
+                TaskStatus::Done | TaskStatus::Abandoned => {
+                    return Err(AgentError::NotClaimable {
+                        task: id.to_string(),
+                        why: format!("it is {} already; nothing to do", view_status(t)),
+                    })
+                }
+                TaskStatus::Open => match self.right(&st, t, now) {
+                    None => {
+                        return Err(AgentError::NotClaimable {
+                            task: id.to_string(),
+                            why: format!(
+                                "its dependencies are not all done ({}); claim it once they are",
+                                t.deps.join(", ")
+                            ),
+                        })
+                    }
+                    Some(r) if !r.allows(&self.agent, &self.capabilities, t) => {
+                        return Err(AgentError::NotClaimable {
+                            task: id.to_string(),
+                            why: refusal(&r, t),
+                        })
+                    }
+                    Some(_) => {}
+                },
+                // Held: the store grants it only once the lease lapsed (or to us).
+                TaskStatus::Claimed => {
+                    let config = st.config.effective(&self.room, None);
+                    if !retake_right(&config, t).allows(&self.agent, &self.capabilities, t) {
+                        return Err(AgentError::NotClaimable {
+                            task: id.to_string(),
+                            why: "you lack a capability it needs".into(),
+                        });
+                    }
+                }
+            }
+            return match self.try_claim(&mut st, id).await? {
+                Try::Claimed(c) => Ok(ClaimResult {
+                    claimed: Some(*c),
+                    reason: None,
+                    settled: false,
+                }),
+                Try::Skip(why) => Err(why),
+            };
+        }
+        let wait = Duration::from_millis(args.wait_ms.unwrap_or(0).min(MAX_WAIT_MS));
+        let deadline = Instant::now() + wait;
+        loop {
+            let result = self.claim_best().await?;
+            if result.claimed.is_some() || result.settled || !self.wait_for_news(deadline).await {
+                return Ok(result);
+            }
+        }
+    }
+
+    /// One pass of best-next: ready tasks this agent may take, in an order of its
+    /// own; then held tasks whose lease should have lapsed.
+    async fn claim_best(&self) -> Result<ClaimResult> {
+        let mut st = self.synced().await?;
+        let now = self.store.now().await?;
+        let lease_us = (self.lease_ms(&st) as i64).saturating_mul(1000);
+        let mut ready: Vec<String> = st
+            .dag
+            .ready_frontier(&self.room)
+            .into_iter()
+            .filter(|t| {
+                self.right(&st, t, now)
+                    .is_some_and(|r| r.allows(&self.agent, &self.capabilities, t))
+            })
+            .map(|t| t.id.clone())
+            .collect();
+        ready.sort_by_cached_key(|id| (spread(&self.agent, &self.room, id), id.clone()));
+        let config = st.config.effective(&self.room, None);
+        let mut lapsed: Vec<(Timestamp, String)> = st
+            .dag
+            .claimed(&self.room)
+            .into_iter()
+            .filter(|t| {
+                t.claimed_at
+                    .is_some_and(|at| at.saturating_add(lease_us) <= now)
+                    && retake_right(&config, t).allows(&self.agent, &self.capabilities, t)
+            })
+            .map(|t| (t.claimed_at.unwrap_or_default(), t.id.clone()))
+            .collect();
+        lapsed.sort();
+        let candidates = ready
+            .into_iter()
+            .chain(lapsed.into_iter().map(|(_, id)| id))
+            .take(MAX_TRIES);
+        let mut skipped = 0usize;
+        for id in candidates {
+            match self.try_claim(&mut st, &id).await? {
+                Try::Claimed(c) => {
+                    return Ok(ClaimResult {
+                        claimed: Some(*c),
+                        reason: None,
+                        settled: false,
+                    })
+                }
+                Try::Skip(_) => skipped += 1,
+            }
+        }
+        let s = st.dag.summary(&self.room);
+        let settled = s.ready == 0 && s.claimed == 0 && s.waiting == 0;
+        let reason = if settled {
+            format!(
+                "no task is left to do in this room ({} done, {} abandoned, {} blocked)",
+                s.done, s.abandoned, s.blocked
+            )
+        } else {
+            format!(
+                "nothing is claimable for you now ({} ready, {} held by agents, {} waiting for dependencies{}); call task_claim with wait_ms, or read with wait_ms, and try again",
+                s.ready,
+                s.claimed,
+                s.waiting,
+                if skipped > 0 {
+                    format!("; {skipped} taken by others just now")
+                } else {
+                    String::new()
+                }
+            )
+        };
+        Ok(ClaimResult {
+            claimed: None,
+            reason: Some(reason),
+            settled,
+        })
+    }
+
+    /// Acquires `task/<room>/<id>` and, once the fold has read up to the acquisition,
+    /// records the claim as the relay would.
+    async fn try_claim(&self, st: &mut Folded, id: &str) -> Result<Try> {
+        let key = task_key(&self.room, id);
+        let lease_ms = self.lease_ms(st);
+        let won = match self
+            .store
+            .acquire(&key, &self.agent, Duration::from_millis(lease_ms))
+            .await?
+        {
+            Acquired::Won(c) => c,
+            Acquired::HeldBy(c) => {
+                return Ok(Try::Skip(AgentError::HeldBy {
+                    task: id.to_string(),
+                    holder: c.holder,
+                    epoch: c.epoch,
+                    expires_at: c.expires_at,
+                }))
+            }
+            Acquired::Closed { .. } => {
+                return Ok(Try::Skip(not_claimable(
+                    id,
+                    "it is finished (its claim is closed); nothing to do".into(),
+                )))
+            }
+        };
+        // Act on the claim only with the ledger read up to the acquisition.
+        self.catch_up(st).await?;
+        let epoch = won.epoch;
+        let fence = Fence {
+            key: key.clone(),
+            holder: self.agent.clone(),
+            epoch,
+        };
+        let t = self.task(st, id)?.clone();
+        if t.is_held_by(&self.agent, epoch) {
+            st.mine.insert(id.to_string(), epoch);
+            return Ok(Try::Claimed(Box::new(self.claimed(
+                st,
+                &t,
+                epoch,
+                t.attempts,
+                won.expires_at,
+                true,
+            ))));
+        }
+        let fresh = t.epoch.is_none_or(|e| epoch > e)
+            && (t.status == TaskStatus::Claimed || st.dag.is_ready(&self.room, id));
+        if !fresh {
+            self.store.release(&key, &self.agent, epoch).await?;
+            return Ok(Try::Skip(not_claimable(
+                id,
+                format!("it is {} now", view_status(&t)),
+            )));
+        }
+        let attempt = t.next_attempt();
+        let claimed = NewInteraction::new(
+            self.room.as_str(),
+            Verb::TaskClaimed,
+            self.agent.as_str(),
+            Role::Agent,
+            TaskClaimedBody {
+                task: id.to_string(),
+                epoch,
+                attempt,
+            }
+            .to_body(),
+        );
+        if t.status == TaskStatus::Claimed && t.attempts >= t.max_attempts {
+            // The lapsed attempt was the last: this claim records that the task
+            // failed for good, and closes the claim with it (as a relay does).
+            self.store
+                .append_under(std::slice::from_ref(&fence), true, vec![claimed])
+                .await?;
+            self.catch_up(st).await?;
+            return Ok(Try::Skip(not_claimable(
+                id,
+                format!(
+                    "its last allowed attempt ({} of {}) lapsed; it failed for good",
+                    t.attempts, t.max_attempts
+                ),
+            )));
+        }
+        let mut batch = vec![claimed];
+        for loser in losing_bidders(&t, &self.agent) {
+            batch.push(NewInteraction::new(
+                self.room.as_str(),
+                Verb::TaskRejected,
+                self.agent.as_str(),
+                Role::Agent,
+                TaskRejectedBody {
+                    task: id.to_string(),
+                    attempt,
+                    agent: loser.to_string(),
+                    winner: self.agent.clone(),
+                }
+                .to_body(),
+            ));
+        }
+        match self.store.append_under(&[fence], false, batch).await {
+            Ok(_) => {}
+            Err(StoreError::Fenced { .. }) => {
+                return Ok(Try::Skip(not_claimable(
+                    id,
+                    "the claim lapsed before it was recorded; try again".into(),
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.store.flush().await;
+        self.catch_up(st).await?;
+        st.mine.insert(id.to_string(), epoch);
+        tracing::info!(room = %self.room, agent = %self.agent, task = id, epoch, attempt, "task claimed");
+        let t = self.task(st, id)?.clone();
+        Ok(Try::Claimed(Box::new(self.claimed(
+            st,
+            &t,
+            epoch,
+            attempt,
+            won.expires_at,
+            false,
+        ))))
+    }
+
+    fn claimed(
+        &self,
+        st: &Folded,
+        t: &Task,
+        epoch: ClaimEpoch,
+        attempt: u32,
+        expires_at: Timestamp,
+        resumed: bool,
+    ) -> ClaimedTask {
+        let dependencies = t
+            .deps
+            .iter()
+            .filter_map(|d| st.dag.task(&self.room, d))
+            .map(|d| DependencyView {
+                id: d.id.clone(),
+                label: d.label.clone(),
+                result: d.result.clone(),
+            })
+            .collect();
+        ClaimedTask {
+            task: self.view(st, t),
+            epoch,
+            attempt,
+            expires_at,
+            lease_ms: self.lease_ms(st),
+            resumed,
+            dependencies,
+        }
+    }
+
+    /// The epoch a write about `task` presents: the given one, or the one the fold
+    /// records for this agent.
+    fn epoch_of(&self, st: &Folded, id: &str, given: Option<ClaimEpoch>) -> Result<ClaimEpoch> {
+        let t = self.task(st, id)?;
+        if let Some(e) = given.or_else(|| st.mine.get(id).copied()) {
+            return Ok(e);
+        }
+        match (&t.owner, t.epoch) {
+            (Some(o), Some(e)) if *o == self.agent && t.status == TaskStatus::Claimed => Ok(e),
+            _ => Err(AgentError::NotHolder {
+                task: id.to_string(),
+                why: match &t.owner {
+                    Some(o) if t.status == TaskStatus::Claimed => {
+                        format!("{o} holds it; claim a task with task_claim first")
+                    }
+                    _ => format!(
+                        "it is {} and not claimed by you; claim it with task_claim first",
+                        view_status(t)
+                    ),
+                },
+            }),
+        }
+    }
+
+    /// Why a write under `(agent, epoch)` about `id` was refused, with the fold read
+    /// forward.
+    async fn explain_refusal(&self, st: &mut Folded, id: &str, epoch: ClaimEpoch) -> AgentError {
+        if let Err(e) = self.catch_up(st).await {
+            return e;
+        }
+        let lease = self.lease_ms(st);
+        let Some(t) = st.dag.task(&self.room, id) else {
+            return AgentError::NoTask(id.to_string());
+        };
+        let others = t.owner.as_deref().filter(|o| *o != self.agent);
+        let why = match (t.status, others, t.epoch) {
+            (TaskStatus::Done, _, e) => format!(
+                "task {id:?} is already done (by {} at epoch {}); your claim at epoch {epoch} lapsed and your result was not recorded",
+                t.owner.as_deref().unwrap_or("?"),
+                e.unwrap_or_default()
+            ),
+            (_, Some(o), Some(e)) if e > epoch => format!(
+                "your claim on task {id:?} at epoch {epoch} lapsed and {o} took it at epoch {e}; nothing was recorded: drop this task and claim another"
+            ),
+            (TaskStatus::Abandoned, _, _) => format!(
+                "task {id:?} failed for good; your claim at epoch {epoch} is over and nothing was recorded"
+            ),
+            _ => format!(
+                "your claim on task {id:?} at epoch {epoch} is no longer live (it lapsed: not renewed within the room's claim-ttl of {lease} ms, or it was released); nothing was recorded: claim it again with task_claim (a new attempt) and then write"
+            ),
+        };
+        AgentError::LeaseLost(why)
+    }
+
+    /// Appends `row` under the task claim `(agent, epoch)`, closing the claim when
+    /// `close`; a refused fence is explained.
+    async fn write_under(
+        &self,
+        st: &mut Folded,
+        id: &str,
+        epoch: ClaimEpoch,
+        close: bool,
+        row: NewInteraction,
+    ) -> Result<Written> {
+        let fence = Fence {
+            key: task_key(&self.room, id),
+            holder: self.agent.clone(),
+            epoch,
+        };
+        match self.store.append_under(&[fence], close, vec![row]).await {
+            Ok(out) => {
+                self.store.flush().await;
+                self.catch_up(st).await?;
+                let a = out
+                    .first()
+                    .ok_or_else(|| AgentError::BadArgument("nothing was written".into()))?;
+                Ok(Written {
+                    id: a.id.to_string(),
+                    inserted: a.inserted,
+                })
+            }
+            Err(StoreError::Fenced { .. }) => Err(self.explain_refusal(st, id, epoch).await),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn row(&self, verb: Verb, body: serde_json::Value, key: Option<String>) -> NewInteraction {
+        let row = NewInteraction::new(
+            self.room.as_str(),
+            verb,
+            self.agent.as_str(),
+            Role::Agent,
+            body,
+        );
+        match key {
+            Some(k) => row.with_idempotency_key(k),
+            None => row,
+        }
+    }
+
+    /// `task_renew`: extends the lease of a task this agent holds.
+    pub async fn task_renew(&self, args: RenewArgs) -> Result<LeaseView> {
+        let mut st = self.synced().await?;
+        let epoch = self.epoch_of(&st, &args.task, args.epoch)?;
+        let lease_ms = self.lease_ms(&st);
+        let key = task_key(&self.room, &args.task);
+        match self
+            .store
+            .renew(&key, &self.agent, epoch, Duration::from_millis(lease_ms))
+            .await?
+        {
+            Some(c) => Ok(LeaseView {
+                task: args.task,
+                epoch,
+                expires_at: c.expires_at,
+                lease_ms,
+            }),
+            None => Err(self.explain_refusal(&mut st, &args.task, epoch).await),
+        }
+    }
+
+    /// `task_complete`: records the result under the claim and closes the claim: the
+    /// task is never taken again. A stale claim is refused and nothing is recorded.
+    pub async fn task_complete(&self, args: CompleteArgs) -> Result<TaskWritten> {
+        let mut st = self.synced().await?;
+        let epoch = match self.epoch_of(&st, &args.task, args.epoch) {
+            Ok(e) => e,
+            // A retry of a completion that already committed: the fold says done by us.
+            Err(e) => match st.dag.task(&self.room, &args.task) {
+                Some(t)
+                    if t.status == TaskStatus::Done
+                        && t.owner.as_deref() == Some(self.agent.as_str()) =>
+                {
+                    t.epoch.unwrap_or_default()
+                }
+                _ => return Err(e),
+            },
+        };
+        let body = TaskCompletedBody {
+            task: args.task.clone(),
+            epoch,
+            result: args
+                .result
+                .as_deref()
+                .map(|r| truncate_text(r, MAX_RESULT_BYTES)),
+            tokens: None,
+        };
+        let key = self.idempotency(args.idempotency_key.as_deref())?;
+        let row = self.row(Verb::TaskCompleted, body.to_body(), key);
+        let written = self.write_under(&mut st, &args.task, epoch, true, row).await?;
+        st.mine.remove(&args.task);
+        tracing::info!(room = %self.room, agent = %self.agent, task = %args.task, epoch, "task completed");
+        self.task_written(&st, args.task, epoch, written)
+    }
+
+    /// `task_fail`: gives the attempt back with a reason; the task is retried (by
+    /// anyone) until its attempts are used, then fails for good.
+    pub async fn task_fail(&self, args: GiveBackArgs) -> Result<TaskWritten> {
+        self.give_back(Verb::TaskFailed, args).await
+    }
+
+    /// `task_release`: gives the task back without failing it (an attempt is used,
+    /// as for a relay that stops).
+    pub async fn task_release(&self, args: GiveBackArgs) -> Result<TaskWritten> {
+        self.give_back(Verb::TaskReleased, args).await
+    }
+
+    async fn give_back(&self, verb: Verb, args: GiveBackArgs) -> Result<TaskWritten> {
+        let mut st = self.synced().await?;
+        let epoch = self.epoch_of(&st, &args.task, args.epoch)?;
+        let t = self.task(&st, &args.task)?;
+        // The fold abandons the task when its last allowed attempt is given back:
+        // that write finishes it, so it closes the claim.
+        let last = t.attempts >= t.max_attempts;
+        let reason = args.reason.clone().unwrap_or_else(|| match verb {
+            Verb::TaskReleased => "released by the agent".to_string(),
+            _ => "failed (no reason given)".to_string(),
+        });
+        let body = TaskEndedBody {
+            task: args.task.clone(),
+            epoch,
+            reason: truncate_text(&reason, MAX_RESULT_BYTES),
+        };
+        let key = self.idempotency(args.idempotency_key.as_deref())?;
+        let row = self.row(verb, body.to_body(), key);
+        let written = self.write_under(&mut st, &args.task, epoch, last, row).await?;
+        st.mine.remove(&args.task);
+        if !last {
+            let key = task_key(&self.room, &args.task);
+            self.store.release(&key, &self.agent, epoch).await?;
+        }
+        tracing::info!(room = %self.room, agent = %self.agent, task = %args.task, epoch, verb = %verb, "task given back");
+        self.task_written(&st, args.task, epoch, written)
+    }
+
+    fn task_written(
+        &self,
+        st: &Folded,
+        task: String,
+        epoch: ClaimEpoch,
+        written: Written,
+    ) -> Result<TaskWritten> {
+        let status = view_status(self.task(st, &task)?);
+        Ok(TaskWritten {
+            task,
+            epoch,
+            written,
+            status,
+        })
+    }
+}
+
+fn view_status(t: &Task) -> String {
+    serde_json::to_value(t.status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// Why `right` does not let this agent claim `t`.
+fn refusal(right: &ClaimRight, t: &Task) -> String {
+    match right {
+        ClaimRight::Bidding { closes_at } => format!(
+            "the room allocates by bids and the bid window is open until {closes_at} µs; claim after it closes (the best bidder goes first)"
+        ),
+        ClaimRight::Only(a) => format!("it is reserved for {a} for now; pick another task"),
+        ClaimRight::Anyone => format!(
+            "it needs capabilities [{}] that you did not declare",
+            t.needs.join(", ")
+        ),
+    }
+}
+
+fn not_claimable(id: &str, why: String) -> AgentError {
+    AgentError::NotClaimable {
+        task: id.to_string(),
+        why,
+    }
+}
+
+/// A rank of `task` for `agent`, so agents spread over the frontier instead of all
+/// contending for the lowest ids.
+fn spread(agent: &str, room: &str, task: &str) -> [u8; 8] {
+    let mut h = blake3::Hasher::new();
+    for part in [agent, room, task] {
+        h.update(&(part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    out
+}
