@@ -1,0 +1,305 @@
+//! The agent operations over the in-memory store with a clock moved by hand.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use huddle_agent::views::{ClaimArgs, CompleteArgs, GiveBackArgs, PostArgs, ReadArgs, RenewArgs};
+use huddle_agent::{AgentError, AgentSession};
+use huddle_core::tasks::TaskCreatedBody;
+use huddle_core::{Fold, NewInteraction, Position, Role, TaskDag, TaskStatus, Verb};
+use huddle_store::memory::{ManualClock, MemoryStore};
+use huddle_store::{Store, StoreOptions};
+use serde_json::json;
+
+const ROOM: &str = "lobby";
+/// The default claim TTL (60 s).
+const TTL: Duration = Duration::from_secs(60);
+
+struct Room {
+    store: Arc<dyn Store>,
+    clock: ManualClock,
+}
+
+impl Room {
+    /// A room owned by `ana` with `tasks` as `(id, deps, max_attempts)`.
+    async fn new(tasks: &[(&str, &[&str], u32)]) -> Room {
+        let clock = ManualClock::new(1_000_000_000);
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::with_clock(
+            StoreOptions {
+                poll_interval: Duration::from_millis(20),
+                ..Default::default()
+            },
+            clock.clone(),
+        ));
+        let mut rows = vec![NewInteraction::new(
+            ROOM,
+            Verb::RoomCreated,
+            "ana",
+            Role::Owner,
+            json!({"owner": "ana"}),
+        )];
+        for (id, deps, max) in tasks {
+            let body = TaskCreatedBody {
+                task: id.to_string(),
+                label: format!("do {id}"),
+                deps: deps.iter().map(|d| d.to_string()).collect(),
+                assignee: None,
+                needs: vec![],
+                max_attempts: Some(*max),
+            };
+            rows.push(NewInteraction::new(
+                ROOM,
+                Verb::TaskCreated,
+                "ana",
+                Role::Owner,
+                body.to_body(),
+            ));
+        }
+        store.append(rows).await.unwrap();
+        Room { store, clock }
+    }
+
+    async fn agent(&self, key: &str) -> AgentSession {
+        AgentSession::open(self.store.clone(), ROOM, key, vec![])
+            .await
+            .unwrap()
+    }
+
+    async fn dag(&self) -> TaskDag {
+        let batch = self.store.read_forward(Position::START, 10_000).await.unwrap();
+        TaskDag::rebuild(&batch.rows)
+    }
+
+    async fn rows(&self, verb: Verb) -> usize {
+        let batch = self.store.read_forward(Position::START, 10_000).await.unwrap();
+        batch.rows.iter().filter(|r| r.verb == verb).count()
+    }
+}
+
+fn claim(task: &str) -> ClaimArgs {
+    ClaimArgs {
+        task: Some(task.into()),
+        wait_ms: None,
+    }
+}
+
+fn complete(task: &str, result: &str) -> CompleteArgs {
+    CompleteArgs {
+        task: task.into(),
+        result: Some(result.into()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn claim_complete_and_the_dependent_sees_the_result() {
+    let room = Room::new(&[("a", &[], 3), ("b", &["a"], 3)]).await;
+    let bo = room.agent("bo").await;
+    let tasks = bo.tasks().await.unwrap();
+    assert_eq!(tasks.ready_for_you, vec!["a"]);
+    let err = bo.task_claim(claim("b")).await.unwrap_err();
+    assert!(matches!(err, AgentError::NotClaimable { .. }), "{err}");
+    assert!(err.to_string().contains("dependencies"), "{err}");
+
+    let c = bo.task_claim(ClaimArgs::default()).await.unwrap();
+    let c = c.claimed.expect("a is claimable");
+    assert_eq!((c.task.id.as_str(), c.attempt, c.resumed), ("a", 1, false));
+    // Claiming again (a client's retry) resumes the same claim and writes nothing.
+    let again = bo.task_claim(claim("a")).await.unwrap().claimed.unwrap();
+    assert!(again.resumed);
+    assert_eq!(again.epoch, c.epoch);
+    assert_eq!(room.rows(Verb::TaskClaimed).await, 1);
+
+    let done = bo.task_complete(complete("a", "42")).await.unwrap();
+    assert_eq!(done.status, "done");
+    // A retry of the completion is accepted and writes nothing new.
+    let retry = bo.task_complete(complete("a", "42")).await.unwrap();
+    assert!(!retry.written.inserted);
+    assert_eq!(room.rows(Verb::TaskCompleted).await, 1);
+
+    let b = bo.task_claim(ClaimArgs::default()).await.unwrap().claimed.unwrap();
+    assert_eq!(b.task.id, "b");
+    assert_eq!(b.dependencies[0].result.as_deref(), Some("42"));
+    // The finished task's claim is closed: nobody takes it again.
+    let cy = room.agent("cy").await;
+    let err = cy.task_claim(claim("a")).await.unwrap_err();
+    assert!(err.to_string().contains("done"), "{err}");
+}
+
+#[tokio::test]
+async fn a_held_task_is_refused_and_a_lapsed_one_is_retaken_and_the_stale_completion_refused() {
+    let room = Room::new(&[("a", &[], 3)]).await;
+    let bo = room.agent("bo").await;
+    let cy = room.agent("cy").await;
+    let first = bo.task_claim(claim("a")).await.unwrap().claimed.unwrap();
+    let err = cy.task_claim(claim("a")).await.unwrap_err();
+    assert!(matches!(err, AgentError::HeldBy { ref holder, .. } if holder == "bo"), "{err}");
+    let none = cy.task_claim(ClaimArgs::default()).await.unwrap();
+    assert!(none.claimed.is_none() && !none.settled);
+
+    // A renewal keeps it; then bo goes quiet past the lease.
+    room.clock.advance(TTL / 2);
+    bo.task_renew(RenewArgs {
+        task: "a".into(),
+        epoch: None,
+    })
+    .await
+    .unwrap();
+    room.clock.advance(TTL / 2 + Duration::from_secs(1));
+    assert!(cy.task_claim(claim("a")).await.is_err(), "renewed: still bo's");
+    room.clock.advance(TTL);
+    let second = cy.task_claim(ClaimArgs::default()).await.unwrap().claimed.unwrap();
+    assert_eq!(second.task.id, "a");
+    assert!(second.epoch > first.epoch);
+    assert_eq!(second.attempt, 2);
+
+    let err = bo.task_complete(complete("a", "late")).await.unwrap_err();
+    assert_eq!(err.code(), "stale_claim");
+    let text = err.to_string();
+    assert!(text.contains("lapsed") && text.contains("cy"), "{text}");
+    let err = bo
+        .task_renew(RenewArgs {
+            task: "a".into(),
+            epoch: Some(first.epoch),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "stale_claim");
+
+    cy.task_complete(complete("a", "on time")).await.unwrap();
+    let dag = room.dag().await;
+    let a = dag.task(ROOM, "a").unwrap();
+    assert_eq!(a.status, TaskStatus::Done);
+    assert_eq!(a.owner.as_deref(), Some("cy"));
+    assert_eq!(a.result.as_deref(), Some("on time"));
+    assert_eq!(room.rows(Verb::TaskCompleted).await, 1);
+    let settled = bo.task_claim(ClaimArgs::default()).await.unwrap();
+    assert!(settled.settled, "{:?}", settled.reason);
+}
+
+#[tokio::test]
+async fn failures_retry_until_the_last_attempt_abandons_and_closes() {
+    let room = Room::new(&[("a", &[], 2)]).await;
+    let bo = room.agent("bo").await;
+    let fail = || GiveBackArgs {
+        task: "a".into(),
+        reason: Some("broke".into()),
+        ..Default::default()
+    };
+    bo.task_claim(claim("a")).await.unwrap();
+    let out = bo.task_fail(fail()).await.unwrap();
+    assert_eq!(out.status, "open");
+    bo.task_claim(claim("a")).await.unwrap();
+    let out = bo.task_fail(fail()).await.unwrap();
+    assert_eq!(out.status, "abandoned");
+    let err = bo.task_claim(claim("a")).await.unwrap_err();
+    assert!(err.to_string().contains("abandoned"), "{err}");
+    // Closed in the claims table too.
+    let acq = room
+        .store
+        .acquire("task/lobby/a", "cy", TTL)
+        .await
+        .unwrap();
+    assert!(acq.closed());
+}
+
+#[tokio::test]
+async fn a_lapsed_last_attempt_retaken_abandons_the_task() {
+    let room = Room::new(&[("a", &[], 1)]).await;
+    let bo = room.agent("bo").await;
+    let cy = room.agent("cy").await;
+    bo.task_claim(claim("a")).await.unwrap();
+    room.clock.advance(TTL * 2);
+    let out = cy.task_claim(ClaimArgs::default()).await.unwrap();
+    assert!(out.claimed.is_none());
+    assert_eq!(
+        room.dag().await.task(ROOM, "a").unwrap().status,
+        TaskStatus::Abandoned
+    );
+    assert!(out.settled, "{:?}", out.reason);
+}
+
+#[tokio::test]
+async fn release_gives_the_task_back_for_another_agent() {
+    let room = Room::new(&[("a", &[], 3)]).await;
+    let bo = room.agent("bo").await;
+    let cy = room.agent("cy").await;
+    bo.task_claim(claim("a")).await.unwrap();
+    let out = bo
+        .task_release(GiveBackArgs {
+            task: "a".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(out.status, "open");
+    let c = cy.task_claim(claim("a")).await.unwrap().claimed.unwrap();
+    assert_eq!(c.attempt, 2);
+    // bo no longer holds it: its writes are refused.
+    let err = bo.task_complete(complete("a", "x")).await.unwrap_err();
+    assert!(matches!(err.code(), "stale_claim" | "not_holder"), "{err}");
+}
+
+#[tokio::test]
+async fn read_long_polls_and_post_speaks_only_as_the_agent() {
+    let room = Room::new(&[]).await;
+    let bo = room.agent("bo").await;
+    let cy = room.agent("cy").await;
+    let start = bo.read(ReadArgs::default()).await.unwrap();
+    assert!(start.interactions.iter().any(|i| i.verb == "room.created"));
+    let cursor = start.next.clone();
+    let waiter = tokio::spawn(async move {
+        bo.read(ReadArgs {
+            after: Some(cursor),
+            wait_ms: Some(5_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+    });
+    let posted = cy
+        .post(PostArgs {
+            text: "@bo hello".into(),
+            idempotency_key: Some("k1".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the long poll wakes")
+        .unwrap();
+    assert_eq!(got.interactions.len(), 1);
+    assert_eq!(got.interactions[0].id, posted.id);
+    assert_eq!(got.interactions[0].actor, "cy");
+    assert_eq!(got.interactions[0].role, "agent");
+    // The same idempotency key never posts twice, whatever the text.
+    let again = cy
+        .post(PostArgs {
+            text: "different".into(),
+            idempotency_key: Some("k1".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!((again.id, again.inserted), (posted.id, false));
+    let err = cy
+        .post(PostArgs {
+            text: "x".into(),
+            reply_to: Some("nope".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "bad_argument");
+}
+
+#[tokio::test]
+async fn a_missing_room_is_refused_at_open() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(StoreOptions::default()));
+    let err = AgentSession::open(store, "nowhere", "bo", vec![])
+        .await
+        .err()
+        .expect("no room");
+    assert_eq!(err.code(), "no_room");
+}
