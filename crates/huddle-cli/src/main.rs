@@ -5,6 +5,7 @@ mod bench_coord;
 mod bench_ledger;
 mod demo;
 mod ledger_cmds;
+mod mcp;
 mod output;
 mod relay_cmd;
 mod scratch;
@@ -108,6 +109,19 @@ pub enum Command {
         /// JSON output.
         #[arg(long)]
         json: bool,
+    },
+    /// Serve one agent's tools (read, post, board, tasks, task_claim, ...) over the
+    /// Model Context Protocol on stdin/stdout.
+    Mcp {
+        /// The room the agent works in.
+        #[arg(long)]
+        room: String,
+        /// The agent this server speaks for (never taken from a tool argument).
+        #[arg(long)]
+        agent: String,
+        /// Capabilities the agent declares (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        capabilities: Vec<String>,
     },
     /// List claims.
     Claims {
@@ -265,6 +279,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Mcp {
+            room,
+            agent,
+            capabilities,
+        } => mcp::serve_stdio(&db, options, &room, &agent, capabilities).await,
         Command::Claims { prefix, json } => ledger_cmds::claims(&db, options, &prefix, json).await,
     }
 }

@@ -1,0 +1,160 @@
+//! `huddle mcp`: one agent's operations ([`huddle_agent::AgentSession`]) served as
+//! Model Context Protocol tools over stdio. Glue only: every tool is one call into the
+//! session, its arguments and results are the session's own types (their JSON
+//! schemas are the tools' schemas), and its errors are the session's messages with a
+//! code in front.
+
+use std::sync::Arc;
+
+use huddle_agent::views::{
+    BoardResult, ClaimArgs, ClaimResult, CompleteArgs, GiveBackArgs, LeaseView, PostArgs,
+    ReadArgs, ReadResult, RenewArgs, TaskWritten, TasksResult, Written,
+};
+use huddle_agent::{AgentError, AgentSession};
+use huddle_store::StoreOptions;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
+use rmcp::{tool, tool_handler, tool_router, Json, ServerHandler, ServiceExt};
+
+/// What a tool returns: structured content, or an error an agent can act on.
+type Answer<T> = Result<Json<T>, String>;
+
+fn answer<T>(r: huddle_agent::Result<T>) -> Answer<T> {
+    r.map(Json).map_err(|e: AgentError| format!("[{}] {e}", e.code()))
+}
+
+const INSTRUCTIONS: &str = "You are one agent in a huddle room. `read` the room (pass the \
+returned `next` as `after`, with `wait_ms` to wait for news), `post` to talk, `board` and \
+`tasks` to see who does what. To work: `task_claim` (a task, or the best next one), do the \
+work, `task_renew` within the lease if it takes long, then `task_complete` with a short \
+result, or `task_fail` with a reason, or `task_release`. A write after your lease lapsed is \
+refused and recorded nowhere. Pass an `idempotency_key` to make a retried write safe.";
+
+/// The MCP server of one agent session.
+#[derive(Clone)]
+pub struct AgentTools {
+    session: Arc<AgentSession>,
+    tool_router: ToolRouter<Self>,
+}
+
+#[tool_router(router = tool_router)]
+impl AgentTools {
+    /// Tools over `session`.
+    pub fn new(session: Arc<AgentSession>) -> Self {
+        AgentTools {
+            session,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    #[tool(
+        name = "read",
+        description = "Interactions of the room after a cursor (or the newest `limit`), optionally of one thread. With `wait_ms`, waits for something new. Returns `next`, the cursor to pass as `after` next time."
+    )]
+    async fn read(&self, Parameters(args): Parameters<ReadArgs>) -> Answer<ReadResult> {
+        answer(self.session.read(args).await)
+    }
+
+    #[tool(
+        name = "post",
+        description = "Post a message in the room (or a thread) as yourself; `reply_to` a message id to answer it; `@name` mentions address agents."
+    )]
+    async fn post(&self, Parameters(args): Parameters<PostArgs>) -> Answer<Written> {
+        answer(self.session.post(args).await)
+    }
+
+    #[tool(
+        name = "board",
+        description = "Who is doing what: the <coordination> block and the board as data, with task counts."
+    )]
+    async fn board(&self) -> Answer<BoardResult> {
+        answer(self.session.board().await)
+    }
+
+    #[tool(
+        name = "tasks",
+        description = "The task DAG: every task's status, owner, epoch, attempts, dependencies and result; the ready tasks you may claim now; the tasks you hold."
+    )]
+    async fn tasks(&self) -> Answer<TasksResult> {
+        answer(self.session.tasks().await)
+    }
+
+    #[tool(
+        name = "task_claim",
+        description = "Claim a task: the one named, or the best ready one for you (waiting up to `wait_ms` for one). Returns the task, its epoch, the lease expiry and its dependencies' results; `claimed` is null with a `reason` when nothing is claimable, and `settled` is true when no work is left."
+    )]
+    async fn task_claim(&self, Parameters(args): Parameters<ClaimArgs>) -> Answer<ClaimResult> {
+        answer(self.session.task_claim(args).await)
+    }
+
+    #[tool(
+        name = "task_renew",
+        description = "Extend the lease of a task you hold. Call it well within `lease_ms` while you work."
+    )]
+    async fn task_renew(&self, Parameters(args): Parameters<RenewArgs>) -> Answer<LeaseView> {
+        answer(self.session.task_renew(args).await)
+    }
+
+    #[tool(
+        name = "task_complete",
+        description = "Complete a task you hold, with a short result. Refused (and recorded nowhere) when your lease lapsed."
+    )]
+    async fn task_complete(
+        &self,
+        Parameters(args): Parameters<CompleteArgs>,
+    ) -> Answer<TaskWritten> {
+        answer(self.session.task_complete(args).await)
+    }
+
+    #[tool(
+        name = "task_fail",
+        description = "Report that a task you hold failed, with a reason. It is retried (by any agent) until its attempts are used, then fails for good."
+    )]
+    async fn task_fail(&self, Parameters(args): Parameters<GiveBackArgs>) -> Answer<TaskWritten> {
+        answer(self.session.task_fail(args).await)
+    }
+
+    #[tool(
+        name = "task_release",
+        description = "Give a task you hold back without failing it, so another agent can take it (the attempt counts)."
+    )]
+    async fn task_release(
+        &self,
+        Parameters(args): Parameters<GiveBackArgs>,
+    ) -> Answer<TaskWritten> {
+        answer(self.session.task_release(args).await)
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for AgentTools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("huddle", env!("CARGO_PKG_VERSION")))
+            .with_instructions(format!(
+                "{INSTRUCTIONS} You are agent {:?} in room {:?}.",
+                self.session.agent(),
+                self.session.room()
+            ))
+    }
+}
+
+/// `huddle mcp --room R --agent KEY`: serves the agent's tools on stdin/stdout until
+/// the client closes them.
+pub async fn serve_stdio(
+    db: &str,
+    options: StoreOptions,
+    room: &str,
+    agent: &str,
+    capabilities: Vec<String>,
+) -> anyhow::Result<()> {
+    let store = huddle_store::open(db, options).await?;
+    let session = AgentSession::open(store, room, agent, capabilities).await?;
+    tracing::info!(room, agent, "mcp server on stdio");
+    let service = AgentTools::new(Arc::new(session))
+        .serve(rmcp::transport::stdio())
+        .await?;
+    service.waiting().await?;
+    Ok(())
+}

@@ -1,0 +1,267 @@
+//! End-to-end: `huddle mcp` driven by clients written with the official MCP Python
+//! SDK (`tests/mcp/*.py`). The SDK is installed into `target/mcp-venv` on first use
+//! (or taken from `HUDDLE_MCP_PYTHON`); failing to install it fails the test loudly.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::*;
+use huddle_core::config::{ConfigKey, ConfigSetBody, ConfigValue};
+use huddle_core::tasks::TaskCreatedBody;
+use huddle_core::{Fold, NewInteraction, Position, Role, TaskDag, TaskStatus, Verb};
+use huddle_store::StoreOptions;
+
+const OWNER: &str = "ana";
+
+/// The Python with the MCP SDK.
+fn python() -> PathBuf {
+    static PY: OnceLock<PathBuf> = OnceLock::new();
+    PY.get_or_init(|| {
+        if let Ok(p) = std::env::var("HUDDLE_MCP_PYTHON") {
+            return PathBuf::from(p);
+        }
+        let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv");
+        let py = venv.join("bin/python");
+        let has_sdk = |py: &Path| {
+            Command::new(py)
+                .args(["-c", "import mcp.client.stdio"])
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !has_sdk(&py) {
+            let made = Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(&venv)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(made, "cannot create a Python venv at {}: install python3-venv", venv.display());
+            let installed = Command::new(venv.join("bin/pip"))
+                .args(["install", "--quiet", "mcp"])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(
+                installed && has_sdk(&py),
+                "cannot install the MCP Python SDK (`pip install mcp`) into {}; install it there or set HUDDLE_MCP_PYTHON",
+                venv.display()
+            );
+        }
+        py
+    })
+    .clone()
+}
+
+/// A Python client script of `tests/mcp` with the environment it reads.
+fn script(name: &str, db: &str, room: &str) -> Command {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
+    let mut c = Command::new(python());
+    c.arg(dir.join(name))
+        .env("PYTHONPATH", &dir)
+        .env("HUDDLE_BIN", huddle_bin())
+        .env("HUDDLE_DB", db)
+        .env("HUDDLE_ROOM", room)
+        .env("HUDDLE_LOG", "warn")
+        .env_remove("RUST_LOG");
+    c
+}
+
+/// A room owned by `ana` with `tasks` as `(id, deps)` and the given claim TTL,
+/// written straight into the ledger (as the owner's relay would from `!delegate` and
+/// `!config`).
+async fn seed(db: &str, room: &str, tasks: &[(String, Vec<String>)], claim_ttl_ms: u64) {
+    ok({
+        let mut c = huddle(db);
+        c.args(["room", "create", room, "--owner", OWNER]);
+        c
+    });
+    let store = huddle_store::open(db, StoreOptions::default())
+        .await
+        .expect("open the database");
+    let mut config = ConfigSetBody::default();
+    config
+        .set
+        .insert(ConfigKey::ClaimTtl, ConfigValue::Millis(claim_ttl_ms));
+    let mut rows = vec![NewInteraction::new(
+        room,
+        Verb::ConfigSet,
+        OWNER,
+        Role::Owner,
+        config.to_json(),
+    )];
+    for (id, deps) in tasks {
+        let body = TaskCreatedBody {
+            task: id.clone(),
+            label: format!("do {id}"),
+            deps: deps.clone(),
+            assignee: None,
+            needs: vec![],
+            max_attempts: Some(5),
+        };
+        rows.push(NewInteraction::new(
+            room,
+            Verb::TaskCreated,
+            OWNER,
+            Role::Owner,
+            body.to_body(),
+        ));
+    }
+    for chunk in rows.chunks(100) {
+        store.append(chunk.to_vec()).await.expect("seed the room");
+    }
+}
+
+async fn fold(db: &str, room: &str) -> (TaskDag, usize) {
+    let store = huddle_store::open(db, StoreOptions::default()).await.unwrap();
+    let mut dag = TaskDag::new();
+    let mut completions = 0;
+    let mut cursor = Position::START;
+    loop {
+        let batch = store.read_room(room, cursor, 5000).await.unwrap();
+        for r in &batch.rows {
+            completions += usize::from(r.verb == Verb::TaskCompleted);
+            dag.apply(r);
+        }
+        if batch.next == cursor {
+            return (dag, completions);
+        }
+        cursor = batch.next;
+    }
+}
+
+fn wait_all(children: &mut [(String, Child)], limit: Duration) -> Vec<(String, bool)> {
+    let deadline = Instant::now() + limit;
+    let mut out = Vec::new();
+    for (name, child) in children.iter_mut() {
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                out.push((name.clone(), status.success()));
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("client {name} did not finish within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    out
+}
+
+fn tempdb() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("huddle.db").display().to_string();
+    (dir, path)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_client_lists_and_calls_every_tool() {
+    let (_dir, db) = tempdb();
+    let tasks = vec![
+        ("a".to_string(), vec![]),
+        ("b".to_string(), vec!["a".to_string()]),
+        ("c".to_string(), vec![]),
+    ];
+    seed(&db, "tools", &tasks, 1000).await;
+    let out = script("tools.py", &db, "tools")
+        .output()
+        .expect("run tools.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("OK"),
+        "tools.py failed\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (dag, completions) = fold(&db, "tools").await;
+    assert_eq!(completions, 2, "a and c, once each");
+    assert_eq!(dag.task("tools", "c").unwrap().owner.as_deref(), Some("cy"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn eight_mcp_agents_work_a_200_task_dag_exactly_once() {
+    let (dir, db) = tempdb();
+    let room = "dag";
+    let tasks: Vec<(String, Vec<String>)> = (0..200)
+        .map(|i| {
+            let mut deps = Vec::new();
+            if i >= 8 {
+                deps.push(format!("t{}", i - 8));
+            }
+            if i % 5 == 0 && i / 3 + 8 < i {
+                deps.push(format!("t{}", i / 3));
+            }
+            (format!("t{i}"), deps)
+        })
+        .collect();
+    seed(&db, room, &tasks, 2000).await;
+    let log = dir.path().join("executions.log");
+    let mut children: Vec<(String, Child)> = (0..8)
+        .map(|n| {
+            let agent = format!("agent{n}");
+            let mut c = script("worker.py", &db, room);
+            c.arg(&agent).arg(&log);
+            // One client dies right after its first claim, mid-task.
+            if n == 7 {
+                c.args(["--crash-after-claims", "1"]);
+            }
+            c.stdout(Stdio::null()).stderr(Stdio::inherit());
+            (agent, c.spawn().expect("spawn worker.py"))
+        })
+        .collect();
+    let ended = wait_all(&mut children, Duration::from_secs(600));
+    for (agent, success) in &ended {
+        assert_eq!(*success, agent != "agent7", "{agent} exit status");
+    }
+
+    let (dag, completions) = fold(&db, room).await;
+    assert_eq!(completions, 200, "one completion row per task");
+    for (id, _) in &tasks {
+        let t = dag.task(room, id).expect("task");
+        assert_eq!(t.status, TaskStatus::Done, "{id}");
+    }
+    let text = std::fs::read_to_string(&log).expect("executions log");
+    let mut execs: BTreeMap<String, Vec<(String, i64)>> = BTreeMap::new();
+    let mut done: BTreeMap<String, Vec<(String, i64)>> = BTreeMap::new();
+    for line in text.lines() {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        let [kind, agent, task, epoch] = parts[..] else {
+            panic!("bad log line {line:?}");
+        };
+        let entry = (agent.to_string(), epoch.parse::<i64>().expect("epoch"));
+        match kind {
+            "exec" => execs.entry(task.to_string()).or_default().push(entry),
+            "done" => done.entry(task.to_string()).or_default().push(entry),
+            "stale" => {}
+            other => panic!("bad log kind {other}"),
+        }
+    }
+    // Every task's completion was accepted exactly once, from the owner the ledger
+    // records, at its epoch.
+    assert_eq!(done.len(), 200);
+    for (task, d) in &done {
+        assert_eq!(d.len(), 1, "{task} accepted twice: {d:?}");
+        let t = dag.task(room, task).unwrap();
+        assert_eq!(
+            (t.owner.clone(), t.epoch),
+            (Some(d[0].0.clone()), Some(d[0].1)),
+            "{task}"
+        );
+    }
+    // The killed client's task was executed again by another agent, after the lease.
+    let crashed: Vec<(&String, &Vec<(String, i64)>)> = execs
+        .iter()
+        .filter(|(_, e)| e.iter().any(|(a, _)| a == "agent7"))
+        .collect();
+    assert_eq!(crashed.len(), 1, "agent7 claimed exactly one task");
+    let (task, runs) = crashed[0];
+    assert!(runs.len() >= 2, "{task} re-taken: {runs:?}");
+    let finisher = &done[task][0];
+    assert_ne!(finisher.0, "agent7");
+    assert!(finisher.1 > runs[0].1, "re-taken at a higher epoch");
+    // Executions repeat only for lapsed leases: at most a handful beyond 200.
+    let total: usize = execs.values().map(Vec::len).sum();
+    assert!(total >= 201, "{total} executions");
+}
