@@ -115,7 +115,9 @@ async fn seed(db: &str, room: &str, tasks: &[(String, Vec<String>)], claim_ttl_m
 }
 
 async fn fold(db: &str, room: &str) -> (TaskDag, usize) {
-    let store = huddle_store::open(db, StoreOptions::default()).await.unwrap();
+    let store = huddle_store::open(db, StoreOptions::default())
+        .await
+        .unwrap();
     let mut dag = TaskDag::new();
     let mut completions = 0;
     let mut cursor = Position::START;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use huddle_core::config::check_agent_name;
 use huddle_core::protocol::{AgentRegisteredBody, MessageBody};
 use huddle_core::{
-    validate_name, Board, ClaimEpoch, ConfigFold, Fold, InteractionId, NewInteraction, Position, Role,
-    TaskDag, Verb,
+    validate_name, Board, ClaimEpoch, ConfigFold, Fold, InteractionId, NewInteraction, Position,
+    Role, TaskDag, Verb,
 };
 use huddle_store::Store;
 use tokio::sync::{Mutex, MutexGuard};
@@ -296,7 +296,9 @@ impl AgentSession {
         }
         if let Some(p) = args.reply_to.as_deref() {
             let id: InteractionId = p.parse().map_err(|_| {
-                AgentError::BadArgument(format!("reply_to {p:?} is not an interaction id (64 hex digits)"))
+                AgentError::BadArgument(format!(
+                    "reply_to {p:?} is not an interaction id (64 hex digits)"
+                ))
             })?;
             match self.store.get(id).await? {
                 Some(m) if m.room == self.room => row = row.with_parent(id),

@@ -532,7 +532,9 @@ impl AgentSession {
         };
         let key = self.idempotency(args.idempotency_key.as_deref())?;
         let row = self.row(Verb::TaskCompleted, body.to_body(), key);
-        let written = self.write_under(&mut st, &args.task, epoch, true, row).await?;
+        let written = self
+            .write_under(&mut st, &args.task, epoch, true, row)
+            .await?;
         st.mine.remove(&args.task);
         tracing::info!(room = %self.room, agent = %self.agent, task = %args.task, epoch, "task completed");
         self.task_written(&st, args.task, epoch, written)
@@ -568,7 +570,9 @@ impl AgentSession {
         };
         let key = self.idempotency(args.idempotency_key.as_deref())?;
         let row = self.row(verb, body.to_body(), key);
-        let written = self.write_under(&mut st, &args.task, epoch, last, row).await?;
+        let written = self
+            .write_under(&mut st, &args.task, epoch, last, row)
+            .await?;
         st.mine.remove(&args.task);
         if !last {
             let key = task_key(&self.room, &args.task);

@@ -66,12 +66,20 @@ impl Room {
     }
 
     async fn dag(&self) -> TaskDag {
-        let batch = self.store.read_forward(Position::START, 10_000).await.unwrap();
+        let batch = self
+            .store
+            .read_forward(Position::START, 10_000)
+            .await
+            .unwrap();
         TaskDag::rebuild(&batch.rows)
     }
 
     async fn rows(&self, verb: Verb) -> usize {
-        let batch = self.store.read_forward(Position::START, 10_000).await.unwrap();
+        let batch = self
+            .store
+            .read_forward(Position::START, 10_000)
+            .await
+            .unwrap();
         batch.rows.iter().filter(|r| r.verb == verb).count()
     }
 }
@@ -117,7 +125,12 @@ async fn claim_complete_and_the_dependent_sees_the_result() {
     assert!(!retry.written.inserted);
     assert_eq!(room.rows(Verb::TaskCompleted).await, 1);
 
-    let b = bo.task_claim(ClaimArgs::default()).await.unwrap().claimed.unwrap();
+    let b = bo
+        .task_claim(ClaimArgs::default())
+        .await
+        .unwrap()
+        .claimed
+        .unwrap();
     assert_eq!(b.task.id, "b");
     assert_eq!(b.dependencies[0].result.as_deref(), Some("42"));
     // The finished task's claim is closed: nobody takes it again.
@@ -133,7 +146,10 @@ async fn a_held_task_is_refused_and_a_lapsed_one_is_retaken_and_the_stale_comple
     let cy = room.agent("cy").await;
     let first = bo.task_claim(claim("a")).await.unwrap().claimed.unwrap();
     let err = cy.task_claim(claim("a")).await.unwrap_err();
-    assert!(matches!(err, AgentError::HeldBy { ref holder, .. } if holder == "bo"), "{err}");
+    assert!(
+        matches!(err, AgentError::HeldBy { ref holder, .. } if holder == "bo"),
+        "{err}"
+    );
     let none = cy.task_claim(ClaimArgs::default()).await.unwrap();
     assert!(none.claimed.is_none() && !none.settled);
 
@@ -146,9 +162,17 @@ async fn a_held_task_is_refused_and_a_lapsed_one_is_retaken_and_the_stale_comple
     .await
     .unwrap();
     room.clock.advance(TTL / 2 + Duration::from_secs(1));
-    assert!(cy.task_claim(claim("a")).await.is_err(), "renewed: still bo's");
+    assert!(
+        cy.task_claim(claim("a")).await.is_err(),
+        "renewed: still bo's"
+    );
     room.clock.advance(TTL);
-    let second = cy.task_claim(ClaimArgs::default()).await.unwrap().claimed.unwrap();
+    let second = cy
+        .task_claim(ClaimArgs::default())
+        .await
+        .unwrap()
+        .claimed
+        .unwrap();
     assert_eq!(second.task.id, "a");
     assert!(second.epoch > first.epoch);
     assert_eq!(second.attempt, 2);
@@ -195,11 +219,7 @@ async fn failures_retry_until_the_last_attempt_abandons_and_closes() {
     let err = bo.task_claim(claim("a")).await.unwrap_err();
     assert!(err.to_string().contains("abandoned"), "{err}");
     // Closed in the claims table too.
-    let acq = room
-        .store
-        .acquire("task/lobby/a", "cy", TTL)
-        .await
-        .unwrap();
+    let acq = room.store.acquire("task/lobby/a", "cy", TTL).await.unwrap();
     assert!(acq.closed());
 }
 

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use huddle_agent::views::{
-    BoardResult, ClaimArgs, ClaimResult, CompleteArgs, GiveBackArgs, LeaseView, PostArgs,
-    ReadArgs, ReadResult, RenewArgs, TaskWritten, TasksResult, Written,
+    BoardResult, ClaimArgs, ClaimResult, CompleteArgs, GiveBackArgs, LeaseView, PostArgs, ReadArgs,
+    ReadResult, RenewArgs, TaskWritten, TasksResult, Written,
 };
 use huddle_agent::{AgentError, AgentSession};
 use huddle_store::StoreOptions;
@@ -21,7 +21,8 @@ use rmcp::{tool, tool_handler, tool_router, Json, ServerHandler, ServiceExt};
 type Answer<T> = Result<Json<T>, String>;
 
 fn answer<T>(r: huddle_agent::Result<T>) -> Answer<T> {
-    r.map(Json).map_err(|e: AgentError| format!("[{}] {e}", e.code()))
+    r.map(Json)
+        .map_err(|e: AgentError| format!("[{}] {e}", e.code()))
 }
 
 const INSTRUCTIONS: &str = "You are one agent in a huddle room. `read` the room (pass the \
