@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::error::{AgentError, Result};
 use crate::views::{
-    BoardResult, InteractionView, PostArgs, ReadArgs, ReadResult, SummaryView, Written,
+    written, BoardResult, InteractionView, PostArgs, ReadArgs, ReadResult, SummaryView, Written,
 };
 
 /// Rows per read-forward page.
@@ -181,13 +181,7 @@ impl AgentSession {
     async fn append_own(&self, row: NewInteraction) -> Result<Written> {
         let out = self.store.append(vec![row]).await?;
         self.store.flush().await;
-        let a = out
-            .first()
-            .ok_or_else(|| AgentError::BadArgument("nothing was written".into()))?;
-        Ok(Written {
-            id: a.id.to_string(),
-            inserted: a.inserted,
-        })
+        written(&out)
     }
 
     /// `read`: the room's interactions after a cursor (or the newest `limit`),

@@ -20,8 +20,8 @@ use tokio::time::Instant;
 use crate::error::{AgentError, Result};
 use crate::session::{AgentSession, Folded, MAX_WAIT_MS};
 use crate::views::{
-    ClaimArgs, ClaimResult, ClaimedTask, CompleteArgs, DependencyView, GiveBackArgs, LeaseView,
-    RenewArgs, TaskView, TaskWritten, TasksResult, Written,
+    status_name, written, ClaimArgs, ClaimResult, ClaimedTask, CompleteArgs, DependencyView,
+    GiveBackArgs, LeaseView, RenewArgs, TaskView, TaskWritten, TasksResult, Written,
 };
 
 /// Most claims one best-next call tries before it reports nothing claimable.
@@ -56,6 +56,19 @@ impl AgentSession {
         Some(claim_right(&config, t, since, now))
     }
 
+    /// Ready tasks this agent may claim now (policy and capabilities), by id.
+    fn ready_for_me(&self, st: &Folded, now: Timestamp) -> Vec<String> {
+        st.dag
+            .ready_frontier(&self.room)
+            .into_iter()
+            .filter(|t| {
+                self.right(st, t, now)
+                    .is_some_and(|r| r.allows(&self.agent, &self.capabilities, t))
+            })
+            .map(|t| t.id.clone())
+            .collect()
+    }
+
     /// `tasks`: the DAG, and the ready tasks this agent may claim now.
     pub async fn tasks(&self) -> Result<TasksResult> {
         let now = self.store.now().await?;
@@ -68,16 +81,7 @@ impl AgentSession {
                 tasks: Vec::new(),
             });
         };
-        let ready_for_you = st
-            .dag
-            .ready_frontier(&self.room)
-            .into_iter()
-            .filter(|t| {
-                self.right(&st, t, now)
-                    .is_some_and(|r| r.allows(&self.agent, &self.capabilities, t))
-            })
-            .map(|t| t.id.clone())
-            .collect();
+        let ready_for_you = self.ready_for_me(&st, now);
         let yours = st
             .dag
             .claimed(&self.room)
@@ -104,7 +108,7 @@ impl AgentSession {
                 TaskStatus::Done | TaskStatus::Abandoned => {
                     return Err(AgentError::NotClaimable {
                         task: id.to_string(),
-                        why: format!("it is {} already; nothing to do", view_status(t)),
+                        why: format!("it is {} already; nothing to do", status_name(t)),
                     })
                 }
                 TaskStatus::Open => match self.right(&st, t, now) {
@@ -161,16 +165,7 @@ impl AgentSession {
         let mut st = self.synced().await?;
         let now = self.store.now().await?;
         let lease_us = (self.lease_ms(&st) as i64).saturating_mul(1000);
-        let mut ready: Vec<String> = st
-            .dag
-            .ready_frontier(&self.room)
-            .into_iter()
-            .filter(|t| {
-                self.right(&st, t, now)
-                    .is_some_and(|r| r.allows(&self.agent, &self.capabilities, t))
-            })
-            .map(|t| t.id.clone())
-            .collect();
+        let mut ready = self.ready_for_me(&st, now);
         ready.sort_by_cached_key(|id| (spread(&self.agent, &self.room, id), id.clone()));
         let config = st.config.effective(&self.room, None);
         let mut lapsed: Vec<(Timestamp, String)> = st
@@ -281,7 +276,7 @@ impl AgentSession {
             self.store.release(&key, &self.agent, epoch).await?;
             return Ok(Try::Skip(not_claimable(
                 id,
-                format!("it is {} now", view_status(&t)),
+                format!("it is {} now", status_name(&t)),
             )));
         }
         let attempt = t.next_attempt();
@@ -400,7 +395,7 @@ impl AgentSession {
                     }
                     _ => format!(
                         "it is {} and not claimed by you; claim it with task_claim first",
-                        view_status(t)
+                        status_name(t)
                     ),
                 },
             }),
@@ -456,13 +451,7 @@ impl AgentSession {
             Ok(out) => {
                 self.store.flush().await;
                 self.catch_up(st).await?;
-                let a = out
-                    .first()
-                    .ok_or_else(|| AgentError::BadArgument("nothing was written".into()))?;
-                Ok(Written {
-                    id: a.id.to_string(),
-                    inserted: a.inserted,
-                })
+                written(&out)
             }
             Err(StoreError::Fenced { .. }) => Err(self.explain_refusal(st, id, epoch).await),
             Err(e) => Err(e.into()),
@@ -589,7 +578,7 @@ impl AgentSession {
         epoch: ClaimEpoch,
         written: Written,
     ) -> Result<TaskWritten> {
-        let status = view_status(self.task(st, &task)?);
+        let status = status_name(self.task(st, &task)?);
         Ok(TaskWritten {
             task,
             epoch,
@@ -597,13 +586,6 @@ impl AgentSession {
             status,
         })
     }
-}
-
-fn view_status(t: &Task) -> String {
-    serde_json::to_value(t.status)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
 }
 
 /// Why `right` does not let this agent claim `t`.

@@ -5,6 +5,7 @@
 
 use huddle_core::tasks::{Task, TaskSummary};
 use huddle_core::{ClaimEpoch, Interaction, Timestamp};
+use huddle_store::Appended;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -186,10 +187,7 @@ impl TaskView {
         TaskView {
             id: t.id.clone(),
             label: t.label.clone(),
-            status: serde_json::to_value(t.status)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
+            status: status_name(t),
             ready,
             owner: t.owner.clone(),
             epoch: t.epoch,
@@ -202,6 +200,25 @@ impl TaskView {
             last_reason: t.last_reason.clone(),
         }
     }
+}
+
+/// A task's status as the views spell it (`open`, `claimed`, `done`, `abandoned`).
+pub fn status_name(t: &Task) -> String {
+    serde_json::to_value(t.status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// The [`Written`] of a one-row append.
+pub(crate) fn written(out: &[Appended]) -> crate::Result<Written> {
+    let a = out.first().ok_or_else(|| {
+        crate::AgentError::BadArgument("nothing was written (an empty append)".into())
+    })?;
+    Ok(Written {
+        id: a.id.to_string(),
+        inserted: a.inserted,
+    })
 }
 
 /// Result of `tasks`.
