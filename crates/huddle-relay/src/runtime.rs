@@ -117,6 +117,16 @@ pub enum RelayError {
     Identity(#[from] IdentityError),
 }
 
+/// A turn this relay is running.
+struct LiveTurn {
+    /// Cancels the driver's turn.
+    token: CancellationToken,
+    /// The claims it runs under.
+    claims: Vec<ClaimRef>,
+    /// One of them was lost: whatever the turn returns is not written.
+    lost: bool,
+}
+
 /// Results that come back to the event loop from performed intents.
 #[derive(Debug)]
 enum Feedback {
@@ -151,7 +161,7 @@ struct Loop {
     store: Arc<dyn Store>,
     sync: Synchronizer,
     agents: Arc<BTreeMap<String, HostedAgent>>,
-    turns: HashMap<TurnId, CancellationToken>,
+    turns: HashMap<TurnId, LiveTurn>,
     feedback: mpsc::UnboundedSender<Feedback>,
     commands: CommandHandler,
     summary: RelaySummary,
@@ -269,12 +279,19 @@ impl Relay {
                             if fenced {
                                 lp.summary.fenced_refusals += 1;
                             }
+                            for t in lp.turns.values_mut() {
+                                if t.claims.iter().any(|c| c.key == key && c.epoch == epoch) {
+                                    t.lost = true;
+                                }
+                            }
                             Event::ClaimLost { key, epoch }
                         }
                         Feedback::TurnEnded { turn, outcome, tokens } => {
-                            lp.turns.remove(&turn);
+                            let lost = lp.turns.remove(&turn).is_some_and(|t| t.lost);
                             match &outcome {
-                                CoreOutcome::Replied { .. } => lp.summary.turns_replied += 1,
+                                // A reply under a lost claim is never written: the turn
+                                // failed, whatever the agent answered.
+                                CoreOutcome::Replied { .. } if !lost => lp.summary.turns_replied += 1,
                                 _ => lp.summary.turns_failed += 1,
                             }
                             Event::TurnEnded { turn, outcome, tokens }
@@ -306,8 +323,8 @@ impl Relay {
                         Err(IdentityError::Store(e)) => warn!(error = %e, "relay id renewal failed"),
                         Err(e) => {
                             // Another process runs as this relay now: stop acting at once.
-                            for token in lp.turns.values() {
-                                token.cancel();
+                            for t in lp.turns.values() {
+                                t.token.cancel();
                             }
                             return Err(e.into());
                         }
@@ -565,8 +582,8 @@ impl Loop {
         for intent in intents {
             match intent {
                 Intent::Cancel { turn } => {
-                    if let Some(token) = self.turns.get(&turn) {
-                        token.cancel();
+                    if let Some(t) = self.turns.get(&turn) {
+                        t.token.cancel();
                     }
                 }
                 Intent::Stopped => {}
@@ -582,7 +599,14 @@ impl Loop {
         for intent in &ordered {
             if let Intent::StartTurn(start) = intent {
                 let token = CancellationToken::new();
-                self.turns.insert(start.turn.clone(), token.clone());
+                self.turns.insert(
+                    start.turn.clone(),
+                    LiveTurn {
+                        token: token.clone(),
+                        claims: start.claims.clone(),
+                        lost: false,
+                    },
+                );
                 starts.insert(start.turn.clone(), (token, self.related_context(start)));
                 self.summary.turns_started += 1;
             }
