@@ -75,9 +75,8 @@ fn a_small_demo_completes_every_task_exactly_once() {
     assert!(makespan >= critical, "{m}");
 }
 
-/// The demo works at the read page (500), around the largest `!delegate` (1,000 tasks
-/// plus its reply exceed one append batch): all
-/// done, none twice. (The maximum, 10,000, takes many minutes in a debug build while
+/// The demo works at the read page (500) and around the largest `!delegate` (1,000
+/// tasks plus its reply exceed one append batch): all done, none twice. (The maximum, 10,000, takes many minutes in a debug build while
 /// scheduling cost still grows with the DAG; it is run by hand, see plan 0014.)
 #[test]
 fn demos_at_page_and_batch_boundaries_complete() {
