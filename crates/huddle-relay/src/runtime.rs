@@ -622,6 +622,10 @@ impl Loop {
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
+/// A turn whose claims were last confirmed longer ago than this re-checks them before
+/// it starts (see `Executor::perform`).
+const RECHECK_AFTER: Duration = Duration::from_millis(200);
+
 /// `d` plus up to a quarter of it, so relays that lost the database together do not
 /// retry in lockstep. The jitter comes from the clock's sub-microsecond noise: it needs
 /// to be uncorrelated between processes, not unpredictable.
@@ -650,6 +654,10 @@ impl Executor {
         mut starts: HashMap<TurnId, (CancellationToken, Option<String>)>,
     ) {
         let mut refused: Vec<ClaimRef> = Vec::new();
+        // When the last fenced write of this output succeeded: a turn started long
+        // after it (the relay was paused or starved in between) re-checks its claims
+        // first, so a relay resuming from a pause never starts work it lost meanwhile.
+        let mut fenced_ok_at: Option<Instant> = None;
         for intent in intents {
             match intent {
                 Intent::Acquire {
@@ -706,7 +714,11 @@ impl Executor {
                         })
                         .collect();
                     match self.append_retrying(&store_fences, close, batch).await {
-                        Ok(()) => {}
+                        Ok(()) => {
+                            if !store_fences.is_empty() {
+                                fenced_ok_at = Some(Instant::now());
+                            }
+                        }
                         Err(StoreError::Fenced { key, holder, epoch }) => {
                             log_lost_claim(
                                 &*self.store,
@@ -742,8 +754,16 @@ impl Executor {
                 }
                 Intent::StartTurn(start) => {
                     let (token, related) = starts.remove(&start.turn).unwrap_or_default();
-                    if start.claims.iter().any(|c| refused.contains(c)) {
+                    let stale = fenced_ok_at.is_none_or(|t| t.elapsed() > RECHECK_AFTER);
+                    let lost = if start.claims.iter().any(|c| refused.contains(c)) {
                         // Its fenced append was refused: the turn never runs.
+                        true
+                    } else if stale {
+                        self.claims_lost(&start.claims, start.agent.as_str()).await
+                    } else {
+                        false
+                    };
+                    if lost {
                         let _ = self.feedback.send(Feedback::TurnEnded {
                             turn: start.turn.clone(),
                             outcome: CoreOutcome::Cancelled,
@@ -788,6 +808,44 @@ impl Executor {
                     }
                 }
                 Intent::Cancel { .. } | Intent::Stopped => {}
+            }
+        }
+    }
+
+    /// Whether any of `claims` is no longer held at its epoch (checked with an empty
+    /// append under them, which writes nothing). Reports the loss. A store error counts
+    /// as lost: starting work the relay cannot vouch for is worse than a retry.
+    async fn claims_lost(&self, claims: &[ClaimRef], agent: &str) -> bool {
+        let fences: Vec<Fence> = claims
+            .iter()
+            .map(|c| Fence {
+                key: c.key.clone(),
+                holder: c.holder.clone(),
+                epoch: c.epoch,
+            })
+            .collect();
+        match self.store.append_under(&fences, false, Vec::new()).await {
+            Ok(_) => false,
+            Err(StoreError::Fenced { key, holder, epoch }) => {
+                log_lost_claim(
+                    &*self.store,
+                    "claim lost before the turn started",
+                    &key,
+                    &holder,
+                    Some(agent),
+                    epoch,
+                )
+                .await;
+                let _ = self.feedback.send(Feedback::Lost {
+                    key,
+                    epoch,
+                    fenced: true,
+                });
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, agent, "could not re-check a turn's claims; not starting it");
+                true
             }
         }
     }
