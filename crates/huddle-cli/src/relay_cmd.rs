@@ -48,16 +48,27 @@ pub async fn run(config: &Path, db_override: Option<String>, poll_ms: u64) -> an
     if let Some(db) = db_override {
         cfg.database = db;
     }
-    let store = huddle_store::open(
-        &cfg.database,
-        StoreOptions {
-            relay: cfg.relay.clone(),
-            poll_interval: std::time::Duration::from_millis(poll_ms.max(1)),
-            ..Default::default()
-        },
-    )
-    .await
-    .with_context(|| format!("cannot open the database {:?}", cfg.database))?;
+    let options = StoreOptions {
+        relay: cfg.relay.clone(),
+        poll_interval: std::time::Duration::from_millis(poll_ms.max(1)),
+        ..Default::default()
+    };
+    // A relay started while its database is away (restarting, failing over) waits for
+    // it; a bad URL or schema fails at once.
+    let mut delay = std::time::Duration::from_millis(100);
+    let store = loop {
+        match huddle_store::open(&cfg.database, options.clone()).await {
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "database unavailable; waiting for it");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
+            other => {
+                break other
+                    .with_context(|| format!("cannot open the database {:?}", cfg.database))?
+            }
+        }
+    };
     let agents = hosted_agents(&cfg);
     tracing::info!(relay = %cfg.relay, agents = agents.len(), rooms = ?cfg.rooms, "relay starting");
     let relay = Relay::new(

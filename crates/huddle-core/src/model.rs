@@ -314,6 +314,11 @@ impl NewInteraction {
                 max: limits.max_body_bytes,
             });
         }
+        if contains_nul(&self.body) {
+            return Err(ModelError::BadBody(
+                "text must not contain NUL (U+0000) characters".into(),
+            ));
+        }
         Ok(())
     }
 
@@ -403,6 +408,17 @@ impl Interaction {
     }
 }
 
+/// Whether any string or key in `v` holds a NUL character: such text cannot be stored
+/// so that every row's body casts to `jsonb`, so writers refuse it and readers skip it.
+fn contains_nul(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::String(s) => s.contains('\0'),
+        serde_json::Value::Array(a) => a.iter().any(contains_nul),
+        serde_json::Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || contains_nul(v)),
+        _ => false,
+    }
+}
+
 /// A ledger row exactly as a backend stored it, before it is checked.
 ///
 /// Backends decode their columns into this, then call [`RawRow::verify`]: readers
@@ -437,10 +453,18 @@ pub struct RawRow {
 }
 
 impl RawRow {
-    /// Decodes and checks the row: known verb and role, valid JSON body, well-formed
-    /// ids, and an id equal to the hash of the content. Anything else is corrupt or
-    /// foreign and is reported, never panicked on.
+    /// Decodes and checks the row against the default [`Limits`]; see
+    /// [`RawRow::verify_within`].
     pub fn verify(self) -> Result<Interaction, ModelError> {
+        self.verify_within(&Limits::default())
+    }
+
+    /// Decodes and checks the row: known verb and role, valid JSON body, well-formed
+    /// ids, an id equal to the hash of the content, and the same limits writers obey
+    /// (names, body size, causes, no NUL). Anything else is corrupt, foreign or
+    /// oversized and is reported, never panicked on.
+    pub fn verify_within(self, limits: &Limits) -> Result<Interaction, ModelError> {
+        let size = self.body.len();
         let id = InteractionId::from_slice(&self.id)?;
         let verb: Verb = self.verb.parse()?;
         let role: Role = self.role.parse()?;
@@ -470,7 +494,9 @@ impl RawRow {
             caused_by,
             body,
         };
-        let expected = row.content().id();
+        let content = row.content();
+        content.validate_fields(limits, size)?;
+        let expected = content.id();
         if expected != row.id {
             return Err(ModelError::IdMismatch {
                 stored: row.id.to_hex(),
@@ -586,10 +612,9 @@ mod tests {
         assert!(msg("small").validate(&limits).is_ok());
     }
 
-    #[test]
-    fn raw_rows_are_verified() {
-        let n = msg("hi");
-        let good = RawRow {
+    /// `n` as a backend stores it (a `message.posted` by a human).
+    fn raw(n: &NewInteraction) -> RawRow {
+        RawRow {
             id: n.id().0.to_vec(),
             position: Position::new(0, 1),
             at: Timestamp(0),
@@ -602,7 +627,13 @@ mod tests {
             parent: None,
             caused_by: vec![],
             body: n.body_text(),
-        };
+        }
+    }
+
+    #[test]
+    fn raw_rows_are_verified() {
+        let n = msg("hi");
+        let good = raw(&n);
         assert_eq!(good.clone().verify().unwrap().id, n.id());
         let bad_json = RawRow {
             body: "{not json".into(),
@@ -627,6 +658,32 @@ mod tests {
             ..good
         };
         assert!(matches!(short_id.verify(), Err(ModelError::BadId(_))));
+    }
+
+    /// A row written past the writers' checks (a direct INSERT) is held to the same
+    /// limits on read: too large, NUL in text, or a bad name is refused, even when its
+    /// id matches its content.
+    #[test]
+    fn readers_enforce_the_writers_limits() {
+        let big = msg(&"x".repeat(300 * 1024));
+        assert!(matches!(
+            raw(&big).verify(),
+            Err(ModelError::BodyTooLarge { .. })
+        ));
+        let nul = msg("a\0b");
+        assert!(matches!(
+            nul.validate(&Limits::default()),
+            Err(ModelError::BadBody(_))
+        ));
+        assert!(matches!(raw(&nul).verify(), Err(ModelError::BadBody(_))));
+        let mut hostile = msg("hi");
+        hostile.room = "a/b".into();
+        assert!(matches!(
+            raw(&hostile).verify(),
+            Err(ModelError::BadName { .. })
+        ));
+        // A body within the limits, and a literal backslash-u text, are fine.
+        assert!(raw(&msg("a\\u0000 is six characters")).verify().is_ok());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 pub mod commands;
 pub mod config;
 pub mod driver;
+pub mod identity;
 pub mod runtime;
 
 pub use runtime::{HostedAgent, Relay, RelayError, RelayOptions, RelaySummary};

@@ -26,18 +26,19 @@ use huddle_core::sync::{
     ReplyGate, SyncOptions, Synchronizer, TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
 };
 use huddle_core::{
-    render_related_context, select_related, ContextRules, Fold, Interaction, Position, Timestamp,
-    Verb,
+    render_related_context, select_related, ContextRules, Fold, Interaction, NewInteraction,
+    Position, Role, Timestamp, Verb,
 };
 use huddle_core::{GuardFold, Verdict};
-use huddle_store::{Acquired, Fence, Store, StoreError, Subscription};
+use huddle_store::{Acquired, Fence, ReadStep, Store, StoreError, Subscription};
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::commands::{CommandHandler, Step};
+use crate::commands::{CommandHandler, Step, SYSTEM_ACTOR};
 use crate::driver::{Driver, TurnOutcome, TurnRequest};
+use crate::identity::{Identity, IdentityError};
 
 /// Recent messages kept per room for related context.
 const CONTEXT_WINDOW: usize = 200;
@@ -98,6 +99,11 @@ pub struct RelaySummary {
     pub fenced_refusals: u64,
     /// Ledger rows skipped as corrupt or foreign.
     pub skipped_rows: u64,
+    /// Writes that failed because the database was unavailable and were retried.
+    pub writes_retried: u64,
+    /// Results given up unwritten (the database stayed away past the shutdown grace,
+    /// or refused the write for good).
+    pub results_lost: u64,
 }
 
 /// Why a relay stopped with an error.
@@ -106,6 +112,9 @@ pub enum RelayError {
     /// The store failed in a way retrying does not fix.
     #[error("store: {0}")]
     Store(#[from] StoreError),
+    /// The relay id is held by another live process.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
 }
 
 /// Results that come back to the event loop from performed intents.
@@ -123,6 +132,10 @@ enum Feedback {
         tokens: u64,
     },
     Failed(StoreError),
+    /// A write failed and is being retried.
+    WriteRetried,
+    /// A result could not be written and was given up.
+    ResultLost,
 }
 
 /// A relay: one process's host for its agents.
@@ -147,6 +160,10 @@ struct Loop {
     /// Database time minus local time, µs, as of the last tick.
     clock_offset: i64,
     clock_base: Instant,
+    /// Outputs being performed (their writes may be retrying).
+    inflight: tokio::task::JoinSet<()>,
+    /// Cancelled when the relay stops waiting for in-flight writes.
+    give_up: CancellationToken,
 }
 
 impl Relay {
@@ -192,24 +209,54 @@ impl Relay {
             recent: HashMap::new(),
             clock_offset: 0,
             clock_base: Instant::now(),
+            inflight: tokio::task::JoinSet::new(),
+            give_up: CancellationToken::new(),
         };
         let ledger: Arc<dyn huddle_store::Ledger> = self.store.clone();
-        let mut sub = Subscription::new(ledger, Position::START, self.options.read_batch);
+        // The read-forward runs in a task of its own: no other event can abort or
+        // starve a read in flight (the loop only receives finished steps).
+        let mut reader = Subscription::new(ledger, Position::START, self.options.read_batch)
+            .spawn(4, Duration::from_millis(200));
+        let mut cursor = Position::START;
+        // One live process per relay id: refuse to start beside another.
+        // A database that is away at start (restarting, failing over) is waited for.
+        let mut delay = RETRY_FIRST;
+        let mut identity = loop {
+            match Identity::take(self.store.as_ref(), &self.relay_id).await {
+                Err(IdentityError::Store(e)) if e.is_retryable() => {
+                    warn!(error = %e, "database unavailable at start; retrying");
+                    tokio::time::sleep(jittered(delay)).await;
+                    delay = (delay * 2).min(RETRY_MAX);
+                }
+                other => break other?,
+            }
+        };
         // First tick before anything: no decision is made before the synchronizer
         // knows the database time.
-        lp.tick().await?;
+        loop {
+            match lp.tick().await {
+                Err(e) if e.is_retryable() => {
+                    warn!(error = %e, "database unavailable at start; retrying");
+                    tokio::time::sleep(jittered(delay)).await;
+                    delay = (delay * 2).min(RETRY_MAX);
+                }
+                other => break other?,
+            }
+        }
         let mut stopping = false;
         let mut stop_deadline: Option<tokio::time::Instant> = None;
         loop {
             let sleep_for = lp.until_next_wakeup(self.options.max_tick);
             tokio::select! {
-                batch = sub.next(), if !stopping => {
-                    match batch {
-                        Ok(batch) => {
-                            let n = batch.rows.len() + batch.skipped.len();
+                step = reader.recv(), if !stopping => {
+                    match step {
+                        Ok(ReadStep { batch, caught_up }) => {
                             lp.summary.skipped_rows += batch.skipped.len() as u64;
-                            let caught_up = n < self.options.read_batch;
-                            lp.summary.cursor = sub.cursor().to_string();
+                            for s in &batch.skipped {
+                                debug!(position = %s.position, reason = %s.reason, "skipped a ledger row");
+                            }
+                            cursor = batch.next;
+                            lp.summary.cursor = cursor.to_string();
                             lp.ledger(batch.rows, caught_up).await;
                         }
                         Err(e) => lp.transient(e).await?,
@@ -236,14 +283,34 @@ impl Relay {
                             warn!(error = %e, "a store operation failed");
                             continue;
                         }
+                        Feedback::WriteRetried => {
+                            lp.summary.writes_retried += 1;
+                            continue;
+                        }
+                        Feedback::ResultLost => {
+                            lp.summary.results_lost += 1;
+                            continue;
+                        }
                     };
                     if lp.handle(event) {
                         break;
                     }
                 }
+                Some(_) = lp.inflight.join_next(), if !lp.inflight.is_empty() => {}
                 _ = tokio::time::sleep(sleep_for) => {
                     if let Err(e) = lp.tick().await {
                         warn!(error = %e, "reconcile tick failed");
+                    }
+                    match identity.keep(lp.store.as_ref()).await {
+                        Ok(()) => {}
+                        Err(IdentityError::Store(e)) => warn!(error = %e, "relay id renewal failed"),
+                        Err(e) => {
+                            // Another process runs as this relay now: stop acting at once.
+                            for token in lp.turns.values() {
+                                token.cancel();
+                            }
+                            return Err(e.into());
+                        }
                     }
                     if let Some(deadline) = stop_deadline {
                         if tokio::time::Instant::now() > deadline {
@@ -262,8 +329,35 @@ impl Relay {
                 }
             }
         }
+        // Every result the turns produced is written before the relay reports: wait for
+        // the outputs still in flight (their writes may be retrying) until the grace
+        // ends, then give up on the rest (counted as lost).
+        let grace_end = stop_deadline
+            .unwrap_or_else(|| tokio::time::Instant::now() + self.options.shutdown_grace);
+        while !lp.inflight.is_empty() {
+            match tokio::time::timeout_at(grace_end, lp.inflight.join_next()).await {
+                Ok(_) => {}
+                Err(_) => {
+                    lp.give_up.cancel();
+                    while lp.inflight.join_next().await.is_some() {}
+                }
+            }
+        }
+        while let Ok(fb) = rx.try_recv() {
+            match fb {
+                Feedback::ResultLost => lp.summary.results_lost += 1,
+                Feedback::WriteRetried => lp.summary.writes_retried += 1,
+                _ => {}
+            }
+        }
+        if lp.summary.results_lost > 0 {
+            warn!(lost = lp.summary.results_lost, "results were not written");
+        }
         // Fold everything committed so far, so relays stopped after a run can be
         // compared by their state hashes.
+        drop(reader);
+        let ledger: Arc<dyn huddle_store::Ledger> = self.store.clone();
+        let mut sub = Subscription::new(ledger, cursor, self.options.read_batch);
         loop {
             match sub.poll_once().await {
                 Ok(batch) if batch.rows.is_empty() && batch.skipped.is_empty() => break,
@@ -281,6 +375,7 @@ impl Relay {
             }
         }
         lp.summary.cursor = sub.cursor().to_string();
+        identity.release(lp.store.as_ref()).await;
         lp.summary.board_hash = hex::encode(lp.sync.board().state_hash());
         lp.summary.tasks_hash = hex::encode(lp.sync.tasks().state_hash());
         Ok(lp.summary)
@@ -354,10 +449,7 @@ impl Loop {
         }
         let observed = self.commands.observe(rows);
         if !observed.appends.is_empty() {
-            self.spawn_intents(vec![Intent::Append {
-                fence: None,
-                batch: observed.appends,
-            }]);
+            self.write_command_results(observed.appends);
         }
         let mut ended_with_rows = false;
         let last = observed.steps.len();
@@ -389,6 +481,55 @@ impl Loop {
                 rows: Vec::new(),
                 caught_up,
             });
+        }
+    }
+
+    /// Writes the results of owner commands, one command at a time (chunked when larger
+    /// than a batch, retried while the database is away). A result that cannot be
+    /// written is answered with a notice to the command's author instead of vanishing.
+    fn write_command_results(&mut self, appends: Vec<NewInteraction>) {
+        let mut groups: Vec<Vec<NewInteraction>> = Vec::new();
+        for row in appends {
+            match groups.last_mut() {
+                Some(g) if g[0].parent == row.parent => g.push(row),
+                _ => groups.push(vec![row]),
+            }
+        }
+        let exec = self.executor();
+        self.inflight.spawn(async move {
+            for group in groups {
+                let command = group[0].parent;
+                let (room, thread) = (group[0].room.clone(), group[0].thread.clone());
+                let rows = group.len();
+                if let Err(e) = exec.append_retrying(&[], false, group).await {
+                    warn!(room, rows, error = %e, "the result of an owner command could not be written");
+                    let _ = exec.feedback.send(Feedback::ResultLost);
+                    let Some(command) = command else { continue };
+                    let mut notice = NewInteraction::new(
+                        room,
+                        Verb::MessagePosted,
+                        SYSTEM_ACTOR,
+                        Role::System,
+                        serde_json::json!({
+                            "text": format!("this command was not carried out: its result could not be written ({e})")
+                        }),
+                    )
+                    .with_parent(command);
+                    notice.thread = thread;
+                    if let Err(e) = exec.append_retrying(&[], false, vec![notice]).await {
+                        warn!(error = %e, "the notice about a failed owner command could not be written either");
+                    }
+                }
+            }
+        });
+    }
+
+    fn executor(&self) -> Executor {
+        Executor {
+            store: self.store.clone(),
+            agents: self.agents.clone(),
+            feedback: self.feedback.clone(),
+            give_up: self.give_up.clone(),
         }
     }
 
@@ -446,13 +587,27 @@ impl Loop {
                 self.summary.turns_started += 1;
             }
         }
-        let exec = Executor {
-            store: self.store.clone(),
-            agents: self.agents.clone(),
-            feedback: self.feedback.clone(),
-        };
-        tokio::spawn(async move { exec.perform(ordered, starts).await });
+        let exec = self.executor();
+        self.inflight
+            .spawn(async move { exec.perform(ordered, starts).await });
     }
+}
+
+/// First and longest wait between retries of a write that failed because the
+/// database was unavailable.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// `d` plus up to a quarter of it, so relays that lost the database together do not
+/// retry in lockstep. The jitter comes from the clock's sub-microsecond noise: it needs
+/// to be uncorrelated between processes, not unpredictable.
+fn jittered(d: Duration) -> Duration {
+    let noise = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|t| t.subsec_nanos() as u64)
+        .unwrap_or(0);
+    let quarter = (d.as_micros() as u64 / 4).max(1);
+    d + Duration::from_micros(noise % quarter)
 }
 
 /// Performs one output of intents against the store and the drivers.
@@ -460,6 +615,8 @@ struct Executor {
     store: Arc<dyn Store>,
     agents: Arc<BTreeMap<String, HostedAgent>>,
     feedback: mpsc::UnboundedSender<Feedback>,
+    /// Cancelled when the relay stops waiting for its writes (end of shutdown grace).
+    give_up: CancellationToken,
 }
 
 impl Executor {
@@ -492,6 +649,9 @@ impl Executor {
                                 return;
                             }
                         };
+                        if let Acquired::Closed { by, .. } = &out {
+                            debug!(key, holder, closed_by = %by.short(), "claim is closed: the work is finished");
+                        }
                         let answer = match out {
                             Acquired::Won(s) => ClaimAnswer::Won {
                                 epoch: s.epoch,
@@ -501,6 +661,7 @@ impl Executor {
                                 epoch: s.epoch,
                                 expires_at: s.expires_at,
                             },
+                            Acquired::Closed { .. } => ClaimAnswer::Closed,
                         };
                         let _ = feedback.send(Feedback::Claim(ClaimOutcome {
                             key,
@@ -509,51 +670,51 @@ impl Executor {
                         }));
                     });
                 }
-                Intent::Append { fence, batch } => {
+                Intent::Append {
+                    fences,
+                    close,
+                    batch,
+                } => {
                     let actor = batch.first().map(|r| r.actor.clone());
-                    let result = match &fence {
-                        Some(f) => {
-                            let fence = Fence {
-                                key: f.key.clone(),
-                                holder: f.holder.clone(),
-                                epoch: f.epoch,
-                            };
-                            self.store.append_fenced(&fence, batch).await
-                        }
-                        None => self.store.append(batch).await,
-                    };
-                    match result {
-                        Ok(_) => {}
+                    let store_fences: Vec<Fence> = fences
+                        .iter()
+                        .map(|f| Fence {
+                            key: f.key.clone(),
+                            holder: f.holder.clone(),
+                            epoch: f.epoch,
+                        })
+                        .collect();
+                    match self.append_retrying(&store_fences, close, batch).await {
+                        Ok(()) => {}
                         Err(StoreError::Fenced { key, holder, epoch }) => {
-                            let agent = actor.as_deref();
                             log_lost_claim(
                                 &*self.store,
                                 "fenced append refused",
                                 &key,
                                 &holder,
-                                agent,
+                                actor.as_deref(),
                                 epoch,
                             )
                             .await;
-                            if let Some(f) = fence {
-                                refused.push(f);
-                            }
                             let _ = self.feedback.send(Feedback::Lost {
                                 key,
                                 epoch,
                                 fenced: true,
                             });
+                            // Every turn that depended on this write is skipped.
+                            refused.extend(fences);
                         }
                         Err(e) => {
-                            warn!(error = %e, "append failed");
-                            if let Some(f) = fence {
+                            warn!(error = %e, "append failed for good; the result is not written");
+                            let _ = self.feedback.send(Feedback::ResultLost);
+                            for f in &fences {
                                 let _ = self.feedback.send(Feedback::Lost {
                                     key: f.key.clone(),
                                     epoch: f.epoch,
                                     fenced: false,
                                 });
-                                refused.push(f);
                             }
+                            refused.extend(fences);
                             let _ = self.feedback.send(Feedback::Failed(e));
                         }
                     }
@@ -608,6 +769,54 @@ impl Executor {
                 Intent::Cancel { .. } | Intent::Stopped => {}
             }
         }
+    }
+
+    /// The outbox: appends `batch` (under `fence` when given), retrying with capped
+    /// exponential back-off while the database is unavailable, until it is written,
+    /// refused for good (a lost fence, an invalid row) or the relay gives up at the end
+    /// of its shutdown grace. Appends are idempotent, so a retry after an ambiguous
+    /// commit never writes twice. Batches over the store's limit are written in
+    /// chunks (only unfenced batches can be that large: owner-command results).
+    async fn append_retrying(
+        &self,
+        fences: &[Fence],
+        close: bool,
+        batch: Vec<NewInteraction>,
+    ) -> Result<(), StoreError> {
+        let max = self.store.limits().max_batch.max(1);
+        let chunks: Vec<Vec<NewInteraction>> = if fences.is_empty() && batch.len() > max {
+            batch.chunks(max).map(|c| c.to_vec()).collect()
+        } else {
+            vec![batch]
+        };
+        for chunk in chunks {
+            let mut delay = RETRY_FIRST;
+            let mut attempt = 0u32;
+            loop {
+                let result = if fences.is_empty() {
+                    self.store.append(chunk.clone()).await
+                } else {
+                    self.store.append_under(fences, close, chunk.clone()).await
+                };
+                match result {
+                    Ok(_) => break,
+                    Err(e) if e.is_retryable() && !self.give_up.is_cancelled() => {
+                        attempt += 1;
+                        if attempt == 1 {
+                            let _ = self.feedback.send(Feedback::WriteRetried);
+                        }
+                        warn!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "append failed; retrying");
+                        tokio::select! {
+                            _ = tokio::time::sleep(jittered(delay)) => {}
+                            _ = self.give_up.cancelled() => {}
+                        }
+                        delay = (delay * 2).min(RETRY_MAX);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
     }
 
     fn start_turn(&self, start: TurnStart, token: CancellationToken, related: Option<String>) {

@@ -221,6 +221,8 @@ impl Sim {
                     let (epoch, expires_at) = (out.state().epoch, out.state().expires_at);
                     let answer = if out.won() {
                         ClaimAnswer::Won { epoch, expires_at }
+                    } else if out.closed() {
+                        ClaimAnswer::Closed
                     } else {
                         ClaimAnswer::Lost { epoch, expires_at }
                     };
@@ -230,18 +232,20 @@ impl Sim {
                         answer,
                     }));
                 }
-                Intent::Append { fence, batch } => {
-                    let appended = match &fence {
-                        Some(f) => {
-                            let fence = Fence {
-                                key: f.key.clone(),
-                                holder: f.holder.clone(),
-                                epoch: f.epoch,
-                            };
-                            store.append_fenced(&fence, batch).await
-                        }
-                        None => store.append(batch).await,
-                    };
+                Intent::Append {
+                    fences,
+                    close,
+                    batch,
+                } => {
+                    let fences: Vec<Fence> = fences
+                        .iter()
+                        .map(|f| Fence {
+                            key: f.key.clone(),
+                            holder: f.holder.clone(),
+                            epoch: f.epoch,
+                        })
+                        .collect();
+                    let appended = store.append_under(&fences, close, batch).await;
                     match appended {
                         Ok(_) => {}
                         Err(StoreError::Fenced { key, epoch, .. }) => {

@@ -126,13 +126,14 @@ impl Ledger for MeteredStore {
         r
     }
 
-    async fn append_fenced(
+    async fn append_under(
         &self,
-        fence: &Fence,
+        fences: &[Fence],
+        close: bool,
         batch: Vec<NewInteraction>,
     ) -> huddle_store::Result<Vec<Appended>> {
         let t = Instant::now();
-        let r = self.inner.append_fenced(fence, batch).await;
+        let r = self.inner.append_under(fences, close, batch).await;
         self.meter.fenced_appends.fetch_add(1, Ordering::Relaxed);
         if matches!(r, Err(huddle_store::StoreError::Fenced { .. })) {
             self.meter.fenced_refused.fetch_add(1, Ordering::Relaxed);

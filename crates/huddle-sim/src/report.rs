@@ -202,6 +202,13 @@ impl ScenarioReport {
         self.missed == 0 && self.duplicates.accepted == 0 && self.duplicates.raw_rows == 0
     }
 
+    /// Agent turns the relays started (real executions of the driver, not rows) per
+    /// completed task: exactly 1.00 when no task ran twice and no turn failed.
+    pub fn turns_per_task(&self) -> f64 {
+        let started: u64 = self.per_relay.iter().map(|l| l.summary.turns_started).sum();
+        started as f64 / self.done.max(1) as f64
+    }
+
     /// Tasks completed more than once, counting accepted completions or raw rows,
     /// whichever finds more.
     pub fn duplicated_tasks(&self) -> usize {

@@ -88,6 +88,9 @@ macro_rules! conformance_tests {
             fenced_append_racing_a_takeover_lands_only_under_a_live_epoch,
             subscription_wakes_on_append_from_another_handle,
             claims_are_listed_by_prefix,
+            a_closed_claim_is_never_acquired_again,
+            an_append_under_two_claims_needs_both,
+            a_retried_closing_append_is_idempotent,
         );
     };
     ($make:path, across_processes) => {
@@ -618,7 +621,7 @@ pub async fn other_holder_wins_only_after_expiry(b: &impl TestBackend) {
             assert_eq!(state.holder, "a");
             assert_eq!(state.epoch, a.state().epoch);
         }
-        Acquired::Won(_) => panic!("took an unexpired claim"),
+        other => panic!("took an unexpired claim: {other:?}"),
     }
     wait_for_db_time(&*s, a.state().expires_at).await;
     let b_won = other
@@ -727,6 +730,200 @@ pub async fn fenced_append_refused_after_handover(b: &impl TestBackend) {
     let (rows, _, _) = read_all(&*s, Position::START).await;
     let texts: Vec<_> = rows.iter().map(|r| r.body["text"].clone()).collect();
     assert_eq!(texts, vec![json!("claimed"), json!("done")]);
+}
+
+/// The write that finishes work closes its claims in the same transaction: after it,
+/// no holder ever acquires the key again, before or after its lease would have
+/// lapsed, on any handle; the answer names the closing row. Renew and release of a
+/// closed claim change nothing, and no further append passes its fence.
+pub async fn a_closed_claim_is_never_acquired_again(b: &impl TestBackend) {
+    let s = b.store();
+    let other = b.reopen("second").await.expect("reopen");
+    let won = s
+        .acquire("task/r/t1", "a", Duration::from_millis(300))
+        .await
+        .expect("acquire");
+    let fence = Fence {
+        key: "task/r/t1".into(),
+        holder: "a".into(),
+        epoch: won.state().epoch,
+    };
+    let done = message("r", "a", "completed");
+    let done_id = done.id();
+    s.append_under(
+        std::slice::from_ref(&fence),
+        true,
+        vec![done, message("r", "a", "and noted")],
+    )
+    .await
+    .expect("closing append under a live claim");
+    for (store, holder) in [(&s, "a"), (&other, "b"), (&other, "a")] {
+        match store
+            .acquire("task/r/t1", holder, Duration::from_secs(30))
+            .await
+            .expect("acquire")
+        {
+            Acquired::Closed { state, by } => {
+                assert_eq!(by, done_id, "the answer names the closing row");
+                assert_eq!((state.holder.as_str(), state.epoch), ("a", fence.epoch));
+            }
+            other => panic!("{holder} acquired a closed claim: {other:?}"),
+        }
+    }
+    // Past the lease it once had: still closed (closed is not expiry).
+    wait_for_db_time(&*s, won.state().expires_at).await;
+    assert!(other
+        .acquire("task/r/t1", "b", Duration::from_secs(30))
+        .await
+        .expect("acquire")
+        .closed());
+    assert_eq!(
+        s.renew("task/r/t1", "a", fence.epoch, Duration::from_secs(30))
+            .await
+            .expect("renew"),
+        None,
+        "a closed claim cannot be renewed"
+    );
+    assert!(!s
+        .release("task/r/t1", "a", fence.epoch)
+        .await
+        .expect("release"));
+    assert!(matches!(
+        s.append_fenced(&fence, vec![message("r", "a", "a second completion")])
+            .await,
+        Err(StoreError::Fenced { .. })
+    ));
+    let listed = s.list_claims("task/r/").await.expect("list");
+    assert_eq!(
+        listed.len(),
+        1,
+        "closed is a state of the row, not a deletion"
+    );
+    assert!(!listed[0].live, "a closed claim is not live");
+    assert_eq!(
+        listed[0].state.epoch, fence.epoch,
+        "the epoch history stays"
+    );
+    let (rows, _, _) = read_all(&*s, Position::START).await;
+    let texts: Vec<_> = rows.iter().map(|r| r.body["text"].clone()).collect();
+    assert_eq!(texts, vec![json!("completed"), json!("and noted")]);
+    // A closing append needs a row to name.
+    assert!(s.append_under(&[], true, Vec::new()).await.is_err());
+}
+
+/// An append under two claims (the agent's task claim and the relay's drive claim)
+/// is refused when either has changed hands, and writes nothing.
+pub async fn an_append_under_two_claims_needs_both(b: &impl TestBackend) {
+    let s = b.store();
+    let other = b.reopen("second").await.expect("reopen");
+    let task = s
+        .acquire("task/r/t1", "ada", Duration::from_millis(300))
+        .await
+        .expect("acquire");
+    let drive = s
+        .acquire("taskdrive/r/t1", "relay-a", Duration::from_secs(30))
+        .await
+        .expect("acquire");
+    let fences = [
+        Fence {
+            key: "task/r/t1".into(),
+            holder: "ada".into(),
+            epoch: task.state().epoch,
+        },
+        Fence {
+            key: "taskdrive/r/t1".into(),
+            holder: "relay-a".into(),
+            epoch: drive.state().epoch,
+        },
+    ];
+    s.append_under(&fences, false, vec![message("r", "ada", "claimed")])
+        .await
+        .expect("both held");
+    // The task claim lapses and is re-taken by the same agent elsewhere: a new epoch.
+    wait_for_db_time(&*s, task.state().expires_at).await;
+    let retaken = other
+        .acquire("task/r/t1", "ada", Duration::from_secs(30))
+        .await
+        .expect("acquire");
+    assert!(retaken.won());
+    assert!(retaken.state().epoch > task.state().epoch);
+    let err = s
+        .append_under(&fences, true, vec![message("r", "ada", "stale completion")])
+        .await
+        .expect_err("the task claim changed epoch");
+    assert!(
+        matches!(&err, StoreError::Fenced { key, .. } if key == "task/r/t1"),
+        "{err}"
+    );
+    // Same holder and epoch for the task claim, but another relay drives it.
+    let fences_b = [
+        Fence {
+            key: "task/r/t1".into(),
+            holder: "ada".into(),
+            epoch: retaken.state().epoch,
+        },
+        Fence {
+            key: "taskdrive/r/t1".into(),
+            holder: "relay-b".into(),
+            epoch: drive.state().epoch,
+        },
+    ];
+    let err = other
+        .append_under(&fences_b, true, vec![message("r", "ada", "not my drive")])
+        .await
+        .expect_err("relay-b does not hold the drive claim");
+    assert!(
+        matches!(&err, StoreError::Fenced { key, .. } if key == "taskdrive/r/t1"),
+        "{err}"
+    );
+    // Nothing was closed by the refused writes.
+    assert!(other
+        .acquire("task/r/t1", "ada", Duration::from_secs(30))
+        .await
+        .expect("acquire")
+        .won());
+    let (rows, _, _) = read_all(&*s, Position::START).await;
+    let texts: Vec<_> = rows.iter().map(|r| r.body["text"].clone()).collect();
+    assert_eq!(texts, vec![json!("claimed")]);
+}
+
+/// A closing append retried after an ambiguous commit (the connection broke after
+/// the commit) is accepted and writes nothing twice; a different batch under the
+/// same closed claim is refused.
+pub async fn a_retried_closing_append_is_idempotent(b: &impl TestBackend) {
+    let s = b.store();
+    let won = s
+        .acquire("reply/r/m1", "ada", Duration::from_secs(30))
+        .await
+        .expect("acquire");
+    let fence = Fence {
+        key: "reply/r/m1".into(),
+        holder: "ada".into(),
+        epoch: won.state().epoch,
+    };
+    let batch = vec![message("r", "ada", "the answer")];
+    let first = s
+        .append_under(std::slice::from_ref(&fence), true, batch.clone())
+        .await
+        .expect("first");
+    assert!(first[0].inserted);
+    let again = s
+        .append_under(std::slice::from_ref(&fence), true, batch)
+        .await
+        .expect("a retry of the same closing append");
+    assert_eq!(again[0].id, first[0].id);
+    assert!(!again[0].inserted);
+    assert!(matches!(
+        s.append_under(
+            std::slice::from_ref(&fence),
+            true,
+            vec![message("r", "ada", "another answer")]
+        )
+        .await,
+        Err(StoreError::Fenced { .. })
+    ));
+    let (rows, _, _) = read_all(&*s, Position::START).await;
+    assert_eq!(rows.len(), 1);
 }
 
 /// A fenced append racing a takeover of its claim lands only while the epoch it names

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use error::{Result, StoreError};
-pub use subscribe::Subscription;
+pub use subscribe::{ReadStep, Reader, Subscription};
 pub use traits::*;
 
 use huddle_core::{InteractionId, Limits, NewInteraction};

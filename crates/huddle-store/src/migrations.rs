@@ -33,18 +33,32 @@ impl Migration {
 pub const MIGRATION_LOCK: i64 = 0x6875_6464_6c65;
 
 /// Postgres migrations, in order.
-pub const POSTGRES: &[Migration] = &[Migration {
-    version: 1,
-    name: "ledger",
-    sql: include_str!("../../../migrations/postgres/0001_ledger.sql"),
-}];
+pub const POSTGRES: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "ledger",
+        sql: include_str!("../../../migrations/postgres/0001_ledger.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "claim_close",
+        sql: include_str!("../../../migrations/postgres/0002_claim_close.sql"),
+    },
+];
 
 /// SQLite migrations, in order.
-pub const SQLITE: &[Migration] = &[Migration {
-    version: 1,
-    name: "ledger",
-    sql: include_str!("../../../migrations/sqlite/0001_ledger.sql"),
-}];
+pub const SQLITE: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "ledger",
+        sql: include_str!("../../../migrations/sqlite/0001_ledger.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "claim_close",
+        sql: include_str!("../../../migrations/sqlite/0002_claim_close.sql"),
+    },
+];
 
 /// Checks that the applied migrations are a prefix of `known` with equal checksums,
 /// and returns the ones still to apply.

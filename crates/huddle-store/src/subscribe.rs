@@ -3,14 +3,34 @@
 //! NOTIFY (or SQLite's change counter) is only a doorbell. A subscription always reads
 //! forward from its cursor: after a wake, after an error, and on a slow fallback poll,
 //! so a lost doorbell delays a row but never loses it.
+//!
+//! [`Subscription::next_step`] also says when the reader has caught up, and
+//! [`Subscription::spawn`] moves the read-forward into a task of its own, so a
+//! caller that waits on several things at once (`tokio::select!`) can never abort or
+//! starve a read in flight: it receives finished steps from a channel.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use huddle_core::Position;
 
-use crate::error::Result;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::error::{Result, StoreError};
 use crate::traits::{Doorbell, Ledger, ReadBatch};
+
+/// One step of a subscription: a batch, and whether the reader has caught up with
+/// everything committed when the batch was read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReadStep {
+    /// The rows (and skipped rows) read; may be empty when the step only reports that
+    /// the reader caught up.
+    pub batch: ReadBatch,
+    /// True when the read returned less than a full page: nothing committed at the
+    /// time of the read is left unread.
+    pub caught_up: bool,
+}
 
 /// Reads forward from a cursor, waiting on the doorbell between reads.
 pub struct Subscription {
@@ -19,6 +39,8 @@ pub struct Subscription {
     bell: Doorbell,
     poll: Duration,
     batch: usize,
+    /// Whether the last step returned reported "caught up".
+    reported_caught_up: bool,
 }
 
 impl Subscription {
@@ -32,7 +54,13 @@ impl Subscription {
             bell,
             poll,
             batch: batch.max(1),
+            reported_caught_up: false,
         }
+    }
+
+    /// Rows per read.
+    pub fn page(&self) -> usize {
+        self.batch
     }
 
     /// The cursor: every row at or before it has been returned.
@@ -53,19 +81,86 @@ impl Subscription {
     /// An error leaves the cursor where it was; calling again resumes.
     pub async fn next(&mut self) -> Result<ReadBatch> {
         loop {
-            let batch = self.poll_once().await?;
-            if !batch.rows.is_empty() || !batch.skipped.is_empty() {
-                return Ok(batch);
-            }
-            tokio::select! {
-                changed = self.bell.changed() => {
-                    if changed.is_err() {
-                        // The store's bell is gone: fall back to polling only.
-                        tokio::time::sleep(self.poll).await;
-                    }
-                }
-                _ = tokio::time::sleep(self.poll) => {}
+            let step = self.next_step().await?;
+            if !step.batch.rows.is_empty() || !step.batch.skipped.is_empty() {
+                return Ok(step.batch);
             }
         }
+    }
+
+    /// Waits for the next step: a non-empty batch, or an empty one that reports the
+    /// reader caught up after a full page (so a ledger whose unread rows are an exact
+    /// multiple of the page still ends in a caught-up step). An error leaves the
+    /// cursor where it was; calling again resumes.
+    pub async fn next_step(&mut self) -> Result<ReadStep> {
+        loop {
+            let batch = self.poll_once().await?;
+            let n = batch.rows.len() + batch.skipped.len();
+            let caught_up = n < self.batch;
+            if n > 0 || (caught_up && !self.reported_caught_up) {
+                self.reported_caught_up = caught_up;
+                return Ok(ReadStep { batch, caught_up });
+            }
+            self.wait().await;
+        }
+    }
+
+    /// Waits for the doorbell or the fallback poll interval, whichever comes first.
+    async fn wait(&mut self) {
+        tokio::select! {
+            changed = self.bell.changed() => {
+                if changed.is_err() {
+                    // The store's bell is gone: fall back to polling only.
+                    tokio::time::sleep(self.poll).await;
+                }
+            }
+            _ = tokio::time::sleep(self.poll) => {}
+        }
+    }
+
+    /// Moves the subscription into a task of its own that reads forward and sends each
+    /// [`ReadStep`] (or error) to the returned [`Reader`]. Errors are sent and the read is
+    /// retried after `retry`; the task ends when the reader is dropped.
+    pub fn spawn(mut self, capacity: usize, retry: Duration) -> Reader {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let task = tokio::spawn(async move {
+            loop {
+                let step = self.next_step().await;
+                let failed = step.is_err();
+                if tx.send(step).await.is_err() {
+                    return;
+                }
+                if failed {
+                    tokio::select! {
+                        _ = tokio::time::sleep(retry) => {}
+                        _ = tx.closed() => return,
+                    }
+                }
+            }
+        });
+        Reader { rx, task }
+    }
+}
+
+/// The receiving end of a [`Subscription::spawn`]ed read-forward.
+/// [`Reader::recv`] is cancellation-safe: dropping it loses no step.
+pub struct Reader {
+    rx: mpsc::Receiver<Result<ReadStep>>,
+    task: JoinHandle<()>,
+}
+
+impl Reader {
+    /// The next step, in ledger order.
+    pub async fn recv(&mut self) -> Result<ReadStep> {
+        match self.rx.recv().await {
+            Some(step) => step,
+            None => Err(StoreError::Backend("the ledger reader stopped".into())),
+        }
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }

@@ -79,6 +79,15 @@ pub enum Acquired {
     Won(ClaimState),
     /// Someone else holds an unexpired claim.
     HeldBy(ClaimState),
+    /// The work the claim stood for is finished: the write that finished it closed the
+    /// claim ([`Ledger::append_under`] with `close`), and nobody may take it again.
+    /// `state` is the claim as it was closed (its last holder and epoch).
+    Closed {
+        /// The claim as it was closed.
+        state: ClaimState,
+        /// The id of the interaction whose append closed it.
+        by: InteractionId,
+    },
 }
 
 impl Acquired {
@@ -86,12 +95,30 @@ impl Acquired {
     pub fn state(&self) -> &ClaimState {
         match self {
             Acquired::Won(s) | Acquired::HeldBy(s) => s,
+            Acquired::Closed { state, .. } => state,
         }
+    }
+
+    /// Whether the claim is closed for good.
+    pub fn closed(&self) -> bool {
+        matches!(self, Acquired::Closed { .. })
     }
 
     /// Whether the caller won.
     pub fn won(&self) -> bool {
         matches!(self, Acquired::Won(_))
+    }
+}
+
+/// The id a closing append closes its claims with: its first interaction's. `None`
+/// when not closing; an error for a closing append with nothing in it.
+pub(crate) fn closing_id(close: bool, batch: &[NewInteraction]) -> Result<Option<InteractionId>> {
+    match (close, batch.first()) {
+        (false, _) => Ok(None),
+        (true, Some(first)) => Ok(Some(first.id())),
+        (true, None) => Err(crate::StoreError::Backend(
+            "a closing append needs at least one interaction (its id closes the claims)".into(),
+        )),
     }
 }
 
@@ -120,11 +147,32 @@ pub trait Ledger: Send + Sync + 'static {
     async fn append(&self, batch: Vec<NewInteraction>) -> Result<Vec<Appended>>;
 
     /// Like [`Ledger::append`], but in the same transaction checks that the claim
-    /// `fence.key` is still held by `fence.holder` at `fence.epoch` and unexpired;
-    /// otherwise nothing is written and [`crate::StoreError::Fenced`] is returned.
+    /// `fence.key` is still held by `fence.holder` at `fence.epoch`, unexpired and not
+    /// closed; otherwise nothing is written and [`crate::StoreError::Fenced`] is
+    /// returned. The one-fence, non-closing form of [`Ledger::append_under`].
     async fn append_fenced(
         &self,
         fence: &Fence,
+        batch: Vec<NewInteraction>,
+    ) -> Result<Vec<Appended>> {
+        self.append_under(std::slice::from_ref(fence), false, batch)
+            .await
+    }
+
+    /// Appends `batch` under every claim in `fences`, in one transaction: each must be
+    /// held by its holder at its epoch, unexpired and not closed, or nothing is written
+    /// and [`crate::StoreError::Fenced`] names the first that failed.
+    ///
+    /// With `close`, the same transaction closes every fenced claim with the id of
+    /// the batch's first interaction: the write that finishes the work makes sure no
+    /// one ever acquires it again ([`Acquired::Closed`]). A retry of a closing append
+    /// that already committed (an ambiguous commit) is accepted: a claim closed by this
+    /// very batch passes its fence, and the rows dedupe. `close` needs a non-empty
+    /// batch.
+    async fn append_under(
+        &self,
+        fences: &[Fence],
+        close: bool,
         batch: Vec<NewInteraction>,
     ) -> Result<Vec<Appended>>;
 
@@ -165,7 +213,8 @@ pub trait Ledger: Send + Sync + 'static {
 pub trait Claims: Send + Sync + 'static {
     /// Takes `key` for `holder` for `ttl` when it is free, expired, or already held by
     /// `holder` (then the lease is extended and the epoch kept). The epoch increases
-    /// whenever the holder changes or an expired claim is re-taken.
+    /// whenever the holder changes or an expired claim is re-taken. A closed claim is
+    /// never taken: the answer is [`Acquired::Closed`].
     async fn acquire(&self, key: &str, holder: &str, ttl: Duration) -> Result<Acquired>;
 
     /// Extends the lease only for the exact `(holder, epoch)` while unexpired. `None`

@@ -163,6 +163,9 @@ pub enum ClaimAnswer {
         /// When its lease lapses (database time).
         expires_at: Timestamp,
     },
+    /// The claim is closed: the work it stood for is finished and nobody may take it
+    /// again.
+    Closed,
     /// The acquire failed without an answer (the store was away): nobody is known to
     /// hold the claim, and a later pass may try again.
     Failed,
@@ -392,8 +395,12 @@ pub enum Intent {
     /// Append `batch` in one transaction; when `fence` is set, only while that claim is
     /// still held at its epoch (otherwise send [`Event::ClaimLost`]).
     Append {
-        /// The claim the batch is written under.
-        fence: Option<ClaimRef>,
+        /// The claims the batch is written under: every one must still be held at its
+        /// epoch when the batch commits, or nothing is written.
+        fences: Vec<ClaimRef>,
+        /// Whether this write finishes the work: it closes every fenced claim in the
+        /// same transaction, so nobody can ever acquire them again.
+        close: bool,
         /// The interactions.
         batch: Vec<NewInteraction>,
     },

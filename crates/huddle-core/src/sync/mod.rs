@@ -196,6 +196,9 @@ pub struct Synchronizer {
     claims: BTreeMap<String, Slot>,
     turns: BTreeMap<TurnId, LiveTurn>,
     held_elsewhere: BTreeMap<String, Timestamp>,
+    /// Claims an acquire found closed: their work is finished, so they are never
+    /// tried again (the fold shows why once it reads the closing row).
+    closed: BTreeSet<String>,
     /// The last failed or released attempt per task key: `(agent, epoch, at)`. The
     /// agent that just failed a task gives others the first chance at the retry,
     /// and a claim found still held at that epoch is about to be released.
@@ -261,6 +264,7 @@ impl Synchronizer {
             claims: BTreeMap::new(),
             turns: BTreeMap::new(),
             held_elsewhere: BTreeMap::new(),
+            closed: BTreeSet::new(),
             returned: BTreeMap::new(),
             bids_sent: BTreeSet::new(),
             rejections_sent: BTreeSet::new(),
@@ -592,11 +596,12 @@ impl Synchronizer {
             return;
         }
         out.push(Intent::Append {
-            fence: Some(ClaimRef {
+            fences: vec![ClaimRef {
                 key: task_key(&row.room, &b.task),
                 holder: owner.clone(),
                 epoch,
-            }),
+            }],
+            close: false,
             batch: vec![rejection(&row.room, &owner, &b.task, b.attempt, &row.actor)],
         });
     }
@@ -640,9 +645,11 @@ impl Synchronizer {
     }
 
     fn held_elsewhere(&self, key: &str, now: Timestamp) -> bool {
-        self.held_elsewhere
-            .get(key)
-            .is_some_and(|until| *until > now)
+        self.closed.contains(key)
+            || self
+                .held_elsewhere
+                .get(key)
+                .is_some_and(|until| *until > now)
     }
 
     /// Whether a message is taken by a designation that no failure voided.
@@ -766,7 +773,11 @@ impl Synchronizer {
             }
         }
         if !batch.is_empty() {
-            out.push(Intent::Append { fence: None, batch });
+            out.push(Intent::Append {
+                fences: Vec::new(),
+                close: false,
+                batch,
+            });
         }
     }
 
@@ -782,7 +793,11 @@ impl Synchronizer {
             }
         }
         if !batch.is_empty() {
-            out.push(Intent::Append { fence: None, batch });
+            out.push(Intent::Append {
+                fences: Vec::new(),
+                close: false,
+                batch,
+            });
         }
     }
 
@@ -952,7 +967,8 @@ impl Synchronizer {
                 };
                 let id = t.id.clone();
                 out.push(Intent::Append {
-                    fence: None,
+                    fences: Vec::new(),
+                    close: false,
                     batch: vec![NewInteraction::new(
                         room.as_str(),
                         Verb::TaskBid,
@@ -1176,6 +1192,26 @@ impl Synchronizer {
             return;
         }
         let purpose = slot.purpose.clone();
+        if r.answer == ClaimAnswer::Closed {
+            // Finished work: whatever this relay's view says, it never runs again.
+            // A closed drive claim closes the exclusive one it was for as well.
+            self.forget(&r.key);
+            self.closed.insert(r.key.clone());
+            match &purpose {
+                ClaimPurpose::DriveReply { room, message, .. } => {
+                    let k = reply_key(room, message);
+                    self.forget(&k);
+                    self.closed.insert(k);
+                }
+                ClaimPurpose::DriveTask { room, task, .. } => {
+                    let k = task_key(room, task);
+                    self.forget(&k);
+                    self.closed.insert(k);
+                }
+                _ => {}
+            }
+            return;
+        }
         let won = r.answer.won().filter(|_| !self.shutting_down);
         let Some(epoch) = won else {
             // Lost (or no longer wanted): back off until the holder's lease would lapse.
@@ -1216,7 +1252,7 @@ impl Synchronizer {
                     ClaimAnswer::Failed => {
                         self.held_elsewhere.remove(&k);
                     }
-                    ClaimAnswer::Won { .. } => {}
+                    ClaimAnswer::Won { .. } | ClaimAnswer::Closed => {}
                 }
             }
             return;
@@ -1283,11 +1319,12 @@ impl Synchronizer {
             .with_parent(message);
             row.thread = thread.clone();
             out.push(Intent::Append {
-                fence: Some(ClaimRef {
+                fences: vec![ClaimRef {
                     key: key.clone(),
                     holder: agent.clone(),
                     epoch,
-                }),
+                }],
+                close: false,
                 batch: vec![row],
             });
         }
@@ -1352,7 +1389,8 @@ impl Synchronizer {
         .with_parent(message);
         row.thread = thread.clone();
         out.push(Intent::Append {
-            fence: Some(drive.clone()),
+            fences: vec![exclusive.clone(), drive.clone()],
+            close: false,
             batch: vec![row],
         });
         let work = TurnWork::Reply(MessageBrief {
@@ -1467,8 +1505,10 @@ impl Synchronizer {
             if t.status == TaskStatus::Claimed && t.attempts >= t.max_attempts {
                 // The lapsed attempt was the last: this claim records that the task
                 // failed for good (the fold abandons it); nothing is started.
+                // It finishes the task: the claims close with it.
                 out.push(Intent::Append {
-                    fence: Some(exclusive.clone()),
+                    fences: vec![exclusive.clone(), drive.clone()],
+                    close: true,
                     batch,
                 });
                 for c in [drive, exclusive] {
@@ -1511,7 +1551,8 @@ impl Synchronizer {
             serde_json::to_value(&prompted).unwrap_or_default(),
         ));
         out.push(Intent::Append {
-            fence: Some(exclusive.clone()),
+            fences: vec![exclusive.clone(), drive.clone()],
+            close: false,
             batch,
         });
         let deps = t
@@ -1670,7 +1711,8 @@ impl Synchronizer {
         if lt.lost {
             // Nothing may be written under a lost claim; record only that the turn failed.
             out.push(Intent::Append {
-                fence: None,
+                fences: Vec::new(),
+                close: false,
                 batch: vec![failed_row(reason)],
             });
             return;
@@ -1707,8 +1749,12 @@ impl Synchronizer {
                 .with_parent(*message);
                 replied_row.thread = lt.thread.clone();
                 self.messages.remove(&(lt.room.clone(), *message));
+                // The reply finishes the message for this agent: fenced by the reply
+                // claim and the drive claim, and closing both, so no relay (however
+                // stale its view) can ever answer it again.
                 out.push(Intent::Append {
-                    fence: Some(lt.drive.clone()),
+                    fences: vec![lt.exclusive.clone(), lt.drive.clone()],
+                    close: true,
                     batch: vec![reply, replied_row],
                 });
             }
@@ -1724,7 +1770,8 @@ impl Synchronizer {
                     epoch: c.epoch,
                 });
                 out.push(Intent::Append {
-                    fence: Some(lt.drive.clone()),
+                    fences: vec![lt.drive.clone()],
+                    close: false,
                     batch: vec![failed_row(reason)],
                 });
                 let c = &lt.drive;
@@ -1748,8 +1795,12 @@ impl Synchronizer {
                     tokens,
                     reply: None,
                 };
+                // Fenced by the task claim and the drive claim (the same agent on two
+                // relays completes once) and closing both: a finished task is never
+                // acquired again, by any relay, however stale its view.
                 out.push(Intent::Append {
-                    fence: Some(lt.exclusive.clone()),
+                    fences: vec![lt.exclusive.clone(), lt.drive.clone()],
+                    close: true,
                     batch: vec![
                         NewInteraction::new(
                             lt.room.as_str(),
@@ -1767,8 +1818,6 @@ impl Synchronizer {
                         ),
                     ],
                 });
-                // The task claim is left to lapse, not released: a relay that has not
-                // folded the completion yet must not be able to re-take it at once.
             }
             (LiveWork::Task { task }, _) => {
                 let verb = if self.shutting_down {
@@ -1781,8 +1830,15 @@ impl Synchronizer {
                     epoch,
                     reason: truncate_text(&reason, MAX_RESULT_BYTES),
                 };
+                // The last allowed attempt failing abandons the task: that closes it.
+                let last = verb == Verb::TaskFailed
+                    && self
+                        .dag
+                        .task(&lt.room, task)
+                        .is_some_and(|t| t.attempts >= t.max_attempts);
                 out.push(Intent::Append {
-                    fence: Some(lt.exclusive.clone()),
+                    fences: vec![lt.exclusive.clone(), lt.drive.clone()],
+                    close: last,
                     batch: vec![
                         NewInteraction::new(
                             lt.room.as_str(),

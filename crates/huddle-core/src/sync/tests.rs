@@ -117,14 +117,24 @@ fn acquires(out: &[Intent]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// `(fence key, verbs)` of every append.
+/// `(fences, verbs)` of every append: the fences as `key@holder#epoch` joined by
+/// ` + `, followed by ` (closes)` when the append closes them; `None` when unfenced.
 fn appends(out: &[Intent]) -> Vec<(Option<String>, Vec<&'static str>)> {
     out.iter()
         .filter_map(|i| match i {
-            Intent::Append { fence, batch } => Some((
-                fence
-                    .as_ref()
-                    .map(|f| format!("{}@{}#{}", f.key, f.holder, f.epoch)),
+            Intent::Append {
+                fences,
+                close,
+                batch,
+            } => Some((
+                (!fences.is_empty()).then(|| {
+                    let f: Vec<String> = fences
+                        .iter()
+                        .map(|f| format!("{}@{}#{}", f.key, f.holder, f.epoch))
+                        .collect();
+                    let closes = if *close { " (closes)" } else { "" };
+                    format!("{}{closes}", f.join(" + "))
+                }),
                 batch.iter().map(|b| b.verb.as_str()).collect(),
             )),
             _ => None,
@@ -231,7 +241,10 @@ fn reply_election_then_drive_election_then_one_reply() {
     let out = h.result(&dkey, "r1", true, 1);
     assert_eq!(
         appends(&out),
-        vec![(Some(format!("{dkey}@r1#1")), vec!["turn.prompted"])]
+        vec![(
+            Some(format!("{rkey}@bo#3 + {dkey}@r1#1")),
+            vec!["turn.prompted"]
+        )]
     );
     let st = starts(&out)[0].clone();
     assert_eq!((st.agent.as_str(), st.epoch), ("bo", ClaimEpoch(3)));
@@ -244,7 +257,7 @@ fn reply_election_then_drive_election_then_one_reply() {
     assert_eq!(
         appends(&out),
         vec![(
-            Some(format!("{dkey}@r1#1")),
+            Some(format!("{rkey}@bo#3 + {dkey}@r1#1 (closes)")),
             vec!["message.posted", "turn.replied"]
         )]
     );
@@ -498,7 +511,10 @@ fn run_task_to_start(h: &mut H, task: &str, agent: &str, epoch: i64) -> TurnStar
     assert_eq!(
         appends(&out),
         vec![(
-            Some(format!("{tkey}@{agent}#{epoch}")),
+            Some(format!(
+                "{tkey}@{agent}#{epoch} + {}@r1#1",
+                taskdrive_key("lobby", task)
+            )),
             vec!["task.claimed", "turn.prompted"]
         )]
     );
@@ -540,7 +556,11 @@ fn pull_schedules_ready_tasks_and_completes_under_the_fence() {
     assert_eq!(
         appends(&out),
         vec![(
-            Some(format!("{}@bo#5", task_key("lobby", "a"))),
+            Some(format!(
+                "{}@bo#5 + {}@r1#1 (closes)",
+                task_key("lobby", "a"),
+                taskdrive_key("lobby", "a")
+            )),
             vec!["task.completed", "turn.replied"]
         )]
     );
@@ -574,7 +594,11 @@ fn a_failed_task_turn_fails_the_attempt_never_completes() {
         assert_eq!(
             appends(&out),
             vec![(
-                Some(format!("{}@bo#2", task_key("lobby", "a"))),
+                Some(format!(
+                    "{}@bo#2 + {}@r1#1",
+                    task_key("lobby", "a"),
+                    taskdrive_key("lobby", "a")
+                )),
                 vec!["task.failed", "turn.failed"]
             )]
         );
@@ -711,7 +735,11 @@ fn reconcile_renews_live_turns_only_and_retakes_lapsed_tasks() {
     assert_eq!(
         appends(&out),
         vec![(
-            Some(format!("{}@cy#2", task_key("lobby", "x"))),
+            Some(format!(
+                "{}@cy#2 + {}@r1#1",
+                task_key("lobby", "x"),
+                taskdrive_key("lobby", "x")
+            )),
             vec!["task.claimed", "turn.prompted"]
         )]
     );
@@ -770,6 +798,64 @@ fn own_lapsed_claim_is_retaken_after_a_loss() {
     // Re-taken at a new epoch: a new attempt.
     let st = run_task_to_start(&mut h, "a", "bo", 2);
     assert!(matches!(&st.work, TurnWork::Task(t) if t.attempt == 2));
+}
+
+/// A relay whose view is stale (it has not read a completion another relay wrote)
+/// contends for the finished task; the claims table answers "closed", and the relay
+/// never tries that task again, however many passes and ticks follow.
+#[test]
+fn a_closed_claim_is_never_tried_again() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let out = h.post(vec![created("a", &[])]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    let out = h.sync.handle(Event::ClaimResult(ClaimOutcome {
+        key: task_key("lobby", "a"),
+        holder: "bo".into(),
+        answer: ClaimAnswer::Closed,
+    }));
+    assert!(
+        starts(&out).is_empty() && acquires(&out).is_empty(),
+        "{out:?}"
+    );
+    for i in 1..20 {
+        let out = h.tick(T0 + i * 10 * S);
+        assert!(
+            acquires(&out).is_empty(),
+            "tried a closed claim again: {out:?}"
+        );
+    }
+}
+
+/// The last allowed attempt failing abandons the task: its failure closes the claims;
+/// an earlier attempt's failure does not (the task is retried).
+#[test]
+fn only_the_last_failed_attempt_closes_the_task() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let mut closes = Vec::new();
+    for epoch in 1..=3 {
+        let st = run_task_to_start(&mut h, "a", "bo", epoch);
+        let out = h.ended(
+            &st.turn,
+            TurnOutcome::Failed {
+                reason: "no".into(),
+            },
+        );
+        closes.push(
+            out.iter()
+                .any(|i| matches!(i, Intent::Append { close: true, .. })),
+        );
+        h.apply_appends(&out);
+        h.read();
+        h.tick(T0 + epoch * 120 * S);
+    }
+    assert_eq!(closes, vec![false, false, true]);
+    assert_eq!(
+        h.sync.tasks().task("lobby", "a").unwrap().status,
+        TaskStatus::Abandoned
+    );
 }
 
 #[test]

@@ -119,6 +119,8 @@ struct Tables {
     by_key: HashMap<String, InteractionId>,
     /// Claims by key (byte order).
     claims: BTreeMap<String, ClaimState>,
+    /// Closed claims: key → the id of the interaction whose append closed it.
+    closed: HashMap<String, InteractionId>,
 }
 
 impl Tables {
@@ -181,9 +183,35 @@ impl Tables {
         epoch: Epoch,
         now: Timestamp,
     ) -> Option<&mut ClaimState> {
+        if self.closed.contains_key(key) {
+            return None;
+        }
         self.claims
             .get_mut(key)
             .filter(|c| c.holder == holder && c.epoch == epoch && c.expires_at > now)
+    }
+
+    /// Whether an append may write under `fence`: the claim is live and open, or
+    /// (for a closing append) already closed by this very batch.
+    fn fence_passes(
+        &mut self,
+        fence: &Fence,
+        closing: Option<&InteractionId>,
+        now: Timestamp,
+    ) -> bool {
+        match (self.closed.get(&fence.key), closing) {
+            (Some(by), Some(id)) => {
+                by == id
+                    && self
+                        .claims
+                        .get(&fence.key)
+                        .is_some_and(|c| c.holder == fence.holder && c.epoch == fence.epoch)
+            }
+            (Some(_), None) => false,
+            (None, _) => self
+                .live_claim(&fence.key, &fence.holder, fence.epoch, now)
+                .is_some(),
+        }
     }
 }
 
@@ -213,7 +241,8 @@ impl Shared {
     /// checking the fence when given; rings the bell when a row was inserted.
     fn commit(
         &self,
-        fence: Option<&Fence>,
+        fences: &[Fence],
+        closing: Option<InteractionId>,
         batch: &[NewInteraction],
         ids: &[InteractionId],
         bodies: &[String],
@@ -222,16 +251,21 @@ impl Shared {
         let now = self.clock.now();
         let out = {
             let mut tables = self.tables();
-            if let Some(fence) = fence {
-                if tables
-                    .live_claim(&fence.key, &fence.holder, fence.epoch, now)
-                    .is_none()
-                {
+            for fence in fences {
+                if !tables.fence_passes(fence, closing.as_ref(), now) {
                     return Err(StoreError::Fenced {
                         key: fence.key.clone(),
                         holder: fence.holder.clone(),
                         epoch: fence.epoch,
                     });
+                }
+            }
+            if let Some(id) = closing {
+                for fence in fences {
+                    tables.closed.insert(fence.key.clone(), id);
+                    if let Some(c) = tables.claims.get_mut(&fence.key) {
+                        c.expires_at = c.expires_at.min(now);
+                    }
                 }
             }
             batch
@@ -304,16 +338,18 @@ impl MemoryStore {
     /// Appends under the writer gate, fenced when asked.
     async fn write(
         &self,
-        fence: Option<&Fence>,
+        fences: &[Fence],
+        close: bool,
         batch: &[NewInteraction],
     ) -> Result<Vec<Appended>> {
         let (ids, bodies) = crate::checked_batch(&self.options.limits, batch)?;
-        if batch.is_empty() && fence.is_none() {
+        let closing = crate::traits::closing_id(close, batch)?;
+        if batch.is_empty() && fences.is_empty() {
             return Ok(Vec::new());
         }
         let _gate = self.shared.writer.lock().await;
         self.shared
-            .commit(fence, batch, &ids, &bodies, &self.options.relay)
+            .commit(fences, closing, batch, &ids, &bodies, &self.options.relay)
     }
 
     /// Runs `f` on the tables under the writer gate, at the clock's time now.
@@ -341,15 +377,16 @@ impl Ledger for MemoryStore {
     }
 
     async fn append(&self, batch: Vec<NewInteraction>) -> Result<Vec<Appended>> {
-        self.write(None, &batch).await
+        self.write(&[], false, &batch).await
     }
 
-    async fn append_fenced(
+    async fn append_under(
         &self,
-        fence: &Fence,
+        fences: &[Fence],
+        close: bool,
         batch: Vec<NewInteraction>,
     ) -> Result<Vec<Appended>> {
-        self.write(Some(fence), &batch).await
+        self.write(fences, close, &batch).await
     }
 
     async fn read_forward(&self, after: Position, limit: usize) -> Result<ReadBatch> {
@@ -404,6 +441,11 @@ impl Claims for MemoryStore {
                     epoch,
                     expires_at: now.saturating_add(ttl),
                 };
+                // Only a held claim is ever closed, so a closed key has its row.
+                if let (Some(by), Some(state)) = (tables.closed.get(key), tables.claims.get(key)) {
+                    let state = state.clone();
+                    return Acquired::Closed { state, by: *by };
+                }
                 let state = match tables.claims.get(key) {
                     None => taken(Epoch::FIRST),
                     // The same holder extending a live lease keeps its epoch.

@@ -121,7 +121,7 @@ pub struct MemoryHeldAppend {
 impl HeldAppend for MemoryHeldAppend {
     async fn commit(self: Box<Self>) -> Result<()> {
         self.shared
-            .commit(None, &self.batch, &self.ids, &self.bodies, &self.relay)?;
+            .commit(&[], None, &self.batch, &self.ids, &self.bodies, &self.relay)?;
         Ok(())
     }
 }

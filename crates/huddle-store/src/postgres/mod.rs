@@ -626,6 +626,22 @@ fn claim_state(key: &str, row: &Row) -> Result<ClaimState> {
     })
 }
 
+/// An acquire that did not win: held by someone else, or closed (column 4 is
+/// `closed_by`).
+fn lost_claim(key: &str, row: &Row) -> Result<Acquired> {
+    let state = claim_state(key, row)?;
+    let closed_by: Option<Vec<u8>> = row.try_get(4).map_err(map_pg)?;
+    Ok(match closed_by {
+        None => Acquired::HeldBy(state),
+        Some(by) => Acquired::Closed {
+            state,
+            by: InteractionId::from_slice(&by).map_err(|e| {
+                StoreError::Backend(format!("claim {key:?} has a bad closed_by: {e}"))
+            })?,
+        },
+    })
+}
+
 #[async_trait]
 impl Ledger for PgStore {
     fn limits(&self) -> &Limits {
@@ -665,26 +681,42 @@ impl Ledger for PgStore {
         Ok(out)
     }
 
-    async fn append_fenced(
+    async fn append_under(
         &self,
-        fence: &Fence,
+        fences: &[Fence],
+        close: bool,
         batch: Vec<NewInteraction>,
     ) -> Result<Vec<Appended>> {
         let (ids, bodies) = self.validate(&batch)?;
+        let closing = crate::traits::closing_id(close, &batch)?;
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(map_pg)?;
-        let check = tx.prepare_cached(sql::FENCE).await.map_err(map_pg)?;
-        let held = tx
-            .query_opt(&check, &[&fence.key, &fence.holder, &fence.epoch.get()])
-            .await
+        let check = match closing {
+            None => tx.prepare_cached(sql::FENCE).await,
+            Some(_) => tx.prepare_cached(sql::FENCE_CLOSE).await,
+        }
+        .map_err(map_pg)?;
+        let closing_bytes: Option<Vec<u8>> = closing.map(|id| id.0.to_vec());
+        for fence in fences {
+            let held = match &closing_bytes {
+                None => {
+                    tx.query_opt(&check, &[&fence.key, &fence.holder, &fence.epoch.get()])
+                        .await
+                }
+                Some(by) => {
+                    tx.query_opt(&check, &[&fence.key, &fence.holder, &fence.epoch.get(), by])
+                        .await
+                }
+            }
             .map_err(map_pg)?;
-        if held.is_none() {
-            tx.rollback().await.map_err(map_pg)?;
-            return Err(StoreError::Fenced {
-                key: fence.key.clone(),
-                holder: fence.holder.clone(),
-                epoch: fence.epoch,
-            });
+            if held.is_none() {
+                tx.rollback().await.map_err(map_pg)?;
+                return Err(StoreError::Fenced {
+                    key: fence.key.clone(),
+                    holder: fence.holder.clone(),
+                    epoch: fence.epoch,
+                });
+            }
         }
         let out = if batch.is_empty() {
             Vec::new()
@@ -753,16 +785,15 @@ impl Claims for PgStore {
                 .map_err(map_pg)?
             {
                 let won: bool = row.try_get(3).map_err(map_pg)?;
-                let state = claim_state(key, &row)?;
-                return Ok(if won {
-                    Acquired::Won(state)
+                return if won {
+                    Ok(Acquired::Won(claim_state(key, &row)?))
                 } else {
-                    Acquired::HeldBy(state)
-                });
+                    lost_claim(key, &row)
+                };
             }
             let current = client.prepare_cached(sql::CLAIM).await.map_err(map_pg)?;
             if let Some(row) = client.query_opt(&current, &[&key]).await.map_err(map_pg)? {
-                return Ok(Acquired::HeldBy(claim_state(key, &row)?));
+                return lost_claim(key, &row);
             }
         }
         Err(StoreError::Backend(format!(

@@ -60,8 +60,17 @@ SELECT idempotency_key, id FROM interaction WHERE idempotency_key = ANY($1::text
 /// `(key, holder, epoch)` and unexpired by the database clock.
 pub(crate) const FENCE: &str = "\
 SELECT 1 FROM external_claim
-WHERE key = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()
+WHERE key = $1 AND holder = $2 AND epoch = $3 AND closed_by IS NULL AND expires_at > now()
 FOR SHARE";
+
+/// The fence of a closing append: checks the claim and closes it with `$4` (the id of
+/// the batch's first row) under the row lock. A claim already closed by this very
+/// batch passes (a retry after an ambiguous commit).
+pub(crate) const FENCE_CLOSE: &str = "\
+UPDATE external_claim SET closed_by = $4, expires_at = least(expires_at, now())
+WHERE key = $1 AND holder = $2 AND epoch = $3
+  AND ((closed_by IS NULL AND expires_at > now()) OR closed_by = $4)
+RETURNING 1";
 
 /// The columns every read decodes, in this order. (The first is named `txid` but is
 /// text: ORDER BY must name `interaction.txid`, or it would sort by the text.)
@@ -168,23 +177,25 @@ ON CONFLICT (key) DO UPDATE SET
     acquired_at = CASE WHEN c.holder = EXCLUDED.holder AND c.expires_at > now()
                        THEN c.acquired_at ELSE now() END,
     renewed_at = now()
-WHERE c.expires_at <= now() OR c.holder = EXCLUDED.holder
+WHERE c.closed_by IS NULL AND (c.expires_at <= now() OR c.holder = EXCLUDED.holder)
 RETURNING holder, epoch, expires_at)
-SELECT holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8, true FROM up
+SELECT holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8, true, NULL::bytea
+FROM up
 UNION ALL
-SELECT holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8, false
+SELECT holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8, false, closed_by
 FROM external_claim WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM up)";
 
 /// The claim as it stands (after an acquire lost).
 pub(crate) const CLAIM: &str = "\
-SELECT holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8
+SELECT holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8, NULL::bool,
+       closed_by
 FROM external_claim WHERE key = $1";
 
 /// Extends the lease of exactly `(key, holder, epoch)` while unexpired.
 pub(crate) const RENEW: &str = "\
 UPDATE external_claim
 SET expires_at = now() + $4::int8 * interval '1 microsecond', renewed_at = now()
-WHERE key = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()
+WHERE key = $1 AND holder = $2 AND epoch = $3 AND closed_by IS NULL AND expires_at > now()
 RETURNING holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8";
 
 /// Expires exactly `(key, holder, epoch)` now; the row stays so the epoch never goes

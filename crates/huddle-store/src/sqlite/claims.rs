@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use huddle_core::Timestamp;
+use huddle_core::{InteractionId, Timestamp};
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::conn::now_us;
@@ -18,7 +18,8 @@ const MAX_TTL_US: i64 = 100 * 365 * 24 * 3600 * 1_000_000;
 /// One upsert: insert at epoch 1, or take over a row that is expired or already held
 /// by the same holder. The epoch is kept only when the same holder extends an
 /// unexpired lease; a new holder or a re-take after expiry bumps it. When the row is
-/// someone else's live claim the `WHERE` leaves it alone and nothing is returned.
+/// someone else's live claim, or closed, the `WHERE` leaves it alone and nothing is
+/// returned.
 const ACQUIRE: &str = concat!(
     "INSERT INTO external_claim (key, holder, epoch, expires_at, acquired_at, renewed_at) ",
     "VALUES (?1, ?2, 1, ",
@@ -35,9 +36,9 @@ const ACQUIRE: &str = concat!(
     now_us!(),
     " THEN external_claim.acquired_at ELSE excluded.acquired_at END, ",
     "holder = excluded.holder, expires_at = excluded.expires_at, renewed_at = excluded.renewed_at ",
-    "WHERE external_claim.expires_at <= ",
+    "WHERE external_claim.closed_by IS NULL AND (external_claim.expires_at <= ",
     now_us!(),
-    " OR external_claim.holder = excluded.holder ",
+    " OR external_claim.holder = excluded.holder) ",
     "RETURNING key, holder, epoch, expires_at"
 );
 
@@ -46,7 +47,7 @@ const RENEW: &str = concat!(
     now_us!(),
     " + ?4, renewed_at = ",
     now_us!(),
-    " WHERE key = ?1 AND holder = ?2 AND epoch = ?3 AND expires_at > ",
+    " WHERE key = ?1 AND holder = ?2 AND epoch = ?3 AND closed_by IS NULL AND expires_at > ",
     now_us!(),
     " RETURNING key, holder, epoch, expires_at"
 );
@@ -131,12 +132,22 @@ pub(crate) fn acquire(
     let out = match won {
         Some(state) => Acquired::Won(state.map_err(|r| corrupt(key, r))?),
         None => {
-            let current = tx
+            let (current, closed_by) = tx
                 .prepare_cached(
-                    "SELECT key, holder, epoch, expires_at FROM external_claim WHERE key = ?1",
+                    "SELECT key, holder, epoch, expires_at, closed_by FROM external_claim WHERE key = ?1",
                 )?
-                .query_row([key], claim_state)?;
-            Acquired::HeldBy(current.map_err(|r| corrupt(key, r))?)
+                .query_row([key], |row| {
+                    Ok((claim_state(row)?, row.get::<_, Option<Vec<u8>>>(4)))
+                })?;
+            let state = current.map_err(|r| corrupt(key, r))?;
+            match closed_by.map_err(|e| corrupt(key, e.to_string()))? {
+                None => Acquired::HeldBy(state),
+                Some(by) => Acquired::Closed {
+                    state,
+                    by: InteractionId::from_slice(&by)
+                        .map_err(|e| corrupt(key, format!("bad closed_by: {e}")))?,
+                },
+            }
         }
     };
     tx.commit()?;

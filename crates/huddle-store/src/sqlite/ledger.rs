@@ -103,25 +103,51 @@ fn id_for_key(conn: &Connection, key: &str) -> Result<Option<InteractionId>> {
 }
 
 /// Checks, inside the caller's transaction, that `fence.key` is still held by
-/// `fence.holder` at `fence.epoch` and unexpired by the database clock.
-pub(crate) fn check_fence(conn: &Connection, fence: &Fence) -> Result<()> {
-    let held = conn
-        .prepare_cached(concat!(
-            "SELECT 1 FROM external_claim WHERE key = ?1 AND holder = ?2 AND epoch = ?3 ",
-            "AND expires_at > ",
-            now_us!()
-        ))?
-        .query_row(params![fence.key, fence.holder, fence.epoch.get()], |_| {
-            Ok(())
-        })
-        .optional()?;
-    match held {
-        Some(()) => Ok(()),
-        None => Err(StoreError::Fenced {
+/// `fence.holder` at `fence.epoch`, unexpired by the database clock and not closed;
+/// with `closing`, also accepts a claim that this very batch closed (an idempotent
+/// retry), and closes the claim with that id.
+pub(crate) fn check_fence(
+    conn: &Connection,
+    fence: &Fence,
+    closing: Option<&InteractionId>,
+) -> Result<()> {
+    let ok = match closing {
+        None => conn
+            .prepare_cached(concat!(
+                "SELECT 1 FROM external_claim WHERE key = ?1 AND holder = ?2 AND epoch = ?3 ",
+                "AND closed_by IS NULL AND expires_at > ",
+                now_us!()
+            ))?
+            .query_row(params![fence.key, fence.holder, fence.epoch.get()], |_| {
+                Ok(())
+            })
+            .optional()?
+            .is_some(),
+        Some(id) => {
+            conn.prepare_cached(concat!(
+                "UPDATE external_claim SET closed_by = ?4, expires_at = min(expires_at, ",
+                now_us!(),
+                ") WHERE key = ?1 AND holder = ?2 AND epoch = ?3 AND ((closed_by IS NULL ",
+                "AND expires_at > ",
+                now_us!(),
+                ") OR closed_by = ?4)"
+            ))?
+            .execute(params![
+                fence.key,
+                fence.holder,
+                fence.epoch.get(),
+                &id.0[..]
+            ])? > 0
+        }
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Fenced {
             key: fence.key.clone(),
             holder: fence.holder.clone(),
             epoch: fence.epoch,
-        }),
+        })
     }
 }
 

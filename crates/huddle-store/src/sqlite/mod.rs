@@ -117,16 +117,23 @@ impl Inner {
         self.bell.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// Appends a batch in one `BEGIN IMMEDIATE` transaction, fenced when asked.
-    fn append(&self, fence: Option<&Fence>, batch: &[NewInteraction]) -> Result<Vec<Appended>> {
+    /// Appends a batch in one `BEGIN IMMEDIATE` transaction, under `fences` (closing
+    /// them with the first row's id when `close`).
+    fn append(
+        &self,
+        fences: &[Fence],
+        close: bool,
+        batch: &[NewInteraction],
+    ) -> Result<Vec<Appended>> {
         ledger::validate_batch(&self.options.limits, batch)?;
-        if batch.is_empty() && fence.is_none() {
+        let closing = crate::traits::closing_id(close, batch)?;
+        if batch.is_empty() && fences.is_empty() {
             return Ok(Vec::new());
         }
         let out = self.write(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            if let Some(fence) = fence {
-                ledger::check_fence(&tx, fence)?;
+            for fence in fences {
+                ledger::check_fence(&tx, fence, closing.as_ref())?;
             }
             let out = ledger::insert_batch(&tx, &self.options.relay, batch)?;
             tx.commit()?;
@@ -289,16 +296,18 @@ impl Ledger for SqliteStore {
     }
 
     async fn append(&self, batch: Vec<NewInteraction>) -> Result<Vec<Appended>> {
-        self.blocking(move |inner| inner.append(None, &batch)).await
+        self.blocking(move |inner| inner.append(&[], false, &batch))
+            .await
     }
 
-    async fn append_fenced(
+    async fn append_under(
         &self,
-        fence: &Fence,
+        fences: &[Fence],
+        close: bool,
         batch: Vec<NewInteraction>,
     ) -> Result<Vec<Appended>> {
-        let fence = fence.clone();
-        self.blocking(move |inner| inner.append(Some(&fence), &batch))
+        let fences = fences.to_vec();
+        self.blocking(move |inner| inner.append(&fences, close, &batch))
             .await
     }
 

@@ -305,7 +305,7 @@ async fn a_commit_by_another_connection_rings_the_doorbell() {
     // A different program writes: no local append could have rung the bell.
     let conn = raw(&b);
     conn.execute(
-        "INSERT INTO external_claim VALUES ('k', 'someone', 1, 0, 0, 0)",
+        "INSERT INTO external_claim (key, holder, epoch, expires_at, acquired_at, renewed_at) VALUES ('k', 'someone', 1, 0, 0, 0)",
         [],
     )
     .expect("foreign write");

@@ -1,0 +1,364 @@
+//! Exactly once under faults, counted in side effects: every agent here is an exec
+//! agent that appends a `start` and an `end` line to a log for every real execution,
+//! so a re-run is visible even when it writes rows identical to the first run's.
+//!
+//! Each test is one of the failures the exactly-once work fixed: short turns re-running
+//! finished tasks, a paused relay re-taking finished work, the same agent on two relays
+//! completing a task twice, two processes with one relay id, reads stalling on a page
+//! boundary, a large `!delegate` lost, and a result dropped while the database restarts.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use common::relays::{secs, AgentSpec, Backend, Huddle};
+use huddle_core::{Role, TaskStatus, Verb};
+
+/// One line of the side-effect log.
+#[derive(Clone, Debug)]
+struct Execution {
+    start: bool,
+    agent: String,
+    subject: String,
+    epoch: i64,
+    at_us: i64,
+}
+
+/// An exec agent script that logs every execution to `log`, works `work_s` seconds
+/// and replies. The subject is the task id, or the `tok-...` token of the message.
+fn recording_agent(h: &Huddle, name: &str, log: &Path, work_s: &str) -> PathBuf {
+    h.script(
+        name,
+        &format!(
+            r#"prompt=$(cat)
+subject=${{HUDDLE_TASK:-}}
+if [ -z "$subject" ]; then
+  subject=$(printf '%s\n' "$prompt" | sed -n '/<message from/,/<\/message>/p' | grep -o 'tok-[0-9a-z]*' | head -n 1)
+fi
+echo "start $HUDDLE_AGENT $subject ${{HUDDLE_EPOCH:-0}} $(date +%s%6N)" >> {log}
+sleep {work_s}
+echo "end $HUDDLE_AGENT $subject ${{HUDDLE_EPOCH:-0}} $(date +%s%6N)" >> {log}
+echo "done $subject"
+"#,
+            log = log.display()
+        ),
+    )
+}
+
+fn executions(log: &Path) -> Vec<Execution> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 5).then(|| Execution {
+                start: f[0] == "start",
+                agent: f[1].to_string(),
+                subject: f[2].to_string(),
+                epoch: f[3].parse().unwrap_or(-1),
+                at_us: f[4].parse().unwrap_or(0),
+            })
+        })
+        .collect()
+}
+
+fn starts_per_subject(log: &Path) -> BTreeMap<String, Vec<Execution>> {
+    let mut out: BTreeMap<String, Vec<Execution>> = BTreeMap::new();
+    for e in executions(log).into_iter().filter(|e| e.start) {
+        out.entry(e.subject.clone()).or_default().push(e);
+    }
+    out
+}
+
+/// No execution of a task started after its completion was committed.
+fn assert_no_start_after_completion(h: &Huddle, log: &Path) {
+    let done = h.ledger.completions();
+    for e in executions(log).into_iter().filter(|e| e.start) {
+        if let Some(c) = done.iter().find(|c| c.task == e.subject) {
+            assert!(
+                e.at_us < c.at.as_micros(),
+                "{} started {} by {} at epoch {} after its completion was committed ({} µs later)",
+                e.subject,
+                e.at_us,
+                e.agent,
+                e.epoch,
+                e.at_us - c.at.as_micros()
+            );
+        }
+    }
+}
+
+fn task_lines(prefix: &str, n: usize) -> String {
+    (0..n)
+        .map(|i| format!("{prefix}{i:04}: job {i}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name(Backend::Sqlite).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name(Backend::Postgres).await;
+            }
+        }
+    )*};
+}
+
+both_backends!(
+    short_turns_run_every_task_once,
+    paused_relay_never_reruns_finished_work,
+    same_agent_on_two_relays_completes_once,
+    delegates_at_page_and_batch_boundaries_all_land,
+);
+
+/// One relay, 16 agents with turns of a few milliseconds, 300 independent tasks:
+/// exactly 300 executions (the relay used to re-claim a task it had just finished
+/// before reading its own completion back).
+async fn short_turns_run_every_task_once(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let log = h.dir().join("effects.log");
+    let agent = recording_agent(&h, "quick.sh", &log, "0.001");
+    let keys: Vec<String> = (0..16).map(|i| format!("q{i:02}")).collect();
+    h.spawn_relay(
+        "r0",
+        keys.iter().map(|k| AgentSpec::exec(k, &agent)).collect(),
+    );
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    h.wait_registered(&refs).await;
+    h.delegate(&task_lines("t", 300)).await;
+    h.wait_until("300 tasks done", secs(120), |l| l.summary().done == 300)
+        .await;
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+    h.ledger.assert_all_done_exactly_once(300);
+    let starts = starts_per_subject(&log);
+    let repeated: Vec<(&String, usize)> = starts
+        .iter()
+        .filter(|(_, s)| s.len() != 1)
+        .map(|(t, s)| (t, s.len()))
+        .collect();
+    assert_eq!(starts.len(), 300, "tasks executed");
+    assert!(
+        repeated.is_empty(),
+        "tasks executed more than once: {repeated:?}"
+    );
+    assert_no_start_after_completion(&h, &log);
+}
+
+/// A relay paused past the claim TTL while the other relay finishes everything must,
+/// once resumed, run none of the finished tasks again (its view is older than the
+/// claims it could win: closed claims refuse it).
+async fn paused_relay_never_reruns_finished_work(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let log = h.dir().join("effects.log");
+    let agent = recording_agent(&h, "steady.sh", &log, "0.05");
+    h.spawn_relay("r0", vec![AgentSpec::exec("p0", &agent)]);
+    h.spawn_relay("r1", vec![AgentSpec::exec("q0", &agent)]);
+    h.wait_registered(&["p0", "q0"]).await;
+    h.config("claim-ttl 1s").await;
+    h.delegate(&task_lines("t", 40)).await;
+    h.wait_until("p0 has started a task", secs(30), |_| {
+        executions(&log).iter().any(|e| e.agent == "p0")
+    })
+    .await;
+    h.relay("r0").pause();
+    h.wait_until("every task done while r0 is paused", secs(90), |l| {
+        l.summary().done == 40
+    })
+    .await;
+    // Past the TTL of everything r0 held, so every claim it had is lapsed.
+    let resumed_at = h.db_now().await;
+    h.relay("r0").resume();
+    // r0 is back when it answers a message addressed to its agent: by then it has read
+    // forward and made its passes over the (stale, then fresh) task view.
+    let ping = h
+        .post("olga", Role::Human, "@p0 tok-ping are you back?")
+        .await;
+    h.wait_until("p0 answers after the pause", secs(30), |l| {
+        !l.replies_to(ping).is_empty()
+    })
+    .await;
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+    h.ledger.assert_all_done_exactly_once(40);
+    assert_no_start_after_completion(&h, &log);
+    let late: Vec<Execution> = executions(&log)
+        .into_iter()
+        .filter(|e| {
+            e.start
+                && e.agent == "p0"
+                && e.at_us > resumed_at.as_micros()
+                && e.subject != "tok-ping"
+        })
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the resumed relay ran work again: {late:?}"
+    );
+    let raw = h.ledger.of_verb(Verb::TaskCompleted).count();
+    assert_eq!(
+        raw, 40,
+        "raw task.completed rows (a second completion is a re-run)"
+    );
+}
+
+/// The same agent hosted on two relays: one relay is paused mid-turn past the TTL, the
+/// other re-takes the task as the same agent and completes it; the resumed relay's
+/// completion is refused (fenced by the drive claim as well as the task claim) and
+/// it starts nothing it no longer drives.
+async fn same_agent_on_two_relays_completes_once(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let log = h.dir().join("effects.log");
+    let agent = recording_agent(&h, "ada.sh", &log, "1.5");
+    h.spawn_relay("r0", vec![AgentSpec::exec("ada", &agent)]);
+    h.wait_registered(&["ada"]).await;
+    h.config("claim-ttl 1s").await;
+    h.delegate("j1: one job").await;
+    h.wait_until("r0 runs j1", secs(30), |_| {
+        executions(&log)
+            .iter()
+            .any(|e| e.start && e.subject == "j1")
+    })
+    .await;
+    h.relay("r0").pause();
+    h.spawn_relay("r1", vec![AgentSpec::exec("ada", &agent)]);
+    h.wait_until("j1 done by r1", secs(60), |l| {
+        l.task("j1").is_some_and(|t| t.status == TaskStatus::Done)
+    })
+    .await;
+    h.relay("r0").resume();
+    // r0's own execution ends after its pause; its completion must be refused.
+    h.wait_until("both executions ended", secs(30), |_| {
+        executions(&log).iter().filter(|e| !e.start).count() >= 2
+    })
+    .await;
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+    let completed: Vec<_> = h
+        .ledger
+        .of_verb(Verb::TaskCompleted)
+        .map(|(_, r)| r.relay.clone())
+        .collect();
+    assert_eq!(completed.len(), 1, "raw completions of j1: {completed:?}");
+    h.ledger.assert_all_done_exactly_once(1);
+    assert_no_start_after_completion(&h, &log);
+    let starts = starts_per_subject(&log);
+    assert_eq!(
+        starts["j1"].len(),
+        2,
+        "one run per relay: {:?}",
+        starts["j1"]
+    );
+}
+
+/// `!delegate`s whose rows end exactly at a read page (500) or exceed one append batch
+/// (1,000 tasks plus the reply) are all created and all worked; none stalls until an
+/// unrelated row arrives.
+async fn delegates_at_page_and_batch_boundaries_all_land(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let keys: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
+    h.spawn_relay("r0", keys.iter().map(|k| AgentSpec::sim(k, 1)).collect());
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    h.wait_registered(&refs).await;
+    let mut total = 0;
+    for (prefix, n) in [("a", 499), ("b", 500), ("c", 999), ("d", 1000)] {
+        h.delegate(&task_lines(prefix, n)).await;
+        total += n;
+        h.wait_until(&format!("{total} tasks done"), secs(180), |l| {
+            l.summary().done == total
+        })
+        .await;
+    }
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+    h.ledger.assert_all_done_exactly_once(total);
+}
+
+/// Two processes with one relay id: the second refuses to start and names the first;
+/// after the first stops cleanly, the id is free at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_id_is_held_by_one_live_process() {
+    let mut h = Huddle::new(Backend::Sqlite).await;
+    h.spawn_relay("r0", vec![AgentSpec::sim("a0", 10)]);
+    h.wait_registered(&["a0"]).await;
+    let config = h.dir().join("r0.toml");
+    assert!(config.exists(), "the harness writes <id>.toml");
+    let out = common::huddle(&h.db.url)
+        .args(["relay", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run a second relay");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a second r0 started: {stderr}");
+    assert!(
+        stderr.contains("relay id \"r0\" is in use by another live process")
+            && stderr.contains(&format!("pid{}", h.relay("r0").pid())),
+        "the refusal names the other process: {stderr}"
+    );
+    h.relay("r0").terminate();
+    // Free at once after a clean stop.
+    h.spawn_relay("r0", vec![AgentSpec::sim("a0", 10)]);
+    let id = h.post("olga", Role::Human, "@a0 still there?").await;
+    h.wait_until("a0 answers", secs(30), |l| !l.replies_to(id).is_empty())
+        .await;
+    h.stop_all().await;
+}
+
+/// A turn that ends while Postgres is down: its result is retried until the database
+/// is back, then written; the message is answered exactly once and the task done
+/// once, by the agent that ran them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_written_while_the_database_restarts_is_not_lost() {
+    let mut h = Huddle::new(Backend::PostgresOwnCluster).await;
+    let log = h.dir().join("effects.log");
+    let agent = recording_agent(&h, "slow.sh", &log, "2");
+    h.spawn_relay("r0", vec![AgentSpec::exec("solo", &agent)]);
+    h.wait_registered(&["solo"]).await;
+    h.delegate("j1: survive an outage").await;
+    h.wait_until("solo runs j1", secs(30), |_| {
+        executions(&log)
+            .iter()
+            .any(|e| e.start && e.subject == "j1")
+    })
+    .await;
+    h.db.stop_postgres();
+    h.wait_local("j1's execution ended", secs(30), || {
+        executions(&log)
+            .iter()
+            .any(|e| !e.start && e.subject == "j1")
+    })
+    .await;
+    // Give the database back once the relay has failed to write at least once.
+    let relay_log = h.dir().join("r0.0.log");
+    h.wait_local("the relay retrying its write", secs(30), || {
+        std::fs::read_to_string(&relay_log).is_ok_and(|t| t.contains("append failed; retrying"))
+    })
+    .await;
+    h.db.start_postgres();
+    h.wait_until("j1 done", secs(60), |l| {
+        l.task("j1").is_some_and(|t| t.status == TaskStatus::Done)
+    })
+    .await;
+    let id = h
+        .post("olga", Role::Human, "@solo tok-after the outage")
+        .await;
+    h.wait_until("solo answers", secs(30), |l| !l.replies_to(id).is_empty())
+        .await;
+    h.wait_quiescent(secs(30)).await;
+    let summaries = h.stop_all().await;
+    h.ledger.assert_all_done_exactly_once(1);
+    let starts = starts_per_subject(&log);
+    assert_eq!(starts["j1"].len(), 1, "j1 ran once: {:?}", starts["j1"]);
+    assert!(
+        summaries[0].writes_retried > 0,
+        "the relay retried a write: {summaries:?}"
+    );
+    assert_eq!(summaries[0].results_lost, 0, "{summaries:?}");
+}
