@@ -313,8 +313,8 @@ async fn designated_agent_answers_and_silence_falls_back(backend: Backend) {
     );
     assert!(notes.last().is_some_and(|n| n.1 == who && n.2 > notes[0].2));
     // The others take over as soon as they read her failure, not a lease later.
-    let failed_at = failed.iter().map(|r| r.at).min().unwrap_or_default();
-    let taken_at = notes.last().map(|n| n.0.at).unwrap_or_default();
+    let failed_at = failed.iter().map(|r| r.at).min().expect("a failed turn");
+    let taken_at = notes.last().map(|n| n.0.at).expect("a designation");
     assert!(
         taken_at - failed_at < 1_500_000,
         "{who} took over {} ms after dora's failure",
@@ -588,7 +588,10 @@ async fn killed_relay_tasks_are_retaken_within_ttl(backend: Backend) {
         .map(|t| {
             (
                 t.to_string(),
-                h.ledger.task(t).and_then(|t| t.epoch).unwrap_or(0),
+                h.ledger
+                    .task(t)
+                    .and_then(|t| t.epoch)
+                    .map_or(0, |e| e.get()),
             )
         })
         .collect();
@@ -628,7 +631,7 @@ async fn killed_relay_tasks_are_retaken_within_ttl(backend: Backend) {
             .ledger
             .claims()
             .into_iter()
-            .find(|c| c.task == *task && c.epoch > *old_epoch)
+            .find(|c| c.task == *task && c.epoch.get() > *old_epoch)
             .unwrap_or_else(|| panic!("{task} was never re-taken"));
         assert!(retake.actor.starts_with('s'), "{retake:?}");
         let after_kill = retake.at - killed_at;
@@ -756,7 +759,7 @@ async fn forged_completions_change_nothing(backend: Backend) {
         .wait_for("f1 claimed", secs(30), |l| {
             l.task("f1")
                 .filter(|t| t.status == TaskStatus::Claimed)
-                .and_then(|t| Some((t.owner.clone()?, t.epoch?)))
+                .and_then(|t| Some((t.owner.clone()?, t.epoch?.get())))
         })
         .await;
     let other = if owner == "x0" { "x1" } else { "x0" };
@@ -772,7 +775,7 @@ async fn forged_completions_change_nothing(backend: Backend) {
             role,
             TaskCompletedBody {
                 task: task.into(),
-                epoch,
+                epoch: huddle_core::ClaimEpoch(epoch),
                 result: Some(format!("forged: {note}")),
                 tokens: None,
             }
@@ -832,7 +835,7 @@ async fn forged_completions_change_nothing(backend: Backend) {
     assert_eq!(accepted.len(), 2, "{completions:#?}");
     assert_eq!(completions.len(), 8);
     let f1 = accepted.iter().find(|c| c.task == "f1").expect("f1");
-    assert_eq!((f1.actor.as_str(), f1.epoch), (owner.as_str(), epoch));
+    assert_eq!((f1.actor.as_str(), f1.epoch.get()), (owner.as_str(), epoch));
     let f2_claim = h
         .ledger
         .claims()

@@ -648,7 +648,7 @@ impl Ledger {
             .map(|(_, r)| r)
             .filter_map(|r| match CoordNoteBody::parse(&r.body) {
                 Some(CoordNoteBody::Designation(d)) if d.message == message => {
-                    Some((r, d.agent, d.epoch))
+                    Some((r, d.agent, d.epoch.get()))
                 }
                 _ => None,
             })
@@ -970,7 +970,7 @@ impl Huddle {
             }
             if Instant::now() >= deadline {
                 let logs: Vec<String> = self.relays.values().map(|r| r.log_tail(15)).collect();
-                let now = self.store.now().await.unwrap_or_default();
+                let now = self.store.now().await.ok();
                 let claims: Vec<String> = self
                     .store
                     .list_claims("")
@@ -983,7 +983,9 @@ impl Huddle {
                             c.state.key,
                             c.state.holder,
                             c.state.epoch,
-                            (c.state.expires_at - now) / 1000
+                            now.map_or("?".to_string(), |now| {
+                                ((c.state.expires_at - now) / 1000).to_string()
+                            })
                         )
                     })
                     .collect();

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use anyhow::bail;
 use huddle_core::board::Subject;
 use huddle_core::tasks::TaskSummary;
-use huddle_core::{Position, TaskStatus, Timestamp};
+use huddle_core::{ClaimEpoch, Position, TaskStatus, Timestamp};
 use huddle_sim::render::clip;
 use huddle_sim::Tally;
 use huddle_store::{Store, StoreOptions};
@@ -56,8 +56,8 @@ pub struct BoardAgent {
     pub state: String,
     /// What it is on.
     pub on: Option<Subject>,
-    /// Since when (database time, µs).
-    pub since: Timestamp,
+    /// Since when (database time); `None` while no presence is known.
+    pub since: Option<Timestamp>,
     /// Declared capabilities.
     pub capabilities: Vec<String>,
     /// Completions accepted from it.
@@ -78,7 +78,7 @@ pub struct BoardDesignation {
     /// The agent that took it.
     pub agent: String,
     /// The reply claim's epoch.
-    pub epoch: i64,
+    pub epoch: ClaimEpoch,
     /// When.
     pub at: Timestamp,
 }
@@ -133,7 +133,7 @@ fn board_view(t: &Tally) -> BoardView {
             BoardAgent {
                 state: p.map_or("unknown", |p| p.state.as_str()).to_string(),
                 on: p.and_then(|p| p.on.clone()),
-                since: p.map_or(0, |p| p.since),
+                since: p.map(|p| p.since),
                 capabilities: b
                     .and_then(|b| b.agents.get(&agent))
                     .map(|a| a.capabilities.clone())
@@ -245,7 +245,7 @@ pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> a
             a.tasks_done,
             a.failed_turns,
             a.tokens,
-            format_time(a.since),
+            a.since.map_or_else(|| "-".to_string(), format_time),
             describe(&a.on)
         );
     }
@@ -298,7 +298,7 @@ pub struct TaskLine {
     /// Current (or last) owner.
     pub owner: Option<String>,
     /// Epoch of the latest accepted claim.
-    pub epoch: Option<i64>,
+    pub epoch: Option<ClaimEpoch>,
     /// Attempts started.
     pub attempts: u32,
     /// Attempts allowed.

@@ -46,12 +46,12 @@ pub(crate) fn materialize(n: NewInteraction, position: Position, at: Timestamp) 
     }
 }
 
-/// A row as a backend would return it, at ledger position `(0, pos)`, optionally in a
-/// thread.
+/// A row as a backend would return it, at ledger position `(0, pos)` and `at` µs,
+/// optionally in a thread.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn ledger_row(
     pos: u64,
-    at: Timestamp,
+    at: i64,
     room: &str,
     thread: Option<&str>,
     verb: Verb,
@@ -61,11 +61,11 @@ pub(crate) fn ledger_row(
 ) -> Interaction {
     let mut n = NewInteraction::new(room, verb, actor, role, body);
     n.thread = thread.map(str::to_string);
-    materialize(n, Position::new(0, pos), at)
+    materialize(n, Position::new(0, pos), Timestamp(at))
 }
 
 /// One second in µs.
-pub(crate) const SEC: Timestamp = 1_000_000;
+pub(crate) const SEC: i64 = 1_000_000;
 
 /// An interaction as read back, at database time `at` (position 0 until
 /// [`positioned`] numbers it).
@@ -492,7 +492,7 @@ impl Gen {
         let new = new.with_parent(InteractionId(nonce(i)));
         self.events.push(HistoryEvent {
             new,
-            at: 1_000_000 + (i as i64) * 1_000,
+            at: Timestamp(1_000_000 + (i as i64) * 1_000),
             deps,
         });
         self.last_of_actor.insert(actor.to_string(), i);

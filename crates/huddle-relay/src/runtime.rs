@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use huddle_core::config::RoomConfig;
 use huddle_core::guards::TurnRequest as GuardTurn;
 use huddle_core::sync::{
-    ClaimKey, ClaimOutcome, ClaimRef, Event, Intent, LocalAgent, ReplyGate, SyncOptions,
-    Synchronizer, TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
+    ClaimAnswer, ClaimEpoch, ClaimKey, ClaimOutcome, ClaimRef, Event, Intent, LocalAgent,
+    ReplyGate, SyncOptions, Synchronizer, TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
 };
 use huddle_core::{
     render_related_context, select_related, ContextRules, Fold, Interaction, NewInteraction,
@@ -133,7 +133,7 @@ enum Feedback {
     Claim(ClaimOutcome),
     Lost {
         key: String,
-        epoch: i64,
+        epoch: ClaimEpoch,
         fenced: bool,
     },
     TurnEnded {
@@ -434,7 +434,7 @@ impl Loop {
     }
 
     fn db_now_estimate(&self) -> Timestamp {
-        self.clock_base.elapsed().as_micros() as i64 + self.clock_offset
+        Timestamp(self.clock_base.elapsed().as_micros() as i64 + self.clock_offset)
     }
 
     fn until_next_wakeup(&self, max: Duration) -> Duration {
@@ -449,7 +449,7 @@ impl Loop {
 
     async fn tick(&mut self) -> Result<(), StoreError> {
         let now = self.store.now().await?;
-        self.clock_offset = now - self.clock_base.elapsed().as_micros() as i64;
+        self.clock_offset = now.as_micros() - self.clock_base.elapsed().as_micros() as i64;
         self.handle(Event::Tick { now });
         Ok(())
     }
@@ -670,32 +670,35 @@ impl Executor {
                             Ok(a) => a,
                             Err(e) => {
                                 debug!(key, error = %e, "acquire failed");
-                                // Report a loss so the synchronizer forgets the attempt
-                                // and may try again on a later pass.
+                                // No answer: the synchronizer forgets the attempt and may
+                                // try again on a later pass.
                                 let _ = feedback.send(Feedback::Claim(ClaimOutcome {
                                     key,
                                     holder,
-                                    won: false,
-                                    epoch: 0,
-                                    expires_at: 0,
-                                    closed: false,
+                                    answer: ClaimAnswer::Failed,
                                 }));
                                 let _ = feedback.send(Feedback::Failed(e));
                                 return;
                             }
                         };
-                        let won = matches!(out, Acquired::Won(_));
                         if let Acquired::Closed { by, .. } = &out {
                             debug!(key, holder, closed_by = %by.short(), "claim is closed: the work is finished");
                         }
-                        let state = out.state();
+                        let answer = match out {
+                            Acquired::Won(s) => ClaimAnswer::Won {
+                                epoch: s.epoch,
+                                expires_at: s.expires_at,
+                            },
+                            Acquired::HeldBy(s) => ClaimAnswer::Lost {
+                                epoch: s.epoch,
+                                expires_at: s.expires_at,
+                            },
+                            Acquired::Closed { .. } => ClaimAnswer::Closed,
+                        };
                         let _ = feedback.send(Feedback::Claim(ClaimOutcome {
                             key,
                             holder,
-                            won,
-                            epoch: state.epoch,
-                            expires_at: state.expires_at,
-                            closed: out.closed(),
+                            answer,
                         }));
                     });
                 }
@@ -936,13 +939,13 @@ async fn log_lost_claim(
     key: &str,
     holder: &str,
     agent: Option<&str>,
-    epoch: i64,
+    epoch: ClaimEpoch,
 ) {
     let now = match store.list_claims(key).await {
         Ok(rows) => rows.into_iter().find(|c| c.state.key == key),
         Err(_) => None,
     };
-    let now_epoch = now.as_ref().map(|c| c.state.epoch);
+    let now_epoch = now.as_ref().map(|c| c.state.epoch.get());
     let now_holder = now.as_ref().map(|c| c.state.holder.as_str());
     // Reply and task claims are held by the agent; drive claims by the relay (a
     // message's names the agent in its key).
@@ -960,7 +963,14 @@ async fn log_lost_claim(
     };
     info!(
         key,
-        task, message, agent, holder, epoch, now_epoch, now_holder, "{what}"
+        task,
+        message,
+        agent,
+        holder,
+        epoch = epoch.get(),
+        now_epoch,
+        now_holder,
+        "{what}"
     );
 }
 

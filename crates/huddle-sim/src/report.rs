@@ -226,8 +226,8 @@ pub(crate) struct ReportInput<'a> {
     pub workload: &'a Workload,
     /// A fold of the whole room after every relay stopped.
     pub tally: &'a Tally,
-    /// Database time of the first `!delegate`.
-    pub delegate_at: Timestamp,
+    /// Database time of the first `!delegate`; `None` when nothing was delegated.
+    pub delegate_at: Option<Timestamp>,
     /// Agent → relay hosting it.
     pub relay_of: &'a BTreeMap<String, String>,
     /// What each relay returned and counted.
@@ -282,7 +282,8 @@ pub(crate) fn report(input: ReportInput<'_>) -> ScenarioReport {
     let ideal = per_agent_ms.max(critical);
     let makespan_ms = tally
         .last_done_at
-        .map(|at| (at - delegate_at).max(0) as f64 / 1000.0)
+        .zip(delegate_at)
+        .map(|(at, delegate_at)| (at - delegate_at).max(0) as f64 / 1000.0)
         .unwrap_or(0.0);
     let ratio = |x: f64| {
         if x > 0.0 {

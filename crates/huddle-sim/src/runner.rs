@@ -418,7 +418,7 @@ async fn drive(
     watch: &mut Watch,
     owner: &Arc<dyn Store>,
     relay_of: &BTreeMap<String, String>,
-) -> Result<(Timestamp, Option<String>)> {
+) -> Result<(Option<Timestamp>, Option<String>)> {
     let agents = options.agents;
     let registered = watch
         .until(REGISTRATION_LIMIT, |t| t.registered() >= agents)
@@ -477,7 +477,6 @@ async fn drive(
             .await?;
         debug!(reply, "delegated");
     }
-    let delegate_at = delegate_at.unwrap_or_default();
     progress.phase("working");
     progress.update(&watch.tally, relay_of);
     let expected = workload.tasks.len();

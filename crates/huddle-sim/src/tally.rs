@@ -179,14 +179,15 @@ impl Tally {
         };
         let accepted = before.is_some_and(|epoch| epoch != t.epoch)
             && t.owner.as_deref() == Some(row.actor.as_str());
-        if !accepted {
+        // An accepted claim made its actor the owner, at the claim's epoch.
+        let (true, Some(epoch)) = (accepted, t.epoch) else {
             return;
-        }
+        };
         self.claims.push(Claim {
             index,
             task: task.to_string(),
             actor: row.actor.clone(),
-            epoch: t.epoch.unwrap_or_default(),
+            epoch,
             attempt: t.attempts,
             at: row.at,
         });
@@ -337,7 +338,7 @@ mod tests {
             .iter()
             .map(|c| (c.index, c.actor.as_str(), c.epoch))
             .collect();
-        assert_eq!(claims, vec![(2, "ada", 1)]);
+        assert_eq!(claims, vec![(2, "ada", ClaimEpoch(1))]);
         let completions: Vec<(usize, &str, bool)> = t
             .completions
             .iter()

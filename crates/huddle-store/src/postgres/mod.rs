@@ -410,7 +410,7 @@ fn decode_row(row: &Row) -> Result<(Position, std::result::Result<RawRow, String
             parent: col(row, 8, "parent")?,
             caused_by,
             body: col(row, 10, "body")?,
-            at: col(row, 11, "at")?,
+            at: Timestamp(col(row, 11, "at")?),
             relay: col(row, 12, "relay")?,
         })
     })();
@@ -621,8 +621,8 @@ fn claim_state(key: &str, row: &Row) -> Result<ClaimState> {
     Ok(ClaimState {
         key: key.to_string(),
         holder: row.try_get(0).map_err(map_pg)?,
-        epoch: row.try_get(1).map_err(map_pg)?,
-        expires_at: row.try_get(2).map_err(map_pg)?,
+        epoch: Epoch(row.try_get(1).map_err(map_pg)?),
+        expires_at: Timestamp(row.try_get(2).map_err(map_pg)?),
     })
 }
 
@@ -700,11 +700,11 @@ impl Ledger for PgStore {
         for fence in fences {
             let held = match &closing_bytes {
                 None => {
-                    tx.query_opt(&check, &[&fence.key, &fence.holder, &fence.epoch])
+                    tx.query_opt(&check, &[&fence.key, &fence.holder, &fence.epoch.get()])
                         .await
                 }
                 Some(by) => {
-                    tx.query_opt(&check, &[&fence.key, &fence.holder, &fence.epoch, by])
+                    tx.query_opt(&check, &[&fence.key, &fence.holder, &fence.epoch.get(), by])
                         .await
                 }
             }
@@ -759,7 +759,7 @@ impl Ledger for PgStore {
         let client = self.client().await?;
         let statement = client.prepare_cached(sql::NOW).await.map_err(map_pg)?;
         let row = client.query_one(&statement, &[]).await.map_err(map_pg)?;
-        row.try_get(0).map_err(map_pg)
+        row.try_get(0).map(Timestamp).map_err(map_pg)
     }
 
     fn poll_interval(&self) -> Duration {
@@ -812,7 +812,7 @@ impl Claims for PgStore {
         let client = self.client().await?;
         let statement = client.prepare_cached(sql::RENEW).await.map_err(map_pg)?;
         client
-            .query_opt(&statement, &[&key, &holder, &epoch, &ttl])
+            .query_opt(&statement, &[&key, &holder, &epoch.get(), &ttl])
             .await
             .map_err(map_pg)?
             .map(|row| claim_state(key, &row))
@@ -823,7 +823,7 @@ impl Claims for PgStore {
         let client = self.client().await?;
         let statement = client.prepare_cached(sql::RELEASE).await.map_err(map_pg)?;
         let n = client
-            .execute(&statement, &[&key, &holder, &epoch])
+            .execute(&statement, &[&key, &holder, &epoch.get()])
             .await
             .map_err(map_pg)?;
         Ok(n > 0)
@@ -842,8 +842,8 @@ impl Claims for PgStore {
                     state: ClaimState {
                         key: row.try_get(0).map_err(map_pg)?,
                         holder: row.try_get(1).map_err(map_pg)?,
-                        epoch: row.try_get(2).map_err(map_pg)?,
-                        expires_at: row.try_get(3).map_err(map_pg)?,
+                        epoch: Epoch(row.try_get(2).map_err(map_pg)?),
+                        expires_at: Timestamp(row.try_get(3).map_err(map_pg)?),
                     },
                     live: row.try_get(4).map_err(map_pg)?,
                 })
