@@ -121,7 +121,8 @@ BEGIN
         EXCEPTION WHEN others THEN
             want_epoch := NULL;
         END;
-        IF want_epoch IS NULL OR jsonb_typeof(doc -> 'task') IS DISTINCT FROM 'string' THEN
+        IF want_epoch IS NULL OR jsonb_typeof(doc -> 'epoch') IS DISTINCT FROM 'number'
+           OR jsonb_typeof(doc -> 'task') IS DISTINCT FROM 'string' THEN
             RAISE EXCEPTION 'huddle: % refused: its body names no task and claim epoch',
                 NEW.verb USING ERRCODE = 'insufficient_privilege';
         END IF;
