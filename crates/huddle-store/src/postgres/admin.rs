@@ -197,7 +197,14 @@ async fn init_on(client: &mut Client) -> Result<Vec<i64>> {
         .map_err(map_pg)?
         .try_get(0)
         .map_err(map_pg)?;
-    if !is_super {
+    if is_super {
+        // Readers pass over transactions running in other databases only when they
+        // can see them (docs/operations.md, "Postgres requirements").
+        client
+            .batch_execute(&format!("GRANT pg_read_all_stats TO {}", ident(READER_ROLE)))
+            .await
+            .map_err(|e| admin_err("granting pg_read_all_stats", e))?;
+    } else {
         client
             .batch_execute(&format!("GRANT {owner} TO CURRENT_USER"))
             .await
