@@ -67,7 +67,11 @@ async fn operations_setup_runs_relays_under_their_own_roles() {
     h.stop_all().await;
     h.ledger.assert_all_done_exactly_once(4);
     let roles: Vec<&str> = urls.iter().map(|(n, _)| n.as_str()).collect();
-    for verb in [Verb::TaskClaimed, Verb::TaskCompleted, Verb::AgentRegistered] {
+    for verb in [
+        Verb::TaskClaimed,
+        Verb::TaskCompleted,
+        Verb::AgentRegistered,
+    ] {
         for (_, r) in h.ledger.of_verb(verb) {
             assert!(
                 roles.contains(&r.relay.as_str()),

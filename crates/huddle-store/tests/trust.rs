@@ -36,7 +36,13 @@ fn completed(task: &str, agent: &str, epoch: i64, note: &str) -> NewInteraction 
         result: Some(format!("forged: {note}")),
         tokens: None,
     };
-    NewInteraction::new(ROOM, Verb::TaskCompleted, agent, Role::Agent, body.to_body())
+    NewInteraction::new(
+        ROOM,
+        Verb::TaskCompleted,
+        agent,
+        Role::Agent,
+        body.to_body(),
+    )
 }
 
 fn ended(verb: Verb, task: &str, agent: &str, epoch: i64) -> NewInteraction {
@@ -134,7 +140,10 @@ fn won(a: Acquired) -> i64 {
 async fn claim_battery(honest: &dyn Store, attacker: &dyn Store, t: &mut Tally) {
     const FENCE_ERR: &[&str] = &["huddle:", "refused"];
     let task_key = format!("task/{ROOM}/t1");
-    let epoch = won(honest.acquire(&task_key, "ada", TTL).await.expect("acquire"));
+    let epoch = won(honest
+        .acquire(&task_key, "ada", TTL)
+        .await
+        .expect("acquire"));
     // The honest path passes: a fenced task.claimed under the live claim.
     let fence = Fence {
         key: task_key.clone(),
@@ -225,7 +234,11 @@ async fn claim_battery(honest: &dyn Store, attacker: &dyn Store, t: &mut Tally) 
     }
 
     // An agent reply with no reply claim.
-    let question = honest.append(vec![human("who answers?")]).await.expect("post")[0].id;
+    let question = honest
+        .append(vec![human("who answers?")])
+        .await
+        .expect("post")[0]
+        .id;
     t.attempt(
         "an agent reply without its reply claim",
         append(attacker, reply("ada", question, "forged answer")).await,
@@ -233,7 +246,10 @@ async fn claim_battery(honest: &dyn Store, attacker: &dyn Store, t: &mut Tally) 
     );
     // The reply claim held by another agent.
     let reply_key = format!("reply/{ROOM}/{question}");
-    let reply_epoch = won(honest.acquire(&reply_key, "bo", TTL).await.expect("acquire"));
+    let reply_epoch = won(honest
+        .acquire(&reply_key, "bo", TTL)
+        .await
+        .expect("acquire"));
     t.attempt(
         "an agent reply by an agent not holding the reply claim",
         append(attacker, reply("ada", question, "forged answer")).await,
@@ -259,7 +275,10 @@ async fn claim_battery(honest: &dyn Store, attacker: &dyn Store, t: &mut Tally) 
     );
 
     // The holder of a released claim.
-    assert!(honest.release(&task_key, "ada", epoch).await.expect("release"));
+    assert!(honest
+        .release(&task_key, "ada", epoch)
+        .await
+        .expect("release"));
     t.attempt(
         "task.completed by the holder of a released claim",
         append(attacker, completed("t1", "ada", epoch, "released")).await,
@@ -273,7 +292,10 @@ async fn claim_battery(honest: &dyn Store, attacker: &dyn Store, t: &mut Tally) 
 
     // A completed task: the claim is closed by the completion; another completion at
     // the same epoch is refused.
-    let epoch2 = won(honest.acquire(&task_key, "ada", TTL).await.expect("re-acquire"));
+    let epoch2 = won(honest
+        .acquire(&task_key, "ada", TTL)
+        .await
+        .expect("re-acquire"));
     assert!(epoch2 > epoch);
     let fence2 = Fence {
         key: task_key.clone(),
@@ -328,7 +350,10 @@ async fn sqlite_refuses_forged_rows() {
     // Raw statements on the file (a writer not going through huddle at all).
     let conn = rusqlite::Connection::open(path).expect("open raw");
     for (what, sql) in [
-        ("UPDATE of an interaction", "UPDATE interaction SET body = '{}'"),
+        (
+            "UPDATE of an interaction",
+            "UPDATE interaction SET body = '{}'",
+        ),
         ("DELETE of an interaction", "DELETE FROM interaction"),
     ] {
         let out = conn.execute(sql, []).map(|_| ()).map_err(|e| e.to_string());
@@ -343,7 +368,11 @@ async fn sqlite_refuses_forged_rows() {
         )
         .map(|_| ())
         .map_err(|e| e.to_string());
-    t.attempt("a raw INSERT of a completion at i64::MAX", out, &["huddle:"]);
+    t.attempt(
+        "a raw INSERT of a completion at i64::MAX",
+        out,
+        &["huddle:"],
+    );
     t.finish("sqlite");
 }
 
@@ -419,7 +448,10 @@ async fn postgres_refuses_forged_rows_and_statements() {
         },
         &["held"],
     );
-    let renewed = attacker.renew(&key, "ada", epoch, TTL).await.expect("renew");
+    let renewed = attacker
+        .renew(&key, "ada", epoch, TTL)
+        .await
+        .expect("renew");
     t.attempt(
         "renewing another relay's claim",
         renewed.map_or(Err("not renewed".to_string()), |_| Ok(())),
@@ -495,14 +527,8 @@ async fn postgres_refuses_forged_rows_and_statements() {
              VALUES ('task/lobby/t7', 'ada', 9223372036854775807, now() + interval '1 hour')"
                 .into(),
         ),
-        (
-            "DELETE of claims",
-            "DELETE FROM external_claim".into(),
-        ),
-        (
-            "dropping the ledger",
-            "DROP TABLE interaction".into(),
-        ),
+        ("DELETE of claims", "DELETE FROM external_claim".into()),
+        ("dropping the ledger", "DROP TABLE interaction".into()),
         (
             "creating a shadowing table in public",
             "CREATE TABLE public.external_claim_x (k text)".into(),
@@ -535,7 +561,10 @@ async fn postgres_refuses_forged_rows_and_statements() {
          VALUES (decode(repeat('cd', 32), 'hex'), 'lobby', 'task.claimed', 'ada', 'agent', \
                  '{{\"task\":\"t9\",\"epoch\":{epoch},\"attempt\":1}}')"
     );
-    let out = owner.batch_execute(&owner_claim).await.map_err(|e| db_error(&e));
+    let out = owner
+        .batch_execute(&owner_claim)
+        .await
+        .map_err(|e| db_error(&e));
     t.attempt("owner role: task.claimed at a live epoch", out, denied);
     drop(raw);
     drop(owner);

@@ -201,7 +201,10 @@ async fn init_on(client: &mut Client) -> Result<Vec<i64>> {
         // Readers pass over transactions running in other databases only when they
         // can see them (docs/operations.md, "Postgres requirements").
         client
-            .batch_execute(&format!("GRANT pg_read_all_stats TO {}", ident(READER_ROLE)))
+            .batch_execute(&format!(
+                "GRANT pg_read_all_stats TO {}",
+                ident(READER_ROLE)
+            ))
             .await
             .map_err(|e| admin_err("granting pg_read_all_stats", e))?;
     } else {
@@ -251,10 +254,7 @@ async fn init_on(client: &mut Client) -> Result<Vec<i64>> {
         .await
         .map_err(|e| admin_err("acting as the schema owner", e))?;
     super::migrate::migrate_on(client).await?;
-    client
-        .batch_execute("RESET ROLE")
-        .await
-        .map_err(map_pg)?;
+    client.batch_execute("RESET ROLE").await.map_err(map_pg)?;
     let db: String = client
         .query_one("SELECT current_database()", &[])
         .await
@@ -356,10 +356,7 @@ async fn check_ours(client: &Client, name: &str) -> Result<()> {
                     EXISTS (SELECT 1 FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid
                             WHERE m.member = r.oid AND g.rolname = ANY($2))
              FROM pg_roles r WHERE r.rolname = $1",
-            &[
-                &name,
-                &vec![RELAY_ROLE, WRITER_ROLE, READER_ROLE],
-            ],
+            &[&name, &vec![RELAY_ROLE, WRITER_ROLE, READER_ROLE]],
         )
         .await
         .map_err(map_pg)?;
@@ -466,7 +463,14 @@ mod tests {
     fn login_names_are_checked() {
         assert!(valid_login_name("relay-a").is_ok());
         assert!(valid_login_name("r_1").is_ok());
-        for bad in ["", "huddle_relay", "pg_monitor", "a b", "a\"b", &"x".repeat(64)] {
+        for bad in [
+            "",
+            "huddle_relay",
+            "pg_monitor",
+            "a b",
+            "a\"b",
+            &"x".repeat(64),
+        ] {
             assert!(valid_login_name(bad).is_err(), "{bad:?}");
         }
     }
