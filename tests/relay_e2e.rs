@@ -808,9 +808,15 @@ async fn forged_completions_change_nothing(backend: Backend) {
         ),
         forged("f2", &owner, Role::Agent, epoch, "a task nobody holds"),
     ];
+    // The database refuses every one (migration 0003: a task row needs a live claim
+    // held by its actor at its epoch); the folds would ignore them as well.
     for r in rows {
-        let out = h.store.append(vec![r]).await.expect("append a forged row");
-        assert!(out[0].inserted);
+        let err = h
+            .store
+            .append(vec![r])
+            .await
+            .expect_err("the database refuses a forged completion");
+        assert!(err.to_string().contains("huddle:"), "{err}");
     }
     h.refresh().await;
     let after = h.ledger.dag.room(&h.room).expect("room");
@@ -818,7 +824,7 @@ async fn forged_completions_change_nothing(backend: Backend) {
         after.tasks, before,
         "forged completions changed the task DAG"
     );
-    assert_eq!(after.refusals.refused, 6, "{:?}", after.refusals);
+    assert_eq!(after.refusals.refused, 0, "{:?}", after.refusals);
     assert!(
         h.ledger.dag.ready_frontier(&h.room).is_empty(),
         "f2 became ready"
@@ -833,7 +839,7 @@ async fn forged_completions_change_nothing(backend: Backend) {
     let completions = h.ledger.completions();
     let accepted: Vec<_> = completions.iter().filter(|c| c.accepted).collect();
     assert_eq!(accepted.len(), 2, "{completions:#?}");
-    assert_eq!(completions.len(), 8);
+    assert_eq!(completions.len(), 2);
     let f1 = accepted.iter().find(|c| c.task == "f1").expect("f1");
     assert_eq!((f1.actor.as_str(), f1.epoch.get()), (owner.as_str(), epoch));
     let f2_claim = h

@@ -1,6 +1,7 @@
 //! `huddle`: the command-line tool. Flag definitions and glue; the work is done by
 //! the library crates.
 
+mod admin;
 mod bench_coord;
 mod bench_ledger;
 mod demo;
@@ -108,6 +109,12 @@ pub enum Command {
         /// JSON output.
         #[arg(long)]
         json: bool,
+    },
+    /// Database roles on Postgres: `init`, `add-relay`, `remove-relay`, `add-owner`,
+    /// `add-reader`, ... (run with the administrator's `--db`).
+    Admin {
+        #[command(subcommand)]
+        command: admin::AdminCommand,
     },
     /// List claims.
     Claims {
@@ -265,6 +272,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Admin { command } => admin::run(&db, options, command).await,
         Command::Claims { prefix, json } => ledger_cmds::claims(&db, options, &prefix, json).await,
     }
 }

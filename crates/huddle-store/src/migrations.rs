@@ -44,6 +44,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "claim_close",
         sql: include_str!("../../../migrations/postgres/0002_claim_close.sql"),
     },
+    Migration {
+        version: 3,
+        name: "trust",
+        sql: include_str!("../../../migrations/postgres/0003_trust.sql"),
+    },
 ];
 
 /// SQLite migrations, in order.
@@ -57,6 +62,11 @@ pub const SQLITE: &[Migration] = &[
         version: 2,
         name: "claim_close",
         sql: include_str!("../../../migrations/sqlite/0002_claim_close.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "trust",
+        sql: include_str!("../../../migrations/sqlite/0003_trust.sql"),
     },
 ];
 

@@ -13,11 +13,19 @@
 //!   coalesced). One dedicated LISTEN connection per store rings the bell for other
 //!   stores' appends and re-LISTENs after a drop.
 //! - **Claims** are single statements judged by the database clock; a fenced append
-//!   locks the claim row `FOR SHARE` in the append's transaction.
+//!   locks the claim row `FOR SHARE` in the append's transaction. They go through
+//!   the SECURITY DEFINER functions of migration 0003, which act for the calling
+//!   role only (a claim records the role that acquired it), so a relay role needs no
+//!   UPDATE on `external_claim`.
+//! - **Trust** (migration 0003): every row's `relay` is the writing role, and the
+//!   insert trigger refuses task and reply rows whose claim is not live, held by the
+//!   row's actor at its epoch and acquired by the writing role. The roles themselves
+//!   are made by [`admin`].
 //!
 //! Pooled sessions carry `application_name` and `idle_in_transaction_session_timeout`,
 //! so one stuck session cannot hold back every reader's cursor for long.
 
+pub mod admin;
 mod doorbell;
 mod errors;
 mod migrate;
@@ -709,7 +717,11 @@ impl Ledger for PgStore {
                 }
             }
             .map_err(map_pg)?;
-            if held.is_none() {
+            let held = match held {
+                Some(row) => row.try_get::<_, Option<bool>>(0).map_err(map_pg)? == Some(true),
+                None => false,
+            };
+            if !held {
                 tx.rollback().await.map_err(map_pg)?;
                 return Err(StoreError::Fenced {
                     key: fence.key.clone(),
@@ -822,11 +834,11 @@ impl Claims for PgStore {
     async fn release(&self, key: &str, holder: &str, epoch: Epoch) -> Result<bool> {
         let client = self.client().await?;
         let statement = client.prepare_cached(sql::RELEASE).await.map_err(map_pg)?;
-        let n = client
-            .execute(&statement, &[&key, &holder, &epoch.get()])
+        let row = client
+            .query_one(&statement, &[&key, &holder, &epoch.get()])
             .await
             .map_err(map_pg)?;
-        Ok(n > 0)
+        Ok(row.try_get::<_, Option<bool>>(0).map_err(map_pg)? == Some(true))
     }
 
     async fn list_claims(&self, prefix: &str) -> Result<Vec<ClaimRow>> {
