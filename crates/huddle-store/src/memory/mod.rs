@@ -21,7 +21,7 @@
 //! use std::time::Duration;
 //! use huddle_store::memory::{ManualClock, MemoryStore};
 //! use huddle_store::{Claims, StoreOptions};
-//! let clock = ManualClock::new(1_000_000);
+//! let clock = ManualClock::new(huddle_core::Timestamp(1_000_000));
 //! let store = MemoryStore::with_clock(StoreOptions::default(), clock.clone());
 //! let other = store.handle(StoreOptions { relay: "second".into(), ..StoreOptions::default() });
 //! assert!(store.acquire("task/lobby/t1", "a", Duration::from_secs(1)).await?.won());
