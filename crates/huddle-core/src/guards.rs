@@ -612,7 +612,7 @@ mod tests {
             Role::Owner,
             json!({"owner": "olga"}),
         ));
-        config.apply(&row(
+        let set = row(
             2,
             0,
             "lobby",
@@ -621,7 +621,10 @@ mod tests {
             "olga",
             Role::Owner,
             json!({"set": {"max-hops": 0}}),
-        ));
+        );
+        // As if a verified `!config` produced it (the authority is tested in commands).
+        config.authorize(set.id);
+        config.apply(&set);
         let guards = GuardFold::new();
         let fwd = |thread| {
             row(

@@ -8,7 +8,7 @@
 //! The modules form layers; each imports only from the layers before it:
 //!
 //! 1. the record: [`error`], [`limits`], [`id`], [`canonical`], [`verbs`], [`model`],
-//!    [`fold`];
+//!    [`fold`], [`signing`];
 //! 2. the wire vocabulary: [`protocol`] (bodies, claim keys and epochs, names);
 //! 3. the folds: [`config`], [`tasks`], [`lease`], [`budget`], [`context`], the
 //!    coordination patterns [`decision`] and [`barrier`] (on the shared [`pattern`]),
@@ -46,6 +46,7 @@ pub mod policy;
 pub mod protocol;
 #[cfg(test)]
 mod robustness;
+pub mod signing;
 pub mod sync;
 pub mod tasks;
 #[cfg(test)]
