@@ -578,8 +578,12 @@ impl Ledger {
             }
             self.cursor = batch.next;
             for r in batch.rows {
-                self.fold.apply(&r);
+                // As the relays do: a task.created / config.set that no signed owner
+                // command produced is kept from the other folds.
                 self.config.apply(&r);
+                if self.config.admits(&r) {
+                    self.fold.apply(&r);
+                }
                 self.rows.push(r);
             }
         }
@@ -731,11 +735,15 @@ impl Ledger {
     /// what a relay whose reads ended at `cursor` must have folded.
     pub fn hashes_upto(&self, cursor: Position) -> (String, String) {
         let mut fold = Tally::new(&self.room);
+        let mut authority = ConfigFold::new();
         for (_, r) in self.room_rows() {
             if r.position > cursor {
                 break;
             }
-            fold.apply(r);
+            authority.apply(r);
+            if authority.admits(r) {
+                fold.apply(r);
+            }
         }
         let h = fold.state_hashes();
         (h.board, h.tasks)

@@ -4,13 +4,15 @@
 //! same interactions: `task.created` rows, a `config.set` row and a reply message,
 //! each with the command message as parent. Their content is deterministic, so when
 //! several relays append them the ledger keeps one copy (identical content is the same
-//! interaction). Only the room owner's messages are parsed; agent text never is.
+//! interaction). Only the room owner's messages signed by the room's owner key are
+//! executed; agent text never is. `task.created` and `config.set` rows that no
+//! verified command produced (forged, hand-written) are dropped here, before any
+//! other fold sees them, and counted by the config fold.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use huddle_core::commands::{get_reply, help_text, ConfigCommand, ParseContext};
+use huddle_core::commands::{derived_rows, get_reply, help_text, ConfigCommand, ParseContext};
 use huddle_core::config::RoomConfig;
-use huddle_core::tasks::TaskCreatedBody;
 use huddle_core::{
     owner_command_in, ConfigFold, Fold, Interaction, NewInteraction, OwnerCommand, Role, Verb,
 };
@@ -39,7 +41,6 @@ pub enum Step {
 pub struct CommandHandler {
     rooms: BTreeSet<String>,
     config: ConfigFold,
-    tasks: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// What [`CommandHandler::observe`] found in a batch.
@@ -57,7 +58,6 @@ impl CommandHandler {
         CommandHandler {
             rooms: rooms.into_iter().collect(),
             config: ConfigFold::new(),
-            tasks: BTreeMap::new(),
         }
     }
 
@@ -73,13 +73,15 @@ impl CommandHandler {
         let mut pending: Vec<Interaction> = Vec::new();
         for row in rows {
             self.config.apply(&row);
-            if row.verb == Verb::TaskCreated {
-                if let Some(task) = row.body.get("task").and_then(|t| t.as_str()) {
-                    self.tasks
-                        .entry(row.room.clone())
-                        .or_default()
-                        .insert(task.to_string());
-                }
+            if !self.config.admits(&row) {
+                tracing::info!(
+                    room = %row.room,
+                    id = %row.id.short(),
+                    verb = %row.verb,
+                    actor = %row.actor,
+                    "ignoring a row no signed owner command produced"
+                );
+                continue;
             }
             let hosted = self.rooms.contains(&row.room);
             if hosted && row.verb == Verb::ConfigSet {
@@ -114,8 +116,7 @@ impl CommandHandler {
 
     /// The interactions an owner command in `row` produces (empty when it is none).
     fn execute(&self, row: &Interaction) -> Vec<NewInteraction> {
-        let existing = self.tasks.get(&row.room);
-        let task_exists = |id: &str| existing.is_some_and(|s| s.contains(id));
+        let task_exists = |id: &str| self.config.task_exists(&row.room, id);
         let ctx = ParseContext {
             task_exists: &task_exists,
         };
@@ -123,41 +124,20 @@ impl CommandHandler {
             return Vec::new();
         };
         let thread = row.thread.as_deref();
-        let mut out = Vec::new();
-        let reply = match parsed {
-            Err(e) => e.to_string(),
-            Ok(OwnerCommand::Delegate(plan)) => {
-                let max_attempts = self.config.effective(&row.room, thread).max_attempts;
-                for t in &plan.tasks {
-                    let body = TaskCreatedBody {
-                        task: t.id.clone(),
-                        label: t.label.clone(),
-                        deps: t.deps.clone(),
-                        assignee: t.assignee.clone(),
-                        needs: Vec::new(),
-                        max_attempts: Some(max_attempts),
-                    };
-                    let body = serde_json::to_value(&body).unwrap_or_else(|_| json!({}));
-                    let mut created = NewInteraction::new(
-                        row.room.clone(),
-                        Verb::TaskCreated,
-                        row.actor.clone(),
-                        Role::Owner,
-                        body,
-                    )
-                    .with_parent(row.id);
-                    created.thread = row.thread.clone();
-                    out.push(created);
-                }
-                plan.summary()
-            }
-            Ok(OwnerCommand::Config(ConfigCommand::Help { key })) => help_text(key),
-            Ok(OwnerCommand::Config(ConfigCommand::Get { target, key })) => {
-                get_reply(&self.config, &row.room, thread, target, key)
-            }
-            Ok(OwnerCommand::Config(ConfigCommand::Change(change))) => {
-                out.push(change.to_interaction(&row.room, thread, &row.actor, row.id));
-                change.reply_text(thread)
+        let (mut out, reply) = match &parsed {
+            Err(e) => (Vec::new(), e.to_string()),
+            Ok(command) => {
+                let reply = match command {
+                    OwnerCommand::Delegate(plan) => plan.summary(),
+                    OwnerCommand::Config(ConfigCommand::Help { key }) => help_text(*key),
+                    OwnerCommand::Config(ConfigCommand::Get { target, key }) => {
+                        get_reply(&self.config, &row.room, thread, *target, *key)
+                    }
+                    OwnerCommand::Config(ConfigCommand::Change(change)) => {
+                        change.reply_text(thread)
+                    }
+                };
+                (derived_rows(row, command, &self.config), reply)
             }
         };
         let mut message = NewInteraction::new(
