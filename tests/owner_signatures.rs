@@ -158,9 +158,9 @@ async fn only_signed_owner_commands_take_effect(backend: Backend) {
             "{forged} was claimed"
         );
     }
-    assert_eq!(l.config.owner(&h.room), Some("olga"));
+    assert_eq!(l.config.config().owner(&h.room), Some("olga"));
     assert_eq!(
-        l.config.owner_key(&h.room),
+        l.config.config().owner_key(&h.room),
         Some(common::owner_key("olga").public()),
         "a later room.created changed the owner key"
     );

@@ -30,7 +30,7 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
 /// out); fails when the room was never created.
 async fn fold_room(store: &dyn Store, room: &str) -> anyhow::Result<Tally> {
     let mut tally = Tally::new(room);
-    let mut authority = huddle_core::ConfigFold::new();
+    let mut authority = huddle_core::OwnerAuthority::new();
     let mut cursor = Position::START;
     let mut created = false;
     loop {

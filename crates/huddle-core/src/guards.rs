@@ -622,8 +622,6 @@ mod tests {
             Role::Owner,
             json!({"set": {"max-hops": 0}}),
         );
-        // As if a verified `!config` produced it (the authority is tested in commands).
-        config.authorize(set.id);
         config.apply(&set);
         let guards = GuardFold::new();
         let fwd = |thread| {

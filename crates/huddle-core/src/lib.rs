@@ -55,7 +55,7 @@ pub mod verbs;
 
 pub use barrier::{BarrierFold, BarrierRules, BarrierStatus};
 pub use budget::{BudgetFold, BudgetStatus};
-pub use commands::{owner_command, owner_command_in, CommandError, OwnerCommand};
+pub use commands::{owner_command, owner_command_in, CommandError, OwnerAuthority, OwnerCommand};
 pub use config::ConfigFold;
 pub use context::{render_related_context, select_related, ContextRules, RelatedContext};
 pub use decision::{DecisionFold, DecisionRules, DecisionStatus};

@@ -7,14 +7,15 @@
 //! interaction). Only the room owner's messages signed by the room's owner key are
 //! executed; agent text never is. `task.created` and `config.set` rows that no
 //! verified command produced (forged, hand-written) are dropped here, before any
-//! other fold sees them, and counted by the config fold.
+//! other fold sees them, and counted ([`OwnerAuthority`]).
 
 use std::collections::BTreeSet;
 
 use huddle_core::commands::{derived_rows, get_reply, help_text, ConfigCommand, ParseContext};
 use huddle_core::config::RoomConfig;
 use huddle_core::{
-    owner_command_in, ConfigFold, Fold, Interaction, NewInteraction, OwnerCommand, Role, Verb,
+    owner_command_in, ConfigFold, Fold, Interaction, NewInteraction, OwnerAuthority, OwnerCommand,
+    Role, Verb,
 };
 use serde_json::json;
 
@@ -40,7 +41,7 @@ pub enum Step {
 /// Folds room config and executes owner commands.
 pub struct CommandHandler {
     rooms: BTreeSet<String>,
-    config: ConfigFold,
+    authority: OwnerAuthority,
 }
 
 /// What [`CommandHandler::observe`] found in a batch.
@@ -57,13 +58,13 @@ impl CommandHandler {
     pub fn new(rooms: impl IntoIterator<Item = String>) -> Self {
         CommandHandler {
             rooms: rooms.into_iter().collect(),
-            config: ConfigFold::new(),
+            authority: OwnerAuthority::new(),
         }
     }
 
     /// The config fold.
     pub fn config(&self) -> &ConfigFold {
-        &self.config
+        self.authority.config()
     }
 
     /// Folds `rows` (in ledger order): splits them around config changes and
@@ -72,8 +73,8 @@ impl CommandHandler {
         let mut out = Observed::default();
         let mut pending: Vec<Interaction> = Vec::new();
         for row in rows {
-            self.config.apply(&row);
-            if !self.config.admits(&row) {
+            self.authority.apply(&row);
+            if !self.authority.admits(&row) {
                 tracing::info!(
                     room = %row.room,
                     id = %row.id.short(),
@@ -90,13 +91,13 @@ impl CommandHandler {
                 pending.push(row);
                 out.steps.push(Step::Rows(std::mem::take(&mut pending)));
                 out.steps.push(Step::Config {
-                    config: self.config.effective(&room, None),
+                    config: self.config().effective(&room, None),
                     room: room.clone(),
                     thread: None,
                 });
                 if let Some(t) = thread {
                     out.steps.push(Step::Config {
-                        config: self.config.effective(&room, Some(&t)),
+                        config: self.config().effective(&room, Some(&t)),
                         room,
                         thread: Some(t),
                     });
@@ -116,11 +117,11 @@ impl CommandHandler {
 
     /// The interactions an owner command in `row` produces (empty when it is none).
     fn execute(&self, row: &Interaction) -> Vec<NewInteraction> {
-        let task_exists = |id: &str| self.config.task_exists(&row.room, id);
+        let task_exists = |id: &str| self.authority.task_exists(&row.room, id);
         let ctx = ParseContext {
             task_exists: &task_exists,
         };
-        let Some(parsed) = owner_command_in(row, &self.config, &ctx) else {
+        let Some(parsed) = owner_command_in(row, self.config(), &ctx) else {
             return Vec::new();
         };
         let thread = row.thread.as_deref();
@@ -131,13 +132,13 @@ impl CommandHandler {
                     OwnerCommand::Delegate(plan) => plan.summary(),
                     OwnerCommand::Config(ConfigCommand::Help { key }) => help_text(*key),
                     OwnerCommand::Config(ConfigCommand::Get { target, key }) => {
-                        get_reply(&self.config, &row.room, thread, *target, *key)
+                        get_reply(self.config(), &row.room, thread, *target, *key)
                     }
                     OwnerCommand::Config(ConfigCommand::Change(change)) => {
                         change.reply_text(thread)
                     }
                 };
-                (derived_rows(row, command, &self.config), reply)
+                (derived_rows(row, command, self.config()), reply)
             }
         };
         let mut message = NewInteraction::new(

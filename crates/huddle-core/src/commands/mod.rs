@@ -23,11 +23,13 @@
 //!
 //! The grammar of both commands is documented in `docs/protocol/commands.md`.
 
+mod authority;
 mod config_cmd;
 mod delegate;
 #[cfg(test)]
 mod tests;
 
+pub use authority::OwnerAuthority;
 pub use config_cmd::{
     get_reply, help_text, parse_config, ConfigChange, ConfigCommand, ConfigError, ConfigTarget,
 };

@@ -1,7 +1,7 @@
 //! Tests of both owner commands through their public seams.
 
 use super::*;
-use crate::config::ConfigFold;
+use crate::commands::OwnerAuthority;
 use crate::config::{ConfigKey, ConfigValue};
 use crate::fold::Fold;
 use crate::model::{NewInteraction, Position};
@@ -526,8 +526,6 @@ fn get_reply_shows_sources() {
             json!({"set": {"loop-max": 2}}),
         ),
     ] {
-        // As if a verified `!config` produced it; the authority is tested below.
-        fold.authorize(set.id);
         fold.apply(&set);
     }
     let reply = get_reply(&fold, "lobby", Some("t1"), ConfigTarget::Here, None);
@@ -636,13 +634,16 @@ fn ledger_rows_command_only_from_the_named_owner_and_key() {
 fn only_commands_signed_by_the_room_key_execute() {
     let key = owner_secret();
     let mallory = OwnerSecret::from_seed([0x66; 32]);
-    let mut fold = ConfigFold::new();
-    fold.apply(&created_with_key(1, "lobby", "olga", &key));
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &key));
     let ctx = ParseContext::default();
 
     let good = signed_post(2, "lobby", None, "olga", "!config rate 5", &key);
-    assert_eq!(fold.check_signature(&good), Ok(()));
-    assert!(matches!(owner_command_in(&good, &fold, &ctx), Some(Ok(_))));
+    assert_eq!(auth.config().check_signature(&good), Ok(()));
+    assert!(matches!(
+        owner_command_in(&good, auth.config(), &ctx),
+        Some(Ok(_))
+    ));
 
     let mut tampered = good.content();
     tampered.body["text"] = json!("!config rate 1");
@@ -683,13 +684,20 @@ fn only_commands_signed_by_the_room_key_execute() {
         ),
     ];
     for (row, why) in &refused {
-        assert_eq!(fold.check_signature(row).as_ref(), Err(why), "{row:?}");
-        assert!(owner_command_in(row, &fold, &ctx).is_none(), "{row:?}");
+        assert_eq!(
+            auth.config().check_signature(row).as_ref(),
+            Err(why),
+            "{row:?}"
+        );
+        assert!(
+            owner_command_in(row, auth.config(), &ctx).is_none(),
+            "{row:?}"
+        );
     }
     for (row, _) in &refused {
-        fold.apply(row);
+        auth.apply(row);
     }
-    assert_eq!(fold.unsigned_commands(), 4);
+    assert_eq!(auth.unsigned_commands(), 4);
     // Whatever config.set / task.created those would have produced is not admitted.
     let forged_set = row(
         7,
@@ -709,9 +717,9 @@ fn only_commands_signed_by_the_room_key_execute() {
         Position::new(0, 7),
         0,
     );
-    assert!(!fold.admits(&forged_set));
-    fold.apply(&forged_set);
-    assert_eq!(fold.effective("lobby", None).rate, 10);
+    assert!(!auth.admits(&forged_set));
+    auth.apply(&forged_set);
+    assert_eq!(auth.config().effective("lobby", None).rate, 10);
 }
 
 /// A verified command authorizes exactly the rows it derives: those are admitted
@@ -720,8 +728,8 @@ fn only_commands_signed_by_the_room_key_execute() {
 #[test]
 fn verified_commands_authorize_exactly_their_derived_rows() {
     let key = owner_secret();
-    let mut fold = ConfigFold::new();
-    fold.apply(&created_with_key(1, "lobby", "olga", &key));
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &key));
     let command = signed_post(
         2,
         "lobby",
@@ -730,18 +738,19 @@ fn verified_commands_authorize_exactly_their_derived_rows() {
         "!delegate\na: write\nb: test [after a]",
         &key,
     );
-    fold.apply(&command);
-    let Some(Ok(parsed)) = owner_command_in(&command, &fold, &ParseContext::default()) else {
+    auth.apply(&command);
+    let Some(Ok(parsed)) = owner_command_in(&command, auth.config(), &ParseContext::default())
+    else {
         panic!("the signed command parses");
     };
-    let derived = derived_rows(&command, &parsed, &fold);
+    let derived = derived_rows(&command, &parsed, auth.config());
     assert_eq!(derived.len(), 2);
     for (n, d) in derived.iter().enumerate() {
         let r = materialize(d.clone(), Position::new(0, 3 + n as u64), 0);
-        assert!(fold.admits(&r));
-        fold.apply(&r);
+        assert!(auth.admits(&r));
+        auth.apply(&r);
     }
-    assert!(fold.task_exists("lobby", "a") && fold.task_exists("lobby", "b"));
+    assert!(auth.task_exists("lobby", "a") && auth.task_exists("lobby", "b"));
 
     let mut forged = derived[0].clone();
     forged.parent = None;
@@ -750,21 +759,22 @@ fn verified_commands_authorize_exactly_their_derived_rows() {
     relabelled.body["label"] = json!("exfiltrate");
     for (n, f) in [forged, relabelled].into_iter().enumerate() {
         let r = materialize(f, Position::new(0, 10 + n as u64), 0);
-        assert!(!fold.admits(&r), "{r:?}");
-        fold.apply(&r);
+        assert!(!auth.admits(&r), "{r:?}");
+        auth.apply(&r);
     }
-    assert!(!fold.task_exists("lobby", "c"));
-    assert_eq!(fold.unauthorized_rows(), 2);
+    assert!(!auth.task_exists("lobby", "c"));
+    assert_eq!(auth.unauthorized_rows(), 2);
 
     // A signed !config change takes effect through its derived config.set only.
     let config = signed_post(20, "lobby", None, "olga", "!config rate 5", &key);
-    fold.apply(&config);
-    let Some(Ok(parsed)) = owner_command_in(&config, &fold, &ParseContext::default()) else {
+    auth.apply(&config);
+    let Some(Ok(parsed)) = owner_command_in(&config, auth.config(), &ParseContext::default())
+    else {
         panic!("the signed !config parses");
     };
-    let set = derived_rows(&config, &parsed, &fold).remove(0);
-    fold.apply(&materialize(set, Position::new(0, 21), 0));
-    assert_eq!(fold.effective("lobby", None).rate, 5);
+    let set = derived_rows(&config, &parsed, auth.config()).remove(0);
+    auth.apply(&materialize(set, Position::new(0, 21), 0));
+    assert_eq!(auth.config().effective("lobby", None).rate, 5);
 }
 
 /// The first room.created wins: a later one (any key, any actor) changes neither
@@ -773,15 +783,15 @@ fn verified_commands_authorize_exactly_their_derived_rows() {
 fn a_later_room_created_changes_nothing() {
     let key = owner_secret();
     let mallory = OwnerSecret::from_seed([0x66; 32]);
-    let mut fold = ConfigFold::new();
-    fold.apply(&created_with_key(1, "lobby", "olga", &key));
-    fold.apply(&created_with_key(2, "lobby", "mallory", &mallory));
-    fold.apply(&created_with_key(3, "lobby", "olga", &mallory));
-    assert_eq!(fold.owner("lobby"), Some("olga"));
-    assert_eq!(fold.owner_key("lobby"), Some(key.public()));
-    assert_eq!(fold.ignored_rows(), 2);
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &key));
+    auth.apply(&created_with_key(2, "lobby", "mallory", &mallory));
+    auth.apply(&created_with_key(3, "lobby", "olga", &mallory));
+    assert_eq!(auth.config().owner("lobby"), Some("olga"));
+    assert_eq!(auth.config().owner_key("lobby"), Some(key.public()));
+    assert_eq!(auth.config().ignored_rows(), 2);
     let by_mallory = signed_post(4, "lobby", None, "olga", "!config rate 1", &mallory);
-    assert!(owner_command_in(&by_mallory, &fold, &ParseContext::default()).is_none());
+    assert!(owner_command_in(&by_mallory, auth.config(), &ParseContext::default()).is_none());
 }
 
 /// A rotation signed by the current key replaces it from then on; one signed by any
@@ -806,35 +816,35 @@ fn key_rotation_is_honoured_from_then_on() {
         materialize(n, Position::new(0, pos), 0)
     };
     let ctx = ParseContext::default();
-    let mut fold = ConfigFold::new();
-    fold.apply(&created_with_key(1, "lobby", "olga", &old));
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &old));
     let before = signed_post(2, "lobby", None, "olga", "!config rate 5", &old);
-    assert!(owner_command_in(&before, &fold, &ctx).is_some());
+    assert!(owner_command_in(&before, auth.config(), &ctx).is_some());
 
     // Forged rotations: by mallory's key, unsigned, in another actor's name.
-    fold.apply(&rotate(3, "olga", &mallory, Some(&mallory)));
-    fold.apply(&rotate(4, "olga", &mallory, None));
-    fold.apply(&rotate(5, "mallory", &mallory, Some(&old)));
-    assert_eq!(fold.owner_key("lobby"), Some(old.public()));
-    assert_eq!(fold.ignored_rows(), 3);
+    auth.apply(&rotate(3, "olga", &mallory, Some(&mallory)));
+    auth.apply(&rotate(4, "olga", &mallory, None));
+    auth.apply(&rotate(5, "mallory", &mallory, Some(&old)));
+    assert_eq!(auth.config().owner_key("lobby"), Some(old.public()));
+    assert_eq!(auth.config().ignored_rows(), 3);
 
-    fold.apply(&rotate(6, "olga", &new, Some(&old)));
-    assert_eq!(fold.owner_key("lobby"), Some(new.public()));
+    auth.apply(&rotate(6, "olga", &new, Some(&old)));
+    assert_eq!(auth.config().owner_key("lobby"), Some(new.public()));
     let with_old = signed_post(7, "lobby", None, "olga", "!config rate 6", &old);
     let with_new = signed_post(8, "lobby", None, "olga", "!config rate 6", &new);
-    assert!(owner_command_in(&with_old, &fold, &ctx).is_none());
-    assert!(owner_command_in(&with_new, &fold, &ctx).is_some());
+    assert!(owner_command_in(&with_old, auth.config(), &ctx).is_none());
+    assert!(owner_command_in(&with_new, auth.config(), &ctx).is_some());
     // The old key cannot rotate any more.
-    fold.apply(&rotate(9, "olga", &mallory, Some(&old)));
-    assert_eq!(fold.owner_key("lobby"), Some(new.public()));
+    auth.apply(&rotate(9, "olga", &mallory, Some(&old)));
+    assert_eq!(auth.config().owner_key("lobby"), Some(new.public()));
 }
 
 /// A room whose room.created names no key runs no owner command at all.
 #[test]
 fn a_room_without_an_owner_key_runs_no_command() {
     let key = owner_secret();
-    let mut fold = ConfigFold::new();
-    fold.apply(&row(
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&row(
         1,
         0,
         "lobby",
@@ -845,8 +855,11 @@ fn a_room_without_an_owner_key_runs_no_command() {
         json!({"owner": "olga"}),
     ));
     let signed = signed_post(2, "lobby", None, "olga", "!config rate 5", &key);
-    assert_eq!(fold.check_signature(&signed), Err(SignatureError::NoKey));
-    assert!(owner_command_in(&signed, &fold, &ParseContext::default()).is_none());
+    assert_eq!(
+        auth.config().check_signature(&signed),
+        Err(SignatureError::NoKey)
+    );
+    assert!(owner_command_in(&signed, auth.config(), &ParseContext::default()).is_none());
 }
 
 // ---- properties -------------------------------------------------------------------

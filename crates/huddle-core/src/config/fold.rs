@@ -6,43 +6,34 @@
 //!   wins, every later one is ignored and counted. A thread inherits its room's owner.
 //! - `room.key_rotated` (`{"key": "<64 hex>", "sig": ...}`) by the owner, signed by
 //!   the room's current key, replaces the key from then on.
-//! - An owner command (a `message.posted` by the owner whose text starts with a command
-//!   word) counts only when it is signed by the room's current key
-//!   ([`crate::signing`]); unsigned or badly signed ones are counted in
-//!   [`ConfigFold::unsigned_commands`]. For each verified command the fold derives the
-//!   rows every relay appends for it ([`crate::commands::derived_rows`]) and
-//!   authorizes exactly those ids.
-//! - A `task.created` or `config.set` counts only when it is one of those authorized
-//!   rows: hand-written ones, whatever their `role`, are ignored and counted
-//!   ([`ConfigFold::unauthorized_rows`]); [`ConfigFold::admits`] tells the relay which
-//!   rows to keep from the other folds.
+//! - `config.set` counts only when its `role` is `owner`, its `actor` is the owner
+//!   and it comes after the `room.created`; anything else is ignored and counted in
+//!   [`ConfigFold::ignored_rows`]. Whether the owner really wrote it (a signed command
+//!   produced it) is judged above this fold, by
+//!   [`crate::commands::OwnerAuthority`], which feeds this fold only the rows it
+//!   admits; readers that act on config go through it.
 //! - Each key of each overlay is a last-writer-wins register keyed by ledger
 //!   position: a set stores the value, a reset stores a tombstone. Re-applying an
 //!   older row never undoes a newer one.
 //! - [`ConfigFold::effective`] layers default, room overlay and thread overlay, and
 //!   clamps every value on the way out.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use super::keys::{check_agent_name, ConfigKey, ConfigSetBody, ConfigValue, RoomConfig};
-use crate::commands::{command_word, derived_rows, owner_command_with, ParseContext};
 use crate::fold::{hash_state, Fold};
-use crate::model::{Interaction, InteractionId, Position, Role};
+use crate::model::{Interaction, Position, Role};
 use crate::signing::{verify, OwnerKey, SignatureError};
 use crate::verbs::Verb;
 
-/// Folds `room.created`, `room.key_rotated`, owner commands, `task.created` and
-/// `config.set` into per-room owners, keys, authorized rows and config overlays.
+/// Folds `room.created`, `room.key_rotated` and `config.set` into per-room owners,
+/// owner keys and config overlays.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ConfigFold {
     rooms: BTreeMap<String, RoomEntry>,
-    /// Ids of the rows verified owner commands produce.
-    authorized: BTreeSet<InteractionId>,
     ignored: u64,
-    unsigned: u64,
-    unauthorized: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -50,8 +41,6 @@ struct RoomEntry {
     owner: Option<OwnerRecord>,
     room: Overlay,
     threads: BTreeMap<String, Overlay>,
-    /// Task ids of the room's authorized `task.created` rows.
-    tasks: BTreeSet<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -143,38 +132,11 @@ impl ConfigFold {
         verify(&row.content(), &key)
     }
 
-    /// Whether a task with this id was created in the room by a verified command.
-    pub fn task_exists(&self, room: &str, task: &str) -> bool {
-        self.rooms.get(room).is_some_and(|r| r.tasks.contains(task))
-    }
-
-    /// Whether the other folds may see `row`: a `task.created` or `config.set` only
-    /// when a verified owner command produced exactly it; every other row is
-    /// admitted (its own fold judges it).
-    pub fn admits(&self, row: &Interaction) -> bool {
-        match row.verb {
-            Verb::TaskCreated | Verb::ConfigSet => self.authorized.contains(&row.id),
-            _ => true,
-        }
-    }
-
     /// How many `config.set` / `room.created` / `room.key_rotated` rows were
-    /// ignored (not from the owner, not produced by a verified command, not signed,
-    /// a later `room.created`, or malformed).
+    /// ignored (not from the owner, not signed, a later `room.created`, or
+    /// malformed).
     pub fn ignored_rows(&self) -> u64 {
         self.ignored
-    }
-
-    /// How many owner command messages were not executed because their signature is
-    /// missing or does not verify against the room's owner key.
-    pub fn unsigned_commands(&self) -> u64 {
-        self.unsigned
-    }
-
-    /// How many `task.created` rows no verified owner command produced (forged or
-    /// hand-written), ignored.
-    pub fn unauthorized_rows(&self) -> u64 {
-        self.unauthorized
     }
 
     /// The effective config of a room, or of a thread in it: default, then the
@@ -249,7 +211,7 @@ impl ConfigFold {
 
     /// Whether `i` is by the owner, after the room's creation, signed by the
     /// current key.
-    fn signed_by_owner(&self, i: &Interaction) -> bool {
+    pub fn signed_by_owner(&self, i: &Interaction) -> bool {
         let after_creation = self
             .owner_record(&i.room)
             .is_some_and(|o| o.position < i.position);
@@ -273,50 +235,10 @@ impl ConfigFold {
         }
     }
 
-    fn apply_message(&mut self, i: &Interaction) {
-        let Some(text) = i.body.get("text").and_then(|t| t.as_str()) else {
-            return;
-        };
-        if command_word(text).is_none() || !self.is_owner(&i.room, &i.actor, i.role) {
-            return;
-        }
-        if !self.signed_by_owner(i) {
-            self.unsigned += 1;
-            return;
-        }
-        let task_exists = |id: &str| self.task_exists(&i.room, id);
-        let ctx = ParseContext {
-            task_exists: &task_exists,
-        };
-        let Some(Ok(command)) = owner_command_with(i.role, text, &ctx) else {
-            return; // a rejected command produces only a reply
-        };
-        let ids: Vec<InteractionId> = derived_rows(i, &command, self)
-            .iter()
-            .map(|r| r.id())
-            .collect();
-        self.authorized.extend(ids);
-    }
-
-    fn apply_task_created(&mut self, i: &Interaction) {
-        if !self.authorized.contains(&i.id) {
-            self.unauthorized += 1;
-            return;
-        }
-        if let Some(task) = i.body.get("task").and_then(|t| t.as_str()) {
-            self.rooms
-                .entry(i.room.clone())
-                .or_default()
-                .tasks
-                .insert(task.to_string());
-        }
-    }
-
-    /// Test support: counts `id` as produced by a verified command, so tests of the
-    /// overlays can use hand-written `config.set` rows.
-    #[cfg(test)]
-    pub(crate) fn authorize(&mut self, id: InteractionId) {
-        self.authorized.insert(id);
+    /// Counts a row that was kept from this fold (a `config.set` no signed command
+    /// produced) among the ignored rows.
+    pub(crate) fn count_ignored(&mut self) {
+        self.ignored += 1;
     }
 
     fn apply_config_set(&mut self, i: &Interaction) {
@@ -327,10 +249,7 @@ impl ConfigFold {
             .get(&i.room)
             .and_then(|r| r.owner.as_ref())
             .is_some_and(|o| o.position < i.position);
-        if !after_creation
-            || !self.is_owner(&i.room, &i.actor, i.role)
-            || !self.authorized.contains(&i.id)
-        {
+        if !after_creation || !self.is_owner(&i.room, &i.actor, i.role) {
             self.ignored += 1;
             return;
         }
@@ -372,8 +291,6 @@ impl Fold for ConfigFold {
         match interaction.verb {
             Verb::RoomCreated => self.apply_room_created(interaction),
             Verb::RoomKeyRotated => self.apply_key_rotated(interaction),
-            Verb::MessagePosted => self.apply_message(interaction),
-            Verb::TaskCreated => self.apply_task_created(interaction),
             Verb::ConfigSet => self.apply_config_set(interaction),
             _ => {}
         }
@@ -391,23 +308,6 @@ mod tests {
     use crate::testing::ledger_row as row;
     use proptest::prelude::*;
     use serde_json::{json, Value};
-
-    /// Folds `rows` as if every `config.set` among them came from a verified owner
-    /// command: these tests are about the overlays; the authority is tested below.
-    fn trusted<'a>(rows: impl IntoIterator<Item = &'a Interaction>) -> ConfigFold {
-        let mut fold = ConfigFold::new();
-        for r in rows {
-            trust(&mut fold, r);
-        }
-        fold
-    }
-
-    fn trust(fold: &mut ConfigFold, row: &Interaction) {
-        if row.verb == Verb::ConfigSet {
-            fold.authorize(row.id);
-        }
-        fold.apply(row);
-    }
 
     fn created(pos: u64, room: &str, owner: &str) -> Interaction {
         row(
@@ -449,7 +349,7 @@ mod tests {
                 json!({"set": {"loop-max": 2}}),
             ),
         ];
-        let fold = trusted(&rows);
+        let fold = ConfigFold::rebuild(&rows);
         assert_eq!(fold.owner("lobby"), Some("olga"));
         assert!(fold.is_owner("lobby", "olga", Role::Owner));
         assert!(!fold.is_owner("lobby", "olga", Role::Human));
@@ -486,7 +386,7 @@ mod tests {
             ),
             owner_set(3, None, json!({"set": {"rate": 2}})),
         ];
-        let fold = trusted(&rows);
+        let fold = ConfigFold::rebuild(&rows);
         assert_eq!(fold.owner("lobby"), None);
         assert_eq!(fold.effective("lobby", None), RoomConfig::default());
         assert_eq!(fold.ignored_rows(), 3);
@@ -496,22 +396,16 @@ mod tests {
     fn thread_overlays_room_and_reset_falls_back_to_room_then_default() {
         let mut fold = ConfigFold::new();
         fold.apply(&created(1, "lobby", "olga"));
-        trust(
-            &mut fold,
-            &owner_set(
-                2,
-                None,
-                json!({"set": {"rate": 5, "responder": "designated"}}),
-            ),
-        );
-        trust(
-            &mut fold,
-            &owner_set(
-                3,
-                Some("t1"),
-                json!({"set": {"rate": 7, "allocation": "bid"}}),
-            ),
-        );
+        fold.apply(&owner_set(
+            2,
+            None,
+            json!({"set": {"rate": 5, "responder": "designated"}}),
+        ));
+        fold.apply(&owner_set(
+            3,
+            Some("t1"),
+            json!({"set": {"rate": 7, "allocation": "bid"}}),
+        ));
         let room = fold.effective("lobby", None);
         let t1 = fold.effective("lobby", Some("t1"));
         let t2 = fold.effective("lobby", Some("t2"));
@@ -544,16 +438,13 @@ mod tests {
             ]
         );
 
-        trust(
-            &mut fold,
-            &owner_set(4, Some("t1"), json!({"reset": ["rate"]})),
-        );
+        fold.apply(&owner_set(4, Some("t1"), json!({"reset": ["rate"]})));
         assert_eq!(
             fold.effective("lobby", Some("t1")).rate,
             5,
             "back to the room"
         );
-        trust(&mut fold, &owner_set(5, None, json!({"reset": ["rate"]})));
+        fold.apply(&owner_set(5, None, json!({"reset": ["rate"]})));
         assert_eq!(
             fold.effective("lobby", Some("t1")).rate,
             10,
@@ -569,18 +460,18 @@ mod tests {
     fn last_writer_by_position_wins_and_order_matters() {
         let a = owner_set(10, None, json!({"set": {"rate": 3}}));
         let mut b = owner_set(20, None, json!({"set": {"rate": 8}}));
-        let fold = trusted([&created(1, "lobby", "olga"), &a, &b]);
+        let fold = ConfigFold::rebuild([&created(1, "lobby", "olga"), &a, &b]);
         assert_eq!(fold.effective("lobby", None).rate, 8);
 
         // Swap which row is later in the ledger: the other value wins.
         b.position = Position::new(0, 5);
-        let fold = trusted([&created(1, "lobby", "olga"), &b, &a]);
+        let fold = ConfigFold::rebuild([&created(1, "lobby", "olga"), &b, &a]);
         assert_eq!(fold.effective("lobby", None).rate, 3);
 
         // A stale row re-applied (a replay) never undoes a newer one, including a
         // reset (tombstone).
         let reset = owner_set(30, None, json!({"reset": ["rate"]}));
-        let mut fold = trusted([&created(1, "lobby", "olga"), &a, &reset]);
+        let mut fold = ConfigFold::rebuild([&created(1, "lobby", "olga"), &a, &reset]);
         let before = fold.state_hash();
         fold.apply(&a);
         assert_eq!(fold.state_hash(), before);
@@ -589,7 +480,7 @@ mod tests {
 
     #[test]
     fn hand_written_out_of_range_values_are_clamped_at_read() {
-        let fold = trusted([
+        let fold = ConfigFold::rebuild([
             &created(1, "lobby", "olga"),
             &owner_set(
                 2,
@@ -670,17 +561,15 @@ mod tests {
     proptest! {
         #[test]
         fn incremental_equals_rebuild_and_reads_stay_in_clamps(rows in any_rows(), split in 0usize..40) {
-            let full = trusted(&rows);
+            let full = ConfigFold::rebuild(&rows);
             // Incremental: fold a prefix, snapshot, fold the rest.
             let split = split.min(rows.len());
-            let mut inc = trusted(&rows[..split]);
+            let mut inc = ConfigFold::rebuild(&rows[..split]);
             let snapshot = inc.clone();
-            for r in &rows[split..] {
-                trust(&mut inc, r);
-            }
+            inc.apply_all(&rows[split..]);
             prop_assert_eq!(inc.state_hash(), full.state_hash());
             prop_assert_eq!(&inc, &full);
-            prop_assert_eq!(trusted(&rows[..split]), snapshot);
+            prop_assert_eq!(ConfigFold::rebuild(&rows[..split]), snapshot);
             // Re-applying rows already folded changes nothing (last writer by position).
             let mut again = full.clone();
             again.apply_all(rows.iter().filter(|r| r.verb == Verb::ConfigSet));
