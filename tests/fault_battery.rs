@@ -712,13 +712,13 @@ impl Battery {
             }
             self.tasks.insert(id);
         }
-        let row = NewInteraction::new(
+        let row = common::owner_key(&self.h.owner).sign(NewInteraction::new(
             self.h.room.as_str(),
             Verb::MessagePosted,
             self.h.owner.as_str(),
             Role::Owner,
             json!({ "text": text }),
-        );
+        ));
         self.pending_chunk = Some(self.append(vec![row]).await[0]);
         self.chunks_posted += 1;
     }

@@ -33,11 +33,27 @@ pub fn huddle_bin() -> PathBuf {
     .clone()
 }
 
-/// A `huddle` command on database `db`, quiet logs.
+/// Where the tests' owner keys live (`HUDDLE_KEYS` of every [`huddle`] command):
+/// shared by all tests, since `huddle room create` reuses a key file that exists.
+pub fn keys_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("owner-keys")
+}
+
+/// The secret key of owner `name` as the tests' `huddle room create` made it.
+pub fn owner_key(name: &str) -> huddle_core::signing::OwnerSecret {
+    let path = keys_dir().join(format!("{name}.key"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("read the owner key {}: {e}", path.display()));
+    text.trim().parse().expect("a valid owner key file")
+}
+
+/// A `huddle` command on database `db`, quiet logs, owner keys in [`keys_dir`].
 pub fn huddle(db: &str) -> Command {
     let mut c = Command::new(huddle_bin());
     c.env("HUDDLE_DB", db)
         .env_remove("RUST_LOG")
+        .env_remove("HUDDLE_OWNER_KEY")
+        .env("HUDDLE_KEYS", keys_dir())
         .env("HUDDLE_LOG", "warn");
     c
 }

@@ -25,16 +25,22 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Folds every row of `room`; fails when the room was never created.
+/// Folds every row of `room` that the relays would act on (a `task.created` or
+/// `config.set` no signed owner command produced is left out, as the relays leave it
+/// out); fails when the room was never created.
 async fn fold_room(store: &dyn Store, room: &str) -> anyhow::Result<Tally> {
     let mut tally = Tally::new(room);
+    let mut authority = huddle_core::OwnerAuthority::new();
     let mut cursor = Position::START;
     let mut created = false;
     loop {
         let batch = store.read_room(room, cursor, 5000).await?;
         for r in &batch.rows {
             created |= r.verb == huddle_core::Verb::RoomCreated;
-            tally.apply(r);
+            huddle_core::Fold::apply(&mut authority, r);
+            if authority.admits(r) {
+                tally.apply(r);
+            }
         }
         if batch.next == cursor {
             break;

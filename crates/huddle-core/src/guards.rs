@@ -632,7 +632,7 @@ mod tests {
             Role::Owner,
             json!({"owner": "olga"}),
         ));
-        config.apply(&row(
+        let set = row(
             2,
             0,
             "lobby",
@@ -641,7 +641,8 @@ mod tests {
             "olga",
             Role::Owner,
             json!({"set": {"max-hops": 0}}),
-        ));
+        );
+        config.apply(&set);
         let guards = GuardFold::new();
         let fwd = |thread| {
             row(

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::fold::Fold;
 use crate::model::{Interaction, InteractionId, NewInteraction, Position, Role, Timestamp};
+use crate::signing::OwnerSecret;
 use crate::verbs::Verb;
 
 /// Builds [`Interaction`]s with increasing positions.
@@ -62,6 +63,50 @@ pub(crate) fn ledger_row(
     let mut n = NewInteraction::new(room, verb, actor, role, body);
     n.thread = thread.map(str::to_string);
     materialize(n, Position::new(0, pos), Timestamp(at))
+}
+
+/// The key of the test rooms' owner.
+pub(crate) fn owner_secret() -> OwnerSecret {
+    OwnerSecret::from_seed([0x0e; 32])
+}
+
+/// `room.created` at position `(0, pos)` naming `owner` and `key`'s public key.
+pub(crate) fn created_with_key(
+    pos: u64,
+    room: &str,
+    owner: &str,
+    key: &OwnerSecret,
+) -> Interaction {
+    ledger_row(
+        pos,
+        0,
+        room,
+        None,
+        Verb::RoomCreated,
+        owner,
+        Role::Owner,
+        json!({"owner": owner, "key": key.public().to_hex()}),
+    )
+}
+
+/// A `message.posted` by `actor` with role owner, signed by `key`, at `(0, pos)`.
+pub(crate) fn signed_post(
+    pos: u64,
+    room: &str,
+    thread: Option<&str>,
+    actor: &str,
+    text: &str,
+    key: &OwnerSecret,
+) -> Interaction {
+    let mut n = NewInteraction::new(
+        room,
+        Verb::MessagePosted,
+        actor,
+        Role::Owner,
+        json!({ "text": text }),
+    );
+    n.thread = thread.map(str::to_string);
+    materialize(key.sign(n), Position::new(0, pos), Timestamp(0))
 }
 
 /// One second in µs.
