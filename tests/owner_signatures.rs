@@ -2,27 +2,12 @@
 //! key (plan 0016), through the real `huddle` binary and real relays, on both
 //! backends. Forged owner rows are inserted directly through the store.
 
+#[macro_use]
 mod common;
 
 use common::relays::*;
 use huddle_core::{NewInteraction, Role, Verb};
 use serde_json::json;
-
-/// One `#[tokio::test]` per backend for a scenario `async fn name(Backend)`.
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$name(super::Backend::Sqlite).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                super::$name(super::Backend::Postgres).await
-            }
-        }
-    )*};
-}
 
 on_both_backends!(only_signed_owner_commands_take_effect);
 

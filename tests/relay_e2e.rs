@@ -4,28 +4,13 @@
 //! test per backend. Each test ends by stopping its relays with SIGTERM and checking
 //! that every relay folded the same board and task state as the test itself.
 
+#[macro_use]
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use common::relays::*;
 use huddle_core::{InteractionId, Role, TaskStatus, Verb};
-
-/// One `#[tokio::test]` per backend for a scenario `async fn name(Backend)`.
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$name(super::Backend::Sqlite).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                super::$name(super::Backend::Postgres).await
-            }
-        }
-    )*};
-}
 
 on_both_backends!(
     one_reply_per_broadcast_under_race,

@@ -1,6 +1,24 @@
 //! Shared helpers for the end-to-end tests: the real `huddle` binary and bounded waits.
 #![allow(dead_code)]
 
+/// One `#[tokio::test]` per backend for a scenario `async fn name(Backend)` (the
+/// test file has `Backend` in scope and declares `#[macro_use] mod common;`).
+#[allow(unused_macros)]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name(super::Backend::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name(super::Backend::Postgres).await
+            }
+        }
+    )*};
+}
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
