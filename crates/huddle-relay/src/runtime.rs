@@ -708,14 +708,7 @@ impl Executor {
                     batch,
                 } => {
                     let actor = batch.first().map(|r| r.actor.clone());
-                    let store_fences: Vec<Fence> = fences
-                        .iter()
-                        .map(|f| Fence {
-                            key: f.key.clone(),
-                            holder: f.holder.clone(),
-                            epoch: f.epoch,
-                        })
-                        .collect();
+                    let store_fences: Vec<Fence> = fences.iter().map(Fence::from).collect();
                     match self.append_retrying(&store_fences, close, batch).await {
                         Ok(()) => {
                             if !store_fences.is_empty() {
@@ -819,14 +812,7 @@ impl Executor {
     /// append under them, which writes nothing). Reports the loss. A store error counts
     /// as lost: starting work the relay cannot vouch for is worse than a retry.
     async fn claims_lost(&self, claims: &[ClaimRef], agent: &str) -> bool {
-        let fences: Vec<Fence> = claims
-            .iter()
-            .map(|c| Fence {
-                key: c.key.clone(),
-                holder: c.holder.clone(),
-                epoch: c.epoch,
-            })
-            .collect();
+        let fences: Vec<Fence> = claims.iter().map(Fence::from).collect();
         match self.store.append_under(&fences, false, Vec::new()).await {
             Ok(_) => false,
             Err(StoreError::Fenced { key, holder, epoch }) => {

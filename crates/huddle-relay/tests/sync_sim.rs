@@ -237,14 +237,7 @@ impl Sim {
                     close,
                     batch,
                 } => {
-                    let fences: Vec<Fence> = fences
-                        .iter()
-                        .map(|f| Fence {
-                            key: f.key.clone(),
-                            holder: f.holder.clone(),
-                            epoch: f.epoch,
-                        })
-                        .collect();
+                    let fences: Vec<Fence> = fences.iter().map(Fence::from).collect();
                     let appended = store.append_under(&fences, close, batch).await;
                     match appended {
                         Ok(_) => {}

@@ -58,6 +58,17 @@ pub struct Fence {
     pub epoch: Epoch,
 }
 
+impl From<&huddle_core::sync::ClaimRef> for Fence {
+    /// The fence a write under this claim presents.
+    fn from(c: &huddle_core::sync::ClaimRef) -> Self {
+        Fence {
+            key: c.key.clone(),
+            holder: c.holder.clone(),
+            epoch: c.epoch,
+        }
+    }
+}
+
 /// A claim row as the database holds it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimState {
