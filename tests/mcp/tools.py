@@ -35,6 +35,11 @@ async def main():
         assert [m["actor"] for m in msgs] == ["bo"], news
         reply = await call(cy, "post", {"text": "hi bo", "reply_to": posted["id"]})
         assert reply["inserted"]
+        try:
+            await call(bo, "post", {"text": "me too", "reply_to": posted["id"]})
+            raise AssertionError("a message got two replies")
+        except ToolError as e:
+            assert "[reply_taken]" in str(e) and "cy answered it" in str(e), e
 
         board = await call(bo, "board")
         assert board["tasks"]["total"] == 3, board

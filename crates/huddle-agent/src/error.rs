@@ -43,6 +43,14 @@ pub enum AgentError {
         /// Why, with what to do.
         why: String,
     },
+    /// The message already has its one reply, or another agent is writing it.
+    #[error("message {message} already has its reply: {why}; a message gets one reply (post in its thread without reply_to to add to the conversation)")]
+    ReplyTaken {
+        /// The message replied to.
+        message: String,
+        /// Who holds or closed its reply claim.
+        why: String,
+    },
     /// A write under a claim was refused: the claim lapsed or moved on. Nothing was
     /// recorded.
     #[error("stale claim: {0}")]
@@ -63,6 +71,7 @@ impl AgentError {
             AgentError::NotClaimable { .. } => "not_claimable",
             AgentError::HeldBy { .. } => "held_by_other",
             AgentError::NotHolder { .. } => "not_holder",
+            AgentError::ReplyTaken { .. } => "reply_taken",
             AgentError::LeaseLost(_) => "stale_claim",
             AgentError::Store(_) => "store",
         }

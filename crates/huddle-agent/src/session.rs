@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use huddle_core::config::check_agent_name;
-use huddle_core::protocol::{AgentRegisteredBody, MessageBody};
+use huddle_core::protocol::{reply_key, AgentRegisteredBody, MessageBody};
 use huddle_core::{
-    validate_name, Board, ClaimEpoch, ConfigFold, Fold, InteractionId, NewInteraction, Position,
-    Role, TaskDag, Verb,
+    validate_name, Board, ClaimEpoch, ConfigFold, Fold, InteractionId, NewInteraction,
+    OwnerAuthority, Position, Role, TaskDag, Verb,
 };
-use huddle_store::Store;
+use huddle_store::{Acquired, Fence, Store, StoreError};
 use tokio::sync::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
@@ -19,6 +19,10 @@ use crate::error::{AgentError, Result};
 use crate::views::{
     written, BoardResult, InteractionView, PostArgs, ReadArgs, ReadResult, SummaryView, Written,
 };
+
+/// How long an agent holds a message's reply claim between taking it and writing the
+/// reply (one call: the write follows at once and closes the claim).
+const REPLY_LEASE: Duration = Duration::from_secs(30);
 
 /// Rows per read-forward page.
 const PAGE: usize = 1000;
@@ -32,11 +36,20 @@ pub const MAX_WAIT_MS: u64 = 60_000;
 pub(crate) struct Folded {
     pub(crate) cursor: Position,
     pub(crate) dag: TaskDag,
-    pub(crate) config: ConfigFold,
+    /// Owners, keys and config: which owner rows count ([`OwnerAuthority`]); the
+    /// task DAG sees only the `task.created` rows a signed owner command produced.
+    pub(crate) authority: OwnerAuthority,
     pub(crate) board: Board,
     /// Epochs of the claims this session took, by task: what a write presents when
     /// the call gives none, so a stale write is refused by its fence, not guessed.
     pub(crate) mine: BTreeMap<String, ClaimEpoch>,
+}
+
+impl Folded {
+    /// The room's config as the owner's verified commands set it.
+    pub(crate) fn config(&self) -> &ConfigFold {
+        self.authority.config()
+    }
 }
 
 /// One agent acting in one room. The agent's identity is fixed here: no operation
@@ -83,14 +96,14 @@ impl AgentSession {
             state: Mutex::new(Folded {
                 cursor: Position::START,
                 dag: TaskDag::new(),
-                config: ConfigFold::new(),
+                authority: OwnerAuthority::new(),
                 board: Board::new(),
                 mine: BTreeMap::new(),
             }),
         };
         {
             let st = session.synced().await?;
-            if st.config.owner(room).is_none() {
+            if st.config().owner(room).is_none() {
                 return Err(AgentError::NoRoom(room.to_string()));
             }
         }
@@ -138,9 +151,11 @@ impl AgentSession {
         loop {
             let batch = self.store.read_room(&self.room, st.cursor, PAGE).await?;
             for row in &batch.rows {
-                st.dag.apply(row);
-                st.config.apply(row);
-                st.board.apply(row);
+                st.authority.apply(row);
+                if st.authority.admits(row) {
+                    st.dag.apply(row);
+                    st.board.apply(row);
+                }
             }
             if batch.next == st.cursor {
                 return Ok(());
@@ -306,7 +321,54 @@ impl AgentSession {
         if let Some(k) = self.idempotency(args.idempotency_key.as_deref())? {
             row = row.with_idempotency_key(k);
         }
-        self.append_own(row).await
+        match row.parent {
+            Some(parent) => self.reply(parent, row).await,
+            None => self.append_own(row).await,
+        }
+    }
+
+    /// Writes the one reply to `parent`: under the message's reply claim, which the
+    /// reply closes (the same claim a relay answers under), so a message gets one reply
+    /// whether relays or agents acting for themselves answer it.
+    async fn reply(&self, parent: InteractionId, row: NewInteraction) -> Result<Written> {
+        let key = reply_key(&self.room, &parent);
+        let state = match self.store.acquire(&key, &self.agent, REPLY_LEASE).await? {
+            Acquired::Won(c) => c,
+            Acquired::HeldBy(c) => {
+                return Err(AgentError::ReplyTaken {
+                    message: parent.to_string(),
+                    why: format!("{} is answering it now", c.holder),
+                })
+            }
+            Acquired::Closed { state, by } => {
+                // A retry of this very reply: it is already in the ledger.
+                if by == row.id() {
+                    return Ok(Written {
+                        id: by.to_string(),
+                        inserted: false,
+                    });
+                }
+                return Err(AgentError::ReplyTaken {
+                    message: parent.to_string(),
+                    why: format!("{} answered it ({by})", state.holder),
+                });
+            }
+        };
+        let fence = Fence {
+            key,
+            holder: self.agent.clone(),
+            epoch: state.epoch,
+        };
+        match self.store.append_under(&[fence], true, vec![row]).await {
+            Ok(out) => {
+                self.store.flush().await;
+                written(&out)
+            }
+            Err(StoreError::Fenced { .. }) => Err(AgentError::LeaseLost(format!(
+                "your hold on the reply to {parent} lapsed before the reply was written; nothing was recorded"
+            ))),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// `board`: who is doing what, as the `<coordination>` block and as data.

@@ -36,7 +36,7 @@ enum Try {
 
 impl AgentSession {
     fn lease_ms(&self, st: &Folded) -> u64 {
-        st.config.effective(&self.room, None).claim_ttl_ms.max(1)
+        st.config().effective(&self.room, None).claim_ttl_ms.max(1)
     }
 
     fn task<'a>(&self, st: &'a Folded, id: &str) -> Result<&'a Task> {
@@ -52,7 +52,7 @@ impl AgentSession {
     /// Who may claim the ready task `t` now; `None` when it is not ready.
     fn right(&self, st: &Folded, t: &Task, now: Timestamp) -> Option<ClaimRight> {
         let since = st.dag.ready_since(&self.room, &t.id)?;
-        let config = st.config.effective(&self.room, None);
+        let config = st.config().effective(&self.room, None);
         Some(claim_right(&config, t, since, now))
     }
 
@@ -131,7 +131,7 @@ impl AgentSession {
                 },
                 // Held: the store grants it only once the lease lapsed (or to us).
                 TaskStatus::Claimed => {
-                    let config = st.config.effective(&self.room, None);
+                    let config = st.config().effective(&self.room, None);
                     if !retake_right(&config, t).allows(&self.agent, &self.capabilities, t) {
                         return Err(AgentError::NotClaimable {
                             task: id.to_string(),
@@ -167,17 +167,17 @@ impl AgentSession {
         let lease_us = (self.lease_ms(&st) as i64).saturating_mul(1000);
         let mut ready = self.ready_for_me(&st, now);
         ready.sort_by_cached_key(|id| (spread(&self.agent, &self.room, id), id.clone()));
-        let config = st.config.effective(&self.room, None);
+        let config = st.config().effective(&self.room, None);
         let mut lapsed: Vec<(Timestamp, String)> = st
             .dag
             .claimed(&self.room)
             .into_iter()
-            .filter(|t| {
-                t.claimed_at
-                    .is_some_and(|at| at.saturating_add(lease_us) <= now)
-                    && retake_right(&config, t).allows(&self.agent, &self.capabilities, t)
+            .filter_map(|t| {
+                let at = t.claimed_at?;
+                (at.saturating_add(lease_us) <= now
+                    && retake_right(&config, t).allows(&self.agent, &self.capabilities, t))
+                .then(|| (at, t.id.clone()))
             })
-            .map(|t| (t.claimed_at.unwrap_or_default(), t.id.clone()))
             .collect();
         lapsed.sort();
         let candidates = ready
@@ -336,7 +336,7 @@ impl AgentSession {
         self.store.flush().await;
         self.catch_up(st).await?;
         st.mine.insert(id.to_string(), epoch);
-        tracing::info!(room = %self.room, agent = %self.agent, task = id, epoch, attempt, "task claimed");
+        tracing::info!(room = %self.room, agent = %self.agent, task = id, epoch = epoch.get(), attempt, "task claimed");
         let t = self.task(st, id)?.clone();
         Ok(Try::Claimed(Box::new(self.claimed(
             st,
@@ -417,7 +417,7 @@ impl AgentSession {
             (TaskStatus::Done, _, e) => format!(
                 "task {id:?} is already done (by {} at epoch {}); your claim at epoch {epoch} lapsed and your result was not recorded",
                 t.owner.as_deref().unwrap_or("?"),
-                e.unwrap_or_default()
+                e.map_or_else(|| "?".to_string(), |e| e.to_string())
             ),
             (_, Some(o), Some(e)) if e > epoch => format!(
                 "your claim on task {id:?} at epoch {epoch} lapsed and {o} took it at epoch {e}; nothing was recorded: drop this task and claim another"
@@ -503,9 +503,10 @@ impl AgentSession {
             Err(e) => match st.dag.task(&self.room, &args.task) {
                 Some(t)
                     if t.status == TaskStatus::Done
-                        && t.owner.as_deref() == Some(self.agent.as_str()) =>
+                        && t.owner.as_deref() == Some(self.agent.as_str())
+                        && t.epoch.is_some() =>
                 {
-                    t.epoch.unwrap_or_default()
+                    t.epoch.expect("checked by the guard")
                 }
                 _ => return Err(e),
             },
@@ -525,7 +526,7 @@ impl AgentSession {
             .write_under(&mut st, &args.task, epoch, true, row)
             .await?;
         st.mine.remove(&args.task);
-        tracing::info!(room = %self.room, agent = %self.agent, task = %args.task, epoch, "task completed");
+        tracing::info!(room = %self.room, agent = %self.agent, task = %args.task, epoch = epoch.get(), "task completed");
         self.task_written(&st, args.task, epoch, written)
     }
 
@@ -567,7 +568,7 @@ impl AgentSession {
             let key = task_key(&self.room, &args.task);
             self.store.release(&key, &self.agent, epoch).await?;
         }
-        tracing::info!(room = %self.room, agent = %self.agent, task = %args.task, epoch, verb = %verb, "task given back");
+        tracing::info!(room = %self.room, agent = %self.agent, task = %args.task, epoch = epoch.get(), verb = %verb, "task given back");
         self.task_written(&st, args.task, epoch, written)
     }
 

@@ -37,6 +37,7 @@ pub struct InteractionView {
     /// Its position; a cursor that reads after it.
     pub cursor: String,
     /// Database time of the append (µs since the Unix epoch).
+    #[schemars(with = "i64")]
     pub at: Timestamp,
     /// Thread, if any.
     pub thread: Option<String>,
@@ -164,6 +165,7 @@ pub struct TaskView {
     /// Current owner (last owner once done).
     pub owner: Option<String>,
     /// Epoch of the latest claim.
+    #[schemars(with = "Option<i64>")]
     pub epoch: Option<ClaimEpoch>,
     /// Attempts started.
     pub attempts: u32,
@@ -263,10 +265,12 @@ pub struct ClaimedTask {
     /// The task.
     pub task: TaskView,
     /// The claim's epoch: the fencing token of every write about this task.
+    #[schemars(with = "i64")]
     pub epoch: ClaimEpoch,
     /// The attempt this claim is.
     pub attempt: u32,
     /// When the lease lapses unless renewed (database clock, µs).
+    #[schemars(with = "i64")]
     pub expires_at: Timestamp,
     /// The lease length (the room's `claim-ttl`): call `task_renew` well within it.
     pub lease_ms: u64,
@@ -296,6 +300,7 @@ pub struct RenewArgs {
     pub task: String,
     /// The claim's epoch (default: the one the room records for you).
     #[serde(default)]
+    #[schemars(with = "Option<i64>")]
     pub epoch: Option<ClaimEpoch>,
 }
 
@@ -305,8 +310,10 @@ pub struct LeaseView {
     /// Task id.
     pub task: String,
     /// Epoch.
+    #[schemars(with = "i64")]
     pub epoch: ClaimEpoch,
     /// New expiry (database clock, µs).
+    #[schemars(with = "i64")]
     pub expires_at: Timestamp,
     /// The lease length.
     pub lease_ms: u64,
@@ -322,6 +329,7 @@ pub struct CompleteArgs {
     pub result: Option<String>,
     /// The claim's epoch (default: the one the room records for you).
     #[serde(default)]
+    #[schemars(with = "Option<i64>")]
     pub epoch: Option<ClaimEpoch>,
     /// A key of your choosing: a retry with the same key never writes twice.
     #[serde(default)]
@@ -338,6 +346,7 @@ pub struct GiveBackArgs {
     pub reason: Option<String>,
     /// The claim's epoch (default: the one the room records for you).
     #[serde(default)]
+    #[schemars(with = "Option<i64>")]
     pub epoch: Option<ClaimEpoch>,
     /// A key of your choosing: a retry with the same key never writes twice.
     #[serde(default)]
@@ -350,6 +359,7 @@ pub struct TaskWritten {
     /// Task id.
     pub task: String,
     /// The epoch written under.
+    #[schemars(with = "i64")]
     pub epoch: ClaimEpoch,
     /// The row now in the ledger.
     pub written: Written,
