@@ -211,7 +211,7 @@ impl RelayConfig {
                     return Err((
                         at,
                         format!(
-                            "agent {:?}: driver is {mine} but a {name} table is given",
+                            "agent {:?}: driver is {mine} but an {name} table is given",
                             a.key
                         ),
                     ));
@@ -275,6 +275,85 @@ exec = { command = ["cat"] }
             c.agents[1].exec.as_ref().map(|e| e.timeout_ms),
             Some(300_000)
         );
+    }
+
+    const ACP: &str = r#"
+relay = "relay-a"
+rooms = ["lobby"]
+
+[[agent]]
+key = "ada"
+driver = "acp"
+acp = { command = ["claude-code-acp"], cwd = "./work/ada", permissions = "read-only", turn_timeout_ms = 600000 }
+
+[[agent]]
+key = "cleo"
+driver = "acp"
+acp = { preset = "codex", permissions = ["read", "edit"] }
+"#;
+
+    #[test]
+    fn parses_acp_agents() {
+        let c = RelayConfig::parse("huddle.toml", ACP).expect("good config");
+        let ada = c.agents[0].acp.as_ref().expect("acp");
+        assert_eq!(ada.resolved_command(), ["claude-code-acp"]);
+        assert_eq!(ada.cwd.as_deref(), Some("./work/ada"));
+        let cleo = c.agents[1].acp.as_ref().expect("acp");
+        assert_eq!(cleo.resolved_command(), ["codex-acp"]);
+        assert_eq!(cleo.turn_timeout_ms, 600_000);
+        assert_eq!(
+            cleo.permissions,
+            crate::driver::PermissionPolicy::Kinds(vec!["read".into(), "edit".into()])
+        );
+    }
+
+    #[test]
+    fn bad_acp_settings_name_line_and_reason() {
+        let cases = [
+            (
+                ACP.replace("preset = \"codex\"", "preset = \"vim\""),
+                13,
+                "vim",
+            ),
+            (ACP.replace("\"read-only\"", "\"yolo\""), 6, "yolo"),
+            (
+                ACP.replace("[\"read\", \"edit\"]", "[\"teleport\"]"),
+                11,
+                "teleport",
+            ),
+            (
+                ACP.replace("preset = \"codex\", ", ""),
+                11,
+                "command or preset",
+            ),
+            (
+                ACP.replace("turn_timeout_ms = 600000", "turn_timeout_ms = 0"),
+                6,
+                "turn_timeout_ms",
+            ),
+            (ACP.replace("cwd = ", "colour = \"x\", cwd = "), 8, "colour"),
+            (
+                ACP.replace(
+                    "acp = { preset = \"codex\", permissions = [\"read\", \"edit\"] }",
+                    "",
+                ),
+                11,
+                "no acp table",
+            ),
+            (
+                ACP.replace(
+                    "driver = \"acp\"\nacp = { preset",
+                    "driver = \"sim\"\nacp = { preset",
+                ),
+                11,
+                "driver is sim but an acp table",
+            ),
+        ];
+        for (text, line, needle) in cases {
+            let e = RelayConfig::parse("f.toml", &text).unwrap_err();
+            assert_eq!(e.line, Some(line), "{e}");
+            assert!(e.reason.contains(needle), "{e} lacks {needle:?}");
+        }
     }
 
     #[test]
