@@ -18,7 +18,7 @@
 //!
 //! Environment: `ACP_TEST_LOG` — a file each event is appended to (`start PID`,
 //! `new SID`, `prompt SID` (` with-note` added when the
-//! prompt starts with huddle's new-session note), `load SID`, `cancel SID`, `crash`); `ACP_TEST_LOAD=1` — advertise and
+//! prompt starts with huddle's new-session note), `task ID` for a task's prompt, `load SID`, `cancel SID`, `crash`); `ACP_TEST_LOAD=1` — advertise and
 //! support `session/load`, keeping sessions' words in `ACP_TEST_STATE` (a file) so
 //! that a later process can load them; `ACP_TEST_INIT=fail` — answer `initialize`
 //! with an error.
@@ -59,7 +59,8 @@ fn log(event: &str) {
             .append(true)
             .open(path)
         {
-            let _ = writeln!(f, "{event}");
+            // One write per line: several agents may append to one log.
+            let _ = f.write_all(format!("{event}\n").as_bytes());
         }
     }
 }
@@ -118,6 +119,13 @@ async fn prompt(
         ""
     };
     log(&format!("prompt {sid}{note}"));
+    if let Some(task) = text
+        .split("<task id=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+    {
+        log(&format!("task {task}"));
+    }
     let mut replied = false;
     let mut usage = None;
     for line in text.lines().map(str::trim) {
