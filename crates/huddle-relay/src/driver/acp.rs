@@ -831,7 +831,7 @@ impl Reply {
 }
 
 enum End {
-    Done(Result<PromptResponse, agent_client_protocol::Error>),
+    Done(Box<Result<PromptResponse, agent_client_protocol::Error>>),
     Cancelled,
     TimedOut,
 }
@@ -893,14 +893,14 @@ impl Driver for AcpDriver {
         let mut reply = Reply::default();
         let end = loop {
             tokio::select! {
-                r = &mut response => break End::Done(r),
+                r = &mut response => break End::Done(Box::new(r)),
                 Some(u) = rx.recv() => reply.absorb(&inner.agent, u),
                 _ = cancel.cancelled() => break End::Cancelled,
                 _ = &mut timeout => break End::TimedOut,
             }
         };
         let response = match end {
-            End::Done(r) => r,
+            End::Done(r) => *r,
             End::Cancelled | End::TimedOut => {
                 let _ = live
                     .cx
