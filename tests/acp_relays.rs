@@ -4,41 +4,12 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
-
 use common::relays::{secs, AgentSpec, Backend, Huddle};
-
-/// The scripted ACP agent, built with the cargo and profile that run the tests.
-fn acp_agent_bin() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "huddle-relay",
-            "--bin",
-            "huddle-acp-test-agent",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("run cargo build for the ACP test agent");
-    assert!(status.success(), "building the ACP test agent failed");
-    let exe = std::env::current_exe().expect("current_exe");
-    let bin = exe
-        .parent()
-        .and_then(|p| p.parent())
-        .expect("test binary lives in target/<profile>/deps")
-        .join("huddle-acp-test-agent");
-    assert!(bin.exists(), "no ACP test agent at {}", bin.display());
-    bin
-}
+use std::collections::BTreeMap;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_relays_drive_acp_agents_through_a_dag_exactly_once() {
-    let agent = acp_agent_bin();
+    let agent = common::workspace_bin("huddle-relay", "huddle-acp-test-agent");
     let mut h = Huddle::new(Backend::Sqlite).await;
     let log = h.dir().join("acp-events.log");
     let keys = ["ada", "bob", "cy"];
