@@ -75,6 +75,35 @@ fn a_small_demo_completes_every_task_exactly_once() {
     assert!(makespan >= critical, "{m}");
 }
 
+/// The demo works at the read page (500) and around the largest `!delegate` (1,000
+/// tasks plus its reply exceed one append batch): all done, none twice. (The maximum, 10,000, takes many minutes in a debug build while
+/// scheduling cost still grows with the DAG; it is run by hand, see plan 0014.)
+#[test]
+fn demos_at_page_and_batch_boundaries_complete() {
+    for tasks in ["499", "500", "999", "1000"] {
+        let (_dir, db) = db();
+        let (ok, r, stderr) = demo(
+            &db,
+            &[
+                "--tasks",
+                tasks,
+                "--agents",
+                "16",
+                "--relays",
+                "2",
+                "--turn-ms",
+                "1",
+            ],
+        );
+        let want: u64 = tasks.parse().expect("a count");
+        assert!(ok, "demo --tasks {tasks} failed: {stderr}\n{r:#}");
+        assert_eq!(n(&r, "/done"), want, "demo --tasks {tasks}");
+        assert_eq!(n(&r, "/missed"), 0, "demo --tasks {tasks}");
+        assert_eq!(n(&r, "/duplicates/accepted"), 0, "demo --tasks {tasks}");
+        assert_eq!(n(&r, "/duplicates/raw_rows"), 0, "demo --tasks {tasks}");
+    }
+}
+
 #[test]
 fn a_demo_with_failing_turns_retries_or_reports_abandoned_tasks() {
     let (_dir, db) = db();

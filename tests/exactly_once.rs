@@ -76,13 +76,13 @@ fn assert_no_start_after_completion(h: &Huddle, log: &Path) {
     for e in executions(log).into_iter().filter(|e| e.start) {
         if let Some(c) = done.iter().find(|c| c.task == e.subject) {
             assert!(
-                e.at_us < c.at,
+                e.at_us < c.at.as_micros(),
                 "{} started {} by {} at epoch {} after its completion was committed ({} µs later)",
                 e.subject,
                 e.at_us,
                 e.agent,
                 e.epoch,
-                e.at_us - c.at
+                e.at_us - c.at.as_micros()
             );
         }
     }
@@ -191,7 +191,12 @@ async fn paused_relay_never_reruns_finished_work(backend: Backend) {
     assert_no_start_after_completion(&h, &log);
     let late: Vec<Execution> = executions(&log)
         .into_iter()
-        .filter(|e| e.start && e.agent == "p0" && e.at_us > resumed_at && e.subject != "tok-ping")
+        .filter(|e| {
+            e.start
+                && e.agent == "p0"
+                && e.at_us > resumed_at.as_micros()
+                && e.subject != "tok-ping"
+        })
         .collect();
     assert!(
         late.is_empty(),

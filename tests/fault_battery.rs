@@ -22,7 +22,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::history::*;
 use common::relays::*;
 use huddle_core::tasks::{TaskClaimedBody, TaskCompletedBody, TaskCreatedBody};
-use huddle_core::{Interaction, InteractionId, NewInteraction, Position, Role, Verb};
+use huddle_core::{
+    ClaimEpoch, Interaction, InteractionId, NewInteraction, Position, Role, Timestamp, Verb,
+};
 use huddle_testkit::FaultProxy;
 use serde_json::json;
 
@@ -55,7 +57,7 @@ impl Rows {
         self.0.push(Interaction {
             id,
             position: Position { major: 0, minor },
-            at,
+            at: Timestamp(at),
             relay: "r".into(),
             room: ROOM.into(),
             thread: None,
@@ -91,7 +93,7 @@ impl Rows {
     fn claim(&mut self, task: &str, agent: &str, epoch: i64, at: i64) {
         let b = TaskClaimedBody {
             task: task.into(),
-            epoch,
+            epoch: ClaimEpoch(epoch),
             attempt: 1,
         };
         self.push(Verb::TaskClaimed, agent, Role::Agent, b.to_body(), at, None);
@@ -100,7 +102,7 @@ impl Rows {
     fn complete(&mut self, task: &str, agent: &str, epoch: i64, at: i64) {
         let b = TaskCompletedBody {
             task: task.into(),
-            epoch,
+            epoch: ClaimEpoch(epoch),
             result: Some(format!("done by {agent}")),
             tokens: Some(1),
         };
@@ -710,13 +712,13 @@ impl Battery {
             }
             self.tasks.insert(id);
         }
-        let row = NewInteraction::new(
+        let row = common::owner_key(&self.h.owner).sign(NewInteraction::new(
             self.h.room.as_str(),
             Verb::MessagePosted,
             self.h.owner.as_str(),
             Role::Owner,
             json!({ "text": text }),
-        );
+        ));
         self.pending_chunk = Some(self.append(vec![row]).await[0]);
         self.chunks_posted += 1;
     }
@@ -971,7 +973,7 @@ impl Battery {
             let Some(relay) = &f.relay else { continue };
             // Per task, the latest accepted claim before the fault.
             let mut held: BTreeMap<&str, &ClaimRow> = BTreeMap::new();
-            for c in claims.iter().filter(|c| c.at <= f.from_us) {
+            for c in claims.iter().filter(|c| c.at.as_micros() <= f.from_us) {
                 held.insert(c.task.as_str(), c);
             }
             for (task, c) in held {
@@ -980,15 +982,15 @@ impl Battery {
                 }
                 let finished_before = completions
                     .iter()
-                    .any(|d| d.accepted && d.task == task && d.at <= f.from_us);
+                    .any(|d| d.accepted && d.task == task && d.at.as_micros() <= f.from_us);
                 if finished_before {
                     continue;
                 }
                 if let Some(next) = claims
                     .iter()
-                    .find(|n| n.task == task && n.epoch > c.epoch && n.at > f.from_us)
+                    .find(|n| n.task == task && n.epoch > c.epoch && n.at.as_micros() > f.from_us)
                 {
-                    out.push((next.at - f.from_us) / 1000);
+                    out.push((next.at.as_micros() - f.from_us) / 1000);
                 }
             }
         }

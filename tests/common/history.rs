@@ -470,9 +470,9 @@ pub fn check(h: &History<'_>) -> HistoryReport {
                 if let Some(task) = h.tasks.get(&b.task) {
                     completions.entry(task.as_str()).or_default().push((
                         r.actor.clone(),
-                        b.epoch,
+                        b.epoch.get(),
                         accepted,
-                        r.at,
+                        r.at.as_micros(),
                     ));
                 }
             }
@@ -512,7 +512,7 @@ pub fn check(h: &History<'_>) -> HistoryReport {
         match rs.first() {
             Some(first) => {
                 report.messages_answered += 1;
-                result_at.insert(Work::Message(token.clone()), first.at);
+                result_at.insert(Work::Message(token.clone()), first.at.as_micros());
             }
             None => report.violations.push(Violation::MessageLost {
                 token: token.clone(),

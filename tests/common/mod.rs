@@ -1,6 +1,24 @@
 //! Shared helpers for the end-to-end tests: the real `huddle` binary and bounded waits.
 #![allow(dead_code)]
 
+/// One `#[tokio::test]` per backend for a scenario `async fn name(Backend)` (the
+/// test file has `Backend` in scope and declares `#[macro_use] mod common;`).
+#[allow(unused_macros)]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name(super::Backend::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name(super::Backend::Postgres).await
+            }
+        }
+    )*};
+}
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -37,11 +55,27 @@ pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
     path
 }
 
-/// A `huddle` command on database `db`, quiet logs.
+/// Where the tests' owner keys live (`HUDDLE_KEYS` of every [`huddle`] command):
+/// shared by all tests, since `huddle room create` reuses a key file that exists.
+pub fn keys_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("owner-keys")
+}
+
+/// The secret key of owner `name` as the tests' `huddle room create` made it.
+pub fn owner_key(name: &str) -> huddle_core::signing::OwnerSecret {
+    let path = keys_dir().join(format!("{name}.key"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("read the owner key {}: {e}", path.display()));
+    text.trim().parse().expect("a valid owner key file")
+}
+
+/// A `huddle` command on database `db`, quiet logs, owner keys in [`keys_dir`].
 pub fn huddle(db: &str) -> Command {
     let mut c = Command::new(huddle_bin());
     c.env("HUDDLE_DB", db)
         .env_remove("RUST_LOG")
+        .env_remove("HUDDLE_OWNER_KEY")
+        .env("HUDDLE_KEYS", keys_dir())
         .env("HUDDLE_LOG", "warn");
     c
 }

@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 use huddle_core::board::{CoordNoteBody, Subject, SubjectKind, TurnRepliedBody};
 use huddle_core::tasks::TaskSummary;
 use huddle_core::{
-    ConfigFold, Fold, Interaction, InteractionId, NewInteraction, Position, Role, Task, Timestamp,
-    Verb,
+    Fold, Interaction, InteractionId, NewInteraction, OwnerAuthority, Position, Role, Task,
+    Timestamp, Verb,
 };
 use huddle_sim::Tally;
 use huddle_store::{Store, StoreOptions};
@@ -555,8 +555,8 @@ impl Drop for RelayProcess {
 pub struct Ledger {
     /// Every row read so far, in ledger order.
     pub rows: Vec<Interaction>,
-    /// The config fold.
-    pub config: ConfigFold,
+    /// The owner's authority: owners, keys, verified commands, and the config fold.
+    pub config: OwnerAuthority,
     /// The report fold of the room, as `huddle demo` judges a run.
     pub fold: Tally,
     cursor: Position,
@@ -580,7 +580,7 @@ impl Ledger {
     fn new(room: &str) -> Self {
         Ledger {
             rows: Vec::new(),
-            config: ConfigFold::new(),
+            config: OwnerAuthority::new(),
             fold: Tally::new(room),
             cursor: Position::START,
         }
@@ -608,8 +608,12 @@ impl Ledger {
             }
             self.cursor = batch.next;
             for r in batch.rows {
-                self.fold.apply(&r);
+                // As the relays do: a task.created / config.set that no signed owner
+                // command produced is kept from the other folds.
                 self.config.apply(&r);
+                if self.config.admits(&r) {
+                    self.fold.apply(&r);
+                }
                 self.rows.push(r);
             }
         }
@@ -678,7 +682,7 @@ impl Ledger {
             .map(|(_, r)| r)
             .filter_map(|r| match CoordNoteBody::parse(&r.body) {
                 Some(CoordNoteBody::Designation(d)) if d.message == message => {
-                    Some((r, d.agent, d.epoch))
+                    Some((r, d.agent, d.epoch.get()))
                 }
                 _ => None,
             })
@@ -761,11 +765,15 @@ impl Ledger {
     /// what a relay whose reads ended at `cursor` must have folded.
     pub fn hashes_upto(&self, cursor: Position) -> (String, String) {
         let mut fold = Tally::new(&self.room);
+        let mut authority = OwnerAuthority::new();
         for (_, r) in self.room_rows() {
             if r.position > cursor {
                 break;
             }
-            fold.apply(r);
+            authority.apply(r);
+            if authority.admits(r) {
+                fold.apply(r);
+            }
         }
         let h = fold.state_hashes();
         (h.board, h.tasks)
@@ -1000,7 +1008,7 @@ impl Huddle {
             }
             if Instant::now() >= deadline {
                 let logs: Vec<String> = self.relays.values().map(|r| r.log_tail(15)).collect();
-                let now = self.store.now().await.unwrap_or_default();
+                let now = self.store.now().await.ok();
                 let claims: Vec<String> = self
                     .store
                     .list_claims("")
@@ -1013,7 +1021,9 @@ impl Huddle {
                             c.state.key,
                             c.state.holder,
                             c.state.epoch,
-                            (c.state.expires_at - now) / 1000
+                            now.map_or("?".to_string(), |now| {
+                                ((c.state.expires_at - now) / 1000).to_string()
+                            })
                         )
                     })
                     .collect();

@@ -1,13 +1,24 @@
 //! Ledger commands: migrate, room create, post, tail, claims.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use huddle_core::{NewInteraction, Position, Role, Verb};
+use huddle_core::commands::command_word;
+use huddle_core::{ConfigFold, Fold, NewInteraction, Position, Role, Verb};
 use huddle_store::{Store, StoreOptions, Subscription};
 use serde_json::json;
 
-use crate::output;
+use crate::{keys, output};
+
+/// The exit status of `huddle post` when an owner command was posted as an ordinary
+/// message because it could not be signed.
+pub const EXIT_NOT_SIGNED: u8 = 3;
+
+/// `huddle post` posted the text, but not as an owner command: why.
+#[derive(Debug, thiserror::Error)]
+#[error("posted as an ordinary message; it will NOT be executed as an owner command: {0}")]
+pub struct NotSigned(pub String);
 
 /// Opens the store at `url`, applying migrations, with a message that names it.
 pub async fn open(url: &str, options: StoreOptions) -> anyhow::Result<Arc<dyn Store>> {
@@ -35,6 +46,21 @@ pub async fn room_owner(store: &dyn Store, room: &str) -> anyhow::Result<Option<
     }
 }
 
+/// The room's owners, keys and config as the relays fold them (every row of the
+/// room is read).
+pub async fn room_authority(store: &dyn Store, room: &str) -> anyhow::Result<ConfigFold> {
+    let mut fold = ConfigFold::new();
+    let mut cursor = Position::START;
+    loop {
+        let batch = store.read_room(room, cursor, 1000).await?;
+        fold.apply_all(&batch.rows);
+        if batch.next == cursor {
+            return Ok(fold);
+        }
+        cursor = batch.next;
+    }
+}
+
 /// `huddle migrate`
 pub async fn migrate(url: &str, options: StoreOptions) -> anyhow::Result<()> {
     let store = open(url, options).await?;
@@ -45,12 +71,14 @@ pub async fn migrate(url: &str, options: StoreOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `huddle room create`
+/// `huddle room create`: records the owner's public key in `room.created`; the
+/// owner's key file is created when absent (mode 0600).
 pub async fn room_create(
     url: &str,
     options: StoreOptions,
     room: &str,
     owner: &str,
+    key_flag: Option<&Path>,
 ) -> anyhow::Result<()> {
     let store = open(url, options).await?;
     if let Some(existing) = room_owner(&*store, room).await? {
@@ -60,28 +88,40 @@ pub async fn room_create(
         }
         bail!("room {room} already exists and is owned by {existing}");
     }
+    huddle_core::validate_name("owner", owner, &huddle_core::Limits::default())?;
+    let path = keys::key_path(owner, key_flag)?;
+    let (secret, fresh) = keys::load_or_create(&path)?;
+    let key = secret.public();
     let created = NewInteraction::new(
         room,
         Verb::RoomCreated,
         owner,
         Role::Owner,
-        json!({ "owner": owner }),
+        json!({ "owner": owner, "key": key.to_hex() }),
     );
     let out = store.append(vec![created]).await?;
     store.flush().await;
     // A concurrent creator may have won: the first room.created is the room.
-    let winner = room_owner(&*store, room).await?.unwrap_or_default();
-    if winner != owner {
-        bail!("room {room} was just created by someone else, owned by {winner}");
+    let winner = room_authority(&*store, room).await?;
+    if winner.owner(room) != Some(owner) || winner.owner_key(room) != Some(key) {
+        bail!(
+            "room {room} was just created by someone else, owned by {}",
+            winner.owner(room).unwrap_or("nobody")
+        );
     }
     println!(
-        "created room {room} owned by {owner} ({})",
-        out[0].id.short()
+        "created room {room} owned by {owner} ({}); owner key {} {} {}",
+        out[0].id.short(),
+        key.short(),
+        if fresh { "generated in" } else { "from" },
+        path.display()
     );
     Ok(())
 }
 
-/// `huddle post`
+/// `huddle post`. An owner command (`!delegate`, `!config`) by the room's owner is
+/// signed with the owner's key; without that key the text is posted as an ordinary
+/// message and [`NotSigned`] says why.
 pub async fn post(
     url: &str,
     options: StoreOptions,
@@ -89,6 +129,7 @@ pub async fn post(
     actor: &str,
     thread: Option<String>,
     text: &str,
+    key_flag: Option<&Path>,
 ) -> anyhow::Result<()> {
     let text = if text == "-" {
         let mut buf = String::new();
@@ -115,10 +156,38 @@ pub async fn post(
         json!({ "text": text }),
     );
     message.thread = thread;
+    let mut not_signed = None;
+    if role == Role::Owner && command_word(&text).is_some() {
+        let path = keys::key_path(actor, key_flag)?;
+        let room_key = room_authority(&*store, room).await?.owner_key(room);
+        match (keys::load(&path)?, room_key) {
+            (Some(secret), Some(k)) if secret.public() == k => message = secret.sign(message),
+            (_, None) => {
+                not_signed = Some(format!("room {room} has no owner key to sign for"));
+            }
+            (Some(secret), Some(k)) => {
+                not_signed = Some(format!(
+                    "the key in {} ({}) is not the room's owner key ({})",
+                    path.display(),
+                    secret.public().short(),
+                    k.short()
+                ));
+            }
+            (None, Some(_)) => {
+                not_signed = Some(format!(
+                    "no owner key for {actor} at {} (use --key PATH or HUDDLE_OWNER_KEY)",
+                    path.display()
+                ));
+            }
+        }
+    }
     let out = store.append(vec![message]).await?;
     store.flush().await;
     println!("{}", out[0].id);
-    Ok(())
+    match not_signed {
+        Some(why) => Err(NotSigned(why).into()),
+        None => Ok(()),
+    }
 }
 
 /// `huddle tail`

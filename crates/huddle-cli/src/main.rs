@@ -1,9 +1,11 @@
 //! `huddle`: the command-line tool. Flag definitions and glue; the work is done by
 //! the library crates.
 
+mod admin;
 mod bench_coord;
 mod bench_ledger;
 mod demo;
+mod keys;
 mod ledger_cmds;
 mod output;
 mod relay_cmd;
@@ -50,7 +52,9 @@ pub enum Command {
         #[command(subcommand)]
         command: RoomCommand,
     },
-    /// Post a message to a room (as its owner when ID owns the room).
+    /// Post a message to a room (as its owner when ID owns the room). An owner's
+    /// `!delegate` / `!config` is signed with the owner's key; without the key it is
+    /// posted as an ordinary message, not executed, and huddle exits with status 3.
     Post {
         /// Room to post in.
         #[arg(long)]
@@ -63,6 +67,10 @@ pub enum Command {
         thread: Option<String>,
         /// The message text; `-` reads it from standard input.
         text: String,
+        /// The owner's key file [default: $HUDDLE_KEYS/ID.key, else
+        /// $XDG_CONFIG_HOME/huddle/keys/ID.key, else ~/.config/huddle/keys/ID.key].
+        #[arg(long, env = "HUDDLE_OWNER_KEY", value_name = "PATH")]
+        key: Option<std::path::PathBuf>,
     },
     /// Print a room's interactions.
     Tail {
@@ -113,6 +121,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Database roles on Postgres: `init`, `add-relay`, `remove-relay`, `add-owner`,
+    /// `add-reader`, ... (run with the administrator's `--db`).
+    Admin {
+        #[command(subcommand)]
+        command: admin::AdminCommand,
+    },
     /// List claims.
     Claims {
         /// Only keys starting with this prefix.
@@ -155,9 +169,15 @@ pub enum RoomCommand {
     Create {
         /// Room name.
         room: String,
-        /// The owner's id: only the owner's `!delegate` / `!config` are executed.
+        /// The owner's id: only the owner's `!delegate` / `!config`, signed with the
+        /// owner's key, are executed.
         #[arg(long)]
         owner: String,
+        /// The owner's key file, created (mode 0600) when absent [default:
+        /// $HUDDLE_KEYS/OWNER.key, else $XDG_CONFIG_HOME/huddle/keys/OWNER.key, else
+        /// ~/.config/huddle/keys/OWNER.key].
+        #[arg(long, env = "HUDDLE_OWNER_KEY", value_name = "PATH")]
+        key: Option<std::path::PathBuf>,
     },
 }
 
@@ -193,6 +213,10 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<ledger_cmds::NotSigned>() => {
+            eprintln!("huddle: {e}");
+            ExitCode::from(ledger_cmds::EXIT_NOT_SIGNED)
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -213,14 +237,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Migrate => ledger_cmds::migrate(&db, options).await,
         Command::Room {
-            command: RoomCommand::Create { room, owner },
-        } => ledger_cmds::room_create(&db, options, &room, &owner).await,
+            command: RoomCommand::Create { room, owner, key },
+        } => ledger_cmds::room_create(&db, options, &room, &owner, key.as_deref()).await,
         Command::Post {
             room,
             actor,
             thread,
             text,
-        } => ledger_cmds::post(&db, options, &room, &actor, thread, &text).await,
+            key,
+        } => ledger_cmds::post(&db, options, &room, &actor, thread, &text, key.as_deref()).await,
         Command::Tail { room, follow, json } => {
             ledger_cmds::tail(&db, options, &room, follow, json).await
         }
@@ -276,6 +301,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Admin { command } => admin::run(&db, options, command).await,
         Command::Claims { prefix, json } => ledger_cmds::claims(&db, options, &prefix, json).await,
     }
 }

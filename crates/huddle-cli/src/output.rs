@@ -1,9 +1,10 @@
 //! Text forms of ledger rows for the terminal.
 
-use huddle_core::{canonical::canonical_json, Interaction};
+use huddle_core::{canonical::canonical_json, Interaction, Timestamp};
 
-/// `YYYY-MM-DD HH:MM:SS.mmm` (UTC) from µs since the Unix epoch.
-pub fn format_time(micros: i64) -> String {
+/// `YYYY-MM-DD HH:MM:SS.mmm` (UTC).
+pub fn format_time(at: Timestamp) -> String {
+    let micros = at.as_micros();
     let secs = micros.div_euclid(1_000_000);
     let millis = micros.rem_euclid(1_000_000) / 1_000;
     let days = secs.div_euclid(86_400);
@@ -53,10 +54,13 @@ mod tests {
 
     #[test]
     fn times_are_utc_civil() {
-        assert_eq!(format_time(0), "1970-01-01 00:00:00.000");
-        assert_eq!(format_time(951_782_400_123_456), "2000-02-29 00:00:00.123");
+        assert_eq!(format_time(Timestamp(0)), "1970-01-01 00:00:00.000");
         assert_eq!(
-            format_time(1_796_000_000_000_000),
+            format_time(Timestamp(951_782_400_123_456)),
+            "2000-02-29 00:00:00.123"
+        );
+        assert_eq!(
+            format_time(Timestamp(1_796_000_000_000_000)),
             "2026-11-30 00:53:20.000"
         );
     }

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use anyhow::bail;
 use huddle_core::board::Subject;
 use huddle_core::tasks::TaskSummary;
-use huddle_core::{Position, TaskStatus, Timestamp};
+use huddle_core::{ClaimEpoch, Position, TaskStatus, Timestamp};
 use huddle_sim::render::clip;
 use huddle_sim::Tally;
 use huddle_store::{Store, StoreOptions};
@@ -25,16 +25,22 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Folds every row of `room`; fails when the room was never created.
+/// Folds every row of `room` that the relays would act on (a `task.created` or
+/// `config.set` no signed owner command produced is left out, as the relays leave it
+/// out); fails when the room was never created.
 async fn fold_room(store: &dyn Store, room: &str) -> anyhow::Result<Tally> {
     let mut tally = Tally::new(room);
+    let mut authority = huddle_core::OwnerAuthority::new();
     let mut cursor = Position::START;
     let mut created = false;
     loop {
         let batch = store.read_room(room, cursor, 5000).await?;
         for r in &batch.rows {
             created |= r.verb == huddle_core::Verb::RoomCreated;
-            tally.apply(r);
+            huddle_core::Fold::apply(&mut authority, r);
+            if authority.admits(r) {
+                tally.apply(r);
+            }
         }
         if batch.next == cursor {
             break;
@@ -56,8 +62,8 @@ pub struct BoardAgent {
     pub state: String,
     /// What it is on.
     pub on: Option<Subject>,
-    /// Since when (database time, µs).
-    pub since: Timestamp,
+    /// Since when (database time); `None` while no presence is known.
+    pub since: Option<Timestamp>,
     /// Declared capabilities.
     pub capabilities: Vec<String>,
     /// Completions accepted from it.
@@ -78,7 +84,7 @@ pub struct BoardDesignation {
     /// The agent that took it.
     pub agent: String,
     /// The reply claim's epoch.
-    pub epoch: i64,
+    pub epoch: ClaimEpoch,
     /// When.
     pub at: Timestamp,
 }
@@ -133,7 +139,7 @@ fn board_view(t: &Tally) -> BoardView {
             BoardAgent {
                 state: p.map_or("unknown", |p| p.state.as_str()).to_string(),
                 on: p.and_then(|p| p.on.clone()),
-                since: p.map_or(0, |p| p.since),
+                since: p.map(|p| p.since),
                 capabilities: b
                     .and_then(|b| b.agents.get(&agent))
                     .map(|a| a.capabilities.clone())
@@ -245,7 +251,7 @@ pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> a
             a.tasks_done,
             a.failed_turns,
             a.tokens,
-            format_time(a.since),
+            a.since.map_or_else(|| "-".to_string(), format_time),
             describe(&a.on)
         );
     }
@@ -298,7 +304,7 @@ pub struct TaskLine {
     /// Current (or last) owner.
     pub owner: Option<String>,
     /// Epoch of the latest accepted claim.
-    pub epoch: Option<i64>,
+    pub epoch: Option<ClaimEpoch>,
     /// Attempts started.
     pub attempts: u32,
     /// Attempts allowed.

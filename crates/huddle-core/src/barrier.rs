@@ -354,7 +354,7 @@ mod tests {
     use serde_json::json;
 
     const ROOM: &str = "pipeline";
-    const T0: Timestamp = 1_700_000_000 * SEC;
+    const T0: Timestamp = Timestamp(1_700_000_000 * SEC);
     const SCRAPERS: [&str; 5] = ["s1", "s2", "s3", "s4", "s5"];
 
     fn open(on_timeout: serde_json::Value) -> Interaction {

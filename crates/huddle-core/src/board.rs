@@ -563,7 +563,7 @@ fn short_hex(id: &str) -> String {
 
 /// Formats microseconds since the Unix epoch as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
 pub fn format_timestamp(us: Timestamp) -> String {
-    let secs = us.div_euclid(1_000_000);
+    let secs = us.as_micros().div_euclid(1_000_000);
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
@@ -600,7 +600,7 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::json;
 
-    const T0: Timestamp = 1_700_000_000_000_000; // 2023-11-14T22:13:20Z
+    const T0: Timestamp = Timestamp(1_700_000_000_000_000); // 2023-11-14T22:13:20Z
 
     fn fold(rows: Vec<NewInteraction>) -> Board {
         let mut l = Ledger::default();
@@ -721,7 +721,7 @@ mod tests {
             let b = fold(rows);
             let got = b
                 .designation("lobby", &m)
-                .map(|d| (d.agent.as_str(), d.epoch));
+                .map(|d| (d.agent.as_str(), d.epoch.get()));
             assert_eq!(got, want, "case {i}");
         }
     }
@@ -812,15 +812,15 @@ notices:\n\
     fn timestamps_format_as_utc() {
         let cases = [
             (0, "1970-01-01T00:00:00Z"),
-            (T0, "2023-11-14T22:13:20Z"),
+            (T0.as_micros(), "2023-11-14T22:13:20Z"),
             (951_782_400_000_000, "2000-02-29T00:00:00Z"),
             (-1_000_000, "1969-12-31T23:59:59Z"),
         ];
         for (us, want) in cases {
-            assert_eq!(format_timestamp(us), want);
+            assert_eq!(format_timestamp(Timestamp(us)), want);
         }
-        assert!(!format_timestamp(i64::MAX).is_empty());
-        assert!(!format_timestamp(i64::MIN).is_empty());
+        assert!(!format_timestamp(Timestamp(i64::MAX)).is_empty());
+        assert!(!format_timestamp(Timestamp(i64::MIN)).is_empty());
     }
 
     #[test]

@@ -134,7 +134,7 @@ mod tests {
     use serde_json::json;
 
     const ROOM: &str = "lab";
-    const T0: Timestamp = 1_700_000_000 * SEC;
+    const T0: Timestamp = Timestamp(1_700_000_000 * SEC);
 
     fn turn(who: &str, verb: Verb, body: serde_json::Value) -> Interaction {
         row(ROOM, verb, who, Role::Agent, T0, body)

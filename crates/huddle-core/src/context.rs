@@ -246,7 +246,7 @@ pub fn select_related<'a>(
             continue;
         }
         let participants = jaccard(&target_people, &people(c));
-        let age = u128::from(target.at.abs_diff(c.at));
+        let age = u128::from(target.at.as_micros().abs_diff(c.at.as_micros()));
         let recency = (u128::from(PPM) * half_life / (half_life + age)) as u64;
         let total = rules
             .w_lineage
@@ -342,7 +342,7 @@ mod tests {
     use serde_json::json;
 
     const ROOM: &str = "eng";
-    const T0: Timestamp = 1_700_000_000 * SEC;
+    const T0: Timestamp = Timestamp(1_700_000_000 * SEC);
 
     fn post(thread: Option<&str>, who: &str, text: &str) -> NewInteraction {
         let mut n = NewInteraction::new(

@@ -39,12 +39,12 @@
 //!
 //! ```
 //! use huddle_core::{DecisionFold, DecisionRules, DecisionStatus, Fold, Interaction,
-//!     NewInteraction, Position, Role, Verb};
+//!     NewInteraction, Position, Role, Timestamp, Verb};
 //! use serde_json::json;
 //!
 //! let row = |n: u64, verb, actor: &str, body| {
 //!     let new = NewInteraction::new("ops", verb, actor, Role::Agent, body);
-//!     Interaction { id: new.id(), position: Position::new(0, n), at: 1_000_000,
+//!     Interaction { id: new.id(), position: Position::new(0, n), at: Timestamp(1_000_000),
 //!         relay: "r".into(), room: new.room, thread: None, verb, actor: new.actor,
 //!         role: new.role, parent: None, caused_by: vec![], body: new.body }
 //! };
@@ -59,7 +59,7 @@
 //!         json!({"id": "d1", "option": option})));
 //! }
 //! // 1.91 against 1.85: quorum reached, but a 3 % margin is escalated, not committed.
-//! let status = f.status("ops", "d1", 2_000_000, &DecisionRules::default());
+//! let status = f.status("ops", "d1", Timestamp(2_000_000), &DecisionRules::default());
 //! assert!(matches!(status, Some(DecisionStatus::Escalated { .. })));
 //! ```
 
@@ -699,7 +699,7 @@ mod tests {
     use serde_json::json;
 
     const ROOM: &str = "ops";
-    const T0: Timestamp = 1_700_000_000 * SEC;
+    const T0: Timestamp = Timestamp(1_700_000_000 * SEC);
 
     fn propose(body: serde_json::Value) -> Interaction {
         row(ROOM, Verb::DecisionProposed, "lead", Role::Agent, T0, body)

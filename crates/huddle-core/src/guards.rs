@@ -23,10 +23,10 @@
 //!
 //! ```
 //! use huddle_core::guards::{GuardFold, TurnRequest, Verdict};
-//! use huddle_core::{config::RoomConfig, Role};
+//! use huddle_core::{config::RoomConfig, Role, Timestamp};
 //!
 //! let guards = GuardFold::new();
-//! let req = TurnRequest::new("lobby", None, "ana", Role::Human, 1_000_000);
+//! let req = TurnRequest::new("lobby", None, "ana", Role::Human, Timestamp(1_000_000));
 //! assert_eq!(guards.check(&req, &RoomConfig::default()), Verdict::Allow);
 //! ```
 
@@ -230,7 +230,7 @@ impl fmt::Display for DenyReason {
 }
 
 /// Milliseconds to microseconds, saturating.
-fn ms_to_us(ms: u64) -> Timestamp {
+fn ms_to_us(ms: u64) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX).saturating_mul(1_000)
 }
 
@@ -364,9 +364,10 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::json;
 
-    const S: Timestamp = 1_000_000; // one second in µs
+    const S: i64 = 1_000_000; // one second in µs
 
-    fn msg(pos: u64, at: Timestamp, thread: Option<&str>, actor: &str, role: Role) -> Interaction {
+    /// A message at `at` µs.
+    fn msg(pos: u64, at: i64, thread: Option<&str>, actor: &str, role: Role) -> Interaction {
         row(
             pos,
             at,
@@ -379,8 +380,9 @@ mod tests {
         )
     }
 
-    fn req<'a>(sender: &'a str, role: Role, now: Timestamp) -> TurnRequest<'a> {
-        TurnRequest::new("lobby", None, sender, role, now)
+    /// A turn request at `now` µs.
+    fn req<'a>(sender: &'a str, role: Role, now: i64) -> TurnRequest<'a> {
+        TurnRequest::new("lobby", None, sender, role, Timestamp(now))
     }
 
     fn deny(v: Verdict) -> DenyReason {
@@ -427,7 +429,10 @@ mod tests {
             Role::Agent,
             json!({"text": "fwd", "hops": 9}),
         );
-        assert_eq!(TurnRequest::for_message(&forwarded, 0).hops, Hops::Count(9));
+        assert_eq!(
+            TurnRequest::for_message(&forwarded, Timestamp(0)).hops,
+            Hops::Count(9)
+        );
     }
 
     #[test]
@@ -450,7 +455,7 @@ mod tests {
             DenyReason::LoopCap {
                 consecutive: 4,
                 loop_max: 4,
-                until: 34 * S
+                until: Timestamp(34 * S)
             }
         );
         assert!(!guards
@@ -501,7 +506,7 @@ mod tests {
             "room message does not reset a thread"
         );
         assert_eq!(guards.loop_run("lobby", Some("t2")).agent_messages, 0);
-        let t1 = TurnRequest::new("lobby", Some("t1"), "bot", Role::Agent, 2 * S);
+        let t1 = TurnRequest::new("lobby", Some("t1"), "bot", Role::Agent, Timestamp(2 * S));
         assert!(guards.check(&t1, &RoomConfig::default()).is_allow());
         let strict = RoomConfig {
             loop_max: 2,
@@ -515,10 +520,16 @@ mod tests {
             rate: 0,
             ..RoomConfig::default()
         };
-        let soon = TurnRequest::new("lobby", Some("t1"), "bot", Role::Agent, S + S / 2);
+        let soon = TurnRequest::new(
+            "lobby",
+            Some("t1"),
+            "bot",
+            Role::Agent,
+            Timestamp(S + S / 2),
+        );
         let r = deny(guards.check(&soon, &off));
         assert!(
-            matches!(r, DenyReason::LoopCap { loop_max: 1, until, .. } if until == 2 * S),
+            matches!(r, DenyReason::LoopCap { loop_max: 1, until, .. } if until == Timestamp(2 * S)),
             "{r:?}"
         );
     }
@@ -543,7 +554,7 @@ mod tests {
                 sent: 11,
                 rate: 10,
                 window_ms: 60_000,
-                retry_at: 61 * S,
+                retry_at: Timestamp(61 * S),
             }
         );
         // The window is (now - 60 s, now]: the message at 1 s leaves at exactly 61 s.
@@ -553,7 +564,10 @@ mod tests {
         assert!(guards
             .check(&req("spam", Role::Human, 61 * S), &config)
             .is_allow());
-        assert_eq!(guards.sent_in_window("lobby", "spam", 61 * S, 60_000), 10);
+        assert_eq!(
+            guards.sent_in_window("lobby", "spam", Timestamp(61 * S), 60_000),
+            10
+        );
         // Others are not affected; the owner is exempt; later rows are not counted.
         assert!(guards
             .check(&req("ana", Role::Human, 11 * S), &config)
@@ -564,7 +578,10 @@ mod tests {
         assert!(guards
             .check(&req("olga", Role::Owner, 12 * S), &config)
             .is_allow());
-        assert_eq!(guards.sent_in_window("lobby", "spam", 5 * S, 60_000), 5);
+        assert_eq!(
+            guards.sent_in_window("lobby", "spam", Timestamp(5 * S), 60_000),
+            5
+        );
         // A tighter config applies at the next check.
         let tight = RoomConfig {
             rate: 3,
@@ -573,7 +590,7 @@ mod tests {
         };
         let r = deny(guards.check(&req("spam", Role::Human, 11 * S), &tight));
         assert!(
-            matches!(r, DenyReason::RateCap { sent: 5, retry_at, .. } if retry_at == 8 * S + 5 * S),
+            matches!(r, DenyReason::RateCap { sent: 5, retry_at, .. } if retry_at == Timestamp(8 * S + 5 * S)),
             "{r:?}"
         );
     }
@@ -596,7 +613,10 @@ mod tests {
         // Out-of-order times are kept sorted.
         guards.apply(&msg(3_000, -5, None, "late", Role::Human));
         guards.apply(&msg(3_001, -9, None, "late", Role::Human));
-        assert_eq!(guards.rooms["lobby"].senders["late"], vec![-9, -5]);
+        assert_eq!(
+            guards.rooms["lobby"].senders["late"],
+            vec![Timestamp(-9), Timestamp(-5)]
+        );
     }
 
     #[test]
@@ -612,7 +632,7 @@ mod tests {
             Role::Owner,
             json!({"owner": "olga"}),
         ));
-        config.apply(&row(
+        let set = row(
             2,
             0,
             "lobby",
@@ -621,7 +641,8 @@ mod tests {
             "olga",
             Role::Owner,
             json!({"set": {"max-hops": 0}}),
-        ));
+        );
+        config.apply(&set);
         let guards = GuardFold::new();
         let fwd = |thread| {
             row(
@@ -635,9 +656,9 @@ mod tests {
                 json!({"hops": 1}),
             )
         };
-        assert!(check_message(&guards, &config, &fwd(None), 0).is_allow());
+        assert!(check_message(&guards, &config, &fwd(None), Timestamp(0)).is_allow());
         assert_eq!(
-            check_message(&guards, &config, &fwd(Some("t1")), 0),
+            check_message(&guards, &config, &fwd(Some("t1")), Timestamp(0)),
             Verdict::Deny(DenyReason::TooManyHops {
                 hops: 1,
                 max_hops: 0
@@ -693,10 +714,10 @@ mod tests {
             let config = RoomConfig { loop_max, rate, rate_window_ms: window, loop_cooldown_ms: cooldown, ..RoomConfig::default() };
             for thread in [None, Some("t1"), Some("t2")] {
                 for (sender, role) in [("ana", Role::Human), ("bot", Role::Agent)] {
-                    let r = TurnRequest::new("lobby", thread, sender, role, now);
+                    let r = TurnRequest::new("lobby", thread, sender, role, Timestamp(now));
                     if let Verdict::Deny(DenyReason::RateCap { sent, rate, retry_at, .. }) = full.check(&r, &config) {
                         prop_assert!(sent > u64::from(rate));
-                        prop_assert!(retry_at > now || retry_at == Timestamp::MAX);
+                        prop_assert!(retry_at > Timestamp(now) || retry_at == Timestamp::MAX);
                     }
                 }
             }

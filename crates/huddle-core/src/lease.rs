@@ -243,7 +243,7 @@ impl LeaseFold {
                 },
                 Some(l),
             ) => {
-                let turn = now.saturating_sub(expired_at) / l.ttl_us.max(1);
+                let turn = now.micros_since(expired_at) / l.ttl_us.max(1);
                 (Some(holder), u64::try_from(turn).unwrap_or(0))
             }
             _ => (None, 0),
@@ -417,7 +417,7 @@ mod tests {
     use serde_json::json;
 
     const ROOM: &str = "ops";
-    const T0: Timestamp = 1_700_000_000 * SEC;
+    const T0: Timestamp = Timestamp(1_700_000_000 * SEC);
 
     fn hb(who: &str, epoch: u64, at: Timestamp, beat: u64) -> Interaction {
         row(

@@ -8,7 +8,7 @@
 //! The modules form layers; each imports only from the layers before it:
 //!
 //! 1. the record: [`error`], [`limits`], [`id`], [`canonical`], [`verbs`], [`model`],
-//!    [`fold`];
+//!    [`fold`], [`signing`];
 //! 2. the wire vocabulary: [`protocol`] (bodies, claim keys and epochs, names);
 //! 3. the folds: [`config`], [`tasks`], [`lease`], [`budget`], [`context`], the
 //!    coordination patterns [`decision`] and [`barrier`] (on the shared [`pattern`]),
@@ -46,6 +46,7 @@ pub mod policy;
 pub mod protocol;
 #[cfg(test)]
 mod robustness;
+pub mod signing;
 pub mod sync;
 pub mod tasks;
 #[cfg(test)]
@@ -54,7 +55,7 @@ pub mod verbs;
 
 pub use barrier::{BarrierFold, BarrierRules, BarrierStatus};
 pub use budget::{BudgetFold, BudgetStatus};
-pub use commands::{owner_command, owner_command_in, CommandError, OwnerCommand};
+pub use commands::{owner_command, owner_command_in, CommandError, OwnerAuthority, OwnerCommand};
 pub use config::ConfigFold;
 pub use context::{render_related_context, select_related, ContextRules, RelatedContext};
 pub use decision::{DecisionFold, DecisionRules, DecisionStatus};

@@ -18,8 +18,79 @@ use crate::verbs::Verb;
 
 /// Microseconds since the Unix epoch, as read from the **database** clock.
 ///
-/// The core never reads a clock; every `now` it sees is passed in.
-pub type Timestamp = i64;
+/// The core never reads a clock; every `now` it sees is passed in. A distinct type so
+/// a time cannot be passed where an epoch or a duration is meant: durations are plain
+/// microseconds (`i64`) added with [`Timestamp::saturating_add`] and measured with
+/// [`Timestamp::micros_since`]. Encoded as the bare number (serde-transparent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    /// The earliest time there is.
+    pub const MIN: Timestamp = Timestamp(i64::MIN);
+    /// The latest time there is.
+    pub const MAX: Timestamp = Timestamp(i64::MAX);
+
+    /// Microseconds since the Unix epoch.
+    pub const fn as_micros(self) -> i64 {
+        self.0
+    }
+
+    /// This time plus `us` microseconds (negative goes back), saturating.
+    pub const fn saturating_add(self, us: i64) -> Timestamp {
+        Timestamp(self.0.saturating_add(us))
+    }
+
+    /// This time minus `us` microseconds, saturating.
+    pub const fn saturating_sub(self, us: i64) -> Timestamp {
+        Timestamp(self.0.saturating_sub(us))
+    }
+
+    /// Microseconds from `earlier` to this time (negative if `earlier` is later),
+    /// saturating.
+    pub const fn micros_since(self, earlier: Timestamp) -> i64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// `t + us`: a time `us` microseconds later (panics on overflow like `i64`; code that
+/// reads the outside world uses [`Timestamp::saturating_add`]).
+impl std::ops::Add<i64> for Timestamp {
+    type Output = Timestamp;
+    fn add(self, us: i64) -> Timestamp {
+        Timestamp(self.0 + us)
+    }
+}
+
+/// `t += us`.
+impl std::ops::AddAssign<i64> for Timestamp {
+    fn add_assign(&mut self, us: i64) {
+        self.0 += us;
+    }
+}
+
+/// `t - us`: a time `us` microseconds earlier.
+impl std::ops::Sub<i64> for Timestamp {
+    type Output = Timestamp;
+    fn sub(self, us: i64) -> Timestamp {
+        Timestamp(self.0 - us)
+    }
+}
+
+/// `a - b`: the microseconds from `b` to `a`.
+impl std::ops::Sub for Timestamp {
+    type Output = i64;
+    fn sub(self, earlier: Timestamp) -> i64 {
+        self.0 - earlier.0
+    }
+}
 
 /// Who wrote an interaction, frozen at append.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -541,13 +612,12 @@ mod tests {
         assert!(msg("small").validate(&limits).is_ok());
     }
 
-    #[test]
-    fn raw_rows_are_verified() {
-        let n = msg("hi");
-        let good = RawRow {
+    /// `n` as a backend stores it (a `message.posted` by a human).
+    fn raw(n: &NewInteraction) -> RawRow {
+        RawRow {
             id: n.id().0.to_vec(),
             position: Position::new(0, 1),
-            at: 0,
+            at: Timestamp(0),
             relay: "r".into(),
             room: n.room.clone(),
             thread: None,
@@ -557,7 +627,13 @@ mod tests {
             parent: None,
             caused_by: vec![],
             body: n.body_text(),
-        };
+        }
+    }
+
+    #[test]
+    fn raw_rows_are_verified() {
+        let n = msg("hi");
+        let good = raw(&n);
         assert_eq!(good.clone().verify().unwrap().id, n.id());
         let bad_json = RawRow {
             body: "{not json".into(),
@@ -589,20 +665,6 @@ mod tests {
     /// id matches its content.
     #[test]
     fn readers_enforce_the_writers_limits() {
-        let raw = |n: &NewInteraction| RawRow {
-            id: n.id().0.to_vec(),
-            position: Position::new(0, 1),
-            at: 0,
-            relay: "r".into(),
-            room: n.room.clone(),
-            thread: None,
-            verb: "message.posted".into(),
-            actor: n.actor.clone(),
-            role: "human".into(),
-            parent: None,
-            caused_by: vec![],
-            body: n.body_text(),
-        };
         let big = msg(&"x".repeat(300 * 1024));
         assert!(matches!(
             raw(&big).verify(),

@@ -293,10 +293,10 @@ mod tests {
                 Role::Owner,
                 json!({"task": "t", "label": "summarise 40 pages", "needs": needs, "assignee": "cy"}),
             ),
-            0,
+            Timestamp(0),
         );
         for (agent, caps, load) in bids {
-            l.push(bid("t", agent, 1, caps, *load), 1);
+            l.push(bid("t", agent, 1, caps, *load), Timestamp(1));
         }
         TaskDag::rebuild(&l.rows)
             .task("lobby", "t")
@@ -356,7 +356,7 @@ mod tests {
                 &with_bids,
                 s,
                 ClaimRight::Bidding {
-                    closes_at: s + 2_000_000,
+                    closes_at: Timestamp(s + 2_000_000),
                 },
             ),
             (
@@ -364,7 +364,7 @@ mod tests {
                 &with_bids,
                 s + 1_999_999,
                 ClaimRight::Bidding {
-                    closes_at: s + 2_000_000,
+                    closes_at: Timestamp(s + 2_000_000),
                 },
             ),
             (
@@ -378,11 +378,18 @@ mod tests {
         ];
         for (i, (alloc, task, now, want)) in cases.into_iter().enumerate() {
             let c = cfg(Responder::Race, None, alloc);
-            assert_eq!(claim_right(&c, task, s, now), want, "case {i}");
+            assert_eq!(
+                claim_right(&c, task, Timestamp(s), Timestamp(now)),
+                want,
+                "case {i}"
+            );
         }
         assert!(ClaimRight::Anyone.allows("x", &[], &no_bids));
         assert!(!ClaimRight::Only("cy".into()).allows("x", &[], &no_bids));
-        assert!(!ClaimRight::Bidding { closes_at: 0 }.allows("x", &[], &no_bids));
+        assert!(!ClaimRight::Bidding {
+            closes_at: Timestamp(0)
+        }
+        .allows("x", &[], &no_bids));
         let needs_rust = task_with_bids(&["rust"], &[]);
         assert!(!ClaimRight::Anyone.allows("x", &[], &needs_rust));
         assert!(ClaimRight::Anyone.allows("x", &["rust".into()], &needs_rust));

@@ -106,7 +106,7 @@ fn rows() -> impl Strategy<Value = Vec<Interaction>> {
     prop::collection::vec((verb, who, role, at, body()), 0..24).prop_map(|v| {
         positioned(
             v.into_iter()
-                .map(|(verb, who, role, at, body)| row("r", verb, who, role, at, body))
+                .map(|(verb, who, role, at, body)| row("r", verb, who, role, Timestamp(at), body))
                 .collect(),
         )
     })
@@ -115,7 +115,7 @@ fn rows() -> impl Strategy<Value = Vec<Interaction>> {
 proptest! {
     #[test]
     fn nothing_panics_on_any_body(rows in rows(), now in any::<i64>()) {
-        let nows: [Timestamp; 4] = [now, 0, i64::MIN, i64::MAX];
+        let nows: [Timestamp; 4] = [Timestamp(now), Timestamp(0), Timestamp(i64::MIN), Timestamp(i64::MAX)];
         let mut d = DecisionFold::new();
         let mut b = BarrierFold::new();
         let mut l = LeaseFold::new();
@@ -137,7 +137,7 @@ proptest! {
                 let _ = l.due("r", DEFAULT_LEASE, me, now,
                     &LeaseRules { active_window_us: i64::MAX, ttl_ms: u64::MAX });
             }
-            let _ = t.status("r", Some(now.unsigned_abs()));
+            let _ = t.status("r", Some(now.as_micros().unsigned_abs()));
         }
         let rules = ContextRules { half_life_us: now, ..ContextRules::default() };
         for target in &rows {

@@ -607,7 +607,7 @@ mod tests {
     fn fold(rows: Vec<NewInteraction>) -> TaskDag {
         let mut l = Ledger::default();
         for (n, r) in rows.into_iter().enumerate() {
-            l.push(r, (n as i64 + 1) * 1_000_000);
+            l.push(r, Timestamp((n as i64 + 1) * 1_000_000));
         }
         TaskDag::rebuild(&l.rows)
     }
@@ -813,7 +813,7 @@ mod tests {
         let t = dag.task("lobby", "a").unwrap();
         assert_eq!(
             (t.attempts, t.epoch, t.owner.as_deref()),
-            (2, Some(2), Some("bo"))
+            (2, Some(ClaimEpoch(2)), Some("bo"))
         );
     }
 
@@ -852,10 +852,10 @@ mod tests {
     #[test]
     fn summary_and_ready_since() {
         let mut l = Ledger::default();
-        l.push(created("a", &[]), 10);
-        l.push(created("b", &["a"]), 20);
-        l.push(created("c", &["x"]), 30);
-        l.push(created("d", &["d2"]), 31);
+        l.push(created("a", &[]), Timestamp(10));
+        l.push(created("b", &["a"]), Timestamp(20));
+        l.push(created("c", &["x"]), Timestamp(30));
+        l.push(created("d", &["d2"]), Timestamp(31));
         l.push(
             ix(
                 Verb::TaskCreated,
@@ -863,12 +863,12 @@ mod tests {
                 Role::Owner,
                 json!({"task": "d2", "label": "x", "max_attempts": 1}),
             ),
-            32,
+            Timestamp(32),
         );
-        l.push(claimed("d2", "bo", 1), 33);
-        l.push(failed("d2", "bo", 1), 34);
-        l.push(claimed("a", "bo", 1), 40);
-        l.push(completed("a", "bo", 1), 50);
+        l.push(claimed("d2", "bo", 1), Timestamp(33));
+        l.push(failed("d2", "bo", 1), Timestamp(34));
+        l.push(claimed("a", "bo", 1), Timestamp(40));
+        l.push(completed("a", "bo", 1), Timestamp(50));
         let dag = TaskDag::rebuild(&l.rows);
         assert_eq!(
             dag.summary("lobby"),
@@ -882,7 +882,7 @@ mod tests {
                 abandoned: 1,
             }
         );
-        assert_eq!(dag.ready_since("lobby", "b"), Some(50));
+        assert_eq!(dag.ready_since("lobby", "b"), Some(Timestamp(50)));
         assert_eq!(dag.ready_since("lobby", "c"), None);
         assert!(!dag.is_settled("lobby"));
     }
@@ -984,17 +984,18 @@ mod tests {
                 .unwrap_or_default();
             let id = if ids.is_empty() { "t0".to_string() } else { ids[task.index(ids.len())].clone() };
             let t = dag.task("lobby", &id).cloned();
-            let cur = t.as_ref().and_then(|t| t.epoch).unwrap_or(0);
+            let cur = t.as_ref().and_then(|t| t.epoch).map_or(0, ClaimEpoch::get);
             let agent = format!("a{forger}");
             let forged_epoch = cur + epoch_shift;
-            let is_owner_at_epoch = t.as_ref().is_some_and(|t| t.is_held_by(&agent, forged_epoch));
+            let is_owner_at_epoch =
+                t.as_ref().is_some_and(|t| t.is_held_by(&agent, ClaimEpoch(forged_epoch)));
             prop_assume!(!is_owner_at_epoch);
             let tasks = |d: &TaskDag| d.room("lobby").map(|r| r.tasks.clone()).unwrap_or_default();
             let before = tasks(&dag);
             let forged = crate::testing::materialize(
                 completed(&id, &agent, forged_epoch),
                 crate::model::Position::new(9, 9),
-                i64::MAX / 2,
+                Timestamp(i64::MAX / 2),
             );
             dag.apply(&forged);
             prop_assert_eq!(tasks(&dag), before);

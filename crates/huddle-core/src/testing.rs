@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::fold::Fold;
 use crate::model::{Interaction, InteractionId, NewInteraction, Position, Role, Timestamp};
+use crate::signing::OwnerSecret;
 use crate::verbs::Verb;
 
 /// Builds [`Interaction`]s with increasing positions.
@@ -46,12 +47,12 @@ pub(crate) fn materialize(n: NewInteraction, position: Position, at: Timestamp) 
     }
 }
 
-/// A row as a backend would return it, at ledger position `(0, pos)`, optionally in a
-/// thread.
+/// A row as a backend would return it, at ledger position `(0, pos)` and `at` µs,
+/// optionally in a thread.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn ledger_row(
     pos: u64,
-    at: Timestamp,
+    at: i64,
     room: &str,
     thread: Option<&str>,
     verb: Verb,
@@ -61,11 +62,55 @@ pub(crate) fn ledger_row(
 ) -> Interaction {
     let mut n = NewInteraction::new(room, verb, actor, role, body);
     n.thread = thread.map(str::to_string);
-    materialize(n, Position::new(0, pos), at)
+    materialize(n, Position::new(0, pos), Timestamp(at))
+}
+
+/// The key of the test rooms' owner.
+pub(crate) fn owner_secret() -> OwnerSecret {
+    OwnerSecret::from_seed([0x0e; 32])
+}
+
+/// `room.created` at position `(0, pos)` naming `owner` and `key`'s public key.
+pub(crate) fn created_with_key(
+    pos: u64,
+    room: &str,
+    owner: &str,
+    key: &OwnerSecret,
+) -> Interaction {
+    ledger_row(
+        pos,
+        0,
+        room,
+        None,
+        Verb::RoomCreated,
+        owner,
+        Role::Owner,
+        json!({"owner": owner, "key": key.public().to_hex()}),
+    )
+}
+
+/// A `message.posted` by `actor` with role owner, signed by `key`, at `(0, pos)`.
+pub(crate) fn signed_post(
+    pos: u64,
+    room: &str,
+    thread: Option<&str>,
+    actor: &str,
+    text: &str,
+    key: &OwnerSecret,
+) -> Interaction {
+    let mut n = NewInteraction::new(
+        room,
+        Verb::MessagePosted,
+        actor,
+        Role::Owner,
+        json!({ "text": text }),
+    );
+    n.thread = thread.map(str::to_string);
+    materialize(key.sign(n), Position::new(0, pos), Timestamp(0))
 }
 
 /// One second in µs.
-pub(crate) const SEC: Timestamp = 1_000_000;
+pub(crate) const SEC: i64 = 1_000_000;
 
 /// An interaction as read back, at database time `at` (position 0 until
 /// [`positioned`] numbers it).
@@ -492,7 +537,7 @@ impl Gen {
         let new = new.with_parent(InteractionId(nonce(i)));
         self.events.push(HistoryEvent {
             new,
-            at: 1_000_000 + (i as i64) * 1_000,
+            at: Timestamp(1_000_000 + (i as i64) * 1_000),
             deps,
         });
         self.last_of_actor.insert(actor.to_string(), i);

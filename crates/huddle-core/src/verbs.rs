@@ -41,6 +41,8 @@ macro_rules! verbs {
 verbs! {
     /// A room was created; body names its owner.
     RoomCreated => "room.created",
+    /// The room owner replaced the room's owner key; signed by the current key.
+    RoomKeyRotated => "room.key_rotated",
     /// An agent joined a room; body carries its declared capabilities.
     AgentRegistered => "agent.registered",
     /// A message in a room or thread, from a person, an agent or huddle.

@@ -58,7 +58,7 @@ fn read_back(n: NewInteraction, seq: u64) -> Interaction {
     Interaction {
         id: n.id(),
         position: Position::new(0, seq),
-        at: 1_700_000_000_000_000 + seq as i64 * 1_000,
+        at: huddle_core::Timestamp(1_700_000_000_000_000 + seq as i64 * 1_000),
         relay: "relay0".into(),
         room: n.room,
         thread: n.thread,

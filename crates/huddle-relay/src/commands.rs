@@ -4,15 +4,18 @@
 //! same interactions: `task.created` rows, a `config.set` row and a reply message,
 //! each with the command message as parent. Their content is deterministic, so when
 //! several relays append them the ledger keeps one copy (identical content is the same
-//! interaction). Only the room owner's messages are parsed; agent text never is.
+//! interaction). Only the room owner's messages signed by the room's owner key are
+//! executed; agent text never is. `task.created` and `config.set` rows that no
+//! verified command produced (forged, hand-written) are dropped here, before any
+//! other fold sees them, and counted ([`OwnerAuthority`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use huddle_core::commands::{get_reply, help_text, ConfigCommand, ParseContext};
+use huddle_core::commands::{derived_rows, get_reply, help_text, ConfigCommand, ParseContext};
 use huddle_core::config::RoomConfig;
-use huddle_core::tasks::TaskCreatedBody;
 use huddle_core::{
-    owner_command_in, ConfigFold, Fold, Interaction, NewInteraction, OwnerCommand, Role, Verb,
+    owner_command_in, ConfigFold, Fold, Interaction, NewInteraction, OwnerAuthority, OwnerCommand,
+    Role, Verb,
 };
 use serde_json::json;
 
@@ -38,8 +41,7 @@ pub enum Step {
 /// Folds room config and executes owner commands.
 pub struct CommandHandler {
     rooms: BTreeSet<String>,
-    config: ConfigFold,
-    tasks: BTreeMap<String, BTreeSet<String>>,
+    authority: OwnerAuthority,
 }
 
 /// What [`CommandHandler::observe`] found in a batch.
@@ -56,14 +58,13 @@ impl CommandHandler {
     pub fn new(rooms: impl IntoIterator<Item = String>) -> Self {
         CommandHandler {
             rooms: rooms.into_iter().collect(),
-            config: ConfigFold::new(),
-            tasks: BTreeMap::new(),
+            authority: OwnerAuthority::new(),
         }
     }
 
     /// The config fold.
     pub fn config(&self) -> &ConfigFold {
-        &self.config
+        self.authority.config()
     }
 
     /// Folds `rows` (in ledger order): splits them around config changes and
@@ -72,14 +73,16 @@ impl CommandHandler {
         let mut out = Observed::default();
         let mut pending: Vec<Interaction> = Vec::new();
         for row in rows {
-            self.config.apply(&row);
-            if row.verb == Verb::TaskCreated {
-                if let Some(task) = row.body.get("task").and_then(|t| t.as_str()) {
-                    self.tasks
-                        .entry(row.room.clone())
-                        .or_default()
-                        .insert(task.to_string());
-                }
+            self.authority.apply(&row);
+            if !self.authority.admits(&row) {
+                tracing::info!(
+                    room = %row.room,
+                    id = %row.id.short(),
+                    verb = %row.verb,
+                    actor = %row.actor,
+                    "ignoring a row no signed owner command produced"
+                );
+                continue;
             }
             let hosted = self.rooms.contains(&row.room);
             if hosted && row.verb == Verb::ConfigSet {
@@ -88,13 +91,13 @@ impl CommandHandler {
                 pending.push(row);
                 out.steps.push(Step::Rows(std::mem::take(&mut pending)));
                 out.steps.push(Step::Config {
-                    config: self.config.effective(&room, None),
+                    config: self.config().effective(&room, None),
                     room: room.clone(),
                     thread: None,
                 });
                 if let Some(t) = thread {
                     out.steps.push(Step::Config {
-                        config: self.config.effective(&room, Some(&t)),
+                        config: self.config().effective(&room, Some(&t)),
                         room,
                         thread: Some(t),
                     });
@@ -114,50 +117,28 @@ impl CommandHandler {
 
     /// The interactions an owner command in `row` produces (empty when it is none).
     fn execute(&self, row: &Interaction) -> Vec<NewInteraction> {
-        let existing = self.tasks.get(&row.room);
-        let task_exists = |id: &str| existing.is_some_and(|s| s.contains(id));
+        let task_exists = |id: &str| self.authority.task_exists(&row.room, id);
         let ctx = ParseContext {
             task_exists: &task_exists,
         };
-        let Some(parsed) = owner_command_in(row, &self.config, &ctx) else {
+        let Some(parsed) = owner_command_in(row, self.config(), &ctx) else {
             return Vec::new();
         };
         let thread = row.thread.as_deref();
-        let mut out = Vec::new();
-        let reply = match parsed {
-            Err(e) => e.to_string(),
-            Ok(OwnerCommand::Delegate(plan)) => {
-                let max_attempts = self.config.effective(&row.room, thread).max_attempts;
-                for t in &plan.tasks {
-                    let body = TaskCreatedBody {
-                        task: t.id.clone(),
-                        label: t.label.clone(),
-                        deps: t.deps.clone(),
-                        assignee: t.assignee.clone(),
-                        needs: Vec::new(),
-                        max_attempts: Some(max_attempts),
-                    };
-                    let body = serde_json::to_value(&body).unwrap_or_else(|_| json!({}));
-                    let mut created = NewInteraction::new(
-                        row.room.clone(),
-                        Verb::TaskCreated,
-                        row.actor.clone(),
-                        Role::Owner,
-                        body,
-                    )
-                    .with_parent(row.id);
-                    created.thread = row.thread.clone();
-                    out.push(created);
-                }
-                plan.summary()
-            }
-            Ok(OwnerCommand::Config(ConfigCommand::Help { key })) => help_text(key),
-            Ok(OwnerCommand::Config(ConfigCommand::Get { target, key })) => {
-                get_reply(&self.config, &row.room, thread, target, key)
-            }
-            Ok(OwnerCommand::Config(ConfigCommand::Change(change))) => {
-                out.push(change.to_interaction(&row.room, thread, &row.actor, row.id));
-                change.reply_text(thread)
+        let (mut out, reply) = match &parsed {
+            Err(e) => (Vec::new(), e.to_string()),
+            Ok(command) => {
+                let reply = match command {
+                    OwnerCommand::Delegate(plan) => plan.summary(),
+                    OwnerCommand::Config(ConfigCommand::Help { key }) => help_text(*key),
+                    OwnerCommand::Config(ConfigCommand::Get { target, key }) => {
+                        get_reply(self.config(), &row.room, thread, *target, *key)
+                    }
+                    OwnerCommand::Config(ConfigCommand::Change(change)) => {
+                        change.reply_text(thread)
+                    }
+                };
+                (derived_rows(row, command, self.config()), reply)
             }
         };
         let mut message = NewInteraction::new(

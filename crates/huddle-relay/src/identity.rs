@@ -10,7 +10,6 @@
 
 use std::time::{Duration, Instant};
 
-use huddle_core::Timestamp;
 use huddle_store::{Acquired, ClaimState, Store, StoreError};
 use tracing::{info, warn};
 
@@ -49,7 +48,7 @@ pub struct Identity {
     key: String,
     relay: String,
     instance: String,
-    epoch: i64,
+    epoch: huddle_store::Epoch,
     renewed: Instant,
 }
 
@@ -64,7 +63,7 @@ impl Identity {
         loop {
             match store.acquire(&key, &instance, IDENTITY_TTL).await? {
                 Acquired::Won(state) => {
-                    info!(relay, instance, epoch = state.epoch, "relay id taken");
+                    info!(relay, instance, epoch = state.epoch.get(), "relay id taken");
                     return Ok(Identity {
                         key,
                         relay: relay.to_string(),
@@ -121,7 +120,7 @@ impl Identity {
                 .await?
             {
                 Acquired::Won(state) => {
-                    warn!(relay = %self.relay, epoch = state.epoch, "relay id lease had lapsed; re-taken");
+                    warn!(relay = %self.relay, epoch = state.epoch.get(), "relay id lease had lapsed; re-taken");
                     self.epoch = state.epoch;
                 }
                 Acquired::HeldBy(state) | Acquired::Closed { state, .. } => {
@@ -151,7 +150,7 @@ fn instance_name(relay: &str) -> String {
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "unknown-host".into());
-    let nonce: Timestamp = std::time::SystemTime::now()
+    let nonce: i64 = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos() as i64)
         .unwrap_or(0);

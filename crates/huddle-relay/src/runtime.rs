@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use huddle_core::config::RoomConfig;
 use huddle_core::guards::TurnRequest as GuardTurn;
 use huddle_core::sync::{
-    ClaimKey, ClaimOutcome, ClaimRef, Event, Intent, LocalAgent, ReplyGate, SyncOptions,
-    Synchronizer, TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
+    ClaimAnswer, ClaimEpoch, ClaimKey, ClaimOutcome, ClaimRef, Event, Intent, LocalAgent,
+    ReplyGate, SyncOptions, Synchronizer, TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
 };
 use huddle_core::{
     render_related_context, select_related, ContextRules, Fold, Interaction, NewInteraction,
@@ -117,13 +117,23 @@ pub enum RelayError {
     Identity(#[from] IdentityError),
 }
 
+/// A turn this relay is running.
+struct LiveTurn {
+    /// Cancels the driver's turn.
+    token: CancellationToken,
+    /// The claims it runs under.
+    claims: Vec<ClaimRef>,
+    /// One of them was lost: whatever the turn returns is not written.
+    lost: bool,
+}
+
 /// Results that come back to the event loop from performed intents.
 #[derive(Debug)]
 enum Feedback {
     Claim(ClaimOutcome),
     Lost {
         key: String,
-        epoch: i64,
+        epoch: ClaimEpoch,
         fenced: bool,
     },
     TurnEnded {
@@ -151,7 +161,7 @@ struct Loop {
     store: Arc<dyn Store>,
     sync: Synchronizer,
     agents: Arc<BTreeMap<String, HostedAgent>>,
-    turns: HashMap<TurnId, CancellationToken>,
+    turns: HashMap<TurnId, LiveTurn>,
     feedback: mpsc::UnboundedSender<Feedback>,
     commands: CommandHandler,
     summary: RelaySummary,
@@ -269,12 +279,19 @@ impl Relay {
                             if fenced {
                                 lp.summary.fenced_refusals += 1;
                             }
+                            for t in lp.turns.values_mut() {
+                                if t.claims.iter().any(|c| c.key == key && c.epoch == epoch) {
+                                    t.lost = true;
+                                }
+                            }
                             Event::ClaimLost { key, epoch }
                         }
                         Feedback::TurnEnded { turn, outcome, tokens } => {
-                            lp.turns.remove(&turn);
+                            let lost = lp.turns.remove(&turn).is_some_and(|t| t.lost);
                             match &outcome {
-                                CoreOutcome::Replied { .. } => lp.summary.turns_replied += 1,
+                                // A reply under a lost claim is never written: the turn
+                                // failed, whatever the agent answered.
+                                CoreOutcome::Replied { .. } if !lost => lp.summary.turns_replied += 1,
                                 _ => lp.summary.turns_failed += 1,
                             }
                             Event::TurnEnded { turn, outcome, tokens }
@@ -306,8 +323,8 @@ impl Relay {
                         Err(IdentityError::Store(e)) => warn!(error = %e, "relay id renewal failed"),
                         Err(e) => {
                             // Another process runs as this relay now: stop acting at once.
-                            for token in lp.turns.values() {
-                                token.cancel();
+                            for t in lp.turns.values() {
+                                t.token.cancel();
                             }
                             return Err(e.into());
                         }
@@ -417,7 +434,7 @@ impl Loop {
     }
 
     fn db_now_estimate(&self) -> Timestamp {
-        self.clock_base.elapsed().as_micros() as i64 + self.clock_offset
+        Timestamp(self.clock_base.elapsed().as_micros() as i64 + self.clock_offset)
     }
 
     fn until_next_wakeup(&self, max: Duration) -> Duration {
@@ -432,7 +449,7 @@ impl Loop {
 
     async fn tick(&mut self) -> Result<(), StoreError> {
         let now = self.store.now().await?;
-        self.clock_offset = now - self.clock_base.elapsed().as_micros() as i64;
+        self.clock_offset = now.as_micros() - self.clock_base.elapsed().as_micros() as i64;
         self.handle(Event::Tick { now });
         Ok(())
     }
@@ -565,8 +582,8 @@ impl Loop {
         for intent in intents {
             match intent {
                 Intent::Cancel { turn } => {
-                    if let Some(token) = self.turns.get(&turn) {
-                        token.cancel();
+                    if let Some(t) = self.turns.get(&turn) {
+                        t.token.cancel();
                     }
                 }
                 Intent::Stopped => {}
@@ -582,7 +599,14 @@ impl Loop {
         for intent in &ordered {
             if let Intent::StartTurn(start) = intent {
                 let token = CancellationToken::new();
-                self.turns.insert(start.turn.clone(), token.clone());
+                self.turns.insert(
+                    start.turn.clone(),
+                    LiveTurn {
+                        token: token.clone(),
+                        claims: start.claims.clone(),
+                        lost: false,
+                    },
+                );
                 starts.insert(start.turn.clone(), (token, self.related_context(start)));
                 self.summary.turns_started += 1;
             }
@@ -597,6 +621,10 @@ impl Loop {
 /// database was unavailable.
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// A turn whose claims were last confirmed longer ago than this re-checks them before
+/// it starts (see `Executor::perform`).
+const RECHECK_AFTER: Duration = Duration::from_millis(200);
 
 /// `d` plus up to a quarter of it, so relays that lost the database together do not
 /// retry in lockstep. The jitter comes from the clock's sub-microsecond noise: it needs
@@ -626,6 +654,10 @@ impl Executor {
         mut starts: HashMap<TurnId, (CancellationToken, Option<String>)>,
     ) {
         let mut refused: Vec<ClaimRef> = Vec::new();
+        // When the last fenced write of this output succeeded: a turn started long
+        // after it (the relay was paused or starved in between) re-checks its claims
+        // first, so a relay resuming from a pause never starts work it lost meanwhile.
+        let mut fenced_ok_at: Option<Instant> = None;
         for intent in intents {
             match intent {
                 Intent::Acquire {
@@ -638,32 +670,35 @@ impl Executor {
                             Ok(a) => a,
                             Err(e) => {
                                 debug!(key, error = %e, "acquire failed");
-                                // Report a loss so the synchronizer forgets the attempt
-                                // and may try again on a later pass.
+                                // No answer: the synchronizer forgets the attempt and may
+                                // try again on a later pass.
                                 let _ = feedback.send(Feedback::Claim(ClaimOutcome {
                                     key,
                                     holder,
-                                    won: false,
-                                    epoch: 0,
-                                    expires_at: 0,
-                                    closed: false,
+                                    answer: ClaimAnswer::Failed,
                                 }));
                                 let _ = feedback.send(Feedback::Failed(e));
                                 return;
                             }
                         };
-                        let won = matches!(out, Acquired::Won(_));
                         if let Acquired::Closed { by, .. } = &out {
                             debug!(key, holder, closed_by = %by.short(), "claim is closed: the work is finished");
                         }
-                        let state = out.state();
+                        let answer = match out {
+                            Acquired::Won(s) => ClaimAnswer::Won {
+                                epoch: s.epoch,
+                                expires_at: s.expires_at,
+                            },
+                            Acquired::HeldBy(s) => ClaimAnswer::Lost {
+                                epoch: s.epoch,
+                                expires_at: s.expires_at,
+                            },
+                            Acquired::Closed { .. } => ClaimAnswer::Closed,
+                        };
                         let _ = feedback.send(Feedback::Claim(ClaimOutcome {
                             key,
                             holder,
-                            won,
-                            epoch: state.epoch,
-                            expires_at: state.expires_at,
-                            closed: out.closed(),
+                            answer,
                         }));
                     });
                 }
@@ -673,16 +708,13 @@ impl Executor {
                     batch,
                 } => {
                     let actor = batch.first().map(|r| r.actor.clone());
-                    let store_fences: Vec<Fence> = fences
-                        .iter()
-                        .map(|f| Fence {
-                            key: f.key.clone(),
-                            holder: f.holder.clone(),
-                            epoch: f.epoch,
-                        })
-                        .collect();
+                    let store_fences: Vec<Fence> = fences.iter().map(Fence::from).collect();
                     match self.append_retrying(&store_fences, close, batch).await {
-                        Ok(()) => {}
+                        Ok(()) => {
+                            if !store_fences.is_empty() {
+                                fenced_ok_at = Some(Instant::now());
+                            }
+                        }
                         Err(StoreError::Fenced { key, holder, epoch }) => {
                             log_lost_claim(
                                 &*self.store,
@@ -718,8 +750,16 @@ impl Executor {
                 }
                 Intent::StartTurn(start) => {
                     let (token, related) = starts.remove(&start.turn).unwrap_or_default();
-                    if start.claims.iter().any(|c| refused.contains(c)) {
+                    let stale = fenced_ok_at.is_none_or(|t| t.elapsed() > RECHECK_AFTER);
+                    let lost = if start.claims.iter().any(|c| refused.contains(c)) {
                         // Its fenced append was refused: the turn never runs.
+                        true
+                    } else if stale {
+                        self.claims_lost(&start.claims, start.agent.as_str()).await
+                    } else {
+                        false
+                    };
+                    if lost {
                         let _ = self.feedback.send(Feedback::TurnEnded {
                             turn: start.turn.clone(),
                             outcome: CoreOutcome::Cancelled,
@@ -764,6 +804,37 @@ impl Executor {
                     }
                 }
                 Intent::Cancel { .. } | Intent::Stopped => {}
+            }
+        }
+    }
+
+    /// Whether any of `claims` is no longer held at its epoch (checked with an empty
+    /// append under them, which writes nothing). Reports the loss. A store error counts
+    /// as lost: starting work the relay cannot vouch for is worse than a retry.
+    async fn claims_lost(&self, claims: &[ClaimRef], agent: &str) -> bool {
+        let fences: Vec<Fence> = claims.iter().map(Fence::from).collect();
+        match self.store.append_under(&fences, false, Vec::new()).await {
+            Ok(_) => false,
+            Err(StoreError::Fenced { key, holder, epoch }) => {
+                log_lost_claim(
+                    &*self.store,
+                    "claim lost before the turn started",
+                    &key,
+                    &holder,
+                    Some(agent),
+                    epoch,
+                )
+                .await;
+                let _ = self.feedback.send(Feedback::Lost {
+                    key,
+                    epoch,
+                    fenced: true,
+                });
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, agent, "could not re-check a turn's claims; not starting it");
+                true
             }
         }
     }
@@ -854,13 +925,13 @@ async fn log_lost_claim(
     key: &str,
     holder: &str,
     agent: Option<&str>,
-    epoch: i64,
+    epoch: ClaimEpoch,
 ) {
     let now = match store.list_claims(key).await {
         Ok(rows) => rows.into_iter().find(|c| c.state.key == key),
         Err(_) => None,
     };
-    let now_epoch = now.as_ref().map(|c| c.state.epoch);
+    let now_epoch = now.as_ref().map(|c| c.state.epoch.get());
     let now_holder = now.as_ref().map(|c| c.state.holder.as_str());
     // Reply and task claims are held by the agent; drive claims by the relay (a
     // message's names the agent in its key).
@@ -878,7 +949,14 @@ async fn log_lost_claim(
     };
     info!(
         key,
-        task, message, agent, holder, epoch, now_epoch, now_holder, "{what}"
+        task,
+        message,
+        agent,
+        holder,
+        epoch = epoch.get(),
+        now_epoch,
+        now_holder,
+        "{what}"
     );
 }
 

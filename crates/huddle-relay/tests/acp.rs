@@ -81,7 +81,7 @@ fn turn(thread: &str, text: &str) -> TurnRequest {
         thread: Some(thread.into()),
         agent: "ada".into(),
         task: None,
-        epoch: Some(1),
+        epoch: Some(huddle_core::ClaimEpoch(1)),
         attempt: 1,
         prompt: format!("<coordination>\n</coordination>\n<message from=\"owner\" role=\"owner\">\n{text}\n</message>\n"),
     }

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use huddle_core::signing::OwnerSecret;
 use huddle_core::sync::LocalAgent;
 use huddle_core::{Fold, NewInteraction, Position, Role, TaskDag, Verb};
 use huddle_relay::driver::{SimDriver, SimSettings};
@@ -24,6 +25,11 @@ async fn store(path: &str, relay: &str) -> Arc<dyn Store> {
     .expect("open store")
 }
 
+/// The room owner's key: owner commands count only when signed by it.
+fn olga_key() -> OwnerSecret {
+    OwnerSecret::from_seed([0x42; 32])
+}
+
 /// A fresh SQLite ledger holding room `lobby`, owned by `olga`: its directory (kept
 /// alive by the caller), its path and the owner's store.
 async fn lobby() -> (tempfile::TempDir, String, Arc<dyn Store>) {
@@ -36,7 +42,7 @@ async fn lobby() -> (tempfile::TempDir, String, Arc<dyn Store>) {
             Verb::RoomCreated,
             "olga",
             Role::Owner,
-            json!({"owner": "olga"}),
+            json!({"owner": "olga", "key": olga_key().public().to_hex()}),
         )])
         .await
         .expect("room");
@@ -103,13 +109,13 @@ async fn two_relays_complete_a_delegated_dag_exactly_once() {
         }
     }
     admin
-        .append(vec![NewInteraction::new(
+        .append(vec![olga_key().sign(NewInteraction::new(
             "lobby",
             Verb::MessagePosted,
             "olga",
             Role::Owner,
             json!({ "text": text }),
-        )])
+        ))])
         .await
         .expect("delegate");
 

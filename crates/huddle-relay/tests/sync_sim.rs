@@ -12,18 +12,18 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use huddle_core::config::{Allocation, Responder, RoomConfig};
-use huddle_core::sync::{ClaimOutcome, TurnId, TurnOutcome, TurnStart, TurnWork};
+use huddle_core::sync::{ClaimAnswer, ClaimOutcome, TurnId, TurnOutcome, TurnStart, TurnWork};
 use huddle_core::{
-    Event, Fold, Intent, Interaction, LocalAgent, NewInteraction, Position, Role, Synchronizer,
-    TaskDag, TaskStatus, Timestamp, Verb,
+    ClaimEpoch, Event, Fold, Intent, Interaction, LocalAgent, NewInteraction, Position, Role,
+    Synchronizer, TaskDag, TaskStatus, Timestamp, Verb,
 };
 use huddle_store::memory::{ManualClock, MemoryStore};
 use huddle_store::{Claims, Fence, Ledger, StoreError, StoreOptions};
 use serde_json::json;
 
-const MS: Timestamp = 1_000;
-const S: Timestamp = 1_000_000;
-const T0: Timestamp = 1_700_000_000 * S;
+const MS: i64 = 1_000; // µs
+const S: i64 = 1_000_000; // µs
+const T0: Timestamp = Timestamp(1_700_000_000 * S);
 const ROOM: &str = "lobby";
 
 // ---------------------------------------------------------------------------------
@@ -59,8 +59,10 @@ enum RelayState {
 /// How agents behave.
 #[derive(Clone)]
 struct AgentModel {
-    task_time: Timestamp,
-    reply_time: Timestamp,
+    /// How long a task turn takes, µs.
+    task_time: i64,
+    /// How long a reply turn takes, µs.
+    reply_time: i64,
     /// Fail the first attempt of every task whose index is divisible by this.
     fail_every: Option<usize>,
 }
@@ -209,21 +211,25 @@ impl Sim {
     async fn perform(&mut self, r: usize, intents: Vec<Intent>, queue: &mut VecDeque<Event>) {
         self.clock.set(self.now);
         let store = Arc::clone(&self.relays[r].store);
-        let mut refused: BTreeSet<(String, i64)> = BTreeSet::new();
+        let mut refused: BTreeSet<(String, ClaimEpoch)> = BTreeSet::new();
         for intent in intents {
             match intent {
                 Intent::Acquire {
                     key, holder, ttl, ..
                 } => {
                     let out = store.acquire(&key, &holder, ttl).await.expect("acquire");
-                    let state = out.state();
+                    let (epoch, expires_at) = (out.state().epoch, out.state().expires_at);
+                    let answer = if out.won() {
+                        ClaimAnswer::Won { epoch, expires_at }
+                    } else if out.closed() {
+                        ClaimAnswer::Closed
+                    } else {
+                        ClaimAnswer::Lost { epoch, expires_at }
+                    };
                     queue.push_back(Event::ClaimResult(ClaimOutcome {
-                        won: out.won(),
-                        epoch: state.epoch,
-                        expires_at: state.expires_at,
-                        closed: out.closed(),
                         key,
                         holder,
+                        answer,
                     }));
                 }
                 Intent::Append {
@@ -231,14 +237,7 @@ impl Sim {
                     close,
                     batch,
                 } => {
-                    let fences: Vec<Fence> = fences
-                        .iter()
-                        .map(|f| Fence {
-                            key: f.key.clone(),
-                            holder: f.holder.clone(),
-                            epoch: f.epoch,
-                        })
-                        .collect();
+                    let fences: Vec<Fence> = fences.iter().map(Fence::from).collect();
                     let appended = store.append_under(&fences, close, batch).await;
                     match appended {
                         Ok(_) => {}
@@ -323,13 +322,9 @@ impl Sim {
         );
     }
 
-    /// Steps every relay every `step` until `done` or `limit`.
-    async fn run(
-        &mut self,
-        step: Timestamp,
-        limit: Timestamp,
-        done: impl Fn(&Sim) -> bool,
-    ) -> Timestamp {
+    /// Steps every relay every `step` µs until `done` or `limit` µs; returns the µs
+    /// it took.
+    async fn run(&mut self, step: i64, limit: i64, done: impl Fn(&Sim) -> bool) -> i64 {
         while self.now < T0 + limit {
             for r in 0..self.relays.len() {
                 self.step_relay(r).await;
@@ -471,7 +466,7 @@ async fn run_dag(
     n: usize,
     config: RoomConfig,
     model: AgentModel,
-) -> (Sim, Vec<Vec<usize>>, Timestamp) {
+) -> (Sim, Vec<Vec<usize>>, i64) {
     let names: Vec<Vec<String>> = (0..relays)
         .map(|r| agents(&format!("r{r}a"), per_relay))
         .collect();
@@ -494,11 +489,11 @@ fn model(task_ms: i64) -> AgentModel {
 
 /// The makespan of an ideal central scheduler with no coordination cost: whenever an
 /// agent is free it takes the lowest ready task at once.
-fn greedy_makespan(deps: &[Vec<usize>], agents: usize, duration: Timestamp) -> Timestamp {
+fn greedy_makespan(deps: &[Vec<usize>], agents: usize, duration: i64) -> i64 {
     let n = deps.len();
-    let mut done_at: Vec<Option<Timestamp>> = vec![None; n];
+    let mut done_at: Vec<Option<i64>> = vec![None; n];
     let mut started = vec![false; n];
-    let mut free_at = vec![0 as Timestamp; agents];
+    let mut free_at = vec![0i64; agents];
     let mut finished = 0;
     let mut now = 0;
     while finished < n {

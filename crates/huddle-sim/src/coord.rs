@@ -62,7 +62,8 @@ pub struct CoordRun {
     pub agents: usize,
     /// The makespan ÷ ideal target, when there is one.
     pub target: Option<f64>,
-    /// Whether the run met every target (0 duplicates, 0 missed, ratio).
+    /// Whether the run met every target (0 duplicates, 0 missed, 1.00 turns per task
+    /// without failures, ratio).
     pub meets_targets: bool,
     /// The scenario report.
     pub report: ScenarioReport,
@@ -161,7 +162,10 @@ pub async fn run(
         let report = runner::run(&scenario, &workload, &mut *progress).await?;
         backend = report.backend.clone();
         let target = target_for(agents);
-        let meets_targets = report.clean() && target.is_none_or(|t| report.makespan.ratio <= t);
+        // Without failed turns every task runs exactly once: 1.00 turns per task.
+        let once = report.turns.failed > 0 || report.turns_per_task() <= 1.0;
+        let meets_targets =
+            report.clean() && once && target.is_none_or(|t| report.makespan.ratio <= t);
         runs.push(CoordRun {
             agents,
             target,

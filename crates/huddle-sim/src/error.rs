@@ -44,6 +44,9 @@ pub enum SimError {
         /// How long the run waited.
         limit: Duration,
     },
+    /// The system gave no randomness for the owner's key.
+    #[error("cannot generate the owner's key: {0}")]
+    Randomness(String),
     /// No relay answered an owner command.
     #[error("no relay answered the owner command within {0:?}: are the relays running?")]
     NoAnswer(Duration),

@@ -194,7 +194,7 @@ impl Claims for MeteredStore {
         calls.fetch_add(1, Ordering::Relaxed);
         if let Ok(a) = &r {
             let st = a.state();
-            debug!(key, holder, won, by = %st.holder, epoch = st.epoch, "acquire");
+            debug!(key, holder, won, by = %st.holder, epoch = st.epoch.get(), "acquire");
         }
         if let (true, Some(w)) = (won, wins) {
             w.fetch_add(1, Ordering::Relaxed);
@@ -216,7 +216,7 @@ impl Claims for MeteredStore {
     async fn release(&self, key: &str, holder: &str, epoch: Epoch) -> huddle_store::Result<bool> {
         self.meter.releases.fetch_add(1, Ordering::Relaxed);
         let r = self.inner.release(key, holder, epoch).await;
-        debug!(key, holder, epoch, released = ?r.as_ref().ok(), "release");
+        debug!(key, holder, epoch = epoch.get(), released = ?r.as_ref().ok(), "release");
         r
     }
 

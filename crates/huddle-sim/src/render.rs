@@ -152,11 +152,12 @@ pub fn coord(r: &CoordReport) -> String {
     );
     let _ = writeln!(
         s,
-        "{:>6} {:>5} {:>6} {:>4} {:>9} {:>9} {:>6} {:>7} {:>16} {:>13} {:>8} {:>6}",
+        "{:>6} {:>5} {:>6} {:>4} {:>10} {:>9} {:>9} {:>6} {:>7} {:>16} {:>13} {:>8} {:>6}",
         "agents",
         "done",
         "missed",
         "dup",
+        "turns/task",
         "makespan",
         "ideal",
         "ratio",
@@ -178,11 +179,12 @@ pub fn coord(r: &CoordReport) -> String {
         let dup = rep.duplicated_tasks();
         let _ = writeln!(
             s,
-            "{:>6} {:>5} {:>6} {:>4} {:>9} {:>9} {:>6.3} {:>7} {:>16} {:>13} {:>8.2} {:>6}",
+            "{:>6} {:>5} {:>6} {:>4} {:>10.2} {:>9} {:>9} {:>6.3} {:>7} {:>16} {:>13} {:>8.2} {:>6}",
             run.agents,
             rep.done,
             rep.missed,
             dup,
+            rep.turns_per_task(),
             secs(rep.makespan.makespan_ms),
             secs(rep.makespan.ideal_ms),
             rep.makespan.ratio,

@@ -202,6 +202,13 @@ impl ScenarioReport {
         self.missed == 0 && self.duplicates.accepted == 0 && self.duplicates.raw_rows == 0
     }
 
+    /// Agent turns the relays started (real executions of the driver, not rows) per
+    /// completed task: exactly 1.00 when no task ran twice and no turn failed.
+    pub fn turns_per_task(&self) -> f64 {
+        let started: u64 = self.per_relay.iter().map(|l| l.summary.turns_started).sum();
+        started as f64 / self.done.max(1) as f64
+    }
+
     /// Tasks completed more than once, counting accepted completions or raw rows,
     /// whichever finds more.
     pub fn duplicated_tasks(&self) -> usize {
@@ -219,8 +226,8 @@ pub(crate) struct ReportInput<'a> {
     pub workload: &'a Workload,
     /// A fold of the whole room after every relay stopped.
     pub tally: &'a Tally,
-    /// Database time of the first `!delegate`.
-    pub delegate_at: Timestamp,
+    /// Database time of the first `!delegate`; `None` when nothing was delegated.
+    pub delegate_at: Option<Timestamp>,
     /// Agent → relay hosting it.
     pub relay_of: &'a BTreeMap<String, String>,
     /// What each relay returned and counted.
@@ -275,7 +282,8 @@ pub(crate) fn report(input: ReportInput<'_>) -> ScenarioReport {
     let ideal = per_agent_ms.max(critical);
     let makespan_ms = tally
         .last_done_at
-        .map(|at| (at - delegate_at).max(0) as f64 / 1000.0)
+        .zip(delegate_at)
+        .map(|(at, delegate_at)| (at - delegate_at).max(0) as f64 / 1000.0)
         .unwrap_or(0.0);
     let ratio = |x: f64| {
         if x > 0.0 {

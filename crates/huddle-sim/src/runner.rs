@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use huddle_core::signing::OwnerSecret;
 use huddle_core::sync::LocalAgent;
 use huddle_core::{InteractionId, NewInteraction, Position, Role, Timestamp, Verb};
 use huddle_relay::{HostedAgent, Relay, RelayOptions, RelaySummary};
@@ -283,13 +284,15 @@ pub async fn run(
     };
     watch.drain().await?;
 
+    // The owner's key lives only in this run: it signs the scenario's commands.
+    let owner_key = fresh_owner_key()?;
     owner
         .append(vec![NewInteraction::new(
             room.as_str(),
             Verb::RoomCreated,
             OWNER,
             Role::Owner,
-            json!({ "owner": OWNER }),
+            json!({ "owner": OWNER, "key": owner_key.public().to_hex() }),
         )])
         .await
         .map_err(|source| SimError::Step {
@@ -345,7 +348,15 @@ pub async fn run(
         ));
     }
     // Stop the relays whatever happens next.
-    let result = drive(options, workload, progress, &mut watch, &owner, &relay_of).await;
+    let result = drive(
+        options,
+        workload,
+        progress,
+        &mut watch,
+        (&owner, &owner_key),
+        &relay_of,
+    )
+    .await;
     shutdown.cancel();
     progress.phase("stopping relays");
     let mut per_relay = Vec::new();
@@ -409,6 +420,13 @@ pub async fn run(
     }))
 }
 
+/// A new random owner key.
+fn fresh_owner_key() -> Result<OwnerSecret> {
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed).map_err(|e| SimError::Randomness(e.to_string()))?;
+    Ok(OwnerSecret::from_seed(seed))
+}
+
 /// Posts the config and the DAG and waits until the room settles. Returns the
 /// database time of the first `!delegate` and why it stopped early, if it did.
 async fn drive(
@@ -416,9 +434,9 @@ async fn drive(
     workload: &Workload,
     progress: &mut dyn Progress,
     watch: &mut Watch,
-    owner: &Arc<dyn Store>,
+    (owner, owner_key): (&Arc<dyn Store>, &OwnerSecret),
     relay_of: &BTreeMap<String, String>,
-) -> Result<(Timestamp, Option<String>)> {
+) -> Result<(Option<Timestamp>, Option<String>)> {
     let agents = options.agents;
     let registered = watch
         .until(REGISTRATION_LIMIT, |t| t.registered() >= agents)
@@ -433,13 +451,13 @@ async fn drive(
     progress.update(&watch.tally, relay_of);
     let room = watch.tally.room.clone();
     let post = |text: String| {
-        NewInteraction::new(
+        owner_key.sign(NewInteraction::new(
             room.as_str(),
             Verb::MessagePosted,
             OWNER,
             Role::Owner,
             json!({ "text": text }),
-        )
+        ))
     };
     if !options.config.is_empty() {
         progress.phase("configuring the room");
@@ -477,7 +495,6 @@ async fn drive(
             .await?;
         debug!(reply, "delegated");
     }
-    let delegate_at = delegate_at.unwrap_or_default();
     progress.phase("working");
     progress.update(&watch.tally, relay_of);
     let expected = workload.tasks.len();

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use huddle_core::{Interaction, NewInteraction, Position, RawRow, Role, Verb};
+use huddle_core::{Interaction, NewInteraction, Position, RawRow, Role, Timestamp, Verb};
 use serde_json::json;
 use tokio::sync::Barrier;
 
 use crate::error::{Result, StoreError};
 use crate::subscribe::Subscription;
-use crate::traits::{Acquired, Fence, Store};
+use crate::traits::{Acquired, Epoch, Fence, Store};
 use crate::StoreOptions;
 
 /// An append transaction that has inserted its rows (they hold their sequence
@@ -145,7 +145,7 @@ async fn read_all(store: &dyn Store, after: Position) -> (Vec<Interaction>, usiz
 }
 
 /// Waits until the database clock is past `t`.
-async fn wait_for_db_time(store: &dyn Store, t: i64) {
+async fn wait_for_db_time(store: &dyn Store, t: Timestamp) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while store.now().await.expect("now") <= t {
         assert!(
@@ -191,7 +191,10 @@ pub async fn append_and_read_back(b: &impl TestBackend) {
     assert_eq!(rows[0].content(), first);
     assert_eq!(rows[1].content(), second);
     assert_eq!(rows[1].thread.as_deref(), Some("t1"));
-    assert!(rows[0].at > 0, "at comes from the database clock");
+    assert!(
+        rows[0].at > Timestamp(0),
+        "at comes from the database clock"
+    );
     assert!(!rows[0].relay.is_empty());
     assert_eq!(cursor, rows[1].position);
 
@@ -506,7 +509,7 @@ pub async fn corrupt_rows_are_skipped_and_never_block_the_cursor(b: &impl TestBa
     let raw = |body: &str, verb: &str, id: Vec<u8>| huddle_core::RawRow {
         id,
         position: Position::START,
-        at: 0,
+        at: Timestamp(0),
         relay: String::new(),
         room: "r".into(),
         thread: None,
@@ -564,7 +567,7 @@ pub async fn claim_has_exactly_one_winner_among_32(b: &impl TestBackend) {
     }
     assert_eq!(winners.len(), 1, "winners: {winners:?}");
     assert_eq!(holders.len(), 1, "everyone must see the one holder");
-    assert_eq!(winners[0].epoch, 1);
+    assert_eq!(winners[0].epoch, Epoch(1));
 }
 
 /// The same holder re-acquiring or renewing keeps the epoch and extends the lease;
@@ -588,7 +591,7 @@ pub async fn same_holder_renews_without_new_epoch(b: &impl TestBackend) {
         .expect("renew of a live claim");
     assert_eq!(renewed.epoch, first.epoch);
     assert!(s
-        .renew("k", "a", first.epoch + 1, ttl)
+        .renew("k", "a", first.epoch.next(), ttl)
         .await
         .expect("renew")
         .is_none());
@@ -655,7 +658,7 @@ pub async fn release_then_reacquire_bumps_epoch(b: &impl TestBackend) {
     let first = s.acquire("lease/r/coord", "a", ttl).await.expect("acquire");
     let e1 = first.state().epoch;
     assert!(!s
-        .release("lease/r/coord", "a", e1 + 1)
+        .release("lease/r/coord", "a", e1.next())
         .await
         .expect("release"));
     assert!(!s.release("lease/r/coord", "b", e1).await.expect("release"));
@@ -717,7 +720,7 @@ pub async fn fenced_append_refused_after_handover(b: &impl TestBackend) {
     let unknown = Fence {
         key: "task/r/never".into(),
         holder: "a".into(),
-        epoch: 1,
+        epoch: Epoch(1),
     };
     assert!(matches!(
         s.append_fenced(&unknown, vec![message("r", "a", "x")])

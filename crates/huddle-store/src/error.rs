@@ -27,7 +27,7 @@ pub enum StoreError {
         /// The holder the writer presented.
         holder: String,
         /// The epoch the writer presented.
-        epoch: i64,
+        epoch: crate::traits::Epoch,
     },
     /// The database could not be reached or the connection broke; retrying later may
     /// succeed.

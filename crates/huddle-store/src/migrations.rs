@@ -32,33 +32,30 @@ impl Migration {
 /// Advisory lock id taken around Postgres migrations ("huddle" in ASCII).
 pub const MIGRATION_LOCK: i64 = 0x6875_6464_6c65;
 
+/// The migrations of one backend's folder, in order: `version name file`.
+macro_rules! migrations {
+    ($dir:literal: $($version:literal $name:literal $file:literal),* $(,)?) => {
+        &[$(Migration {
+            version: $version,
+            name: $name,
+            sql: include_str!(concat!("../../../migrations/", $dir, "/", $file)),
+        }),*]
+    };
+}
+
 /// Postgres migrations, in order.
-pub const POSTGRES: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "ledger",
-        sql: include_str!("../../../migrations/postgres/0001_ledger.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "claim_close",
-        sql: include_str!("../../../migrations/postgres/0002_claim_close.sql"),
-    },
-];
+pub const POSTGRES: &[Migration] = migrations!("postgres":
+    1 "ledger" "0001_ledger.sql",
+    2 "claim_close" "0002_claim_close.sql",
+    3 "trust" "0003_trust.sql",
+);
 
 /// SQLite migrations, in order.
-pub const SQLITE: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "ledger",
-        sql: include_str!("../../../migrations/sqlite/0001_ledger.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "claim_close",
-        sql: include_str!("../../../migrations/sqlite/0002_claim_close.sql"),
-    },
-];
+pub const SQLITE: &[Migration] = migrations!("sqlite":
+    1 "ledger" "0001_ledger.sql",
+    2 "claim_close" "0002_claim_close.sql",
+    3 "trust" "0003_trust.sql",
+);
 
 /// Checks that the applied migrations are a prefix of `known` with equal checksums,
 /// and returns the ones still to apply.

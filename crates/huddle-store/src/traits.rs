@@ -10,8 +10,10 @@ use tokio::sync::watch;
 use crate::error::Result;
 
 /// A claim's fencing token: strictly increases every time the claim changes hands or
-/// is re-taken after expiry (including by its former holder).
-pub type Epoch = i64;
+/// is re-taken after expiry (including by its former holder). The same type as
+/// core's [`huddle_core::ClaimEpoch`], so an epoch passes from the store to the
+/// synchronizer and back unconverted; stored as a `BIGINT`.
+pub use huddle_core::ClaimEpoch as Epoch;
 
 /// The outcome of appending one interaction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +56,17 @@ pub struct Fence {
     pub holder: String,
     /// Epoch the claim must still be at.
     pub epoch: Epoch,
+}
+
+impl From<&huddle_core::sync::ClaimRef> for Fence {
+    /// The fence a write under this claim presents.
+    fn from(c: &huddle_core::sync::ClaimRef) -> Self {
+        Fence {
+            key: c.key.clone(),
+            holder: c.holder.clone(),
+            epoch: c.epoch,
+        }
+    }
 }
 
 /// A claim row as the database holds it.

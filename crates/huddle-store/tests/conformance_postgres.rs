@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use huddle_core::{InteractionId, NewInteraction, Position, RawRow, Role, Verb};
+use huddle_core::{InteractionId, NewInteraction, Position, RawRow, Role, Timestamp, Verb};
 use huddle_store::conformance::TestBackend;
 use huddle_store::postgres::{PgOptions, PgStore, PgTestBackend};
 use huddle_store::{Ledger, StoreError, StoreOptions, Subscription};
@@ -154,7 +154,7 @@ async fn parents_and_several_causes_round_trip_through_the_batch_statement() {
     let got = s.get(n.id()).await.expect("get").expect("present");
     assert_eq!(got.content(), n);
     assert_eq!(got.caused_by, n.caused_by);
-    assert!(got.at > 0);
+    assert!(got.at > Timestamp(0));
     assert_eq!(got.relay, "postgres", "Postgres records the database role");
     let too_big = NewInteraction::new(
         "lobby",
@@ -263,7 +263,7 @@ async fn skipped_rows_are_counted_and_not_returned_by_get() {
     let forged = RawRow {
         id: vec![9; 32],
         position: Position::START,
-        at: 0,
+        at: Timestamp(0),
         relay: String::new(),
         room: "lobby".into(),
         thread: None,

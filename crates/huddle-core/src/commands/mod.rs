@@ -2,8 +2,10 @@
 //!
 //! Commands come from owners (DESIGN invariant 8). A message is parsed as a command
 //! only when its role is [`Role::Owner`]; with [`owner_command_in`] also only when
-//! its actor is the owner `room.created` named. Text that any other actor produces,
-//! an agent's reply above all, is data and is never parsed here, whatever it says.
+//! its actor is the owner `room.created` named **and** it is signed by the room's
+//! owner key ([`crate::signing`]). Text that any other actor produces, an agent's
+//! reply above all, is data and is never parsed here, whatever it says; so is an
+//! owner's command that is not signed.
 //!
 //! ```
 //! use huddle_core::commands::{owner_command, OwnerCommand};
@@ -21,11 +23,13 @@
 //!
 //! The grammar of both commands is documented in `docs/protocol/commands.md`.
 
+mod authority;
 mod config_cmd;
 mod delegate;
 #[cfg(test)]
 mod tests;
 
+pub use authority::OwnerAuthority;
 pub use config_cmd::{
     get_reply, help_text, parse_config, ConfigChange, ConfigCommand, ConfigError, ConfigTarget,
 };
@@ -35,7 +39,8 @@ pub use delegate::{
 };
 
 use crate::config::ConfigFold;
-use crate::model::{Interaction, Role};
+use crate::model::{Interaction, NewInteraction, Role};
+use crate::protocol::task::TaskCreatedBody;
 use crate::verbs::Verb;
 
 /// A parsed owner command.
@@ -131,8 +136,9 @@ pub fn owner_command_with(
 }
 
 /// The owner command in a ledger row, if it is one: a `message.posted` whose role
-/// is owner **and** whose actor is the room's owner per `owners` (the config fold
-/// tracks `room.created`), with the command in the body's `text`.
+/// is owner, whose actor is the room's owner per `owners` (the config fold tracks
+/// `room.created` and key rotations) and whose signature verifies against the room's
+/// current owner key, with the command in the body's `text`.
 pub fn owner_command_in(
     message: &Interaction,
     owners: &ConfigFold,
@@ -144,5 +150,52 @@ pub fn owner_command_in(
         return None;
     }
     let text = message.body.get("text")?.as_str()?;
+    command_word(text)?;
+    owners.check_signature(message).ok()?;
     owner_command_with(message.role, text, ctx)
+}
+
+/// The rows an accepted owner command produces besides its reply: one `task.created`
+/// per task of a `!delegate` (with the room's effective `max-attempts`), one
+/// `config.set` for a `!config` change; each has the command as parent. Their
+/// content is deterministic, so every relay appends the same rows and the config fold
+/// authorizes exactly these ids.
+pub fn derived_rows(
+    message: &Interaction,
+    command: &OwnerCommand,
+    config: &ConfigFold,
+) -> Vec<NewInteraction> {
+    let thread = message.thread.as_deref();
+    match command {
+        OwnerCommand::Delegate(plan) => {
+            let max_attempts = config.effective(&message.room, thread).max_attempts;
+            plan.tasks
+                .iter()
+                .map(|t| {
+                    let body = TaskCreatedBody {
+                        task: t.id.clone(),
+                        label: t.label.clone(),
+                        deps: t.deps.clone(),
+                        assignee: t.assignee.clone(),
+                        needs: Vec::new(),
+                        max_attempts: Some(max_attempts),
+                    };
+                    let mut created = NewInteraction::new(
+                        message.room.clone(),
+                        Verb::TaskCreated,
+                        message.actor.clone(),
+                        Role::Owner,
+                        body.to_body(),
+                    )
+                    .with_parent(message.id);
+                    created.thread = message.thread.clone();
+                    created
+                })
+                .collect()
+        }
+        OwnerCommand::Config(ConfigCommand::Change(change)) => {
+            vec![change.to_interaction(&message.room, thread, &message.actor, message.id)]
+        }
+        OwnerCommand::Config(_) => Vec::new(),
+    }
 }

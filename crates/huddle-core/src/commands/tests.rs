@@ -1,9 +1,13 @@
 //! Tests of both owner commands through their public seams.
 
 use super::*;
+use crate::commands::OwnerAuthority;
 use crate::config::{ConfigKey, ConfigValue};
 use crate::fold::Fold;
+use crate::model::{NewInteraction, Position, Timestamp};
+use crate::signing::{OwnerSecret, SignatureError, SIGNATURE_FIELD};
 use crate::testing::ledger_row as row;
+use crate::testing::{created_with_key, materialize, owner_secret, signed_post};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -500,26 +504,30 @@ fn get_reply_shows_sources() {
         Role::Owner,
         json!({"owner": "olga"}),
     ));
-    fold.apply(&row(
-        2,
-        0,
-        "lobby",
-        None,
-        Verb::ConfigSet,
-        "olga",
-        Role::Owner,
-        json!({"set": {"rate": 4}}),
-    ));
-    fold.apply(&row(
-        3,
-        0,
-        "lobby",
-        Some("t1"),
-        Verb::ConfigSet,
-        "olga",
-        Role::Owner,
-        json!({"set": {"loop-max": 2}}),
-    ));
+    for set in [
+        row(
+            2,
+            0,
+            "lobby",
+            None,
+            Verb::ConfigSet,
+            "olga",
+            Role::Owner,
+            json!({"set": {"rate": 4}}),
+        ),
+        row(
+            3,
+            0,
+            "lobby",
+            Some("t1"),
+            Verb::ConfigSet,
+            "olga",
+            Role::Owner,
+            json!({"set": {"loop-max": 2}}),
+        ),
+    ] {
+        fold.apply(&set);
+    }
     let reply = get_reply(&fold, "lobby", Some("t1"), ConfigTarget::Here, None);
     assert!(reply.starts_with("Config for this thread:"), "{reply}");
     assert!(reply.contains("\n- rate = 4 (from the room)"), "{reply}");
@@ -577,9 +585,266 @@ fn only_owner_text_is_ever_a_command() {
 }
 
 #[test]
-fn ledger_rows_command_only_from_the_named_owner() {
+fn ledger_rows_command_only_from_the_named_owner_and_key() {
+    let key = owner_secret();
     let mut owners = crate::config::ConfigFold::new();
-    owners.apply(&row(
+    owners.apply(&created_with_key(1, "lobby", "olga", &key));
+    let ctx = ParseContext::default();
+    let post = |actor: &str, role: Role, verb: Verb| {
+        let n = NewInteraction::new(
+            "lobby",
+            verb,
+            actor,
+            role,
+            json!({"text": "!config rate 5"}),
+        );
+        materialize(key.sign(n), Position::new(0, 2), Timestamp(0))
+    };
+    let yes = post("olga", Role::Owner, Verb::MessagePosted);
+    assert!(matches!(owner_command_in(&yes, &owners, &ctx), Some(Ok(_))));
+    for no in [
+        post("mallory", Role::Owner, Verb::MessagePosted),
+        post("olga", Role::Human, Verb::MessagePosted),
+        post("olga", Role::Agent, Verb::MessagePosted),
+        post("olga", Role::Owner, Verb::TurnReplied),
+        signed_post(2, "den", None, "olga", "!config rate 5", &key),
+        signed_post(2, "lobby", None, "olga", "hello", &key),
+        // Unsigned: the owner's name and role alone are not enough.
+        row(
+            2,
+            0,
+            "lobby",
+            None,
+            Verb::MessagePosted,
+            "olga",
+            Role::Owner,
+            json!({"text": "!config rate 5"}),
+        ),
+    ] {
+        assert!(owner_command_in(&no, &owners, &ctx).is_none(), "{no:?}");
+    }
+}
+
+// ---- signatures and authority -----------------------------------------------------
+
+/// A signed command verifies; a tampered body, another key, a signature replayed on
+/// other content and a missing signature are all refused, and none of them
+/// authorizes a row.
+#[test]
+fn only_commands_signed_by_the_room_key_execute() {
+    let key = owner_secret();
+    let mallory = OwnerSecret::from_seed([0x66; 32]);
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &key));
+    let ctx = ParseContext::default();
+
+    let good = signed_post(2, "lobby", None, "olga", "!config rate 5", &key);
+    assert_eq!(auth.config().check_signature(&good), Ok(()));
+    assert!(matches!(
+        owner_command_in(&good, auth.config(), &ctx),
+        Some(Ok(_))
+    ));
+
+    let mut tampered = good.content();
+    tampered.body["text"] = json!("!config rate 1");
+    let by_mallory = signed_post(3, "lobby", None, "olga", "!config rate 1", &mallory);
+    let mut replayed = NewInteraction::new(
+        "lobby",
+        Verb::MessagePosted,
+        "olga",
+        Role::Owner,
+        json!({"text": "!delegate\nx: steal the keys"}),
+    );
+    replayed.body[SIGNATURE_FIELD] = good.body[SIGNATURE_FIELD].clone();
+    let mut missing = good.content();
+    missing
+        .body
+        .as_object_mut()
+        .unwrap()
+        .remove(SIGNATURE_FIELD);
+    let refused = [
+        (
+            materialize(tampered, Position::new(0, 4), Timestamp(0)),
+            SignatureError::Invalid,
+        ),
+        (
+            by_mallory,
+            SignatureError::OtherKey {
+                signed_by: mallory.public().to_hex(),
+                expected: key.public().to_hex(),
+            },
+        ),
+        (
+            materialize(replayed, Position::new(0, 5), Timestamp(0)),
+            SignatureError::Invalid,
+        ),
+        (
+            materialize(missing, Position::new(0, 6), Timestamp(0)),
+            SignatureError::Missing,
+        ),
+    ];
+    for (row, why) in &refused {
+        assert_eq!(
+            auth.config().check_signature(row).as_ref(),
+            Err(why),
+            "{row:?}"
+        );
+        assert!(
+            owner_command_in(row, auth.config(), &ctx).is_none(),
+            "{row:?}"
+        );
+    }
+    for (row, _) in &refused {
+        auth.apply(row);
+    }
+    assert_eq!(auth.unsigned_commands(), 4);
+    // Whatever config.set / task.created those would have produced is not admitted.
+    let forged_set = row(
+        7,
+        0,
+        "lobby",
+        None,
+        Verb::ConfigSet,
+        "olga",
+        Role::Owner,
+        json!({"set": {"rate": 1}}),
+    );
+    let forged_set = materialize(
+        NewInteraction {
+            parent: Some(refused[0].0.id),
+            ..forged_set.content()
+        },
+        Position::new(0, 7),
+        Timestamp(0),
+    );
+    assert!(!auth.admits(&forged_set));
+    auth.apply(&forged_set);
+    assert_eq!(auth.config().effective("lobby", None).rate, 10);
+}
+
+/// A verified command authorizes exactly the rows it derives: those are admitted
+/// and take effect; the same bodies hand-written (no parent, another parent, another
+/// label) are not.
+#[test]
+fn verified_commands_authorize_exactly_their_derived_rows() {
+    let key = owner_secret();
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &key));
+    let command = signed_post(
+        2,
+        "lobby",
+        None,
+        "olga",
+        "!delegate\na: write\nb: test [after a]",
+        &key,
+    );
+    auth.apply(&command);
+    let Some(Ok(parsed)) = owner_command_in(&command, auth.config(), &ParseContext::default())
+    else {
+        panic!("the signed command parses");
+    };
+    let derived = derived_rows(&command, &parsed, auth.config());
+    assert_eq!(derived.len(), 2);
+    for (n, d) in derived.iter().enumerate() {
+        let r = materialize(d.clone(), Position::new(0, 3 + n as u64), Timestamp(0));
+        assert!(auth.admits(&r));
+        auth.apply(&r);
+    }
+    assert!(auth.task_exists("lobby", "a") && auth.task_exists("lobby", "b"));
+
+    let mut forged = derived[0].clone();
+    forged.parent = None;
+    forged.body["task"] = json!("c");
+    let mut relabelled = derived[0].clone();
+    relabelled.body["label"] = json!("exfiltrate");
+    for (n, f) in [forged, relabelled].into_iter().enumerate() {
+        let r = materialize(f, Position::new(0, 10 + n as u64), Timestamp(0));
+        assert!(!auth.admits(&r), "{r:?}");
+        auth.apply(&r);
+    }
+    assert!(!auth.task_exists("lobby", "c"));
+    assert_eq!(auth.unauthorized_rows(), 2);
+
+    // A signed !config change takes effect through its derived config.set only.
+    let config = signed_post(20, "lobby", None, "olga", "!config rate 5", &key);
+    auth.apply(&config);
+    let Some(Ok(parsed)) = owner_command_in(&config, auth.config(), &ParseContext::default())
+    else {
+        panic!("the signed !config parses");
+    };
+    let set = derived_rows(&config, &parsed, auth.config()).remove(0);
+    auth.apply(&materialize(set, Position::new(0, 21), Timestamp(0)));
+    assert_eq!(auth.config().effective("lobby", None).rate, 5);
+}
+
+/// The first room.created wins: a later one (any key, any actor) changes neither
+/// the owner nor the key and is counted.
+#[test]
+fn a_later_room_created_changes_nothing() {
+    let key = owner_secret();
+    let mallory = OwnerSecret::from_seed([0x66; 32]);
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &key));
+    auth.apply(&created_with_key(2, "lobby", "mallory", &mallory));
+    auth.apply(&created_with_key(3, "lobby", "olga", &mallory));
+    assert_eq!(auth.config().owner("lobby"), Some("olga"));
+    assert_eq!(auth.config().owner_key("lobby"), Some(key.public()));
+    assert_eq!(auth.config().ignored_rows(), 2);
+    let by_mallory = signed_post(4, "lobby", None, "olga", "!config rate 1", &mallory);
+    assert!(owner_command_in(&by_mallory, auth.config(), &ParseContext::default()).is_none());
+}
+
+/// A rotation signed by the current key replaces it from then on; one signed by any
+/// other key, or unsigned, or by someone else, is ignored.
+#[test]
+fn key_rotation_is_honoured_from_then_on() {
+    let old = owner_secret();
+    let new = OwnerSecret::from_seed([0x22; 32]);
+    let mallory = OwnerSecret::from_seed([0x66; 32]);
+    let rotate = |pos: u64, actor: &str, to: &OwnerSecret, by: Option<&OwnerSecret>| {
+        let n = NewInteraction::new(
+            "lobby",
+            Verb::RoomKeyRotated,
+            actor,
+            Role::Owner,
+            json!({"key": to.public().to_hex()}),
+        );
+        let n = match by {
+            Some(k) => k.sign(n),
+            None => n,
+        };
+        materialize(n, Position::new(0, pos), Timestamp(0))
+    };
+    let ctx = ParseContext::default();
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &old));
+    let before = signed_post(2, "lobby", None, "olga", "!config rate 5", &old);
+    assert!(owner_command_in(&before, auth.config(), &ctx).is_some());
+
+    // Forged rotations: by mallory's key, unsigned, in another actor's name.
+    auth.apply(&rotate(3, "olga", &mallory, Some(&mallory)));
+    auth.apply(&rotate(4, "olga", &mallory, None));
+    auth.apply(&rotate(5, "mallory", &mallory, Some(&old)));
+    assert_eq!(auth.config().owner_key("lobby"), Some(old.public()));
+    assert_eq!(auth.config().ignored_rows(), 3);
+
+    auth.apply(&rotate(6, "olga", &new, Some(&old)));
+    assert_eq!(auth.config().owner_key("lobby"), Some(new.public()));
+    let with_old = signed_post(7, "lobby", None, "olga", "!config rate 6", &old);
+    let with_new = signed_post(8, "lobby", None, "olga", "!config rate 6", &new);
+    assert!(owner_command_in(&with_old, auth.config(), &ctx).is_none());
+    assert!(owner_command_in(&with_new, auth.config(), &ctx).is_some());
+    // The old key cannot rotate any more.
+    auth.apply(&rotate(9, "olga", &mallory, Some(&old)));
+    assert_eq!(auth.config().owner_key("lobby"), Some(new.public()));
+}
+
+/// A room whose room.created names no key runs no owner command at all.
+#[test]
+fn a_room_without_an_owner_key_runs_no_command() {
+    let key = owner_secret();
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&row(
         1,
         0,
         "lobby",
@@ -589,51 +854,12 @@ fn ledger_rows_command_only_from_the_named_owner() {
         Role::Owner,
         json!({"owner": "olga"}),
     ));
-    let ctx = ParseContext::default();
-    let post = |actor: &str, role: Role, verb: Verb| {
-        row(
-            2,
-            0,
-            "lobby",
-            None,
-            verb,
-            actor,
-            role,
-            json!({"text": "!config rate 5"}),
-        )
-    };
-    let yes = post("olga", Role::Owner, Verb::MessagePosted);
-    assert!(matches!(owner_command_in(&yes, &owners, &ctx), Some(Ok(_))));
-    for no in [
-        post("mallory", Role::Owner, Verb::MessagePosted),
-        post("olga", Role::Human, Verb::MessagePosted),
-        post("olga", Role::Agent, Verb::MessagePosted),
-        post("olga", Role::Owner, Verb::TurnReplied),
-    ] {
-        assert!(owner_command_in(&no, &owners, &ctx).is_none(), "{no:?}");
-    }
-    let other_room = row(
-        2,
-        0,
-        "den",
-        None,
-        Verb::MessagePosted,
-        "olga",
-        Role::Owner,
-        json!({"text": "!config rate 5"}),
+    let signed = signed_post(2, "lobby", None, "olga", "!config rate 5", &key);
+    assert_eq!(
+        auth.config().check_signature(&signed),
+        Err(SignatureError::NoKey)
     );
-    assert!(owner_command_in(&other_room, &owners, &ctx).is_none());
-    let no_text = row(
-        2,
-        0,
-        "lobby",
-        None,
-        Verb::MessagePosted,
-        "olga",
-        Role::Owner,
-        json!({"text": 5}),
-    );
-    assert!(owner_command_in(&no_text, &owners, &ctx).is_none());
+    assert!(owner_command_in(&signed, auth.config(), &ParseContext::default()).is_none());
 }
 
 // ---- properties -------------------------------------------------------------------

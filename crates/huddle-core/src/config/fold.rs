@@ -1,11 +1,17 @@
-//! The config fold: room and thread overlays from the owner's `config.set` rows.
+//! The config fold: room owners and their keys, the owner's verified commands, and
+//! room and thread overlays from the `config.set` rows those commands produce.
 //!
-//! - `room.created` names the room's owner (`{"owner": "<actor>"}`); the first one by
-//!   ledger position wins. A thread inherits its room's owner.
+//! - `room.created` names the room's owner and the owner's public key
+//!   (`{"owner": "<actor>", "key": "<64 hex>"}`); the first one by ledger position
+//!   wins, every later one is ignored and counted. A thread inherits its room's owner.
+//! - `room.key_rotated` (`{"key": "<64 hex>", "sig": ...}`) by the owner, signed by
+//!   the room's current key, replaces the key from then on.
 //! - `config.set` counts only when its `role` is `owner`, its `actor` is the owner
-//!   named by `room.created`, and it comes after that `room.created`; anything else (another actor, a room with no
-//!   known owner, a malformed body) is ignored and counted in
-//!   [`ConfigFold::ignored_rows`].
+//!   and it comes after the `room.created`; anything else is ignored and counted in
+//!   [`ConfigFold::ignored_rows`]. Whether the owner really wrote it (a signed command
+//!   produced it) is judged above this fold, by
+//!   [`crate::commands::OwnerAuthority`], which feeds this fold only the rows it
+//!   admits; readers that act on config go through it.
 //! - Each key of each overlay is a last-writer-wins register keyed by ledger
 //!   position: a set stores the value, a reset stores a tombstone. Re-applying an
 //!   older row never undoes a newer one.
@@ -19,9 +25,11 @@ use serde::Serialize;
 use super::keys::{check_agent_name, ConfigKey, ConfigSetBody, ConfigValue, RoomConfig};
 use crate::fold::{hash_state, Fold};
 use crate::model::{Interaction, Position, Role};
+use crate::signing::{verify, OwnerKey, SignatureError};
 use crate::verbs::Verb;
 
-/// Folds `room.created` and `config.set` into per-room owners and config overlays.
+/// Folds `room.created`, `room.key_rotated` and `config.set` into per-room owners,
+/// owner keys and config overlays.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ConfigFold {
     rooms: BTreeMap<String, RoomEntry>,
@@ -39,6 +47,9 @@ struct RoomEntry {
 struct OwnerRecord {
     actor: String,
     position: Position,
+    /// The current owner key, hex; `None` when `room.created` carried no valid key
+    /// (then no command of the room ever verifies).
+    key: Option<String>,
 }
 
 /// Key text -> register. String keys so the state serialises (and hashes) plainly.
@@ -93,20 +104,37 @@ impl ConfigFold {
 
     /// The room's owner, as named by its first `room.created`.
     pub fn owner(&self, room: &str) -> Option<&str> {
-        self.rooms
-            .get(room)
-            .and_then(|r| r.owner.as_ref())
-            .map(|o| o.actor.as_str())
+        self.owner_record(room).map(|o| o.actor.as_str())
+    }
+
+    fn owner_record(&self, room: &str) -> Option<&OwnerRecord> {
+        self.rooms.get(room).and_then(|r| r.owner.as_ref())
+    }
+
+    /// The room owner's current public key: from `room.created`, or the last
+    /// verified `room.key_rotated`.
+    pub fn owner_key(&self, room: &str) -> Option<OwnerKey> {
+        self.owner_record(room)
+            .and_then(|o| o.key.as_deref())
+            .and_then(|k| k.parse().ok())
     }
 
     /// Whether a row by `actor` with `role` speaks for the room's owner: the role
-    /// is [`Role::Owner`] and the actor is the owner `room.created` named.
+    /// is [`Role::Owner`] and the actor is the owner `room.created` named. This is
+    /// who the row claims to be; [`ConfigFold::check_signature`] is the proof.
     pub fn is_owner(&self, room: &str, actor: &str, role: Role) -> bool {
         role == Role::Owner && self.owner(room) == Some(actor)
     }
 
-    /// How many `config.set` / `room.created` rows were ignored (not from the
-    /// owner, or malformed).
+    /// Whether `row` is signed by its room's current owner key.
+    pub fn check_signature(&self, row: &Interaction) -> Result<(), SignatureError> {
+        let key = self.owner_key(&row.room).ok_or(SignatureError::NoKey)?;
+        verify(&row.content(), &key)
+    }
+
+    /// How many `config.set` / `room.created` / `room.key_rotated` rows were
+    /// ignored (not from the owner, not signed, a later `room.created`, or
+    /// malformed).
     pub fn ignored_rows(&self) -> u64 {
         self.ignored
     }
@@ -160,16 +188,57 @@ impl ConfigFold {
             self.ignored += 1;
             return;
         };
+        let key = i
+            .body
+            .get("key")
+            .and_then(|k| k.as_str())
+            .and_then(|k| k.parse::<OwnerKey>().ok())
+            .map(|k| k.to_hex());
         let entry = self.rooms.entry(i.room.clone()).or_default();
         match &entry.owner {
-            Some(existing) if existing.position <= i.position => {}
+            // The first room.created is the room; a later one changes nothing.
+            Some(existing) if existing.position < i.position => self.ignored += 1,
+            Some(existing) if existing.position == i.position => {}
             _ => {
                 entry.owner = Some(OwnerRecord {
                     actor: owner.to_string(),
                     position: i.position,
+                    key,
                 })
             }
         }
+    }
+
+    /// Whether `i` is by the owner, after the room's creation, signed by the
+    /// current key.
+    pub fn signed_by_owner(&self, i: &Interaction) -> bool {
+        let after_creation = self
+            .owner_record(&i.room)
+            .is_some_and(|o| o.position < i.position);
+        after_creation
+            && self.is_owner(&i.room, &i.actor, i.role)
+            && self.check_signature(i).is_ok()
+    }
+
+    fn apply_key_rotated(&mut self, i: &Interaction) {
+        let new_key = i
+            .body
+            .get("key")
+            .and_then(|k| k.as_str())
+            .and_then(|k| k.parse::<OwnerKey>().ok());
+        let Some(new_key) = new_key.filter(|_| self.signed_by_owner(i)) else {
+            self.ignored += 1;
+            return;
+        };
+        if let Some(owner) = self.rooms.get_mut(&i.room).and_then(|r| r.owner.as_mut()) {
+            owner.key = Some(new_key.to_hex());
+        }
+    }
+
+    /// Counts a row that was kept from this fold (a `config.set` no signed command
+    /// produced) among the ignored rows.
+    pub(crate) fn count_ignored(&mut self) {
+        self.ignored += 1;
     }
 
     fn apply_config_set(&mut self, i: &Interaction) {
@@ -221,6 +290,7 @@ impl Fold for ConfigFold {
     fn apply(&mut self, interaction: &Interaction) {
         match interaction.verb {
             Verb::RoomCreated => self.apply_room_created(interaction),
+            Verb::RoomKeyRotated => self.apply_key_rotated(interaction),
             Verb::ConfigSet => self.apply_config_set(interaction),
             _ => {}
         }
@@ -287,7 +357,8 @@ mod tests {
         let c = fold.effective("lobby", None);
         assert_eq!(c.rate, 10, "no rate write counted");
         assert_eq!(c.loop_max, 2);
-        assert_eq!(fold.ignored_rows(), 4);
+        // 1 (before the room), 3 (a second room.created), 4, 5, 6.
+        assert_eq!(fold.ignored_rows(), 5);
     }
 
     #[test]

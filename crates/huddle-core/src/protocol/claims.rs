@@ -17,8 +17,38 @@ use serde::{Deserialize, Serialize};
 use crate::id::InteractionId;
 
 /// A claim's fencing token: strictly increases every time the claim changes hands or
-/// is re-taken after expiry (the store's `Epoch`).
-pub type ClaimEpoch = i64;
+/// is re-taken after expiry (the store's `Epoch` is this type). The first epoch of a
+/// claim is [`ClaimEpoch::FIRST`]; "no epoch" is `Option<ClaimEpoch>`, never a
+/// number. Encoded as the bare number (serde-transparent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ClaimEpoch(pub i64);
+
+impl ClaimEpoch {
+    /// The epoch a claim is first granted at; bodies carrying a lower one are malformed.
+    pub const FIRST: ClaimEpoch = ClaimEpoch(1);
+
+    /// The number, as stored.
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+
+    /// The epoch after this one (saturating).
+    pub const fn next(self) -> ClaimEpoch {
+        ClaimEpoch(self.0.saturating_add(1))
+    }
+
+    /// Whether this is an epoch a claim can be held at (at least [`Self::FIRST`]).
+    pub const fn is_valid(self) -> bool {
+        self.0 >= Self::FIRST.0
+    }
+}
+
+impl fmt::Display for ClaimEpoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
 
 /// A claim held at an epoch: what a fenced append presents and what renew / release
 /// name.

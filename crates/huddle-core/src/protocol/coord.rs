@@ -115,7 +115,7 @@ impl CoordNoteBody {
         let b: Self = parse_body(body)?;
         let ok = match &b {
             CoordNoteBody::Presence(p) => p.note.as_ref().is_none_or(|n| n.len() <= 4096),
-            CoordNoteBody::Designation(d) => !d.agent.is_empty() && d.epoch > 0,
+            CoordNoteBody::Designation(d) => !d.agent.is_empty() && d.epoch.is_valid(),
             CoordNoteBody::Notice(n) => !n.about.is_empty() && n.text.len() <= 16 * 1024,
         };
         ok.then_some(b)

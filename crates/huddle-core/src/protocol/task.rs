@@ -167,7 +167,7 @@ impl TaskClaimedBody {
     /// Decodes and checks a body.
     pub fn parse(body: &Value) -> Option<Self> {
         let b: Self = parse_body(body)?;
-        (valid_task_id(&b.task) && b.epoch > 0).then_some(b)
+        (valid_task_id(&b.task) && b.epoch.is_valid()).then_some(b)
     }
 
     /// The JSON body.

@@ -142,15 +142,43 @@ pub struct ClaimOutcome {
     pub key: String,
     /// The holder the acquire was for.
     pub holder: String,
-    /// Whether that holder holds the claim now.
-    pub won: bool,
-    /// The claim's epoch (the caller's when won, the current holder's otherwise).
-    pub epoch: ClaimEpoch,
-    /// When the lease lapses (database time).
-    pub expires_at: Timestamp,
+    /// What the store answered.
+    pub answer: ClaimAnswer,
+}
+
+/// What the store answered an acquire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClaimAnswer {
+    /// The holder holds the claim now.
+    Won {
+        /// The holder's epoch.
+        epoch: ClaimEpoch,
+        /// When the lease lapses (database time).
+        expires_at: Timestamp,
+    },
+    /// Someone else holds it.
+    Lost {
+        /// The current holder's epoch.
+        epoch: ClaimEpoch,
+        /// When its lease lapses (database time).
+        expires_at: Timestamp,
+    },
     /// The claim is closed: the work it stood for is finished and nobody may take it
-    /// again (`won` is false).
-    pub closed: bool,
+    /// again.
+    Closed,
+    /// The acquire failed without an answer (the store was away): nobody is known to
+    /// hold the claim, and a later pass may try again.
+    Failed,
+}
+
+impl ClaimAnswer {
+    /// The holder's epoch when it won.
+    pub fn won(&self) -> Option<ClaimEpoch> {
+        match self {
+            ClaimAnswer::Won { epoch, .. } => Some(*epoch),
+            _ => None,
+        }
+    }
 }
 
 /// What the relay tells the synchronizer.

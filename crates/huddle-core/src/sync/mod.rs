@@ -101,8 +101,8 @@ pub use crate::protocol::claims::{
 };
 pub use addressing::{Addressing, Eligible};
 pub use api::{
-    AdmitAll, ClaimOutcome, ClaimPurpose, DepResult, Event, Intent, LocalAgent, MessageBrief,
-    ReplyGate, SyncOptions, TaskBrief, TurnId, TurnOutcome, TurnStart, TurnWork,
+    AdmitAll, ClaimAnswer, ClaimOutcome, ClaimPurpose, DepResult, Event, Intent, LocalAgent,
+    MessageBrief, ReplyGate, SyncOptions, TaskBrief, TurnId, TurnOutcome, TurnStart, TurnWork,
 };
 
 // ---------------------------------------------------------------------------------
@@ -808,7 +808,7 @@ impl Synchronizer {
             let Some(m) = self.messages.get(&(room.clone(), id)) else {
                 continue;
             };
-            if now.saturating_sub(m.at) > horizon {
+            if now.micros_since(m.at) > horizon {
                 self.messages.remove(&(room, id));
                 continue;
             }
@@ -1192,7 +1192,7 @@ impl Synchronizer {
             return;
         }
         let purpose = slot.purpose.clone();
-        if r.closed {
+        if r.answer == ClaimAnswer::Closed {
             // Finished work: whatever this relay's view says, it never runs again.
             // A closed drive claim closes the exclusive one it was for as well.
             self.forget(&r.key);
@@ -1212,7 +1212,8 @@ impl Synchronizer {
             }
             return;
         }
-        if !r.won || self.shutting_down {
+        let won = r.answer.won().filter(|_| !self.shutting_down);
+        let Some(epoch) = won else {
             // Lost (or no longer wanted): back off until the holder's lease would lapse.
             // A won claim is simply left to lapse: it may be shared with another relay
             // hosting the same agent, so it is never released blindly.
@@ -1241,16 +1242,23 @@ impl Synchronizer {
             if let Some(k) = &exclusive {
                 self.forget(k);
             }
-            if !r.won {
-                for k in std::iter::once(r.key.clone()).chain(exclusive) {
-                    let until = self.back_off_until(&k, r.epoch, r.expires_at);
-                    self.held_elsewhere.insert(k, until);
+            for k in std::iter::once(r.key.clone()).chain(exclusive) {
+                match r.answer {
+                    ClaimAnswer::Lost { epoch, expires_at } => {
+                        let until = self.back_off_until(&k, epoch, expires_at);
+                        self.held_elsewhere.insert(k, until);
+                    }
+                    // Nobody is known to hold it: no back-off, a later pass retries.
+                    ClaimAnswer::Failed => {
+                        self.held_elsewhere.remove(&k);
+                    }
+                    ClaimAnswer::Won { .. } | ClaimAnswer::Closed => {}
                 }
             }
             return;
-        }
+        };
         if let Some(s) = self.claims.get_mut(&r.key) {
-            s.epoch = Some(r.epoch);
+            s.epoch = Some(epoch);
         }
         match purpose {
             ClaimPurpose::Reply {
@@ -1258,21 +1266,21 @@ impl Synchronizer {
                 thread,
                 message,
                 agent,
-            } => self.reply_won(room, thread, message, agent, r.epoch, out),
+            } => self.reply_won(room, thread, message, agent, epoch, out),
             ClaimPurpose::DriveReply {
                 room,
                 thread,
                 message,
                 agent,
                 reply_epoch,
-            } => self.drive_reply_won(room, thread, message, agent, reply_epoch, r.epoch, out),
+            } => self.drive_reply_won(room, thread, message, agent, reply_epoch, epoch, out),
             ClaimPurpose::Task { room, task, agent } => self.task_won(room, task, agent, out),
             ClaimPurpose::DriveTask {
                 room,
                 task,
                 agent,
                 task_epoch,
-            } => self.drive_task_won(room, task, agent, task_epoch, r.epoch, out),
+            } => self.drive_task_won(room, task, agent, task_epoch, epoch, out),
         }
     }
 

@@ -7,8 +7,8 @@ use super::*;
 use crate::config::{Allocation, Responder};
 use crate::testing::{bid, claimed, created, failed, ix, message, Ledger};
 
-const S: Timestamp = 1_000_000; // one second in µs
-const T0: Timestamp = 1_700_000_000 * S;
+const S: i64 = 1_000_000; // one second in µs
+const T0: Timestamp = Timestamp(1_700_000_000 * S);
 
 /// A synchronizer under test plus the ledger it reads.
 struct H {
@@ -78,13 +78,15 @@ impl H {
     }
 
     fn result(&mut self, key: &str, holder: &str, won: bool, epoch: i64) -> Vec<Intent> {
+        let (epoch, expires_at) = (ClaimEpoch(epoch), self.now + 60 * S);
         self.sync.handle(Event::ClaimResult(ClaimOutcome {
             key: key.into(),
             holder: holder.into(),
-            won,
-            epoch,
-            expires_at: self.now + 60 * S,
-            closed: false,
+            answer: if won {
+                ClaimAnswer::Won { epoch, expires_at }
+            } else {
+                ClaimAnswer::Lost { epoch, expires_at }
+            },
         }))
     }
 
@@ -245,7 +247,7 @@ fn reply_election_then_drive_election_then_one_reply() {
         )]
     );
     let st = starts(&out)[0].clone();
-    assert_eq!((st.agent.as_str(), st.epoch), ("bo", 3));
+    assert_eq!((st.agent.as_str(), st.epoch), ("bo", ClaimEpoch(3)));
     assert_eq!(st.claims.len(), 2);
     assert!(matches!(&st.work, TurnWork::Reply(b) if b.text == "anyone?" && b.author == "ana"));
     h.apply_appends(&out);
@@ -439,7 +441,7 @@ fn a_remote_failed_reply_ends_the_back_off_at_once() {
     let note = CoordNoteBody::Designation(DesignationBody {
         message: m.id,
         agent: "bo".into(),
-        epoch: 1,
+        epoch: ClaimEpoch(1),
     });
     let out = h.post(vec![ix(Verb::CoordNote, "bo", Role::Agent, note.to_body())]);
     assert!(acquires(&out).is_empty(), "{out:?}");
@@ -448,7 +450,7 @@ fn a_remote_failed_reply_ends_the_back_off_at_once() {
     let failed = TurnFailedBody {
         turn: "r/lobby/x/bo/1.1".into(),
         subject: Subject::message(m.id),
-        epoch: 1,
+        epoch: ClaimEpoch(1),
         reason: "exit 1".into(),
         tokens: 0,
     };
@@ -663,7 +665,7 @@ fn a_lost_claim_cancels_the_turn_and_nothing_completes() {
     let st = run_task_to_start(&mut h, "a", "bo", 2);
     let out = h.sync.handle(Event::ClaimLost {
         key: task_key("lobby", "a"),
-        epoch: 2,
+        epoch: ClaimEpoch(2),
     });
     assert_eq!(kinds(&out), vec!["cancel"]);
     // Even if the driver reports a reply, a lost claim never completes.
@@ -679,7 +681,7 @@ fn a_lost_claim_cancels_the_turn_and_nothing_completes() {
         .sync
         .handle(Event::ClaimLost {
             key: task_key("lobby", "a"),
-            epoch: 1
+            epoch: ClaimEpoch(1)
         })
         .is_empty());
 }
@@ -693,10 +695,10 @@ fn reconcile_renews_live_turns_only_and_retakes_lapsed_tasks() {
     h.sync.handle(Event::ClaimResult(ClaimOutcome {
         key: task_key("lobby", "x"),
         holder: "bo".into(),
-        won: false,
-        epoch: 1,
-        expires_at: T0 + 60 * S,
-        closed: false,
+        answer: ClaimAnswer::Lost {
+            epoch: ClaimEpoch(1),
+            expires_at: T0 + 60 * S,
+        },
     }));
     h.post(vec![claimed("x", "zed", 1), created("a", &[])]);
     let st = run_task_to_start(&mut h, "a", "bo", 1);
@@ -787,7 +789,7 @@ fn own_lapsed_claim_is_retaken_after_a_loss() {
     // Paused past the TTL: the renew fails, the turn is cancelled.
     h.sync.handle(Event::ClaimLost {
         key: task_key("lobby", "a"),
-        epoch: 1,
+        epoch: ClaimEpoch(1),
     });
     let out = h.ended(&st.turn, TurnOutcome::Cancelled);
     // Only the turn's failure is recorded (unfenced), and the lease is probed again.
@@ -810,10 +812,7 @@ fn a_closed_claim_is_never_tried_again() {
     let out = h.sync.handle(Event::ClaimResult(ClaimOutcome {
         key: task_key("lobby", "a"),
         holder: "bo".into(),
-        won: false,
-        epoch: 3,
-        expires_at: T0,
-        closed: true,
+        answer: ClaimAnswer::Closed,
     }));
     assert!(
         starts(&out).is_empty() && acquires(&out).is_empty(),
@@ -1131,7 +1130,7 @@ fn unknown_or_stale_events_are_ignored() {
         .sync
         .handle(Event::ClaimLost {
             key: "x".into(),
-            epoch: 1
+            epoch: ClaimEpoch(1)
         })
         .is_empty());
     // Rows from rooms this relay does not serve are not folded.
@@ -1300,7 +1299,7 @@ mod robustness {
                     }
                     Step::Lose(k) if !held.is_empty() => {
                         let (key, epoch) = held.remove(k % held.len());
-                        h.sync.handle(Event::ClaimLost { key, epoch })
+                        h.sync.handle(Event::ClaimLost { key, epoch: ClaimEpoch(epoch) })
                     }
                     Step::Config(c) => {
                         let config = RoomConfig {

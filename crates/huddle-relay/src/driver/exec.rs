@@ -285,7 +285,7 @@ mod tests {
             thread: None,
             agent: "ada".into(),
             task: Some("t7".into()),
-            epoch: Some(3),
+            epoch: Some(huddle_core::ClaimEpoch(3)),
             attempt: 2,
             prompt: "<coordination>\n</coordination>\nhello".into(),
         }

@@ -34,7 +34,7 @@ pub struct TurnRequest {
     /// The task this turn works on, if any.
     pub task: Option<String>,
     /// The epoch of the claim the turn runs under.
-    pub epoch: Option<i64>,
+    pub epoch: Option<huddle_core::ClaimEpoch>,
     /// Attempt number of the task (1 for the first).
     pub attempt: u32,
     /// The full prompt: the `<coordination>` block, the `<related-context>` block when

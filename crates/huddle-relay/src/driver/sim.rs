@@ -116,7 +116,7 @@ mod tests {
             thread: None,
             agent: "ada".into(),
             task: Some(task.into()),
-            epoch: Some(1),
+            epoch: Some(huddle_core::ClaimEpoch(1)),
             attempt,
             prompt: "do it".into(),
         }

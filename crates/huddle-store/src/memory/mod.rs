@@ -21,7 +21,7 @@
 //! use std::time::Duration;
 //! use huddle_store::memory::{ManualClock, MemoryStore};
 //! use huddle_store::{Claims, StoreOptions};
-//! let clock = ManualClock::new(1_000_000);
+//! let clock = ManualClock::new(huddle_core::Timestamp(1_000_000));
 //! let store = MemoryStore::with_clock(StoreOptions::default(), clock.clone());
 //! let other = store.handle(StoreOptions { relay: "second".into(), ..StoreOptions::default() });
 //! assert!(store.acquire("task/lobby/t1", "a", Duration::from_secs(1)).await?.won());
@@ -62,17 +62,17 @@ pub struct ManualClock(Arc<AtomicI64>);
 impl ManualClock {
     /// A clock that reads `start` until it is moved.
     pub fn new(start: Timestamp) -> Self {
-        ManualClock(Arc::new(AtomicI64::new(start)))
+        ManualClock(Arc::new(AtomicI64::new(start.as_micros())))
     }
 
     /// The time now.
     pub fn now(&self) -> Timestamp {
-        self.0.load(Ordering::SeqCst)
+        Timestamp(self.0.load(Ordering::SeqCst))
     }
 
     /// Sets the time (it may go backwards; claims are judged by whatever it reads).
     pub fn set(&self, t: Timestamp) {
-        self.0.store(t, Ordering::SeqCst);
+        self.0.store(t.as_micros(), Ordering::SeqCst);
     }
 
     /// Moves the time forward by `by`.
@@ -91,10 +91,12 @@ enum Clock {
 impl Clock {
     fn now(&self) -> Timestamp {
         match self {
-            Clock::System => SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-                .unwrap_or(0),
+            Clock::System => Timestamp(
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+                    .unwrap_or(0),
+            ),
             Clock::Manual(m) => m.now(),
         }
     }
@@ -439,17 +441,18 @@ impl Claims for MemoryStore {
                     epoch,
                     expires_at: now.saturating_add(ttl),
                 };
-                if let Some(by) = tables.closed.get(key) {
-                    let state = tables.claims.get(key).cloned().unwrap_or_else(|| taken(0));
+                // Only a held claim is ever closed, so a closed key has its row.
+                if let (Some(by), Some(state)) = (tables.closed.get(key), tables.claims.get(key)) {
+                    let state = state.clone();
                     return Acquired::Closed { state, by: *by };
                 }
                 let state = match tables.claims.get(key) {
-                    None => taken(1),
+                    None => taken(Epoch::FIRST),
                     // The same holder extending a live lease keeps its epoch.
                     Some(c) if c.expires_at > now && c.holder == holder => taken(c.epoch),
                     Some(c) if c.expires_at > now => return Acquired::HeldBy(c.clone()),
                     // Free again (expired or released): a new epoch, whoever takes it.
-                    Some(c) => taken(c.epoch + 1),
+                    Some(c) => taken(c.epoch.next()),
                 };
                 tables.claims.insert(key.to_string(), state.clone());
                 Acquired::Won(state)

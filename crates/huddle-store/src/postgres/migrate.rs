@@ -13,13 +13,15 @@ use crate::{Result, StoreError};
 pub(crate) async fn migrate(config: &Config) -> Result<()> {
     let (mut client, connection) = config.connect(NoTls).await.map_err(map_pg)?;
     let driver = tokio::spawn(connection);
-    let result = migrate_locked(&mut client).await;
+    let result = migrate_on(&mut client).await;
     drop(client);
     let _ = driver.await;
     result
 }
 
-async fn migrate_locked(client: &mut Client) -> Result<()> {
+/// [`migrate`] on an open session (`huddle admin init` runs it as the schema owner).
+/// The advisory lock is released at the end, or when the session closes.
+pub(crate) async fn migrate_on(client: &mut Client) -> Result<()> {
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
         .await
@@ -87,8 +89,13 @@ async fn apply(client: &mut Client, m: &Migration) -> Result<()> {
 }
 
 fn wrap(what: &str, e: tokio_postgres::Error) -> StoreError {
+    let denied = e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE);
     match map_pg(e) {
         StoreError::Unavailable(m) => StoreError::Unavailable(m),
+        StoreError::Backend(m) if denied => StoreError::Migration(format!(
+            "{what}: {m}; this role may not change the schema: the database administrator \
+             runs `huddle admin init` to apply migrations"
+        )),
         other => StoreError::Migration(format!("{what}: {other}")),
     }
 }

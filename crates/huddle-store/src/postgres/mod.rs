@@ -13,11 +13,19 @@
 //!   coalesced). One dedicated LISTEN connection per store rings the bell for other
 //!   stores' appends and re-LISTENs after a drop.
 //! - **Claims** are single statements judged by the database clock; a fenced append
-//!   locks the claim row `FOR SHARE` in the append's transaction.
+//!   locks the claim row `FOR SHARE` in the append's transaction. They go through
+//!   the SECURITY DEFINER functions of migration 0003, which act for the calling
+//!   role only (a claim records the role that acquired it), so a relay role needs no
+//!   UPDATE on `external_claim`.
+//! - **Trust** (migration 0003): every row's `relay` is the writing role, and the
+//!   insert trigger refuses task and reply rows whose claim is not live, held by the
+//!   row's actor at its epoch and acquired by the writing role. The roles themselves
+//!   are made by [`admin`].
 //!
 //! Pooled sessions carry `application_name` and `idle_in_transaction_session_timeout`,
 //! so one stuck session cannot hold back every reader's cursor for long.
 
+pub mod admin;
 mod doorbell;
 mod errors;
 mod migrate;
@@ -410,7 +418,7 @@ fn decode_row(row: &Row) -> Result<(Position, std::result::Result<RawRow, String
             parent: col(row, 8, "parent")?,
             caused_by,
             body: col(row, 10, "body")?,
-            at: col(row, 11, "at")?,
+            at: Timestamp(col(row, 11, "at")?),
             relay: col(row, 12, "relay")?,
         })
     })();
@@ -621,8 +629,8 @@ fn claim_state(key: &str, row: &Row) -> Result<ClaimState> {
     Ok(ClaimState {
         key: key.to_string(),
         holder: row.try_get(0).map_err(map_pg)?,
-        epoch: row.try_get(1).map_err(map_pg)?,
-        expires_at: row.try_get(2).map_err(map_pg)?,
+        epoch: Epoch(row.try_get(1).map_err(map_pg)?),
+        expires_at: Timestamp(row.try_get(2).map_err(map_pg)?),
     })
 }
 
@@ -700,16 +708,20 @@ impl Ledger for PgStore {
         for fence in fences {
             let held = match &closing_bytes {
                 None => {
-                    tx.query_opt(&check, &[&fence.key, &fence.holder, &fence.epoch])
+                    tx.query_opt(&check, &[&fence.key, &fence.holder, &fence.epoch.get()])
                         .await
                 }
                 Some(by) => {
-                    tx.query_opt(&check, &[&fence.key, &fence.holder, &fence.epoch, by])
+                    tx.query_opt(&check, &[&fence.key, &fence.holder, &fence.epoch.get(), by])
                         .await
                 }
             }
             .map_err(map_pg)?;
-            if held.is_none() {
+            let held = match held {
+                Some(row) => row.try_get::<_, Option<bool>>(0).map_err(map_pg)? == Some(true),
+                None => false,
+            };
+            if !held {
                 tx.rollback().await.map_err(map_pg)?;
                 return Err(StoreError::Fenced {
                     key: fence.key.clone(),
@@ -759,7 +771,7 @@ impl Ledger for PgStore {
         let client = self.client().await?;
         let statement = client.prepare_cached(sql::NOW).await.map_err(map_pg)?;
         let row = client.query_one(&statement, &[]).await.map_err(map_pg)?;
-        row.try_get(0).map_err(map_pg)
+        row.try_get(0).map(Timestamp).map_err(map_pg)
     }
 
     fn poll_interval(&self) -> Duration {
@@ -812,7 +824,7 @@ impl Claims for PgStore {
         let client = self.client().await?;
         let statement = client.prepare_cached(sql::RENEW).await.map_err(map_pg)?;
         client
-            .query_opt(&statement, &[&key, &holder, &epoch, &ttl])
+            .query_opt(&statement, &[&key, &holder, &epoch.get(), &ttl])
             .await
             .map_err(map_pg)?
             .map(|row| claim_state(key, &row))
@@ -822,11 +834,11 @@ impl Claims for PgStore {
     async fn release(&self, key: &str, holder: &str, epoch: Epoch) -> Result<bool> {
         let client = self.client().await?;
         let statement = client.prepare_cached(sql::RELEASE).await.map_err(map_pg)?;
-        let n = client
-            .execute(&statement, &[&key, &holder, &epoch])
+        let row = client
+            .query_one(&statement, &[&key, &holder, &epoch.get()])
             .await
             .map_err(map_pg)?;
-        Ok(n > 0)
+        Ok(row.try_get::<_, Option<bool>>(0).map_err(map_pg)? == Some(true))
     }
 
     async fn list_claims(&self, prefix: &str) -> Result<Vec<ClaimRow>> {
@@ -842,8 +854,8 @@ impl Claims for PgStore {
                     state: ClaimState {
                         key: row.try_get(0).map_err(map_pg)?,
                         holder: row.try_get(1).map_err(map_pg)?,
-                        epoch: row.try_get(2).map_err(map_pg)?,
-                        expires_at: row.try_get(3).map_err(map_pg)?,
+                        epoch: Epoch(row.try_get(2).map_err(map_pg)?),
+                        expires_at: Timestamp(row.try_get(3).map_err(map_pg)?),
                     },
                     live: row.try_get(4).map_err(map_pg)?,
                 })

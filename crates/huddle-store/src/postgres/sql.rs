@@ -57,20 +57,14 @@ pub(crate) const IDS_BY_KEY: &str = "\
 SELECT idempotency_key, id FROM interaction WHERE idempotency_key = ANY($1::text[])";
 
 /// Locks the claim row a fenced append presents, if it is still exactly
-/// `(key, holder, epoch)` and unexpired by the database clock.
-pub(crate) const FENCE: &str = "\
-SELECT 1 FROM external_claim
-WHERE key = $1 AND holder = $2 AND epoch = $3 AND closed_by IS NULL AND expires_at > now()
-FOR SHARE";
+/// `(key, holder, epoch)`, unexpired by the database clock and acquired by this role
+/// (migration 0003's `huddle_claim_fence`).
+pub(crate) const FENCE: &str = "SELECT huddle_claim_fence($1, $2, $3)";
 
 /// The fence of a closing append: checks the claim and closes it with `$4` (the id of
 /// the batch's first row) under the row lock. A claim already closed by this very
 /// batch passes (a retry after an ambiguous commit).
-pub(crate) const FENCE_CLOSE: &str = "\
-UPDATE external_claim SET closed_by = $4, expires_at = least(expires_at, now())
-WHERE key = $1 AND holder = $2 AND epoch = $3
-  AND ((closed_by IS NULL AND expires_at > now()) OR closed_by = $4)
-RETURNING 1";
+pub(crate) const FENCE_CLOSE: &str = "SELECT huddle_claim_fence_close($1, $2, $3, $4)";
 
 /// The columns every read decodes, in this order. (The first is named `txid` but is
 /// text: ORDER BY must name `interaction.txid`, or it would sort by the text.)
@@ -159,31 +153,13 @@ pub(crate) const GET: &str = concat!("SELECT ", row_columns!(), " FROM interacti
 /// The database clock.
 pub(crate) const NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8";
 
-/// Takes a claim: one upsert whose update applies only when the row is expired or
-/// already held by the same holder; the epoch stays for the same holder's unexpired
-/// claim and increases in every other case. When the upsert did not apply, the same
-/// statement answers with the current holder (`won` false). When the conflicting row
-/// was committed after this statement's snapshot, neither branch returns a row and
-/// the caller asks again.
-pub(crate) const ACQUIRE_OR_HOLDER: &str = "\
-WITH up AS (
-INSERT INTO external_claim AS c (key, holder, epoch, expires_at, acquired_at, renewed_at)
-VALUES ($1, $2, 1, now() + $3::int8 * interval '1 microsecond', now(), now())
-ON CONFLICT (key) DO UPDATE SET
-    holder = EXCLUDED.holder,
-    epoch = CASE WHEN c.holder = EXCLUDED.holder AND c.expires_at > now()
-                 THEN c.epoch ELSE c.epoch + 1 END,
-    expires_at = EXCLUDED.expires_at,
-    acquired_at = CASE WHEN c.holder = EXCLUDED.holder AND c.expires_at > now()
-                       THEN c.acquired_at ELSE now() END,
-    renewed_at = now()
-WHERE c.closed_by IS NULL AND (c.expires_at <= now() OR c.holder = EXCLUDED.holder)
-RETURNING holder, epoch, expires_at)
-SELECT holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8, true, NULL::bytea
-FROM up
-UNION ALL
-SELECT holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8, false, closed_by
-FROM external_claim WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM up)";
+/// Takes a claim (`huddle_claim_acquire`, migration 0003): one upsert whose update
+/// applies only when the row is expired or already held by the same holder for the
+/// same database role; the epoch stays for that holder's unexpired claim and increases
+/// in every other case. When the upsert did not apply, the same statement answers with
+/// the current holder (`won` false). When the conflicting row was committed after this
+/// statement's snapshot, neither branch returns a row and the caller asks again.
+pub(crate) const ACQUIRE_OR_HOLDER: &str = "SELECT * FROM huddle_claim_acquire($1, $2, $3)";
 
 /// The claim as it stands (after an acquire lost).
 pub(crate) const CLAIM: &str = "\
@@ -191,18 +167,13 @@ SELECT holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8, NULL::bo
        closed_by
 FROM external_claim WHERE key = $1";
 
-/// Extends the lease of exactly `(key, holder, epoch)` while unexpired.
-pub(crate) const RENEW: &str = "\
-UPDATE external_claim
-SET expires_at = now() + $4::int8 * interval '1 microsecond', renewed_at = now()
-WHERE key = $1 AND holder = $2 AND epoch = $3 AND closed_by IS NULL AND expires_at > now()
-RETURNING holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8";
+/// Extends the lease of exactly `(key, holder, epoch)` while unexpired, when this
+/// role acquired it.
+pub(crate) const RENEW: &str = "SELECT * FROM huddle_claim_renew($1, $2, $3, $4)";
 
-/// Expires exactly `(key, holder, epoch)` now; the row stays so the epoch never goes
-/// backwards.
-pub(crate) const RELEASE: &str = "\
-UPDATE external_claim SET expires_at = now()
-WHERE key = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()";
+/// Expires exactly `(key, holder, epoch)` now, when this role acquired it; the row
+/// stays so the epoch never goes backwards.
+pub(crate) const RELEASE: &str = "SELECT huddle_claim_release($1, $2, $3)";
 
 /// Claims under a key prefix, in byte order of the key.
 pub(crate) const LIST_CLAIMS: &str = "\

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use huddle_core::InteractionId;
+use huddle_core::{InteractionId, Timestamp};
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::conn::now_us;
@@ -106,8 +106,8 @@ fn claim_state(row: &Row<'_>) -> rusqlite::Result<std::result::Result<ClaimState
         Ok::<_, rusqlite::Error>(ClaimState {
             key: row.get(0)?,
             holder: row.get(1)?,
-            epoch: row.get(2)?,
-            expires_at: row.get(3)?,
+            epoch: Epoch(row.get(2)?),
+            expires_at: Timestamp(row.get(3)?),
         })
     })();
     Ok(decoded.map_err(|e| format!("corrupt claim row: {e}")))
@@ -165,7 +165,7 @@ pub(crate) fn renew(
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let renewed = tx
         .prepare_cached(RENEW)?
-        .query_row(params![key, holder, epoch, ttl_us(ttl)], claim_state)
+        .query_row(params![key, holder, epoch.get(), ttl_us(ttl)], claim_state)
         .optional()?;
     tx.commit()?;
     renewed.map(|s| s.map_err(|r| corrupt(key, r))).transpose()
@@ -182,7 +182,7 @@ pub(crate) fn release(
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let changed = tx
         .prepare_cached(RELEASE)?
-        .execute(params![key, holder, epoch])?;
+        .execute(params![key, holder, epoch.get()])?;
     tx.commit()?;
     Ok(changed > 0)
 }

@@ -1,7 +1,7 @@
 //! The ledger's blocking SQL: insert a batch, check a fence, read rows back
 //! defensively.
 
-use huddle_core::{InteractionId, Limits, NewInteraction, Position, RawRow};
+use huddle_core::{InteractionId, Limits, NewInteraction, Position, RawRow, Timestamp};
 use rusqlite::types::FromSql;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
@@ -118,7 +118,9 @@ pub(crate) fn check_fence(
                 "AND closed_by IS NULL AND expires_at > ",
                 now_us!()
             ))?
-            .query_row(params![fence.key, fence.holder, fence.epoch], |_| Ok(()))
+            .query_row(params![fence.key, fence.holder, fence.epoch.get()], |_| {
+                Ok(())
+            })
             .optional()?
             .is_some(),
         Some(id) => {
@@ -130,8 +132,12 @@ pub(crate) fn check_fence(
                 now_us!(),
                 ") OR closed_by = ?4)"
             ))?
-            .execute(params![fence.key, fence.holder, fence.epoch, &id.0[..]])?
-                > 0
+            .execute(params![
+                fence.key,
+                fence.holder,
+                fence.epoch.get(),
+                &id.0[..]
+            ])? > 0
         }
     };
     if ok {
@@ -187,7 +193,7 @@ fn decode_row(row: &Row<'_>, position: Position) -> std::result::Result<RawRow, 
     Ok(RawRow {
         id: col(row, 1, "id")?,
         position,
-        at: col(row, 2, "at")?,
+        at: Timestamp(col(row, 2, "at")?),
         relay: col(row, 3, "relay")?,
         room: col(row, 4, "room")?,
         thread: col(row, 5, "thread")?,

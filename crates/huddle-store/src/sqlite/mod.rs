@@ -207,7 +207,11 @@ impl Inner {
     }
 
     fn now(&self) -> Result<Timestamp> {
-        self.read(|conn| Ok(conn.query_row(concat!("SELECT ", now_us!()), [], |r| r.get(0))?))
+        self.read(|conn| {
+            Ok(conn.query_row(concat!("SELECT ", now_us!()), [], |r| {
+                r.get(0).map(Timestamp)
+            })?)
+        })
     }
 }
 

@@ -362,7 +362,7 @@ async fn epochs_strictly_increase_across_handovers_and_expiry() {
     let b = backend().await;
     let s = b.sqlite();
     let short = Duration::from_millis(50);
-    let mut last = 0;
+    let mut last = Epoch(0);
     for round in 0..4 {
         // Alternate holders; every second round the former holder re-takes its own
         // expired claim, which must bump the epoch all the same.
@@ -403,7 +403,7 @@ async fn epochs_strictly_increase_across_handovers_and_expiry() {
             .expect_err("fenced append on an expired claim");
         assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
     }
-    assert_eq!(last, 4);
+    assert_eq!(last, Epoch(4));
     assert!(s
         .read_forward(Position::START, 10)
         .await
@@ -413,7 +413,7 @@ async fn epochs_strictly_increase_across_handovers_and_expiry() {
     let listed = s.list_claims("k").await.expect("list");
     assert_eq!(listed.len(), 1);
     assert!(!listed[0].live);
-    assert_eq!(listed[0].state.epoch, 4);
+    assert_eq!(listed[0].state.epoch, Epoch(4));
 }
 
 #[tokio::test]
@@ -423,7 +423,7 @@ async fn an_invalid_fenced_batch_is_refused_before_the_fence_is_checked() {
     let fence = Fence {
         key: "nobody".into(),
         holder: "h".into(),
-        epoch: 1,
+        epoch: Epoch(1),
     };
     let err = s
         .append_fenced(&fence, vec![message("a/b", "x")])
