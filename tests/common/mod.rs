@@ -30,25 +30,29 @@ use std::time::{Duration, Instant};
 /// and profile that runs the tests.
 pub fn huddle_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "huddle-cli", "--bin", "huddle"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("run cargo build for the huddle binary");
-        assert!(status.success(), "building the huddle binary failed");
-        // target/debug/deps/<test> -> target/debug/huddle
-        let exe = std::env::current_exe().expect("current_exe");
-        let dir = exe
-            .parent()
-            .and_then(|p| p.parent())
-            .expect("test binary lives in target/<profile>/deps");
-        let bin = dir.join("huddle");
-        assert!(bin.exists(), "no huddle binary at {}", bin.display());
-        bin
-    })
-    .clone()
+    BIN.get_or_init(|| workspace_bin("huddle-cli", "huddle"))
+        .clone()
+}
+
+/// Builds binary `bin` of workspace package `package` with the cargo and profile that
+/// run the tests, and returns its path.
+pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--quiet", "-p", package, "--bin", bin])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .unwrap_or_else(|e| panic!("run cargo build for {bin}: {e}"));
+    assert!(status.success(), "building {bin} failed");
+    // target/debug/deps/<test> -> target/debug/<bin>
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("test binary lives in target/<profile>/deps");
+    let path = dir.join(bin);
+    assert!(path.exists(), "no {bin} binary at {}", path.display());
+    path
 }
 
 /// Where the tests' owner keys live (`HUDDLE_KEYS` of every [`huddle`] command):

@@ -185,6 +185,13 @@ pub enum DriverSpec {
         /// Turn timeout.
         timeout_ms: u64,
     },
+    /// A long-lived ACP agent.
+    Acp {
+        /// Program and arguments.
+        command: Vec<String>,
+        /// Its working directory.
+        cwd: PathBuf,
+    },
 }
 
 /// One agent in a relay's configuration.
@@ -240,6 +247,20 @@ impl AgentSpec {
     }
 }
 
+impl AgentSpec {
+    /// An ACP agent running `command` in `cwd`.
+    pub fn acp(key: &str, command: Vec<String>, cwd: &Path) -> Self {
+        AgentSpec {
+            key: key.into(),
+            driver: DriverSpec::Acp {
+                command,
+                cwd: cwd.to_path_buf(),
+            },
+            capabilities: Vec::new(),
+        }
+    }
+}
+
 /// A TOML basic string (JSON string escapes are a subset TOML accepts).
 fn toml_str(s: &str) -> String {
     serde_json::to_string(s).expect("a string serializes")
@@ -278,6 +299,15 @@ pub fn relay_toml(id: &str, database: &str, rooms: &[&str], agents: &[AgentSpec]
                     t,
                     "driver = \"exec\"\nexec = {{ command = [{}], timeout_ms = {timeout_ms} }}",
                     cmd.join(", ")
+                );
+            }
+            DriverSpec::Acp { command, cwd } => {
+                let cmd: Vec<String> = command.iter().map(|c| toml_str(c)).collect();
+                let _ = writeln!(
+                    t,
+                    "driver = \"acp\"\nacp = {{ command = [{}], cwd = {}, permissions = \"deny\" }}",
+                    cmd.join(", "),
+                    toml_str(&cwd.display().to_string())
                 );
             }
         }

@@ -91,6 +91,10 @@ pub enum Command {
         /// The relay configuration file.
         #[arg(long, default_value = "huddle.toml")]
         config: std::path::PathBuf,
+        /// Start every configured agent, check that it can run turns (an ACP agent
+        /// is initialised), report one line per agent and exit.
+        #[arg(long)]
+        check: bool,
     },
     /// Measure huddle beside a plain-SQL baseline in the same run.
     Bench {
@@ -285,7 +289,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Relay { config } => relay_cmd::run(&config, cli.db.clone(), cli.poll_ms).await,
+        Command::Relay {
+            config,
+            check: true,
+        } => relay_cmd::check(&config).await,
+        Command::Relay {
+            config,
+            check: false,
+        } => relay_cmd::run(&config, cli.db.clone(), cli.poll_ms).await,
         Command::Demo(args) => demo::run(args, cli.db.clone(), options).await,
         Command::Board { room, json } => state_cmds::board(&db, options, &room, json).await,
         Command::Tasks { room, json } => state_cmds::tasks(&db, options, &room, json).await,

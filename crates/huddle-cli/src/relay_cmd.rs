@@ -1,49 +1,58 @@
 //! `huddle relay --config huddle.toml`: host agents until interrupted.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::Context;
 use huddle_core::sync::LocalAgent;
-use huddle_relay::config::{DriverKind, RelayConfig};
-use huddle_relay::driver::{Driver, ExecDriver, SimDriver};
+use huddle_relay::config::RelayConfig;
 use huddle_relay::{HostedAgent, Relay, RelayOptions};
 use huddle_store::StoreOptions;
 use tokio_util::sync::CancellationToken;
 
-/// The hosted agents a configuration describes.
-pub fn hosted_agents(cfg: &RelayConfig) -> Vec<HostedAgent> {
-    cfg.agents
-        .iter()
-        .map(|a| {
-            let driver: Arc<dyn Driver> = match a.driver {
-                DriverKind::Sim => Arc::new(SimDriver::new(a.sim.clone().unwrap_or_default())),
-                DriverKind::Exec => match &a.exec {
-                    Some(exec) => Arc::new(ExecDriver::new(exec.clone())),
-                    // Checked at load: exec agents always have settings.
-                    None => Arc::new(SimDriver::new(Default::default())),
-                },
-            };
-            HostedAgent {
-                local: LocalAgent::new(a.key.clone()).with_capabilities(a.capabilities.clone()),
-                name: a.name.clone().unwrap_or_else(|| a.key.clone()),
-                driver,
+/// The hosted agents a configuration describes, their drivers started (an ACP agent's
+/// process is started and initialised here, so a bad command fails the relay's start).
+pub async fn hosted_agents(cfg: &RelayConfig) -> anyhow::Result<Vec<HostedAgent>> {
+    let mut agents = Vec::new();
+    for a in &cfg.agents {
+        let driver = a.start_driver().await.map_err(anyhow::Error::msg)?;
+        agents.push(HostedAgent {
+            local: LocalAgent::new(a.key.clone()).with_capabilities(a.capabilities.clone()),
+            name: a.name.clone().unwrap_or_else(|| a.key.clone()),
+            driver,
+        });
+    }
+    Ok(agents)
+}
+
+/// `huddle relay --check`: starts every configured agent's driver, asks it whether it
+/// can run turns, prints one line per agent and fails if any cannot.
+pub async fn check(config: &Path) -> anyhow::Result<()> {
+    ignore_sigpipe();
+    let cfg = RelayConfig::load(config)?;
+    let mut failed = 0;
+    for a in &cfg.agents {
+        let result = match a.start_driver().await {
+            Ok(driver) => driver.check().await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(what) => println!("ok    {}: {what}", a.key),
+            Err(e) => {
+                failed += 1;
+                println!("FAIL  {}: {e}", a.key);
             }
-        })
-        .collect()
+        }
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} agents cannot run", cfg.agents.len());
+    }
+    Ok(())
 }
 
 /// Runs a relay from a configuration file until Ctrl-C or SIGTERM; prints its
 /// summary (JSON) on exit.
 pub async fn run(config: &Path, db_override: Option<String>, poll_ms: u64) -> anyhow::Result<()> {
-    // `main` gives SIGPIPE its default action for the output commands; a relay writes
-    // prompts into agents' pipes, and an agent that exits without reading its prompt
-    // must fail its turn, not end the relay.
-    #[cfg(unix)]
-    // SAFETY: setting a signal's disposition to "ignore" has no handler to race with.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-    }
+    ignore_sigpipe();
     let mut cfg = RelayConfig::load(config)?;
     if let Some(db) = db_override {
         cfg.database = db;
@@ -69,7 +78,7 @@ pub async fn run(config: &Path, db_override: Option<String>, poll_ms: u64) -> an
             }
         }
     };
-    let agents = hosted_agents(&cfg);
+    let agents = hosted_agents(&cfg).await?;
     tracing::info!(relay = %cfg.relay, agents = agents.len(), rooms = ?cfg.rooms, "relay starting");
     let relay = Relay::new(
         store,
@@ -87,6 +96,17 @@ pub async fn run(config: &Path, db_override: Option<String>, poll_ms: u64) -> an
     let summary = relay.run(shutdown).await?;
     println!("{}", serde_json::to_string(&summary)?);
     Ok(())
+}
+
+/// `main` gives SIGPIPE its default action for the output commands; a relay writes
+/// prompts into agents' pipes, and an agent that exits without reading its prompt
+/// must fail its turn, not end the relay.
+fn ignore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to "ignore" has no handler to race with.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
 }
 
 async fn wait_for_signal() {

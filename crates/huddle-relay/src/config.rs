@@ -9,13 +9,18 @@
 //! key = "ada"                       # the agent's id in rooms and claims
 //! name = "Ada"
 //! capabilities = ["rust", "sql"]
-//! driver = "sim"                    # "sim" or "exec"
+//! driver = "sim"                    # "sim", "exec" or "acp"
 //! sim = { turn_ms = 300, failure_rate = 0.0, tokens = 120, seed = 7 }
 //!
 //! [[agent]]
 //! key = "bob"
 //! driver = "exec"
 //! exec = { command = ["./my-agent", "--quiet"], timeout_ms = 120000 }
+//!
+//! [[agent]]
+//! key = "cleo"
+//! driver = "acp"                    # an Agent Client Protocol agent, kept running
+//! acp = { preset = "claude-code", cwd = "./work/cleo", permissions = "read-only" }
 //! ```
 //!
 //! Unknown keys and bad values are rejected at start with the file, the line and the
@@ -23,12 +28,15 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::sync::Arc;
 
 use huddle_core::{validate_name, Limits};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::driver::{ExecSettings, SimSettings};
+use crate::driver::{
+    AcpDriver, AcpSettings, Driver, ExecDriver, ExecSettings, SimDriver, SimSettings,
+};
 
 /// A configuration error, naming the file and, when known, the line.
 #[derive(Debug, Error)]
@@ -50,6 +58,18 @@ pub enum DriverKind {
     Sim,
     /// A command per turn.
     Exec,
+    /// A long-lived Agent Client Protocol agent.
+    Acp,
+}
+
+impl DriverKind {
+    fn name(self) -> &'static str {
+        match self {
+            DriverKind::Sim => "sim",
+            DriverKind::Exec => "exec",
+            DriverKind::Acp => "acp",
+        }
+    }
 }
 
 /// One hosted agent.
@@ -72,6 +92,33 @@ pub struct AgentConfig {
     /// Exec settings (for `driver = "exec"`).
     #[serde(default)]
     pub exec: Option<ExecSettings>,
+    /// ACP settings (for `driver = "acp"`).
+    #[serde(default)]
+    pub acp: Option<AcpSettings>,
+}
+
+impl AgentConfig {
+    /// Starts the agent's driver: an ACP agent's process is started and initialised
+    /// here, so a command that is missing or fails to initialise is reported at
+    /// relay start.
+    pub async fn start_driver(&self) -> Result<Arc<dyn Driver>, String> {
+        let fail = |e: String| format!("agent {:?}: {e}", self.key);
+        Ok(match self.driver {
+            DriverKind::Sim => Arc::new(SimDriver::new(self.sim.clone().unwrap_or_default())),
+            DriverKind::Exec => match &self.exec {
+                Some(exec) => Arc::new(ExecDriver::new(exec.clone())),
+                None => return Err(fail("no exec table".into())),
+            },
+            DriverKind::Acp => match &self.acp {
+                Some(acp) => Arc::new(
+                    AcpDriver::start(&self.key, acp.clone())
+                        .await
+                        .map_err(fail)?,
+                ),
+                None => return Err(fail("no acp table".into())),
+            },
+        })
+    }
 }
 
 /// The whole relay configuration.
@@ -154,17 +201,24 @@ impl RelayConfig {
             if !keys.insert(a.key.clone()) {
                 return Err((at, format!("agent {:?} is listed twice", a.key)));
             }
+            let mine = a.driver.name();
+            for (name, given) in [
+                ("sim", a.sim.is_some()),
+                ("exec", a.exec.is_some()),
+                ("acp", a.acp.is_some()),
+            ] {
+                if given && name != mine {
+                    return Err((
+                        at,
+                        format!(
+                            "agent {:?}: driver is {mine} but an {name} table is given",
+                            a.key
+                        ),
+                    ));
+                }
+            }
             match a.driver {
                 DriverKind::Sim => {
-                    if a.exec.is_some() {
-                        return Err((
-                            at,
-                            format!(
-                                "agent {:?}: driver is sim but an exec table is given",
-                                a.key
-                            ),
-                        ));
-                    }
                     if let Some(sim) = &a.sim {
                         sim.validate()
                             .map_err(|r| (at.clone(), format!("agent {:?}: sim.{r}", a.key)))?;
@@ -174,14 +228,15 @@ impl RelayConfig {
                     let Some(exec) = &a.exec else {
                         return Err((at, format!("agent {:?}: driver is exec but there is no exec table with a command", a.key)));
                     };
-                    if a.sim.is_some() {
-                        return Err((
-                            at,
-                            format!("agent {:?}: driver is exec but a sim table is given", a.key),
-                        ));
-                    }
                     exec.validate()
                         .map_err(|r| (at.clone(), format!("agent {:?}: exec.{r}", a.key)))?;
+                }
+                DriverKind::Acp => {
+                    let Some(acp) = &a.acp else {
+                        return Err((at, format!("agent {:?}: driver is acp but there is no acp table (acp = {{ preset = \"claude-code\" }} or acp = {{ command = [...] }})", a.key)));
+                    };
+                    acp.validate()
+                        .map_err(|r| (at.clone(), format!("agent {:?}: acp.{r}", a.key)))?;
                 }
             }
         }
@@ -220,6 +275,85 @@ exec = { command = ["cat"] }
             c.agents[1].exec.as_ref().map(|e| e.timeout_ms),
             Some(300_000)
         );
+    }
+
+    const ACP: &str = r#"
+relay = "relay-a"
+rooms = ["lobby"]
+
+[[agent]]
+key = "ada"
+driver = "acp"
+acp = { command = ["claude-code-acp"], cwd = "./work/ada", permissions = "read-only", turn_timeout_ms = 600000 }
+
+[[agent]]
+key = "cleo"
+driver = "acp"
+acp = { preset = "codex", permissions = ["read", "edit"] }
+"#;
+
+    #[test]
+    fn parses_acp_agents() {
+        let c = RelayConfig::parse("huddle.toml", ACP).expect("good config");
+        let ada = c.agents[0].acp.as_ref().expect("acp");
+        assert_eq!(ada.resolved_command(), ["claude-code-acp"]);
+        assert_eq!(ada.cwd.as_deref(), Some("./work/ada"));
+        let cleo = c.agents[1].acp.as_ref().expect("acp");
+        assert_eq!(cleo.resolved_command(), ["codex-acp"]);
+        assert_eq!(cleo.turn_timeout_ms, 600_000);
+        assert_eq!(
+            cleo.permissions,
+            crate::driver::PermissionPolicy::Kinds(vec!["read".into(), "edit".into()])
+        );
+    }
+
+    #[test]
+    fn bad_acp_settings_name_line_and_reason() {
+        let cases = [
+            (
+                ACP.replace("preset = \"codex\"", "preset = \"vim\""),
+                13,
+                "vim",
+            ),
+            (ACP.replace("\"read-only\"", "\"yolo\""), 6, "yolo"),
+            (
+                ACP.replace("[\"read\", \"edit\"]", "[\"teleport\"]"),
+                11,
+                "teleport",
+            ),
+            (
+                ACP.replace("preset = \"codex\", ", ""),
+                11,
+                "command or preset",
+            ),
+            (
+                ACP.replace("turn_timeout_ms = 600000", "turn_timeout_ms = 0"),
+                6,
+                "turn_timeout_ms",
+            ),
+            (ACP.replace("cwd = ", "colour = \"x\", cwd = "), 8, "colour"),
+            (
+                ACP.replace(
+                    "acp = { preset = \"codex\", permissions = [\"read\", \"edit\"] }",
+                    "",
+                ),
+                11,
+                "no acp table",
+            ),
+            (
+                ACP.replace(
+                    "driver = \"acp\"\nacp = { preset",
+                    "driver = \"sim\"\nacp = { preset",
+                ),
+                11,
+                "driver is sim but an acp table",
+            ),
+        ];
+        for (text, line, needle) in cases {
+            let e = RelayConfig::parse("f.toml", &text).unwrap_err();
+            assert_eq!(e.line, Some(line), "{e}");
+            assert!(e.reason.contains(needle), "{e} lacks {needle:?}");
+        }
     }
 
     #[test]

@@ -100,8 +100,49 @@ fn cut(mut bytes: Vec<u8>, max: usize) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// Where `program` would be run from: itself when it names a path (relative to `cwd`
+/// when given), else the first executable of that name on `PATH`.
+fn find_program(program: &str, cwd: Option<&str>) -> Option<std::path::PathBuf> {
+    use std::path::Path;
+    let executable = |p: &Path| {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        }
+        #[cfg(not(unix))]
+        {
+            p.is_file()
+        }
+    };
+    if program.contains('/') {
+        let p = match cwd {
+            Some(dir) => Path::new(dir).join(program),
+            None => Path::new(program).to_path_buf(),
+        };
+        return executable(&p).then_some(p);
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(program))
+        .find(|p| executable(p))
+}
+
 #[async_trait]
 impl Driver for ExecDriver {
+    async fn check(&self) -> Result<String, String> {
+        let program = self
+            .settings
+            .command
+            .first()
+            .map(String::as_str)
+            .unwrap_or("");
+        match find_program(program, self.settings.cwd.as_deref()) {
+            Some(p) => Ok(format!("exec {}", p.display())),
+            None => Err(format!("exec: no executable {program:?}")),
+        }
+    }
+
     async fn run(&self, request: TurnRequest, cancel: CancellationToken) -> TurnOutcome {
         let s = &self.settings;
         let Some((program, args)) = s.command.split_first() else {
@@ -377,6 +418,23 @@ mod tests {
         );
         let (leader, grandchild) = started(dir.path()).await;
         assert!(!runs(leader) && !runs(grandchild));
+    }
+
+    #[tokio::test]
+    async fn check_finds_the_program() {
+        assert!(sh("true", 1000)
+            .check()
+            .await
+            .is_ok_and(|s| s.contains("/sh")));
+        let missing = ExecDriver::new(ExecSettings {
+            command: vec!["no-such-agent-program".into()],
+            timeout_ms: 1000,
+            max_reply_bytes: 10,
+            cwd: None,
+            stop_grace_ms: 0,
+        });
+        let e = missing.check().await.unwrap_err();
+        assert!(e.contains("no-such-agent-program"), "{e}");
     }
 
     #[tokio::test]

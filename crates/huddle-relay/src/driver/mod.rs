@@ -8,10 +8,12 @@
 //! A driver that starts processes starts them through [`AgentProcess`], which ties
 //! them to the turn and to the relay's life (plan 0013).
 
+pub mod acp;
 mod exec;
 pub mod process;
 mod sim;
 
+pub use acp::{AcpDriver, AcpPreset, AcpSettings, PermissionPolicy};
 pub use exec::{ExecDriver, ExecSettings};
 pub use process::AgentProcess;
 pub use sim::{SimDriver, SimSettings};
@@ -76,6 +78,12 @@ pub enum TurnOutcome {
 pub trait Driver: Send + Sync + 'static {
     /// Runs one turn until it ends or `cancel` fires.
     async fn run(&self, request: TurnRequest, cancel: CancellationToken) -> TurnOutcome;
+
+    /// Whether the driver can run turns, for `huddle relay --check`: what it found on
+    /// success, what is wrong otherwise. Drivers with nothing to check are ready.
+    async fn check(&self) -> Result<String, String> {
+        Ok("ready".into())
+    }
 }
 
 /// A small deterministic generator (SplitMix64) for the simulator: the same seed and
