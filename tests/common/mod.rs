@@ -158,4 +158,5 @@ impl Drop for LineChild {
 }
 
 pub mod history;
+pub mod mcp;
 pub mod relays;
