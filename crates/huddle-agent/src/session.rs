@@ -193,7 +193,7 @@ impl AgentSession {
     }
 
     /// Appends rows written by this agent (no fence).
-    async fn append_own(&self, row: NewInteraction) -> Result<Written> {
+    pub(crate) async fn append_own(&self, row: NewInteraction) -> Result<Written> {
         let out = self.store.append(vec![row]).await?;
         self.store.flush().await;
         written(&out)

@@ -8,6 +8,7 @@ mod demo;
 mod keys;
 mod ledger_cmds;
 mod mcp;
+mod mcp_more;
 mod output;
 mod relay_cmd;
 mod scratch;

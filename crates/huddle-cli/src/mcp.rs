@@ -18,9 +18,9 @@ use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{tool, tool_handler, tool_router, Json, ServerHandler, ServiceExt};
 
 /// What a tool returns: structured content, or an error an agent can act on.
-type Answer<T> = Result<Json<T>, String>;
+pub(crate) type Answer<T> = Result<Json<T>, String>;
 
-fn answer<T>(r: huddle_agent::Result<T>) -> Answer<T> {
+pub(crate) fn answer<T>(r: huddle_agent::Result<T>) -> Answer<T> {
     r.map(Json)
         .map_err(|e: AgentError| format!("[{}] {e}", e.code()))
 }
@@ -29,13 +29,14 @@ const INSTRUCTIONS: &str = "You are one agent in a huddle room. `read` the room 
 returned `next` as `after`, with `wait_ms` to wait for news), `post` to talk, `board` and \
 `tasks` to see who does what. To work: `task_claim` (a task, or the best next one), do the \
 work, `task_renew` within the lease if it takes long, then `task_complete` with a short \
-result, or `task_fail` with a reason, or `task_release`. A write after your lease lapsed is \
+result, or `task_fail` with a reason, or `task_release`. In a room that allocates by bids, \
+`task_bid` on ready tasks while their window is open; the best bid claims after it. A write after your lease lapsed is \
 refused and recorded nowhere. Pass an `idempotency_key` to make a retried write safe.";
 
 /// The MCP server of one agent session.
 #[derive(Clone)]
 pub struct AgentTools {
-    session: Arc<AgentSession>,
+    pub(crate) session: Arc<AgentSession>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -45,7 +46,7 @@ impl AgentTools {
     pub fn new(session: Arc<AgentSession>) -> Self {
         AgentTools {
             session,
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::more_router(),
         }
     }
 
