@@ -16,8 +16,6 @@ use common::*;
 use huddle_core::{Fold, Position, TaskDag, TaskStatus, Verb};
 use huddle_store::StoreOptions;
 
-const OWNER: &str = "ana";
-
 /// The Python with the MCP SDK.
 fn python() -> PathBuf {
     static PY: OnceLock<PathBuf> = OnceLock::new();
@@ -67,40 +65,6 @@ fn script(name: &str, db: &str, room: &str) -> Command {
         .env("HUDDLE_LOG", "warn")
         .env_remove("RUST_LOG");
     c
-}
-
-/// A room owned by `ana` with `tasks` as `(id, deps)` and the given claim TTL,
-/// written as the owner's signed `!config` and `!delegate` with the rows a relay
-/// appends for them.
-async fn seed(db: &str, room: &str, tasks: &[(String, Vec<String>)], claim_ttl_ms: u64) {
-    ok({
-        let mut c = huddle(db);
-        c.args(["room", "create", room, "--owner", OWNER]);
-        c
-    });
-    let store = huddle_store::open(db, StoreOptions::default())
-        .await
-        .expect("open the database");
-    let mut delegate = String::from("!delegate");
-    for (id, deps) in tasks {
-        delegate.push_str(&format!("\n{id}: do {id}"));
-        if !deps.is_empty() {
-            delegate.push_str(&format!(" [after {}]", deps.join(", ")));
-        }
-    }
-    let config = format!("!config claim-ttl {claim_ttl_ms}ms max-attempts 5");
-    let mut commands = vec![config.as_str()];
-    if !tasks.is_empty() {
-        commands.push(&delegate);
-    }
-    // The signed commands and the rows a relay appends for them; the room itself was
-    // created above with the same owner key.
-    let rows =
-        huddle_core::seed_room(room, OWNER, &owner_key(OWNER), &commands).expect("seed commands");
-    let rows = &rows[1..];
-    for chunk in rows.chunks(100) {
-        store.append(chunk.to_vec()).await.expect("seed the room");
-    }
 }
 
 async fn fold(db: &str, room: &str) -> (TaskDag, usize) {
@@ -156,7 +120,7 @@ async fn a_python_client_lists_and_calls_every_tool() {
         ("b".to_string(), vec!["a".to_string()]),
         ("c".to_string(), vec![]),
     ];
-    seed(&db, "tools", &tasks, 1000).await;
+    seed_tasks(&db, "tools", &tasks, 1000).await;
     let out = script("tools.py", &db, "tools")
         .output()
         .expect("run tools.py");
@@ -192,7 +156,7 @@ async fn eight_mcp_agents_work_a_200_task_dag_exactly_once(backend: Backend) {
             (format!("t{i}"), deps)
         })
         .collect();
-    seed(&db, room, &tasks, 2000).await;
+    seed_tasks(&db, room, &tasks, 2000).await;
     let log = dir.path().join("executions.log");
     let worker = |n: usize| {
         let agent = format!("agent{n}");

@@ -13,6 +13,7 @@ mod output;
 mod relay_cmd;
 mod scratch;
 mod state_cmds;
+mod task_cmds;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -135,6 +136,12 @@ pub enum Command {
         /// Capabilities the agent declares (comma-separated).
         #[arg(long, value_delimiter = ',')]
         capabilities: Vec<String>,
+    },
+    /// An agent's task operations without MCP (the same calls as `huddle mcp`'s
+    /// tools): claim, renew, complete, fail, release, bid.
+    Task {
+        #[command(subcommand)]
+        command: task_cmds::TaskCommand,
     },
     /// Database roles on Postgres: `init`, `add-relay`, `remove-relay`, `add-owner`,
     /// `add-reader`, ... (run with the administrator's `--db`).
@@ -321,6 +328,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             agent,
             capabilities,
         } => mcp::serve_stdio(&db, options, &room, &agent, capabilities).await,
+        Command::Task { command } => task_cmds::run(&db, options, command).await,
         Command::Admin { command } => admin::run(&db, options, command).await,
         Command::Claims { prefix, json } => ledger_cmds::claims(&db, options, &prefix, json).await,
     }
