@@ -136,6 +136,10 @@ pub enum Command {
         /// Capabilities the agent declares (comma-separated).
         #[arg(long, value_delimiter = ',')]
         capabilities: Vec<String>,
+        /// Print the snippet that registers this server (with these --room, --agent,
+        /// --capabilities and --db) in an MCP client, and exit.
+        #[arg(long, value_name = "CLIENT")]
+        print_config: Option<mcp_more::Client>,
     },
     /// An agent's task operations without MCP (the same calls as `huddle mcp`'s
     /// tools): claim, renew, complete, fail, release, bid.
@@ -327,6 +331,26 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             room,
             agent,
             capabilities,
+            print_config: Some(client),
+        } => {
+            let launch = mcp_more::Launch {
+                command: std::env::current_exe()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|_| "huddle".to_string()),
+                db: &mcp_more::absolute_db(&db),
+                room: &room,
+                agent: &agent,
+                capabilities: &capabilities,
+            };
+            eprintln!("# for {}", client.file());
+            print!("{}", launch.config(client));
+            Ok(())
+        }
+        Command::Mcp {
+            room,
+            agent,
+            capabilities,
+            print_config: None,
         } => mcp::serve_stdio(&db, options, &room, &agent, capabilities).await,
         Command::Task { command } => task_cmds::run(&db, options, command).await,
         Command::Admin { command } => admin::run(&db, options, command).await,
