@@ -135,6 +135,26 @@ async fn a_python_client_lists_and_calls_every_tool() {
     assert_eq!(dag.task("tools", "c").unwrap().owner.as_deref(), Some("cy"));
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_client_reads_and_subscribes_to_resources() {
+    let (_dir, db) = tempdb();
+    let tasks = vec![
+        ("a".to_string(), vec![]),
+        ("b".to_string(), vec!["a".to_string()]),
+        ("c".to_string(), vec![]),
+    ];
+    seed_tasks(&db, "res", &tasks, 60_000).await;
+    let out = script("resources.py", &db, "res")
+        .output()
+        .expect("run resources.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("OK"),
+        "resources.py failed\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 on_both_backends!(eight_mcp_agents_work_a_200_task_dag_exactly_once);
 
 /// Eight `huddle mcp` processes (eight agents) work a 200-task DAG through

@@ -9,6 +9,7 @@ mod keys;
 mod ledger_cmds;
 mod mcp;
 mod mcp_more;
+mod mcp_resources;
 mod output;
 mod relay_cmd;
 mod scratch;
