@@ -112,24 +112,29 @@ fn tempdb() -> (tempfile::TempDir, String) {
     (dir, path)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_python_client_lists_and_calls_every_tool() {
-    let (_dir, db) = tempdb();
+/// Runs the client script `name` on a fresh room `room` (tasks a, b after a, c; the
+/// given claim TTL) and asserts it printed OK; returns the database.
+async fn run_client(name: &str, room: &str, claim_ttl_ms: u64) -> (tempfile::TempDir, String) {
+    let (dir, db) = tempdb();
     let tasks = vec![
         ("a".to_string(), vec![]),
         ("b".to_string(), vec!["a".to_string()]),
         ("c".to_string(), vec![]),
     ];
-    seed_tasks(&db, "tools", &tasks, 1000).await;
-    let out = script("tools.py", &db, "tools")
-        .output()
-        .expect("run tools.py");
+    seed_tasks(&db, room, &tasks, claim_ttl_ms).await;
+    let out = script(name, &db, room).output().expect("run the client");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("OK"),
-        "tools.py failed\nstdout: {stdout}\nstderr: {}",
+        "{name} failed\nstdout: {stdout}\nstderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    (dir, db)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_client_lists_and_calls_every_tool() {
+    let (_dir, db) = run_client("tools.py", "tools", 1000).await;
     let (dag, completions) = fold(&db, "tools").await;
     assert_eq!(completions, 2, "a and c, once each");
     assert_eq!(dag.task("tools", "c").unwrap().owner.as_deref(), Some("cy"));
@@ -137,22 +142,7 @@ async fn a_python_client_lists_and_calls_every_tool() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_python_client_reads_and_subscribes_to_resources() {
-    let (_dir, db) = tempdb();
-    let tasks = vec![
-        ("a".to_string(), vec![]),
-        ("b".to_string(), vec!["a".to_string()]),
-        ("c".to_string(), vec![]),
-    ];
-    seed_tasks(&db, "res", &tasks, 60_000).await;
-    let out = script("resources.py", &db, "res")
-        .output()
-        .expect("run resources.py");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("OK"),
-        "resources.py failed\nstdout: {stdout}\nstderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_client("resources.py", "res", 60_000).await;
 }
 
 on_both_backends!(eight_mcp_agents_work_a_200_task_dag_exactly_once);

@@ -7,32 +7,21 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 
+/// The server's command line for room lobby, agent bo with two capabilities.
+const ARGS: [&str; 7] = [
+    "mcp",
+    "--room",
+    "lobby",
+    "--agent",
+    "bo",
+    "--capabilities",
+    "rust,sql",
+];
+
 fn print_config(client: &str) -> String {
     let mut c = huddle("sqlite:///srv/huddle.db");
-    c.args([
-        "mcp",
-        "--room",
-        "lobby",
-        "--agent",
-        "bo",
-        "--capabilities",
-        "rust,sql",
-        "--print-config",
-        client,
-    ]);
+    c.args(ARGS).args(["--print-config", client]);
     ok(c)
-}
-
-fn expected_args() -> Value {
-    json!([
-        "mcp",
-        "--room",
-        "lobby",
-        "--agent",
-        "bo",
-        "--capabilities",
-        "rust,sql"
-    ])
 }
 
 #[test]
@@ -44,7 +33,7 @@ fn every_client_snippet_parses_and_names_the_command_line() {
             .unwrap_or_else(|e| panic!("{client}: not JSON ({e}): {out}"));
         let server = &doc["mcpServers"]["huddle"];
         assert_eq!(server["command"], json!(bin), "{client}: {out}");
-        assert_eq!(server["args"], expected_args(), "{client}: {out}");
+        assert_eq!(server["args"], json!(ARGS), "{client}: {out}");
         assert_eq!(
             server["env"]["HUDDLE_DB"], "sqlite:///srv/huddle.db",
             "{client}"
@@ -62,18 +51,7 @@ fn every_client_snippet_parses_and_names_the_command_line() {
         .iter()
         .filter_map(|a| a.as_str())
         .collect();
-    assert_eq!(
-        args,
-        [
-            "mcp",
-            "--room",
-            "lobby",
-            "--agent",
-            "bo",
-            "--capabilities",
-            "rust,sql"
-        ]
-    );
+    assert_eq!(args, ARGS);
     assert_eq!(
         server["env"]["HUDDLE_DB"].as_str(),
         Some("sqlite:///srv/huddle.db")

@@ -49,6 +49,29 @@ impl Fencing {
     }
 }
 
+/// What `fail` and `release` take.
+#[derive(Args, Debug)]
+pub struct GiveBack {
+    /// The task.
+    task: String,
+    /// Why.
+    #[arg(long)]
+    reason: Option<String>,
+    #[command(flatten)]
+    fencing: Fencing,
+}
+
+impl From<GiveBack> for GiveBackArgs {
+    fn from(g: GiveBack) -> Self {
+        GiveBackArgs {
+            task: g.task,
+            reason: g.reason,
+            epoch: g.fencing.epoch(),
+            idempotency_key: g.fencing.idempotency_key,
+        }
+    }
+}
+
 /// `huddle task ...`
 #[derive(Subcommand, Debug)]
 pub enum TaskCommand {
@@ -89,25 +112,15 @@ pub enum TaskCommand {
     Fail {
         #[command(flatten)]
         who: Agent,
-        /// The task.
-        task: String,
-        /// Why.
-        #[arg(long)]
-        reason: Option<String>,
         #[command(flatten)]
-        fencing: Fencing,
+        args: GiveBack,
     },
     /// Give a task back without failing it.
     Release {
         #[command(flatten)]
         who: Agent,
-        /// The task.
-        task: String,
-        /// Why.
-        #[arg(long)]
-        reason: Option<String>,
         #[command(flatten)]
-        fencing: Fencing,
+        args: GiveBack,
     },
     /// Bid on a ready task while its bid window is open (allocation bid).
     Bid {
@@ -205,30 +218,8 @@ pub async fn run(db: &str, options: StoreOptions, command: TaskCommand) -> anyho
                 .map_err(refusal)?;
             show(json, &r, || written(&r))
         }
-        TaskCommand::Fail {
-            task,
-            reason,
-            fencing,
-            ..
-        } => {
-            let r = me
-                .task_fail(give_back(task, reason, fencing))
-                .await
-                .map_err(refusal)?;
-            show(json, &r, || written(&r))
-        }
-        TaskCommand::Release {
-            task,
-            reason,
-            fencing,
-            ..
-        } => {
-            let r = me
-                .task_release(give_back(task, reason, fencing))
-                .await
-                .map_err(refusal)?;
-            show(json, &r, || written(&r))
-        }
+        TaskCommand::Fail { args, .. } => give_back(&me, json, true, args.into()).await,
+        TaskCommand::Release { args, .. } => give_back(&me, json, false, args.into()).await,
         TaskCommand::Bid {
             task,
             load,
@@ -266,13 +257,20 @@ pub async fn run(db: &str, options: StoreOptions, command: TaskCommand) -> anyho
     }
 }
 
-fn give_back(task: String, reason: Option<String>, fencing: Fencing) -> GiveBackArgs {
-    GiveBackArgs {
-        task,
-        reason,
-        epoch: fencing.epoch(),
-        idempotency_key: fencing.idempotency_key,
+/// `fail` (when `fail`) or `release`.
+async fn give_back(
+    me: &AgentSession,
+    json: bool,
+    fail: bool,
+    args: GiveBackArgs,
+) -> anyhow::Result<()> {
+    let r = if fail {
+        me.task_fail(args).await
+    } else {
+        me.task_release(args).await
     }
+    .map_err(refusal)?;
+    show(json, &r, || written(&r))
 }
 
 /// A session's refusal as the MCP tool words it: `[code] message`.
