@@ -6,57 +6,19 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use common::mcp::{mcp_python, mcp_scripts};
 use common::relays::{Backend, TestDatabase};
 use common::*;
 use huddle_core::{Fold, Position, TaskDag, TaskStatus, Verb};
 use huddle_store::StoreOptions;
 
-/// The Python with the MCP SDK.
-fn python() -> PathBuf {
-    static PY: OnceLock<PathBuf> = OnceLock::new();
-    PY.get_or_init(|| {
-        if let Ok(p) = std::env::var("HUDDLE_MCP_PYTHON") {
-            return PathBuf::from(p);
-        }
-        let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv");
-        let py = venv.join("bin/python");
-        let has_sdk = |py: &Path| {
-            Command::new(py)
-                .args(["-c", "import mcp.client.stdio"])
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !has_sdk(&py) {
-            let made = Command::new("python3")
-                .args(["-m", "venv"])
-                .arg(&venv)
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(made, "cannot create a Python venv at {}: install python3-venv", venv.display());
-            let installed = Command::new(venv.join("bin/pip"))
-                .args(["install", "--quiet", "mcp"])
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(
-                installed && has_sdk(&py),
-                "cannot install the MCP Python SDK (`pip install mcp`) into {}; install it there or set HUDDLE_MCP_PYTHON",
-                venv.display()
-            );
-        }
-        py
-    })
-    .clone()
-}
-
 /// A Python client script of `tests/mcp` with the environment it reads.
 fn script(name: &str, db: &str, room: &str) -> Command {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
-    let mut c = Command::new(python());
+    let dir = mcp_scripts();
+    let mut c = Command::new(mcp_python());
     c.arg(dir.join(name))
         .env("PYTHONPATH", &dir)
         .env("HUDDLE_BIN", huddle_bin())

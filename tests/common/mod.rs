@@ -192,4 +192,5 @@ impl Drop for LineChild {
 }
 
 pub mod history;
+pub mod mcp;
 pub mod relays;

@@ -5,6 +5,7 @@ use std::path::Path;
 use anyhow::Context;
 use huddle_core::sync::LocalAgent;
 use huddle_relay::config::RelayConfig;
+use huddle_relay::driver::McpLaunch;
 use huddle_relay::{HostedAgent, Relay, RelayOptions};
 use huddle_store::StoreOptions;
 use tokio_util::sync::CancellationToken;
@@ -12,9 +13,13 @@ use tokio_util::sync::CancellationToken;
 /// The hosted agents a configuration describes, their drivers started (an ACP agent's
 /// process is started and initialised here, so a bad command fails the relay's start).
 pub async fn hosted_agents(cfg: &RelayConfig) -> anyhow::Result<Vec<HostedAgent>> {
+    let mcp = mcp_launch(cfg);
     let mut agents = Vec::new();
     for a in &cfg.agents {
-        let driver = a.start_driver().await.map_err(anyhow::Error::msg)?;
+        let driver = a
+            .start_driver(mcp.as_ref())
+            .await
+            .map_err(anyhow::Error::msg)?;
         agents.push(HostedAgent {
             local: LocalAgent::new(a.key.clone()).with_capabilities(a.capabilities.clone()),
             name: a.name.clone().unwrap_or_else(|| a.key.clone()),
@@ -24,14 +29,31 @@ pub async fn hosted_agents(cfg: &RelayConfig) -> anyhow::Result<Vec<HostedAgent>
     Ok(agents)
 }
 
+/// How hosted agents start huddle's MCP server: this very program, on the relay's
+/// database. `None` (agents are not offered it) when the program's path is unknown.
+fn mcp_launch(cfg: &RelayConfig) -> Option<McpLaunch> {
+    match std::env::current_exe() {
+        Ok(program) => Some(McpLaunch {
+            program,
+            database: cfg.database.clone(),
+            capabilities: Vec::new(),
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot find this program's path; agents are not offered huddle's MCP tools");
+            None
+        }
+    }
+}
+
 /// `huddle relay --check`: starts every configured agent's driver, asks it whether it
 /// can run turns, prints one line per agent and fails if any cannot.
 pub async fn check(config: &Path) -> anyhow::Result<()> {
     ignore_sigpipe();
     let cfg = RelayConfig::load(config)?;
+    let mcp = mcp_launch(&cfg);
     let mut failed = 0;
     for a in &cfg.agents {
-        let result = match a.start_driver().await {
+        let result = match a.start_driver(mcp.as_ref()).await {
             Ok(driver) => driver.check().await,
             Err(e) => Err(e),
         };

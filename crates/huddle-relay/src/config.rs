@@ -16,6 +16,7 @@
 //! key = "bob"
 //! driver = "exec"
 //! exec = { command = ["./my-agent", "--quiet"], timeout_ms = 120000 }
+//! mcp = false                       # withhold huddle's MCP tools (offered by default)
 //!
 //! [[agent]]
 //! key = "cleo"
@@ -35,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::driver::{
-    AcpDriver, AcpSettings, Driver, ExecDriver, ExecSettings, SimDriver, SimSettings,
+    AcpDriver, AcpSettings, Driver, ExecDriver, ExecSettings, McpLaunch, SimDriver, SimSettings,
 };
 
 /// A configuration error, naming the file and, when known, the line.
@@ -95,23 +96,39 @@ pub struct AgentConfig {
     /// ACP settings (for `driver = "acp"`).
     #[serde(default)]
     pub acp: Option<AcpSettings>,
+    /// Whether the agent is offered huddle's MCP tools (exec: `HUDDLE_MCP`; acp: the
+    /// sessions' `mcpServers`), so that it can also act for itself. On by default.
+    #[serde(default = "offer_mcp")]
+    pub mcp: bool,
+}
+
+fn offer_mcp() -> bool {
+    true
 }
 
 impl AgentConfig {
     /// Starts the agent's driver: an ACP agent's process is started and initialised
     /// here, so a command that is missing or fails to initialise is reported at
     /// relay start.
-    pub async fn start_driver(&self) -> Result<Arc<dyn Driver>, String> {
+    ///
+    /// `mcp` is how to start huddle's MCP server (the relay's program and database);
+    /// the agent is offered it unless its `mcp = false`. The simulator ignores it.
+    pub async fn start_driver(&self, mcp: Option<&McpLaunch>) -> Result<Arc<dyn Driver>, String> {
         let fail = |e: String| format!("agent {:?}: {e}", self.key);
+        let mcp = mcp.filter(|_| self.mcp).map(|m| McpLaunch {
+            capabilities: self.capabilities.clone(),
+            ..m.clone()
+        });
         Ok(match self.driver {
             DriverKind::Sim => Arc::new(SimDriver::new(self.sim.clone().unwrap_or_default())),
-            DriverKind::Exec => match &self.exec {
-                Some(exec) => Arc::new(ExecDriver::new(exec.clone())),
-                None => return Err(fail("no exec table".into())),
+            DriverKind::Exec => match (&self.exec, mcp) {
+                (Some(exec), Some(mcp)) => Arc::new(ExecDriver::new(exec.clone()).with_mcp(mcp)),
+                (Some(exec), None) => Arc::new(ExecDriver::new(exec.clone())),
+                (None, _) => return Err(fail("no exec table".into())),
             },
             DriverKind::Acp => match &self.acp {
                 Some(acp) => Arc::new(
-                    AcpDriver::start(&self.key, acp.clone())
+                    AcpDriver::start_offering(&self.key, acp.clone(), mcp)
                         .await
                         .map_err(fail)?,
                 ),

@@ -154,6 +154,45 @@ async fn a_thread_keeps_its_session_across_turns() {
 }
 
 #[tokio::test]
+async fn every_session_is_offered_huddles_mcp_server_for_its_room() {
+    let w = World::new();
+    let launch = huddle_relay::driver::McpLaunch {
+        program: "/usr/local/bin/huddle".into(),
+        database: "postgres://ada:secret@db/huddle".into(),
+        capabilities: vec!["rust".into()],
+    };
+    let d = AcpDriver::start_offering("ada", w.settings(&[]), Some(launch))
+        .await
+        .expect("the agent starts");
+    assert_eq!(reply(&d, "t1", "@say hi").await, "hi");
+    let mut other = turn("t9", "@say there");
+    other.room = "ops".into();
+    match d.run(other, CancellationToken::new()).await {
+        TurnOutcome::Replied { text, .. } => assert_eq!(text, "there"),
+        o => panic!("{o:?}"),
+    }
+    let offered: Vec<String> = w
+        .events()
+        .into_iter()
+        .filter(|e| e.starts_with("mcp "))
+        .collect();
+    // One server per new session, for the session's room; the database travels in
+    // the environment, never in the arguments.
+    assert_eq!(
+        offered,
+        [
+            "mcp huddle /usr/local/bin/huddle mcp --room lobby --agent ada --capabilities rust env HUDDLE_DB",
+            "mcp huddle /usr/local/bin/huddle mcp --room ops --agent ada --capabilities rust env HUDDLE_DB",
+        ]
+    );
+    // Without the offer, sessions get no server.
+    let w2 = World::new();
+    let plain = start(w2.settings(&[])).await;
+    assert_eq!(reply(&plain, "t", "@say x").await, "x");
+    assert_eq!(w2.count("mcp "), 0, "{:?}", w2.events());
+}
+
+#[tokio::test]
 async fn a_cancelled_turn_ends_within_a_bound_without_a_reply() {
     let w = World::new();
     let d = std::sync::Arc::new(start(w.settings(&[])).await);

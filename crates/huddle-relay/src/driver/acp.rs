@@ -31,11 +31,11 @@ use std::time::{Duration, Instant};
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, ContentBlock, Implementation, InitializeRequest, InitializeResponse,
-    LoadSessionRequest, NewSessionRequest, PermissionOptionKind, PromptRequest, PromptResponse,
-    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
-    SelectedPermissionOutcome, SessionId, SessionNotification, SessionUpdate, StopReason,
-    TextContent, ToolKind,
+    CancelNotification, ContentBlock, EnvVariable, Implementation, InitializeRequest,
+    InitializeResponse, LoadSessionRequest, McpServer, McpServerStdio, NewSessionRequest,
+    PermissionOptionKind, PromptRequest, PromptResponse, RequestPermissionOutcome,
+    RequestPermissionRequest, RequestPermissionResponse, SelectedPermissionOutcome, SessionId,
+    SessionNotification, SessionUpdate, StopReason, TextContent, ToolKind,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, ByteStreams, Client};
@@ -47,7 +47,7 @@ use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, info, warn};
 
-use super::{AgentProcess, Driver, TurnOutcome, TurnRequest};
+use super::{AgentProcess, Driver, McpLaunch, TurnOutcome, TurnRequest};
 
 /// The ACP agents huddle knows the commands of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -301,6 +301,8 @@ struct Inner {
     stop: CancellationToken,
     /// What `initialize` negotiated, for `--check`.
     negotiated: StdMutex<String>,
+    /// huddle's MCP server, offered to every session.
+    mcp: Option<McpLaunch>,
 }
 
 /// Drives an ACP agent: see the module documentation.
@@ -323,6 +325,17 @@ impl AcpDriver {
     /// cannot be started or does not initialise. The process is restarted whenever it
     /// exits, until the driver is dropped.
     pub async fn start(agent: &str, settings: AcpSettings) -> Result<AcpDriver, String> {
+        Self::start_offering(agent, settings, None).await
+    }
+
+    /// [`AcpDriver::start`], offering every session huddle's MCP server for the agent
+    /// in the session's room (`mcpServers` of `session/new` and `session/load`), so the
+    /// driven agent can also act: claim, post, vote.
+    pub async fn start_offering(
+        agent: &str,
+        settings: AcpSettings,
+        mcp: Option<McpLaunch>,
+    ) -> Result<AcpDriver, String> {
         settings.validate()?;
         let command = settings.resolved_command();
         let cwd = match &settings.cwd {
@@ -352,6 +365,7 @@ impl AcpDriver {
             routes: StdMutex::new(HashMap::new()),
             stop: stop.clone(),
             negotiated: StdMutex::new(String::new()),
+            mcp,
         });
         let (first_tx, first_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(inner.clone().supervise(first_tx));
@@ -734,12 +748,27 @@ impl Inner {
         }
     }
 
+    /// The MCP servers a session in `room` is offered: huddle's, for this agent.
+    fn mcp_servers(&self, room: &str) -> Vec<McpServer> {
+        self.mcp
+            .iter()
+            .map(|m| {
+                McpServer::Stdio(
+                    McpServerStdio::new("huddle", m.program.clone())
+                        .args(m.args(room, &self.agent))
+                        .env(vec![EnvVariable::new("HUDDLE_DB", m.database.clone())]),
+                )
+            })
+            .collect()
+    }
+
     /// The thread's session in `live`'s process: the current one, a loaded earlier
     /// one, or a new one (with the note to prepend to the prompt when an earlier
     /// session was lost).
     async fn session(
         &self,
         live: &Live,
+        room: &str,
         thread: &str,
         slot: &mut Slot,
     ) -> Result<(SessionId, &'static str), String> {
@@ -751,7 +780,8 @@ impl Inner {
         let earlier = slot.id.take();
         if let Some(id) = &earlier {
             if live.load_session {
-                let request = LoadSessionRequest::new(id.clone(), self.cwd.clone());
+                let request = LoadSessionRequest::new(id.clone(), self.cwd.clone())
+                    .mcp_servers(self.mcp_servers(room));
                 match live.cx.send_request(request).block_task().await {
                     Ok(_) => {
                         info!(agent = %self.agent, thread, session = %id, "ACP session loaded");
@@ -767,7 +797,9 @@ impl Inner {
         }
         let response = live
             .cx
-            .send_request(NewSessionRequest::new(self.cwd.clone()))
+            .send_request(
+                NewSessionRequest::new(self.cwd.clone()).mcp_servers(self.mcp_servers(room)),
+            )
             .block_task()
             .await
             .map_err(|e| format!("session/new failed: {e}"))?;
@@ -865,7 +897,7 @@ impl Driver for AcpDriver {
             _ = &mut timeout => return timed_out(),
         };
         let (session, note) = tokio::select! {
-            r = inner.session(&live, &thread, &mut slot) => match r {
+            r = inner.session(&live, &request.room, &thread, &mut slot) => match r {
                 Ok(ok) => ok,
                 Err(reason) => return TurnOutcome::Failed { reason, tokens: 0 },
             },

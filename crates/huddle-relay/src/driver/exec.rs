@@ -4,7 +4,8 @@
 //! - The prompt goes to the child's standard input, which is then closed.
 //! - Environment: `HUDDLE_ROOM`, `HUDDLE_THREAD` (empty when none), `HUDDLE_AGENT`,
 //!   `HUDDLE_TASK` (empty when none), `HUDDLE_EPOCH` (empty when none),
-//!   `HUDDLE_ATTEMPT`.
+//!   `HUDDLE_ATTEMPT`; when the agent is offered huddle's MCP tools, `HUDDLE_MCP` (a
+//!   `sh` command line starting `huddle mcp` for this agent and room) and `HUDDLE_DB`.
 //! - Standard output is the reply (capped at `max_reply_bytes`).
 //! - A line `huddle-tokens: N` on standard error reports the tokens used; without one
 //!   the driver estimates a token per four bytes of prompt and reply.
@@ -23,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use super::{AgentProcess, Driver, TurnOutcome, TurnRequest};
+use super::{AgentProcess, Driver, McpLaunch, TurnOutcome, TurnRequest};
 
 /// Settings of an exec agent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,12 +77,23 @@ impl ExecSettings {
 #[derive(Clone, Debug)]
 pub struct ExecDriver {
     settings: ExecSettings,
+    mcp: Option<McpLaunch>,
 }
 
 impl ExecDriver {
     /// An exec driver with `settings` (validated by the caller).
     pub fn new(settings: ExecSettings) -> Self {
-        ExecDriver { settings }
+        ExecDriver {
+            settings,
+            mcp: None,
+        }
+    }
+
+    /// Offers the agent huddle's MCP tools: each turn's process gets `HUDDLE_MCP`
+    /// (the command that starts the server for the turn's room) and `HUDDLE_DB`.
+    pub fn with_mcp(mut self, launch: McpLaunch) -> Self {
+        self.mcp = Some(launch);
+        self
     }
 }
 
@@ -162,11 +174,19 @@ impl Driver for ExecDriver {
                 request.epoch.map(|e| e.to_string()).unwrap_or_default(),
             )
             .env("HUDDLE_ATTEMPT", request.attempt.to_string())
+            .env_remove("HUDDLE_MCP")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some(dir) = &s.cwd {
             cmd.current_dir(dir);
+        }
+        if let Some(mcp) = &self.mcp {
+            cmd.env(
+                "HUDDLE_MCP",
+                mcp.command_line(&request.room, &request.agent),
+            )
+            .env("HUDDLE_DB", &mcp.database);
         }
         let mut process = match AgentProcess::spawn(cmd).await {
             Ok(p) => p,

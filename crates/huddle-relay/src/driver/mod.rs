@@ -10,11 +10,13 @@
 
 pub mod acp;
 mod exec;
+mod mcp;
 pub mod process;
 mod sim;
 
 pub use acp::{AcpDriver, AcpPreset, AcpSettings, PermissionPolicy};
 pub use exec::{ExecDriver, ExecSettings};
+pub use mcp::McpLaunch;
 pub use process::AgentProcess;
 pub use sim::{SimDriver, SimSettings};
 

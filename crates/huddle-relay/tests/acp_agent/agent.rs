@@ -17,7 +17,8 @@
 //! A prompt without a reply-producing line replies `done`.
 //!
 //! Environment: `ACP_TEST_LOG` — a file each event is appended to (`start PID`,
-//! `new SID`, `prompt SID` (` with-note` added when the
+//! `new SID`, `mcp NAME COMMAND ARGS... env NAMES...` per stdio MCP server a new session
+//! is offered, `prompt SID` (` with-note` added when the
 //! prompt starts with huddle's new-session note), `task ID` for a task's prompt, `load SID`, `cancel SID`, `crash`); `ACP_TEST_LOAD=1` — advertise and
 //! support `session/load`, keeping sessions' words in `ACP_TEST_STATE` (a file) so
 //! that a later process can load them; `ACP_TEST_INIT=fail` — answer `initialize`
@@ -30,7 +31,7 @@ use std::time::Duration;
 
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, Implementation,
-    InitializeRequest, InitializeResponse, LoadSessionRequest, LoadSessionResponse,
+    InitializeRequest, InitializeResponse, LoadSessionRequest, LoadSessionResponse, McpServer,
     NewSessionRequest, NewSessionResponse, PermissionOption, PermissionOptionKind, PromptRequest,
     PromptResponse, RequestPermissionOutcome, RequestPermissionRequest, SessionId,
     SessionNotification, SessionUpdate, StopReason, TextContent, ToolCallUpdate,
@@ -61,6 +62,23 @@ fn log(event: &str) {
         {
             // One write per line: several agents may append to one log.
             let _ = f.write_all(format!("{event}\n").as_bytes());
+        }
+    }
+}
+
+/// Logs each stdio MCP server a session is offered: `mcp NAME COMMAND ARG... env
+/// NAME...` (variable names only).
+fn log_mcp_servers(servers: &[McpServer]) {
+    for server in servers {
+        if let McpServer::Stdio(s) = server {
+            let env: Vec<&str> = s.env.iter().map(|e| e.name.as_str()).collect();
+            log(&format!(
+                "mcp {} {} {} env {}",
+                s.name,
+                s.command.display(),
+                s.args.join(" "),
+                env.join(" ")
+            ));
         }
     }
 }
@@ -255,13 +273,14 @@ async fn main() -> Result<(), Error> {
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_request(
-            async move |_req: NewSessionRequest, responder: Responder<NewSessionResponse>, _cx| {
+            async move |req: NewSessionRequest, responder: Responder<NewSessionResponse>, _cx| {
                 let id = {
                     let mut st = s1.lock().expect("state");
                     st.next += 1;
                     format!("s-{}-{}", std::process::id(), st.next)
                 };
                 log(&format!("new {id}"));
+                log_mcp_servers(&req.mcp_servers);
                 responder.respond(NewSessionResponse::new(id))
             },
             agent_client_protocol::on_receive_request!(),

@@ -1,0 +1,49 @@
+//! The official MCP Python SDK for the end-to-end tests' MCP clients: installed into
+//! `target/mcp-venv` on first use (or taken from `HUDDLE_MCP_PYTHON`); failing to
+//! install it fails the test loudly.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The directory of the client scripts (`tests/mcp`).
+pub fn mcp_scripts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp")
+}
+
+/// The Python with the MCP SDK.
+pub fn mcp_python() -> PathBuf {
+    static PY: OnceLock<PathBuf> = OnceLock::new();
+    PY.get_or_init(|| {
+        if let Ok(p) = std::env::var("HUDDLE_MCP_PYTHON") {
+            return PathBuf::from(p);
+        }
+        let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv");
+        let py = venv.join("bin/python");
+        let has_sdk = |py: &Path| {
+            Command::new(py)
+                .args(["-c", "import mcp.client.stdio"])
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !has_sdk(&py) {
+            let made = Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(&venv)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(made, "cannot create a Python venv at {}: install python3-venv", venv.display());
+            let installed = Command::new(venv.join("bin/pip"))
+                .args(["install", "--quiet", "mcp"])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(
+                installed && has_sdk(&py),
+                "cannot install the MCP Python SDK (`pip install mcp`) into {}; install it there or set HUDDLE_MCP_PYTHON",
+                venv.display()
+            );
+        }
+        py
+    })
+    .clone()
+}
