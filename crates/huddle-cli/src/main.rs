@@ -128,15 +128,8 @@ pub enum Command {
     /// Serve one agent's tools (read, post, board, tasks, task_claim, ...) over the
     /// Model Context Protocol on stdin/stdout.
     Mcp {
-        /// The room the agent works in.
-        #[arg(long)]
-        room: String,
-        /// The agent this server speaks for (never taken from a tool argument).
-        #[arg(long)]
-        agent: String,
-        /// Capabilities the agent declares (comma-separated).
-        #[arg(long, value_delimiter = ',')]
-        capabilities: Vec<String>,
+        #[command(flatten)]
+        who: task_cmds::Identity,
         /// Print the snippet that registers this server (with these --room, --agent,
         /// --capabilities and --db) in an MCP client, and exit.
         #[arg(long, value_name = "CLIENT")]
@@ -329,30 +322,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Mcp {
-            room,
-            agent,
-            capabilities,
+            who,
             print_config: Some(client),
-        } => {
-            let launch = mcp_more::Launch {
-                command: std::env::current_exe()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_else(|_| "huddle".to_string()),
-                db: &mcp_more::absolute_db(&db),
-                room: &room,
-                agent: &agent,
-                capabilities: &capabilities,
-            };
-            eprintln!("# for {}", client.file());
-            print!("{}", launch.config(client));
-            Ok(())
-        }
+        } => mcp_more::print_config(&db, &who, client),
         Command::Mcp {
-            room,
-            agent,
-            capabilities,
+            who,
             print_config: None,
-        } => mcp::serve_stdio(&db, options, &room, &agent, capabilities).await,
+        } => mcp::serve_stdio(&db, options, &who.room, &who.agent, who.capabilities).await,
         Command::Task { command } => task_cmds::run(&db, options, command).await,
         Command::Admin { command } => admin::run(&db, options, command).await,
         Command::Claims { prefix, json } => ledger_cmds::claims(&db, options, &prefix, json).await,

@@ -109,6 +109,27 @@ impl Launch<'_> {
     }
 }
 
+/// `huddle mcp --print-config CLIENT`: prints the snippet for `who` on `db` (and, on
+/// standard error, where it goes).
+pub fn print_config(
+    db: &str,
+    who: &crate::task_cmds::Identity,
+    client: Client,
+) -> anyhow::Result<()> {
+    let launch = Launch {
+        command: std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "huddle".to_string()),
+        db: &absolute_db(db),
+        room: &who.room,
+        agent: &who.agent,
+        capabilities: &who.capabilities,
+    };
+    eprintln!("# for {}", client.file());
+    print!("{}", launch.config(client));
+    Ok(())
+}
+
 /// `db` with a relative SQLite path made absolute: the client starts the server in a
 /// directory of its own choosing.
 pub fn absolute_db(db: &str) -> String {

@@ -13,18 +13,25 @@ use serde::Serialize;
 
 use crate::output::format_time;
 
-/// Who acts, where, and how to print.
+/// The agent and its room, as `huddle mcp` and `huddle task` take them.
 #[derive(Args, Debug)]
-pub struct Agent {
-    /// The room.
+pub struct Identity {
+    /// The room the agent works in.
     #[arg(long)]
-    room: String,
-    /// The agent acting (as `huddle mcp --agent`).
+    pub room: String,
+    /// The agent acting (never taken from a tool argument).
     #[arg(long)]
-    agent: String,
+    pub agent: String,
     /// Capabilities the agent declares (comma-separated).
     #[arg(long, value_delimiter = ',')]
-    capabilities: Vec<String>,
+    pub capabilities: Vec<String>,
+}
+
+/// Who acts, and how to print.
+#[derive(Args, Debug)]
+pub struct Agent {
+    #[command(flatten)]
+    id: Identity,
     /// The structured result, as the MCP tool returns it.
     #[arg(long)]
     json: bool,
@@ -148,7 +155,8 @@ pub async fn run(db: &str, options: StoreOptions, command: TaskCommand) -> anyho
         | TaskCommand::Bid { who, .. } => who,
     };
     let store = huddle_store::open(db, options).await?;
-    let me = AgentSession::open(store, &who.room, &who.agent, who.capabilities.clone())
+    let id = &who.id;
+    let me = AgentSession::open(store, &id.room, &id.agent, id.capabilities.clone())
         .await
         .map_err(refusal)?;
     let json = who.json;
