@@ -15,8 +15,6 @@ use common::*;
 use huddle_core::{Fold, Position, TaskDag, TaskStatus, Verb};
 use huddle_store::StoreOptions;
 
-const OWNER: &str = "ana";
-
 /// A Python client script of `tests/mcp` with the environment it reads.
 fn script(name: &str, db: &str, room: &str) -> Command {
     let dir = mcp_scripts();
@@ -29,40 +27,6 @@ fn script(name: &str, db: &str, room: &str) -> Command {
         .env("HUDDLE_LOG", "warn")
         .env_remove("RUST_LOG");
     c
-}
-
-/// A room owned by `ana` with `tasks` as `(id, deps)` and the given claim TTL,
-/// written as the owner's signed `!config` and `!delegate` with the rows a relay
-/// appends for them.
-async fn seed(db: &str, room: &str, tasks: &[(String, Vec<String>)], claim_ttl_ms: u64) {
-    ok({
-        let mut c = huddle(db);
-        c.args(["room", "create", room, "--owner", OWNER]);
-        c
-    });
-    let store = huddle_store::open(db, StoreOptions::default())
-        .await
-        .expect("open the database");
-    let mut delegate = String::from("!delegate");
-    for (id, deps) in tasks {
-        delegate.push_str(&format!("\n{id}: do {id}"));
-        if !deps.is_empty() {
-            delegate.push_str(&format!(" [after {}]", deps.join(", ")));
-        }
-    }
-    let config = format!("!config claim-ttl {claim_ttl_ms}ms max-attempts 5");
-    let mut commands = vec![config.as_str()];
-    if !tasks.is_empty() {
-        commands.push(&delegate);
-    }
-    // The signed commands and the rows a relay appends for them; the room itself was
-    // created above with the same owner key.
-    let rows =
-        huddle_core::seed_room(room, OWNER, &owner_key(OWNER), &commands).expect("seed commands");
-    let rows = &rows[1..];
-    for chunk in rows.chunks(100) {
-        store.append(chunk.to_vec()).await.expect("seed the room");
-    }
 }
 
 async fn fold(db: &str, room: &str) -> (TaskDag, usize) {
@@ -110,27 +74,37 @@ fn tempdb() -> (tempfile::TempDir, String) {
     (dir, path)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_python_client_lists_and_calls_every_tool() {
-    let (_dir, db) = tempdb();
+/// Runs the client script `name` on a fresh room `room` (tasks a, b after a, c; the
+/// given claim TTL) and asserts it printed OK; returns the database.
+async fn run_client(name: &str, room: &str, claim_ttl_ms: u64) -> (tempfile::TempDir, String) {
+    let (dir, db) = tempdb();
     let tasks = vec![
         ("a".to_string(), vec![]),
         ("b".to_string(), vec!["a".to_string()]),
         ("c".to_string(), vec![]),
     ];
-    seed(&db, "tools", &tasks, 1000).await;
-    let out = script("tools.py", &db, "tools")
-        .output()
-        .expect("run tools.py");
+    seed_tasks(&db, room, &tasks, claim_ttl_ms).await;
+    let out = script(name, &db, room).output().expect("run the client");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("OK"),
-        "tools.py failed\nstdout: {stdout}\nstderr: {}",
+        "{name} failed\nstdout: {stdout}\nstderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    (dir, db)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_client_lists_and_calls_every_tool() {
+    let (_dir, db) = run_client("tools.py", "tools", 1000).await;
     let (dag, completions) = fold(&db, "tools").await;
     assert_eq!(completions, 2, "a and c, once each");
     assert_eq!(dag.task("tools", "c").unwrap().owner.as_deref(), Some("cy"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_client_reads_and_subscribes_to_resources() {
+    run_client("resources.py", "res", 60_000).await;
 }
 
 on_both_backends!(eight_mcp_agents_work_a_200_task_dag_exactly_once);
@@ -154,7 +128,7 @@ async fn eight_mcp_agents_work_a_200_task_dag_exactly_once(backend: Backend) {
             (format!("t{i}"), deps)
         })
         .collect();
-    seed(&db, room, &tasks, 2000).await;
+    seed_tasks(&db, room, &tasks, 2000).await;
     let log = dir.path().join("executions.log");
     let worker = |n: usize| {
         let agent = format!("agent{n}");

@@ -80,6 +80,40 @@ pub fn huddle(db: &str) -> Command {
     c
 }
 
+/// A room owned by `ana` with `tasks` as `(id, deps)` and the given claim TTL,
+/// written as the owner's signed `!config` and `!delegate` with the rows a relay
+/// appends for them.
+pub async fn seed_tasks(db: &str, room: &str, tasks: &[(String, Vec<String>)], claim_ttl_ms: u64) {
+    ok({
+        let mut c = huddle(db);
+        c.args(["room", "create", room, "--owner", "ana"]);
+        c
+    });
+    let store = huddle_store::open(db, huddle_store::StoreOptions::default())
+        .await
+        .expect("open the database");
+    let mut delegate = String::from("!delegate");
+    for (id, deps) in tasks {
+        delegate.push_str(&format!("\n{id}: do {id}"));
+        if !deps.is_empty() {
+            delegate.push_str(&format!(" [after {}]", deps.join(", ")));
+        }
+    }
+    let config = format!("!config claim-ttl {claim_ttl_ms}ms max-attempts 5");
+    let mut commands = vec![config.as_str()];
+    if !tasks.is_empty() {
+        commands.push(&delegate);
+    }
+    // The signed commands and the rows a relay appends for them; the room itself was
+    // created above with the same owner key.
+    let rows =
+        huddle_core::seed_room(room, "ana", &owner_key("ana"), &commands).expect("seed commands");
+    let rows = &rows[1..];
+    for chunk in rows.chunks(100) {
+        store.append(chunk.to_vec()).await.expect("seed the room");
+    }
+}
+
 /// Runs a command, returning its output.
 pub fn run(mut c: Command) -> Output {
     c.output().expect("spawn huddle")

@@ -14,8 +14,9 @@ class ToolError(Exception):
 
 
 @contextlib.asynccontextmanager
-async def agent(agent_key, room=None, db=None, capabilities=None):
-    """An initialised MCP client session speaking for `agent_key`."""
+async def agent(agent_key, room=None, db=None, capabilities=None, message_handler=None, modern=False):
+    """An initialised MCP client session speaking for `agent_key`: the 2025-11-25
+    handshake (`initialize`), or with `modern` the 2026-07-28 one (`server/discover`)."""
     args = ["mcp", "--room", room or os.environ["HUDDLE_ROOM"], "--agent", agent_key]
     if capabilities:
         args += ["--capabilities", ",".join(capabilities)]
@@ -23,8 +24,11 @@ async def agent(agent_key, room=None, db=None, capabilities=None):
     env["HUDDLE_DB"] = db or os.environ["HUDDLE_DB"]
     params = StdioServerParameters(command=os.environ["HUDDLE_BIN"], args=args, env=env)
     async with stdio_client(params) as (read, write):
-        async with ClientSession(read, write) as session:
-            await session.initialize()
+        async with ClientSession(read, write, message_handler=message_handler) as session:
+            if modern:
+                await session.discover()
+            else:
+                await session.initialize()
             yield session
 
 

@@ -9,7 +9,7 @@ from huddle_mcp import ToolError, agent, call
 
 EXPECTED = {
     "read", "post", "board", "tasks", "task_claim", "task_renew",
-    "task_complete", "task_fail", "task_release",
+    "task_complete", "task_fail", "task_release", "task_bid",
 }
 
 
@@ -45,6 +45,13 @@ async def main():
         assert board["tasks"]["total"] == 3, board
         tasks = await call(bo, "tasks")
         assert tasks["ready_for_you"] == ["a", "c"], tasks
+
+        # This room allocates by pull: a bid is refused and says how to take work.
+        try:
+            await call(bo, "task_bid", {"task": "a", "load": 1})
+            raise AssertionError("a bid in a pull room was accepted")
+        except ToolError as e:
+            assert "[not_biddable]" in str(e) and "task_claim" in str(e), e
 
         a = (await call(bo, "task_claim", {"task": "a"}))["claimed"]
         assert a["task"]["id"] == "a" and a["attempt"] == 1 and a["lease_ms"] == 1000, a

@@ -23,6 +23,15 @@ pub enum AgentError {
         /// Why, with what to do.
         why: String,
     },
+    /// The task cannot be bid on now (the room does not allocate by bids, the window
+    /// is closed, the task is not ready, or the agent lacks a needed capability).
+    #[error("task {task:?} cannot be bid on: {why}")]
+    NotBiddable {
+        /// Task id.
+        task: String,
+        /// Why, with what to do.
+        why: String,
+    },
     /// Another agent holds the task's claim.
     #[error("task {task:?} is held by {holder} at epoch {epoch} until {expires_at} µs (database clock); pick another task or try again after the lease lapses")]
     HeldBy {
@@ -69,6 +78,7 @@ impl AgentError {
             AgentError::NoRoom(_) => "no_room",
             AgentError::NoTask(_) => "no_task",
             AgentError::NotClaimable { .. } => "not_claimable",
+            AgentError::NotBiddable { .. } => "not_biddable",
             AgentError::HeldBy { .. } => "held_by_other",
             AgentError::NotHolder { .. } => "not_holder",
             AgentError::ReplyTaken { .. } => "reply_taken",

@@ -2,7 +2,7 @@
 //!
 //! What an agent can do in a huddle room by itself, rather than being driven by a
 //! relay: read the room (long-polling on the store's doorbell), post, see the board
-//! and the task DAG, and claim, renew, complete, fail or release tasks. One
+//! and the task DAG, bid on tasks, and claim, renew, complete, fail or release them. One
 //! implementation, [`AgentSession`], serves every front end: `huddle mcp` (the Model
 //! Context Protocol) publishes its operations as tools, with the argument and result
 //! types of [`views`] as their JSON schemas.
@@ -30,10 +30,12 @@
 //! ```
 #![warn(missing_docs)]
 
+mod bids;
 pub mod error;
 mod session;
 mod tasks;
 pub mod views;
 
+pub use bids::{BidArgs, BidResult};
 pub use error::{AgentError, Result};
 pub use session::{AgentSession, MAX_WAIT_MS};

@@ -139,6 +139,11 @@ impl AgentSession {
         &self.store
     }
 
+    /// The end of the room now, as a `read` cursor: what comes after it is new.
+    pub async fn cursor(&self) -> Result<String> {
+        Ok(self.synced().await?.cursor.to_string())
+    }
+
     /// The state, read forward to the end of the ledger.
     pub(crate) async fn synced(&self) -> Result<MutexGuard<'_, Folded>> {
         let mut st = self.state.lock().await;
@@ -193,7 +198,7 @@ impl AgentSession {
     }
 
     /// Appends rows written by this agent (no fence).
-    async fn append_own(&self, row: NewInteraction) -> Result<Written> {
+    pub(crate) async fn append_own(&self, row: NewInteraction) -> Result<Written> {
         let out = self.store.append(vec![row]).await?;
         self.store.flush().await;
         written(&out)

@@ -458,7 +458,12 @@ impl AgentSession {
         }
     }
 
-    fn row(&self, verb: Verb, body: serde_json::Value, key: Option<String>) -> NewInteraction {
+    pub(crate) fn row(
+        &self,
+        verb: Verb,
+        body: serde_json::Value,
+        key: Option<String>,
+    ) -> NewInteraction {
         let row = NewInteraction::new(
             self.room.as_str(),
             verb,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use huddle_agent::views::{ClaimArgs, CompleteArgs, GiveBackArgs, PostArgs, ReadArgs, RenewArgs};
-use huddle_agent::{AgentError, AgentSession};
+use huddle_agent::{AgentError, AgentSession, BidArgs};
 use huddle_core::signing::OwnerSecret;
 use huddle_core::tasks::TaskCreatedBody;
 use huddle_core::{Fold, NewInteraction, Position, Role, TaskDag, TaskStatus, Timestamp, Verb};
@@ -28,6 +28,11 @@ struct Room {
 impl Room {
     /// A room owned by `ana` with `tasks` as `(id, deps, max_attempts)`.
     async fn new(tasks: &[(&str, &[&str], u32)]) -> Room {
+        Room::with_config(tasks, "").await
+    }
+
+    /// As [`Room::new`], with more `!config` settings (`key value ...`).
+    async fn with_config(tasks: &[(&str, &[&str], u32)], config: &str) -> Room {
         let clock = ManualClock::new(Timestamp(1_000_000_000));
         let store: Arc<dyn Store> = Arc::new(MemoryStore::with_clock(
             StoreOptions {
@@ -48,7 +53,7 @@ impl Room {
                 delegate.push_str(&format!(" [after {}]", deps.join(", ")));
             }
         }
-        let config = format!("!config max-attempts {max}");
+        let config = format!("!config max-attempts {max} {config}");
         let mut commands = vec![config.as_str()];
         if !tasks.is_empty() {
             commands.push(&delegate);
@@ -59,7 +64,12 @@ impl Room {
     }
 
     async fn agent(&self, key: &str) -> AgentSession {
-        AgentSession::open(self.store.clone(), ROOM, key, vec![])
+        self.capable(key, &[]).await
+    }
+
+    async fn capable(&self, key: &str, capabilities: &[&str]) -> AgentSession {
+        let caps = capabilities.iter().map(|c| c.to_string()).collect();
+        AgentSession::open(self.store.clone(), ROOM, key, caps)
             .await
             .unwrap()
     }
@@ -398,4 +408,94 @@ async fn a_missing_room_is_refused_at_open() {
         .err()
         .expect("no room");
     assert_eq!(err.code(), "no_room");
+}
+
+fn bid(task: &str, load: Option<u32>, decline: bool) -> BidArgs {
+    BidArgs {
+        task: task.into(),
+        load,
+        decline,
+    }
+}
+
+#[tokio::test]
+async fn bids_decide_who_claims_after_the_window_and_losers_are_told() {
+    let room = Room::with_config(&[("a", &[], 3)], "allocation bid bid-window 1s").await;
+    let bo = room.agent("bo").await;
+    let cy = room.agent("cy").await;
+    let dee = room.agent("dee").await;
+
+    // In the window nobody claims; agents bid (or decline).
+    let err = cy.task_claim(claim("a")).await.unwrap_err();
+    assert!(
+        matches!(err, AgentError::NotClaimable { ref why, .. } if why.contains("bid window")),
+        "{err}"
+    );
+    let b = bo.task_bid(bid("a", Some(2), false)).await.unwrap();
+    assert_eq!((b.attempt, b.leader.as_deref()), (1, Some("bo")));
+    assert!(b.written.inserted);
+    let c = cy.task_bid(bid("a", None, false)).await.unwrap();
+    assert_eq!(
+        (c.load, c.leader.as_deref()),
+        (0, Some("cy")),
+        "lower load leads"
+    );
+    let d = dee.task_bid(bid("a", None, true)).await.unwrap();
+    assert!(d.decline && d.written.inserted);
+    assert_eq!(d.bidders, vec!["bo", "cy"], "a decline is not a bid");
+    // One answer per attempt: a second one writes nothing and the first stands.
+    let again = bo.task_bid(bid("a", Some(0), false)).await.unwrap();
+    assert_eq!(again.written.id, b.written.id);
+    assert!(!again.written.inserted);
+    assert_eq!(again.leader.as_deref(), Some("cy"));
+
+    // The window closes: only the winner may claim for one more window.
+    room.clock.advance(Duration::from_millis(1100));
+    let err = bo.task_claim(claim("a")).await.unwrap_err();
+    assert!(
+        matches!(err, AgentError::NotClaimable { ref why, .. } if why.contains("reserved for cy")),
+        "{err}"
+    );
+    assert!(bo
+        .task_claim(ClaimArgs::default())
+        .await
+        .unwrap()
+        .claimed
+        .is_none());
+    let late = dee.task_bid(bid("a", None, false)).await.unwrap_err();
+    assert_eq!(late.code(), "not_biddable", "{late}");
+    let won = cy
+        .task_claim(ClaimArgs::default())
+        .await
+        .unwrap()
+        .claimed
+        .unwrap();
+    assert_eq!(won.task.id, "a");
+    // The loser is told; the decliner is not a loser.
+    assert_eq!(room.rows(Verb::TaskRejected).await, 1);
+    assert_eq!(
+        room.dag()
+            .await
+            .task(ROOM, "a")
+            .unwrap()
+            .rejected
+            .keys()
+            .collect::<Vec<_>>(),
+        vec!["bo"]
+    );
+}
+
+#[tokio::test]
+async fn bids_are_refused_where_they_cannot_count() {
+    let pull = Room::new(&[("a", &[], 3)]).await;
+    let bo = pull.agent("bo").await;
+    let err = bo.task_bid(bid("a", None, false)).await.unwrap_err();
+    assert!(err.to_string().contains("not by bids"), "{err}");
+
+    let room = Room::with_config(&[("a", &[], 3), ("b", &["a"], 3)], "allocation bid").await;
+    let bo = room.agent("bo").await;
+    let err = bo.task_bid(bid("b", None, false)).await.unwrap_err();
+    assert!(err.to_string().contains("dependencies"), "{err}");
+    let err = bo.task_bid(bid("zz", None, false)).await.unwrap_err();
+    assert_eq!(err.code(), "no_task");
 }

@@ -8,10 +8,13 @@ mod demo;
 mod keys;
 mod ledger_cmds;
 mod mcp;
+mod mcp_more;
+mod mcp_resources;
 mod output;
 mod relay_cmd;
 mod scratch;
 mod state_cmds;
+mod task_cmds;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -125,15 +128,18 @@ pub enum Command {
     /// Serve one agent's tools (read, post, board, tasks, task_claim, ...) over the
     /// Model Context Protocol on stdin/stdout.
     Mcp {
-        /// The room the agent works in.
-        #[arg(long)]
-        room: String,
-        /// The agent this server speaks for (never taken from a tool argument).
-        #[arg(long)]
-        agent: String,
-        /// Capabilities the agent declares (comma-separated).
-        #[arg(long, value_delimiter = ',')]
-        capabilities: Vec<String>,
+        #[command(flatten)]
+        who: task_cmds::Identity,
+        /// Print the snippet that registers this server (with these --room, --agent,
+        /// --capabilities and --db) in an MCP client, and exit.
+        #[arg(long, value_name = "CLIENT")]
+        print_config: Option<mcp_more::Client>,
+    },
+    /// An agent's task operations without MCP (the same calls as `huddle mcp`'s
+    /// tools): claim, renew, complete, fail, release, bid.
+    Task {
+        #[command(subcommand)]
+        command: task_cmds::TaskCommand,
     },
     /// Database roles on Postgres: `init`, `add-relay`, `remove-relay`, `add-owner`,
     /// `add-reader`, ... (run with the administrator's `--db`).
@@ -316,10 +322,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Mcp {
-            room,
-            agent,
-            capabilities,
-        } => mcp::serve_stdio(&db, options, &room, &agent, capabilities).await,
+            who,
+            print_config: Some(client),
+        } => mcp_more::print_config(&db, &who, client),
+        Command::Mcp {
+            who,
+            print_config: None,
+        } => mcp::serve_stdio(&db, options, &who.room, &who.agent, who.capabilities).await,
+        Command::Task { command } => task_cmds::run(&db, options, command).await,
         Command::Admin { command } => admin::run(&db, options, command).await,
         Command::Claims { prefix, json } => ledger_cmds::claims(&db, options, &prefix, json).await,
     }

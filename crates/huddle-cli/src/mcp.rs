@@ -14,13 +14,20 @@ use huddle_agent::{AgentError, AgentSession};
 use huddle_store::StoreOptions;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
-use rmcp::{tool, tool_handler, tool_router, Json, ServerHandler, ServiceExt};
+use rmcp::model::{
+    ErrorData, Implementation, ListResourcesResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig,
+    SubscribeRequestParams, SubscriptionFilter, UnsubscribeRequestParams,
+};
+use rmcp::service::{RequestContext, SubscriptionContext};
+use rmcp::{tool, tool_handler, tool_router, Json, RoleServer, ServerHandler, ServiceExt};
+
+use crate::mcp_resources;
 
 /// What a tool returns: structured content, or an error an agent can act on.
-type Answer<T> = Result<Json<T>, String>;
+pub(crate) type Answer<T> = Result<Json<T>, String>;
 
-fn answer<T>(r: huddle_agent::Result<T>) -> Answer<T> {
+pub(crate) fn answer<T>(r: huddle_agent::Result<T>) -> Answer<T> {
     r.map(Json)
         .map_err(|e: AgentError| format!("[{}] {e}", e.code()))
 }
@@ -29,14 +36,17 @@ const INSTRUCTIONS: &str = "You are one agent in a huddle room. `read` the room 
 returned `next` as `after`, with `wait_ms` to wait for news), `post` to talk, `board` and \
 `tasks` to see who does what. To work: `task_claim` (a task, or the best next one), do the \
 work, `task_renew` within the lease if it takes long, then `task_complete` with a short \
-result, or `task_fail` with a reason, or `task_release`. A write after your lease lapsed is \
+result, or `task_fail` with a reason, or `task_release`. In a room that allocates by bids, \
+`task_bid` on ready tasks while their window is open; the best bid claims after it. A write after your lease lapsed is \
 refused and recorded nowhere. Pass an `idempotency_key` to make a retried write safe.";
 
 /// The MCP server of one agent session.
 #[derive(Clone)]
 pub struct AgentTools {
-    session: Arc<AgentSession>,
+    pub(crate) session: Arc<AgentSession>,
     tool_router: ToolRouter<Self>,
+    /// `resources/subscribe` subscriptions ([`crate::mcp_resources`]).
+    subscriptions: Arc<mcp_resources::Subscriptions>,
 }
 
 #[tool_router(router = tool_router)]
@@ -45,7 +55,8 @@ impl AgentTools {
     pub fn new(session: Arc<AgentSession>) -> Self {
         AgentTools {
             session,
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::more_router(),
+            subscriptions: Default::default(),
         }
     }
 
@@ -131,13 +142,100 @@ impl AgentTools {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for AgentTools {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("huddle", env!("CARGO_PKG_VERSION")))
-            .with_instructions(format!(
-                "{INSTRUCTIONS} You are agent {:?} in room {:?}.",
-                self.session.agent(),
-                self.session.room()
-            ))
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .enable_resources_subscribe()
+                .build(),
+        )
+        .with_server_info(Implementation::new("huddle", env!("CARGO_PKG_VERSION")))
+        .with_instructions(format!(
+            "{INSTRUCTIONS} You are agent {:?} in room {:?}.",
+            self.session.agent(),
+            self.session.room()
+        ))
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        Ok(mcp_resources::list(&self.session))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        mcp_resources::read(&self.session, &request.uri)
+            .await
+            .map(Into::into)
+    }
+
+    #[allow(deprecated)] // the subscriptions of protocol versions up to 2025-11-25
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.subscriptions
+            .subscribe(&self.session, request.uri, context.peer)
+            .await
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.subscriptions.unsubscribe(&request.uri).await;
+        Ok(())
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let uris = requested.resource_subscriptions.as_deref().unwrap_or(&[]);
+        let mut accepted = SubscriptionFilter::new();
+        let uris = mcp_resources::accepted(&self.session, uris);
+        self.subscriptions.baseline_before_ack(&self.session, &uris);
+        accepted.resource_subscriptions = Some(uris);
+        Some(accepted)
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        let uris = context
+            .accepted()
+            .resource_subscriptions
+            .clone()
+            .unwrap_or_default();
+        let sink = context.sink().clone();
+        let start = self
+            .subscriptions
+            .listen_baseline(&self.session, &uris)
+            .await;
+        let follow = mcp_resources::follow(
+            self.session.clone(),
+            start,
+            || {
+                let uris = uris.clone();
+                async move { uris }
+            },
+            |uri| {
+                let sink = sink.clone();
+                async move { sink.notify_resource_updated(uri).await.is_ok() }
+            },
+        );
+        tokio::select! {
+            _ = context.cancelled() => {}
+            _ = follow => {}
+        }
+        Ok(())
     }
 }
 

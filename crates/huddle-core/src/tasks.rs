@@ -468,6 +468,10 @@ impl RoomTasks {
         if !ready {
             return self.refuse();
         }
+        if b.decline {
+            // A decline is the agent's answer, not a bid: nothing to award.
+            return;
+        }
         if let Some(t) = self.tasks.get_mut(&b.task) {
             // The first bid of each agent for an attempt counts.
             t.bids.entry(i.actor.clone()).or_insert_with(|| TaskBid {
@@ -831,6 +835,21 @@ mod tests {
         assert_eq!(a.bids.keys().collect::<Vec<_>>(), vec!["bo"]);
         assert_eq!(a.bids["bo"].capabilities, vec!["rust"]);
         assert_eq!(refused(&dag), 2);
+
+        // A decline is accepted and is not a bid.
+        let dag = fold(vec![
+            created("a", &[]),
+            ix(
+                Verb::TaskBid,
+                "cy",
+                Role::Agent,
+                json!({"task": "a", "attempt": 1, "load": 0, "decline": true}),
+            ),
+            bid("a", "bo", 1, &[], 3),
+        ]);
+        let a = dag.task("lobby", "a").unwrap();
+        assert_eq!(a.bids.keys().collect::<Vec<_>>(), vec!["bo"]);
+        assert_eq!(refused(&dag), 0);
 
         let dag = fold(vec![
             created("a", &[]),

@@ -100,6 +100,10 @@ pub struct TaskBidBody {
     /// The bidder's current load (turns in flight and tasks held).
     #[serde(default)]
     pub load: u32,
+    /// An explicit decline: the agent will not take this attempt. Not a bid (it never
+    /// wins and is sent no `task.rejected`); absent means false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub decline: bool,
 }
 
 impl TaskBidBody {

@@ -567,7 +567,7 @@ impl Synchronizer {
     /// A bid folded for a task one of our agents already holds for that attempt: tell
     /// the bidder it lost.
     fn reject_late_bid(&mut self, row: &Interaction, out: &mut Vec<Intent>) {
-        let Some(b) = TaskBidBody::parse(&row.body) else {
+        let Some(b) = TaskBidBody::parse(&row.body).filter(|b| !b.decline) else {
             return;
         };
         let Some(t) = self.dag.task(&row.room, &b.task) else {
@@ -964,6 +964,7 @@ impl Synchronizer {
                     attempt,
                     capabilities: a.capabilities.clone(),
                     load: self.load_of(&a.key),
+                    decline: false,
                 };
                 let id = t.id.clone();
                 out.push(Intent::Append {
