@@ -17,6 +17,9 @@ use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{tool, tool_handler, tool_router, Json, ServerHandler, ServiceExt};
 
+#[path = "mcp_patterns.rs"]
+mod patterns;
+
 /// What a tool returns: structured content, or an error an agent can act on.
 type Answer<T> = Result<Json<T>, String>;
 
@@ -45,7 +48,7 @@ impl AgentTools {
     pub fn new(session: Arc<AgentSession>) -> Self {
         AgentTools {
             session,
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::patterns_router(),
         }
     }
 
