@@ -302,4 +302,29 @@ async fn python_clients_vote_wait_at_a_barrier_and_pass_the_lease() {
         1,
         "the stale directive was refused"
     );
+
+    // The same, where users look.
+    let show = |what: &str, json: bool| {
+        let mut c = huddle(&db);
+        c.args([what, "--room", "patterns"]);
+        if json {
+            c.arg("--json");
+        }
+        ok(c)
+    };
+    let decisions: serde_json::Value = serde_json::from_str(&show("decisions", true)).unwrap();
+    assert_eq!(decisions[0]["id"], "ship");
+    assert_eq!(decisions[0]["status"], "committed");
+    assert_eq!(decisions[0]["closed_by"], "decision.committed");
+    assert!(show("decisions", false).contains("ship [committed yes] by ava"));
+    let barriers: serde_json::Value = serde_json::from_str(&show("barriers", true)).unwrap();
+    assert_eq!(barriers[0]["phase"], "build");
+    assert_eq!(barriers[0]["status"], "passed");
+    assert!(show("barriers", false).contains("build [passed] by ava"));
+    let leases: serde_json::Value = serde_json::from_str(&show("lease", true)).unwrap();
+    assert_eq!(leases[0]["name"], "coordinator");
+    assert_eq!(leases[0]["holder"], "cy");
+    assert_eq!(leases[0]["directives"][0]["check"], "applies");
+    let text = show("lease", false);
+    assert!(text.contains("coordinator [held] cy at epoch"), "{text}");
 }

@@ -9,6 +9,7 @@ mod keys;
 mod ledger_cmds;
 mod mcp;
 mod output;
+mod pattern_cmds;
 mod relay_cmd;
 mod scratch;
 mod state_cmds;
@@ -115,6 +116,34 @@ pub enum Command {
     },
     /// A room's task DAG: counts, the ready frontier, every task's status and owner.
     Tasks {
+        /// Room to show.
+        #[arg(long)]
+        room: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A room's quorum decisions: status, outcome, votes and who has not voted.
+    Decisions {
+        /// Room to show.
+        #[arg(long)]
+        room: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A room's phase barriers: status, who checked in, who is missing.
+    Barriers {
+        /// Room to show.
+        #[arg(long)]
+        room: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A room's leases (the coordinator): holder, epoch, expiry and the latest
+    /// directives, each checked against the epoch.
+    Lease {
         /// Room to show.
         #[arg(long)]
         room: String,
@@ -300,6 +329,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args, cli.db.clone(), options).await,
         Command::Board { room, json } => state_cmds::board(&db, options, &room, json).await,
         Command::Tasks { room, json } => state_cmds::tasks(&db, options, &room, json).await,
+        Command::Decisions { room, json } => {
+            pattern_cmds::decisions(&db, options, &room, json).await
+        }
+        Command::Barriers { room, json } => pattern_cmds::barriers(&db, options, &room, json).await,
+        Command::Lease { room, json } => pattern_cmds::leases(&db, options, &room, json).await,
         Command::Bench {
             command: BenchCommand::Coord(args),
         } => {
