@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use huddle_agent::Patterns;
 use huddle_core::{Fold, Timestamp};
-use huddle_store::{Store, StoreOptions};
+use huddle_store::StoreOptions;
 use serde::Serialize;
 
 use crate::ledger_cmds;
