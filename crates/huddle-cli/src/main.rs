@@ -330,10 +330,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Board { room, json } => state_cmds::board(&db, options, &room, json).await,
         Command::Tasks { room, json } => state_cmds::tasks(&db, options, &room, json).await,
         Command::Decisions { room, json } => {
-            pattern_cmds::decisions(&db, options, &room, json).await
+            pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Decisions).await
         }
-        Command::Barriers { room, json } => pattern_cmds::barriers(&db, options, &room, json).await,
-        Command::Lease { room, json } => pattern_cmds::leases(&db, options, &room, json).await,
+        Command::Barriers { room, json } => {
+            pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Barriers).await
+        }
+        Command::Lease { room, json } => {
+            pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Leases).await
+        }
         Command::Bench {
             command: BenchCommand::Coord(args),
         } => {

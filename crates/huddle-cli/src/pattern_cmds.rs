@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use huddle_agent::pattern_views::{BarrierView, CoordinatorLease, DecisionView};
 use huddle_agent::Patterns;
 use huddle_core::{Fold, Timestamp};
 use huddle_store::StoreOptions;
@@ -26,8 +27,71 @@ async fn fold(
     Ok((patterns, now))
 }
 
-fn json<T: Serialize>(view: &T) -> anyhow::Result<()> {
-    emit(&format!("{}\n", serde_json::to_string_pretty(view)?))
+/// Which view.
+#[derive(Clone, Copy, Debug)]
+pub enum Kind {
+    /// `huddle decisions`.
+    Decisions,
+    /// `huddle barriers`.
+    Barriers,
+    /// `huddle lease`.
+    Leases,
+}
+
+/// `huddle decisions|barriers|lease --room R [--json]`.
+pub async fn show(
+    db: &str,
+    options: StoreOptions,
+    room: &str,
+    as_json: bool,
+    kind: Kind,
+) -> anyhow::Result<()> {
+    let (p, now) = fold(db, options, room).await?;
+    let text = match kind {
+        Kind::Decisions => render(
+            room,
+            "decisions",
+            &p.decisions(room, now, None),
+            as_json,
+            decision_lines,
+        )?,
+        Kind::Barriers => render(
+            room,
+            "barriers",
+            &p.barriers(room, now, None),
+            as_json,
+            barrier_lines,
+        )?,
+        Kind::Leases => render(
+            room,
+            "leases",
+            &p.leases(room, now, None),
+            as_json,
+            lease_lines,
+        )?,
+    };
+    emit(&text)
+}
+
+/// `views` as JSON, or each with `lines`.
+fn render<T: Serialize>(
+    room: &str,
+    what: &str,
+    views: &[T],
+    as_json: bool,
+    lines: fn(&mut String, &T),
+) -> anyhow::Result<String> {
+    if as_json {
+        return Ok(format!("{}\n", serde_json::to_string_pretty(views)?));
+    }
+    let mut out = String::new();
+    if views.is_empty() {
+        let _ = writeln!(out, "room {room}: no {what}");
+    }
+    for v in views {
+        lines(&mut out, v);
+    }
+    Ok(out)
 }
 
 fn list(names: &[String]) -> String {
@@ -38,118 +102,66 @@ fn list(names: &[String]) -> String {
     }
 }
 
-/// `huddle decisions --room R [--json]`.
-pub async fn decisions(
-    db: &str,
-    options: StoreOptions,
-    room: &str,
-    as_json: bool,
-) -> anyhow::Result<()> {
-    let (patterns, now) = fold(db, options, room).await?;
-    let views = patterns.decisions(room, now, None);
-    if as_json {
-        return json(&views);
-    }
-    let mut out = String::new();
-    if views.is_empty() {
-        let _ = writeln!(out, "room {room}: no decisions");
-    }
-    for d in &views {
-        let outcome = match (&d.option, &d.reason) {
-            (Some(o), Some(r)) => format!(" {o} ({r})"),
-            (Some(o), None) => format!(" {o}"),
-            (None, Some(r)) => format!(" ({r})"),
-            (None, None) => String::new(),
-        };
-        let _ = writeln!(
-            out,
-            "{} [{}{}] by {} — {}",
-            d.id, d.status, outcome, d.proposer, d.question
-        );
-        let tally: Vec<String> = d
-            .tally
-            .iter()
-            .map(|t| format!("{} {} ({})", t.option, t.count, t.weight))
-            .collect();
-        let _ = writeln!(
-            out,
-            "  votes: {}; waiting for: {}; deadline {}",
-            tally.join(", "),
-            list(&d.waiting_for),
-            format_time(d.deadline)
-        );
-    }
-    emit(&out)
+fn decision_lines(out: &mut String, d: &DecisionView) {
+    let outcome = match (&d.option, &d.reason) {
+        (Some(o), Some(r)) => format!(" {o} ({r})"),
+        (Some(o), None) => format!(" {o}"),
+        (None, Some(r)) => format!(" ({r})"),
+        (None, None) => String::new(),
+    };
+    let _ = writeln!(
+        out,
+        "{} [{}{}] by {} — {}",
+        d.id, d.status, outcome, d.proposer, d.question
+    );
+    let tally: Vec<String> = d
+        .tally
+        .iter()
+        .map(|t| format!("{} {} ({})", t.option, t.count, t.weight))
+        .collect();
+    let _ = writeln!(
+        out,
+        "  votes: {}; waiting for: {}; deadline {}",
+        tally.join(", "),
+        list(&d.waiting_for),
+        format_time(d.deadline)
+    );
 }
 
-/// `huddle barriers --room R [--json]`.
-pub async fn barriers(
-    db: &str,
-    options: StoreOptions,
-    room: &str,
-    as_json: bool,
-) -> anyhow::Result<()> {
-    let (patterns, now) = fold(db, options, room).await?;
-    let views = patterns.barriers(room, now, None);
-    if as_json {
-        return json(&views);
-    }
-    let mut out = String::new();
-    if views.is_empty() {
-        let _ = writeln!(out, "room {room}: no barriers");
-    }
-    for b in &views {
-        let reason = b
-            .reason
-            .as_deref()
-            .map(|r| format!(" ({r})"))
-            .unwrap_or_default();
-        let _ = writeln!(out, "{} [{}{}] by {}", b.phase, b.status, reason, b.opener);
-        let _ = writeln!(
-            out,
-            "  checked in: {}; missing: {}; dropped: {}; timeout {}",
-            list(&b.checked_in),
-            list(&b.missing),
-            list(&b.dropped),
-            format_time(b.deadline)
-        );
-    }
-    emit(&out)
+fn barrier_lines(out: &mut String, b: &BarrierView) {
+    let reason = b
+        .reason
+        .as_deref()
+        .map(|r| format!(" ({r})"))
+        .unwrap_or_default();
+    let _ = writeln!(out, "{} [{}{}] by {}", b.phase, b.status, reason, b.opener);
+    let _ = writeln!(
+        out,
+        "  checked in: {}; missing: {}; dropped: {}; timeout {}",
+        list(&b.checked_in),
+        list(&b.missing),
+        list(&b.dropped),
+        format_time(b.deadline)
+    );
 }
 
-/// `huddle lease --room R [--json]`.
-pub async fn leases(
-    db: &str,
-    options: StoreOptions,
-    room: &str,
-    as_json: bool,
-) -> anyhow::Result<()> {
-    let (patterns, now) = fold(db, options, room).await?;
-    let views = patterns.leases(room, now, None);
-    if as_json {
-        return json(&views);
-    }
-    let mut out = String::new();
-    if views.is_empty() {
-        let _ = writeln!(out, "room {room}: no leases");
-    }
-    for l in &views {
-        let holder = match (&l.holder, l.epoch, l.expires_at) {
-            (Some(h), Some(e), Some(at)) => format!(" {h} at epoch {e}, until {}", format_time(at)),
-            _ => String::new(),
-        };
-        let _ = writeln!(out, "{} [{}]{}", l.name, l.status, holder);
-        for d in &l.directives {
-            let _ = writeln!(
-                out,
-                "  {} {} epoch {} [{}] {}",
-                format_time(d.at),
-                d.actor,
-                d.epoch,
-                d.check,
-                d.directive
-            );
+fn lease_lines(out: &mut String, l: &CoordinatorLease) {
+    let holder = match (&l.holder, l.epoch, l.expires_at) {
+        (Some(h), Some(e), Some(at)) => {
+            format!(" {h} at epoch {e}, until {}", format_time(at))
         }
+        _ => String::new(),
+    };
+    let _ = writeln!(out, "{} [{}]{}", l.name, l.status, holder);
+    for d in &l.directives {
+        let _ = writeln!(
+            out,
+            "  {} {} epoch {} [{}] {}",
+            format_time(d.at),
+            d.actor,
+            d.epoch,
+            d.check,
+            d.directive
+        );
     }
-    emit(&out)
 }
