@@ -205,3 +205,62 @@ async fn eight_mcp_agents_work_a_200_task_dag_exactly_once(backend: Backend) {
     let total: usize = execs.values().map(Vec::len).sum();
     assert!(total >= 201, "{total} executions");
 }
+
+/// Decisions, barriers and the lease through three `huddle mcp` processes
+/// (`tests/mcp/patterns.py`); the ledger holds what the folds need.
+#[tokio::test(flavor = "multi_thread")]
+async fn python_clients_vote_wait_at_a_barrier_and_pass_the_lease() {
+    let (_dir, db) = tempdb();
+    seed_tasks(&db, "patterns", &[], 1000).await;
+    let out = script("patterns.py", &db, "patterns")
+        .output()
+        .expect("run patterns.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("OK"),
+        "patterns.py failed\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let store = huddle_store::open(&db, StoreOptions::default())
+        .await
+        .unwrap();
+    let rows = store
+        .read_room("patterns", Position::START, 10_000)
+        .await
+        .unwrap()
+        .rows;
+    let count = |v: Verb| rows.iter().filter(|r| r.verb == v).count();
+    assert_eq!(count(Verb::DecisionVoted), 2);
+    assert_eq!(count(Verb::DecisionCommitted), 1);
+    assert_eq!(count(Verb::BarrierCheckin), 2);
+    assert_eq!(
+        count(Verb::LeaseDirective),
+        1,
+        "the stale directive was refused"
+    );
+
+    // The same, where users look.
+    let show = |what: &str, json: bool| {
+        let mut c = huddle(&db);
+        c.args([what, "--room", "patterns"]);
+        if json {
+            c.arg("--json");
+        }
+        ok(c)
+    };
+    let decisions: serde_json::Value = serde_json::from_str(&show("decisions", true)).unwrap();
+    assert_eq!(decisions[0]["id"], "ship");
+    assert_eq!(decisions[0]["status"], "committed");
+    assert_eq!(decisions[0]["closed_by"], "decision.committed");
+    assert!(show("decisions", false).contains("ship [committed yes] by ava"));
+    let barriers: serde_json::Value = serde_json::from_str(&show("barriers", true)).unwrap();
+    assert_eq!(barriers[0]["phase"], "build");
+    assert_eq!(barriers[0]["status"], "passed");
+    assert!(show("barriers", false).contains("build [passed] by ava"));
+    let leases: serde_json::Value = serde_json::from_str(&show("lease", true)).unwrap();
+    assert_eq!(leases[0]["name"], "coordinator");
+    assert_eq!(leases[0]["holder"], "cy");
+    assert_eq!(leases[0]["directives"][0]["check"], "applies");
+    let text = show("lease", false);
+    assert!(text.contains("coordinator [held] cy at epoch"), "{text}");
+}

@@ -68,6 +68,68 @@ pub enum AgentError {
     /// `idempotency_key`) is safe.
     #[error("the database failed: {0}; retrying the same call is safe")]
     Store(#[from] StoreError),
+    /// No decision with this id in the room.
+    #[error("no decision {0:?} in this room; propose it first, or check the id")]
+    NoDecision(String),
+    /// No barrier for this phase in the room.
+    #[error("no barrier {0:?} in this room; open it with barrier_open first, or check the phase")]
+    NoBarrier(String),
+    /// A decision id or barrier phase is already used in the room.
+    #[error("{what} {name:?} already exists in this room (opened by {by}); pick another name")]
+    NameTaken {
+        /// `decision` or `barrier`.
+        what: &'static str,
+        /// The id or phase.
+        name: String,
+        /// Who opened it.
+        by: String,
+    },
+    /// This agent is not among the voters or the roster.
+    #[error("you are not a {what} of {name:?} (listed: {listed}); nothing was written")]
+    NotListed {
+        /// `voter` or `roster member`.
+        what: &'static str,
+        /// The decision id or barrier phase.
+        name: String,
+        /// Who is listed.
+        listed: String,
+    },
+    /// This agent already voted otherwise; a first vote is final.
+    #[error("you already voted {option:?} on decision {id:?}; a first vote is final")]
+    AlreadyVoted {
+        /// The decision id.
+        id: String,
+        /// The counted vote.
+        option: String,
+    },
+    /// The deadline or timeout passed.
+    #[error(
+        "too late for {what}: it closed at {deadline} µs (database clock); nothing was written"
+    )]
+    TooLate {
+        /// What was tried.
+        what: String,
+        /// The deadline.
+        deadline: Timestamp,
+    },
+    /// Another agent holds the lease.
+    #[error("lease {name:?} is held by {holder} at epoch {epoch} until {expires_at} µs (database clock); follow its directives, or try again after it lapses")]
+    LeaseTaken {
+        /// The lease.
+        name: String,
+        /// The holder.
+        holder: String,
+        /// Its epoch.
+        epoch: ClaimEpoch,
+        /// When it lapses unless renewed.
+        expires_at: Timestamp,
+    },
+    /// This agent never held the lease.
+    #[error("you do not hold lease {name:?}; take it with lease_acquire first")]
+    NotLeaseHolder {
+        /// The lease.
+        name: String,
+    },
 }
 
 impl AgentError {
@@ -84,6 +146,14 @@ impl AgentError {
             AgentError::ReplyTaken { .. } => "reply_taken",
             AgentError::LeaseLost(_) => "stale_claim",
             AgentError::Store(_) => "store",
+            AgentError::NoDecision(_) => "no_decision",
+            AgentError::NoBarrier(_) => "no_barrier",
+            AgentError::NameTaken { .. } => "name_taken",
+            AgentError::NotListed { .. } => "not_listed",
+            AgentError::AlreadyVoted { .. } => "already_voted",
+            AgentError::TooLate { .. } => "too_late",
+            AgentError::LeaseTaken { .. } => "lease_held",
+            AgentError::NotLeaseHolder { .. } => "not_lease_holder",
         }
     }
 }

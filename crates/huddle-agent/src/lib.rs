@@ -2,7 +2,9 @@
 //!
 //! What an agent can do in a huddle room by itself, rather than being driven by a
 //! relay: read the room (long-polling on the store's doorbell), post, see the board
-//! and the task DAG, bid on tasks, and claim, renew, complete, fail or release them. One
+//! and the task DAG, bid on tasks, claim, renew, complete, fail or release them, and
+//! take part in the coordination patterns (quorum decisions, phase barriers, the
+//! coordinator lease; [`pattern_views`]). One
 //! implementation, [`AgentSession`], serves every front end: `huddle mcp` (the Model
 //! Context Protocol) publishes its operations as tools, with the argument and result
 //! types of [`views`] as their JSON schemas.
@@ -32,10 +34,13 @@
 
 mod bids;
 pub mod error;
+pub mod pattern_views;
+mod patterns;
 mod session;
 mod tasks;
 pub mod views;
 
 pub use bids::{BidArgs, BidResult};
 pub use error::{AgentError, Result};
+pub use patterns::{lease_key, Patterns, MAX_WINDOW_MS};
 pub use session::{AgentSession, MAX_WAIT_MS};

@@ -16,6 +16,7 @@ use tokio::sync::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use crate::error::{AgentError, Result};
+use crate::patterns::Patterns;
 use crate::views::{
     written, BoardResult, InteractionView, PostArgs, ReadArgs, ReadResult, SummaryView, Written,
 };
@@ -43,6 +44,8 @@ pub(crate) struct Folded {
     /// Epochs of the claims this session took, by task: what a write presents when
     /// the call gives none, so a stale write is refused by its fence, not guessed.
     pub(crate) mine: BTreeMap<String, ClaimEpoch>,
+    /// Decisions, barriers and leases ([`crate::patterns`]).
+    pub(crate) patterns: Patterns,
 }
 
 impl Folded {
@@ -99,6 +102,7 @@ impl AgentSession {
                 authority: OwnerAuthority::new(),
                 board: Board::new(),
                 mine: BTreeMap::new(),
+                patterns: Patterns::new(),
             }),
         };
         {
@@ -160,6 +164,7 @@ impl AgentSession {
                 if st.authority.admits(row) {
                     st.dag.apply(row);
                     st.board.apply(row);
+                    st.patterns.apply(row);
                 }
             }
             if batch.next == st.cursor {

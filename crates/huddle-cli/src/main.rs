@@ -11,6 +11,7 @@ mod mcp;
 mod mcp_more;
 mod mcp_resources;
 mod output;
+mod pattern_cmds;
 mod relay_cmd;
 mod scratch;
 mod state_cmds;
@@ -118,6 +119,34 @@ pub enum Command {
     },
     /// A room's task DAG: counts, the ready frontier, every task's status and owner.
     Tasks {
+        /// Room to show.
+        #[arg(long)]
+        room: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A room's quorum decisions: status, outcome, votes and who has not voted.
+    Decisions {
+        /// Room to show.
+        #[arg(long)]
+        room: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A room's phase barriers: status, who checked in, who is missing.
+    Barriers {
+        /// Room to show.
+        #[arg(long)]
+        room: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A room's leases (the coordinator): holder, epoch, expiry and the latest
+    /// directives, each checked against the epoch.
+    Lease {
         /// Room to show.
         #[arg(long)]
         room: String,
@@ -306,6 +335,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args, cli.db.clone(), options).await,
         Command::Board { room, json } => state_cmds::board(&db, options, &room, json).await,
         Command::Tasks { room, json } => state_cmds::tasks(&db, options, &room, json).await,
+        Command::Decisions { room, json } => {
+            pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Decisions).await
+        }
+        Command::Barriers { room, json } => {
+            pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Barriers).await
+        }
+        Command::Lease { room, json } => {
+            pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Leases).await
+        }
         Command::Bench {
             command: BenchCommand::Coord(args),
         } => {

@@ -24,6 +24,9 @@ use rmcp::{tool, tool_handler, tool_router, Json, RoleServer, ServerHandler, Ser
 
 use crate::mcp_resources;
 
+#[path = "mcp_patterns.rs"]
+mod patterns;
+
 /// What a tool returns: structured content, or an error an agent can act on.
 pub(crate) type Answer<T> = Result<Json<T>, String>;
 
@@ -55,7 +58,7 @@ impl AgentTools {
     pub fn new(session: Arc<AgentSession>) -> Self {
         AgentTools {
             session,
-            tool_router: Self::tool_router() + Self::more_router(),
+            tool_router: Self::tool_router() + Self::more_router() + Self::patterns_router(),
             subscriptions: Default::default(),
         }
     }

@@ -30,6 +30,17 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
 /// out); fails when the room was never created.
 async fn fold_room(store: &dyn Store, room: &str) -> anyhow::Result<Tally> {
     let mut tally = Tally::new(room);
+    fold_admitted(store, room, |r| tally.apply(r)).await?;
+    Ok(tally)
+}
+
+/// Passes every row of `room` the relays would act on to `apply`, in ledger order;
+/// fails when the room was never created.
+pub async fn fold_admitted(
+    store: &dyn Store,
+    room: &str,
+    mut apply: impl FnMut(&huddle_core::Interaction),
+) -> anyhow::Result<()> {
     let mut authority = huddle_core::OwnerAuthority::new();
     let mut cursor = Position::START;
     let mut created = false;
@@ -39,7 +50,7 @@ async fn fold_room(store: &dyn Store, room: &str) -> anyhow::Result<Tally> {
             created |= r.verb == huddle_core::Verb::RoomCreated;
             huddle_core::Fold::apply(&mut authority, r);
             if authority.admits(r) {
-                tally.apply(r);
+                apply(r);
             }
         }
         if batch.next == cursor {
@@ -50,7 +61,7 @@ async fn fold_room(store: &dyn Store, room: &str) -> anyhow::Result<Tally> {
     if !created {
         bail!("room {room:?} does not exist in this database (create it with `huddle room create {room} --owner NAME`)");
     }
-    Ok(tally)
+    Ok(())
 }
 
 /// One agent on the board.
