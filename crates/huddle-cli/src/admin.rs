@@ -1,11 +1,13 @@
 //! `huddle admin`: database roles on Postgres (plan 0017). The work is done by
 //! `huddle_store::postgres::admin`; this module parses flags and prints.
 //!
-//! Every subcommand is idempotent. On SQLite there are no roles: `init` applies the
-//! migrations and says so; the others fail with an explanation.
+//! Every role subcommand is idempotent. On SQLite there are no roles: `init` applies
+//! the migrations and says so; the others fail with an explanation. `token` (agents'
+//! bearer tokens for `huddle mcp --http`, plan 0023) works on both backends.
 
 use clap::Subcommand;
 use huddle_store::postgres::admin::{self, LoginKind};
+use huddle_store::tokens::{Removal, TokenStore};
 use huddle_store::{parse_url, Backend, StoreOptions};
 
 /// `huddle admin ...` (run with the database administrator's URL in `--db`).
@@ -47,6 +49,48 @@ pub enum AdminCommand {
         /// The role name.
         name: String,
     },
+    /// Agents' bearer tokens for `huddle mcp --http`: `add`, `list`, `remove`.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+/// `huddle admin token ...`
+#[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Make a token that acts as agent KEY in room ROOM and print it (shown once:
+    /// only its hash is stored).
+    Add {
+        /// The agent the token acts as.
+        #[arg(long)]
+        agent: String,
+        /// The room it acts in.
+        #[arg(long)]
+        room: String,
+        /// Capabilities the agent declares (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        capabilities: Vec<String>,
+    },
+    /// The tokens (ids, agents, rooms; no secrets).
+    List {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove the token ID, or every token of --agent (in --room); servers refuse it
+    /// from their next request on.
+    Remove {
+        /// The token's id (as `list` shows it, or the whole token).
+        #[arg(required_unless_present = "agent", conflicts_with = "agent")]
+        id: Option<String>,
+        /// Every token of this agent.
+        #[arg(long)]
+        agent: Option<String>,
+        /// With --agent: only its tokens in this room.
+        #[arg(long, requires = "agent")]
+        room: Option<String>,
+    },
 }
 
 const SQLITE_HAS_NO_ROLES: &str = "SQLite has no database roles: whoever can write the \
@@ -55,6 +99,9 @@ database file can write anything, so give only the relays' user write access to 
 
 /// Runs one admin command against `db`.
 pub async fn run(db: &str, options: StoreOptions, command: AdminCommand) -> anyhow::Result<()> {
+    if let AdminCommand::Token { command } = command {
+        return token(db, command).await;
+    }
     let url = match parse_url(db)? {
         Backend::Postgres(url) => url,
         Backend::Sqlite(_) => {
@@ -84,6 +131,7 @@ pub async fn run(db: &str, options: StoreOptions, command: AdminCommand) -> anyh
         AdminCommand::AddRelay { name } => add(&url, &name, LoginKind::Relay).await?,
         AdminCommand::AddOwner { name } => add(&url, &name, LoginKind::Owner).await?,
         AdminCommand::AddReader { name } => add(&url, &name, LoginKind::Reader).await?,
+        AdminCommand::Token { .. } => unreachable!("handled above, on both backends"),
         AdminCommand::RemoveRelay { name }
         | AdminCommand::RemoveOwner { name }
         | AdminCommand::RemoveReader { name } => {
@@ -110,5 +158,72 @@ async fn add(url: &str, name: &str, kind: LoginKind) -> anyhow::Result<()> {
         eprintln!("role {name} created in {}", kind.group());
     }
     println!("{}", login.url);
+    Ok(())
+}
+
+/// `huddle admin token ...`. `add` prints the token alone on stdout, so a script can
+/// capture it; what happened goes to stderr.
+async fn token(db: &str, command: TokenCommand) -> anyhow::Result<()> {
+    let tokens = TokenStore::open(db).await?;
+    match command {
+        TokenCommand::Add {
+            agent,
+            room,
+            capabilities,
+        } => {
+            huddle_core::config::check_agent_name(&agent)
+                .map_err(|e| anyhow::anyhow!("--agent: {e}"))?;
+            huddle_core::validate_name("room", &room, &huddle_core::Limits::default())
+                .map_err(|e| anyhow::anyhow!("--room: {e}"))?;
+            if let Some(bad) = capabilities
+                .iter()
+                .find(|c| !huddle_core::tasks::valid_capability(c))
+            {
+                anyhow::bail!("capability {bad:?}: 1 to 64 bytes, no white space");
+            }
+            let made = tokens.add(&agent, &room, capabilities).await?;
+            eprintln!(
+                "token {} acts as agent {agent} in room {room}; it is shown once, only its hash is stored",
+                made.info.id
+            );
+            println!("{}", made.token);
+        }
+        TokenCommand::List { json } => {
+            let list = tokens.list().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else if list.is_empty() {
+                println!("no tokens");
+            } else {
+                for t in list {
+                    println!(
+                        "{}  agent {}  room {}  capabilities [{}]  made {}",
+                        t.id,
+                        t.agent,
+                        t.room,
+                        t.capabilities.join(","),
+                        crate::output::format_time(huddle_core::Timestamp(t.created_us))
+                    );
+                }
+            }
+        }
+        TokenCommand::Remove { id, agent, room } => {
+            let which = match (id, agent) {
+                (Some(id), _) => Removal::Id(
+                    huddle_store::tokens::token_id(&id)
+                        .map_or(id.clone(), str::to_string),
+                ),
+                (None, Some(agent)) => Removal::Agent { agent, room },
+                (None, None) => anyhow::bail!("name a token id or --agent"),
+            };
+            let removed = tokens.remove(&which).await?;
+            if removed.is_empty() {
+                eprintln!("no such token: nothing to remove");
+            }
+            for t in removed {
+                eprintln!("token {} (agent {} in room {}) removed", t.id, t.agent, t.room);
+            }
+        }
+    }
     Ok(())
 }

@@ -8,6 +8,7 @@ mod demo;
 mod keys;
 mod ledger_cmds;
 mod mcp;
+mod mcp_http;
 mod mcp_more;
 mod mcp_resources;
 mod output;
@@ -155,14 +156,22 @@ pub enum Command {
         json: bool,
     },
     /// Serve one agent's tools (read, post, board, tasks, task_claim, ...) over the
-    /// Model Context Protocol on stdin/stdout.
+    /// Model Context Protocol on stdin/stdout; with --http, every agent that has a
+    /// token (`huddle admin token add`) over streamable HTTP.
     Mcp {
         #[command(flatten)]
-        who: task_cmds::Identity,
+        who: Option<task_cmds::Identity>,
         /// Print the snippet that registers this server (with these --room, --agent,
-        /// --capabilities and --db) in an MCP client, and exit.
+        /// --capabilities and --db, or this --http address) in an MCP client, and exit.
         #[arg(long, value_name = "CLIENT")]
         print_config: Option<mcp_more::Client>,
+        /// Serve MCP streamable HTTP on ADDR (e.g. 127.0.0.1:8765; port 0 picks one)
+        /// at /mcp, for the agents of the database's tokens; prints the URL.
+        #[arg(long, value_name = "ADDR", conflicts_with_all = ["room", "agent", "capabilities"])]
+        http: Option<std::net::SocketAddr>,
+        /// With --http: allow an address that is not loopback (put TLS in front).
+        #[arg(long, requires = "http")]
+        allow_remote: bool,
     },
     /// An agent's task operations without MCP (the same calls as `huddle mcp`'s
     /// tools): claim, renew, complete, fail, release, bid.
@@ -360,12 +369,30 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Mcp {
-            who,
             print_config: Some(client),
+            http: Some(addr),
+            ..
+        } => {
+            mcp_http::print_config(addr, client);
+            Ok(())
+        }
+        Command::Mcp {
+            http: Some(addr),
+            allow_remote,
+            ..
+        } => mcp_http::serve(&db, options, addr, allow_remote).await,
+        Command::Mcp { who: None, .. } => {
+            anyhow::bail!("huddle mcp needs --room and --agent (stdio), or --http ADDR")
+        }
+        Command::Mcp {
+            who: Some(who),
+            print_config: Some(client),
+            ..
         } => mcp_more::print_config(&db, &who, client),
         Command::Mcp {
-            who,
+            who: Some(who),
             print_config: None,
+            ..
         } => mcp::serve_stdio(&db, options, &who.room, &who.agent, who.capabilities).await,
         Command::Task { command } => task_cmds::run(&db, options, command).await,
         Command::Admin { command } => admin::run(&db, options, command).await,

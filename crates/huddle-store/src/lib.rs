@@ -32,6 +32,7 @@ pub mod migrations;
 pub mod postgres;
 pub mod sqlite;
 pub mod subscribe;
+pub mod tokens;
 mod traits;
 
 use std::sync::Arc;

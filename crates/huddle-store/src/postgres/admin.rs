@@ -5,7 +5,7 @@
 //! | [`OWNER_ROLE`] | no | own every huddle table, function and trigger; only migrations use it |
 //! | [`READER_ROLE`] | no (group) | read `interaction`, `external_claim`, `huddle_migration` |
 //! | [`WRITER_ROLE`] | no (group) | the reader's rights, and insert interactions (people, owners) |
-//! | [`RELAY_ROLE`] | no (group) | the writer's rights, and use claims through the `huddle_claim_*` functions |
+//! | [`RELAY_ROLE`] | no (group) | the writer's rights, use claims through the `huddle_claim_*` functions, and read `agent_token` (`huddle mcp --http`) |
 //!
 //! Each relay, owner or reader logs in with a role of its own that is a member of one
 //! group, so the rows it writes are attributed to it by the database (`relay` is
@@ -219,7 +219,8 @@ async fn init_on(client: &mut Client) -> Result<Vec<i64>> {
         .query(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
              WHERE n.nspname = 'public' AND c.relkind = 'r'
-               AND c.relname IN ('interaction', 'external_claim', 'huddle_migration')
+               AND c.relname IN ('interaction', 'external_claim', 'huddle_migration',
+                                 'agent_token')
                AND pg_get_userbyid(c.relowner) <> $1",
             &[&OWNER_ROLE],
         )
@@ -269,7 +270,9 @@ async fn init_on(client: &mut Client) -> Result<Vec<i64>> {
          GRANT USAGE ON SCHEMA public TO {reader};
          REVOKE ALL ON interaction, external_claim, huddle_migration FROM PUBLIC;
          GRANT SELECT ON interaction, external_claim, huddle_migration TO {reader};
-         GRANT INSERT ON interaction TO {writer};\n",
+         GRANT INSERT ON interaction TO {writer};
+         REVOKE ALL ON agent_token FROM PUBLIC;
+         GRANT SELECT ON agent_token TO {relay};\n",
         db = ident(&db),
     );
     for f in CLAIM_FUNCTIONS {

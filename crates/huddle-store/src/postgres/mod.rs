@@ -27,8 +27,8 @@
 
 pub mod admin;
 mod doorbell;
-mod errors;
-mod migrate;
+pub(crate) mod errors;
+pub(crate) mod migrate;
 mod sql;
 #[cfg(feature = "testing")]
 mod test_backend;

@@ -23,7 +23,7 @@
 //! cursor.
 
 mod claims;
-mod conn;
+pub(crate) mod conn;
 mod ledger;
 #[cfg(feature = "testing")]
 mod testing;
