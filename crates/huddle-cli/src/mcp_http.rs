@@ -291,7 +291,7 @@ pub fn config(url: &str, client: Client) -> String {
         }),
         Client::Gemini => json!({
             "httpUrl": url,
-            "headers": { "Authorization": bearer(&format!("${TOKEN_ENV}")) },
+            "headers": { "Authorization": bearer(&format!("${{{TOKEN_ENV}}}")) },
         }),
         Client::Cursor => json!({
             "url": url,
