@@ -143,8 +143,16 @@ async fn two_agents_with_their_own_tokens_act_as_themselves_only(backend: Backen
     }
     let expect = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     assert_eq!(posts["ava"], expect(&["ava here", "ava again", "ava raw"]));
-    assert_eq!(posts["bo"], expect(&["bo here"]), "bo's post on ava's session was refused");
-    assert_eq!(posts["cy"], expect(&["cy here"]), "nothing after cy's token was removed");
+    assert_eq!(
+        posts["bo"],
+        expect(&["bo here"]),
+        "bo's post on ava's session was refused"
+    );
+    assert_eq!(
+        posts["cy"],
+        expect(&["cy here"]),
+        "nothing after cy's token was removed"
+    );
     assert_eq!(posts.len(), 3, "{posts:?}");
     let done: Vec<(&str, &str)> = completed
         .iter()
@@ -167,7 +175,13 @@ fn remote_addresses_need_a_flag_and_configs_carry_the_url() {
     let err = fails(c);
     assert!(err.contains("--allow-remote"), "{err}");
     let mut c = huddle(&db);
-    c.args(["mcp", "--http", "127.0.0.1:8765", "--print-config", "claude"]);
+    c.args([
+        "mcp",
+        "--http",
+        "127.0.0.1:8765",
+        "--print-config",
+        "claude",
+    ]);
     let config: serde_json::Value = serde_json::from_str(&ok(c)).unwrap();
     let server = &config["mcpServers"]["huddle"];
     assert_eq!(server["type"], "http");

@@ -210,8 +210,7 @@ async fn token(db: &str, command: TokenCommand) -> anyhow::Result<()> {
         TokenCommand::Remove { id, agent, room } => {
             let which = match (id, agent) {
                 (Some(id), _) => Removal::Id(
-                    huddle_store::tokens::token_id(&id)
-                        .map_or(id.clone(), str::to_string),
+                    huddle_store::tokens::token_id(&id).map_or(id.clone(), str::to_string),
                 ),
                 (None, Some(agent)) => Removal::Agent { agent, room },
                 (None, None) => anyhow::bail!("name a token id or --agent"),
@@ -221,7 +220,10 @@ async fn token(db: &str, command: TokenCommand) -> anyhow::Result<()> {
                 eprintln!("no such token: nothing to remove");
             }
             for t in removed {
-                eprintln!("token {} (agent {} in room {}) removed", t.id, t.agent, t.room);
+                eprintln!(
+                    "token {} (agent {} in room {}) removed",
+                    t.id, t.agent, t.room
+                );
             }
         }
     }

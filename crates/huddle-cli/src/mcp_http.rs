@@ -75,7 +75,12 @@ impl HttpState {
             )
             .await?,
         );
-        tracing::info!(token = token.id, agent = token.agent, room = token.room, "agent session opened");
+        tracing::info!(
+            token = token.id,
+            agent = token.agent,
+            room = token.room,
+            "agent session opened"
+        );
         agents.insert(token.id.clone(), session.clone());
         Ok(session)
     }
@@ -83,7 +88,10 @@ impl HttpState {
     /// Forgets a token that no longer verifies: its session and its MCP sessions.
     async fn forget(&self, id: &str) {
         if self.agents.lock().await.remove(id).is_some() {
-            tracing::info!(token = id, "token no longer valid: its agent session is closed");
+            tracing::info!(
+                token = id,
+                "token no longer valid: its agent session is closed"
+            );
         }
         self.bound_map().retain(|_, t| t != id);
     }
@@ -118,7 +126,11 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// The authentication middleware (see the module documentation).
-async fn authenticate(State(state): State<Arc<HttpState>>, request: Request, next: Next) -> Response {
+async fn authenticate(
+    State(state): State<Arc<HttpState>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let Some(presented) = bearer(request.headers()) else {
         return unauthorized(
             None,
@@ -230,7 +242,8 @@ pub async fn serve(
         bound: SyncMutex::default(),
     });
     let shutdown = CancellationToken::new();
-    let mut config = StreamableHttpServerConfig::default().with_cancellation_token(shutdown.clone());
+    let mut config =
+        StreamableHttpServerConfig::default().with_cancellation_token(shutdown.clone());
     if !loopback {
         // Host checks guard unauthenticated servers on loopback against DNS
         // rebinding; this one is remote on purpose and every request carries a token.
@@ -318,9 +331,15 @@ mod tests {
     fn bearer_tokens_are_read_from_the_header() {
         let mut h = HeaderMap::new();
         assert_eq!(bearer(&h), None);
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer abc"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer abc"),
+        );
         assert_eq!(bearer(&h), Some("abc"));
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("bearer  abc "));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("bearer  abc "),
+        );
         assert_eq!(bearer(&h), Some("abc"));
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic abc"));
         assert_eq!(bearer(&h), None);
@@ -331,22 +350,19 @@ mod tests {
     #[test]
     fn http_configs_name_the_url_and_the_token_variable() {
         let url = "http://127.0.0.1:8765/mcp";
-        let claude: serde_json::Value =
-            serde_json::from_str(&config(url, Client::Claude)).unwrap();
+        let claude: serde_json::Value = serde_json::from_str(&config(url, Client::Claude)).unwrap();
         assert_eq!(claude["mcpServers"]["huddle"]["type"], "http");
         assert_eq!(claude["mcpServers"]["huddle"]["url"], url);
         assert_eq!(
             claude["mcpServers"]["huddle"]["headers"]["Authorization"],
             "Bearer ${HUDDLE_TOKEN}"
         );
-        let cursor: serde_json::Value =
-            serde_json::from_str(&config(url, Client::Cursor)).unwrap();
+        let cursor: serde_json::Value = serde_json::from_str(&config(url, Client::Cursor)).unwrap();
         assert_eq!(
             cursor["mcpServers"]["huddle"]["headers"]["Authorization"],
             "Bearer ${env:HUDDLE_TOKEN}"
         );
-        let gemini: serde_json::Value =
-            serde_json::from_str(&config(url, Client::Gemini)).unwrap();
+        let gemini: serde_json::Value = serde_json::from_str(&config(url, Client::Gemini)).unwrap();
         assert_eq!(gemini["mcpServers"]["huddle"]["httpUrl"], url);
         let codex = config(url, Client::Codex);
         assert!(codex.contains("url = \"http://127.0.0.1:8765/mcp\""));

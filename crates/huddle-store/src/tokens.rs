@@ -257,7 +257,10 @@ impl TokenStore {
             Removal::Agent {
                 agent,
                 room: Some(room),
-            } => ("agent = $1 AND room = $2", vec![agent.clone(), room.clone()]),
+            } => (
+                "agent = $1 AND room = $2",
+                vec![agent.clone(), room.clone()],
+            ),
         };
         let sql = format!("DELETE FROM agent_token WHERE {filter} RETURNING {COLUMNS}");
         let rows = self.select(&sql, args).await?;
@@ -353,7 +356,11 @@ mod tests {
         let url = format!("sqlite://{}", dir.path().join("t.db").display());
         let store = TokenStore::open(&url).await.unwrap();
         let a = store
-            .add("ana", "lab", vec!["rust".into(), "go".into(), "rust".into()])
+            .add(
+                "ana",
+                "lab",
+                vec!["rust".into(), "go".into(), "rust".into()],
+            )
             .await
             .unwrap();
         let b = store.add("bo", "lab", vec![]).await.unwrap();
