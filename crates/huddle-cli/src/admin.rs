@@ -100,7 +100,7 @@ database file can write anything, so give only the relays' user write access to 
 /// Runs one admin command against `db`.
 pub async fn run(db: &str, options: StoreOptions, command: AdminCommand) -> anyhow::Result<()> {
     if let AdminCommand::Token { command } = command {
-        return token(db, command).await;
+        return token(db, options, command).await;
     }
     let url = match parse_url(db)? {
         Backend::Postgres(url) => url,
@@ -163,7 +163,7 @@ async fn add(url: &str, name: &str, kind: LoginKind) -> anyhow::Result<()> {
 
 /// `huddle admin token ...`. `add` prints the token alone on stdout, so a script can
 /// capture it; what happened goes to stderr.
-async fn token(db: &str, command: TokenCommand) -> anyhow::Result<()> {
+async fn token(db: &str, options: StoreOptions, command: TokenCommand) -> anyhow::Result<()> {
     let tokens = TokenStore::open(db).await?;
     match command {
         TokenCommand::Add {
@@ -180,6 +180,16 @@ async fn token(db: &str, command: TokenCommand) -> anyhow::Result<()> {
                 .find(|c| !huddle_core::tasks::valid_capability(c))
             {
                 anyhow::bail!("capability {bad:?}: 1 to 64 bytes, no white space");
+            }
+            let store = crate::ledger_cmds::open(db, options).await?;
+            if crate::ledger_cmds::room_owner(store.as_ref(), &room)
+                .await?
+                .is_none()
+            {
+                eprintln!(
+                    "warning: room {room} does not exist yet: the token is refused until \
+                     it is created (`huddle room create {room} --owner ...`)"
+                );
             }
             let made = tokens.add(&agent, &room, capabilities).await?;
             eprintln!(

@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex as SyncMutex};
+use std::sync::{Arc, Mutex};
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -31,7 +31,7 @@ use huddle_store::{Store, StoreOptions};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
-use tokio::sync::Mutex;
+use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
 use crate::mcp::AgentTools;
@@ -52,54 +52,56 @@ tokio::task_local! {
 struct HttpState {
     store: Arc<dyn Store>,
     tokens: TokenStore,
-    /// The agent session of each token id, opened on its first request.
-    agents: Mutex<HashMap<String, Arc<AgentSession>>>,
+    /// The agent session of each token id, opened on its first request (one opening
+    /// per token; other tokens' requests do not wait for it).
+    agents: Mutex<HashMap<String, Arc<OnceCell<Arc<AgentSession>>>>>,
     /// The token id each MCP session was initialised with.
-    bound: SyncMutex<HashMap<String, String>>,
+    bound: Mutex<HashMap<String, String>>,
 }
 
 impl HttpState {
     /// The session of `token`'s agent in its room, opened (registering the agent)
     /// on first use.
     async fn agent(&self, token: &TokenInfo) -> huddle_agent::Result<Arc<AgentSession>> {
-        let mut agents = self.agents.lock().await;
-        if let Some(s) = agents.get(&token.id) {
-            return Ok(s.clone());
-        }
-        let session = Arc::new(
-            AgentSession::open(
+        let cell = lock(&self.agents)
+            .entry(token.id.clone())
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| async {
+            let session = AgentSession::open(
                 self.store.clone(),
                 &token.room,
                 &token.agent,
                 token.capabilities.clone(),
             )
-            .await?,
-        );
-        tracing::info!(
-            token = token.id,
-            agent = token.agent,
-            room = token.room,
-            "agent session opened"
-        );
-        agents.insert(token.id.clone(), session.clone());
-        Ok(session)
+            .await?;
+            tracing::info!(
+                token = token.id,
+                agent = token.agent,
+                room = token.room,
+                "agent session opened"
+            );
+            Ok(Arc::new(session))
+        })
+        .await
+        .cloned()
     }
 
     /// Forgets a token that no longer verifies: its session and its MCP sessions.
-    async fn forget(&self, id: &str) {
-        if self.agents.lock().await.remove(id).is_some() {
+    fn forget(&self, id: &str) {
+        if lock(&self.agents).remove(id).is_some() {
             tracing::info!(
                 token = id,
                 "token no longer valid: its agent session is closed"
             );
         }
-        self.bound_map().retain(|_, t| t != id);
+        lock(&self.bound).retain(|_, t| t != id);
     }
+}
 
-    fn bound_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        // A panic while holding this lock leaves a plain map: still usable.
-        self.bound.lock().unwrap_or_else(|p| p.into_inner())
-    }
+/// A plain map behind a lock: a panic while holding it leaves the map usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// 401 with the challenge, and a line saying what was wrong.
@@ -141,7 +143,7 @@ async fn authenticate(
         Ok(Some(token)) => token,
         Ok(None) => {
             if let Some(id) = tokens::token_id(presented) {
-                state.forget(id).await;
+                state.forget(id);
             }
             tracing::info!("request refused: unknown or removed token");
             return unauthorized(
@@ -164,7 +166,7 @@ async fn authenticate(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     if let Some(sid) = &session_id {
-        let owner = state.bound_map().get(sid).cloned();
+        let owner = lock(&state.bound).get(sid).cloned();
         if owner.is_some_and(|owner| owner != token.id) {
             tracing::warn!(
                 agent = token.agent,
@@ -206,11 +208,11 @@ async fn authenticate(
                 .get(SESSION_HEADER)
                 .and_then(|v| v.to_str().ok())
             {
-                state.bound_map().insert(sid.to_string(), token.id.clone());
+                lock(&state.bound).insert(sid.to_string(), token.id.clone());
             }
         }
         Some(sid) if deleting && response.status().is_success() => {
-            state.bound_map().remove(&sid);
+            lock(&state.bound).remove(&sid);
         }
         Some(_) => {}
     }
@@ -239,7 +241,7 @@ pub async fn serve(
         store,
         tokens,
         agents: Mutex::default(),
-        bound: SyncMutex::default(),
+        bound: Mutex::default(),
     });
     let shutdown = CancellationToken::new();
     let mut config =
