@@ -3,7 +3,8 @@ the official MCP Python SDK's streamable HTTP client; and the refusals, with pla
 HTTP requests: no token, a wrong token, another agent's token on a session, a removed
 token. Reads HUDDLE_URL, HUDDLE_BIN, HUDDLE_DB, HUDDLE_ROOM, and the tokens
 HUDDLE_TOKEN_AVA, HUDDLE_TOKEN_BO, HUDDLE_TOKEN_CY (cy's is removed here). Room: tasks
-a, b (after a), c. Prints OK at the end."""
+a, b (after a), c. Also: a resource subscription's updates arrive over HTTP, with both
+protocol versions. Prints OK at the end."""
 
 import asyncio
 import contextlib
@@ -11,14 +12,22 @@ import json
 import os
 import subprocess
 
+import warnings
+
 import httpx2
-from mcp import ClientSession
+from mcp import ClientSession, types
+from mcp.client.subscriptions import listen
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from huddle_mcp import ToolError, call
 
+# resources/subscribe is the subscription of the protocol version the SDK negotiates
+# by default (2025-11-25); the SDK marks it deprecated in favour of 2026's listen.
+warnings.simplefilter("ignore", DeprecationWarning)
+
 URL = os.environ["HUDDLE_URL"]
+ROOM = os.environ["HUDDLE_ROOM"]
 AVA = os.environ["HUDDLE_TOKEN_AVA"]
 BO = os.environ["HUDDLE_TOKEN_BO"]
 CY = os.environ["HUDDLE_TOKEN_CY"]
@@ -26,12 +35,12 @@ VERSION = "2025-06-18"
 
 
 @contextlib.asynccontextmanager
-async def agent(token, modern=False):
+async def agent(token, modern=False, message_handler=None):
     """An initialised SDK session over streamable HTTP, authenticated by `token`."""
     client = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
     async with client:
         async with streamable_http_client(URL, http_client=client) as (read, write):
-            async with ClientSession(read, write) as session:
+            async with ClientSession(read, write, message_handler=message_handler) as session:
                 if modern:
                     await session.discover()
                     yield session, None
@@ -95,12 +104,23 @@ async def main():
             "Accept": "application/json, text/event-stream"})
         refused_401(r, "another scheme")
 
-        # Two agents, each itself: identity from the token alone.
-        async with agent(AVA) as (ava, ava_init), agent(BO) as (bo, bo_init):
+        # Two agents, each itself: identity from the token alone. ava subscribes to
+        # the room's timeline and hears of bo's post (over the session's GET stream).
+        updates = asyncio.Queue()
+
+        async def on_message(message):
+            if isinstance(message, types.ResourceUpdatedNotification):
+                await updates.put(str(message.params.uri))
+
+        timeline = f"huddle://room/{ROOM}/timeline"
+        async with agent(AVA, message_handler=on_message) as (ava, ava_init), agent(BO) as (bo, bo_init):
             assert 'agent "ava" in room' in ava_init.instructions, ava_init.instructions
             assert 'agent "bo" in room' in bo_init.instructions, bo_init.instructions
+            await ava.subscribe_resource(timeline)
             await call(ava, "post", {"text": "ava here"})
             await call(bo, "post", {"text": "bo here"})
+            got = await asyncio.wait_for(updates.get(), timeout=10)
+            assert got == timeline, got
             a = (await call(ava, "task_claim", {"task": "a"}))["claimed"]
             c = (await call(bo, "task_claim", {"task": "c"}))["claimed"]
             assert a["task"]["id"] == "a" and c["task"]["id"] == "c", (a, c)
@@ -118,9 +138,16 @@ async def main():
             assert b["dependencies"][0]["result"] == "A by ava", b
             await call(bo, "task_complete", {"task": "b", "result": "B by bo"})
 
-        # The 2026-07-28 handshake (stateless requests): still the token's agent.
+        # The 2026-07-28 handshake (stateless requests): still the token's agent, and
+        # subscriptions/listen streams the same updates.
         async with agent(AVA, modern=True) as (ava, _):
-            await call(ava, "post", {"text": "ava again"})
+            assert ava.protocol_version == "2026-07-28", ava.protocol_version
+            async with listen(ava, resource_subscriptions=[timeline]) as sub:
+                assert list(sub.honored.resource_subscriptions or []) == [timeline], sub.honored
+                events = aiter(sub)
+                await call(ava, "post", {"text": "ava again"})
+                got = await asyncio.wait_for(anext(events), timeout=10)
+                assert str(got.uri) == timeline, got
 
         # Another agent's token on ava's session is refused before anything runs; ava's
         # own token on it works.
