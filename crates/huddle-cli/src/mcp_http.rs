@@ -104,13 +104,23 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A refusal before the request's body was read: the connection is closed after it
+/// (`Connection: close`), so no client reuses a connection with an unread body on it.
+fn refuse(status: StatusCode, message: String) -> Response {
+    let mut response = (status, format!("{message}\n")).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
 /// 401 with the challenge, and a line saying what was wrong.
 fn unauthorized(error: Option<&str>, message: &str) -> Response {
     let challenge = match error {
         Some(e) => format!("Bearer realm=\"huddle\", error=\"{e}\""),
         None => "Bearer realm=\"huddle\"".to_string(),
     };
-    let mut response = (StatusCode::UNAUTHORIZED, format!("{message}\n")).into_response();
+    let mut response = refuse(StatusCode::UNAUTHORIZED, message.to_string());
     if let Ok(v) = HeaderValue::from_str(&challenge) {
         response.headers_mut().insert(header::WWW_AUTHENTICATE, v);
     }
@@ -153,11 +163,10 @@ async fn authenticate(
         }
         Err(e) => {
             tracing::warn!(error = %e, "cannot check a token");
-            return (
+            return refuse(
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("huddle: cannot check the token now: {e}\n"),
-            )
-                .into_response();
+                format!("huddle: cannot check the token now: {e}"),
+            );
         }
     };
     let session_id = request
@@ -173,11 +182,11 @@ async fn authenticate(
                 room = token.room,
                 "request refused: an MCP session of another token"
             );
-            return (
+            return refuse(
                 StatusCode::FORBIDDEN,
-                "huddle: this MCP session belongs to another agent's token; initialize your own\n",
-            )
-                .into_response();
+                "huddle: this MCP session belongs to another agent's token; initialize your own"
+                    .to_string(),
+            );
         }
     }
     let agent = match state.agent(&token).await {
@@ -189,14 +198,13 @@ async fn authenticate(
             } else {
                 StatusCode::FORBIDDEN
             };
-            return (
+            return refuse(
                 status,
                 format!(
-                    "huddle: cannot act as agent {:?} in room {:?}: {e}\n",
+                    "huddle: cannot act as agent {:?} in room {:?}: {e}",
                     token.agent, token.room
                 ),
-            )
-                .into_response();
+            );
         }
     };
     let deleting = request.method() == Method::DELETE;
