@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use huddle_core::config::RoomConfig;
 use huddle_core::guards::TurnRequest as GuardTurn;
+use huddle_core::protocol::TurnActivity;
 use huddle_core::sync::{
     ClaimAnswer, ClaimEpoch, ClaimKey, ClaimOutcome, ClaimRef, Event, Intent, LocalAgent,
     ReplyGate, SyncOptions, Synchronizer, TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
@@ -140,6 +141,7 @@ enum Feedback {
         turn: TurnId,
         outcome: CoreOutcome,
         tokens: u64,
+        activity: TurnActivity,
     },
     Failed(StoreError),
     /// A write failed and is being retried.
@@ -286,7 +288,7 @@ impl Relay {
                             }
                             Event::ClaimLost { key, epoch }
                         }
-                        Feedback::TurnEnded { turn, outcome, tokens } => {
+                        Feedback::TurnEnded { turn, outcome, tokens, activity } => {
                             let lost = lp.turns.remove(&turn).is_some_and(|t| t.lost);
                             match &outcome {
                                 // A reply under a lost claim is never written: the turn
@@ -294,7 +296,7 @@ impl Relay {
                                 CoreOutcome::Replied { .. } if !lost => lp.summary.turns_replied += 1,
                                 _ => lp.summary.turns_failed += 1,
                             }
-                            Event::TurnEnded { turn, outcome, tokens }
+                            Event::TurnEnded { turn, outcome, tokens, activity }
                         }
                         Feedback::Failed(e) => {
                             warn!(error = %e, "a store operation failed");
@@ -764,6 +766,7 @@ impl Executor {
                             turn: start.turn.clone(),
                             outcome: CoreOutcome::Cancelled,
                             tokens: 0,
+                            activity: TurnActivity::default(),
                         });
                         continue;
                     }
@@ -895,6 +898,7 @@ impl Executor {
                     reason: format!("agent {} is not hosted here", start.agent),
                 },
                 tokens: 0,
+                activity: TurnActivity::default(),
             });
             return;
         };
@@ -903,15 +907,24 @@ impl Executor {
         let request = turn_request(&start, related.as_deref());
         tokio::spawn(async move {
             let outcome = driver.run(request, token).await;
-            let (outcome, tokens) = match outcome {
-                TurnOutcome::Replied { text, tokens } => (CoreOutcome::Replied { text }, tokens),
-                TurnOutcome::Failed { reason, tokens } => (CoreOutcome::Failed { reason }, tokens),
-                TurnOutcome::Cancelled => (CoreOutcome::Cancelled, 0),
+            let (outcome, tokens, activity) = match outcome {
+                TurnOutcome::Replied {
+                    text,
+                    tokens,
+                    activity,
+                } => (CoreOutcome::Replied { text }, tokens, activity),
+                TurnOutcome::Failed {
+                    reason,
+                    tokens,
+                    activity,
+                } => (CoreOutcome::Failed { reason }, tokens, activity),
+                TurnOutcome::Cancelled => (CoreOutcome::Cancelled, 0, TurnActivity::default()),
             };
             let _ = feedback.send(Feedback::TurnEnded {
                 turn: start.turn,
                 outcome,
                 tokens,
+                activity,
             });
         });
     }

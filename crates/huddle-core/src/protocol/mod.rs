@@ -27,4 +27,7 @@ pub use coord::{
 pub(crate) use fields::{closing_key, deadline_from, hash_parts, parse_body, valid_name};
 pub use fields::{truncate_text, PPM, SYSTEM_ACTOR};
 pub use room::{AgentRegisteredBody, MessageBody, RoomCreatedBody, DEFAULT_PRIORITY};
-pub use turn::{TokensBody, TurnFailedBody, TurnPromptedBody, TurnRepliedBody, TurnUsageBody};
+pub use turn::{
+    PermissionEntry, PlanEntry, TokensBody, ToolCallEntry, TurnActivity, TurnFailedBody,
+    TurnPromptedBody, TurnRepliedBody, TurnUsageBody, MAX_ACTIVITY_ENTRIES, MAX_ACTIVITY_TEXT,
+};

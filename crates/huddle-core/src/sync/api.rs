@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::RoomConfig;
 use crate::model::{Interaction, InteractionId, NewInteraction, Role, Timestamp};
-use crate::protocol::{ClaimEpoch, ClaimRef, Subject, DEFAULT_PRIORITY};
+use crate::protocol::{ClaimEpoch, ClaimRef, Subject, TurnActivity, DEFAULT_PRIORITY};
 
 // ---------------------------------------------------------------------------------
 // Construction
@@ -208,6 +208,9 @@ pub enum Event {
         outcome: TurnOutcome,
         /// Tokens it used.
         tokens: u64,
+        /// What the agent did, as its driver reported it (written into the turn's
+        /// record).
+        activity: TurnActivity,
     },
     /// A claim is no longer held at `epoch`: a renew returned nothing, or a fenced
     /// append under it was refused.

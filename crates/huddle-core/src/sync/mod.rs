@@ -88,8 +88,8 @@ use crate::protocol::task::{
 };
 use crate::protocol::{
     hash_parts, parse_body, truncate_text, AgentRegisteredBody, CoordNoteBody, DesignationBody,
-    MessageBody, Subject, SubjectKind, TurnFailedBody, TurnPromptedBody, TurnRepliedBody,
-    DEFAULT_PRIORITY,
+    MessageBody, Subject, SubjectKind, TurnActivity, TurnFailedBody, TurnPromptedBody,
+    TurnRepliedBody, DEFAULT_PRIORITY,
 };
 use crate::tasks::{TaskDag, TaskStatus};
 use crate::verbs::Verb;
@@ -405,7 +405,8 @@ impl Synchronizer {
                 turn,
                 outcome,
                 tokens,
-            } => self.on_turn_ended(&turn, outcome, tokens, &mut out),
+                activity,
+            } => self.on_turn_ended(&turn, outcome, tokens, activity, &mut out),
             Event::ClaimLost { key, epoch } => self.on_claim_lost(&key, epoch, &mut out),
             Event::Config {
                 room,
@@ -1644,6 +1645,7 @@ impl Synchronizer {
         turn: &TurnId,
         outcome: TurnOutcome,
         tokens: u64,
+        activity: TurnActivity,
         out: &mut Vec<Intent>,
     ) {
         let Some(lt) = self.turns.remove(turn) else {
@@ -1680,6 +1682,7 @@ impl Synchronizer {
                 epoch,
                 reason: truncate_text(&reason, MAX_RESULT_BYTES),
                 tokens,
+                activity: activity.clone(),
             };
             let mut row = NewInteraction::new(
                 lt.room.as_str(),
@@ -1739,6 +1742,7 @@ impl Synchronizer {
                     epoch,
                     tokens,
                     reply: Some(reply.id()),
+                    activity,
                 };
                 let mut replied_row = NewInteraction::new(
                     lt.room.as_str(),
@@ -1795,6 +1799,7 @@ impl Synchronizer {
                     epoch,
                     tokens,
                     reply: None,
+                    activity,
                 };
                 // Fenced by the task claim and the drive claim (the same agent on two
                 // relays completes once) and closing both: a finished task is never
