@@ -119,6 +119,85 @@ pub async fn room_create(
     Ok(())
 }
 
+/// `huddle room rotate-key`. Safe to run again after any failure: the next key waits
+/// in `<key file>.next` until the rotation is in the ledger, so a retry signs the same
+/// rotation (the same row) and the key file is replaced only once the ledger shows the
+/// new key.
+pub async fn room_rotate_key(
+    url: &str,
+    options: StoreOptions,
+    room: &str,
+    owner: &str,
+    key_flag: Option<&Path>,
+) -> anyhow::Result<()> {
+    let store = open(url, options).await?;
+    let authority = room_authority(&*store, room).await?;
+    let Some(current_owner) = authority.owner(room) else {
+        bail!("room {room} does not exist (create it with `huddle room create`)");
+    };
+    if current_owner != owner {
+        bail!("room {room} is owned by {current_owner}, not {owner}");
+    }
+    let Some(room_key) = authority.owner_key(room) else {
+        bail!("room {room} has no owner key to rotate");
+    };
+    let path = keys::key_path(owner, key_flag)?;
+    let next_path = keys::with_suffix(&path, ".next");
+    let Some(secret) = keys::load(&path)? else {
+        bail!(
+            "no key file at {}: the owner's current key is needed to sign the rotation",
+            path.display()
+        );
+    };
+    if secret.public() != room_key {
+        // A rotation that landed before its key files were swapped: finish the swap.
+        if let Some(next) = keys::load(&next_path)? {
+            if next.public() == room_key {
+                let retired = keys::retire(&path, &secret.public(), &next_path)?;
+                println!(
+                    "room {room}: owner key {} is already in the ledger; {} now holds it (old key kept in {})",
+                    room_key.short(),
+                    path.display(),
+                    retired.display()
+                );
+                return Ok(());
+            }
+        }
+        bail!(
+            "{} holds key {}, but room {room}'s owner key is {}: pass the current key with --key",
+            path.display(),
+            secret.public().short(),
+            room_key.short()
+        );
+    }
+    let (next, _) = keys::load_or_create(&next_path)?;
+    let rotation = secret.sign(NewInteraction::new(
+        room,
+        Verb::RoomKeyRotated,
+        owner,
+        Role::Owner,
+        json!({ "key": next.public().to_hex() }),
+    ));
+    store.append(vec![rotation]).await?;
+    store.flush().await;
+    let after = room_authority(&*store, room).await?;
+    if after.owner_key(room) != Some(next.public()) {
+        bail!(
+            "the rotation was written but room {room}'s key is still {}: another rotation may have raced it",
+            after.owner_key(room).map(|k| k.short()).unwrap_or_default()
+        );
+    }
+    let retired = keys::retire(&path, &secret.public(), &next_path)?;
+    println!(
+        "room {room}: owner key rotated from {} to {}; {} holds the new key (old key kept in {})",
+        secret.public().short(),
+        next.public().short(),
+        path.display(),
+        retired.display()
+    );
+    Ok(())
+}
+
 /// `huddle post`. An owner command (`!delegate`, `!config`) by the room's owner is
 /// signed with the owner's key; without that key the text is posted as an ordinary
 /// message and [`NotSigned`] says why.

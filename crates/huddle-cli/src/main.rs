@@ -228,6 +228,20 @@ pub enum RoomCommand {
         #[arg(long, env = "HUDDLE_OWNER_KEY", value_name = "PATH")]
         key: Option<std::path::PathBuf>,
     },
+    /// Replace the room owner's key: a new key pair is made, the rotation is signed
+    /// with the current key and appended, and the key file then holds the new key
+    /// (the old one is kept beside it as `NAME.key.retired-<key id>`). Commands signed
+    /// with the old key no longer count once the rotation is in the ledger.
+    RotateKey {
+        /// Room name.
+        room: String,
+        /// The owner's id.
+        #[arg(long)]
+        owner: String,
+        /// The owner's current key file [default: as for `room create`].
+        #[arg(long, env = "HUDDLE_OWNER_KEY", value_name = "PATH")]
+        key: Option<std::path::PathBuf>,
+    },
 }
 
 fn init_tracing(filter: &str) {
@@ -288,6 +302,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Room {
             command: RoomCommand::Create { room, owner, key },
         } => ledger_cmds::room_create(&db, options, &room, &owner, key.as_deref()).await,
+        Command::Room {
+            command: RoomCommand::RotateKey { room, owner, key },
+        } => ledger_cmds::room_rotate_key(&db, options, &room, &owner, key.as_deref()).await,
         Command::Post {
             room,
             actor,

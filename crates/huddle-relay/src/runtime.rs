@@ -105,6 +105,14 @@ pub struct RelaySummary {
     /// Results given up unwritten (the database stayed away past the shutdown grace,
     /// or refused the write for good).
     pub results_lost: u64,
+    /// Owner commands not executed: no signature, or one that does not verify against
+    /// the room owner's key.
+    pub unsigned_commands: u64,
+    /// `task.created` rows no verified owner command produced, ignored.
+    pub unauthorized_rows: u64,
+    /// `room.created` / `room.key_rotated` / `config.set` rows the config fold ignored
+    /// (a second creation, a forged rotation, a hand-written config).
+    pub ignored_config_rows: u64,
 }
 
 /// Why a relay stopped with an error.
@@ -397,6 +405,18 @@ impl Relay {
         identity.release(lp.store.as_ref()).await;
         lp.summary.board_hash = hex::encode(lp.sync.board().state_hash());
         lp.summary.tasks_hash = hex::encode(lp.sync.tasks().state_hash());
+        let authority = lp.commands.authority();
+        lp.summary.unsigned_commands = authority.unsigned_commands();
+        lp.summary.unauthorized_rows = authority.unauthorized_rows();
+        lp.summary.ignored_config_rows = authority.config().ignored_rows();
+        if lp.summary.unsigned_commands + lp.summary.unauthorized_rows > 0 {
+            warn!(
+                unsigned_commands = lp.summary.unsigned_commands,
+                unauthorized_rows = lp.summary.unauthorized_rows,
+                ignored_config_rows = lp.summary.ignored_config_rows,
+                "rows without a valid owner signature were ignored"
+            );
+        }
         Ok(lp.summary)
     }
 }
