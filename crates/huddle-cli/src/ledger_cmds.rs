@@ -201,15 +201,83 @@ pub async fn room_rotate_key(
 /// `huddle post`. An owner command (`!delegate`, `!config`) by the room's owner is
 /// signed with the owner's key; without that key the text is posted as an ordinary
 /// message and [`NotSigned`] says why.
+/// Who posts with `huddle post`, where, and in answer to what.
+pub struct Speaker<'a> {
+    /// Who is speaking.
+    pub actor: &'a str,
+    /// The thread, if any.
+    pub thread: Option<String>,
+    /// The message answered (an id or a unique prefix).
+    pub reply_to: Option<&'a str>,
+    /// The owner key file flag.
+    pub key: Option<&'a Path>,
+}
+
+/// Shortest id prefix `--reply-to` accepts.
+const MIN_ID_PREFIX: usize = 6;
+
+/// The interaction of `room` whose id is `wanted` or starts with it.
+async fn find_interaction(
+    store: &dyn Store,
+    room: &str,
+    wanted: &str,
+) -> anyhow::Result<huddle_core::Interaction> {
+    let wanted = wanted.trim().to_ascii_lowercase();
+    if wanted.len() < MIN_ID_PREFIX || !wanted.chars().all(|c| c.is_ascii_hexdigit()) {
+        bail!(
+            "--reply-to {wanted:?} is not an interaction id: give the id (64 hex digits, as \
+             `huddle tail` prints it) or a prefix of at least {MIN_ID_PREFIX} of them"
+        );
+    }
+    if let Ok(id) = wanted.parse::<huddle_core::InteractionId>() {
+        return match store.get(id).await? {
+            Some(row) if row.room == room => Ok(row),
+            _ => bail!("--reply-to: there is no interaction {wanted} in room {room}"),
+        };
+    }
+    let mut found: Vec<huddle_core::Interaction> = Vec::new();
+    let mut cursor = Position::START;
+    loop {
+        let batch = store.read_room(room, cursor, 1000).await?;
+        found.extend(
+            batch
+                .rows
+                .into_iter()
+                .filter(|r| r.id.to_string().starts_with(&wanted)),
+        );
+        if batch.next == cursor {
+            break;
+        }
+        cursor = batch.next;
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => bail!("--reply-to: no interaction in room {room} has an id starting with {wanted}"),
+        n => bail!(
+            "--reply-to: {n} interactions in room {room} have ids starting with {wanted} ({}): give more digits",
+            found
+                .iter()
+                .take(5)
+                .map(|r| r.id.to_string()[..12].to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 pub async fn post(
     url: &str,
     options: StoreOptions,
     room: &str,
-    actor: &str,
-    thread: Option<String>,
+    speaker: Speaker<'_>,
     text: &str,
-    key_flag: Option<&Path>,
 ) -> anyhow::Result<()> {
+    let Speaker {
+        actor,
+        thread,
+        reply_to,
+        key: key_flag,
+    } = speaker;
     let text = if text == "-" {
         let mut buf = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut buf)
@@ -235,6 +303,13 @@ pub async fn post(
         json!({ "text": text }),
     );
     message.thread = thread;
+    if let Some(wanted) = reply_to {
+        let parent = find_interaction(&*store, room, wanted).await?;
+        if message.thread.is_none() {
+            message.thread = parent.thread.clone();
+        }
+        message = message.with_parent(parent.id);
+    }
     let mut not_signed = None;
     if role == Role::Owner && command_word(&text).is_some() {
         let path = keys::key_path(actor, key_flag)?;

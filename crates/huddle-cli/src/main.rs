@@ -70,6 +70,11 @@ pub enum Command {
         /// Thread inside the room.
         #[arg(long)]
         thread: Option<String>,
+        /// Answer this message (its id, or a unique prefix of at least 6 hex digits):
+        /// the reply wakes the message's author only, when that is an agent, and goes
+        /// in the message's thread unless --thread says otherwise.
+        #[arg(long, value_name = "ID")]
+        reply_to: Option<String>,
         /// The message text; `-` reads it from standard input.
         text: String,
         /// The owner's key file [default: $HUDDLE_KEYS/ID.key, else
@@ -309,9 +314,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             room,
             actor,
             thread,
+            reply_to,
             text,
             key,
-        } => ledger_cmds::post(&db, options, &room, &actor, thread, &text, key.as_deref()).await,
+        } => {
+            let to = ledger_cmds::Speaker {
+                actor: &actor,
+                thread,
+                reply_to: reply_to.as_deref(),
+                key: key.as_deref(),
+            };
+            ledger_cmds::post(&db, options, &room, to, &text).await
+        }
         Command::Tail { room, follow, json } => {
             ledger_cmds::tail(&db, options, &room, follow, json).await
         }

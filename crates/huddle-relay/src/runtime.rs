@@ -973,6 +973,9 @@ async fn log_lost_claim(
         Some(ClaimKey::Task { task, .. }) => (Some(task), None, held_by_agent),
         Some(ClaimKey::TaskDrive { task, .. }) => (Some(task), None, agent.map(str::to_string)),
         Some(ClaimKey::Reply { message, .. }) => (None, Some(message.short()), held_by_agent),
+        Some(ClaimKey::DirectedReply { message, agent, .. }) => {
+            (None, Some(message.short()), Some(agent))
+        }
         Some(ClaimKey::Drive {
             message,
             agent: driven,

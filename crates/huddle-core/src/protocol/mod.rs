@@ -20,7 +20,10 @@ pub mod room;
 pub mod task;
 pub mod turn;
 
-pub use claims::{drive_key, reply_key, task_key, taskdrive_key, ClaimEpoch, ClaimKey, ClaimRef};
+pub use claims::{
+    directed_reply_key, drive_key, reply_key, reply_key_for, task_key, taskdrive_key, ClaimEpoch,
+    ClaimKey, ClaimRef,
+};
 pub use coord::{
     CoordNoteBody, DesignationBody, NoticeBody, PresenceBody, PresenceState, Subject, SubjectKind,
 };

@@ -247,6 +247,10 @@ pub enum ClaimPurpose {
         message: InteractionId,
         /// The contending agent.
         agent: String,
+        /// Whether the message names several agents, each answering under its own
+        /// claim ([`crate::protocol::directed_reply_key`]).
+        #[serde(default)]
+        each: bool,
     },
     /// `drive/..` for this relay; when won: append `turn.prompted` (fenced) and start
     /// the reply turn.
@@ -261,6 +265,9 @@ pub enum ClaimPurpose {
         agent: String,
         /// The epoch of the reply claim won.
         reply_epoch: ClaimEpoch,
+        /// As for [`ClaimPurpose::Reply`].
+        #[serde(default)]
+        each: bool,
     },
     /// `task/..` for `agent`; when won: acquire the task drive claim.
     Task {
@@ -303,6 +310,30 @@ impl ClaimPurpose {
             | ClaimPurpose::DriveReply { room, .. }
             | ClaimPurpose::Task { room, .. }
             | ClaimPurpose::DriveTask { room, .. } => room,
+        }
+    }
+
+    /// The exclusive claim this purpose is about: the reply or task claim (for a drive
+    /// claim, the one it drives).
+    pub fn exclusive_key(&self) -> String {
+        match self {
+            ClaimPurpose::Reply {
+                room,
+                message,
+                agent,
+                each,
+                ..
+            }
+            | ClaimPurpose::DriveReply {
+                room,
+                message,
+                agent,
+                each,
+                ..
+            } => crate::protocol::reply_key_for(room, message, agent, *each),
+            ClaimPurpose::Task { room, task, .. } | ClaimPurpose::DriveTask { room, task, .. } => {
+                crate::protocol::task_key(room, task)
+            }
         }
     }
 }

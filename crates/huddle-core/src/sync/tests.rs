@@ -287,6 +287,139 @@ fn reply_election_then_drive_election_then_one_reply() {
     assert!(h.sync.is_quiescent("lobby"));
 }
 
+/// Wins `agent`'s directed reply claim and its drive claim; returns the turn.
+fn run_each_to_start(h: &mut H, m: &Interaction, agent: &str) -> TurnStart {
+    let key = directed_reply_key("lobby", &m.id, agent);
+    let out = h.result(&key, agent, true, 1);
+    // Each named agent answers for itself: no designation is written.
+    assert!(appends(&out).is_empty(), "{out:?}");
+    let dkey = drive_key("lobby", agent, &m.id);
+    assert_eq!(acquires(&out), vec![(dkey.clone(), "r1".to_string())]);
+    let out = h.result(&dkey, "r1", true, 1);
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!("{key}@{agent}#1 + {dkey}@r1#1")),
+            vec!["turn.prompted"]
+        )]
+    );
+    let st = starts(&out)[0].clone();
+    h.apply_appends(&out);
+    h.read();
+    st
+}
+
+#[test]
+fn a_message_naming_several_agents_gets_one_reply_from_each() {
+    let mut h = H::new(&["bo", "cy", "dee"]);
+    h.start();
+    let m = h.write(vec![message(
+        "ana",
+        Role::Human,
+        "@bo and @cy: each take your part",
+    )])[0]
+        .clone();
+    let out = h.read();
+    let (kb, kc) = (
+        directed_reply_key("lobby", &m.id, "bo"),
+        directed_reply_key("lobby", &m.id, "cy"),
+    );
+    // Both named agents contend at once, each for its own claim; dee is not named.
+    assert_eq!(
+        acquires(&out),
+        vec![
+            (kb.clone(), "bo".to_string()),
+            (kc.clone(), "cy".to_string())
+        ]
+    );
+    let sb = run_each_to_start(&mut h, &m, "bo");
+    let out = h.ended(
+        &sb.turn,
+        TurnOutcome::Replied {
+            text: "bo's part \n\n".into(),
+        },
+    );
+    // Trailing white space is trimmed from what is written.
+    let reply = &match &out[0] {
+        Intent::Append { batch, .. } => batch,
+        other => panic!("{other:?}"),
+    }[0];
+    assert_eq!(reply.body["text"], "bo's part");
+    let dkb = drive_key("lobby", "bo", &m.id);
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!("{kb}@bo#1 + {dkb}@r1#1 (closes)")),
+            vec!["message.posted", "turn.replied"]
+        )]
+    );
+    h.apply_appends(&out);
+    // bo's answer does not finish cy's part, and bo does not answer again.
+    let out = h.read();
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    let sc = run_each_to_start(&mut h, &m, "cy");
+    assert!(matches!(&sc.work, TurnWork::Reply(b) if b.id == m.id));
+    let out = h.ended(
+        &sc.turn,
+        TurnOutcome::Replied {
+            text: "cy's part".into(),
+        },
+    );
+    assert_eq!(appends(&out)[0].1, vec!["message.posted", "turn.replied"]);
+    h.apply_appends(&out);
+    let out = h.read();
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    // Answered by each: nothing more is contended, however long we wait.
+    assert!(acquires(&h.tick(h.now + 120 * S)).is_empty());
+    assert!(h.sync.is_quiescent("lobby"));
+}
+
+#[test]
+fn a_failed_part_leaves_the_other_parts_open() {
+    let mut h = H::new(&["bo", "cy", "dee"]);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "@bo @cy @dee report")])[0].clone();
+    assert_eq!(acquires(&h.read()).len(), 3);
+    let sb = run_each_to_start(&mut h, &m, "bo");
+    let out = h.ended(
+        &sb.turn,
+        TurnOutcome::Failed {
+            reason: "exit 1".into(),
+        },
+    );
+    h.apply_appends(&out);
+    let out = h.read();
+    // bo failed its part: it is out for this message (like a single name), and the
+    // others' parts are untouched.
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    for agent in ["cy", "dee"] {
+        let st = run_each_to_start(&mut h, &m, agent);
+        let out = h.ended(&st.turn, TurnOutcome::Replied { text: "ok".into() });
+        h.apply_appends(&out);
+        h.read();
+    }
+    assert!(acquires(&h.tick(h.now + 120 * S)).is_empty());
+}
+
+#[test]
+fn one_name_or_the_author_among_the_names_keeps_one_shared_reply_claim() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "@cy only")])[0].clone();
+    assert_eq!(
+        acquires(&h.read()),
+        vec![(reply_key("lobby", &m.id), "cy".to_string())]
+    );
+    // An agent naming itself and one other addresses one agent: the shared claim.
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    let m = h.write(vec![message("bo", Role::Agent, "@bo asks @cy")])[0].clone();
+    assert_eq!(
+        acquires(&h.read()),
+        vec![(reply_key("lobby", &m.id), "cy".to_string())]
+    );
+}
+
 #[test]
 fn a_lost_reply_claim_backs_off() {
     let mut h = H::new(&["bo"]);
