@@ -188,8 +188,7 @@ fn summary(relay: &str, board: &str) -> RelaySummary {
         turns_failed: 0,
         fenced_refusals: 0,
         skipped_rows: 0,
-        writes_retried: 0,
-        results_lost: 0,
+        ..Default::default()
     }
 }
 

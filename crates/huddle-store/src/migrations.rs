@@ -48,7 +48,8 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     1 "ledger" "0001_ledger.sql",
     2 "claim_close" "0002_claim_close.sql",
     3 "trust" "0003_trust.sql",
-    4 "agent_token" "0004_agent_token.sql",
+    4 "directed_replies" "0004_directed_replies.sql",
+    5 "agent_token" "0005_agent_token.sql",
 );
 
 /// SQLite migrations, in order.
@@ -56,7 +57,8 @@ pub const SQLITE: &[Migration] = migrations!("sqlite":
     1 "ledger" "0001_ledger.sql",
     2 "claim_close" "0002_claim_close.sql",
     3 "trust" "0003_trust.sql",
-    4 "agent_token" "0004_agent_token.sql",
+    4 "directed_replies" "0004_directed_replies.sql",
+    5 "agent_token" "0005_agent_token.sql",
 );
 
 /// Checks that the applied migrations are a prefix of `known` with equal checksums,

@@ -1,5 +1,5 @@
 //! Agents' bearer tokens for `huddle mcp --http` (plan 0023): the `agent_token`
-//! table of migration 0004, on both backends, so every server sharing the database
+//! table of migration 0005, on both backends, so every server sharing the database
 //! serves the same agents.
 //!
 //! A token is `huddle_<id>_<secret>`: `id` is 16 hex digits (public: `token list`
