@@ -27,6 +27,31 @@ pub async fn open(url: &str, options: StoreOptions) -> anyhow::Result<Arc<dyn St
         .with_context(|| format!("cannot open the database {url:?}"))
 }
 
+/// Fails with "no such database" (and how to make one) when `url` names a SQLite
+/// file that does not exist, so that a typo in `--db` does not quietly create an
+/// empty database. Postgres reports a missing database when it connects.
+pub fn require_database(url: &str) -> anyhow::Result<()> {
+    if let Ok(huddle_store::Backend::Sqlite(path)) = huddle_store::parse_url(url) {
+        let in_memory = path.is_empty() || path.starts_with(":memory:");
+        if !in_memory && !Path::new(&path).exists() {
+            bail!(
+                "no such database {path:?}: create it with `huddle --db {url} migrate` \
+                 (or `huddle --db {url} room create ROOM --owner ID`), or fix --db / HUDDLE_DB"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Fails with the command that creates room `room` when it does not exist; returns
+/// its owner.
+pub async fn existing_room(store: &dyn Store, room: &str) -> anyhow::Result<String> {
+    match room_owner(store, room).await? {
+        Some(owner) => Ok(owner),
+        None => bail!("there is no room {room:?}; create it with `huddle room create {room} --owner ID`"),
+    }
+}
+
 /// The owner named by the room's first `room.created`, if the room exists.
 pub async fn room_owner(store: &dyn Store, room: &str) -> anyhow::Result<Option<String>> {
     let mut cursor = Position::START;
@@ -211,6 +236,69 @@ pub struct Speaker<'a> {
     pub reply_to: Option<&'a str>,
     /// The owner key file flag.
     pub key: Option<&'a Path>,
+    /// `--wait`: how long to wait for the reply, if at all.
+    pub wait: Option<std::time::Duration>,
+}
+
+/// Whether `row` answers `message`: a message (an agent's reply or huddle's answer to
+/// an owner command) with `message` as parent.
+fn answers(row: &huddle_core::Interaction, message: huddle_core::InteractionId) -> bool {
+    row.parent == Some(message) && row.verb == Verb::MessagePosted
+}
+
+/// Waits up to `limit` for the first answer to `message` in `room` and prints it.
+async fn wait_for_answer(
+    store: Arc<dyn Store>,
+    room: &str,
+    message: huddle_core::InteractionId,
+    limit: std::time::Duration,
+) -> anyhow::Result<()> {
+    let print = |row: &huddle_core::Interaction| {
+        let text = row.body.get("text").and_then(|t| t.as_str()).unwrap_or("");
+        println!("{} ({}): {text}", row.actor, row.role);
+    };
+    let mut cursor = Position::START;
+    loop {
+        let batch = store.read_room(room, cursor, 1000).await?;
+        if let Some(row) = batch.rows.iter().find(|r| answers(r, message)) {
+            print(row);
+            return Ok(());
+        }
+        if batch.next == cursor {
+            break;
+        }
+        cursor = batch.next;
+    }
+    let ledger: Arc<dyn huddle_store::Ledger> = store;
+    let mut sub = Subscription::new(ledger, cursor, 1000);
+    let found = tokio::time::timeout(limit, async {
+        loop {
+            match sub.next().await {
+                Ok(batch) => {
+                    if let Some(row) = batch.rows.into_iter().find(|r| answers(r, message)) {
+                        return Ok(row);
+                    }
+                }
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(error = %e, "database unavailable; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(anyhow::Error::from(e)),
+            }
+        }
+    })
+    .await;
+    match found {
+        Ok(row) => {
+            print(&row?);
+            Ok(())
+        }
+        Err(_) => bail!(
+            "no reply to {} within {} s (is a relay running for room {room}? `huddle tail --room {room}` shows what happened)",
+            message.short(),
+            limit.as_secs_f64()
+        ),
+    }
 }
 
 /// Shortest id prefix `--reply-to` accepts.
@@ -277,6 +365,7 @@ pub async fn post(
         thread,
         reply_to,
         key: key_flag,
+        wait,
     } = speaker;
     let text = if text == "-" {
         let mut buf = String::new();
@@ -287,9 +376,7 @@ pub async fn post(
         text.to_string()
     };
     let store = open(url, options).await?;
-    let Some(owner) = room_owner(&*store, room).await? else {
-        bail!("there is no room {room:?}; create it with `huddle room create {room} --owner ID`");
-    };
+    let owner = existing_room(&*store, room).await?;
     let role = if owner == actor {
         Role::Owner
     } else {
@@ -338,8 +425,11 @@ pub async fn post(
     let out = store.append(vec![message]).await?;
     store.flush().await;
     println!("{}", out[0].id);
-    match not_signed {
-        Some(why) => Err(NotSigned(why).into()),
+    if let Some(why) = not_signed {
+        return Err(NotSigned(why).into());
+    }
+    match wait {
+        Some(limit) => wait_for_answer(store, room, out[0].id, limit).await,
         None => Ok(()),
     }
 }
@@ -353,6 +443,7 @@ pub async fn tail(
     json_out: bool,
 ) -> anyhow::Result<()> {
     let store = open(url, options).await?;
+    existing_room(&*store, room).await?;
     let print = |rows: &[huddle_core::Interaction]| -> anyhow::Result<()> {
         use std::io::Write;
         let stdout = std::io::stdout();
@@ -420,6 +511,60 @@ pub async fn claims(
             row.state.epoch,
             if row.live { "until" } else { "expired at" },
             output::format_time(row.state.expires_at)
+        );
+    }
+    Ok(())
+}
+
+/// One room of `huddle room list`.
+#[derive(Debug, serde::Serialize)]
+pub struct RoomRow {
+    /// The room.
+    pub room: String,
+    /// Its owner (from its first `room.created`); `None` for rows in a room that was
+    /// never created.
+    pub owner: Option<String>,
+    /// How many rows the room has.
+    pub rows: u64,
+}
+
+/// `huddle room list`: every room in the ledger with its owner and row count.
+pub async fn room_list(url: &str, options: StoreOptions, json_out: bool) -> anyhow::Result<()> {
+    let store = open(url, options).await?;
+    let mut rooms: std::collections::BTreeMap<String, RoomRow> = Default::default();
+    let mut cursor = Position::START;
+    loop {
+        let batch = store.read_forward(cursor, 1000).await?;
+        for row in &batch.rows {
+            let entry = rooms.entry(row.room.clone()).or_insert_with(|| RoomRow {
+                room: row.room.clone(),
+                owner: None,
+                rows: 0,
+            });
+            entry.rows += 1;
+            if entry.owner.is_none() && row.verb == Verb::RoomCreated {
+                entry.owner = row.body.get("owner").and_then(|o| o.as_str()).map(String::from);
+            }
+        }
+        if batch.next == cursor {
+            break;
+        }
+        cursor = batch.next;
+    }
+    let rooms: Vec<RoomRow> = rooms.into_values().collect();
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&rooms)?);
+        return Ok(());
+    }
+    if rooms.is_empty() {
+        println!("no rooms (create one with `huddle room create ROOM --owner ID`)");
+    }
+    for r in &rooms {
+        println!(
+            "{}  owner {}  {} rows",
+            r.room,
+            r.owner.as_deref().unwrap_or("(none: never created)"),
+            r.rows
         );
     }
     Ok(())

@@ -36,9 +36,10 @@ pub struct Cli {
     #[arg(long, global = true, env = "HUDDLE_RELAY_ID", default_value = "cli")]
     pub relay_id: String,
 
-    /// Log filter (e.g. `info`, `huddle_store=debug`); also `RUST_LOG`.
-    #[arg(long, global = true, env = "HUDDLE_LOG", default_value = "warn")]
-    pub log: String,
+    /// Log filter (e.g. `info`, `huddle_store=debug`); also `RUST_LOG` [default:
+    /// `warn`; for `relay`, `warn,huddle=info`: its start-up lines].
+    #[arg(long, global = true, env = "HUDDLE_LOG")]
+    pub log: Option<String>,
 
     /// Fallback poll interval for following the ledger, in milliseconds.
     #[arg(long, global = true, env = "HUDDLE_POLL_MS", default_value_t = 1000)]
@@ -78,6 +79,12 @@ pub enum Command {
         reply_to: Option<String>,
         /// The message text; `-` reads it from standard input.
         text: String,
+        /// Wait for the reply to this message (an owner command's answer or an
+        /// agent's reply), up to SECS seconds [default: 60], and print it; exits
+        /// non-zero when none comes.
+        #[arg(long, value_name = "SECS", num_args = 0..=1, require_equals = true,
+              default_missing_value = "60")]
+        wait: Option<f64>,
         /// The owner's key file [default: $HUDDLE_KEYS/ID.key, else
         /// $XDG_CONFIG_HOME/huddle/keys/ID.key, else ~/.config/huddle/keys/ID.key].
         #[arg(long, env = "HUDDLE_OWNER_KEY", value_name = "PATH")]
@@ -242,6 +249,12 @@ pub enum RoomCommand {
         #[arg(long, env = "HUDDLE_OWNER_KEY", value_name = "PATH")]
         key: Option<std::path::PathBuf>,
     },
+    /// Every room in the database: owner and number of rows.
+    List {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Replace the room owner's key: a new key pair is made, the rotation is signed
     /// with the current key and appended, and the key file then holds the new key
     /// (the old one is kept beside it as `NAME.key.retired-<key id>`). Commands signed
@@ -258,14 +271,41 @@ pub enum RoomCommand {
     },
 }
 
-fn init_tracing(filter: &str) {
+/// Logs go to stderr, coloured only when it is a terminal. The default filter is
+/// `warn`; a relay also logs its start-up lines (`huddle=info`).
+fn init_tracing(filter: Option<&str>, command: &Command) {
+    use std::io::IsTerminal as _;
+    let default = match command {
+        Command::Relay { .. } => "warn,huddle=info",
+        _ => "warn",
+    };
     let env = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(filter))
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(filter.unwrap_or(default)))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(env)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// Whether `command` may create its database: the others need an existing one, so
+/// that a typo in `--db` is an error rather than a new empty database.
+fn creates_database(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Migrate
+            | Command::Room {
+                command: RoomCommand::Create { .. }
+            }
+            | Command::Demo(_)
+            | Command::Bench { .. }
+            | Command::Relay { check: true, .. }
+            | Command::Mcp {
+                print_config: Some(_),
+                ..
+            }
+    )
 }
 
 fn main() -> ExitCode {
@@ -277,7 +317,7 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
-    init_tracing(&cli.log);
+    init_tracing(cli.log.as_deref(), &cli.command);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -311,11 +351,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         poll_interval: Duration::from_millis(cli.poll_ms.max(1)),
         ..Default::default()
     };
+    // A relay checks its own database (the configuration file may name it).
+    if !creates_database(&cli.command) && !matches!(cli.command, Command::Relay { .. }) {
+        ledger_cmds::require_database(&db)?;
+    }
     match cli.command {
         Command::Migrate => ledger_cmds::migrate(&db, options).await,
         Command::Room {
             command: RoomCommand::Create { room, owner, key },
         } => ledger_cmds::room_create(&db, options, &room, &owner, key.as_deref()).await,
+        Command::Room {
+            command: RoomCommand::List { json },
+        } => ledger_cmds::room_list(&db, options, json).await,
         Command::Room {
             command: RoomCommand::RotateKey { room, owner, key },
         } => ledger_cmds::room_rotate_key(&db, options, &room, &owner, key.as_deref()).await,
@@ -326,12 +373,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             reply_to,
             text,
             key,
+            wait,
         } => {
+            let wait = match wait {
+                Some(secs) if secs.is_finite() && secs > 0.0 => {
+                    Some(Duration::from_secs_f64(secs))
+                }
+                Some(secs) => anyhow::bail!("--wait={secs}: give a positive number of seconds"),
+                None => None,
+            };
             let to = ledger_cmds::Speaker {
                 actor: &actor,
                 thread,
                 reply_to: reply_to.as_deref(),
                 key: key.as_deref(),
+                wait,
             };
             ledger_cmds::post(&db, options, &room, to, &text).await
         }

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use huddle_core::sync::LocalAgent;
-use huddle_relay::config::RelayConfig;
+use huddle_relay::config::{DriverKind, RelayConfig};
 use huddle_relay::driver::McpLaunch;
 use huddle_relay::{HostedAgent, Relay, RelayOptions};
 use huddle_store::StoreOptions;
@@ -20,6 +20,15 @@ pub async fn hosted_agents(cfg: &RelayConfig) -> anyhow::Result<Vec<HostedAgent>
             .start_driver(mcp.as_ref())
             .await
             .map_err(anyhow::Error::msg)?;
+        // An exec agent's program is looked up now, not at its first turn.
+        let what = match a.driver {
+            DriverKind::Exec => driver
+                .check()
+                .await
+                .map_err(|e| anyhow::anyhow!("agent {:?}: {e} (on PATH, or as a path relative to the configuration file)", a.key))?,
+            kind => kind.name().to_string(),
+        };
+        tracing::info!(agent = %a.key, capabilities = ?a.capabilities, "hosting agent: {what}");
         agents.push(HostedAgent {
             local: LocalAgent::new(a.key.clone()).with_capabilities(a.capabilities.clone()),
             name: a.name.clone().unwrap_or_else(|| a.key.clone()),
@@ -79,6 +88,7 @@ pub async fn run(config: &Path, db_override: Option<String>, poll_ms: u64) -> an
     if let Some(db) = db_override {
         cfg.database = db;
     }
+    crate::ledger_cmds::require_database(&cfg.database)?;
     let options = StoreOptions {
         relay: cfg.relay.clone(),
         poll_interval: std::time::Duration::from_millis(poll_ms.max(1)),
@@ -100,6 +110,7 @@ pub async fn run(config: &Path, db_override: Option<String>, poll_ms: u64) -> an
             }
         }
     };
+    check_rooms(&*store, &cfg).await?;
     let agents = hosted_agents(&cfg).await?;
     tracing::info!(relay = %cfg.relay, agents = agents.len(), rooms = ?cfg.rooms, "relay starting");
     let relay = Relay::new(
@@ -118,6 +129,36 @@ pub async fn run(config: &Path, db_override: Option<String>, poll_ms: u64) -> an
     let summary = relay.run(shutdown).await?;
     println!("{}", serde_json::to_string(&summary)?);
     Ok(())
+}
+
+/// Fails, naming every missing room and the command that creates it, unless all of
+/// the relay's rooms exist; logs one line per room.
+async fn check_rooms(store: &dyn huddle_store::Store, cfg: &RelayConfig) -> anyhow::Result<()> {
+    let mut missing = Vec::new();
+    for room in &cfg.rooms {
+        match crate::ledger_cmds::room_owner(store, room).await? {
+            Some(owner) => tracing::info!(room = %room, owner = %owner, "joining room"),
+            None => missing.push(room.as_str()),
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let create: Vec<String> = missing
+        .iter()
+        .map(|r| format!("`huddle room create {r} --owner ID`"))
+        .collect();
+    anyhow::bail!(
+        "{} not exist in {:?}: {}; create {} with {}, or fix `rooms` in the configuration",
+        match missing.as_slice() {
+            [one] => format!("room {one:?} does"),
+            many => format!("rooms {} do", many.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>().join(", ")),
+        },
+        cfg.database,
+        "the relay would wait in a room nobody can command",
+        if missing.len() == 1 { "it" } else { "them" },
+        create.join(" and ")
+    )
 }
 
 /// `main` gives SIGPIPE its default action for the output commands; a relay writes

@@ -64,7 +64,8 @@ pub enum DriverKind {
 }
 
 impl DriverKind {
-    fn name(self) -> &'static str {
+    /// The name used in `huddle.toml`.
+    pub fn name(self) -> &'static str {
         match self {
             DriverKind::Sim => "sim",
             DriverKind::Exec => "exec",
@@ -163,8 +164,10 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 impl RelayConfig {
-    /// Reads and checks a file; `HUDDLE_DB` (when set and non-empty) overrides the
-    /// database URL.
+    /// Reads and checks a file; relative paths in it (the SQLite database, an exec
+    /// program given as a path, `cwd`) are taken relative to the file's directory
+    /// ([`RelayConfig::resolve_paths`]). `HUDDLE_DB` (when set and non-empty)
+    /// overrides the database URL.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
@@ -173,12 +176,47 @@ impl RelayConfig {
             reason: format!("cannot read: {e}"),
         })?;
         let mut cfg = Self::parse(&file, &text)?;
+        cfg.resolve_paths(path.parent().unwrap_or(Path::new("")));
         if let Ok(db) = std::env::var("HUDDLE_DB") {
             if !db.trim().is_empty() {
                 cfg.database = db;
             }
         }
         Ok(cfg)
+    }
+
+    /// Makes the relative paths of the file relative to `dir`, its directory: the
+    /// SQLite database file, an exec program named by a path (containing `/`; a bare
+    /// name is looked up on `PATH`) and the exec / ACP `cwd`.
+    pub fn resolve_paths(&mut self, dir: &Path) {
+        if dir.as_os_str().is_empty() {
+            return;
+        }
+        let under = |p: &str| -> String {
+            if Path::new(p).is_absolute() {
+                p.to_string()
+            } else {
+                dir.join(p).display().to_string()
+            }
+        };
+        if let Ok(huddle_store::Backend::Sqlite(file)) = huddle_store::parse_url(&self.database) {
+            if !file.is_empty() && !file.starts_with(":memory:") {
+                self.database = under(&file);
+            }
+        }
+        for a in &mut self.agents {
+            if let Some(exec) = &mut a.exec {
+                if let Some(program) = exec.command.first_mut() {
+                    if program.contains('/') {
+                        *program = under(program);
+                    }
+                }
+                exec.cwd = exec.cwd.as_deref().map(under);
+            }
+            if let Some(acp) = &mut a.acp {
+                acp.cwd = acp.cwd.as_deref().map(under);
+            }
+        }
     }
 
     /// Parses and checks configuration text; `file` names it in errors.
@@ -371,6 +409,27 @@ acp = { preset = "codex", permissions = ["read", "edit"] }
             assert_eq!(e.line, Some(line), "{e}");
             assert!(e.reason.contains(needle), "{e} lacks {needle:?}");
         }
+    }
+
+    #[test]
+    fn paths_resolve_against_the_file_directory() {
+        let text = GOOD
+            .replace("rooms = [", "database = \"sqlite://data/h.db\"\nrooms = [")
+            .replace(
+                "exec = { command = [\"cat\"] }",
+                "exec = { command = [\"./bin/agent\", \"./arg\"], cwd = \"work\" }",
+            );
+        let mut c = RelayConfig::parse("f.toml", &text).expect("good config");
+        c.resolve_paths(Path::new("/etc/huddle"));
+        assert_eq!(c.database, "/etc/huddle/data/h.db");
+        let exec = c.agents[1].exec.as_ref().expect("exec");
+        assert_eq!(exec.command, ["/etc/huddle/./bin/agent", "./arg"]);
+        assert_eq!(exec.cwd.as_deref(), Some("/etc/huddle/work"));
+        // Absolute paths, bare program names and Postgres URLs stay as they are.
+        let mut c = RelayConfig::parse("f.toml", &GOOD.replace("rooms = [", "database = \"postgres://h/db\"\nrooms = [")).expect("good");
+        c.resolve_paths(Path::new("/etc/huddle"));
+        assert_eq!(c.database, "postgres://h/db");
+        assert_eq!(c.agents[1].exec.as_ref().map(|e| e.command.clone()), Some(vec!["cat".to_string()]));
     }
 
     #[test]
