@@ -175,6 +175,9 @@ pub enum ConfigError {
     /// `!config room` alone.
     #[error("`room` must be followed by `get`, `reset` or `key value`")]
     RoomNeedsMore,
+    /// Several of the above in one command, in the order written; nothing is applied.
+    #[error("{} errors:{}", .0.len(), .0.iter().map(|e| format!("\n- {e}")).collect::<String>())]
+    Several(Vec<ConfigError>),
     /// The command is over the size limit.
     #[error("the command is {bytes} bytes; the limit is {max} bytes")]
     TooLarge {
@@ -220,19 +223,24 @@ pub fn parse_config(message: &str) -> Result<ConfigCommand, ConfigError> {
     }
     let mut body = ConfigSetBody::default();
     if word_is(verb, "reset") {
+        let mut errors = Vec::new();
         for word in words {
             if word_is(word, "all") {
                 body.reset.extend(ConfigKey::ALL);
                 continue;
             }
-            let key = parse_key(word)?;
-            if !body.reset.insert(key) {
-                return Err(ConfigError::DuplicateKey { key });
+            match parse_key(word) {
+                Ok(key) if !body.reset.insert(key) => {
+                    errors.push(ConfigError::DuplicateKey { key });
+                }
+                Ok(_) => {}
+                Err(e) => errors.push(e),
             }
         }
-        if body.reset.is_empty() {
+        if body.reset.is_empty() && errors.is_empty() {
             return Err(ConfigError::MissingKeys);
         }
+        all_or_errors(errors)?;
         return Ok(ConfigCommand::Change(ConfigChange {
             target,
             body,
@@ -241,22 +249,50 @@ pub fn parse_config(message: &str) -> Result<ConfigCommand, ConfigError> {
     }
     let mut notes = Vec::new();
     let mut set = BTreeMap::new();
-    let mut pending = Some(verb);
-    while let Some(word) = pending.take().or_else(|| words.next()) {
-        let key = parse_key(word)?;
-        let value = words.next().ok_or(ConfigError::MissingValue { key })?;
-        let (value, note) = key.parse_value(value)?;
-        if set.insert(key, value).is_some() {
-            return Err(ConfigError::DuplicateKey { key });
+    let mut errors = Vec::new();
+    let mut words = std::iter::once(verb).chain(words).peekable();
+    while let Some(word) = words.next() {
+        let key = match parse_key(word) {
+            Ok(key) => key,
+            Err(e) => {
+                errors.push(e);
+                // The unknown key's value, unless the next word is a key itself, so
+                // that the keys after it are still checked.
+                words.next_if(|next| parse_key(next).is_err());
+                continue;
+            }
+        };
+        let Some(value) = words.next() else {
+            errors.push(ConfigError::MissingValue { key });
+            break;
+        };
+        match key.parse_value(value) {
+            Ok((value, note)) => {
+                if set.insert(key, value).is_some() {
+                    errors.push(ConfigError::DuplicateKey { key });
+                }
+                notes.extend(note);
+            }
+            Err(e) => errors.push(e.into()),
         }
-        notes.extend(note);
     }
+    all_or_errors(errors)?;
     body.set = set;
     Ok(ConfigCommand::Change(ConfigChange {
         target,
         body,
         notes,
     }))
+}
+
+/// Nothing when `errors` is empty, the error itself when it is one, else
+/// [`ConfigError::Several`].
+fn all_or_errors(mut errors: Vec<ConfigError>) -> Result<(), ConfigError> {
+    match errors.len() {
+        0 => Ok(()),
+        1 => Err(errors.remove(0)),
+        _ => Err(ConfigError::Several(errors)),
+    }
 }
 
 fn word_is(word: &str, keyword: &str) -> bool {

@@ -479,6 +479,24 @@ fn config_errors_are_clear_and_nothing_is_half_applied() {
              `!config help`",
         ),
         (
+            "!config rat 5 claim-ttl 30 rate",
+            "!config rejected, nothing was changed: 3 errors:\n- unknown config key `rat` \
+             (did you mean `rate`?); `!config help` lists the keys\n- bad value `30` for \
+             `claim-ttl`: expected a duration such as 500ms, 30s, 2m or 1h, from 1s to 1h\n- \
+             `rate` needs a value: a whole number from 1 to 1000",
+        ),
+        (
+            "!config rat claim-ttl 30s",
+            "!config rejected, nothing was changed: unknown config key `rat` (did you mean \
+             `rate`?); `!config help` lists the keys",
+        ),
+        (
+            "!config reset rat claim-tl",
+            "!config rejected, nothing was changed: 2 errors:\n- unknown config key `rat` \
+             (did you mean `rate`?); `!config help` lists the keys\n- unknown config key \
+             `claim-tl` (did you mean `claim-ttl`?); `!config help` lists the keys",
+        ),
+        (
             "!config get nope",
             "!config rejected, nothing was changed: unknown config key `nope`; `!config help` \
              lists the keys",
