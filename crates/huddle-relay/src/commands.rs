@@ -8,19 +8,33 @@
 //! executed; agent text never is. `task.created` and `config.set` rows that no
 //! verified command produced (forged, hand-written) are dropped here, before any
 //! other fold sees them, and counted ([`OwnerAuthority`]).
+//!
+//! A command from anyone else is not executed; its author gets a short system reply
+//! saying who may command, at most once per author and room per
+//! [`NON_OWNER_REPLY_WINDOW`]. That reply too is a derived row with the command as
+//! parent, and the window is measured with the rows' own timestamps in ledger order,
+//! so every relay decides alike and the ledger keeps one copy.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
-use huddle_core::commands::{derived_rows, get_reply, help_text, ConfigCommand, ParseContext};
+use huddle_core::commands::{
+    command_word, derived_rows, get_reply, help_text, ConfigCommand, ParseContext,
+};
 use huddle_core::config::RoomConfig;
 use huddle_core::{
     owner_command_in, ConfigFold, Fold, Interaction, NewInteraction, OwnerAuthority, OwnerCommand,
-    Role, Verb,
+    Role, Timestamp, Verb,
 };
 use serde_json::json;
 
 /// The actor name huddle's own messages are written under.
 pub const SYSTEM_ACTOR: &str = "huddle";
+
+/// A person who is not the room's owner and posts `!delegate` / `!config` is told who
+/// may command at most once per this window (per room), measured between the
+/// commands' own timestamps.
+pub const NON_OWNER_REPLY_WINDOW: Duration = Duration::from_secs(10 * 60);
 
 /// One step of what a batch of rows means for the relay, in ledger order.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,6 +56,8 @@ pub enum Step {
 pub struct CommandHandler {
     rooms: BTreeSet<String>,
     authority: OwnerAuthority,
+    /// When each `(room, author)` who is not the owner was last told who may command.
+    told: BTreeMap<(String, String), Timestamp>,
 }
 
 /// What [`CommandHandler::observe`] found in a batch.
@@ -59,6 +75,7 @@ impl CommandHandler {
         CommandHandler {
             rooms: rooms.into_iter().collect(),
             authority: OwnerAuthority::new(),
+            told: BTreeMap::new(),
         }
     }
 
@@ -111,6 +128,7 @@ impl CommandHandler {
             }
             if hosted {
                 out.appends.extend(self.execute(&row));
+                out.appends.extend(self.refuse_non_owner(&row));
             }
             pending.push(row);
         }
@@ -118,6 +136,39 @@ impl CommandHandler {
             out.steps.push(Step::Rows(pending));
         }
         out
+    }
+
+    /// The reply to a command by someone who may not command, when `row` is one and
+    /// its author was not told within [`NON_OWNER_REPLY_WINDOW`] before it.
+    fn refuse_non_owner(&mut self, row: &Interaction) -> Option<NewInteraction> {
+        if row.verb != Verb::MessagePosted || matches!(row.role, Role::System | Role::Agent) {
+            return None;
+        }
+        let text = row.body.get("text")?.as_str()?;
+        command_word(text)?;
+        let word = text.split_whitespace().next()?;
+        let owner = self.config().owner(&row.room)?.to_string();
+        if owner == row.actor {
+            return None;
+        }
+        let key = (row.room.clone(), row.actor.clone());
+        let window = i64::try_from(NON_OWNER_REPLY_WINDOW.as_micros()).unwrap_or(i64::MAX);
+        if let Some(last) = self.told.get(&key) {
+            if row.at.as_micros().saturating_sub(last.as_micros()) < window {
+                return None;
+            }
+        }
+        self.told.insert(key, row.at);
+        let text = format!(
+            "{} was not run: only the room's owner, {owner}, may command room {} (with \
+             `huddle post --as {owner}` and the owner's key). Further commands from {} are \
+             not answered for {} minutes.",
+            word,
+            row.room,
+            row.actor,
+            NON_OWNER_REPLY_WINDOW.as_secs() / 60
+        );
+        Some(system_reply(row, text))
     }
 
     /// The interactions an owner command in `row` produces (empty when it is none).
@@ -146,16 +197,93 @@ impl CommandHandler {
                 (derived_rows(row, command, self.config()), reply)
             }
         };
-        let mut message = NewInteraction::new(
-            row.room.clone(),
-            Verb::MessagePosted,
-            SYSTEM_ACTOR,
-            Role::System,
-            json!({ "text": reply }),
-        )
-        .with_parent(row.id);
-        message.thread = row.thread.clone();
-        out.push(message);
+        out.push(system_reply(row, reply));
         out
+    }
+}
+
+/// huddle's reply to `row`: a system message with `row` as parent, in its thread.
+fn system_reply(row: &Interaction, text: String) -> NewInteraction {
+    let mut message = NewInteraction::new(
+        row.room.clone(),
+        Verb::MessagePosted,
+        SYSTEM_ACTOR,
+        Role::System,
+        json!({ "text": text }),
+    )
+    .with_parent(row.id);
+    message.thread = row.thread.clone();
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use huddle_core::signing::OwnerSecret;
+    use huddle_core::Position;
+
+    fn at(n: NewInteraction, pos: u64, micros: i64) -> Interaction {
+        Interaction {
+            id: n.id(),
+            position: Position::new(0, pos),
+            at: Timestamp(micros),
+            relay: "r".into(),
+            room: n.room,
+            thread: n.thread,
+            verb: n.verb,
+            actor: n.actor,
+            role: n.role,
+            parent: n.parent,
+            caused_by: n.caused_by,
+            body: n.body,
+        }
+    }
+
+    fn said(actor: &str, role: Role, text: &str) -> NewInteraction {
+        NewInteraction::new("lobby", Verb::MessagePosted, actor, role, json!({ "text": text }))
+    }
+
+    fn replies(handler: &mut CommandHandler, row: Interaction) -> Vec<String> {
+        handler
+            .observe(vec![row])
+            .appends
+            .iter()
+            .filter_map(|a| a.body.get("text").and_then(|t| t.as_str()).map(String::from))
+            .collect()
+    }
+
+    #[test]
+    fn a_non_owner_is_told_who_may_command_once_per_window() {
+        let key = OwnerSecret::from_seed([7; 32]).public();
+        let created = NewInteraction::new(
+            "lobby",
+            Verb::RoomCreated,
+            "olga",
+            Role::Owner,
+            json!({ "owner": "olga", "key": key.to_hex() }),
+        );
+        let mut h = CommandHandler::new(["lobby".to_string()]);
+        assert!(replies(&mut h, at(created, 1, 0)).is_empty());
+        let minute = 60_000_000;
+        let first = replies(&mut h, at(said("hank", Role::Human, "!config rate 5"), 2, minute));
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert!(first[0].contains("only the room's owner, olga"), "{first:?}");
+        assert!(first[0].starts_with("!config was not run"), "{first:?}");
+        // Within the window: silence, for any command; another person is told.
+        let again = at(said("hank", Role::Human, "!delegate\na: x"), 3, 5 * minute);
+        assert!(replies(&mut h, again).is_empty());
+        let other = at(said("ivy", Role::Human, "!delegate\na: x"), 4, 6 * minute);
+        assert_eq!(replies(&mut h, other).len(), 1);
+        // Not commands, agents and the owner's own (unsigned) text get nothing.
+        for (who, role, text) in [
+            ("hank2", Role::Human, "hello !config"),
+            ("ada", Role::Agent, "!config rate 5"),
+            ("olga", Role::Owner, "!config rate 5"),
+        ] {
+            assert!(replies(&mut h, at(said(who, role, text), 5, 7 * minute)).is_empty());
+        }
+        // After the window, hank is told again.
+        let later = at(said("hank", Role::Human, "!config get"), 6, 11 * minute);
+        assert_eq!(replies(&mut h, later).len(), 1);
     }
 }
