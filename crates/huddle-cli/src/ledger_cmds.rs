@@ -48,7 +48,9 @@ pub fn require_database(url: &str) -> anyhow::Result<()> {
 pub async fn existing_room(store: &dyn Store, room: &str) -> anyhow::Result<String> {
     match room_owner(store, room).await? {
         Some(owner) => Ok(owner),
-        None => bail!("there is no room {room:?}; create it with `huddle room create {room} --owner ID`"),
+        None => bail!(
+            "there is no room {room:?}; create it with `huddle room create {room} --owner ID`"
+        ),
     }
 }
 
@@ -543,7 +545,11 @@ pub async fn room_list(url: &str, options: StoreOptions, json_out: bool) -> anyh
             });
             entry.rows += 1;
             if entry.owner.is_none() && row.verb == Verb::RoomCreated {
-                entry.owner = row.body.get("owner").and_then(|o| o.as_str()).map(String::from);
+                entry.owner = row
+                    .body
+                    .get("owner")
+                    .and_then(|o| o.as_str())
+                    .map(String::from);
             }
         }
         if batch.next == cursor {

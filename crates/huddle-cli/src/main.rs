@@ -376,9 +376,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             wait,
         } => {
             let wait = match wait {
-                Some(secs) if secs.is_finite() && secs > 0.0 => {
-                    Some(Duration::from_secs_f64(secs))
-                }
+                Some(secs) if secs.is_finite() && secs > 0.0 => Some(Duration::from_secs_f64(secs)),
                 Some(secs) => anyhow::bail!("--wait={secs}: give a positive number of seconds"),
                 None => None,
             };

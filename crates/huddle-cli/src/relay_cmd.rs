@@ -22,10 +22,12 @@ pub async fn hosted_agents(cfg: &RelayConfig) -> anyhow::Result<Vec<HostedAgent>
             .map_err(anyhow::Error::msg)?;
         // An exec agent's program is looked up now, not at its first turn.
         let what = match a.driver {
-            DriverKind::Exec => driver
-                .check()
-                .await
-                .map_err(|e| anyhow::anyhow!("agent {:?}: {e} (on PATH, or as a path relative to the configuration file)", a.key))?,
+            DriverKind::Exec => driver.check().await.map_err(|e| {
+                anyhow::anyhow!(
+                    "agent {:?}: {e} (on PATH, or as a path relative to the configuration file)",
+                    a.key
+                )
+            })?,
             kind => kind.name().to_string(),
         };
         tracing::info!(agent = %a.key, capabilities = ?a.capabilities, "hosting agent: {what}");
@@ -149,13 +151,18 @@ async fn check_rooms(store: &dyn huddle_store::Store, cfg: &RelayConfig) -> anyh
         .map(|r| format!("`huddle room create {r} --owner ID`"))
         .collect();
     anyhow::bail!(
-        "{} not exist in {:?}: {}; create {} with {}, or fix `rooms` in the configuration",
+        "{} not exist in {:?}; create {} with {}, or fix `rooms` in the configuration",
         match missing.as_slice() {
             [one] => format!("room {one:?} does"),
-            many => format!("rooms {} do", many.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>().join(", ")),
+            many => format!(
+                "rooms {} do",
+                many.iter()
+                    .map(|r| format!("{r:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         },
         cfg.database,
-        "the relay would wait in a room nobody can command",
         if missing.len() == 1 { "it" } else { "them" },
         create.join(" and ")
     )

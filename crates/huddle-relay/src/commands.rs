@@ -240,7 +240,13 @@ mod tests {
     }
 
     fn said(actor: &str, role: Role, text: &str) -> NewInteraction {
-        NewInteraction::new("lobby", Verb::MessagePosted, actor, role, json!({ "text": text }))
+        NewInteraction::new(
+            "lobby",
+            Verb::MessagePosted,
+            actor,
+            role,
+            json!({ "text": text }),
+        )
     }
 
     fn replies(handler: &mut CommandHandler, row: Interaction) -> Vec<String> {
@@ -248,7 +254,12 @@ mod tests {
             .observe(vec![row])
             .appends
             .iter()
-            .filter_map(|a| a.body.get("text").and_then(|t| t.as_str()).map(String::from))
+            .filter_map(|a| {
+                a.body
+                    .get("text")
+                    .and_then(|t| t.as_str())
+                    .map(String::from)
+            })
             .collect()
     }
 
@@ -265,9 +276,15 @@ mod tests {
         let mut h = CommandHandler::new(["lobby".to_string()]);
         assert!(replies(&mut h, at(created, 1, 0)).is_empty());
         let minute = 60_000_000;
-        let first = replies(&mut h, at(said("hank", Role::Human, "!config rate 5"), 2, minute));
+        let first = replies(
+            &mut h,
+            at(said("hank", Role::Human, "!config rate 5"), 2, minute),
+        );
         assert_eq!(first.len(), 1, "{first:?}");
-        assert!(first[0].contains("only the room's owner, olga"), "{first:?}");
+        assert!(
+            first[0].contains("only the room's owner, olga"),
+            "{first:?}"
+        );
         assert!(first[0].starts_with("!config was not run"), "{first:?}");
         // Within the window: silence, for any command; another person is told.
         let again = at(said("hank", Role::Human, "!delegate\na: x"), 3, 5 * minute);

@@ -426,10 +426,17 @@ acp = { preset = "codex", permissions = ["read", "edit"] }
         assert_eq!(exec.command, ["/etc/huddle/./bin/agent", "./arg"]);
         assert_eq!(exec.cwd.as_deref(), Some("/etc/huddle/work"));
         // Absolute paths, bare program names and Postgres URLs stay as they are.
-        let mut c = RelayConfig::parse("f.toml", &GOOD.replace("rooms = [", "database = \"postgres://h/db\"\nrooms = [")).expect("good");
+        let mut c = RelayConfig::parse(
+            "f.toml",
+            &GOOD.replace("rooms = [", "database = \"postgres://h/db\"\nrooms = ["),
+        )
+        .expect("good");
         c.resolve_paths(Path::new("/etc/huddle"));
         assert_eq!(c.database, "postgres://h/db");
-        assert_eq!(c.agents[1].exec.as_ref().map(|e| e.command.clone()), Some(vec!["cat".to_string()]));
+        assert_eq!(
+            c.agents[1].exec.as_ref().map(|e| e.command.clone()),
+            Some(vec!["cat".to_string()])
+        );
     }
 
     #[test]
