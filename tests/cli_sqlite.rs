@@ -121,6 +121,11 @@ fn hostile_names_are_shown_faithfully_or_refused_clearly() {
 #[test]
 fn errors_are_one_line_and_nonzero() {
     let (_dir, db) = db();
+    ok({
+        let mut c = huddle(&db);
+        c.arg("migrate");
+        c
+    });
     let err = fails({
         let mut c = huddle(&db);
         c.args(["post", "--room", "nowhere", "--as", "a", "hi"]);
@@ -190,6 +195,11 @@ fn tail_follow_in_another_process_wakes_up() {
 #[test]
 fn claims_lists_nothing_on_a_fresh_database() {
     let (_dir, db) = db();
+    ok({
+        let mut c = huddle(&db);
+        c.arg("migrate");
+        c
+    });
     let out = ok({
         let mut c = huddle(&db);
         c.arg("claims");

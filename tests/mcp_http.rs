@@ -171,6 +171,9 @@ fn remote_addresses_need_a_flag_and_configs_carry_the_url() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("h.db").display().to_string();
     let mut c = huddle(&db);
+    c.arg("migrate");
+    ok(c);
+    let mut c = huddle(&db);
     c.args(["mcp", "--http", "0.0.0.0:0"]);
     let err = fails(c);
     assert!(err.contains("--allow-remote"), "{err}");

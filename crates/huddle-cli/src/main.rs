@@ -289,9 +289,11 @@ fn init_tracing(filter: Option<&str>, command: &Command) {
         .init();
 }
 
-/// Whether `command` may create its database: the others need an existing one, so
-/// that a typo in `--db` is an error rather than a new empty database.
-fn creates_database(command: &Command) -> bool {
+/// Whether `command` may run without an existing database: it creates one (`migrate`,
+/// `room create`, `demo`, `bench`), explains itself (`admin` on SQLite), checks its
+/// own (`relay`) or opens none. The others need an existing one, so that a typo in
+/// `--db` is an error rather than a new empty database.
+fn may_lack_database(command: &Command) -> bool {
     matches!(
         command,
         Command::Migrate
@@ -300,7 +302,8 @@ fn creates_database(command: &Command) -> bool {
             }
             | Command::Demo(_)
             | Command::Bench { .. }
-            | Command::Relay { check: true, .. }
+            | Command::Admin { .. }
+            | Command::Relay { .. }
             | Command::Mcp {
                 print_config: Some(_),
                 ..
@@ -351,8 +354,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         poll_interval: Duration::from_millis(cli.poll_ms.max(1)),
         ..Default::default()
     };
-    // A relay checks its own database (the configuration file may name it).
-    if !creates_database(&cli.command) && !matches!(cli.command, Command::Relay { .. }) {
+    if !may_lack_database(&cli.command) {
         ledger_cmds::require_database(&db)?;
     }
     match cli.command {
