@@ -172,6 +172,8 @@ struct LiveTurn {
     drive: ClaimRef,
     lost: bool,
     cancel_sent: bool,
+    /// Why the owner stopped it (`!stop`), if it was.
+    stopped: Option<String>,
 }
 
 /// A relay's own rank for a task id (FNV-1a of both): deterministic per relay,
@@ -424,6 +426,18 @@ impl Synchronizer {
                 activity,
             } => self.on_turn_ended(&turn, outcome, tokens, activity, &mut out),
             Event::ClaimLost { key, epoch } => self.on_claim_lost(&key, epoch, &mut out),
+            Event::Stop {
+                room,
+                agent,
+                thread,
+                command,
+            } => self.on_stop(
+                &room,
+                agent.as_deref(),
+                thread.as_deref(),
+                command,
+                &mut out,
+            ),
             Event::Config {
                 room,
                 thread,
@@ -1730,6 +1744,7 @@ impl Synchronizer {
                 drive,
                 lost: false,
                 cancel_sent: false,
+                stopped: None,
             },
         );
     }
@@ -1805,6 +1820,9 @@ impl Synchronizer {
         let reason = match &outcome {
             TurnOutcome::Replied { .. } => "the claim was lost before the turn ended".to_string(),
             TurnOutcome::Failed { reason } => reason.clone(),
+            TurnOutcome::Cancelled if lt.stopped.is_some() => {
+                lt.stopped.clone().unwrap_or_default()
+            }
             TurnOutcome::Cancelled if lt.lost => "cancelled: the claim was lost".to_string(),
             TurnOutcome::Cancelled if self.shutting_down => {
                 "cancelled: relay shutting down".to_string()
@@ -1956,6 +1974,29 @@ impl Synchronizer {
                     ],
                 });
                 release_both(out);
+            }
+        }
+    }
+
+    fn on_stop(
+        &mut self,
+        room: &str,
+        agent: Option<&str>,
+        thread: Option<&str>,
+        command: InteractionId,
+        out: &mut Vec<Intent>,
+    ) {
+        for (id, t) in self.turns.iter_mut() {
+            let matches = t.room == room
+                && agent.is_none_or(|a| a == t.agent)
+                && thread.is_none_or(|th| t.thread.as_deref() == Some(th));
+            if !matches || t.stopped.is_some() {
+                continue;
+            }
+            t.stopped = Some(format!("stopped by the owner (!stop {})", command.short()));
+            if !t.cancel_sent {
+                t.cancel_sent = true;
+                out.push(Intent::Cancel { turn: id.clone() });
             }
         }
     }

@@ -831,6 +831,63 @@ fn turn_activity_is_bounded_and_counts_every_call() {
 }
 
 #[test]
+fn the_owners_stop_cancels_matching_turns_and_records_why() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    h.post(vec![created("a", &[]), created("b", &[])]);
+    let sa = run_task_to_start(&mut h, "a", "bo", 1);
+    let sb = run_task_to_start(&mut h, "b", "cy", 1);
+    let command = InteractionId([9; 32]);
+    let stop = |h: &mut H, room: &str, agent: Option<&str>, thread: Option<&str>| {
+        h.sync.handle(Event::Stop {
+            room: room.into(),
+            agent: agent.map(str::to_string),
+            thread: thread.map(str::to_string),
+            command,
+        })
+    };
+    // Another room, another agent, another thread: nothing is cancelled.
+    assert!(stop(&mut h, "elsewhere", None, None).is_empty());
+    assert!(stop(&mut h, "lobby", Some("dee"), None).is_empty());
+    assert!(stop(&mut h, "lobby", None, Some("t9")).is_empty());
+    // bo's turn only.
+    let out = stop(&mut h, "lobby", Some("bo"), None);
+    assert_eq!(
+        out,
+        vec![Intent::Cancel {
+            turn: sa.turn.clone()
+        }]
+    );
+    // Asking again cancels nothing twice.
+    assert!(stop(&mut h, "lobby", Some("bo"), None).is_empty());
+    let out = h.ended(&sa.turn, TurnOutcome::Cancelled);
+    assert_eq!(appends(&out)[0].1, vec!["task.failed", "turn.failed"]);
+    let failed: TurnFailedBody =
+        serde_json::from_value(appended_body(&out, Verb::TurnFailed)).unwrap();
+    assert!(
+        failed.reason.contains("stopped by the owner") && failed.reason.contains(&command.short()),
+        "{}",
+        failed.reason
+    );
+    // No completion (nothing closes the claims); they are given back, so the task is
+    // offered again.
+    assert!(
+        !out.iter()
+            .any(|i| matches!(i, Intent::Append { close: true, .. })),
+        "{out:?}"
+    );
+    assert_eq!(kinds(&out).iter().filter(|k| **k == "release").count(), 2);
+    // A room-wide stop takes cy's turn too.
+    let out = stop(&mut h, "lobby", None, None);
+    assert_eq!(
+        out,
+        vec![Intent::Cancel {
+            turn: sb.turn.clone()
+        }]
+    );
+}
+
+#[test]
 fn a_failed_task_turn_fails_the_attempt_never_completes() {
     for outcome in [
         TurnOutcome::Failed {
