@@ -130,6 +130,9 @@ pub enum AgentError {
         /// Who may delegate.
         delegators: String,
     },
+    /// No approval request with this id in the room.
+    #[error("no approval request {0:?} in this room; use the id approval_request returned")]
+    NoApproval(String),
     /// A `!delegate` plan with problems; nothing was created.
     #[error("{0}")]
     BadPlan(String),
@@ -165,6 +168,7 @@ impl AgentError {
             AgentError::NotLeaseHolder { .. } => "not_lease_holder",
             AgentError::NotDelegator { .. } => "not_delegator",
             AgentError::BadPlan(_) => "bad_plan",
+            AgentError::NoApproval(_) => "no_approval",
         }
     }
 }

@@ -32,6 +32,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod approvals;
 mod bids;
 mod delegate;
 pub mod error;

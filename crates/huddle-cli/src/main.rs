@@ -154,6 +154,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A room's approval requests: pending first, with how the owner answers
+    /// (`!approve ID` / `!deny ID [reason]`), then the answered ones.
+    Approvals {
+        /// Room to show.
+        #[arg(long)]
+        room: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Serve one agent's tools (read, post, board, tasks, task_claim, ...) over the
     /// Model Context Protocol on stdin/stdout.
     Mcp {
@@ -340,6 +350,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Barriers { room, json } => {
             pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Barriers).await
+        }
+        Command::Approvals { room, json } => {
+            pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Approvals).await
         }
         Command::Lease { room, json } => {
             pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Leases).await

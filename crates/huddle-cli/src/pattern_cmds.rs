@@ -1,9 +1,11 @@
-//! `huddle decisions`, `huddle barriers` and `huddle lease`: a room's quorum
-//! decisions, phase barriers and leases as the folds see them at the database clock's
-//! now ([`huddle_agent::Patterns`], the same views the MCP tools return).
+//! `huddle decisions`, `huddle barriers`, `huddle lease` and `huddle approvals`: a
+//! room's quorum decisions, phase barriers, leases and approval requests as the folds
+//! see them at the database clock's now ([`huddle_agent::Patterns`], the owner
+//! authority's approvals; the same views the MCP tools return).
 
 use std::fmt::Write as _;
 
+use huddle_agent::approvals::{views as approval_views, ApprovalView};
 use huddle_agent::pattern_views::{BarrierView, CoordinatorLease, DecisionView};
 use huddle_agent::Patterns;
 use huddle_core::{Fold, Timestamp};
@@ -36,6 +38,8 @@ pub enum Kind {
     Barriers,
     /// `huddle lease`.
     Leases,
+    /// `huddle approvals`.
+    Approvals,
 }
 
 /// `huddle decisions|barriers|lease --room R [--json]`.
@@ -46,31 +50,41 @@ pub async fn show(
     as_json: bool,
     kind: Kind,
 ) -> anyhow::Result<()> {
-    let (p, now) = fold(db, options, room).await?;
     let text = match kind {
-        Kind::Decisions => render(
-            room,
-            "decisions",
-            &p.decisions(room, now, None),
-            as_json,
-            decision_lines,
-        )?,
-        Kind::Barriers => render(
-            room,
-            "barriers",
-            &p.barriers(room, now, None),
-            as_json,
-            barrier_lines,
-        )?,
-        Kind::Leases => render(
-            room,
-            "leases",
-            &p.leases(room, now, None),
-            as_json,
-            lease_lines,
-        )?,
+        Kind::Approvals => approvals_text(db, options, room, as_json).await?,
+        Kind::Decisions => {
+            let (p, now) = fold(db, options, room).await?;
+            let views = p.decisions(room, now, None);
+            render(room, "decisions", &views, as_json, decision_lines)?
+        }
+        Kind::Barriers => {
+            let (p, now) = fold(db, options, room).await?;
+            let views = p.barriers(room, now, None);
+            render(room, "barriers", &views, as_json, barrier_lines)?
+        }
+        Kind::Leases => {
+            let (p, now) = fold(db, options, room).await?;
+            let views = p.leases(room, now, None);
+            render(room, "leases", &views, as_json, lease_lines)?
+        }
     };
     emit(&text)
+}
+
+/// The room's approval requests, pending first.
+async fn approvals_text(
+    db: &str,
+    options: StoreOptions,
+    room: &str,
+    as_json: bool,
+) -> anyhow::Result<String> {
+    let store = ledger_cmds::open(db, options).await?;
+    // The admitted rows carry everything approvals need (requests, the owner's signed
+    // answers, the room's key), so a second authority over them agrees.
+    let mut authority = huddle_core::OwnerAuthority::new();
+    fold_admitted(&*store, room, |r| authority.apply(r)).await?;
+    let views = approval_views(authority.approvals().room(room));
+    render(room, "approval requests", &views, as_json, approval_lines)
 }
 
 /// `views` as JSON, or each with `lines`.
@@ -163,5 +177,31 @@ fn lease_lines(out: &mut String, l: &CoordinatorLease) {
             d.check,
             d.directive
         );
+    }
+}
+
+fn approval_lines(out: &mut String, a: &ApprovalView) {
+    let answer = match (&a.answered_by, a.answered_at) {
+        (Some(by), Some(at)) => format!(" by {by} at {}", format_time(at)),
+        _ => String::new(),
+    };
+    let _ = writeln!(
+        out,
+        "{} [{}{}] asked by {} at {} — {}",
+        a.id,
+        a.status,
+        answer,
+        a.requested_by,
+        format_time(a.requested_at),
+        a.action
+    );
+    if let Some(d) = &a.details {
+        let _ = writeln!(out, "  details: {d}");
+    }
+    if let Some(r) = &a.reason {
+        let _ = writeln!(out, "  reason: {r}");
+    }
+    if a.answered_by.is_none() {
+        let _ = writeln!(out, "  answer: !approve {0} | !deny {0} [reason]", a.id);
     }
 }

@@ -1,4 +1,4 @@
-//! `huddle task claim|renew|complete|fail|release|bid`: the task operations of an agent
+//! `huddle task claim|renew|complete|fail|release|bid|delegate`: the task operations of an agent
 //! that acts for itself, for agents and scripts without MCP. Each subcommand opens an
 //! [`AgentSession`] and makes the one call the MCP tool of the same name makes; `--json`
 //! prints the tool's structured result, and a refusal is the tool's error (code and
@@ -6,7 +6,7 @@
 
 use clap::{Args, Subcommand};
 use huddle_agent::views::{ClaimArgs, CompleteArgs, GiveBackArgs, RenewArgs, TaskWritten};
-use huddle_agent::{AgentError, AgentSession, BidArgs};
+use huddle_agent::{AgentError, AgentSession, BidArgs, DelegateArgs};
 use huddle_core::ClaimEpoch;
 use huddle_store::StoreOptions;
 use serde::Serialize;
@@ -129,6 +129,20 @@ pub enum TaskCommand {
         #[command(flatten)]
         args: GiveBack,
     },
+    /// Create tasks as a delegator (`!config delegators ...`): one per line as
+    /// `id: label [after dep1, dep2] [@agent]`, the owner's `!delegate` grammar.
+    Delegate {
+        #[command(flatten)]
+        who: Agent,
+        /// The task lines; `-` reads them from stdin.
+        tasks: String,
+        /// Thread to delegate in.
+        #[arg(long)]
+        thread: Option<String>,
+        /// Makes a retry safe: the same key and tasks create nothing twice.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
     /// Bid on a ready task while its bid window is open (allocation bid).
     Bid {
         #[command(flatten)]
@@ -152,7 +166,8 @@ pub async fn run(db: &str, options: StoreOptions, command: TaskCommand) -> anyho
         | TaskCommand::Complete { who, .. }
         | TaskCommand::Fail { who, .. }
         | TaskCommand::Release { who, .. }
-        | TaskCommand::Bid { who, .. } => who,
+        | TaskCommand::Bid { who, .. }
+        | TaskCommand::Delegate { who, .. } => who,
     };
     let store = huddle_store::open(db, options).await?;
     let id = &who.id;
@@ -225,6 +240,33 @@ pub async fn run(db: &str, options: StoreOptions, command: TaskCommand) -> anyho
                 .await
                 .map_err(refusal)?;
             show(json, &r, || written(&r))
+        }
+        TaskCommand::Delegate {
+            tasks,
+            thread,
+            idempotency_key,
+            ..
+        } => {
+            let tasks = if tasks == "-" {
+                std::io::read_to_string(std::io::stdin())?
+            } else {
+                tasks
+            };
+            let r = me
+                .task_delegate(DelegateArgs {
+                    tasks,
+                    thread,
+                    idempotency_key,
+                })
+                .await
+                .map_err(refusal)?;
+            show(json, &r, || {
+                if r.message.inserted {
+                    r.summary.clone()
+                } else {
+                    format!("{} (already delegated; nothing new)", r.summary)
+                }
+            })
         }
         TaskCommand::Fail { args, .. } => give_back(&me, json, true, args.into()).await,
         TaskCommand::Release { args, .. } => give_back(&me, json, false, args.into()).await,

@@ -104,7 +104,10 @@ pub fn parse_approval(
             });
         }
         _ if tail.is_empty() => None,
-        _ => Some(crate::protocol::truncate_text(tail, MAX_APPROVAL_TEXT_BYTES)),
+        _ => Some(crate::protocol::truncate_text(
+            tail,
+            MAX_APPROVAL_TEXT_BYTES,
+        )),
     };
     match (ctx.approval)(id) {
         None => Err(ApprovalError::Unknown { id: id.to_string() }),

@@ -29,8 +29,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use super::{
-    command_word, derived_rows, owner_command_with, parse_delegate_with, CommandWord,
-    OwnerCommand, ParseContext,
+    command_word, derived_rows, owner_command_with, parse_delegate_with, CommandWord, OwnerCommand,
+    ParseContext,
 };
 use crate::approval::{ApprovalAnswer, Approvals};
 use crate::config::ConfigFold;
@@ -147,7 +147,11 @@ impl OwnerAuthority {
     /// are then authorized exactly like an owner's.
     fn agent_delegate(&mut self, i: &Interaction, text: &str) {
         let thread = i.thread.as_deref();
-        if !self.config.effective(&i.room, thread).may_delegate(&i.actor) {
+        if !self
+            .config
+            .effective(&i.room, thread)
+            .may_delegate(&i.actor)
+        {
             self.undelegated += 1;
             return;
         }
@@ -155,11 +159,10 @@ impl OwnerAuthority {
         let Ok(plan) = parse_delegate_with(text, &task_exists) else {
             return;
         };
-        let ids: Vec<InteractionId> =
-            derived_rows(i, &OwnerCommand::Delegate(plan), &self.config)
-                .iter()
-                .map(|r| r.id())
-                .collect();
+        let ids: Vec<InteractionId> = derived_rows(i, &OwnerCommand::Delegate(plan), &self.config)
+            .iter()
+            .map(|r| r.id())
+            .collect();
         self.authorized.extend(ids);
     }
 

@@ -36,8 +36,9 @@ pub use config_cmd::{
     get_reply, help_text, parse_config, ConfigChange, ConfigCommand, ConfigError, ConfigTarget,
 };
 pub use delegate::{
-    created_summary, parse_delegate, parse_delegate_with, DelegateError, DelegateErrorKind, DelegateErrors,
-    DelegatePlan, TaskSpec, MAX_COMMAND_BYTES, MAX_ID_BYTES, MAX_REPORTED_ERRORS, MAX_TASKS,
+    created_summary, parse_delegate, parse_delegate_with, DelegateError, DelegateErrorKind,
+    DelegateErrors, DelegatePlan, TaskSpec, MAX_COMMAND_BYTES, MAX_ID_BYTES, MAX_REPORTED_ERRORS,
+    MAX_TASKS,
 };
 
 use crate::config::ConfigFold;

@@ -1064,8 +1064,13 @@ fn only_delegators_tasks_are_admitted_while_they_are_delegators() {
     let by_lead = agent_delegate("lead", "!delegate\na: spec\nb: build [after a] @bo", &auth);
     assert_eq!(by_lead.len(), 3);
     assert_eq!(feed(by_lead, &mut auth, &mut dag), 2);
-    let b = dag.task("r", "b").expect("the delegator's task is in the DAG");
-    assert_eq!((b.created_by.as_str(), b.deps.clone()), ("lead", vec!["a".into()]));
+    let b = dag
+        .task("r", "b")
+        .expect("the delegator's task is in the DAG");
+    assert_eq!(
+        (b.created_by.as_str(), b.deps.clone()),
+        ("lead", vec!["a".into()])
+    );
     // May wait for existing tasks, may not reuse their ids (the owner's grammar).
     let exists = |id: &str| auth.task_exists("r", id);
     let ctx = ParseContext {
@@ -1198,12 +1203,49 @@ fn only_the_owners_signed_first_answer_counts() {
         json!({"approval": "ap-1", "action": "something else"}),
     ));
     assert_eq!(auth.approvals().ignored_rows(), 1);
-    assert_eq!(auth.approvals().get("lobby", "ap-1").unwrap().requested_by, "bo");
+    assert_eq!(
+        auth.approvals().get("lobby", "ap-1").unwrap().requested_by,
+        "bo"
+    );
     let forged = [
-        row(5, 0, "lobby", None, Verb::MessagePosted, "bo", Role::Agent, json!({"text": "!approve ap-1"})),
-        row(6, 0, "lobby", None, Verb::MessagePosted, "hu", Role::Human, json!({"text": "!approve ap-1"})),
-        row(7, 0, "lobby", None, Verb::MessagePosted, "olga", Role::Owner, json!({"text": "!approve ap-1"})),
-        signed_post(8, "lobby", None, "olga", "!approve ap-1", &OwnerSecret::from_seed([0x66; 32])),
+        row(
+            5,
+            0,
+            "lobby",
+            None,
+            Verb::MessagePosted,
+            "bo",
+            Role::Agent,
+            json!({"text": "!approve ap-1"}),
+        ),
+        row(
+            6,
+            0,
+            "lobby",
+            None,
+            Verb::MessagePosted,
+            "hu",
+            Role::Human,
+            json!({"text": "!approve ap-1"}),
+        ),
+        row(
+            7,
+            0,
+            "lobby",
+            None,
+            Verb::MessagePosted,
+            "olga",
+            Role::Owner,
+            json!({"text": "!approve ap-1"}),
+        ),
+        signed_post(
+            8,
+            "lobby",
+            None,
+            "olga",
+            "!approve ap-1",
+            &OwnerSecret::from_seed([0x66; 32]),
+        ),
     ];
     for f in &forged {
         auth.apply(f);
@@ -1215,15 +1257,31 @@ fn only_the_owners_signed_first_answer_counts() {
     auth.apply(&approve);
     let deny = signed_post(10, "lobby", None, "olga", "!deny ap-2 not today", &key);
     auth.apply(&deny);
-    let late = signed_post(11, "lobby", None, "olga", "!deny ap-1 changed my mind", &key);
+    let late = signed_post(
+        11,
+        "lobby",
+        None,
+        "olga",
+        "!deny ap-1 changed my mind",
+        &key,
+    );
     auth.apply(&late);
     let approvals = auth.approvals();
     assert_eq!(approvals.status("lobby", "ap-1"), Some(Approved));
     let ap2 = approvals.get("lobby", "ap-2").unwrap();
     assert_eq!(ap2.status(), Denied);
-    assert_eq!(ap2.answer.as_ref().unwrap().reason.as_deref(), Some("not today"));
+    assert_eq!(
+        ap2.answer.as_ref().unwrap().reason.as_deref(),
+        Some("not today")
+    );
     assert_eq!(approvals.pending("lobby").len(), 0);
     // What a relay replying to the command parses with: before its own answer.
-    assert_eq!(approvals.status_before("lobby", "ap-1", approve.id), Some(Pending));
-    assert_eq!(approvals.status_before("lobby", "ap-1", late.id), Some(Approved));
+    assert_eq!(
+        approvals.status_before("lobby", "ap-1", approve.id),
+        Some(Pending)
+    );
+    assert_eq!(
+        approvals.status_before("lobby", "ap-1", late.id),
+        Some(Approved)
+    );
 }

@@ -1,0 +1,187 @@
+//! End-to-end: delegation by agents and approval gates through `huddle mcp` driven by
+//! the official MCP Python SDK (`tests/mcp/gates.py`) and through the CLI, on SQLite
+//! and Postgres.
+
+#[macro_use]
+mod common;
+
+use std::process::Command;
+
+use common::mcp::{mcp_python, mcp_scripts};
+use common::relays::{Backend, TestDatabase};
+use common::*;
+use huddle_core::{Fold, OwnerAuthority, Position, TaskDag};
+use huddle_store::StoreOptions;
+use serde_json::Value;
+
+/// Creates `room` owned by `ana`, with `lead` as the one delegator.
+async fn seed(db: &str, room: &str) {
+    ok({
+        let mut c = huddle(db);
+        c.args(["room", "create", room, "--owner", "ana"]);
+        c
+    });
+    let rows = huddle_core::seed_room(
+        room,
+        "ana",
+        &owner_key("ana"),
+        &["!config claim-ttl 30s", "!config delegators lead"],
+    )
+    .expect("seed commands");
+    let store = huddle_store::open(db, StoreOptions::default())
+        .await
+        .expect("open the database");
+    store
+        .append(rows[1..].to_vec())
+        .await
+        .expect("seed the room");
+}
+
+/// The task DAG and the owner authority, folded as every reader folds them.
+async fn fold(db: &str, room: &str) -> (TaskDag, OwnerAuthority) {
+    let store = huddle_store::open(db, StoreOptions::default())
+        .await
+        .unwrap();
+    let rows = store
+        .read_room(room, Position::START, 10_000)
+        .await
+        .unwrap()
+        .rows;
+    let mut auth = OwnerAuthority::new();
+    let mut dag = TaskDag::new();
+    for r in &rows {
+        auth.apply(r);
+        if auth.admits(r) {
+            dag.apply(r);
+        }
+    }
+    (dag, auth)
+}
+
+on_both_backends!(python_agents_delegate_and_wait_for_approvals);
+
+async fn python_agents_delegate_and_wait_for_approvals(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let db = database.url.clone();
+    let room = "gates";
+    seed(&db, room).await;
+    let dir = mcp_scripts();
+    let out = Command::new(mcp_python())
+        .arg(dir.join("gates.py"))
+        .env("PYTHONPATH", &dir)
+        .env("HUDDLE_BIN", huddle_bin())
+        .env("HUDDLE_DB", &db)
+        .env("HUDDLE_ROOM", room)
+        .env("HUDDLE_KEYS", keys_dir())
+        .env_remove("HUDDLE_OWNER_KEY")
+        .env("HUDDLE_LOG", "warn")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run gates.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("OK"),
+        "gates.py failed\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids: Vec<&str> = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("GATES "))
+        .expect("the script prints the approval ids")
+        .split(' ')
+        .collect();
+
+    // The ledger, folded by any reader: the delegator's tasks, nobody else's.
+    let (dag, auth) = fold(&db, room).await;
+    assert_eq!(
+        dag.task(room, "build").unwrap().created_by,
+        "lead",
+        "the delegator's task counts"
+    );
+    assert!(
+        dag.task(room, "x").is_none(),
+        "the refused plan wrote nothing"
+    );
+    let approvals = auth.approvals();
+    let status = |id: &str| approvals.status(room, id).map(|s| s.as_str());
+    assert_eq!(
+        [status(ids[0]), status(ids[1]), status(ids[2])],
+        [Some("approved"), Some("denied"), Some("pending")]
+    );
+    // mallory's `post` and `huddle post --as mallory`: neither counted as an answer.
+    let forged = approvals
+        .get(room, ids[0])
+        .unwrap()
+        .answer
+        .as_ref()
+        .unwrap();
+    assert_eq!(forged.by, "ana");
+
+    // `huddle approvals`: pending first, with how to answer; --json is the tool's view.
+    let text = ok({
+        let mut c = huddle(&db);
+        c.args(["approvals", "--room", room]);
+        c
+    });
+    let first = text.lines().next().unwrap();
+    assert!(
+        first.starts_with(ids[2]) && first.contains("[pending]"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("!approve {}", ids[2])), "{text}");
+    assert!(text.contains("reason: keep it a week"), "{text}");
+    let json: Value = serde_json::from_str(&ok({
+        let mut c = huddle(&db);
+        c.args(["approvals", "--room", room, "--json"]);
+        c
+    }))
+    .unwrap();
+    let statuses: Vec<&str> = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["pending", "approved", "denied"]);
+
+    // The same through the CLI: a non-delegator is refused, the lead is not.
+    let err = fails({
+        let mut c = huddle(&db);
+        c.args(["task", "delegate", "--room", room, "--agent", "mallory"])
+            .arg("y: sneak in");
+        c
+    });
+    assert!(err.contains("[not_delegator]"), "{err}");
+    let made: Value = serde_json::from_str(&ok({
+        let mut c = huddle(&db);
+        c.args([
+            "task", "delegate", "--room", room, "--agent", "lead", "--json",
+        ])
+        .arg("ship: ship it [after build]");
+        c
+    }))
+    .unwrap();
+    assert_eq!(made["created"], serde_json::json!(["ship"]));
+    let (dag, _) = fold(&db, room).await;
+    assert_eq!(
+        dag.task(room, "ship").unwrap().deps,
+        vec!["build".to_string()]
+    );
+    assert!(dag.task(room, "y").is_none());
+    // An answer to an unknown id is a command nobody records: no request appears.
+    ok({
+        let mut c = huddle(&db);
+        c.args([
+            "post",
+            "--room",
+            room,
+            "--as",
+            "ana",
+            "!approve ap-ffffffff",
+        ]);
+        c
+    });
+    let (_, auth) = fold(&db, room).await;
+    assert_eq!(auth.approvals().status(room, "ap-ffffffff"), None);
+    assert_eq!(auth.approvals().room(room).count(), 3);
+}
