@@ -31,10 +31,25 @@ pub struct Identity {
 #[derive(Args, Debug)]
 pub struct Agent {
     #[command(flatten)]
-    id: Identity,
+    pub(crate) id: Identity,
     /// The structured result, as the MCP tool returns it.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
+}
+
+impl Agent {
+    /// The agent's session in its room.
+    pub(crate) async fn open(
+        &self,
+        db: &str,
+        options: StoreOptions,
+    ) -> anyhow::Result<AgentSession> {
+        let store = huddle_store::open(db, options).await?;
+        let id = &self.id;
+        AgentSession::open(store, &id.room, &id.agent, id.capabilities.clone())
+            .await
+            .map_err(refusal)
+    }
 }
 
 /// How a write is fenced and de-duplicated.
@@ -169,11 +184,7 @@ pub async fn run(db: &str, options: StoreOptions, command: TaskCommand) -> anyho
         | TaskCommand::Bid { who, .. }
         | TaskCommand::Delegate { who, .. } => who,
     };
-    let store = huddle_store::open(db, options).await?;
-    let id = &who.id;
-    let me = AgentSession::open(store, &id.room, &id.agent, id.capabilities.clone())
-        .await
-        .map_err(refusal)?;
+    let me = who.open(db, options).await?;
     let json = who.json;
     match command {
         TaskCommand::Claim { task, wait_ms, .. } => {
@@ -324,12 +335,16 @@ async fn give_back(
 }
 
 /// A session's refusal as the MCP tool words it: `[code] message`.
-fn refusal(e: AgentError) -> anyhow::Error {
+pub(crate) fn refusal(e: AgentError) -> anyhow::Error {
     anyhow::anyhow!("[{}] {e}", e.code())
 }
 
 /// Prints `value` as JSON, or the human line.
-fn show<T: Serialize>(json: bool, value: &T, human: impl FnOnce() -> String) -> anyhow::Result<()> {
+pub(crate) fn show<T: Serialize>(
+    json: bool,
+    value: &T,
+    human: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(value)?);
     } else {
