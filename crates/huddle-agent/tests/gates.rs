@@ -389,3 +389,82 @@ async fn a_forged_approval_does_not_count() {
     let view = bo.approval(status(&id)).await.unwrap();
     assert_eq!((view.status.as_str(), view.reason), ("denied", None));
 }
+
+// ---- the patterns on the board ----------------------------------------------------
+
+#[tokio::test]
+async fn the_board_shows_decisions_barriers_the_lease_and_pending_approvals() {
+    use huddle_agent::pattern_views::{
+        BarrierArriveArgs, BarrierOpenArgs, LeaseArgs, ProposeArgs, VoteArgs, VotersArg,
+    };
+    let room = Room::new(&[]).await;
+    let ava = room.agent("ava").await;
+    let bo = room.agent("bo").await;
+    let block = |b: huddle_agent::views::BoardResult| b.coordination.unwrap_or_default();
+    assert!(!block(bo.board().await.unwrap()).contains("decisions:"));
+
+    ava.propose(ProposeArgs {
+        id: "ship".into(),
+        question: Some("Ship 1.0?".into()),
+        voters: VotersArg::List(vec!["ava".into(), "bo".into(), "cy".into()]),
+        window_ms: 60_000,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    ava.vote(VoteArgs {
+        id: "ship".into(),
+        option: "yes".into(),
+    })
+    .await
+    .unwrap();
+    ava.barrier_open(BarrierOpenArgs {
+        phase: "build".into(),
+        roster: vec!["bo".into(), "cy".into()],
+        timeout_ms: 60_000,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    bo.barrier_arrive(BarrierArriveArgs {
+        phase: "build".into(),
+    })
+    .await
+    .unwrap();
+    ava.lease_acquire(LeaseArgs::default()).await.unwrap();
+    let gate = bo
+        .approval_request(ask("deploy to prod"))
+        .await
+        .unwrap()
+        .approval
+        .id;
+
+    let text = block(bo.board().await.unwrap());
+    for want in [
+        "decisions:\n- ship (open) \"Ship 1.0?\" waiting for bo, cy; closes ",
+        "barriers:\n- build waiting for cy; times out ",
+        "lease coordinator: ava at epoch 1 until ",
+        &format!("approvals pending:\n- {gate} by bo: deploy to prod\n"),
+    ] {
+        assert!(text.contains(want), "{want:?} not in\n{text}");
+    }
+    // Once decided, passed and answered, they leave the block.
+    bo.vote(VoteArgs {
+        id: "ship".into(),
+        option: "yes".into(),
+    })
+    .await
+    .unwrap();
+    room.owner_says(&format!("!approve {gate}")).await;
+    let cy = room.agent("cy").await;
+    cy.barrier_arrive(BarrierArriveArgs {
+        phase: "build".into(),
+    })
+    .await
+    .unwrap();
+    let text = block(bo.board().await.unwrap());
+    assert!(!text.contains("decisions:"), "{text}");
+    assert!(!text.contains("barriers:"), "{text}");
+    assert!(!text.contains("approvals pending:"), "{text}");
+    assert!(text.contains("lease coordinator: ava"), "{text}");
+}

@@ -73,7 +73,7 @@ pub use model::{
 };
 pub use verbs::Verb;
 
-pub use board::{Board, CoordinationBlock, CoordinationDelivery};
+pub use board::{Board, CoordinationBlock, CoordinationDelivery, PatternLines};
 pub use protocol::{ClaimEpoch, ClaimRef};
 pub use sync::{Event, Intent, LocalAgent, Synchronizer};
 pub use tasks::{Task, TaskDag, TaskStatus};
