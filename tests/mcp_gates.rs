@@ -8,9 +8,9 @@ mod common;
 use std::process::Command;
 
 use common::mcp::{mcp_python, mcp_scripts};
-use common::relays::{Backend, TestDatabase};
+use common::relays::{ms, relay_toml, secs, AgentSpec, Backend, RelayProcess, TestDatabase};
 use common::*;
-use huddle_core::{Fold, OwnerAuthority, Position, TaskDag};
+use huddle_core::{Fold, OwnerAuthority, Position, TaskDag, TaskStatus};
 use huddle_store::StoreOptions;
 use serde_json::Value;
 
@@ -168,6 +168,38 @@ async fn python_agents_delegate_and_wait_for_approvals(backend: Backend) {
         vec!["build".to_string()]
     );
     assert!(dag.task(room, "y").is_none());
+    // A relay hosting bo drives the delegator's tasks like the owner's: its fold
+    // admits them. (`spec` was completed through MCP; `build` and `ship` are left.)
+    let dir = tempfile::tempdir().expect("tempdir for the relay");
+    let config = dir.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        relay_toml("r0", &db, &[room], &[AgentSpec::sim("bo", 50)]),
+    )
+    .expect("write the relay config");
+    let mut relay = RelayProcess::spawn(
+        "r0",
+        vec!["bo".into()],
+        &db,
+        &config,
+        &dir.path().join("relay.log"),
+    );
+    let deadline = std::time::Instant::now() + secs(60);
+    loop {
+        let (dag, _) = fold(&db, room).await;
+        let done = |t: &str| dag.task(room, t).map(|t| t.status) == Some(TaskStatus::Done);
+        if done("build") && done("ship") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay did not finish the delegated tasks: {}",
+            relay.log_tail(20)
+        );
+        tokio::time::sleep(ms(200)).await;
+    }
+    relay.terminate();
+
     // An answer to an unknown id is a command nobody records: no request appears.
     ok({
         let mut c = huddle(&db);
