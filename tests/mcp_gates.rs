@@ -5,9 +5,7 @@
 #[macro_use]
 mod common;
 
-use std::process::Command;
-
-use common::mcp::{mcp_python, mcp_scripts};
+use common::mcp::client_script;
 use common::relays::{ms, relay_toml, secs, AgentSpec, Backend, RelayProcess, TestDatabase};
 use common::*;
 use huddle_core::{Fold, OwnerAuthority, Position, TaskDag, TaskStatus};
@@ -65,17 +63,7 @@ async fn python_agents_delegate_and_wait_for_approvals(backend: Backend) {
     let db = database.url.clone();
     let room = "gates";
     seed(&db, room).await;
-    let dir = mcp_scripts();
-    let out = Command::new(mcp_python())
-        .arg(dir.join("gates.py"))
-        .env("PYTHONPATH", &dir)
-        .env("HUDDLE_BIN", huddle_bin())
-        .env("HUDDLE_DB", &db)
-        .env("HUDDLE_ROOM", room)
-        .env("HUDDLE_KEYS", keys_dir())
-        .env_remove("HUDDLE_OWNER_KEY")
-        .env("HUDDLE_LOG", "warn")
-        .env_remove("RUST_LOG")
+    let out = client_script("gates.py", &db, room)
         .output()
         .expect("run gates.py");
     let stdout = String::from_utf8_lossy(&out.stdout);

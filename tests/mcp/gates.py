@@ -6,18 +6,9 @@ import asyncio
 import os
 import subprocess
 
-from huddle_mcp import ToolError, agent, call
+from huddle_mcp import agent, call, refused
 
 GATE_TOOLS = {"task_delegate", "approval_request", "approval"}
-
-
-async def refused(session, tool, args, code):
-    try:
-        await call(session, tool, args)
-    except ToolError as e:
-        assert f"[{code}]" in str(e), e
-        return str(e)
-    raise AssertionError(f"{tool} {args} was not refused")
 
 
 def post_as(who, text):

@@ -45,11 +45,8 @@ impl ApprovalRequestBody {
 
 /// Whether `id` may name an approval: 1 to 64 of `[A-Za-z0-9_-]`.
 pub fn valid_approval_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= MAX_APPROVAL_ID_BYTES
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    // The characters of a task id, shorter (it is typed in `!approve ID`).
+    id.len() <= MAX_APPROVAL_ID_BYTES && crate::protocol::task::valid_task_id(id)
 }
 
 /// Where a request stands.
