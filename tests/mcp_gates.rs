@@ -8,7 +8,7 @@ mod common;
 use common::mcp::client_script;
 use common::relays::{ms, relay_toml, secs, AgentSpec, Backend, RelayProcess, TestDatabase};
 use common::*;
-use huddle_core::{Fold, OwnerAuthority, Position, TaskDag, TaskStatus};
+use huddle_core::{Fold, OwnerAuthority, Position, Role, TaskDag, TaskStatus, Verb};
 use huddle_store::StoreOptions;
 use serde_json::Value;
 
@@ -54,6 +54,31 @@ async fn fold(db: &str, room: &str) -> (TaskDag, OwnerAuthority) {
         }
     }
     (dag, auth)
+}
+
+/// The texts of huddle's replies to approval commands (`!approve` / `!deny`), in
+/// ledger order.
+async fn system_replies(db: &str, room: &str) -> Vec<String> {
+    let store = huddle_store::open(db, StoreOptions::default())
+        .await
+        .unwrap();
+    let rows = store
+        .read_room(room, Position::START, 10_000)
+        .await
+        .unwrap()
+        .rows;
+    let text =
+        |r: &huddle_core::Interaction| r.body["text"].as_str().unwrap_or_default().to_string();
+    let answers: Vec<_> = rows
+        .iter()
+        .filter(|r| r.verb == Verb::MessagePosted && r.role == Role::Owner)
+        .filter(|r| text(r).starts_with("!approve") || text(r).starts_with("!deny"))
+        .map(|r| r.id)
+        .collect();
+    rows.iter()
+        .filter(|r| r.role == Role::System && r.parent.is_some_and(|p| answers.contains(&p)))
+        .map(text)
+        .collect()
 }
 
 on_both_backends!(python_agents_delegate_and_wait_for_approvals);
@@ -156,8 +181,23 @@ async fn python_agents_delegate_and_wait_for_approvals(backend: Backend) {
         vec!["build".to_string()]
     );
     assert!(dag.task(room, "y").is_none());
+    // An answer to an unknown id: the relay replies with the error, nothing counts.
+    ok({
+        let mut c = huddle(&db);
+        c.args([
+            "post",
+            "--room",
+            room,
+            "--as",
+            "ana",
+            "!approve ap-ffffffff",
+        ]);
+        c
+    });
+
     // A relay hosting bo drives the delegator's tasks like the owner's: its fold
-    // admits them. (`spec` was completed through MCP; `build` and `ship` are left.)
+    // admits them (`spec` was completed through MCP; `build` and `ship` are left),
+    // and answers the owner's approval commands.
     let dir = tempfile::tempdir().expect("tempdir for the relay");
     let config = dir.path().join("relay.toml");
     std::fs::write(
@@ -176,7 +216,8 @@ async fn python_agents_delegate_and_wait_for_approvals(backend: Backend) {
     loop {
         let (dag, _) = fold(&db, room).await;
         let done = |t: &str| dag.task(room, t).map(|t| t.status) == Some(TaskStatus::Done);
-        if done("build") && done("ship") {
+        let replies = system_replies(&db, room).await;
+        if done("build") && done("ship") && replies.len() == 3 {
             break;
         }
         assert!(
@@ -187,20 +228,18 @@ async fn python_agents_delegate_and_wait_for_approvals(backend: Backend) {
         tokio::time::sleep(ms(200)).await;
     }
     relay.terminate();
-
-    // An answer to an unknown id is a command nobody records: no request appears.
-    ok({
-        let mut c = huddle(&db);
-        c.args([
-            "post",
-            "--room",
-            room,
-            "--as",
-            "ana",
-            "!approve ap-ffffffff",
-        ]);
-        c
-    });
+    // One reply per signed owner answer (none for mallory's), the unknown id refused.
+    let replies = system_replies(&db, room).await;
+    assert_eq!(
+        replies,
+        [
+            format!("Approved {}.", ids[0]),
+            format!("Denied {}: keep it a week", ids[1]),
+            "not recorded: there is no approval request `ap-ffffffff` in this room; \
+             `huddle approvals` lists them"
+                .to_string(),
+        ]
+    );
     let (_, auth) = fold(&db, room).await;
     assert_eq!(auth.approvals().status(room, "ap-ffffffff"), None);
     assert_eq!(auth.approvals().room(room).count(), 3);
