@@ -1,5 +1,6 @@
 //! End-to-end: the pattern writes from the command line — `huddle propose`, `huddle
-//! vote`, `huddle barrier open|arrive`, `huddle lease acquire|renew|release` — through
+//! vote`, `huddle barrier open|arrive`, `huddle lease acquire|renew|release`, `huddle
+//! approval request|status` — through
 //! the real binary (the same `AgentSession` calls as the MCP tools), on SQLite and
 //! Postgres.
 
@@ -106,6 +107,42 @@ async fn pattern_writes_from_the_command_line(backend: Backend) {
     )));
     assert_eq!(taken["lease"]["holder"], "cy", "{taken}");
     assert!(taken["lease"]["epoch"].as_u64().unwrap() > epoch, "{taken}");
+
+    // An approval gate from the command line; the owner answers with a signed post.
+    let asked = json(&ok(agent_cmd(
+        &db,
+        &["approval", "request"],
+        "bo",
+        &["--action", "deploy to prod", "--json"],
+    )));
+    let id = asked["approval"]["id"].as_str().expect("an id").to_string();
+    assert_eq!(asked["approval"]["status"], "pending", "{asked}");
+    let pending = ok(agent_cmd(&db, &["approval", "status"], "bo", &[&id]));
+    assert!(pending.contains(&format!("!approve {id}")), "{pending}");
+    ok({
+        let mut c = huddle(&db);
+        c.args([
+            "post",
+            "--room",
+            ROOM,
+            "--as",
+            "ana",
+            &format!("!approve {id}"),
+        ]);
+        c
+    });
+    let answered = ok(agent_cmd(
+        &db,
+        &["approval", "status"],
+        "bo",
+        &[&id, "--wait-ms", "10000"],
+    ));
+    assert!(
+        answered.starts_with(&format!("{id} [approved by ana")),
+        "{answered}"
+    );
+    let err = fails(agent_cmd(&db, &["approval", "status"], "bo", &["ap-nope"]));
+    assert!(err.contains("[no_approval]"), "{err}");
 
     // The views agree; `huddle lease --room` is still the view.
     let decisions = json(&ok({

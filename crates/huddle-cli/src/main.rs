@@ -178,6 +178,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Ask the room owner before an action, or see where a request stands, as an
+    /// agent (the `approval_request` and `approval` MCP tools).
+    Approval {
+        #[command(subcommand)]
+        command: pattern_cmds::ApprovalCommand,
+    },
     /// Serve one agent's tools (read, post, board, tasks, task_claim, ...) over the
     /// Model Context Protocol on stdin/stdout.
     Mcp {
@@ -376,6 +382,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let room = room.unwrap_or_default();
             pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Leases).await
         }
+        Command::Approval { command } => pattern_cmds::approval(&db, options, command).await,
         Command::Propose(p) => pattern_cmds::propose(&db, options, p).await,
         Command::Vote(v) => pattern_cmds::vote(&db, options, v).await,
         Command::Barrier { command } => pattern_cmds::barrier(&db, options, command).await,

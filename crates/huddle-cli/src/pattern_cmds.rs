@@ -11,7 +11,9 @@
 use std::fmt::Write as _;
 
 use clap::{Args, Subcommand};
-use huddle_agent::approvals::{views as approval_views, ApprovalView};
+use huddle_agent::approvals::{
+    views as approval_views, ApprovalArgs, ApprovalRequestArgs, ApprovalView,
+};
 use huddle_agent::pattern_views::{
     BarrierArriveArgs, BarrierOpenArgs, BarrierView, CoordinatorLease, DecisionView, LeaseArgs,
     LeaseNameArgs, ProposeArgs, VoteArgs, VotersArg,
@@ -460,4 +462,79 @@ fn lines<T>(written: &Written, view: &T, render: fn(&mut String, &T)) -> String 
         out.push_str("(already recorded; nothing new was written)\n");
     }
     out.trim_end().to_string()
+}
+
+/// `huddle approval request|status`: the approval tools for agents without MCP.
+#[derive(Subcommand, Debug)]
+pub enum ApprovalCommand {
+    /// Ask the room owner before an action (the `approval_request` tool); prints the
+    /// id the owner answers with `!approve ID` / `!deny ID [reason]`.
+    Request {
+        #[command(flatten)]
+        who: Agent,
+        /// What the agent wants to do, in one line.
+        #[arg(long)]
+        action: String,
+        /// More about it.
+        #[arg(long)]
+        details: Option<String>,
+        /// Wait up to this long for the answer (ms, at most 60000).
+        #[arg(long)]
+        wait_ms: Option<u64>,
+        /// Makes a retry safe: the same key is the same request.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// Where a request stands (the `approval` tool).
+    Status {
+        #[command(flatten)]
+        who: Agent,
+        /// The request's id.
+        id: String,
+        /// Wait up to this long while it is pending (ms, at most 60000).
+        #[arg(long)]
+        wait_ms: Option<u64>,
+    },
+}
+
+/// Runs `huddle approval request|status`.
+pub async fn approval(db: &str, options: StoreOptions, c: ApprovalCommand) -> anyhow::Result<()> {
+    match c {
+        ApprovalCommand::Request {
+            who,
+            action,
+            details,
+            wait_ms,
+            idempotency_key,
+        } => {
+            let me = who.open(db, options).await?;
+            let r = me
+                .approval_request(ApprovalRequestArgs {
+                    action,
+                    details,
+                    thread: None,
+                    wait_ms,
+                    idempotency_key,
+                })
+                .await
+                .map_err(refusal)?;
+            print_result(who.json, &r, || {
+                let mut out = String::new();
+                approval_lines(&mut out, &r.approval);
+                out.trim_end().to_string()
+            })
+        }
+        ApprovalCommand::Status { who, id, wait_ms } => {
+            let me = who.open(db, options).await?;
+            let r = me
+                .approval(ApprovalArgs { id, wait_ms })
+                .await
+                .map_err(refusal)?;
+            print_result(who.json, &r, || {
+                let mut out = String::new();
+                approval_lines(&mut out, &r);
+                out.trim_end().to_string()
+            })
+        }
+    }
 }
