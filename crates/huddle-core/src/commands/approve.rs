@@ -85,7 +85,11 @@ pub fn parse_approval(
         CommandWord::Deny => ("!deny", ApprovalStatus::Denied),
         _ => ("!approve", ApprovalStatus::Approved),
     };
-    let rest = text.trim_start()[name.len()..].trim_start();
+    let rest = text
+        .trim_start()
+        .strip_prefix(name)
+        .unwrap_or_default()
+        .trim_start();
     let id_end = rest.find(char::is_whitespace).unwrap_or(rest.len());
     let (id, tail) = rest.split_at(id_end);
     if id.is_empty() {

@@ -1285,3 +1285,23 @@ fn only_the_owners_signed_first_answer_counts() {
         Some(Approved)
     );
 }
+
+proptest! {
+    /// Whatever follows the command word, the approval parser answers without
+    /// panicking, and accepts only ids of pending requests.
+    #[test]
+    fn approval_commands_never_panic(rest in "\\PC{0,80}", deny in any::<bool>()) {
+        let pending = |id: &str| (id == "ap-1").then_some(crate::approval::ApprovalStatus::Pending);
+        let ctx = ParseContext { approval: &pending, ..ParseContext::default() };
+        let (text, word) = if deny {
+            (format!("!deny {rest}"), CommandWord::Deny)
+        } else {
+            (format!("!approve {rest}"), CommandWord::Approve)
+        };
+        if let Ok(a) = parse_approval(&text, word, &ctx) {
+            prop_assert_eq!(a.id, "ap-1");
+        }
+        // A word that does not match the text is no id, never a panic.
+        prop_assert!(parse_approval("!x", word, &ctx).is_err());
+    }
+}
