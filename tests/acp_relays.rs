@@ -7,6 +7,8 @@
 mod common;
 
 use common::relays::{relay_toml, secs, AgentSpec, Backend, DriverSpec, Huddle};
+use huddle_core::protocol::TurnRepliedBody;
+use huddle_core::Verb;
 use std::collections::BTreeMap;
 
 on_both_backends!(three_relays_drive_acp_agents_through_a_dag_exactly_once);
@@ -26,13 +28,22 @@ async fn three_relays_drive_acp_agents_through_a_dag_exactly_once(backend: Backe
         h.spawn_relay(&format!("r{i}"), vec![AgentSpec::acp(key, command, &cwd)]);
     }
     h.wait_registered(&keys).await;
-    // t0000..t0009 are free; every later task waits for the one ten before it.
+    // t0000..t0009 are free; every later task waits for the one ten before it. Tasks
+    // ending in 3 make the agent report a tool call (`@tool`), which the turn's
+    // record must carry.
+    let label = |i: usize| {
+        if i % 10 == 3 {
+            format!("@tool read src/t{i}.rs")
+        } else {
+            format!("job {i}")
+        }
+    };
     let dag: Vec<String> = (0..100)
         .map(|i| {
             if i < 10 {
-                format!("t{i:04}: job {i}")
+                format!("t{i:04}: {}", label(i))
             } else {
-                format!("t{i:04}: job {i} [after t{:04}]", i - 10)
+                format!("t{i:04}: {} [after t{:04}]", label(i), i - 10)
             }
         })
         .collect();
@@ -53,6 +64,35 @@ async fn three_relays_drive_acp_agents_through_a_dag_exactly_once(backend: Backe
         repeated.is_empty(),
         "tasks prompted more than once: {repeated:?}"
     );
+    // What the agents did is in their turns' records (plan 0025).
+    let mut with_activity = BTreeMap::new();
+    for (_, row) in h.ledger.of_verb(Verb::TurnReplied) {
+        let body: TurnRepliedBody = serde_json::from_value(row.body.clone()).expect("turn.replied");
+        if !body.activity.is_empty() {
+            with_activity.insert(body.subject.id.clone(), body.activity);
+        }
+    }
+    assert_eq!(
+        with_activity.keys().cloned().collect::<Vec<_>>(),
+        (0..100)
+            .filter(|i| i % 10 == 3)
+            .map(|i| format!("t{i:04}"))
+            .collect::<Vec<_>>()
+    );
+    for (task, activity) in &with_activity {
+        let n: usize = task[1..].parse().expect("task number");
+        assert_eq!(activity.tool_calls, 1, "{task}: {activity:?}");
+        let call = &activity.tools[0];
+        assert_eq!(
+            (
+                call.title.as_str(),
+                call.kind.as_str(),
+                call.status.as_str()
+            ),
+            (format!("src/t{n}.rs").as_str(), "read", "completed"),
+            "{task}"
+        );
+    }
     // Every agent process was started once per relay: none crashed or restarted.
     assert_eq!(text.lines().filter(|l| l.starts_with("start ")).count(), 3);
 }

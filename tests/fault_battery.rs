@@ -117,11 +117,15 @@ impl Rows {
     }
 
     fn message(&mut self, token: &str) -> InteractionId {
+        self.message_saying(&format!("question {token}"))
+    }
+
+    fn message_saying(&mut self, text: &str) -> InteractionId {
         self.push(
             Verb::MessagePosted,
             "hana",
             Role::Human,
-            json!({ "text": format!("question {token}") }),
+            json!({ "text": text }),
             T0,
             None,
         )
@@ -188,8 +192,7 @@ fn summary(relay: &str, board: &str) -> RelaySummary {
         turns_failed: 0,
         fenced_refusals: 0,
         skipped_rows: 0,
-        writes_retried: 0,
-        results_lost: 0,
+        ..Default::default()
     }
 }
 
@@ -346,6 +349,42 @@ fn checker_finds_a_lost_message_and_a_lost_task() {
         "{r}"
     );
     assert_eq!((r.messages, r.messages_answered), (2, 1));
+}
+
+#[test]
+fn checker_expects_one_reply_from_each_agent_a_message_names() {
+    let mut w = World::clean();
+    let m = w.rows.message_saying("@a0 @a1 question tok-9");
+    w.messages.insert("tok-9".into(), m);
+    w.rows.reply(m, "a0", T0 + 500_000);
+    w.rows.reply(m, "a1", T0 + 500_000);
+    w.effects
+        .extend(ran(msg("tok-9"), "a0", 1, T0 + 450_000, 20));
+    w.effects
+        .extend(ran(msg("tok-9"), "a1", 1, T0 + 450_000, 21));
+    let r = w.check();
+    assert!(r.violations.is_empty(), "{r}");
+    assert!(
+        r.reexecutions.is_empty(),
+        "one execution per named agent: {r}"
+    );
+    // A second reply by one of them is a double answer of that agent's part, and a
+    // part nobody answered is lost.
+    w.rows.reply(m, "a0", T0 + 900_000);
+    let m2 = w.rows.message_saying("@a0 @a1 question tok-10");
+    w.messages.insert("tok-10".into(), m2);
+    w.rows.reply(m2, "a1", T0 + 500_000);
+    let r = w.check();
+    assert!(
+        r.violations.iter().any(|v| matches!(v,
+            Violation::MessageAnsweredTwice { token, .. } if token == "tok-9@a0")),
+        "{r}"
+    );
+    assert!(
+        r.violations.iter().any(|v| matches!(v,
+            Violation::MessageLost { token } if token == "tok-10@a0")),
+        "{r}"
+    );
 }
 
 #[test]
@@ -582,6 +621,8 @@ struct Battery {
     chunks_created: usize,
     pending_chunk: Option<InteractionId>,
     messages: BTreeMap<String, InteractionId>,
+    /// Messages naming several agents: the agents, each of which answers once.
+    named: BTreeMap<InteractionId, Vec<String>>,
     /// Relays that exited by themselves, and when.
     crashes: Vec<String>,
     size: Size,
@@ -606,6 +647,7 @@ impl Battery {
             chunks_created: 0,
             pending_chunk: None,
             messages: BTreeMap::new(),
+            named: BTreeMap::new(),
             crashes: Vec::new(),
             size,
         };
@@ -727,10 +769,13 @@ impl Battery {
         let n = self.messages.len();
         let token = message_token(n);
         let human = HUMANS[n % HUMANS.len()];
-        // Most are broadcasts; some mention two agents on different relays.
+        // Most are broadcasts; some name two agents on different relays, and each of
+        // them answers once (plan 0026).
+        let mut named = Vec::new();
         let text = if self.rng.below(4) == 0 {
             let a = self.rng.below(3);
             let b = (a + 1 + self.rng.below(2)) % 3;
+            named = vec![format!("a{a}0"), format!("a{b}1")];
             format!("@a{a}0 @a{b}1 question {token}: can you look?")
         } else {
             format!("question {token}: anyone?")
@@ -744,6 +789,9 @@ impl Battery {
         );
         let id = self.append(vec![row]).await[0];
         self.messages.insert(token, id);
+        if !named.is_empty() {
+            self.named.insert(id, named);
+        }
     }
 
     fn record(&mut self, kind: FaultKind, relay: Option<&str>, from_us: i64) {
@@ -855,10 +903,17 @@ impl Battery {
         }
     }
 
+    /// Whether the message has its replies: one from each agent it names, or one.
+    fn answered(&self, id: InteractionId) -> bool {
+        let replies = self.h.ledger.replies_to(id);
+        match self.named.get(&id) {
+            Some(named) => named.iter().all(|a| replies.iter().any(|r| &r.actor == a)),
+            None => !replies.is_empty(),
+        }
+    }
+
     fn all_answered(&self) -> bool {
-        self.messages
-            .values()
-            .all(|id| !self.h.ledger.replies_to(*id).is_empty())
+        self.messages.values().all(|id| self.answered(*id))
     }
 
     fn backlog(&self) -> usize {
@@ -950,7 +1005,7 @@ impl Battery {
                     self.h.ledger.describe(),
                     self.messages
                         .values()
-                        .filter(|id| !self.h.ledger.replies_to(**id).is_empty())
+                        .filter(|id| self.answered(**id))
                         .count(),
                     self.messages.len()
                 );

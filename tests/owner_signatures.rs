@@ -121,9 +121,26 @@ async fn only_signed_owner_commands_take_effect(backend: Backend) {
     h.wait_until("the real task done", secs(30), |l| l.summary().done == 1)
         .await;
     h.wait_quiescent(secs(30)).await;
-    h.stop_all().await;
+    let summaries = h.stop_all().await;
 
     let l = &h.ledger;
+    // The relay says what it ignored, with the counts its own folds kept.
+    for s in &summaries {
+        assert_eq!(
+            (s.unsigned_commands, s.unauthorized_rows),
+            (l.config.unsigned_commands(), l.config.unauthorized_rows()),
+            "{s:?}"
+        );
+        assert_eq!(
+            s.ignored_config_rows,
+            l.config.config().ignored_rows(),
+            "{s:?}"
+        );
+        assert!(
+            s.ignored_config_rows >= 3,
+            "a config.set, two room.created: {s:?}"
+        );
+    }
     assert_eq!(l.summary().total, 1, "forged tasks got into the DAG");
     assert!(l.task("real").is_some());
     let system: Vec<&str> = l
@@ -163,5 +180,130 @@ async fn only_signed_owner_commands_take_effect(backend: Backend) {
     );
     eprintln!(
         "owner signatures: {tried} forged or unsigned owner writes tried, all without effect"
+    );
+}
+
+on_both_backends!(the_owner_rotates_the_key_and_the_old_key_stops_counting);
+
+/// `huddle room rotate-key`: the rotation is signed with the current key, the key file
+/// then holds the new key (the old one kept beside it), `post` refuses to sign with the
+/// old key, and a command signed with the old key written anyway is not executed.
+async fn the_owner_rotates_the_key_and_the_old_key_stops_counting(backend: Backend) {
+    let db = TestDatabase::new(backend).await;
+    let keys = tempfile::tempdir().expect("tempdir");
+    let cmd = |args: &[&str]| {
+        let mut c = common::huddle(&db.url);
+        c.env("HUDDLE_KEYS", keys.path()).args(args);
+        c
+    };
+    common::ok(cmd(&["room", "create", "rot", "--owner", "rota"]));
+    let key_file = keys.path().join("rota.key");
+    let read_key = |p: &std::path::Path| -> huddle_core::signing::OwnerSecret {
+        std::fs::read_to_string(p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .trim()
+            .parse()
+            .expect("a key file")
+    };
+    let old = read_key(&key_file);
+
+    // Not the owner, or not the owner's current key: refused, nothing written.
+    let out = common::run(cmd(&["room", "rotate-key", "rot", "--owner", "mallory"]));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("owned by rota, not mallory"));
+    let other = keys.path().join("other.key");
+    common::ok(cmd(&[
+        "room",
+        "create",
+        "elsewhere",
+        "--owner",
+        "x",
+        "--key",
+        other.to_str().unwrap(),
+    ]));
+    let out = common::run(cmd(&[
+        "room",
+        "rotate-key",
+        "rot",
+        "--owner",
+        "rota",
+        "--key",
+        other.to_str().unwrap(),
+    ]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("pass the current key"),
+        "{stderr}"
+    );
+
+    let said = common::ok(cmd(&["room", "rotate-key", "rot", "--owner", "rota"]));
+    assert!(said.contains("owner key rotated"), "{said}");
+    let new = read_key(&key_file);
+    assert_ne!(new.public(), old.public());
+    let retired = keys
+        .path()
+        .join(format!("rota.key.retired-{}", old.public().short()));
+    assert_eq!(
+        read_key(&retired).public(),
+        old.public(),
+        "the old key is kept"
+    );
+    assert!(!keys.path().join("rota.key.next").exists());
+
+    // `post` will not sign with the old key; it signs with the new one.
+    let out = common::run(cmd(&[
+        "post",
+        "--room",
+        "rot",
+        "--as",
+        "rota",
+        "--key",
+        retired.to_str().unwrap(),
+        "!config rate 5",
+    ]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("is not the room's owner key"), "{stderr}");
+    common::ok(cmd(&[
+        "post",
+        "--room",
+        "rot",
+        "--as",
+        "rota",
+        "!config rate 6",
+    ]));
+
+    // A command signed with the old key, written straight into the store, is not
+    // executed; the one signed with the new key is.
+    let store = huddle_store::open(&db.url, huddle_store::StoreOptions::default())
+        .await
+        .expect("open");
+    store
+        .append(vec![old.sign(NewInteraction::new(
+            "rot",
+            Verb::MessagePosted,
+            "rota",
+            Role::Owner,
+            json!({"text": "!config rate 7"}),
+        ))])
+        .await
+        .expect("append");
+    let mut authority = huddle_core::commands::OwnerAuthority::new();
+    let rows = store
+        .read_room("rot", huddle_core::Position::START, 1000)
+        .await
+        .expect("read")
+        .rows;
+    for row in &rows {
+        huddle_core::Fold::apply(&mut authority, row);
+    }
+    assert_eq!(authority.config().owner_key("rot"), Some(new.public()));
+    // The post with the old key (sent unsigned) and the row signed with the old key.
+    assert_eq!(authority.unsigned_commands(), 2);
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r.verb == Verb::RoomKeyRotated)
+            .count(),
+        1
     );
 }

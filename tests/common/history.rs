@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::Path;
 
+use huddle_core::sync::addressing::{self, Eligible};
 use huddle_core::tasks::TaskCompletedBody;
 use huddle_core::{Fold, Interaction, InteractionId, Role, TaskDag, Verb};
 
@@ -438,6 +439,30 @@ impl fmt::Display for HistoryReport {
     }
 }
 
+/// The test's messages that name several agents (each answers once), with the
+/// agents named, read the way relays read them: mentions of the hosted agents, minus
+/// the author.
+fn messages_naming_several(h: &History<'_>) -> BTreeMap<String, Vec<String>> {
+    let known: BTreeSet<String> = h.hosts.keys().cloned().collect();
+    let by_id: BTreeMap<InteractionId, &Interaction> = h.rows.iter().map(|r| (r.id, r)).collect();
+    h.messages
+        .iter()
+        .filter_map(|(token, id)| {
+            let row = by_id.get(id)?;
+            let text = row
+                .body
+                .get("text")
+                .and_then(|t| t.as_str())
+                .unwrap_or_default();
+            let to = addressing::address(text, &[], None, &known);
+            match addressing::eligible(&row.actor, row.role, text, &to, false) {
+                Eligible::Agents(list) if list.len() >= 2 => Some((token.clone(), list)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
 /// Checks a history; see the module documentation.
 pub fn check(h: &History<'_>) -> HistoryReport {
     let mut report = HistoryReport {
@@ -506,9 +531,51 @@ pub fn check(h: &History<'_>) -> HistoryReport {
             });
         }
     }
+    // Messages naming several agents are answered once by each of them (plan 0026):
+    // each named agent's part is a piece of work of its own, `<token>@<agent>`.
+    let each = messages_naming_several(h);
     for (token, id) in h.messages {
         let rs = replies.get(id).cloned().unwrap_or_default();
         report.agent_replies += rs.len();
+        if let Some(named) = each.get(token) {
+            let mut whole = true;
+            for agent in named {
+                let part = format!("{token}@{agent}");
+                let mine: Vec<&&Interaction> = rs.iter().filter(|r| &r.actor == agent).collect();
+                match mine.first() {
+                    Some(first) => {
+                        result_at.insert(Work::Message(part.clone()), first.at.as_micros());
+                    }
+                    None => {
+                        whole = false;
+                        report.violations.push(Violation::MessageLost {
+                            token: part.clone(),
+                        });
+                    }
+                }
+                if mine.len() > 1 {
+                    report.violations.push(Violation::MessageAnsweredTwice {
+                        token: part,
+                        repliers: mine.iter().map(|r| r.actor.clone()).collect(),
+                    });
+                }
+            }
+            let strangers: Vec<String> = rs
+                .iter()
+                .filter(|r| !named.contains(&r.actor))
+                .map(|r| r.actor.clone())
+                .collect();
+            if !strangers.is_empty() {
+                report.violations.push(Violation::MessageAnsweredTwice {
+                    token: token.clone(),
+                    repliers: strangers,
+                });
+            }
+            if whole {
+                report.messages_answered += 1;
+            }
+            continue;
+        }
         match rs.first() {
             Some(first) => {
                 report.messages_answered += 1;
@@ -527,13 +594,19 @@ pub fn check(h: &History<'_>) -> HistoryReport {
     }
 
     // Executions.
-    let mut starts: BTreeMap<&Work, Vec<&SideEffect>> = BTreeMap::new();
-    let mut ended: BTreeSet<(u32, &Work)> = BTreeSet::new();
+    let mut starts: BTreeMap<Work, Vec<&SideEffect>> = BTreeMap::new();
+    let mut ended: BTreeSet<(u32, Work)> = BTreeSet::new();
+    let work_of = |e: &SideEffect| match &e.work {
+        Work::Message(token) if each.contains_key(token) => {
+            Work::Message(format!("{token}@{}", e.agent))
+        }
+        w => w.clone(),
+    };
     for e in h.side_effects {
         match e.phase {
-            Phase::Start => starts.entry(&e.work).or_default().push(e),
+            Phase::Start => starts.entry(work_of(e)).or_default().push(e),
             Phase::End => {
-                ended.insert((e.pid, &e.work));
+                ended.insert((e.pid, work_of(e)));
             }
         }
     }
@@ -545,9 +618,9 @@ pub fn check(h: &History<'_>) -> HistoryReport {
         }
         report.unfinished += list
             .iter()
-            .filter(|e| !ended.contains(&(e.pid, *work)))
+            .filter(|e| !ended.contains(&(e.pid, work.clone())))
             .count();
-        if let Some(&done) = result_at.get(*work) {
+        if let Some(&done) = result_at.get(work) {
             for e in list.iter() {
                 let late = e.time_us - done;
                 if late > h.commit_slack_us {
@@ -566,7 +639,7 @@ pub fn check(h: &History<'_>) -> HistoryReport {
                 .collect();
             if explained_by.iter().any(Option::is_none) {
                 report.violations.push(Violation::UnexplainedReexecution {
-                    work: (*work).clone(),
+                    work: work.clone(),
                     starts: list
                         .iter()
                         .map(|e| (e.agent.clone(), e.epoch, e.attempt))
@@ -574,7 +647,7 @@ pub fn check(h: &History<'_>) -> HistoryReport {
                 });
             }
             report.reexecutions.push(Reexecution {
-                work: (*work).clone(),
+                work: work.clone(),
                 starts: list.len(),
                 explained_by,
             });

@@ -316,7 +316,7 @@ pub fn relay_toml(id: &str, database: &str, rooms: &[&str], agents: &[AgentSpec]
 }
 
 /// What `huddle relay` prints when it stops.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RelaySummary {
     /// Relay id.
     pub relay: String,
@@ -340,6 +340,12 @@ pub struct RelaySummary {
     pub writes_retried: u64,
     /// Results given up unwritten.
     pub results_lost: u64,
+    /// Owner commands without a valid signature, not executed.
+    pub unsigned_commands: u64,
+    /// `task.created` rows no verified owner command produced.
+    pub unauthorized_rows: u64,
+    /// Config rows the config fold ignored.
+    pub ignored_config_rows: u64,
 }
 
 impl RelaySummary {
@@ -360,6 +366,9 @@ impl RelaySummary {
             skipped_rows: n("skipped_rows")?,
             writes_retried: n("writes_retried").unwrap_or(0),
             results_lost: n("results_lost").unwrap_or(0),
+            unsigned_commands: n("unsigned_commands")?,
+            unauthorized_rows: n("unauthorized_rows")?,
+            ignored_config_rows: n("ignored_config_rows")?,
         })
     }
 }

@@ -1,14 +1,15 @@
 //! [`AgentSession`]: one agent in one room, over a store. The folds it keeps and the
 //! operations that only read or post; the task operations are in [`crate::tasks`].
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use huddle_core::config::check_agent_name;
-use huddle_core::protocol::{reply_key, AgentRegisteredBody, MessageBody};
+use huddle_core::protocol::{reply_key_for, AgentRegisteredBody, MessageBody};
+use huddle_core::sync::addressing;
 use huddle_core::{
-    validate_name, Board, ClaimEpoch, ConfigFold, Fold, InteractionId, NewInteraction,
+    validate_name, Board, ClaimEpoch, ConfigFold, Fold, Interaction, InteractionId, NewInteraction,
     OwnerAuthority, Position, Role, TaskDag, Verb,
 };
 use huddle_store::{Acquired, Fence, Store, StoreError};
@@ -313,6 +314,7 @@ impl AgentSession {
                 .map_err(|e| AgentError::BadArgument(e.to_string()))?;
             row = row.in_thread(t);
         }
+        let mut each = false;
         if let Some(p) = args.reply_to.as_deref() {
             let id: InteractionId = p.parse().map_err(|_| {
                 AgentError::BadArgument(format!(
@@ -320,7 +322,10 @@ impl AgentSession {
                 ))
             })?;
             match self.store.get(id).await? {
-                Some(m) if m.room == self.room => row = row.with_parent(id),
+                Some(m) if m.room == self.room => {
+                    each = self.names_several(&m).await?;
+                    row = row.with_parent(id)
+                }
                 _ => {
                     return Err(AgentError::BadArgument(format!(
                         "reply_to {p}: no such interaction in this room"
@@ -332,16 +337,37 @@ impl AgentSession {
             row = row.with_idempotency_key(k);
         }
         match row.parent {
-            Some(parent) => self.reply(parent, row).await,
+            Some(parent) => self.reply(parent, each, row).await,
             None => self.append_own(row).await,
         }
+    }
+
+    /// Whether `message` names several agents, this one among them: then each of
+    /// them answers it once, under its own reply claim, as relays do.
+    async fn names_several(&self, message: &Interaction) -> Result<bool> {
+        let body: MessageBody = serde_json::from_value(message.body.clone()).unwrap_or_default();
+        let known: BTreeSet<String> = {
+            let st = self.synced().await?;
+            st.board
+                .room(&self.room)
+                .map(|b| b.agents.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        let to = addressing::address(&body.text, &body.mentions, None, &known);
+        let eligible = addressing::eligible(&message.actor, message.role, &body.text, &to, false);
+        Ok(eligible.answers_each() && eligible.contains(&self.agent))
     }
 
     /// Writes the one reply to `parent`: under the message's reply claim, which the
     /// reply closes (the same claim a relay answers under), so a message gets one reply
     /// whether relays or agents acting for themselves answer it.
-    async fn reply(&self, parent: InteractionId, row: NewInteraction) -> Result<Written> {
-        let key = reply_key(&self.room, &parent);
+    async fn reply(
+        &self,
+        parent: InteractionId,
+        each: bool,
+        row: NewInteraction,
+    ) -> Result<Written> {
+        let key = reply_key_for(&self.room, &parent, &self.agent, each);
         let state = match self.store.acquire(&key, &self.agent, REPLY_LEASE).await? {
             Acquired::Won(c) => c,
             Acquired::HeldBy(c) => {

@@ -334,12 +334,12 @@ async fn a_message_gets_one_reply_whoever_answers() {
         text: text.into(),
         ..Default::default()
     };
-    let q1 = bo.post(ask("@cy @dee who takes this?")).await.unwrap();
     let reply = |to: &str, text: &str| PostArgs {
         text: text.into(),
         reply_to: Some(to.to_string()),
         ..Default::default()
     };
+    let q1 = bo.post(ask("@cy who takes this?")).await.unwrap();
     let first = cy.post(reply(&q1.id, "mine")).await.unwrap();
     assert!(first.inserted);
     // The same reply again (a retry) is the reply already written.
@@ -354,6 +354,26 @@ async fn a_message_gets_one_reply_whoever_answers() {
         assert_eq!(err.code(), "reply_taken", "{err}");
         assert!(err.to_string().contains("cy answered it"), "{err}");
     }
+    // A message naming several agents gets one reply from each of them.
+    let parts = bo
+        .post(ask("@cy and @dee: each take your part"))
+        .await
+        .unwrap();
+    assert!(
+        cy.post(reply(&parts.id, "cy's part"))
+            .await
+            .unwrap()
+            .inserted
+    );
+    assert!(
+        dee.post(reply(&parts.id, "dee's part"))
+            .await
+            .unwrap()
+            .inserted
+    );
+    let err = cy.post(reply(&parts.id, "cy again")).await.unwrap_err();
+    assert_eq!(err.code(), "reply_taken", "{err}");
+    assert!(err.to_string().contains("cy answered it"), "{err}");
     // A reply someone (a relay's agent) is writing now is refused while it is held.
     let q2 = bo.post(ask("second question")).await.unwrap();
     let key = huddle_core::protocol::reply_key(ROOM, &q2.id.parse().unwrap());
@@ -366,7 +386,10 @@ async fn a_message_gets_one_reply_whoever_answers() {
     room.clock.advance(TTL + Duration::from_secs(1));
     assert!(dee.post(reply(&q2.id, "me")).await.unwrap().inserted);
     let posted = room.rows(Verb::MessagePosted).await - before;
-    assert_eq!(posted, 4, "two questions and one reply to each");
+    assert_eq!(
+        posted, 7,
+        "three questions; one reply to each of the first and last, two to the one naming two"
+    );
 }
 
 #[tokio::test]

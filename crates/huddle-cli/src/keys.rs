@@ -91,6 +91,28 @@ pub fn load_or_create(path: &Path) -> anyhow::Result<(OwnerSecret, bool)> {
     }
 }
 
+/// `path` with `suffix` appended to its file name.
+pub fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// After a rotation: keeps the old key at `<path>.retired-<old key id>` and moves the
+/// next key (at `next`) into `path`. Returns where the old key went.
+pub fn retire(
+    path: &Path,
+    old: &huddle_core::signing::OwnerKey,
+    next: &Path,
+) -> anyhow::Result<PathBuf> {
+    let retired = with_suffix(path, &format!(".retired-{}", old.short()));
+    std::fs::rename(path, &retired)
+        .with_context(|| format!("cannot move {} to {}", path.display(), retired.display()))?;
+    std::fs::rename(next, path)
+        .with_context(|| format!("cannot move {} to {}", next.display(), path.display()))?;
+    Ok(retired)
+}
+
 fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
     let mut b = std::fs::DirBuilder::new();
     b.recursive(true);

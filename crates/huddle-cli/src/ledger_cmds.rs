@@ -119,18 +119,165 @@ pub async fn room_create(
     Ok(())
 }
 
+/// `huddle room rotate-key`. Safe to run again after any failure: the next key waits
+/// in `<key file>.next` until the rotation is in the ledger, so a retry signs the same
+/// rotation (the same row) and the key file is replaced only once the ledger shows the
+/// new key.
+pub async fn room_rotate_key(
+    url: &str,
+    options: StoreOptions,
+    room: &str,
+    owner: &str,
+    key_flag: Option<&Path>,
+) -> anyhow::Result<()> {
+    let store = open(url, options).await?;
+    let authority = room_authority(&*store, room).await?;
+    let Some(current_owner) = authority.owner(room) else {
+        bail!("room {room} does not exist (create it with `huddle room create`)");
+    };
+    if current_owner != owner {
+        bail!("room {room} is owned by {current_owner}, not {owner}");
+    }
+    let Some(room_key) = authority.owner_key(room) else {
+        bail!("room {room} has no owner key to rotate");
+    };
+    let path = keys::key_path(owner, key_flag)?;
+    let next_path = keys::with_suffix(&path, ".next");
+    let Some(secret) = keys::load(&path)? else {
+        bail!(
+            "no key file at {}: the owner's current key is needed to sign the rotation",
+            path.display()
+        );
+    };
+    if secret.public() != room_key {
+        // A rotation that landed before its key files were swapped: finish the swap.
+        if let Some(next) = keys::load(&next_path)? {
+            if next.public() == room_key {
+                let retired = keys::retire(&path, &secret.public(), &next_path)?;
+                println!(
+                    "room {room}: owner key {} is already in the ledger; {} now holds it (old key kept in {})",
+                    room_key.short(),
+                    path.display(),
+                    retired.display()
+                );
+                return Ok(());
+            }
+        }
+        bail!(
+            "{} holds key {}, but room {room}'s owner key is {}: pass the current key with --key",
+            path.display(),
+            secret.public().short(),
+            room_key.short()
+        );
+    }
+    let (next, _) = keys::load_or_create(&next_path)?;
+    let rotation = secret.sign(NewInteraction::new(
+        room,
+        Verb::RoomKeyRotated,
+        owner,
+        Role::Owner,
+        json!({ "key": next.public().to_hex() }),
+    ));
+    store.append(vec![rotation]).await?;
+    store.flush().await;
+    let after = room_authority(&*store, room).await?;
+    if after.owner_key(room) != Some(next.public()) {
+        bail!(
+            "the rotation was written but room {room}'s key is still {}: another rotation may have raced it",
+            after.owner_key(room).map(|k| k.short()).unwrap_or_default()
+        );
+    }
+    let retired = keys::retire(&path, &secret.public(), &next_path)?;
+    println!(
+        "room {room}: owner key rotated from {} to {}; {} holds the new key (old key kept in {})",
+        secret.public().short(),
+        next.public().short(),
+        path.display(),
+        retired.display()
+    );
+    Ok(())
+}
+
 /// `huddle post`. An owner command (`!delegate`, `!config`) by the room's owner is
 /// signed with the owner's key; without that key the text is posted as an ordinary
 /// message and [`NotSigned`] says why.
+/// Who posts with `huddle post`, where, and in answer to what.
+pub struct Speaker<'a> {
+    /// Who is speaking.
+    pub actor: &'a str,
+    /// The thread, if any.
+    pub thread: Option<String>,
+    /// The message answered (an id or a unique prefix).
+    pub reply_to: Option<&'a str>,
+    /// The owner key file flag.
+    pub key: Option<&'a Path>,
+}
+
+/// Shortest id prefix `--reply-to` accepts.
+const MIN_ID_PREFIX: usize = 6;
+
+/// The interaction of `room` whose id is `wanted` or starts with it.
+async fn find_interaction(
+    store: &dyn Store,
+    room: &str,
+    wanted: &str,
+) -> anyhow::Result<huddle_core::Interaction> {
+    let wanted = wanted.trim().to_ascii_lowercase();
+    if wanted.len() < MIN_ID_PREFIX || !wanted.chars().all(|c| c.is_ascii_hexdigit()) {
+        bail!(
+            "--reply-to {wanted:?} is not an interaction id: give the id (64 hex digits, as \
+             `huddle tail` prints it) or a prefix of at least {MIN_ID_PREFIX} of them"
+        );
+    }
+    if let Ok(id) = wanted.parse::<huddle_core::InteractionId>() {
+        return match store.get(id).await? {
+            Some(row) if row.room == room => Ok(row),
+            _ => bail!("--reply-to: there is no interaction {wanted} in room {room}"),
+        };
+    }
+    let mut found: Vec<huddle_core::Interaction> = Vec::new();
+    let mut cursor = Position::START;
+    loop {
+        let batch = store.read_room(room, cursor, 1000).await?;
+        found.extend(
+            batch
+                .rows
+                .into_iter()
+                .filter(|r| r.id.to_string().starts_with(&wanted)),
+        );
+        if batch.next == cursor {
+            break;
+        }
+        cursor = batch.next;
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => bail!("--reply-to: no interaction in room {room} has an id starting with {wanted}"),
+        n => bail!(
+            "--reply-to: {n} interactions in room {room} have ids starting with {wanted} ({}): give more digits",
+            found
+                .iter()
+                .take(5)
+                .map(|r| r.id.to_string()[..12].to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 pub async fn post(
     url: &str,
     options: StoreOptions,
     room: &str,
-    actor: &str,
-    thread: Option<String>,
+    speaker: Speaker<'_>,
     text: &str,
-    key_flag: Option<&Path>,
 ) -> anyhow::Result<()> {
+    let Speaker {
+        actor,
+        thread,
+        reply_to,
+        key: key_flag,
+    } = speaker;
     let text = if text == "-" {
         let mut buf = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut buf)
@@ -156,6 +303,13 @@ pub async fn post(
         json!({ "text": text }),
     );
     message.thread = thread;
+    if let Some(wanted) = reply_to {
+        let parent = find_interaction(&*store, room, wanted).await?;
+        if message.thread.is_none() {
+            message.thread = parent.thread.clone();
+        }
+        message = message.with_parent(parent.id);
+    }
     let mut not_signed = None;
     if role == Role::Owner && command_word(&text).is_some() {
         let path = keys::key_path(actor, key_flag)?;

@@ -70,6 +70,11 @@ pub enum Command {
         /// Thread inside the room.
         #[arg(long)]
         thread: Option<String>,
+        /// Answer this message (its id, or a unique prefix of at least 6 hex digits):
+        /// the reply wakes the message's author only, when that is an agent, and goes
+        /// in the message's thread unless --thread says otherwise.
+        #[arg(long, value_name = "ID")]
+        reply_to: Option<String>,
         /// The message text; `-` reads it from standard input.
         text: String,
         /// The owner's key file [default: $HUDDLE_KEYS/ID.key, else
@@ -258,6 +263,20 @@ pub enum RoomCommand {
         #[arg(long, env = "HUDDLE_OWNER_KEY", value_name = "PATH")]
         key: Option<std::path::PathBuf>,
     },
+    /// Replace the room owner's key: a new key pair is made, the rotation is signed
+    /// with the current key and appended, and the key file then holds the new key
+    /// (the old one is kept beside it as `NAME.key.retired-<key id>`). Commands signed
+    /// with the old key no longer count once the rotation is in the ledger.
+    RotateKey {
+        /// Room name.
+        room: String,
+        /// The owner's id.
+        #[arg(long)]
+        owner: String,
+        /// The owner's current key file [default: as for `room create`].
+        #[arg(long, env = "HUDDLE_OWNER_KEY", value_name = "PATH")]
+        key: Option<std::path::PathBuf>,
+    },
 }
 
 fn init_tracing(filter: &str) {
@@ -318,13 +337,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Room {
             command: RoomCommand::Create { room, owner, key },
         } => ledger_cmds::room_create(&db, options, &room, &owner, key.as_deref()).await,
+        Command::Room {
+            command: RoomCommand::RotateKey { room, owner, key },
+        } => ledger_cmds::room_rotate_key(&db, options, &room, &owner, key.as_deref()).await,
         Command::Post {
             room,
             actor,
             thread,
+            reply_to,
             text,
             key,
-        } => ledger_cmds::post(&db, options, &room, &actor, thread, &text, key.as_deref()).await,
+        } => {
+            let to = ledger_cmds::Speaker {
+                actor: &actor,
+                thread,
+                reply_to: reply_to.as_deref(),
+                key: key.as_deref(),
+            };
+            ledger_cmds::post(&db, options, &room, to, &text).await
+        }
         Command::Tail { room, follow, json } => {
             ledger_cmds::tail(&db, options, &room, follow, json).await
         }

@@ -67,6 +67,11 @@ impl CommandHandler {
         self.authority.config()
     }
 
+    /// The owner authority, with its counts of ignored rows.
+    pub fn authority(&self) -> &OwnerAuthority {
+        &self.authority
+    }
+
     /// Folds `rows` (in ledger order): splits them around config changes and
     /// executes owner commands.
     pub fn observe(&mut self, rows: Vec<Interaction>) -> Observed {

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use huddle_core::config::RoomConfig;
 use huddle_core::guards::TurnRequest as GuardTurn;
+use huddle_core::protocol::TurnActivity;
 use huddle_core::sync::{
     ClaimAnswer, ClaimEpoch, ClaimKey, ClaimOutcome, ClaimRef, Event, Intent, LocalAgent,
     ReplyGate, SyncOptions, Synchronizer, TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
@@ -104,6 +105,14 @@ pub struct RelaySummary {
     /// Results given up unwritten (the database stayed away past the shutdown grace,
     /// or refused the write for good).
     pub results_lost: u64,
+    /// Owner commands not executed: no signature, or one that does not verify against
+    /// the room owner's key.
+    pub unsigned_commands: u64,
+    /// `task.created` rows no verified owner command produced, ignored.
+    pub unauthorized_rows: u64,
+    /// `room.created` / `room.key_rotated` / `config.set` rows the config fold ignored
+    /// (a second creation, a forged rotation, a hand-written config).
+    pub ignored_config_rows: u64,
 }
 
 /// Why a relay stopped with an error.
@@ -140,6 +149,7 @@ enum Feedback {
         turn: TurnId,
         outcome: CoreOutcome,
         tokens: u64,
+        activity: TurnActivity,
     },
     Failed(StoreError),
     /// A write failed and is being retried.
@@ -286,7 +296,7 @@ impl Relay {
                             }
                             Event::ClaimLost { key, epoch }
                         }
-                        Feedback::TurnEnded { turn, outcome, tokens } => {
+                        Feedback::TurnEnded { turn, outcome, tokens, activity } => {
                             let lost = lp.turns.remove(&turn).is_some_and(|t| t.lost);
                             match &outcome {
                                 // A reply under a lost claim is never written: the turn
@@ -294,7 +304,7 @@ impl Relay {
                                 CoreOutcome::Replied { .. } if !lost => lp.summary.turns_replied += 1,
                                 _ => lp.summary.turns_failed += 1,
                             }
-                            Event::TurnEnded { turn, outcome, tokens }
+                            Event::TurnEnded { turn, outcome, tokens, activity }
                         }
                         Feedback::Failed(e) => {
                             warn!(error = %e, "a store operation failed");
@@ -395,6 +405,18 @@ impl Relay {
         identity.release(lp.store.as_ref()).await;
         lp.summary.board_hash = hex::encode(lp.sync.board().state_hash());
         lp.summary.tasks_hash = hex::encode(lp.sync.tasks().state_hash());
+        let authority = lp.commands.authority();
+        lp.summary.unsigned_commands = authority.unsigned_commands();
+        lp.summary.unauthorized_rows = authority.unauthorized_rows();
+        lp.summary.ignored_config_rows = authority.config().ignored_rows();
+        if lp.summary.unsigned_commands + lp.summary.unauthorized_rows > 0 {
+            warn!(
+                unsigned_commands = lp.summary.unsigned_commands,
+                unauthorized_rows = lp.summary.unauthorized_rows,
+                ignored_config_rows = lp.summary.ignored_config_rows,
+                "rows without a valid owner signature were ignored"
+            );
+        }
         Ok(lp.summary)
     }
 }
@@ -764,6 +786,7 @@ impl Executor {
                             turn: start.turn.clone(),
                             outcome: CoreOutcome::Cancelled,
                             tokens: 0,
+                            activity: TurnActivity::default(),
                         });
                         continue;
                     }
@@ -895,6 +918,7 @@ impl Executor {
                     reason: format!("agent {} is not hosted here", start.agent),
                 },
                 tokens: 0,
+                activity: TurnActivity::default(),
             });
             return;
         };
@@ -903,15 +927,24 @@ impl Executor {
         let request = turn_request(&start, related.as_deref());
         tokio::spawn(async move {
             let outcome = driver.run(request, token).await;
-            let (outcome, tokens) = match outcome {
-                TurnOutcome::Replied { text, tokens } => (CoreOutcome::Replied { text }, tokens),
-                TurnOutcome::Failed { reason, tokens } => (CoreOutcome::Failed { reason }, tokens),
-                TurnOutcome::Cancelled => (CoreOutcome::Cancelled, 0),
+            let (outcome, tokens, activity) = match outcome {
+                TurnOutcome::Replied {
+                    text,
+                    tokens,
+                    activity,
+                } => (CoreOutcome::Replied { text }, tokens, activity),
+                TurnOutcome::Failed {
+                    reason,
+                    tokens,
+                    activity,
+                } => (CoreOutcome::Failed { reason }, tokens, activity),
+                TurnOutcome::Cancelled => (CoreOutcome::Cancelled, 0, TurnActivity::default()),
             };
             let _ = feedback.send(Feedback::TurnEnded {
                 turn: start.turn,
                 outcome,
                 tokens,
+                activity,
             });
         });
     }
@@ -940,6 +973,9 @@ async fn log_lost_claim(
         Some(ClaimKey::Task { task, .. }) => (Some(task), None, held_by_agent),
         Some(ClaimKey::TaskDrive { task, .. }) => (Some(task), None, agent.map(str::to_string)),
         Some(ClaimKey::Reply { message, .. }) => (None, Some(message.short()), held_by_agent),
+        Some(ClaimKey::DirectedReply { message, agent, .. }) => {
+            (None, Some(message.short()), Some(agent))
+        }
         Some(ClaimKey::Drive {
             message,
             agent: driven,

@@ -128,7 +128,7 @@ async fn a_reply_is_assembled_from_many_chunks_and_usage_is_recorded() {
         )
         .await
     {
-        TurnOutcome::Replied { text, tokens } => {
+        TurnOutcome::Replied { text, tokens, .. } => {
             assert_eq!(text, "counted");
             assert_eq!(tokens, 777);
         }
@@ -358,6 +358,63 @@ async fn permission_requests_are_answered_by_policy() {
         let d = start(s).await;
         let got = reply(&d, "t", &format!("@permission {kind}")).await;
         assert_eq!(got, expected, "{policy:?} for {kind}");
+    }
+}
+
+#[tokio::test]
+async fn tool_calls_plans_and_permission_answers_are_summarised_for_the_turn_record() {
+    let w = World::new();
+    let d = start(w.settings(&[])).await;
+    let script = "@plan read the code;fix it;run the tests\n@tool read Read src/lib.rs\n\
+                  @tool! execute cargo test\n@permission edit";
+    let activity = match d.run(turn("t", script), CancellationToken::new()).await {
+        TurnOutcome::Replied { text, activity, .. } => {
+            assert_eq!(text, "reject-once", "the read-only default refuses an edit");
+            activity
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(activity.tool_calls, 2, "{activity:?}");
+    let tools: Vec<_> = activity
+        .tools
+        .iter()
+        .map(|t| (t.title.as_str(), t.kind.as_str(), t.status.as_str()))
+        .collect();
+    assert_eq!(
+        tools,
+        [
+            ("Read src/lib.rs", "read", "completed"),
+            ("cargo test", "execute", "failed")
+        ],
+        "each call keeps the last status its updates gave it"
+    );
+    let plan: Vec<_> = activity
+        .plan
+        .iter()
+        .map(|p| (p.content.as_str(), p.status.as_str()))
+        .collect();
+    assert_eq!(
+        plan,
+        [
+            ("read the code", "completed"),
+            ("fix it", "pending"),
+            ("run the tests", "pending")
+        ]
+    );
+    assert_eq!(activity.permissions.len(), 1, "{activity:?}");
+    let p = &activity.permissions[0];
+    assert_eq!(
+        (p.tool.as_str(), p.kind.as_str(), p.answer.as_str()),
+        ("a edit tool", "edit", "reject-once")
+    );
+
+    // The next turn in the same session starts with nothing: activity is per turn.
+    match d
+        .run(turn("t", "@say plain"), CancellationToken::new())
+        .await
+    {
+        TurnOutcome::Replied { activity, .. } => assert!(activity.is_empty(), "{activity:?}"),
+        other => panic!("{other:?}"),
     }
 }
 

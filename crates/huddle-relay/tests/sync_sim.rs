@@ -195,6 +195,7 @@ impl Sim {
                     turn: id,
                     outcome: t.outcome,
                     tokens: 10,
+                    activity: Default::default(),
                 });
             }
         }
@@ -279,6 +280,7 @@ impl Sim {
                             turn,
                             outcome: TurnOutcome::Cancelled,
                             tokens: 1,
+                            activity: Default::default(),
                         });
                     }
                 }

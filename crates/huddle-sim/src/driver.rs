@@ -70,10 +70,10 @@ impl Driver for WorkloadDriver {
             _ = cancel.cancelled() => TurnOutcome::Cancelled,
             _ = tokio::time::sleep(spent) => {
                 if fails {
-                    TurnOutcome::Failed { reason: "simulated failure".into(), tokens: tokens / 2 }
+                    TurnOutcome::failed("simulated failure", tokens / 2)
                 } else {
                     let what = request.task.as_deref().unwrap_or("the message");
-                    TurnOutcome::Replied { text: format!("{} finished {what}", request.agent), tokens }
+                    TurnOutcome::replied(format!("{} finished {what}", request.agent), tokens)
                 }
             }
         }

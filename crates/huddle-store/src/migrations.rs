@@ -48,6 +48,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     1 "ledger" "0001_ledger.sql",
     2 "claim_close" "0002_claim_close.sql",
     3 "trust" "0003_trust.sql",
+    4 "directed_replies" "0004_directed_replies.sql",
 );
 
 /// SQLite migrations, in order.
@@ -55,6 +56,7 @@ pub const SQLITE: &[Migration] = migrations!("sqlite":
     1 "ledger" "0001_ledger.sql",
     2 "claim_close" "0002_claim_close.sql",
     3 "trust" "0003_trust.sql",
+    4 "directed_replies" "0004_directed_replies.sql",
 );
 
 /// Checks that the applied migrations are a prefix of `known` with equal checksums,

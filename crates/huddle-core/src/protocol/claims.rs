@@ -72,6 +72,16 @@ pub enum ClaimKey {
         /// Message id.
         message: InteractionId,
     },
+    /// `reply/<room>/<message>/<agent>`: one named agent's reply claim on a message
+    /// that names several.
+    DirectedReply {
+        /// Room.
+        room: String,
+        /// Message id.
+        message: InteractionId,
+        /// The named agent.
+        agent: String,
+    },
     /// `drive/<room>/<agent>/<message>`.
     Drive {
         /// Room.
@@ -110,6 +120,11 @@ impl ClaimKey {
                 room: room.to_string(),
                 message: msg.parse().ok()?,
             }),
+            ["reply", room, msg, agent] => Some(ClaimKey::DirectedReply {
+                room: room.to_string(),
+                message: msg.parse().ok()?,
+                agent: agent.to_string(),
+            }),
             ["drive", room, agent, msg] => Some(ClaimKey::Drive {
                 room: room.to_string(),
                 agent: agent.to_string(),
@@ -132,6 +147,11 @@ impl fmt::Display for ClaimKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ClaimKey::Reply { room, message } => write!(f, "reply/{room}/{message}"),
+            ClaimKey::DirectedReply {
+                room,
+                message,
+                agent,
+            } => write!(f, "reply/{room}/{message}/{agent}"),
             ClaimKey::Drive {
                 room,
                 agent,
@@ -146,6 +166,22 @@ impl fmt::Display for ClaimKey {
 /// `reply/<room>/<message>`.
 pub fn reply_key(room: &str, message: &InteractionId) -> String {
     format!("reply/{room}/{message}")
+}
+
+/// `reply/<room>/<message>/<agent>`: the reply claim of one named agent on a message
+/// that names several (each answers once).
+pub fn directed_reply_key(room: &str, message: &InteractionId, agent: &str) -> String {
+    format!("reply/{room}/{message}/{agent}")
+}
+
+/// The reply claim `agent` answers `message` under: its own when the message names
+/// several agents (`each`), the message's one claim otherwise.
+pub fn reply_key_for(room: &str, message: &InteractionId, agent: &str, each: bool) -> String {
+    if each {
+        directed_reply_key(room, message, agent)
+    } else {
+        reply_key(room, message)
+    }
 }
 
 /// `drive/<room>/<agent>/<message>`.
@@ -172,6 +208,8 @@ mod tests {
         let m = InteractionId([7; 32]);
         for key in [
             reply_key("lobby", &m),
+            directed_reply_key("lobby", &m, "bo"),
+            reply_key_for("lobby", &m, "bo", false),
             drive_key("lobby", "bo", &m),
             task_key("lobby", "api-1"),
             taskdrive_key("lobby", "api-1"),
@@ -179,7 +217,19 @@ mod tests {
             let parsed = ClaimKey::parse(&key).expect(&key);
             assert_eq!(parsed.to_string(), key);
         }
-        for bad in ["", "reply/lobby", "task//x", "nope/a/b", "reply/lobby/zz"] {
+        assert_ne!(
+            reply_key_for("lobby", &m, "bo", true),
+            reply_key_for("lobby", &m, "cy", true),
+            "each named agent has its own reply claim"
+        );
+        for bad in [
+            "",
+            "reply/lobby",
+            "task//x",
+            "nope/a/b",
+            "reply/lobby/zz",
+            "reply/lobby/zz/bo",
+        ] {
             assert_eq!(ClaimKey::parse(bad), None, "{bad}");
         }
     }

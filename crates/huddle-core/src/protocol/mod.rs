@@ -20,11 +20,17 @@ pub mod room;
 pub mod task;
 pub mod turn;
 
-pub use claims::{drive_key, reply_key, task_key, taskdrive_key, ClaimEpoch, ClaimKey, ClaimRef};
+pub use claims::{
+    directed_reply_key, drive_key, reply_key, reply_key_for, task_key, taskdrive_key, ClaimEpoch,
+    ClaimKey, ClaimRef,
+};
 pub use coord::{
     CoordNoteBody, DesignationBody, NoticeBody, PresenceBody, PresenceState, Subject, SubjectKind,
 };
 pub(crate) use fields::{closing_key, deadline_from, hash_parts, parse_body, valid_name};
 pub use fields::{truncate_text, PPM, SYSTEM_ACTOR};
 pub use room::{AgentRegisteredBody, MessageBody, RoomCreatedBody, DEFAULT_PRIORITY};
-pub use turn::{TokensBody, TurnFailedBody, TurnPromptedBody, TurnRepliedBody, TurnUsageBody};
+pub use turn::{
+    PermissionEntry, PlanEntry, TokensBody, ToolCallEntry, TurnActivity, TurnFailedBody,
+    TurnPromptedBody, TurnRepliedBody, TurnUsageBody, MAX_ACTIVITY_ENTRIES, MAX_ACTIVITY_TEXT,
+};

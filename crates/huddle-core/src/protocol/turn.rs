@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::claims::ClaimEpoch;
 use super::coord::Subject;
+use super::fields::truncate_text;
 use crate::id::InteractionId;
 
 /// Body of `turn.prompted` (actor = the agent; fenced by the drive claim).
@@ -38,6 +39,9 @@ pub struct TurnRepliedBody {
     /// The id of the `message.posted` that carries the reply, when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply: Option<InteractionId>,
+    /// What the agent did during the turn, when its driver reports it.
+    #[serde(default, skip_serializing_if = "TurnActivity::is_empty")]
+    pub activity: TurnActivity,
 }
 
 /// Body of `turn.failed` (actor = the agent).
@@ -57,6 +61,148 @@ pub struct TurnFailedBody {
     /// Tokens the turn used.
     #[serde(default)]
     pub tokens: u64,
+    /// What the agent did before the turn failed, when its driver reports it.
+    #[serde(default, skip_serializing_if = "TurnActivity::is_empty")]
+    pub activity: TurnActivity,
+}
+
+/// Most entries each list of a [`TurnActivity`] keeps.
+pub const MAX_ACTIVITY_ENTRIES: usize = 32;
+/// Longest text (bytes) an activity entry keeps.
+pub const MAX_ACTIVITY_TEXT: usize = 160;
+
+/// What an agent did during a turn, as its driver saw it: the tool calls it made (the
+/// last status each reached), its latest plan and the permission requests answered for
+/// it. Bounded ([`MAX_ACTIVITY_ENTRIES`] per list, [`MAX_ACTIVITY_TEXT`] bytes per
+/// text), so a busy turn still fits a row; `tool_calls` counts every call.
+///
+/// `{"tool_calls":2,"tools":[{"title":"Read a.rs","kind":"read","status":"completed"}],
+///   "plan":[{"content":"read","status":"completed"}],
+///   "permissions":[{"tool":"Edit a.rs","kind":"edit","answer":"reject-once"}]}`
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnActivity {
+    /// How many tool calls the agent made (all of them, not only those kept).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tool_calls: u64,
+    /// The first [`MAX_ACTIVITY_ENTRIES`] tool calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolCallEntry>,
+    /// The agent's latest plan.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plan: Vec<PlanEntry>,
+    /// Permission requests and how the relay answered them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub permissions: Vec<PermissionEntry>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One tool call of a turn.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallEntry {
+    /// What the agent said the call does.
+    pub title: String,
+    /// Its kind (`read`, `edit`, `execute`, ...).
+    #[serde(default)]
+    pub kind: String,
+    /// The last status it reached (`pending`, `in_progress`, `completed`, `failed`).
+    #[serde(default)]
+    pub status: String,
+}
+
+/// One step of an agent's plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanEntry {
+    /// The step.
+    pub content: String,
+    /// Its status (`pending`, `in_progress`, `completed`).
+    #[serde(default)]
+    pub status: String,
+}
+
+/// A permission request the relay answered during a turn.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PermissionEntry {
+    /// The tool call asking.
+    pub tool: String,
+    /// Its kind.
+    #[serde(default)]
+    pub kind: String,
+    /// The option chosen (`allow-once`, `reject-once`, ...) or `cancelled`.
+    pub answer: String,
+}
+
+impl TurnActivity {
+    /// Whether nothing was reported.
+    pub fn is_empty(&self) -> bool {
+        self.tool_calls == 0
+            && self.tools.is_empty()
+            && self.plan.is_empty()
+            && self.permissions.is_empty()
+    }
+
+    /// Notes a tool call `id` (or an update of it): a call seen before has its title,
+    /// kind or status replaced by what the update carries; a new one is counted and kept
+    /// while there is room. `seen` maps call ids to their index in `tools` (or `None`
+    /// for a call counted but not kept).
+    pub fn note_tool_call(
+        &mut self,
+        seen: &mut std::collections::HashMap<String, Option<usize>>,
+        id: &str,
+        title: Option<&str>,
+        kind: Option<&str>,
+        status: Option<&str>,
+    ) {
+        let slot = match seen.get(id) {
+            Some(slot) => *slot,
+            None => {
+                self.tool_calls += 1;
+                let slot = (self.tools.len() < MAX_ACTIVITY_ENTRIES).then(|| {
+                    self.tools.push(ToolCallEntry::default());
+                    self.tools.len() - 1
+                });
+                seen.insert(id.to_string(), slot);
+                slot
+            }
+        };
+        let Some(entry) = slot.and_then(|i| self.tools.get_mut(i)) else {
+            return;
+        };
+        if let Some(t) = title {
+            entry.title = truncate_text(t, MAX_ACTIVITY_TEXT);
+        }
+        if let Some(k) = kind {
+            entry.kind = truncate_text(k, MAX_ACTIVITY_TEXT);
+        }
+        if let Some(s) = status {
+            entry.status = truncate_text(s, MAX_ACTIVITY_TEXT);
+        }
+    }
+
+    /// Replaces the plan with the agent's latest one.
+    pub fn set_plan<'a>(&mut self, steps: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        self.plan = steps
+            .into_iter()
+            .take(MAX_ACTIVITY_ENTRIES)
+            .map(|(content, status)| PlanEntry {
+                content: truncate_text(content, MAX_ACTIVITY_TEXT),
+                status: truncate_text(status, MAX_ACTIVITY_TEXT),
+            })
+            .collect();
+    }
+
+    /// Records a permission answer (the first [`MAX_ACTIVITY_ENTRIES`] are kept).
+    pub fn note_permission(&mut self, tool: &str, kind: &str, answer: &str) {
+        if self.permissions.len() < MAX_ACTIVITY_ENTRIES {
+            self.permissions.push(PermissionEntry {
+                tool: truncate_text(tool, MAX_ACTIVITY_TEXT),
+                kind: truncate_text(kind, MAX_ACTIVITY_TEXT),
+                answer: truncate_text(answer, MAX_ACTIVITY_TEXT),
+            });
+        }
+    }
 }
 
 /// The part of a `turn.replied` / `turn.failed` body the budget fold reads.

@@ -14,6 +14,9 @@ pub enum Addressing {
     Mentioned(Vec<String>),
     /// It replies (via `parent`) to a message of this agent.
     ReplyTo(String),
+    /// It replies to a message of someone who is not an agent (a person, huddle
+    /// itself): a conversation between people, which no agent answers unless named.
+    ReplyToPerson,
     /// Nobody in particular.
     Broadcast,
 }
@@ -42,6 +45,12 @@ impl Eligible {
     /// Whether nobody may answer.
     pub fn is_nobody(&self) -> bool {
         matches!(self, Eligible::Agents(list) if list.is_empty())
+    }
+
+    /// Whether each eligible agent answers once (the message names several agents),
+    /// rather than one of them answering for all.
+    pub fn answers_each(&self) -> bool {
+        matches!(self, Eligible::Agents(list) if list.len() >= 2)
     }
 }
 
@@ -72,8 +81,9 @@ pub fn mentions_in(text: &str, known: &BTreeSet<String>) -> Vec<String> {
 }
 
 /// How a message is addressed: explicit `mentions` (from the adapter) and `@agent` in
-/// its text, then the author of its parent message when that is a known agent, then
-/// broadcast. Only `known` agents count.
+/// its text, then the author of its parent message (an agent, or a person: then no
+/// agent), then broadcast. Only `known` agents count. `parent_author` is `None` when
+/// the message has no parent (or its author is no longer remembered).
 pub fn address(
     text: &str,
     explicit_mentions: &[String],
@@ -91,7 +101,8 @@ pub fn address(
     }
     match parent_author {
         Some(a) if known.contains(a) => Addressing::ReplyTo(a.to_string()),
-        _ => Addressing::Broadcast,
+        Some(_) => Addressing::ReplyToPerson,
+        None => Addressing::Broadcast,
     }
 }
 
@@ -135,7 +146,7 @@ pub fn eligible(
         ),
         _ if only_mentions => nobody,
         Addressing::ReplyTo(a) if a != author => Eligible::Agents(vec![a.clone()]),
-        Addressing::ReplyTo(_) => nobody,
+        Addressing::ReplyTo(_) | Addressing::ReplyToPerson => nobody,
         Addressing::Broadcast => Eligible::Everyone {
             except: author.to_string(),
         },
@@ -191,11 +202,22 @@ mod tests {
             ),
             ("x", vec!["zed".to_string()], None, Addressing::Broadcast),
             ("x", vec![], Some("bo"), Addressing::ReplyTo("bo".into())),
-            ("x", vec![], Some("ana"), Addressing::Broadcast),
+            ("x", vec![], Some("ana"), Addressing::ReplyToPerson),
+            (
+                "@cy x",
+                vec![],
+                Some("ana"),
+                Addressing::Mentioned(vec!["cy".into()]),
+            ),
             ("@zed x", vec![], None, Addressing::Broadcast),
         ];
         for (text, explicit, parent, want) in cases {
             assert_eq!(address(text, &explicit, parent, &k), want, "{text}");
+        }
+        // A reply to a person's message wakes no agent, whoever writes it.
+        for role in [Role::Human, Role::Owner, Role::Agent] {
+            let e = eligible("hank", role, "sure", &Addressing::ReplyToPerson, false);
+            assert!(e.is_nobody(), "{role:?}");
         }
     }
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::RoomConfig;
 use crate::model::{Interaction, InteractionId, NewInteraction, Role, Timestamp};
-use crate::protocol::{ClaimEpoch, ClaimRef, Subject, DEFAULT_PRIORITY};
+use crate::protocol::{ClaimEpoch, ClaimRef, Subject, TurnActivity, DEFAULT_PRIORITY};
 
 // ---------------------------------------------------------------------------------
 // Construction
@@ -208,6 +208,9 @@ pub enum Event {
         outcome: TurnOutcome,
         /// Tokens it used.
         tokens: u64,
+        /// What the agent did, as its driver reported it (written into the turn's
+        /// record).
+        activity: TurnActivity,
     },
     /// A claim is no longer held at `epoch`: a renew returned nothing, or a fenced
     /// append under it was refused.
@@ -244,6 +247,10 @@ pub enum ClaimPurpose {
         message: InteractionId,
         /// The contending agent.
         agent: String,
+        /// Whether the message names several agents, each answering under its own
+        /// claim ([`crate::protocol::directed_reply_key`]).
+        #[serde(default)]
+        each: bool,
     },
     /// `drive/..` for this relay; when won: append `turn.prompted` (fenced) and start
     /// the reply turn.
@@ -258,6 +265,9 @@ pub enum ClaimPurpose {
         agent: String,
         /// The epoch of the reply claim won.
         reply_epoch: ClaimEpoch,
+        /// As for [`ClaimPurpose::Reply`].
+        #[serde(default)]
+        each: bool,
     },
     /// `task/..` for `agent`; when won: acquire the task drive claim.
     Task {
@@ -300,6 +310,30 @@ impl ClaimPurpose {
             | ClaimPurpose::DriveReply { room, .. }
             | ClaimPurpose::Task { room, .. }
             | ClaimPurpose::DriveTask { room, .. } => room,
+        }
+    }
+
+    /// The exclusive claim this purpose is about: the reply or task claim (for a drive
+    /// claim, the one it drives).
+    pub fn exclusive_key(&self) -> String {
+        match self {
+            ClaimPurpose::Reply {
+                room,
+                message,
+                agent,
+                each,
+                ..
+            }
+            | ClaimPurpose::DriveReply {
+                room,
+                message,
+                agent,
+                each,
+                ..
+            } => crate::protocol::reply_key_for(room, message, agent, *each),
+            ClaimPurpose::Task { room, task, .. } | ClaimPurpose::DriveTask { room, task, .. } => {
+                crate::protocol::task_key(room, task)
+            }
         }
     }
 }

@@ -88,8 +88,8 @@ use crate::protocol::task::{
 };
 use crate::protocol::{
     hash_parts, parse_body, truncate_text, AgentRegisteredBody, CoordNoteBody, DesignationBody,
-    MessageBody, Subject, SubjectKind, TurnFailedBody, TurnPromptedBody, TurnRepliedBody,
-    DEFAULT_PRIORITY,
+    MessageBody, Subject, SubjectKind, TurnActivity, TurnFailedBody, TurnPromptedBody,
+    TurnRepliedBody, DEFAULT_PRIORITY,
 };
 use crate::tasks::{TaskDag, TaskStatus};
 use crate::verbs::Verb;
@@ -97,7 +97,8 @@ use crate::verbs::Verb;
 /// Claim keys and epochs are protocol vocabulary; re-exported here, where the relay
 /// meets them.
 pub use crate::protocol::claims::{
-    drive_key, reply_key, task_key, taskdrive_key, ClaimEpoch, ClaimKey, ClaimRef,
+    directed_reply_key, drive_key, reply_key, reply_key_for, task_key, taskdrive_key, ClaimEpoch,
+    ClaimKey, ClaimRef,
 };
 pub use addressing::{Addressing, Eligible};
 pub use api::{
@@ -125,9 +126,20 @@ struct OpenMessage {
     /// Failed turns on it, by turn id (noted when the turn ends here and again when
     /// its `turn.failed` is folded).
     failed_turns: BTreeSet<String>,
+    /// It names several agents: each answers once, under its own reply claim.
+    each: bool,
+    /// Agents that answered it (`each` messages).
+    answered: BTreeSet<String>,
 }
 
 impl OpenMessage {
+    /// Whether `agent` still owes its own answer to an `each` message.
+    fn owed_by(&self, agent: &str) -> bool {
+        self.eligible.contains(agent)
+            && !self.answered.contains(agent)
+            && !self.failed.contains(agent)
+    }
+
     fn note_failure(&mut self, agent: &str, turn: &str, epoch: ClaimEpoch) {
         self.failed.insert(agent.to_string());
         self.failed_upto = Some(self.failed_upto.map_or(epoch, |e| e.max(epoch)));
@@ -362,6 +374,10 @@ impl Synchronizer {
         };
         if self.caught_up && !self.shutting_down {
             for ((room, id), m) in &self.messages {
+                if m.each {
+                    // Each named agent contends at once for its own claim.
+                    continue;
+                }
                 if self.claims.contains_key(&reply_key(room, id)) || self.is_taken(room, id, m) {
                     continue;
                 }
@@ -405,7 +421,8 @@ impl Synchronizer {
                 turn,
                 outcome,
                 tokens,
-            } => self.on_turn_ended(&turn, outcome, tokens, &mut out),
+                activity,
+            } => self.on_turn_ended(&turn, outcome, tokens, activity, &mut out),
             Event::ClaimLost { key, epoch } => self.on_claim_lost(&key, epoch, &mut out),
             Event::Config {
                 room,
@@ -463,7 +480,7 @@ impl Synchronizer {
             Verb::TurnReplied => {
                 if let Some(b) = parse_body::<TurnRepliedBody>(&row.body) {
                     if let Some(id) = message_subject(&b.subject) {
-                        self.messages.remove(&(row.room.clone(), id));
+                        self.answered(&row.room, id, &row.actor);
                     }
                 }
             }
@@ -472,16 +489,20 @@ impl Synchronizer {
                     if let Some(id) = message_subject(&b.subject) {
                         let max = self.options.max_reply_failures;
                         let key = (row.room.clone(), id);
+                        let mut each = false;
                         if let Some(m) = self.messages.get_mut(&key) {
                             m.note_failure(&row.actor, &b.turn, b.epoch);
-                            if m.failed_turns.len() >= max as usize {
+                            each = m.each;
+                            if !m.each && m.failed_turns.len() >= max as usize {
                                 self.messages.remove(&key);
                             }
                         }
+                        self.drop_if_all_answered(&key);
                         // The failed holder released the reply claim before writing
                         // this row: a back-off taken while it held the claim (until
                         // its lease would lapse) no longer applies.
-                        self.held_elsewhere.remove(&reply_key(&row.room, &id));
+                        self.held_elsewhere
+                            .remove(&reply_key_for(&row.room, &id, &row.actor, each));
                     }
                 }
             }
@@ -497,6 +518,34 @@ impl Synchronizer {
             }
             Verb::TaskBid => self.reject_late_bid(row, out),
             _ => {}
+        }
+    }
+
+    /// `agent` answered message `id`: a message naming several agents stays open
+    /// until each local one of them answered (or failed); any other is finished.
+    fn answered(&mut self, room: &str, id: InteractionId, agent: &str) {
+        let key = (room.to_string(), id);
+        match self.messages.get_mut(&key) {
+            Some(m) if m.each => {
+                m.answered.insert(agent.to_string());
+            }
+            Some(_) => {
+                self.messages.remove(&key);
+                return;
+            }
+            None => return,
+        }
+        self.drop_if_all_answered(&key);
+    }
+
+    /// Forgets a message naming several agents once no local agent owes it an answer.
+    fn drop_if_all_answered(&mut self, key: &(String, InteractionId)) {
+        let done = self
+            .messages
+            .get(key)
+            .is_some_and(|m| m.each && !self.agents.keys().any(|a| m.owed_by(a)));
+        if done {
+            self.messages.remove(key);
         }
     }
 
@@ -556,10 +605,12 @@ impl Synchronizer {
                 role: row.role,
                 at: row.at,
                 text: body.text,
+                each: eligible.answers_each(),
                 eligible,
                 failed: BTreeSet::new(),
                 failed_upto: None,
                 failed_turns: BTreeSet::new(),
+                answered: BTreeSet::new(),
             },
         );
     }
@@ -812,6 +863,10 @@ impl Synchronizer {
                 self.messages.remove(&(room, id));
                 continue;
             }
+            if m.each {
+                self.elect_each(now, &room, id, out);
+                continue;
+            }
             let key = reply_key(&room, &id);
             if self.claims.contains_key(&key)
                 || self.held_elsewhere(&key, now)
@@ -830,9 +885,40 @@ impl Synchronizer {
                     thread: m.thread.clone(),
                     message: id,
                     agent: agent.clone(),
+                    each: false,
                 };
                 self.acquire(key, agent, purpose, out);
             }
+        }
+    }
+
+    /// A message naming several agents: every free local named agent that still owes
+    /// its answer contends for its own reply claim, at once (the part is nobody
+    /// else's, so no responder policy orders them).
+    fn elect_each(&mut self, now: Timestamp, room: &str, id: InteractionId, out: &mut Vec<Intent>) {
+        let Some(m) = self.messages.get(&(room.to_string(), id)) else {
+            return;
+        };
+        let thread = m.thread.clone();
+        let owing: Vec<String> = self
+            .agents
+            .keys()
+            .filter(|a| m.owed_by(a) && !self.busy(a))
+            .filter(|a| {
+                let key = directed_reply_key(room, &id, a);
+                !self.claims.contains_key(&key) && !self.held_elsewhere(&key, now)
+            })
+            .cloned()
+            .collect();
+        for agent in owing {
+            let purpose = ClaimPurpose::Reply {
+                room: room.to_string(),
+                thread: thread.clone(),
+                message: id,
+                agent: agent.clone(),
+                each: true,
+            };
+            self.acquire(directed_reply_key(room, &id, &agent), agent, purpose, out);
         }
     }
 
@@ -1133,7 +1219,7 @@ impl Synchronizer {
             let Some(m) = self.messages.get(&(room.clone(), id)) else {
                 continue;
             };
-            if !self.is_taken(&room, &id, m) {
+            if m.each || !self.is_taken(&room, &id, m) {
                 continue;
             }
             let running = self.turns.values().any(|lt| {
@@ -1159,6 +1245,7 @@ impl Synchronizer {
                     thread: m.thread.clone(),
                     message: id,
                     agent: agent.clone(),
+                    each: false,
                 };
                 self.acquire(key, agent, purpose, out);
             }
@@ -1198,18 +1285,13 @@ impl Synchronizer {
             // A closed drive claim closes the exclusive one it was for as well.
             self.forget(&r.key);
             self.closed.insert(r.key.clone());
-            match &purpose {
-                ClaimPurpose::DriveReply { room, message, .. } => {
-                    let k = reply_key(room, message);
-                    self.forget(&k);
-                    self.closed.insert(k);
-                }
-                ClaimPurpose::DriveTask { room, task, .. } => {
-                    let k = task_key(room, task);
-                    self.forget(&k);
-                    self.closed.insert(k);
-                }
-                _ => {}
+            if matches!(
+                purpose,
+                ClaimPurpose::DriveReply { .. } | ClaimPurpose::DriveTask { .. }
+            ) {
+                let k = purpose.exclusive_key();
+                self.forget(&k);
+                self.closed.insert(k);
             }
             return;
         }
@@ -1222,18 +1304,12 @@ impl Synchronizer {
             // exclusive claim backs off as long.
             self.forget(&r.key);
             let exclusive = match &purpose {
-                ClaimPurpose::DriveReply {
-                    room,
-                    message,
-                    reply_epoch,
-                    ..
-                } => Some((reply_key(room, message), *reply_epoch)),
-                ClaimPurpose::DriveTask {
-                    room,
-                    task,
-                    task_epoch,
-                    ..
-                } => Some((task_key(room, task), *task_epoch)),
+                ClaimPurpose::DriveReply { reply_epoch, .. } => {
+                    Some((purpose.exclusive_key(), *reply_epoch))
+                }
+                ClaimPurpose::DriveTask { task_epoch, .. } => {
+                    Some((purpose.exclusive_key(), *task_epoch))
+                }
                 _ => None,
             };
             // Only the exclusive claim this drive was for, not a newer acquisition.
@@ -1267,14 +1343,24 @@ impl Synchronizer {
                 thread,
                 message,
                 agent,
-            } => self.reply_won(room, thread, message, agent, epoch, out),
+                each,
+            } => self.reply_won(room, thread, message, agent, each, epoch, out),
             ClaimPurpose::DriveReply {
                 room,
                 thread,
                 message,
                 agent,
                 reply_epoch,
-            } => self.drive_reply_won(room, thread, message, agent, reply_epoch, epoch, out),
+                each,
+            } => self.drive_reply_won(
+                room,
+                thread,
+                message,
+                agent,
+                each,
+                (reply_epoch, epoch),
+                out,
+            ),
             ClaimPurpose::Task { room, task, agent } => self.task_won(room, task, agent, out),
             ClaimPurpose::DriveTask {
                 room,
@@ -1285,25 +1371,33 @@ impl Synchronizer {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn reply_won(
         &mut self,
         room: String,
         thread: Option<String>,
         message: InteractionId,
         agent: String,
+        each: bool,
         epoch: ClaimEpoch,
         out: &mut Vec<Intent>,
     ) {
-        let key = reply_key(&room, &message);
-        if !self.messages.contains_key(&(room.clone(), message)) {
+        let key = reply_key_for(&room, &message, &agent, each);
+        let open = self
+            .messages
+            .get(&(room.clone(), message))
+            .is_some_and(|m| !each || m.owed_by(&agent));
+        if !open {
             // Answered or given up meanwhile; leave the claim to lapse.
             self.forget(&key);
             return;
         }
-        let noted = self
-            .board
-            .designation(&room, &message)
-            .is_some_and(|d| d.agent == agent && d.epoch == epoch);
+        // A designation elects the one answerer; each named agent answers for itself.
+        let noted = each
+            || self
+                .board
+                .designation(&room, &message)
+                .is_some_and(|d| d.agent == agent && d.epoch == epoch);
         if !noted {
             let note = CoordNoteBody::Designation(DesignationBody {
                 message,
@@ -1336,6 +1430,7 @@ impl Synchronizer {
             message,
             agent,
             reply_epoch: epoch,
+            each,
         };
         self.acquire(dkey, self.relay.clone(), purpose, out);
     }
@@ -1347,13 +1442,17 @@ impl Synchronizer {
         thread: Option<String>,
         message: InteractionId,
         agent: String,
-        reply_epoch: ClaimEpoch,
-        drive_epoch: ClaimEpoch,
+        each: bool,
+        (reply_epoch, drive_epoch): (ClaimEpoch, ClaimEpoch),
         out: &mut Vec<Intent>,
     ) {
-        let rkey = reply_key(&room, &message);
+        let rkey = reply_key_for(&room, &message, &agent, each);
         let dkey = drive_key(&room, &agent, &message);
-        let open = self.messages.get(&(room.clone(), message)).cloned();
+        let open = self
+            .messages
+            .get(&(room.clone(), message))
+            .filter(|m| !each || m.owed_by(&agent))
+            .cloned();
         let Some(m) = open.filter(|_| self.held_at(&rkey, reply_epoch)) else {
             self.forget_at(&rkey, reply_epoch);
             self.forget(&dkey);
@@ -1644,6 +1743,7 @@ impl Synchronizer {
         turn: &TurnId,
         outcome: TurnOutcome,
         tokens: u64,
+        activity: TurnActivity,
         out: &mut Vec<Intent>,
     ) {
         let Some(lt) = self.turns.remove(turn) else {
@@ -1665,10 +1765,11 @@ impl Synchronizer {
                 let key = (lt.room.clone(), *message);
                 if let Some(m) = self.messages.get_mut(&key) {
                     m.note_failure(&lt.agent, &turn.0, lt.exclusive.epoch);
-                    if m.failed_turns.len() >= max {
+                    if !m.each && m.failed_turns.len() >= max {
                         self.messages.remove(&key);
                     }
                 }
+                self.drop_if_all_answered(&key);
             }
             _ => {}
         }
@@ -1680,6 +1781,7 @@ impl Synchronizer {
                 epoch,
                 reason: truncate_text(&reason, MAX_RESULT_BYTES),
                 tokens,
+                activity: activity.clone(),
             };
             let mut row = NewInteraction::new(
                 lt.room.as_str(),
@@ -1721,7 +1823,7 @@ impl Synchronizer {
         match (&lt.work, outcome) {
             (LiveWork::Reply { message }, TurnOutcome::Replied { text }) => {
                 let body = MessageBody {
-                    text: truncate_text(&text, self.options.max_reply_bytes),
+                    text: truncate_text(text.trim_end(), self.options.max_reply_bytes),
                     mentions: Vec::new(),
                 };
                 let mut reply = NewInteraction::new(
@@ -1739,6 +1841,7 @@ impl Synchronizer {
                     epoch,
                     tokens,
                     reply: Some(reply.id()),
+                    activity,
                 };
                 let mut replied_row = NewInteraction::new(
                     lt.room.as_str(),
@@ -1749,7 +1852,7 @@ impl Synchronizer {
                 )
                 .with_parent(*message);
                 replied_row.thread = lt.thread.clone();
-                self.messages.remove(&(lt.room.clone(), *message));
+                self.answered(&lt.room, *message, &lt.agent);
                 // The reply finishes the message for this agent: fenced by the reply
                 // claim and the drive claim, and closing both, so no relay (however
                 // stale its view) can ever answer it again.
@@ -1786,7 +1889,7 @@ impl Synchronizer {
                 let done = TaskCompletedBody {
                     task: task.clone(),
                     epoch,
-                    result: Some(truncate_text(&text, MAX_RESULT_BYTES)),
+                    result: Some(truncate_text(text.trim_end(), MAX_RESULT_BYTES)),
                     tokens: Some(tokens),
                 };
                 let replied = TurnRepliedBody {
@@ -1795,6 +1898,7 @@ impl Synchronizer {
                     epoch,
                     tokens,
                     reply: None,
+                    activity,
                 };
                 // Fenced by the task claim and the drive claim (the same agent on two
                 // relays completes once) and closing both: a finished task is never

@@ -1,10 +1,14 @@
 //! Unit tests of the synchronizer: one event at a time, checking the intents.
 #![allow(clippy::type_complexity)] // case tables
 
+use std::collections::HashMap;
+
 use serde_json::json;
 
 use super::*;
 use crate::config::{Allocation, Responder};
+use crate::protocol::MAX_ACTIVITY_ENTRIES;
+use crate::protocol::MAX_ACTIVITY_TEXT;
 use crate::testing::{bid, claimed, created, failed, ix, message, Ledger};
 
 const S: i64 = 1_000_000; // one second in µs
@@ -91,10 +95,20 @@ impl H {
     }
 
     fn ended(&mut self, turn: &TurnId, outcome: TurnOutcome) -> Vec<Intent> {
+        self.ended_with(turn, outcome, TurnActivity::default())
+    }
+
+    fn ended_with(
+        &mut self,
+        turn: &TurnId,
+        outcome: TurnOutcome,
+        activity: TurnActivity,
+    ) -> Vec<Intent> {
         self.sync.handle(Event::TurnEnded {
             turn: turn.clone(),
             outcome,
             tokens: 7,
+            activity,
         })
     }
 
@@ -271,6 +285,139 @@ fn reply_election_then_drive_election_then_one_reply() {
     let out = h.read();
     assert!(acquires(&out).is_empty(), "{out:?}");
     assert!(h.sync.is_quiescent("lobby"));
+}
+
+/// Wins `agent`'s directed reply claim and its drive claim; returns the turn.
+fn run_each_to_start(h: &mut H, m: &Interaction, agent: &str) -> TurnStart {
+    let key = directed_reply_key("lobby", &m.id, agent);
+    let out = h.result(&key, agent, true, 1);
+    // Each named agent answers for itself: no designation is written.
+    assert!(appends(&out).is_empty(), "{out:?}");
+    let dkey = drive_key("lobby", agent, &m.id);
+    assert_eq!(acquires(&out), vec![(dkey.clone(), "r1".to_string())]);
+    let out = h.result(&dkey, "r1", true, 1);
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!("{key}@{agent}#1 + {dkey}@r1#1")),
+            vec!["turn.prompted"]
+        )]
+    );
+    let st = starts(&out)[0].clone();
+    h.apply_appends(&out);
+    h.read();
+    st
+}
+
+#[test]
+fn a_message_naming_several_agents_gets_one_reply_from_each() {
+    let mut h = H::new(&["bo", "cy", "dee"]);
+    h.start();
+    let m = h.write(vec![message(
+        "ana",
+        Role::Human,
+        "@bo and @cy: each take your part",
+    )])[0]
+        .clone();
+    let out = h.read();
+    let (kb, kc) = (
+        directed_reply_key("lobby", &m.id, "bo"),
+        directed_reply_key("lobby", &m.id, "cy"),
+    );
+    // Both named agents contend at once, each for its own claim; dee is not named.
+    assert_eq!(
+        acquires(&out),
+        vec![
+            (kb.clone(), "bo".to_string()),
+            (kc.clone(), "cy".to_string())
+        ]
+    );
+    let sb = run_each_to_start(&mut h, &m, "bo");
+    let out = h.ended(
+        &sb.turn,
+        TurnOutcome::Replied {
+            text: "bo's part \n\n".into(),
+        },
+    );
+    // Trailing white space is trimmed from what is written.
+    let reply = &match &out[0] {
+        Intent::Append { batch, .. } => batch,
+        other => panic!("{other:?}"),
+    }[0];
+    assert_eq!(reply.body["text"], "bo's part");
+    let dkb = drive_key("lobby", "bo", &m.id);
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!("{kb}@bo#1 + {dkb}@r1#1 (closes)")),
+            vec!["message.posted", "turn.replied"]
+        )]
+    );
+    h.apply_appends(&out);
+    // bo's answer does not finish cy's part, and bo does not answer again.
+    let out = h.read();
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    let sc = run_each_to_start(&mut h, &m, "cy");
+    assert!(matches!(&sc.work, TurnWork::Reply(b) if b.id == m.id));
+    let out = h.ended(
+        &sc.turn,
+        TurnOutcome::Replied {
+            text: "cy's part".into(),
+        },
+    );
+    assert_eq!(appends(&out)[0].1, vec!["message.posted", "turn.replied"]);
+    h.apply_appends(&out);
+    let out = h.read();
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    // Answered by each: nothing more is contended, however long we wait.
+    assert!(acquires(&h.tick(h.now + 120 * S)).is_empty());
+    assert!(h.sync.is_quiescent("lobby"));
+}
+
+#[test]
+fn a_failed_part_leaves_the_other_parts_open() {
+    let mut h = H::new(&["bo", "cy", "dee"]);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "@bo @cy @dee report")])[0].clone();
+    assert_eq!(acquires(&h.read()).len(), 3);
+    let sb = run_each_to_start(&mut h, &m, "bo");
+    let out = h.ended(
+        &sb.turn,
+        TurnOutcome::Failed {
+            reason: "exit 1".into(),
+        },
+    );
+    h.apply_appends(&out);
+    let out = h.read();
+    // bo failed its part: it is out for this message (like a single name), and the
+    // others' parts are untouched.
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    for agent in ["cy", "dee"] {
+        let st = run_each_to_start(&mut h, &m, agent);
+        let out = h.ended(&st.turn, TurnOutcome::Replied { text: "ok".into() });
+        h.apply_appends(&out);
+        h.read();
+    }
+    assert!(acquires(&h.tick(h.now + 120 * S)).is_empty());
+}
+
+#[test]
+fn one_name_or_the_author_among_the_names_keeps_one_shared_reply_claim() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "@cy only")])[0].clone();
+    assert_eq!(
+        acquires(&h.read()),
+        vec![(reply_key("lobby", &m.id), "cy".to_string())]
+    );
+    // An agent naming itself and one other addresses one agent: the shared claim.
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    let m = h.write(vec![message("bo", Role::Agent, "@bo asks @cy")])[0].clone();
+    assert_eq!(
+        acquires(&h.read()),
+        vec![(reply_key("lobby", &m.id), "cy".to_string())]
+    );
 }
 
 #[test]
@@ -453,6 +600,7 @@ fn a_remote_failed_reply_ends_the_back_off_at_once() {
         epoch: ClaimEpoch(1),
         reason: "exit 1".into(),
         tokens: 0,
+        activity: TurnActivity::default(),
     };
     h.now += S;
     let out = h.post(vec![ix(
@@ -576,6 +724,110 @@ fn pull_schedules_ready_tasks_and_completes_under_the_fence() {
     );
     // b is ready now and bo is free.
     assert_eq!(acquires(&out), vec![(task_key("lobby", "b"), "bo".into())]);
+}
+
+/// The body of the `verb` row appended in `out`.
+fn appended_body(out: &[Intent], verb: Verb) -> serde_json::Value {
+    out.iter()
+        .filter_map(|i| match i {
+            Intent::Append { batch, .. } => Some(batch),
+            _ => None,
+        })
+        .flatten()
+        .find(|r| r.verb == verb)
+        .map(|r| r.body.clone())
+        .unwrap_or_else(|| panic!("no {verb:?} appended in {out:?}"))
+}
+
+fn some_activity() -> TurnActivity {
+    let mut a = TurnActivity::default();
+    let mut seen = HashMap::new();
+    a.note_tool_call(
+        &mut seen,
+        "c1",
+        Some("Read a.rs"),
+        Some("read"),
+        Some("pending"),
+    );
+    a.note_tool_call(&mut seen, "c1", None, None, Some("completed"));
+    a.note_tool_call(
+        &mut seen,
+        "c2",
+        Some("Run tests"),
+        Some("execute"),
+        Some("failed"),
+    );
+    a.set_plan([("read", "completed"), ("fix", "in_progress")]);
+    a.note_permission("Run tests", "execute", "reject-once");
+    a
+}
+
+#[test]
+fn a_turn_record_carries_the_agent_activity_and_omits_it_when_none() {
+    let one_task_running = || {
+        let mut h = H::new(&["bo"]);
+        h.start();
+        h.post(vec![created("a", &[])]);
+        let st = run_task_to_start(&mut h, "a", "bo", 1);
+        (h, st)
+    };
+    // A completed task turn: turn.replied holds what the driver reported.
+    let (mut h, st) = one_task_running();
+    let out = h.ended_with(
+        &st.turn,
+        TurnOutcome::Replied { text: "ok".into() },
+        some_activity(),
+    );
+    let body: TurnRepliedBody =
+        serde_json::from_value(appended_body(&out, Verb::TurnReplied)).unwrap();
+    assert_eq!(body.activity, some_activity());
+    assert_eq!(body.activity.tool_calls, 2);
+    assert_eq!(body.activity.tools[0].status, "completed");
+    assert_eq!(body.activity.plan[1].content, "fix");
+
+    // A failed one: turn.failed holds it too.
+    let (mut h, st) = one_task_running();
+    let out = h.ended_with(
+        &st.turn,
+        TurnOutcome::Failed {
+            reason: "exit 1".into(),
+        },
+        some_activity(),
+    );
+    let body: TurnFailedBody =
+        serde_json::from_value(appended_body(&out, Verb::TurnFailed)).unwrap();
+    assert_eq!(body.activity.permissions[0].answer, "reject-once");
+
+    // Without activity the body has no `activity` key: the rows of drivers that report
+    // nothing keep the content addresses they always had.
+    let (mut h, st) = one_task_running();
+    let out = h.ended(&st.turn, TurnOutcome::Replied { text: "ok".into() });
+    let body = appended_body(&out, Verb::TurnReplied);
+    assert!(body.get("activity").is_none(), "{body}");
+}
+
+#[test]
+fn turn_activity_is_bounded_and_counts_every_call() {
+    let mut a = TurnActivity::default();
+    let mut seen = HashMap::new();
+    let long = "x".repeat(1000);
+    for i in 0..100 {
+        a.note_tool_call(&mut seen, &format!("c{i}"), Some(&long), Some("edit"), None);
+    }
+    // An update of a call that was counted but not kept changes nothing.
+    a.note_tool_call(&mut seen, "c99", None, None, Some("completed"));
+    a.set_plan((0..100).map(|_| (long.as_str(), "pending")));
+    for _ in 0..100 {
+        a.note_permission(&long, "edit", "allow-once");
+    }
+    assert_eq!(a.tool_calls, 100);
+    assert_eq!(a.tools.len(), MAX_ACTIVITY_ENTRIES);
+    assert_eq!(a.plan.len(), MAX_ACTIVITY_ENTRIES);
+    assert_eq!(a.permissions.len(), MAX_ACTIVITY_ENTRIES);
+    assert!(a.tools.iter().all(|t| t.title.len() == MAX_ACTIVITY_TEXT));
+    assert!(a.tools.iter().all(|t| t.status.is_empty()));
+    let json = serde_json::to_string(&a).unwrap();
+    assert!(json.len() < 32 * 1024, "{} bytes", json.len());
 }
 
 #[test]

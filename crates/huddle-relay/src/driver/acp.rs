@@ -40,6 +40,7 @@ use agent_client_protocol::v1::schema::{
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, ByteStreams, Client};
 use async_trait::async_trait;
+use huddle_core::protocol::TurnActivity;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{mpsc, watch, Mutex};
@@ -296,7 +297,7 @@ struct Inner {
     sessions_file: PathBuf,
     live: watch::Sender<Option<Live>>,
     /// Where each session's updates go while a turn runs in it.
-    routes: StdMutex<HashMap<SessionId, mpsc::UnboundedSender<SessionUpdate>>>,
+    routes: StdMutex<HashMap<SessionId, mpsc::UnboundedSender<Routed>>>,
     sessions: Mutex<BTreeMap<String, Arc<Mutex<Slot>>>>,
     stop: CancellationToken,
     /// What `initialize` negotiated, for `--check`.
@@ -553,13 +554,23 @@ impl Inner {
                             _cx| {
                     let (outcome, chosen) =
                         answer_permission(&permissions.settings.permissions, &request);
+                    let tool = request.tool_call.fields.title.as_deref().unwrap_or("");
+                    let kind = kind_name(request.tool_call.fields.kind);
                     info!(
                         agent = %permissions.agent,
                         session = %request.session_id,
-                        tool = request.tool_call.fields.title.as_deref().unwrap_or(""),
-                        kind = %kind_name(request.tool_call.fields.kind),
+                        tool,
+                        kind = %kind,
                         answer = %chosen,
                         "permission request answered"
+                    );
+                    permissions.send_route(
+                        &request.session_id,
+                        Routed::Permission {
+                            tool: tool.to_string(),
+                            kind,
+                            answer: chosen,
+                        },
                     );
                     responder.respond(RequestPermissionResponse::new(outcome))
                 },
@@ -684,16 +695,21 @@ impl Inner {
     }
 
     fn route(&self, n: SessionNotification) {
+        self.send_route(&n.session_id, Routed::Update(Box::new(n.update)));
+    }
+
+    /// Hands what the agent sent or was answered in `session` to the turn running in it.
+    fn send_route(&self, session: &SessionId, routed: Routed) {
         let routes = match self.routes.lock() {
             Ok(r) => r,
             Err(p) => p.into_inner(),
         };
-        match routes.get(&n.session_id) {
+        match routes.get(session) {
             Some(tx) => {
-                let _ = tx.send(n.update);
+                let _ = tx.send(routed);
             }
             None => {
-                debug!(agent = %self.agent, session = %n.session_id, "session update outside a turn")
+                debug!(agent = %self.agent, session = %session, "session update outside a turn")
             }
         }
     }
@@ -835,15 +851,44 @@ impl Drop for Route<'_> {
     }
 }
 
-/// What a turn's updates add up to.
+/// What reaches a running turn from its session: the agent's updates, and the
+/// answers the relay gave to its permission requests.
+enum Routed {
+    Update(Box<SessionUpdate>),
+    Permission {
+        tool: String,
+        kind: String,
+        answer: String,
+    },
+}
+
+/// What a turn's updates add up to: the reply text and the activity summary that goes
+/// into the turn's record (plan 0025).
 #[derive(Default)]
 struct Reply {
     text: String,
-    tool_calls: usize,
+    activity: TurnActivity,
+    /// Tool call ids seen, with their place in `activity.tools`.
+    calls: HashMap<String, Option<usize>>,
+}
+
+/// The wire name of a protocol enum value (`"in_progress"`, `"completed"`, ...).
+fn wire_name<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 impl Reply {
-    fn absorb(&mut self, agent: &str, update: SessionUpdate) {
+    fn absorb(&mut self, agent: &str, routed: Routed) {
+        let update = match routed {
+            Routed::Update(update) => *update,
+            Routed::Permission { tool, kind, answer } => {
+                self.activity.note_permission(&tool, &kind, &answer);
+                return;
+            }
+        };
         match update {
             SessionUpdate::AgentMessageChunk(chunk) => {
                 if let Some(t) = text_of(&chunk.content) {
@@ -851,11 +896,39 @@ impl Reply {
                 }
             }
             SessionUpdate::ToolCall(call) => {
-                self.tool_calls += 1;
-                info!(agent, tool = %call.title, kind = %kind_name(Some(call.kind)), status = ?call.status, "agent tool call");
+                let kind = kind_name(Some(call.kind));
+                let status = wire_name(&call.status);
+                info!(agent, tool = %call.title, kind = %kind, status = %status, "agent tool call");
+                self.activity.note_tool_call(
+                    &mut self.calls,
+                    &call.tool_call_id.to_string(),
+                    Some(&call.title),
+                    Some(&kind),
+                    Some(&status),
+                );
+            }
+            SessionUpdate::ToolCallUpdate(update) => {
+                let f = &update.fields;
+                let kind = f.kind.map(|k| kind_name(Some(k)));
+                let status = f.status.as_ref().map(wire_name);
+                debug!(agent, call = %update.tool_call_id, status = ?status, "agent tool call update");
+                self.activity.note_tool_call(
+                    &mut self.calls,
+                    &update.tool_call_id.to_string(),
+                    f.title.as_deref(),
+                    kind.as_deref(),
+                    status.as_deref(),
+                );
             }
             SessionUpdate::Plan(plan) => {
                 debug!(agent, entries = plan.entries.len(), "agent plan");
+                let steps: Vec<(String, String)> = plan
+                    .entries
+                    .iter()
+                    .map(|e| (e.content.clone(), wire_name(&e.status)))
+                    .collect();
+                self.activity
+                    .set_plan(steps.iter().map(|(c, s)| (c.as_str(), s.as_str())));
             }
             _ => {}
         }
@@ -875,10 +948,8 @@ impl Driver for AcpDriver {
         let s = &inner.settings;
         let timeout = tokio::time::sleep(Duration::from_millis(s.turn_timeout_ms));
         tokio::pin!(timeout);
-        let timed_out = || TurnOutcome::Failed {
-            reason: format!("timed out after {} ms", s.turn_timeout_ms),
-            tokens: 0,
-        };
+        let timed_out =
+            || TurnOutcome::failed(format!("timed out after {} ms", s.turn_timeout_ms), 0);
         let thread = format!(
             "{}/{}",
             request.room,
@@ -899,7 +970,7 @@ impl Driver for AcpDriver {
         let (session, note) = tokio::select! {
             r = inner.session(&live, &request.room, &thread, &mut slot) => match r {
                 Ok(ok) => ok,
-                Err(reason) => return TurnOutcome::Failed { reason, tokens: 0 },
+                Err(reason) => return TurnOutcome::failed(reason, 0),
             },
             _ = cancel.cancelled() => return TurnOutcome::Cancelled,
             _ = &mut timeout => return timed_out(),
@@ -961,7 +1032,11 @@ impl Driver for AcpDriver {
                     }
                 }
                 return match end {
-                    End::TimedOut => timed_out(),
+                    End::TimedOut => TurnOutcome::Failed {
+                        reason: format!("timed out after {} ms", s.turn_timeout_ms),
+                        tokens: 0,
+                        activity: reply.activity,
+                    },
                     _ => TurnOutcome::Cancelled,
                 };
             }
@@ -974,27 +1049,32 @@ impl Driver for AcpDriver {
         match response {
             Ok(r) => {
                 let tokens = r.usage.as_ref().map(|u| u.total_tokens).unwrap_or(estimate);
-                debug!(agent = %inner.agent, session = %session, stop_reason = ?r.stop_reason, tool_calls = reply.tool_calls, tokens, "prompt ended");
+                debug!(agent = %inner.agent, session = %session, stop_reason = ?r.stop_reason, tool_calls = reply.activity.tool_calls, tokens, "prompt ended");
+                let activity = reply.activity;
                 match r.stop_reason {
                     StopReason::EndTurn | StopReason::MaxTokens | StopReason::MaxTurnRequests => {
                         TurnOutcome::Replied {
                             text: reply.text,
                             tokens,
+                            activity,
                         }
                     }
                     StopReason::Refusal => TurnOutcome::Failed {
                         reason: "the agent refused the prompt".into(),
                         tokens,
+                        activity,
                     },
                     other => TurnOutcome::Failed {
                         reason: format!("the agent ended the prompt with {other:?}"),
                         tokens,
+                        activity,
                     },
                 }
             }
             Err(e) => TurnOutcome::Failed {
                 reason: format!("the prompt failed: {e}"),
                 tokens: estimate,
+                activity: reply.activity,
             },
         }
     }

@@ -158,10 +158,7 @@ impl Driver for ExecDriver {
     async fn run(&self, request: TurnRequest, cancel: CancellationToken) -> TurnOutcome {
         let s = &self.settings;
         let Some((program, args)) = s.command.split_first() else {
-            return TurnOutcome::Failed {
-                reason: "no command configured".into(),
-                tokens: 0,
-            };
+            return TurnOutcome::failed("no command configured", 0);
         };
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
@@ -190,12 +187,7 @@ impl Driver for ExecDriver {
         }
         let mut process = match AgentProcess::spawn(cmd).await {
             Ok(p) => p,
-            Err(e) => {
-                return TurnOutcome::Failed {
-                    reason: format!("cannot start {program:?}: {e}"),
-                    tokens: 0,
-                }
-            }
+            Err(e) => return TurnOutcome::failed(format!("cannot start {program:?}: {e}"), 0),
         };
         let child = process.child();
         let stdin = child.stdin.take();
@@ -245,10 +237,7 @@ impl Driver for ExecDriver {
         let timeout = Duration::from_millis(s.timeout_ms);
         let ended = tokio::select! {
             status = process.child().wait() => Ok(status),
-            _ = tokio::time::sleep(timeout) => Err(TurnOutcome::Failed {
-                reason: format!("timed out after {} ms", s.timeout_ms),
-                tokens: 0,
-            }),
+            _ = tokio::time::sleep(timeout) => Err(TurnOutcome::failed(format!("timed out after {} ms", s.timeout_ms), 0)),
             _ = cancel.cancelled() => Err(TurnOutcome::Cancelled),
         };
         // However it ended, nothing the turn started may outlive it: end the group
@@ -266,10 +255,7 @@ impl Driver for ExecDriver {
         let tokens = tokens_from_stderr(&err_text)
             .unwrap_or(((request.prompt.len() + reply.len()) / 4) as u64);
         match status {
-            Ok(st) if st.success() => TurnOutcome::Replied {
-                text: reply,
-                tokens,
-            },
+            Ok(st) if st.success() => TurnOutcome::replied(reply, tokens),
             Ok(st) => {
                 let tail: String = err_text
                     .lines()
@@ -280,15 +266,9 @@ impl Driver for ExecDriver {
                     .rev()
                     .collect::<Vec<_>>()
                     .join(" | ");
-                TurnOutcome::Failed {
-                    reason: format!("exited with {st}: {tail}"),
-                    tokens,
-                }
+                TurnOutcome::failed(format!("exited with {st}: {tail}"), tokens)
             }
-            Err(e) => TurnOutcome::Failed {
-                reason: format!("waiting for the child failed: {e}"),
-                tokens,
-            },
+            Err(e) => TurnOutcome::failed(format!("waiting for the child failed: {e}"), tokens),
         }
     }
 }
@@ -330,10 +310,7 @@ mod tests {
         let out = d.run(req(), CancellationToken::new()).await;
         assert_eq!(
             out,
-            TurnOutcome::Replied {
-                text: "ada/lobby/t7/3/2 <coordination>\n".into(),
-                tokens: 42
-            }
+            TurnOutcome::replied("ada/lobby/t7/3/2 <coordination>\n", 42)
         );
     }
 

@@ -21,6 +21,7 @@ pub use process::AgentProcess;
 pub use sim::{SimDriver, SimSettings};
 
 use async_trait::async_trait;
+use huddle_core::protocol::TurnActivity;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -63,6 +64,8 @@ pub enum TurnOutcome {
         text: String,
         /// Tokens the turn used.
         tokens: u64,
+        /// What the agent did (tool calls, plan, permissions), when the driver sees it.
+        activity: TurnActivity,
     },
     /// The turn failed (non-zero exit, timeout, simulated failure).
     Failed {
@@ -70,9 +73,31 @@ pub enum TurnOutcome {
         reason: String,
         /// Tokens used before failing.
         tokens: u64,
+        /// What the agent did before it failed, when the driver sees it.
+        activity: TurnActivity,
     },
     /// The turn was cancelled (claim lost, shutdown). Never completes a task.
     Cancelled,
+}
+
+impl TurnOutcome {
+    /// A reply, from a driver that sees nothing of what the agent did.
+    pub fn replied(text: impl Into<String>, tokens: u64) -> Self {
+        TurnOutcome::Replied {
+            text: text.into(),
+            tokens,
+            activity: TurnActivity::default(),
+        }
+    }
+
+    /// A failure, from a driver that sees nothing of what the agent did.
+    pub fn failed(reason: impl Into<String>, tokens: u64) -> Self {
+        TurnOutcome::Failed {
+            reason: reason.into(),
+            tokens,
+            activity: TurnActivity::default(),
+        }
+    }
 }
 
 /// Runs agent turns.

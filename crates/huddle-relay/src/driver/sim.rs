@@ -93,13 +93,10 @@ impl Driver for SimDriver {
             _ = cancel.cancelled() => TurnOutcome::Cancelled,
             _ = tokio::time::sleep(duration) => {
                 if fails {
-                    TurnOutcome::Failed { reason: "simulated failure".into(), tokens }
+                    TurnOutcome::failed("simulated failure", tokens)
                 } else {
                     let what = request.task.as_deref().unwrap_or("the message");
-                    TurnOutcome::Replied {
-                        text: format!("{} finished {what}", request.agent),
-                        tokens,
-                    }
+                    TurnOutcome::replied(format!("{} finished {what}", request.agent), tokens)
                 }
             }
         }

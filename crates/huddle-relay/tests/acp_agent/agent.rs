@@ -13,6 +13,10 @@
 //! - `@permission KIND` asks permission for a tool of KIND and replies with the
 //!   chosen option's id (`cancelled` when none was chosen).
 //! - `@usage N` reports N tokens for the turn.
+//! - `@tool KIND TITLE` reports a tool call (`pending`), then an update of it to
+//!   `completed` (`@tool! KIND TITLE`: to `failed`).
+//! - `@plan STEP;STEP;...` reports a plan, the first step `completed`, the others
+//!   `pending`.
 //!
 //! A prompt without a reply-producing line replies `done`.
 //!
@@ -32,10 +36,10 @@ use std::time::Duration;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, Implementation,
     InitializeRequest, InitializeResponse, LoadSessionRequest, LoadSessionResponse, McpServer,
-    NewSessionRequest, NewSessionResponse, PermissionOption, PermissionOptionKind, PromptRequest,
-    PromptResponse, RequestPermissionOutcome, RequestPermissionRequest, SessionId,
-    SessionNotification, SessionUpdate, StopReason, TextContent, ToolCallUpdate,
-    ToolCallUpdateFields, ToolKind, Usage,
+    NewSessionRequest, NewSessionResponse, PermissionOption, PermissionOptionKind, Plan, PlanEntry,
+    PlanEntryPriority, PlanEntryStatus, PromptRequest, PromptResponse, RequestPermissionOutcome,
+    RequestPermissionRequest, SessionId, SessionNotification, SessionUpdate, StopReason,
+    TextContent, ToolCall, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind, Usage,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, ByteStreams, Client, Error};
@@ -146,6 +150,7 @@ async fn prompt(
     }
     let mut replied = false;
     let mut usage = None;
+    let mut calls = 0;
     for line in text.lines().map(str::trim) {
         let (cmd, arg) = line.split_once(' ').unwrap_or((line, ""));
         match cmd {
@@ -234,6 +239,49 @@ async fn prompt(
                 replied = true;
             }
             "@usage" => usage = arg.parse::<u64>().ok(),
+            "@tool" | "@tool!" => {
+                let (kind, title) = arg.split_once(' ').unwrap_or((arg, arg));
+                calls += 1;
+                let id = format!("call-{calls}");
+                cx.send_notification(SessionNotification::new(
+                    session.clone(),
+                    SessionUpdate::ToolCall(
+                        ToolCall::new(id.clone(), title)
+                            .kind(kind_of(kind))
+                            .status(ToolCallStatus::Pending),
+                    ),
+                ))?;
+                let end = if cmd == "@tool!" {
+                    ToolCallStatus::Failed
+                } else {
+                    ToolCallStatus::Completed
+                };
+                cx.send_notification(SessionNotification::new(
+                    session.clone(),
+                    SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(
+                        id,
+                        ToolCallUpdateFields::new().status(end),
+                    )),
+                ))?;
+            }
+            "@plan" => {
+                let entries = arg
+                    .split(';')
+                    .enumerate()
+                    .map(|(i, step)| {
+                        let status = if i == 0 {
+                            PlanEntryStatus::Completed
+                        } else {
+                            PlanEntryStatus::Pending
+                        };
+                        PlanEntry::new(step, PlanEntryPriority::Medium, status)
+                    })
+                    .collect();
+                cx.send_notification(SessionNotification::new(
+                    session.clone(),
+                    SessionUpdate::Plan(Plan::new(entries)),
+                ))?;
+            }
             _ => {}
         }
     }

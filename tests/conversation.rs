@@ -1,0 +1,162 @@
+//! Conversation semantics end to end (plan 0026), through real relays and exec agents
+//! that log every execution, on both backends: a message naming several agents gets
+//! exactly one reply from each (also with one of them hosted on two relays); a
+//! broadcast gets one reply in all; `huddle post --reply-to` wakes the parent's author
+//! only, and nobody when the parent is a person's message.
+
+#[macro_use]
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::relays::*;
+use huddle_core::{InteractionId, Role};
+
+on_both_backends!(each_named_agent_replies_once_and_reply_to_wakes_the_author);
+
+/// Executions per (agent, question tag) in the agents' log.
+fn executions(log: &std::path::Path) -> BTreeMap<(String, String), usize> {
+    let mut n = BTreeMap::new();
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        if let Some((agent, tag)) = line.split_once(' ') {
+            *n.entry((agent.to_string(), tag.to_string())).or_default() += 1;
+        }
+    }
+    n
+}
+
+/// Waits until `id` has replies from exactly `who` (sorted) and returns them by agent.
+async fn replies_from(
+    h: &mut Huddle,
+    id: InteractionId,
+    who: &[&str],
+) -> BTreeMap<String, InteractionId> {
+    let want: Vec<String> = who.iter().map(|s| s.to_string()).collect();
+    h.wait_until(&format!("replies from {who:?}"), secs(60), |l| {
+        let mut got: Vec<String> = l.replies_to(id).iter().map(|r| r.actor.clone()).collect();
+        got.sort();
+        got == want
+    })
+    .await;
+    h.ledger
+        .replies_to(id)
+        .iter()
+        .map(|r| (r.actor.clone(), r.id))
+        .collect()
+}
+
+/// `huddle post --as AS --reply-to TO TEXT`; returns what it prints (the new id).
+fn reply_from_cli(h: &Huddle, actor: &str, to: &str, text: &str) -> String {
+    let mut c = common::huddle(&h.db.url);
+    c.args([
+        "post",
+        "--room",
+        &h.room,
+        "--as",
+        actor,
+        "--reply-to",
+        to,
+        text,
+    ]);
+    common::ok(c)
+}
+
+async fn each_named_agent_replies_once_and_reply_to_wakes_the_author(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let log = h.dir().join("executions.log");
+    // Logs "<agent> <tag>" for the last [Qn] tag in the prompt (the message comes
+    // last), then answers with trailing white space that huddle trims.
+    let agent = h.script(
+        "agent.sh",
+        &format!(
+            "p=$(cat)\ntag=$(printf '%s' \"$p\" | grep -o '\\[Q[0-9]*\\]' | tail -n 1)\n\
+             echo \"$HUDDLE_AGENT $tag\" >> {log}\nprintf '%s did %s\\n\\n' \"$HUDDLE_AGENT\" \"$tag\"",
+            log = log.display()
+        ),
+    );
+    // cid is hosted by both relays: it must still answer each message once.
+    h.spawn_relay(
+        "r0",
+        vec![
+            AgentSpec::exec("ann", &agent),
+            AgentSpec::exec("cid", &agent),
+        ],
+    );
+    h.spawn_relay(
+        "r1",
+        vec![
+            AgentSpec::exec("cid", &agent),
+            AgentSpec::exec("dee", &agent),
+        ],
+    );
+    h.wait_registered(&["ann", "cid", "dee"]).await;
+
+    // Two and three named agents: one reply from each.
+    let q1 = h
+        .post(
+            "hank",
+            Role::Human,
+            "[Q1] @ann and @cid: each take your part",
+        )
+        .await;
+    let q1_replies = replies_from(&mut h, q1, &["ann", "cid"]).await;
+    let q2 = h
+        .post("hank", Role::Human, "[Q2] @ann @cid @dee: report")
+        .await;
+    replies_from(&mut h, q2, &["ann", "cid", "dee"]).await;
+    // A broadcast: one reply in all.
+    let q3 = h.post("hank", Role::Human, "[Q3] anyone?").await;
+    h.wait_until("a reply to Q3", secs(60), |l| !l.replies_to(q3).is_empty())
+        .await;
+
+    // Reply-to from the CLI, by a unique id prefix: only ann, the parent's author.
+    let ann_reply = q1_replies["ann"].to_string();
+    let q4 = reply_from_cli(&h, "hank", &ann_reply[..10], "[Q4] thanks, one more thing");
+    let q4: InteractionId = q4.trim().parse().expect("post prints the id");
+    let parent = h
+        .wait_for("Q4 in the ledger", secs(30), |l| {
+            l.get(q4).map(|r| r.parent)
+        })
+        .await;
+    assert_eq!(
+        parent,
+        Some(q1_replies["ann"]),
+        "--reply-to sets the parent"
+    );
+    replies_from(&mut h, q4, &["ann"]).await;
+    // A reply to a person's own message wakes nobody; the broadcast after it shows
+    // the relays read past it.
+    reply_from_cli(&h, "ivy", &q3.to_string(), "[Q5] I agree with hank");
+    let q6 = h.post("hank", Role::Human, "[Q6] last call").await;
+    h.wait_until("a reply to Q6", secs(60), |l| !l.replies_to(q6).is_empty())
+        .await;
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+
+    // Count executions, not rows.
+    let ran = executions(&log);
+    let count = |tag: &str| -> BTreeMap<String, usize> {
+        ran.iter()
+            .filter(|((_, t), _)| t == tag)
+            .map(|((a, _), n)| (a.clone(), *n))
+            .collect()
+    };
+    let each = |agents: &[&str]| -> BTreeMap<String, usize> {
+        agents.iter().map(|a| (a.to_string(), 1)).collect()
+    };
+    assert_eq!(count("[Q1]"), each(&["ann", "cid"]), "{ran:?}");
+    assert_eq!(count("[Q2]"), each(&["ann", "cid", "dee"]), "{ran:?}");
+    assert_eq!(count("[Q3]").values().sum::<usize>(), 1, "{ran:?}");
+    assert_eq!(count("[Q4]"), each(&["ann"]), "{ran:?}");
+    assert!(
+        count("[Q5]").is_empty(),
+        "a reply to a person woke an agent: {ran:?}"
+    );
+    assert_eq!(count("[Q6]").values().sum::<usize>(), 1, "{ran:?}");
+    // Replies are written without the agents' trailing white space.
+    let l = &h.ledger;
+    for r in l.replies_to(q2) {
+        let text = r.body["text"].as_str().unwrap_or_default();
+        assert_eq!(text, format!("{} did [Q2]", r.actor));
+    }
+}
