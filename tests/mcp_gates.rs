@@ -35,16 +35,21 @@ async fn seed(db: &str, room: &str) {
         .expect("seed the room");
 }
 
-/// The task DAG and the owner authority, folded as every reader folds them.
-async fn fold(db: &str, room: &str) -> (TaskDag, OwnerAuthority) {
+/// Every row of the room.
+async fn rows(db: &str, room: &str) -> Vec<huddle_core::Interaction> {
     let store = huddle_store::open(db, StoreOptions::default())
         .await
         .unwrap();
-    let rows = store
+    store
         .read_room(room, Position::START, 10_000)
         .await
         .unwrap()
-        .rows;
+        .rows
+}
+
+/// The task DAG and the owner authority, folded as every reader folds them.
+async fn fold(db: &str, room: &str) -> (TaskDag, OwnerAuthority) {
+    let rows = rows(db, room).await;
     let mut auth = OwnerAuthority::new();
     let mut dag = TaskDag::new();
     for r in &rows {
@@ -59,14 +64,7 @@ async fn fold(db: &str, room: &str) -> (TaskDag, OwnerAuthority) {
 /// The texts of huddle's replies to approval commands (`!approve` / `!deny`), in
 /// ledger order.
 async fn system_replies(db: &str, room: &str) -> Vec<String> {
-    let store = huddle_store::open(db, StoreOptions::default())
-        .await
-        .unwrap();
-    let rows = store
-        .read_room(room, Position::START, 10_000)
-        .await
-        .unwrap()
-        .rows;
+    let rows = rows(db, room).await;
     let text =
         |r: &huddle_core::Interaction| r.body["text"].as_str().unwrap_or_default().to_string();
     let answers: Vec<_> = rows
