@@ -407,13 +407,17 @@ impl AgentSession {
         }
     }
 
-    /// `board`: who is doing what, as the `<coordination>` block and as data.
+    /// `board`: who is doing what, as the `<coordination>` block and as data; the
+    /// block also shows open decisions, waiting barriers, the coordinator lease and
+    /// pending approval requests.
     pub async fn board(&self) -> Result<BoardResult> {
+        let now = self.store.now().await?;
         let st = self.synced().await?;
         let summary = st.dag.summary(&self.room);
+        let patterns = st.patterns.lines(&self.room, now, st.authority.approvals());
         let block = st
             .board
-            .coordination(&self.room, &self.agent, Some(summary));
+            .coordination_with(&self.room, &self.agent, Some(summary), patterns);
         Ok(BoardResult {
             coordination: block.map(|b| b.text),
             board: serde_json::to_value(st.board.room(&self.room)).unwrap_or_default(),

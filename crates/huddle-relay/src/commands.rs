@@ -123,8 +123,14 @@ impl CommandHandler {
     /// The interactions an owner command in `row` produces (empty when it is none).
     fn execute(&self, row: &Interaction) -> Vec<NewInteraction> {
         let task_exists = |id: &str| self.authority.task_exists(&row.room, id);
+        let approval = |id: &str| {
+            self.authority
+                .approvals()
+                .status_before(&row.room, id, row.id)
+        };
         let ctx = ParseContext {
             task_exists: &task_exists,
+            approval: &approval,
         };
         let Some(parsed) = owner_command_in(row, self.config(), &ctx) else {
             return Vec::new();
@@ -142,6 +148,7 @@ impl CommandHandler {
                     OwnerCommand::Config(ConfigCommand::Change(change)) => {
                         change.reply_text(thread)
                     }
+                    OwnerCommand::Approval(answer) => answer.reply_text(),
                 };
                 (derived_rows(row, command, self.config()), reply)
             }

@@ -23,19 +23,22 @@
 //!
 //! The grammar of both commands is documented in `docs/protocol/commands.md`.
 
+mod approve;
 mod authority;
 mod config_cmd;
 mod delegate;
 #[cfg(test)]
 mod tests;
 
+pub use approve::{parse_approval, ApprovalCommand, ApprovalError};
 pub use authority::OwnerAuthority;
 pub use config_cmd::{
     get_reply, help_text, parse_config, ConfigChange, ConfigCommand, ConfigError, ConfigTarget,
 };
 pub use delegate::{
-    parse_delegate, parse_delegate_with, DelegateError, DelegateErrorKind, DelegateErrors,
-    DelegatePlan, TaskSpec, MAX_COMMAND_BYTES, MAX_ID_BYTES, MAX_REPORTED_ERRORS, MAX_TASKS,
+    created_summary, parse_delegate, parse_delegate_with, DelegateError, DelegateErrorKind,
+    DelegateErrors, DelegatePlan, TaskSpec, MAX_COMMAND_BYTES, MAX_ID_BYTES, MAX_REPORTED_ERRORS,
+    MAX_TASKS,
 };
 
 use crate::config::ConfigFold;
@@ -50,6 +53,8 @@ pub enum OwnerCommand {
     Delegate(DelegatePlan),
     /// `!config`: help, get or change.
     Config(ConfigCommand),
+    /// `!approve` / `!deny`: answer an approval request.
+    Approval(ApprovalCommand),
 }
 
 /// Why an owner command was rejected. Its `Display` is the reply to post; nothing
@@ -62,6 +67,9 @@ pub enum CommandError {
     /// A rejected `!config`.
     #[error("!config rejected, nothing was changed: {0}")]
     Config(#[from] ConfigError),
+    /// A rejected `!approve` / `!deny`.
+    #[error("not recorded: {0}")]
+    Approval(#[from] ApprovalError),
 }
 
 /// Which command a message starts with.
@@ -71,10 +79,14 @@ pub enum CommandWord {
     Delegate,
     /// `!config`.
     Config,
+    /// `!approve`.
+    Approve,
+    /// `!deny`.
+    Deny,
 }
 
 /// The command word a message starts with (after leading white space), if any:
-/// exactly `!delegate` or `!config`, followed by white space or the end. Anything
+/// exactly `!delegate`, `!config`, `!approve` or `!deny`, followed by white space or the end. Anything
 /// else (`!configure`, `!Config`, `hello !config`) is not a command.
 pub fn command_word(text: &str) -> Option<CommandWord> {
     let t = text.trim_start();
@@ -82,6 +94,8 @@ pub fn command_word(text: &str) -> Option<CommandWord> {
     match &t[..word_end] {
         "!delegate" => Some(CommandWord::Delegate),
         "!config" => Some(CommandWord::Config),
+        "!approve" => Some(CommandWord::Approve),
+        "!deny" => Some(CommandWord::Deny),
         _ => None,
     }
 }
@@ -92,12 +106,16 @@ pub struct ParseContext<'a> {
     /// Whether a task id already exists in the room (new tasks may wait for it and
     /// may not reuse it).
     pub task_exists: &'a dyn Fn(&str) -> bool,
+    /// The status of the room's approval request with this id, if there is one
+    /// (`!approve` / `!deny` answer only pending ones).
+    pub approval: &'a dyn Fn(&str) -> Option<crate::approval::ApprovalStatus>,
 }
 
 impl Default for ParseContext<'_> {
     fn default() -> Self {
         ParseContext {
             task_exists: &|_| false,
+            approval: &|_| None,
         }
     }
 }
@@ -131,6 +149,9 @@ pub fn owner_command_with(
             .map_err(CommandError::from),
         CommandWord::Config => parse_config(text)
             .map(OwnerCommand::Config)
+            .map_err(CommandError::from),
+        word @ (CommandWord::Approve | CommandWord::Deny) => parse_approval(text, word, ctx)
+            .map(OwnerCommand::Approval)
             .map_err(CommandError::from),
     })
 }
@@ -172,6 +193,29 @@ pub fn command_rows(
     let read = read_back(&message, crate::model::Position::START);
     let derived = derived_rows(&read, &command, config);
     Some(Ok(std::iter::once(message).chain(derived).collect()))
+}
+
+/// A delegator agent's `!delegate`: `message` (the agent's `message.posted`, role
+/// agent, its text a `!delegate`) first, then the `task.created` rows
+/// [`OwnerAuthority`] authorizes for it, as read with `config` and `ctx` (the room's
+/// existing tasks). Append them in one batch. The rows count only while the agent is
+/// one of the effective `delegators` where it posts; the caller checks that first
+/// ([`crate::config::RoomConfig::may_delegate`]) to refuse with a reason. The grammar,
+/// limits and errors are the owner's `!delegate`'s.
+pub fn delegate_rows(
+    message: NewInteraction,
+    config: &ConfigFold,
+    ctx: &ParseContext<'_>,
+) -> Result<Vec<NewInteraction>, DelegateErrors> {
+    let text = message
+        .body
+        .get("text")
+        .and_then(|t| t.as_str())
+        .unwrap_or_default();
+    let plan = parse_delegate_with(text, ctx.task_exists)?;
+    let read = read_back(&message, crate::model::Position::START);
+    let derived = derived_rows(&read, &OwnerCommand::Delegate(plan), config);
+    Ok(std::iter::once(message).chain(derived).collect())
 }
 
 /// The rows of a room created by `owner` (holding `key`) and steered by `commands`,
@@ -267,11 +311,13 @@ pub fn derived_rows(
                         needs: Vec::new(),
                         max_attempts: Some(max_attempts),
                     };
+                    // The command's role: owner, or agent for a delegator's
+                    // `!delegate` ([`delegate_rows`]).
                     let mut created = NewInteraction::new(
                         message.room.clone(),
                         Verb::TaskCreated,
                         message.actor.clone(),
-                        Role::Owner,
+                        message.role,
                         body.to_body(),
                     )
                     .with_parent(message.id);
@@ -283,6 +329,7 @@ pub fn derived_rows(
         OwnerCommand::Config(ConfigCommand::Change(change)) => {
             vec![change.to_interaction(&message.room, thread, &message.actor, message.id)]
         }
-        OwnerCommand::Config(_) => Vec::new(),
+        // The signed command is the answer itself; nothing is derived.
+        OwnerCommand::Config(_) | OwnerCommand::Approval(_) => Vec::new(),
     }
 }
