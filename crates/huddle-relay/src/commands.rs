@@ -27,6 +27,15 @@ pub const SYSTEM_ACTOR: &str = "huddle";
 pub enum Step {
     /// Rows to feed to the synchronizer.
     Rows(Vec<Interaction>),
+    /// The owner's `!stop` (signed, verified): cancel the matching running turns.
+    Stop {
+        /// Room.
+        room: String,
+        /// The command message.
+        command: huddle_core::InteractionId,
+        /// Whose turns, in which thread.
+        stop: huddle_core::commands::StopCommand,
+    },
     /// The effective config of a room (`thread: None`) or thread changed.
     Config {
         /// Room.
@@ -110,7 +119,19 @@ impl CommandHandler {
                 continue;
             }
             if hosted {
-                out.appends.extend(self.execute(&row));
+                let (appends, stop) = self.execute(&row);
+                out.appends.extend(appends);
+                if let Some(stop) = stop {
+                    let (room, command) = (row.room.clone(), row.id);
+                    pending.push(row);
+                    out.steps.push(Step::Rows(std::mem::take(&mut pending)));
+                    out.steps.push(Step::Stop {
+                        room,
+                        command,
+                        stop,
+                    });
+                    continue;
+                }
             }
             pending.push(row);
         }
@@ -120,8 +141,15 @@ impl CommandHandler {
         out
     }
 
-    /// The interactions an owner command in `row` produces (empty when it is none).
-    fn execute(&self, row: &Interaction) -> Vec<NewInteraction> {
+    /// The interactions an owner command in `row` produces (empty when it is none),
+    /// and the turns to stop when it is a `!stop`.
+    fn execute(
+        &self,
+        row: &Interaction,
+    ) -> (
+        Vec<NewInteraction>,
+        Option<huddle_core::commands::StopCommand>,
+    ) {
         let task_exists = |id: &str| self.authority.task_exists(&row.room, id);
         let approval = |id: &str| {
             self.authority
@@ -131,9 +159,14 @@ impl CommandHandler {
         let ctx = ParseContext {
             task_exists: &task_exists,
             approval: &approval,
+            thread: row.thread.as_deref(),
         };
         let Some(parsed) = owner_command_in(row, self.config(), &ctx) else {
-            return Vec::new();
+            return (Vec::new(), None);
+        };
+        let stop = match &parsed {
+            Ok(OwnerCommand::Stop(stop)) => Some(stop.clone()),
+            _ => None,
         };
         let thread = row.thread.as_deref();
         let (mut out, reply) = match &parsed {
@@ -149,6 +182,7 @@ impl CommandHandler {
                         change.reply_text(thread)
                     }
                     OwnerCommand::Approval(answer) => answer.reply_text(),
+                    OwnerCommand::Stop(stop) => stop.reply_text(&row.room),
                 };
                 (derived_rows(row, command, self.config()), reply)
             }
@@ -163,6 +197,6 @@ impl CommandHandler {
         .with_parent(row.id);
         message.thread = row.thread.clone();
         out.push(message);
-        out
+        (out, stop)
     }
 }

@@ -513,6 +513,19 @@ impl Loop {
                         config,
                     });
                 }
+                Step::Stop {
+                    room,
+                    command,
+                    stop,
+                } => {
+                    info!(room = %room, agent = ?stop.agent, thread = ?stop.thread, command = %command.short(), "the owner stops running turns");
+                    self.handle(Event::Stop {
+                        room,
+                        agent: stop.agent,
+                        thread: stop.thread,
+                        command,
+                    });
+                }
             }
         }
         if !ended_with_rows {

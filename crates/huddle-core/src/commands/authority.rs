@@ -120,6 +120,7 @@ impl OwnerAuthority {
         let ctx = ParseContext {
             task_exists: &task_exists,
             approval: &approval,
+            thread: i.thread.as_deref(),
         };
         let Some(Ok(command)) = owner_command_with(i.role, text, &ctx) else {
             return; // a rejected command produces only a reply

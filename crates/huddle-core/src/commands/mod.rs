@@ -27,6 +27,7 @@ mod approve;
 mod authority;
 mod config_cmd;
 mod delegate;
+mod stop;
 #[cfg(test)]
 mod tests;
 
@@ -40,6 +41,7 @@ pub use delegate::{
     DelegateErrors, DelegatePlan, TaskSpec, MAX_COMMAND_BYTES, MAX_ID_BYTES, MAX_REPORTED_ERRORS,
     MAX_TASKS,
 };
+pub use stop::{parse_stop, StopCommand, StopError};
 
 use crate::config::ConfigFold;
 use crate::model::{Interaction, NewInteraction, Role};
@@ -55,6 +57,8 @@ pub enum OwnerCommand {
     Config(ConfigCommand),
     /// `!approve` / `!deny`: answer an approval request.
     Approval(ApprovalCommand),
+    /// `!stop`: stop running turns.
+    Stop(StopCommand),
 }
 
 /// Why an owner command was rejected. Its `Display` is the reply to post; nothing
@@ -70,6 +74,9 @@ pub enum CommandError {
     /// A rejected `!approve` / `!deny`.
     #[error("not recorded: {0}")]
     Approval(#[from] ApprovalError),
+    /// A rejected `!stop`.
+    #[error("!stop rejected, nothing was stopped: {0}")]
+    Stop(#[from] StopError),
 }
 
 /// Which command a message starts with.
@@ -83,10 +90,12 @@ pub enum CommandWord {
     Approve,
     /// `!deny`.
     Deny,
+    /// `!stop`.
+    Stop,
 }
 
 /// The command word a message starts with (after leading white space), if any:
-/// exactly `!delegate`, `!config`, `!approve` or `!deny`, followed by white space or the end. Anything
+/// exactly `!delegate`, `!config`, `!approve`, `!deny` or `!stop`, followed by white space or the end. Anything
 /// else (`!configure`, `!Config`, `hello !config`) is not a command.
 pub fn command_word(text: &str) -> Option<CommandWord> {
     let t = text.trim_start();
@@ -96,6 +105,7 @@ pub fn command_word(text: &str) -> Option<CommandWord> {
         "!config" => Some(CommandWord::Config),
         "!approve" => Some(CommandWord::Approve),
         "!deny" => Some(CommandWord::Deny),
+        "!stop" => Some(CommandWord::Stop),
         _ => None,
     }
 }
@@ -109,6 +119,8 @@ pub struct ParseContext<'a> {
     /// The status of the room's approval request with this id, if there is one
     /// (`!approve` / `!deny` answer only pending ones).
     pub approval: &'a dyn Fn(&str) -> Option<crate::approval::ApprovalStatus>,
+    /// The thread the command was posted in (`!stop` defaults to it).
+    pub thread: Option<&'a str>,
 }
 
 impl Default for ParseContext<'_> {
@@ -116,6 +128,7 @@ impl Default for ParseContext<'_> {
         ParseContext {
             task_exists: &|_| false,
             approval: &|_| None,
+            thread: None,
         }
     }
 }
@@ -152,6 +165,9 @@ pub fn owner_command_with(
             .map_err(CommandError::from),
         word @ (CommandWord::Approve | CommandWord::Deny) => parse_approval(text, word, ctx)
             .map(OwnerCommand::Approval)
+            .map_err(CommandError::from),
+        CommandWord::Stop => parse_stop(text, ctx.thread)
+            .map(OwnerCommand::Stop)
             .map_err(CommandError::from),
     })
 }
@@ -330,6 +346,6 @@ pub fn derived_rows(
             vec![change.to_interaction(&message.room, thread, &message.actor, message.id)]
         }
         // The signed command is the answer itself; nothing is derived.
-        OwnerCommand::Config(_) | OwnerCommand::Approval(_) => Vec::new(),
+        OwnerCommand::Config(_) | OwnerCommand::Approval(_) | OwnerCommand::Stop(_) => Vec::new(),
     }
 }

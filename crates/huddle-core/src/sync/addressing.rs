@@ -107,14 +107,10 @@ pub fn address(
 }
 
 /// Whether a message from `role` with this text is an owner command meant for huddle
-/// (`!delegate`, `!config`) rather than for the agents. Only the prefix is looked at;
+/// (`!delegate`, `!config`, `!approve`, `!deny`, `!stop`) rather than for the agents. Only the prefix is looked at;
 /// commands are parsed (and only the owner's executed) elsewhere.
 pub fn is_command_text(text: &str) -> bool {
-    let t = text.trim_start();
-    ["!delegate", "!config"].iter().any(|c| {
-        t.strip_prefix(c)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with(char::is_whitespace))
-    })
+    crate::commands::command_word(text).is_some()
 }
 
 /// Who may answer a message, given its author and addressing.
