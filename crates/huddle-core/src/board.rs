@@ -329,6 +329,19 @@ impl Board {
         self.rooms.get(room)
     }
 
+    /// The room's registered agents with their capabilities (addressing's view: who
+    /// `@name` and `@@capability` can reach).
+    pub fn capabilities(&self, room: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+        self.room(room)
+            .map(|b| {
+                b.agents
+                    .iter()
+                    .map(|(a, p)| (a.clone(), p.capabilities.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Rooms with a board, sorted.
     pub fn rooms(&self) -> impl Iterator<Item = &str> {
         self.rooms.keys().map(String::as_str)

@@ -593,10 +593,13 @@ impl Synchronizer {
 
     fn consider_message(&mut self, row: &Interaction) {
         let body: MessageBody = parse_body(&row.body).unwrap_or_default();
-        let known = self.registered_agents(&row.room);
         let parent_author = row.parent.and_then(|p| self.authors.get(&p)).cloned();
-        let addressing =
-            addressing::address(&body.text, &body.mentions, parent_author.as_deref(), &known);
+        let addressing = addressing::address_in_room(
+            &body.text,
+            &body.mentions,
+            parent_author.as_deref(),
+            &self.board.capabilities(&row.room),
+        );
         let config = self.config(&row.room, row.thread.as_deref()).clone();
         let eligible = addressing::eligible(
             &row.actor,

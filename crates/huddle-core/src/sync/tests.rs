@@ -375,6 +375,51 @@ fn a_message_naming_several_agents_gets_one_reply_from_each() {
 }
 
 #[test]
+fn a_group_mention_reaches_every_agent_with_the_capability_and_each_answers() {
+    let agents = vec![
+        LocalAgent {
+            capabilities: vec!["review".into()],
+            ..LocalAgent::new("bo")
+        },
+        LocalAgent {
+            capabilities: vec!["review".into(), "rust".into()],
+            ..LocalAgent::new("cy")
+        },
+        LocalAgent::new("dee"),
+    ];
+    let mut sync = Synchronizer::new("r1", ["lobby"], agents);
+    sync.handle(Event::Config {
+        room: "lobby".into(),
+        thread: None,
+        config: RoomConfig::default(),
+    });
+    let mut h = H {
+        sync,
+        ledger: Ledger::default(),
+        cursor: 0,
+        now: T0,
+    };
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "@@review please look")])[0].clone();
+    assert_eq!(
+        acquires(&h.read()),
+        vec![
+            (directed_reply_key("lobby", &m.id, "bo"), "bo".to_string()),
+            (directed_reply_key("lobby", &m.id, "cy"), "cy".to_string())
+        ]
+    );
+    // A group nobody has is addressed to nobody (not a broadcast).
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.write(vec![message(
+        "ana",
+        Role::Human,
+        "@@nobody-has-this anyone?",
+    )]);
+    assert!(acquires(&h.read()).is_empty());
+}
+
+#[test]
 fn a_failed_part_leaves_the_other_parts_open() {
     let mut h = H::new(&["bo", "cy", "dee"]);
     h.start();
