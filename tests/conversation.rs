@@ -12,11 +12,12 @@ use std::collections::BTreeMap;
 use common::relays::*;
 use huddle_core::protocol::{Subject, TurnFailedBody};
 use huddle_core::tasks::TaskStatus;
-use huddle_core::{InteractionId, Role, Verb};
+use huddle_core::{InteractionId, NewInteraction, Role, Verb};
 
 on_both_backends!(
     each_named_agent_replies_once_and_reply_to_wakes_the_author,
-    the_owners_stop_ends_a_long_turn_and_the_task_is_offered_again
+    the_owners_stop_ends_a_long_turn_and_the_task_is_offered_again,
+    a_watched_thread_goes_to_its_watcher
 );
 
 /// Executions per (agent, question tag) in the agents' log.
@@ -247,4 +248,60 @@ async fn the_owners_stop_ends_a_long_turn_and_the_task_is_offered_again(backend:
     );
     let t = h.ledger.task("long").expect("the task");
     assert_eq!(t.attempts, 2, "the stopped attempt counts");
+}
+
+/// `!watch @cy t1`: broadcasts in thread t1 are answered by cy (the others wait a
+/// responder window); elsewhere, and after `!unwatch`, anyone may answer first.
+async fn a_watched_thread_goes_to_its_watcher(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let log = h.dir().join("executions.log");
+    let agent = h.script(
+        "agent.sh",
+        &format!(
+            "p=$(cat)\ntag=$(printf '%s' \"$p\" | grep -o '\\[W[0-9]*\\]' | tail -n 1)\n\
+             echo \"$HUDDLE_AGENT $tag\" >> {log}\necho ok",
+            log = log.display()
+        ),
+    );
+    h.spawn_relay("r0", vec![AgentSpec::exec("bo", &agent)]);
+    h.spawn_relay("r1", vec![AgentSpec::exec("cy", &agent)]);
+    h.wait_registered(&["bo", "cy"]).await;
+    let reply = h.owner_says("!watch @cy t1").await;
+    assert!(reply.contains("cy now follows thread t1"), "{reply}");
+    let in_thread = |text: &str| {
+        NewInteraction::new(
+            h.room.as_str(),
+            Verb::MessagePosted,
+            "hank",
+            Role::Human,
+            serde_json::json!({ "text": text }),
+        )
+        .in_thread("t1")
+    };
+    let mut asked = Vec::new();
+    for i in 0..3 {
+        let row = in_thread(&format!("[W{i}] anyone on this?"));
+        asked.push(h.store.append(vec![row]).await.expect("post")[0].id);
+    }
+    for id in &asked {
+        let who = h
+            .wait_for("a reply in t1", secs(60), |l| {
+                l.replies_to(*id).first().map(|r| r.actor.clone())
+            })
+            .await;
+        assert_eq!(who, "cy", "the watcher answers in its thread");
+    }
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+    let ran = executions(&log);
+    for i in 0..3 {
+        let tag = format!("[W{i}]");
+        let by: Vec<&String> = ran
+            .keys()
+            .filter(|(_, t)| *t == tag)
+            .map(|(a, _)| a)
+            .collect();
+        assert_eq!(by, vec!["cy"], "{tag}: {ran:?}");
+        assert_eq!(ran[&("cy".to_string(), tag)], 1);
+    }
 }

@@ -36,6 +36,13 @@ pub enum Step {
         /// Whose turns, in which thread.
         stop: huddle_core::commands::StopCommand,
     },
+    /// The owner's `!watch` / `!unwatch` (signed, verified).
+    Watch {
+        /// Room.
+        room: String,
+        /// Who follows which thread.
+        watch: huddle_core::commands::WatchCommand,
+    },
     /// The effective config of a room (`thread: None`) or thread changed.
     Config {
         /// Room.
@@ -119,17 +126,12 @@ impl CommandHandler {
                 continue;
             }
             if hosted {
-                let (appends, stop) = self.execute(&row);
+                let (appends, step) = self.execute(&row);
                 out.appends.extend(appends);
-                if let Some(stop) = stop {
-                    let (room, command) = (row.room.clone(), row.id);
+                if let Some(step) = step {
                     pending.push(row);
                     out.steps.push(Step::Rows(std::mem::take(&mut pending)));
-                    out.steps.push(Step::Stop {
-                        room,
-                        command,
-                        stop,
-                    });
+                    out.steps.push(step);
                     continue;
                 }
             }
@@ -142,14 +144,8 @@ impl CommandHandler {
     }
 
     /// The interactions an owner command in `row` produces (empty when it is none),
-    /// and the turns to stop when it is a `!stop`.
-    fn execute(
-        &self,
-        row: &Interaction,
-    ) -> (
-        Vec<NewInteraction>,
-        Option<huddle_core::commands::StopCommand>,
-    ) {
+    /// and what the synchronizer must do for a `!stop` or `!watch`.
+    fn execute(&self, row: &Interaction) -> (Vec<NewInteraction>, Option<Step>) {
         let task_exists = |id: &str| self.authority.task_exists(&row.room, id);
         let approval = |id: &str| {
             self.authority
@@ -164,8 +160,16 @@ impl CommandHandler {
         let Some(parsed) = owner_command_in(row, self.config(), &ctx) else {
             return (Vec::new(), None);
         };
-        let stop = match &parsed {
-            Ok(OwnerCommand::Stop(stop)) => Some(stop.clone()),
+        let step = match &parsed {
+            Ok(OwnerCommand::Stop(stop)) => Some(Step::Stop {
+                room: row.room.clone(),
+                command: row.id,
+                stop: stop.clone(),
+            }),
+            Ok(OwnerCommand::Watch(watch)) => Some(Step::Watch {
+                room: row.room.clone(),
+                watch: watch.clone(),
+            }),
             _ => None,
         };
         let thread = row.thread.as_deref();
@@ -183,6 +187,7 @@ impl CommandHandler {
                     }
                     OwnerCommand::Approval(answer) => answer.reply_text(),
                     OwnerCommand::Stop(stop) => stop.reply_text(&row.room),
+                    OwnerCommand::Watch(watch) => watch.reply_text(),
                 };
                 (derived_rows(row, command, self.config()), reply)
             }
@@ -197,6 +202,6 @@ impl CommandHandler {
         .with_parent(row.id);
         message.thread = row.thread.clone();
         out.push(message);
-        (out, stop)
+        (out, step)
     }
 }

@@ -526,6 +526,14 @@ impl Loop {
                         command,
                     });
                 }
+                Step::Watch { room, watch } => {
+                    self.handle(Event::Watch {
+                        room,
+                        thread: watch.thread,
+                        agent: watch.agent,
+                        watch: watch.watch,
+                    });
+                }
             }
         }
         if !ended_with_rows {

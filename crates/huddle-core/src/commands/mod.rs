@@ -30,6 +30,7 @@ mod delegate;
 mod stop;
 #[cfg(test)]
 mod tests;
+mod watch;
 
 pub use approve::{parse_approval, ApprovalCommand, ApprovalError};
 pub use authority::OwnerAuthority;
@@ -42,6 +43,7 @@ pub use delegate::{
     MAX_TASKS,
 };
 pub use stop::{parse_stop, StopCommand, StopError};
+pub use watch::{parse_watch, WatchCommand, WatchError};
 
 use crate::config::ConfigFold;
 use crate::model::{Interaction, NewInteraction, Role};
@@ -59,6 +61,8 @@ pub enum OwnerCommand {
     Approval(ApprovalCommand),
     /// `!stop`: stop running turns.
     Stop(StopCommand),
+    /// `!watch` / `!unwatch`: an agent follows a thread, or stops.
+    Watch(WatchCommand),
 }
 
 /// Why an owner command was rejected. Its `Display` is the reply to post; nothing
@@ -77,6 +81,9 @@ pub enum CommandError {
     /// A rejected `!stop`.
     #[error("!stop rejected, nothing was stopped: {0}")]
     Stop(#[from] StopError),
+    /// A rejected `!watch` / `!unwatch`.
+    #[error("nothing changed: {0}")]
+    Watch(#[from] WatchError),
 }
 
 /// Which command a message starts with.
@@ -92,10 +99,15 @@ pub enum CommandWord {
     Deny,
     /// `!stop`.
     Stop,
+    /// `!watch`.
+    Watch,
+    /// `!unwatch`.
+    Unwatch,
 }
 
 /// The command word a message starts with (after leading white space), if any:
-/// exactly `!delegate`, `!config`, `!approve`, `!deny` or `!stop`, followed by white space or the end. Anything
+/// exactly `!delegate`, `!config`, `!approve`, `!deny`, `!stop`, `!watch` or `!unwatch`,
+/// followed by white space or the end. Anything
 /// else (`!configure`, `!Config`, `hello !config`) is not a command.
 pub fn command_word(text: &str) -> Option<CommandWord> {
     let t = text.trim_start();
@@ -106,6 +118,8 @@ pub fn command_word(text: &str) -> Option<CommandWord> {
         "!approve" => Some(CommandWord::Approve),
         "!deny" => Some(CommandWord::Deny),
         "!stop" => Some(CommandWord::Stop),
+        "!watch" => Some(CommandWord::Watch),
+        "!unwatch" => Some(CommandWord::Unwatch),
         _ => None,
     }
 }
@@ -168,6 +182,9 @@ pub fn owner_command_with(
             .map_err(CommandError::from),
         CommandWord::Stop => parse_stop(text, ctx.thread)
             .map(OwnerCommand::Stop)
+            .map_err(CommandError::from),
+        word @ (CommandWord::Watch | CommandWord::Unwatch) => parse_watch(text, word, ctx.thread)
+            .map(OwnerCommand::Watch)
             .map_err(CommandError::from),
     })
 }
@@ -346,6 +363,9 @@ pub fn derived_rows(
             vec![change.to_interaction(&message.room, thread, &message.actor, message.id)]
         }
         // The signed command is the answer itself; nothing is derived.
-        OwnerCommand::Config(_) | OwnerCommand::Approval(_) | OwnerCommand::Stop(_) => Vec::new(),
+        OwnerCommand::Config(_)
+        | OwnerCommand::Approval(_)
+        | OwnerCommand::Stop(_)
+        | OwnerCommand::Watch(_) => Vec::new(),
     }
 }

@@ -225,6 +225,17 @@ pub enum Event {
         /// The `!stop` message (named in the reason).
         command: InteractionId,
     },
+    /// The owner's `!watch` / `!unwatch`: `agent` follows `thread` (or stops).
+    Watch {
+        /// The room.
+        room: String,
+        /// The thread.
+        thread: String,
+        /// The agent.
+        agent: String,
+        /// Follow (`true`) or stop following.
+        watch: bool,
+    },
     /// A claim is no longer held at `epoch`: a renew returned nothing, or a fenced
     /// append under it was refused.
     ClaimLost {

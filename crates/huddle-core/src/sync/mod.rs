@@ -210,6 +210,8 @@ pub struct Synchronizer {
     claims: BTreeMap<String, Slot>,
     turns: BTreeMap<TurnId, LiveTurn>,
     held_elsewhere: BTreeMap<String, Timestamp>,
+    /// Agents following a thread (`!watch`), by (room, thread).
+    watchers: BTreeMap<(String, String), BTreeSet<String>>,
     /// Claims an acquire found closed: their work is finished, so they are never
     /// tried again (the fold shows why once it reads the closing row).
     closed: BTreeSet<String>,
@@ -278,6 +280,7 @@ impl Synchronizer {
             claims: BTreeMap::new(),
             turns: BTreeMap::new(),
             held_elsewhere: BTreeMap::new(),
+            watchers: BTreeMap::new(),
             closed: BTreeSet::new(),
             returned: BTreeMap::new(),
             bids_sent: BTreeSet::new(),
@@ -438,6 +441,19 @@ impl Synchronizer {
                 command,
                 &mut out,
             ),
+            Event::Watch {
+                room,
+                thread,
+                agent,
+                watch,
+            } => {
+                let w = self.watchers.entry((room, thread)).or_default();
+                if watch {
+                    w.insert(agent);
+                } else {
+                    w.remove(&agent);
+                }
+            }
             Event::Config {
                 room,
                 thread,
@@ -754,11 +770,31 @@ impl Synchronizer {
                 priority: *p,
             })
             .collect();
+        // A broadcast in a watched thread goes to its watchers first: they contend at
+        // once, the others one responder window later.
+        let watchers: Vec<&String> = match (&m.eligible, &m.thread) {
+            (Eligible::Everyone { .. }, Some(t)) => self
+                .watchers
+                .get(&(room.to_string(), t.clone()))
+                .map(|w| {
+                    w.iter()
+                        .filter(|a| candidates.iter().any(|c| c.agent == a.as_str()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
         self.agents
             .keys()
             .filter(|a| m.eligible.contains(a) && !m.failed.contains(*a) && !self.busy(a))
             .map(|a| {
-                let delay = responder_delay_ms(config, a, &candidates);
+                let delay = if watchers.is_empty() {
+                    responder_delay_ms(config, a, &candidates)
+                } else if watchers.contains(&a) {
+                    0
+                } else {
+                    config.responder_window_ms
+                };
                 (m.at.saturating_add(ms_to_us(delay)), a.clone())
             })
             .collect()

@@ -420,6 +420,51 @@ fn a_group_mention_reaches_every_agent_with_the_capability_and_each_answers() {
 }
 
 #[test]
+fn a_broadcast_in_a_watched_thread_goes_to_its_watchers_first() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    let watch = |h: &mut H, agent: &str, on: bool| {
+        h.sync.handle(Event::Watch {
+            room: "lobby".into(),
+            thread: "t1".into(),
+            agent: agent.into(),
+            watch: on,
+        })
+    };
+    watch(&mut h, "cy", true);
+    let in_thread = |h: &mut H, thread: &str, text: &str| {
+        let mut m = message("ana", Role::Human, text);
+        m.thread = Some(thread.into());
+        h.write(vec![m])[0].clone()
+    };
+    // Without the watch bo (first by key) would take it; the watcher cy goes first.
+    let m = in_thread(&mut h, "t1", "anyone on t1?");
+    assert_eq!(
+        acquires(&h.read()),
+        vec![(reply_key("lobby", &m.id), "cy".to_string())]
+    );
+    // Another thread is not watched: the usual order.
+    let mut h2 = H::new(&["bo", "cy"]);
+    h2.start();
+    watch(&mut h2, "cy", true);
+    let m2 = in_thread(&mut h2, "t2", "anyone on t2?");
+    assert_eq!(
+        acquires(&h2.read()),
+        vec![(reply_key("lobby", &m2.id), "bo".to_string())]
+    );
+    // Unwatched again: the usual order in t1 too.
+    let mut h3 = H::new(&["bo", "cy"]);
+    h3.start();
+    watch(&mut h3, "cy", true);
+    watch(&mut h3, "cy", false);
+    let m3 = in_thread(&mut h3, "t1", "anyone?");
+    assert_eq!(
+        acquires(&h3.read()),
+        vec![(reply_key("lobby", &m3.id), "bo".to_string())]
+    );
+}
+
+#[test]
 fn a_failed_part_leaves_the_other_parts_open() {
     let mut h = H::new(&["bo", "cy", "dee"]);
     h.start();
