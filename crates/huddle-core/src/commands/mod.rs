@@ -28,6 +28,7 @@ mod authority;
 mod config_cmd;
 mod delegate;
 mod stop;
+mod target;
 #[cfg(test)]
 mod tests;
 mod watch;
@@ -43,6 +44,7 @@ pub use delegate::{
     MAX_TASKS,
 };
 pub use stop::{parse_stop, StopCommand, StopError};
+pub use target::TargetError;
 pub use watch::{parse_watch, WatchCommand, WatchError};
 
 use crate::config::ConfigFold;

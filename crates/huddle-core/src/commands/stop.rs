@@ -12,9 +12,9 @@
 //! without a completion, and each turn's `turn.failed` says the owner stopped it. A
 //! stopped task is offered again; a stopped reply lets another agent answer.
 
-use crate::config::{check_agent_name, shorten};
-use crate::limits::Limits;
-use crate::model::validate_name;
+use crate::config::shorten;
+
+use super::target::{agent_arg, thread_arg, TargetError};
 
 /// A parsed `!stop`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,22 +43,9 @@ impl StopCommand {
 /// Why a `!stop` was rejected; nothing is stopped.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StopError {
-    /// `@` followed by something that is not an agent name.
-    #[error("`{token}` is not an agent: {why}")]
-    BadAgent {
-        /// As typed (shortened).
-        token: String,
-        /// What is wrong with it.
-        why: String,
-    },
-    /// Not a thread name.
-    #[error("`{token}` is not a thread name: {why}")]
-    BadThread {
-        /// As typed (shortened).
-        token: String,
-        /// What is wrong with it.
-        why: String,
-    },
+    /// A bad `@agent` or thread.
+    #[error(transparent)]
+    Target(#[from] TargetError),
     /// More words than `[@agent] [thread]`.
     #[error("unexpected `{token}`; the form is `!stop [@agent] [thread]`")]
     Unexpected {
@@ -79,19 +66,9 @@ pub fn parse_stop(text: &str, thread: Option<&str>) -> Result<StopCommand, StopE
                     token: shorten(token),
                 });
             }
-            check_agent_name(name).map_err(|why| StopError::BadAgent {
-                token: shorten(token),
-                why,
-            })?;
-            agent = Some(name.to_string());
+            agent = Some(agent_arg(token, name)?);
         } else if named_thread.is_none() {
-            validate_name("thread", token, &Limits::default()).map_err(|e| {
-                StopError::BadThread {
-                    token: shorten(token),
-                    why: e.to_string(),
-                }
-            })?;
-            named_thread = Some(token.to_string());
+            named_thread = Some(thread_arg(token)?);
         } else {
             return Err(StopError::Unexpected {
                 token: shorten(token),

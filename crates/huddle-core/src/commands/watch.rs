@@ -10,10 +10,9 @@
 //! there). Every relay folds the commands in ledger order, so all agree on who
 //! watches what.
 
-use crate::config::{check_agent_name, shorten};
-use crate::limits::Limits;
-use crate::model::validate_name;
+use crate::config::shorten;
 
+use super::target::{agent_arg, thread_arg, TargetError};
 use super::CommandWord;
 
 /// A parsed `!watch` or `!unwatch`.
@@ -50,22 +49,9 @@ pub enum WatchError {
         /// The command word.
         word: &'static str,
     },
-    /// Not an agent name.
-    #[error("`{token}` is not an agent: {why}")]
-    BadAgent {
-        /// As typed (shortened).
-        token: String,
-        /// What is wrong.
-        why: String,
-    },
-    /// Not a thread name.
-    #[error("`{token}` is not a thread name: {why}")]
-    BadThread {
-        /// As typed (shortened).
-        token: String,
-        /// What is wrong.
-        why: String,
-    },
+    /// A bad `@agent` or thread.
+    #[error(transparent)]
+    Target(#[from] TargetError),
     /// Posted outside a thread and naming none.
     #[error(
         "`{word}` is about a thread: post it in the thread, or name it (`{word} @ada THREAD`)"
@@ -101,20 +87,8 @@ pub fn parse_watch(
     let Some(agent) = first.strip_prefix('@') else {
         return Err(WatchError::MissingAgent { word: name });
     };
-    check_agent_name(agent).map_err(|why| WatchError::BadAgent {
-        token: shorten(first),
-        why,
-    })?;
-    let named = match words.next() {
-        Some(t) => {
-            validate_name("thread", t, &Limits::default()).map_err(|e| WatchError::BadThread {
-                token: shorten(t),
-                why: e.to_string(),
-            })?;
-            Some(t.to_string())
-        }
-        None => None,
-    };
+    let agent = agent_arg(first, agent)?;
+    let named = words.next().map(thread_arg).transpose()?;
     if let Some(extra) = words.next() {
         return Err(WatchError::Unexpected {
             token: shorten(extra),
@@ -124,7 +98,7 @@ pub fn parse_watch(
         return Err(WatchError::NoThread { word: name });
     };
     Ok(WatchCommand {
-        agent: agent.to_string(),
+        agent,
         thread,
         watch,
     })
