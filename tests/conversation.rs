@@ -10,9 +10,15 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::relays::*;
-use huddle_core::{InteractionId, Role};
+use huddle_core::protocol::{Subject, TurnFailedBody};
+use huddle_core::tasks::TaskStatus;
+use huddle_core::{InteractionId, NewInteraction, Role, Verb};
 
-on_both_backends!(each_named_agent_replies_once_and_reply_to_wakes_the_author);
+on_both_backends!(
+    each_named_agent_replies_once_and_reply_to_wakes_the_author,
+    the_owners_stop_ends_a_long_turn_and_the_task_is_offered_again,
+    a_watched_thread_goes_to_its_watcher
+);
 
 /// Executions per (agent, question tag) in the agents' log.
 fn executions(log: &std::path::Path) -> BTreeMap<(String, String), usize> {
@@ -158,5 +164,144 @@ async fn each_named_agent_replies_once_and_reply_to_wakes_the_author(backend: Ba
     for r in l.replies_to(q2) {
         let text = r.body["text"].as_str().unwrap_or_default();
         assert_eq!(text, format!("{} did [Q2]", r.actor));
+    }
+}
+
+/// `!stop @agent`: the agent's long task turn ends within a bound (its process is
+/// killed), nothing is completed under it, its `turn.failed` says the owner stopped
+/// it, and the task is offered again and completed once.
+async fn the_owners_stop_ends_a_long_turn_and_the_task_is_offered_again(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let log = h.dir().join("executions.log");
+    let first = h.dir().join("first-run");
+    // The first execution of the task hangs (until killed); later ones finish at once.
+    let agent = h.script(
+        "agent.sh",
+        &format!(
+            "cat >/dev/null\necho \"start $HUDDLE_AGENT $HUDDLE_TASK\" >> {log}\n\
+             if mkdir {first} 2>/dev/null; then sleep 120; fi\n\
+             echo \"end $HUDDLE_AGENT $HUDDLE_TASK\" >> {log}\necho done",
+            log = log.display(),
+            first = first.display()
+        ),
+    );
+    h.spawn_relay("r0", vec![AgentSpec::exec("ada", &agent)]);
+    h.wait_registered(&["ada"]).await;
+    h.delegate("long: a long job").await;
+    let hung = h
+        .wait_for("the first execution to start", secs(30), |l| {
+            l.task("long")
+                .filter(|t| t.status == TaskStatus::Claimed)
+                .and_then(|t| t.owner.clone())
+        })
+        .await;
+    assert_eq!(hung, "ada");
+    let deadline = std::time::Instant::now() + secs(30);
+    while std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .count()
+        < 1
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent never started"
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
+
+    let asked = std::time::Instant::now();
+    let reply = h.owner_says("!stop @ada").await;
+    assert!(reply.starts_with("Stopping ada's running turns"), "{reply}");
+    let subject = Subject::task("long", None);
+    let reason = h
+        .wait_for("the stopped turn's turn.failed", secs(20), |l| {
+            l.about(Verb::TurnFailed, &subject).first().map(|r| {
+                serde_json::from_value::<TurnFailedBody>(r.body.clone())
+                    .map(|b| b.reason)
+                    .unwrap_or_default()
+            })
+        })
+        .await;
+    assert!(reason.contains("stopped by the owner"), "{reason}");
+    assert!(
+        asked.elapsed() < secs(20),
+        "the stop took {:?}",
+        asked.elapsed()
+    );
+    // Offered again (ada is the only agent: it takes it after the back-off window)
+    // and completed once, by the second execution.
+    h.wait_until("the task done", secs(60), |l| {
+        l.task("long").is_some_and(|t| t.status == TaskStatus::Done)
+    })
+    .await;
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+    h.ledger.assert_all_done_exactly_once(1);
+    let lines = std::fs::read_to_string(&log).unwrap_or_default();
+    let starts = lines.lines().filter(|l| l.starts_with("start ")).count();
+    let ends = lines.lines().filter(|l| l.starts_with("end ")).count();
+    assert_eq!(
+        (starts, ends),
+        (2, 1),
+        "the stopped execution never finished; one more ran to the end:\n{lines}"
+    );
+    let t = h.ledger.task("long").expect("the task");
+    assert_eq!(t.attempts, 2, "the stopped attempt counts");
+}
+
+/// `!watch @cy t1`: broadcasts in thread t1 are answered by cy (the others wait a
+/// responder window); elsewhere, and after `!unwatch`, anyone may answer first.
+async fn a_watched_thread_goes_to_its_watcher(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let log = h.dir().join("executions.log");
+    let agent = h.script(
+        "agent.sh",
+        &format!(
+            "p=$(cat)\ntag=$(printf '%s' \"$p\" | grep -o '\\[W[0-9]*\\]' | tail -n 1)\n\
+             echo \"$HUDDLE_AGENT $tag\" >> {log}\necho ok",
+            log = log.display()
+        ),
+    );
+    h.spawn_relay("r0", vec![AgentSpec::exec("bo", &agent)]);
+    h.spawn_relay("r1", vec![AgentSpec::exec("cy", &agent)]);
+    h.wait_registered(&["bo", "cy"]).await;
+    let reply = h.owner_says("!watch @cy t1").await;
+    assert!(reply.contains("cy now follows thread t1"), "{reply}");
+    let in_thread = |text: &str| {
+        NewInteraction::new(
+            h.room.as_str(),
+            Verb::MessagePosted,
+            "hank",
+            Role::Human,
+            serde_json::json!({ "text": text }),
+        )
+        .in_thread("t1")
+    };
+    let mut asked = Vec::new();
+    for i in 0..3 {
+        let row = in_thread(&format!("[W{i}] anyone on this?"));
+        asked.push(h.store.append(vec![row]).await.expect("post")[0].id);
+    }
+    for id in &asked {
+        let who = h
+            .wait_for("a reply in t1", secs(60), |l| {
+                l.replies_to(*id).first().map(|r| r.actor.clone())
+            })
+            .await;
+        assert_eq!(who, "cy", "the watcher answers in its thread");
+    }
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+    let ran = executions(&log);
+    for i in 0..3 {
+        let tag = format!("[W{i}]");
+        let by: Vec<&String> = ran
+            .keys()
+            .filter(|(_, t)| *t == tag)
+            .map(|(a, _)| a)
+            .collect();
+        assert_eq!(by, vec!["cy"], "{tag}: {ran:?}");
+        assert_eq!(ran[&("cy".to_string(), tag)], 1);
     }
 }

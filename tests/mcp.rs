@@ -6,28 +6,14 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::mcp::{mcp_python, mcp_scripts};
+use common::mcp::client_script as script;
 use common::relays::{Backend, TestDatabase};
 use common::*;
 use huddle_core::{Fold, Position, TaskDag, TaskStatus, Verb};
 use huddle_store::StoreOptions;
-
-/// A Python client script of `tests/mcp` with the environment it reads.
-fn script(name: &str, db: &str, room: &str) -> Command {
-    let dir = mcp_scripts();
-    let mut c = Command::new(mcp_python());
-    c.arg(dir.join(name))
-        .env("PYTHONPATH", &dir)
-        .env("HUDDLE_BIN", huddle_bin())
-        .env("HUDDLE_DB", db)
-        .env("HUDDLE_ROOM", room)
-        .env("HUDDLE_LOG", "warn")
-        .env_remove("RUST_LOG");
-    c
-}
 
 async fn fold(db: &str, room: &str) -> (TaskDag, usize) {
     let store = huddle_store::open(db, StoreOptions::default())

@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use super::{huddle_bin, keys_dir};
 use std::sync::OnceLock;
 
 /// The directory of the client scripts (`tests/mcp`).
@@ -46,4 +48,22 @@ pub fn mcp_python() -> PathBuf {
         py
     })
     .clone()
+}
+
+/// The client script `name` of `tests/mcp`, run with the SDK's Python and the
+/// environment the scripts read: `HUDDLE_BIN`, `HUDDLE_DB`, `HUDDLE_ROOM`, and the
+/// tests' owner keys (`HUDDLE_KEYS`, for `huddle post --as OWNER`).
+pub fn client_script(name: &str, db: &str, room: &str) -> Command {
+    let dir = mcp_scripts();
+    let mut c = Command::new(mcp_python());
+    c.arg(dir.join(name))
+        .env("PYTHONPATH", &dir)
+        .env("HUDDLE_BIN", huddle_bin())
+        .env("HUDDLE_DB", db)
+        .env("HUDDLE_ROOM", room)
+        .env("HUDDLE_KEYS", keys_dir())
+        .env_remove("HUDDLE_OWNER_KEY")
+        .env("HUDDLE_LOG", "warn")
+        .env_remove("RUST_LOG");
+    c
 }

@@ -41,3 +41,13 @@ async def call(session, name, args=None):
     if result.structured_content is not None:
         return result.structured_content
     return json.loads(text)
+
+
+async def refused(session, tool, args, code):
+    """Calls a tool that must refuse with `[code]`; returns the error text."""
+    try:
+        await call(session, tool, args)
+    except ToolError as e:
+        assert f"[{code}]" in str(e), e
+        return str(e)
+    raise AssertionError(f"{tool} {args} was not refused")

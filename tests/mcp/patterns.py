@@ -3,21 +3,12 @@
 
 import asyncio
 
-from huddle_mcp import ToolError, agent, call
+from huddle_mcp import agent, call, refused
 
 PATTERN_TOOLS = {
     "propose", "vote", "decision", "barrier_open", "barrier_arrive", "barrier",
     "lease_acquire", "lease_renew", "lease_release", "lease_directive", "lease",
 }
-
-
-async def refused(session, tool, args, code):
-    try:
-        await call(session, tool, args)
-    except ToolError as e:
-        assert f"[{code}]" in str(e), e
-        return str(e)
-    raise AssertionError(f"{tool} {args} was not refused")
 
 
 async def main():

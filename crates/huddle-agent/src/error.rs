@@ -124,6 +124,18 @@ pub enum AgentError {
         /// When it lapses unless renewed.
         expires_at: Timestamp,
     },
+    /// This agent is not one of the room's `delegators`.
+    #[error("you may not create tasks in this room: the room owner allows only its `delegators` ({delegators}); ask the owner to post `!config delegators <you>,...`, or ask a delegator to create the tasks")]
+    NotDelegator {
+        /// Who may delegate.
+        delegators: String,
+    },
+    /// No approval request with this id in the room.
+    #[error("no approval request {0:?} in this room; use the id approval_request returned")]
+    NoApproval(String),
+    /// A `!delegate` plan with problems; nothing was created.
+    #[error("{0}")]
+    BadPlan(String),
     /// This agent never held the lease.
     #[error("you do not hold lease {name:?}; take it with lease_acquire first")]
     NotLeaseHolder {
@@ -154,6 +166,9 @@ impl AgentError {
             AgentError::TooLate { .. } => "too_late",
             AgentError::LeaseTaken { .. } => "lease_held",
             AgentError::NotLeaseHolder { .. } => "not_lease_holder",
+            AgentError::NotDelegator { .. } => "not_delegator",
+            AgentError::BadPlan(_) => "bad_plan",
+            AgentError::NoApproval(_) => "no_approval",
         }
     }
 }

@@ -32,7 +32,9 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod approvals;
 mod bids;
+mod delegate;
 pub mod error;
 pub mod pattern_views;
 mod patterns;
@@ -41,6 +43,7 @@ mod tasks;
 pub mod views;
 
 pub use bids::{BidArgs, BidResult};
+pub use delegate::{DelegateArgs, DelegateResult};
 pub use error::{AgentError, Result};
 pub use patterns::{lease_key, Patterns, MAX_WINDOW_MS};
 pub use session::{AgentSession, MAX_WAIT_MS};

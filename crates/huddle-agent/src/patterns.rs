@@ -18,9 +18,11 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
+use huddle_core::approval::Approvals;
 use huddle_core::barrier::{
     BarrierCheckinBody, BarrierOpenedBody, BarrierState, OnTimeout, MAX_ROSTER,
 };
+use huddle_core::board::{ApprovalLine, BarrierLine, DecisionLine, LeaseLine, PatternLines};
 use huddle_core::decision::{
     DecisionState, ProposalBody, Quorum, QuorumBody, VoteBody, VotersBody, MAX_OPTIONS,
     MAX_QUESTION_BYTES, MAX_VOTERS, MAX_WEIGHT, WEIGHT_UNIT,
@@ -102,6 +104,62 @@ impl Patterns {
     /// Nothing folded yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// What the `<coordination>` block shows of the room's patterns at `now`: open
+    /// and escalated decisions, waiting barriers, the held `coordinator` lease (or
+    /// the first held one) and `approvals`' pending requests.
+    pub fn lines(&self, room: &str, now: Timestamp, approvals: &Approvals) -> PatternLines {
+        let decisions = self
+            .decisions(room, now, None)
+            .into_iter()
+            .filter(|d| d.status == "open" || d.status == "escalated")
+            .map(|d| DecisionLine {
+                id: d.id,
+                status: d.status,
+                question: d.question,
+                waiting_for: d.waiting_for,
+                deadline: d.deadline,
+            })
+            .collect();
+        let barriers = self
+            .barriers(room, now, None)
+            .into_iter()
+            .filter(|b| b.status == "waiting")
+            .map(|b| BarrierLine {
+                phase: b.phase,
+                missing: b.missing,
+                deadline: b.deadline,
+            })
+            .collect();
+        let mut held: Vec<LeaseLine> = self
+            .leases(room, now, None)
+            .into_iter()
+            .filter_map(|l| {
+                Some(LeaseLine {
+                    holder: l.holder.filter(|_| l.status == "held")?,
+                    epoch: l.epoch?,
+                    until: l.expires_at?,
+                    name: l.name,
+                })
+            })
+            .collect();
+        held.sort_by_key(|l| l.name != DEFAULT_LEASE);
+        let approvals = approvals
+            .pending(room)
+            .into_iter()
+            .map(|a| ApprovalLine {
+                id: a.id.clone(),
+                by: a.requested_by.clone(),
+                action: a.action.clone(),
+            })
+            .collect();
+        PatternLines {
+            decisions,
+            barriers,
+            coordinator: held.into_iter().next(),
+            approvals,
+        }
     }
 
     fn directive(&mut self, row: &Interaction, check: DirectiveCheck) {

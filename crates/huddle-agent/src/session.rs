@@ -1,7 +1,7 @@
 //! [`AgentSession`]: one agent in one room, over a store. The folds it keeps and the
 //! operations that only read or post; the task operations are in [`crate::tasks`].
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -346,14 +346,8 @@ impl AgentSession {
     /// them answers it once, under its own reply claim, as relays do.
     async fn names_several(&self, message: &Interaction) -> Result<bool> {
         let body: MessageBody = serde_json::from_value(message.body.clone()).unwrap_or_default();
-        let known: BTreeSet<String> = {
-            let st = self.synced().await?;
-            st.board
-                .room(&self.room)
-                .map(|b| b.agents.keys().cloned().collect())
-                .unwrap_or_default()
-        };
-        let to = addressing::address(&body.text, &body.mentions, None, &known);
+        let agents = self.synced().await?.board.capabilities(&self.room);
+        let to = addressing::address_in_room(&body.text, &body.mentions, None, &agents);
         let eligible = addressing::eligible(&message.actor, message.role, &body.text, &to, false);
         Ok(eligible.answers_each() && eligible.contains(&self.agent))
     }
@@ -407,13 +401,17 @@ impl AgentSession {
         }
     }
 
-    /// `board`: who is doing what, as the `<coordination>` block and as data.
+    /// `board`: who is doing what, as the `<coordination>` block and as data; the
+    /// block also shows open decisions, waiting barriers, the coordinator lease and
+    /// pending approval requests.
     pub async fn board(&self) -> Result<BoardResult> {
+        let now = self.store.now().await?;
         let st = self.synced().await?;
         let summary = st.dag.summary(&self.room);
+        let patterns = st.patterns.lines(&self.room, now, st.authority.approvals());
         let block = st
             .board
-            .coordination(&self.room, &self.agent, Some(summary));
+            .coordination_with(&self.room, &self.agent, Some(summary), patterns);
         Ok(BoardResult {
             coordination: block.map(|b| b.text),
             board: serde_json::to_value(st.board.room(&self.room)).unwrap_or_default(),

@@ -158,14 +158,44 @@ pub enum Command {
         json: bool,
     },
     /// A room's leases (the coordinator): holder, epoch, expiry and the latest
-    /// directives, each checked against the epoch.
+    /// directives, each checked against the epoch; `acquire`, `renew`, `release` act
+    /// on the lease as an agent (the MCP tools of the same names).
+    #[command(args_conflicts_with_subcommands = true)]
     Lease {
+        #[command(subcommand)]
+        command: Option<pattern_cmds::LeaseCommand>,
+        /// Room to show.
+        #[arg(long, required = true)]
+        room: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Propose a quorum decision as an agent (the `propose` MCP tool).
+    Propose(pattern_cmds::Propose),
+    /// Vote on a decision as an agent (the `vote` MCP tool).
+    Vote(pattern_cmds::Vote),
+    /// Open a barrier or check in at one, as an agent (the `barrier_open` and
+    /// `barrier_arrive` MCP tools).
+    Barrier {
+        #[command(subcommand)]
+        command: pattern_cmds::BarrierCommand,
+    },
+    /// A room's approval requests: pending first, with how the owner answers
+    /// (`!approve ID` / `!deny ID [reason]`), then the answered ones.
+    Approvals {
         /// Room to show.
         #[arg(long)]
         room: String,
         /// JSON output.
         #[arg(long)]
         json: bool,
+    },
+    /// Ask the room owner before an action, or see where a request stands, as an
+    /// agent (the `approval_request` and `approval` MCP tools).
+    Approval {
+        #[command(subcommand)]
+        command: pattern_cmds::ApprovalCommand,
     },
     /// Serve one agent's tools (read, post, board, tasks, task_claim, ...) over the
     /// Model Context Protocol on stdin/stdout; with --http, every agent that has a
@@ -186,7 +216,7 @@ pub enum Command {
         allow_remote: bool,
     },
     /// An agent's task operations without MCP (the same calls as `huddle mcp`'s
-    /// tools): claim, renew, complete, fail, release, bid.
+    /// tools): claim, renew, complete, fail, release, bid, delegate.
     Task {
         #[command(subcommand)]
         command: task_cmds::TaskCommand,
@@ -437,9 +467,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Barriers { room, json } => {
             pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Barriers).await
         }
-        Command::Lease { room, json } => {
+        Command::Approvals { room, json } => {
+            pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Approvals).await
+        }
+        Command::Lease {
+            command: Some(command),
+            ..
+        } => pattern_cmds::lease(&db, options, command).await,
+        Command::Lease { room, json, .. } => {
+            let room = room.unwrap_or_default();
             pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Leases).await
         }
+        Command::Approval { command } => pattern_cmds::approval(&db, options, command).await,
+        Command::Propose(p) => pattern_cmds::propose(&db, options, p).await,
+        Command::Vote(v) => pattern_cmds::vote(&db, options, v).await,
+        Command::Barrier { command } => pattern_cmds::barrier(&db, options, command).await,
         Command::Bench {
             command: BenchCommand::Coord(args),
         } => {

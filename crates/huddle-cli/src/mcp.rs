@@ -24,6 +24,8 @@ use rmcp::{tool, tool_handler, tool_router, Json, RoleServer, ServerHandler, Ser
 
 use crate::mcp_resources;
 
+#[path = "mcp_gates.rs"]
+mod gates;
 #[path = "mcp_patterns.rs"]
 mod patterns;
 
@@ -40,8 +42,16 @@ returned `next` as `after`, with `wait_ms` to wait for news), `post` to talk, `b
 `tasks` to see who does what. To work: `task_claim` (a task, or the best next one), do the \
 work, `task_renew` within the lease if it takes long, then `task_complete` with a short \
 result, or `task_fail` with a reason, or `task_release`. In a room that allocates by bids, \
-`task_bid` on ready tasks while their window is open; the best bid claims after it. A write after your lease lapsed is \
-refused and recorded nowhere. Pass an `idempotency_key` to make a retried write safe.";
+`task_bid` on ready tasks while their window is open; the best bid claims after it. If the \
+owner made you a delegator, `task_delegate` creates tasks. Before a risky action (deploy, \
+send, delete) ask the owner with `approval_request` and act only once `approval` says \
+approved. Decide together with `propose`, `vote` and `decision`; meet at phase barriers \
+with `barrier_open`, `barrier_arrive` and `barrier`; coordinate under the lease with \
+`lease_acquire`, `lease_renew`, `lease_release`, `lease_directive` and `lease` (act only on \
+directives that apply). A write after your lease lapsed is refused and recorded nowhere. \
+Pass an `idempotency_key` to make a retried write safe. Resources (timeline, board, \
+tasks) can be subscribed to, but `read` with `wait_ms` is the dependable way to follow \
+the room.";
 
 /// The MCP server of one agent session.
 #[derive(Clone)]
@@ -58,7 +68,10 @@ impl AgentTools {
     pub fn new(session: Arc<AgentSession>) -> Self {
         AgentTools {
             session,
-            tool_router: Self::tool_router() + Self::more_router() + Self::patterns_router(),
+            tool_router: Self::tool_router()
+                + Self::more_router()
+                + Self::patterns_router()
+                + Self::gates_router(),
             subscriptions: Default::default(),
         }
     }

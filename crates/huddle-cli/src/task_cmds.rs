@@ -1,4 +1,4 @@
-//! `huddle task claim|renew|complete|fail|release|bid`: the task operations of an agent
+//! `huddle task claim|renew|complete|fail|release|bid|delegate`: the task operations of an agent
 //! that acts for itself, for agents and scripts without MCP. Each subcommand opens an
 //! [`AgentSession`] and makes the one call the MCP tool of the same name makes; `--json`
 //! prints the tool's structured result, and a refusal is the tool's error (code and
@@ -6,7 +6,7 @@
 
 use clap::{Args, Subcommand};
 use huddle_agent::views::{ClaimArgs, CompleteArgs, GiveBackArgs, RenewArgs, TaskWritten};
-use huddle_agent::{AgentError, AgentSession, BidArgs};
+use huddle_agent::{AgentError, AgentSession, BidArgs, DelegateArgs};
 use huddle_core::ClaimEpoch;
 use huddle_store::StoreOptions;
 use serde::Serialize;
@@ -31,10 +31,25 @@ pub struct Identity {
 #[derive(Args, Debug)]
 pub struct Agent {
     #[command(flatten)]
-    id: Identity,
+    pub(crate) id: Identity,
     /// The structured result, as the MCP tool returns it.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
+}
+
+impl Agent {
+    /// The agent's session in its room.
+    pub(crate) async fn open(
+        &self,
+        db: &str,
+        options: StoreOptions,
+    ) -> anyhow::Result<AgentSession> {
+        let store = huddle_store::open(db, options).await?;
+        let id = &self.id;
+        AgentSession::open(store, &id.room, &id.agent, id.capabilities.clone())
+            .await
+            .map_err(refusal)
+    }
 }
 
 /// How a write is fenced and de-duplicated.
@@ -129,6 +144,20 @@ pub enum TaskCommand {
         #[command(flatten)]
         args: GiveBack,
     },
+    /// Create tasks as a delegator (`!config delegators ...`): one per line as
+    /// `id: label [after dep1, dep2] [@agent]`, the owner's `!delegate` grammar.
+    Delegate {
+        #[command(flatten)]
+        who: Agent,
+        /// The task lines; `-` reads them from stdin.
+        tasks: String,
+        /// Thread to delegate in.
+        #[arg(long)]
+        thread: Option<String>,
+        /// Makes a retry safe: the same key and tasks create nothing twice.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
     /// Bid on a ready task while its bid window is open (allocation bid).
     Bid {
         #[command(flatten)]
@@ -152,13 +181,10 @@ pub async fn run(db: &str, options: StoreOptions, command: TaskCommand) -> anyho
         | TaskCommand::Complete { who, .. }
         | TaskCommand::Fail { who, .. }
         | TaskCommand::Release { who, .. }
-        | TaskCommand::Bid { who, .. } => who,
+        | TaskCommand::Bid { who, .. }
+        | TaskCommand::Delegate { who, .. } => who,
     };
-    let store = huddle_store::open(db, options).await?;
-    let id = &who.id;
-    let me = AgentSession::open(store, &id.room, &id.agent, id.capabilities.clone())
-        .await
-        .map_err(refusal)?;
+    let me = who.open(db, options).await?;
     let json = who.json;
     match command {
         TaskCommand::Claim { task, wait_ms, .. } => {
@@ -226,6 +252,33 @@ pub async fn run(db: &str, options: StoreOptions, command: TaskCommand) -> anyho
                 .map_err(refusal)?;
             show(json, &r, || written(&r))
         }
+        TaskCommand::Delegate {
+            tasks,
+            thread,
+            idempotency_key,
+            ..
+        } => {
+            let tasks = if tasks == "-" {
+                std::io::read_to_string(std::io::stdin())?
+            } else {
+                tasks
+            };
+            let r = me
+                .task_delegate(DelegateArgs {
+                    tasks,
+                    thread,
+                    idempotency_key,
+                })
+                .await
+                .map_err(refusal)?;
+            show(json, &r, || {
+                if r.message.inserted {
+                    r.summary.clone()
+                } else {
+                    format!("{} (already delegated; nothing new)", r.summary)
+                }
+            })
+        }
         TaskCommand::Fail { args, .. } => give_back(&me, json, true, args.into()).await,
         TaskCommand::Release { args, .. } => give_back(&me, json, false, args.into()).await,
         TaskCommand::Bid {
@@ -282,12 +335,16 @@ async fn give_back(
 }
 
 /// A session's refusal as the MCP tool words it: `[code] message`.
-fn refusal(e: AgentError) -> anyhow::Error {
+pub(crate) fn refusal(e: AgentError) -> anyhow::Error {
     anyhow::anyhow!("[{}] {e}", e.code())
 }
 
 /// Prints `value` as JSON, or the human line.
-fn show<T: Serialize>(json: bool, value: &T, human: impl FnOnce() -> String) -> anyhow::Result<()> {
+pub(crate) fn show<T: Serialize>(
+    json: bool,
+    value: &T,
+    human: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(value)?);
     } else {

@@ -329,6 +329,19 @@ impl Board {
         self.rooms.get(room)
     }
 
+    /// The room's registered agents with their capabilities (addressing's view: who
+    /// `@name` and `@@capability` can reach).
+    pub fn capabilities(&self, room: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+        self.room(room)
+            .map(|b| {
+                b.agents
+                    .iter()
+                    .map(|(a, p)| (a.clone(), p.capabilities.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Rooms with a board, sorted.
     pub fn rooms(&self) -> impl Iterator<Item = &str> {
         self.rooms.keys().map(String::as_str)
@@ -348,7 +361,21 @@ impl Board {
         reader: &str,
         tasks: Option<TaskSummary>,
     ) -> Option<CoordinationBlock> {
-        let view = CoordinationView::build(self.rooms.get(room), room, reader, tasks);
+        self.coordination_with(room, reader, tasks, PatternLines::default())
+    }
+
+    /// [`Board::coordination`] with the room's coordination patterns: open decisions
+    /// (and those escalated to the owner), open barriers, the coordinator lease and
+    /// pending approval requests, each list cut to a few lines.
+    pub fn coordination_with(
+        &self,
+        room: &str,
+        reader: &str,
+        tasks: Option<TaskSummary>,
+        patterns: PatternLines,
+    ) -> Option<CoordinationBlock> {
+        let mut view = CoordinationView::build(self.rooms.get(room), room, reader, tasks);
+        view.patterns = patterns.cut();
         if view.is_empty() {
             return None;
         }
@@ -388,6 +415,90 @@ pub struct CoordinationBlock {
     pub version: [u8; 32],
 }
 
+/// Lines of each pattern list the block shows at most.
+pub const RENDER_PATTERN_LINES: usize = 5;
+
+/// The coordination patterns of a room, as the `<coordination>` block shows them
+/// ([`Board::coordination_with`]): already summarised by the reader of the pattern
+/// folds, since the board itself does not fold them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PatternLines {
+    /// Open decisions, and decisions escalated to the owner.
+    pub decisions: Vec<DecisionLine>,
+    /// Barriers still waiting.
+    pub barriers: Vec<BarrierLine>,
+    /// The coordinator lease, while someone holds it.
+    pub coordinator: Option<LeaseLine>,
+    /// Approval requests the owner has not answered.
+    pub approvals: Vec<ApprovalLine>,
+}
+
+impl PatternLines {
+    fn cut(mut self) -> Self {
+        self.decisions.truncate(RENDER_PATTERN_LINES);
+        self.barriers.truncate(RENDER_PATTERN_LINES);
+        self.approvals.truncate(RENDER_PATTERN_LINES);
+        self
+    }
+
+    fn is_empty(&self) -> bool {
+        self.decisions.is_empty()
+            && self.barriers.is_empty()
+            && self.coordinator.is_none()
+            && self.approvals.is_empty()
+    }
+}
+
+/// A decision in the block.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DecisionLine {
+    /// Its id.
+    pub id: String,
+    /// `open` or `escalated`.
+    pub status: String,
+    /// The question.
+    pub question: String,
+    /// Voters who have not voted (open ones).
+    pub waiting_for: Vec<String>,
+    /// When voting closes.
+    pub deadline: Timestamp,
+}
+
+/// A waiting barrier in the block.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BarrierLine {
+    /// Its phase.
+    pub phase: String,
+    /// Who has not checked in.
+    pub missing: Vec<String>,
+    /// When it times out.
+    pub deadline: Timestamp,
+}
+
+/// The held coordinator lease in the block.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LeaseLine {
+    /// The lease's name.
+    pub name: String,
+    /// Its holder.
+    pub holder: String,
+    /// Its epoch (directives carry it).
+    pub epoch: u64,
+    /// Until when, unless renewed.
+    pub until: Timestamp,
+}
+
+/// A pending approval request in the block.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ApprovalLine {
+    /// Its id.
+    pub id: String,
+    /// Who asked.
+    pub by: String,
+    /// What for.
+    pub action: String,
+}
+
 /// What a reader is shown: the board minus the reader. Serialised to version it.
 #[derive(Debug, Serialize)]
 struct CoordinationView {
@@ -397,6 +508,7 @@ struct CoordinationView {
     taken: Vec<(String, Designation)>,
     notices: Vec<Notice>,
     tasks: Option<TaskSummary>,
+    patterns: PatternLines,
 }
 
 impl CoordinationView {
@@ -413,6 +525,7 @@ impl CoordinationView {
             taken: Vec::new(),
             notices: Vec::new(),
             tasks: tasks.filter(|t| t.total > 0),
+            patterns: PatternLines::default(),
         };
         let Some(b) = board else {
             return view;
@@ -448,6 +561,7 @@ impl CoordinationView {
             && self.taken.is_empty()
             && self.notices.is_empty()
             && self.tasks.is_none()
+            && self.patterns.is_empty()
     }
 
     fn render(&self) -> String {
@@ -488,6 +602,7 @@ impl CoordinationView {
                 t.total, t.done, t.claimed, t.ready, t.waiting, t.blocked, t.abandoned
             );
         }
+        self.render_patterns(&mut out);
         if !self.notices.is_empty() {
             out.push_str("notices:\n");
             for n in &self.notices {
@@ -496,6 +611,72 @@ impl CoordinationView {
         }
         out.push_str("</coordination>\n");
         out
+    }
+}
+
+impl CoordinationView {
+    fn render_patterns(&self, out: &mut String) {
+        let p = &self.patterns;
+        let names = |v: &[String]| {
+            let shown: Vec<String> = v.iter().take(8).map(|n| clean(n, 64)).collect();
+            let more = v.len().saturating_sub(8);
+            match more {
+                0 => shown.join(", "),
+                n => format!("{}, +{n}", shown.join(", ")),
+            }
+        };
+        if !p.decisions.is_empty() {
+            out.push_str("decisions:\n");
+            for d in &p.decisions {
+                let _ = write!(out, "- {} ({})", clean(&d.id, 64), clean(&d.status, 16));
+                if !d.question.is_empty() {
+                    let _ = write!(out, " \"{}\"", clean(&d.question, 120));
+                }
+                if d.status == "open" {
+                    if !d.waiting_for.is_empty() {
+                        let _ = write!(out, " waiting for {}", names(&d.waiting_for));
+                    }
+                    let _ = write!(out, "; closes {}", format_timestamp(d.deadline));
+                } else {
+                    out.push_str(": the owner decides");
+                }
+                out.push('\n');
+            }
+        }
+        if !p.barriers.is_empty() {
+            out.push_str("barriers:\n");
+            for b in &p.barriers {
+                let _ = writeln!(
+                    out,
+                    "- {} waiting for {}; times out {}",
+                    clean(&b.phase, 64),
+                    names(&b.missing),
+                    format_timestamp(b.deadline)
+                );
+            }
+        }
+        if let Some(l) = &p.coordinator {
+            let _ = writeln!(
+                out,
+                "lease {}: {} at epoch {} until {}",
+                clean(&l.name, 64),
+                clean(&l.holder, 256),
+                l.epoch,
+                format_timestamp(l.until)
+            );
+        }
+        if !p.approvals.is_empty() {
+            out.push_str("approvals pending:\n");
+            for a in &p.approvals {
+                let _ = writeln!(
+                    out,
+                    "- {} by {}: {}",
+                    clean(&a.id, 64),
+                    clean(&a.by, 256),
+                    clean(&a.action, 160)
+                );
+            }
+        }
     }
 }
 

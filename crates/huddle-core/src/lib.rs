@@ -10,7 +10,7 @@
 //! 1. the record: [`error`], [`limits`], [`id`], [`canonical`], [`verbs`], [`model`],
 //!    [`fold`], [`signing`];
 //! 2. the wire vocabulary: [`protocol`] (bodies, claim keys and epochs, names);
-//! 3. the folds: [`config`], [`tasks`], [`lease`], [`budget`], [`context`], the
+//! 3. the folds: [`config`], [`tasks`], [`approval`], [`lease`], [`budget`], [`context`], the
 //!    coordination patterns [`decision`] and [`barrier`] (on the shared [`pattern`]),
 //!    then [`board`] (which shows the task summary) and [`guards`] (which read the
 //!    config);
@@ -26,6 +26,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod approval;
 pub mod barrier;
 pub mod board;
 pub mod budget;
@@ -72,7 +73,7 @@ pub use model::{
 };
 pub use verbs::Verb;
 
-pub use board::{Board, CoordinationBlock, CoordinationDelivery};
+pub use board::{Board, CoordinationBlock, CoordinationDelivery, PatternLines};
 pub use protocol::{ClaimEpoch, ClaimRef};
 pub use sync::{Event, Intent, LocalAgent, Synchronizer};
 pub use tasks::{Task, TaskDag, TaskStatus};

@@ -96,6 +96,9 @@ verbs! {
     BarrierPassed => "barrier.passed",
     /// A barrier timed out without proceeding and was escalated to a person.
     BarrierEscalated => "barrier.escalated",
+    /// An agent asks the room owner before an action; the owner answers with a
+    /// signed `!approve` / `!deny`.
+    ApprovalRequested => "approval.requested",
 }
 
 impl fmt::Display for Verb {

@@ -41,6 +41,22 @@ pub const NON_OWNER_REPLY_WINDOW: Duration = Duration::from_secs(10 * 60);
 pub enum Step {
     /// Rows to feed to the synchronizer.
     Rows(Vec<Interaction>),
+    /// The owner's `!stop` (signed, verified): cancel the matching running turns.
+    Stop {
+        /// Room.
+        room: String,
+        /// The command message.
+        command: huddle_core::InteractionId,
+        /// Whose turns, in which thread.
+        stop: huddle_core::commands::StopCommand,
+    },
+    /// The owner's `!watch` / `!unwatch` (signed, verified).
+    Watch {
+        /// Room.
+        room: String,
+        /// Who follows which thread.
+        watch: huddle_core::commands::WatchCommand,
+    },
     /// The effective config of a room (`thread: None`) or thread changed.
     Config {
         /// Room.
@@ -127,8 +143,15 @@ impl CommandHandler {
                 continue;
             }
             if hosted {
-                out.appends.extend(self.execute(&row));
                 out.appends.extend(self.refuse_non_owner(&row));
+                let (appends, step) = self.execute(&row);
+                out.appends.extend(appends);
+                if let Some(step) = step {
+                    pending.push(row);
+                    out.steps.push(Step::Rows(std::mem::take(&mut pending)));
+                    out.steps.push(step);
+                    continue;
+                }
             }
             pending.push(row);
         }
@@ -171,14 +194,34 @@ impl CommandHandler {
         Some(system_reply(row, text))
     }
 
-    /// The interactions an owner command in `row` produces (empty when it is none).
-    fn execute(&self, row: &Interaction) -> Vec<NewInteraction> {
+    /// The interactions an owner command in `row` produces (empty when it is none),
+    /// and what the synchronizer must do for a `!stop` or `!watch`.
+    fn execute(&self, row: &Interaction) -> (Vec<NewInteraction>, Option<Step>) {
         let task_exists = |id: &str| self.authority.task_exists(&row.room, id);
+        let approval = |id: &str| {
+            self.authority
+                .approvals()
+                .status_before(&row.room, id, row.id)
+        };
         let ctx = ParseContext {
             task_exists: &task_exists,
+            approval: &approval,
+            thread: row.thread.as_deref(),
         };
         let Some(parsed) = owner_command_in(row, self.config(), &ctx) else {
-            return Vec::new();
+            return (Vec::new(), None);
+        };
+        let step = match &parsed {
+            Ok(OwnerCommand::Stop(stop)) => Some(Step::Stop {
+                room: row.room.clone(),
+                command: row.id,
+                stop: stop.clone(),
+            }),
+            Ok(OwnerCommand::Watch(watch)) => Some(Step::Watch {
+                room: row.room.clone(),
+                watch: watch.clone(),
+            }),
+            _ => None,
         };
         let thread = row.thread.as_deref();
         let (mut out, reply) = match &parsed {
@@ -193,12 +236,15 @@ impl CommandHandler {
                     OwnerCommand::Config(ConfigCommand::Change(change)) => {
                         change.reply_text(thread)
                     }
+                    OwnerCommand::Approval(answer) => answer.reply_text(),
+                    OwnerCommand::Stop(stop) => stop.reply_text(&row.room),
+                    OwnerCommand::Watch(watch) => watch.reply_text(),
                 };
                 (derived_rows(row, command, self.config()), reply)
             }
         };
         out.push(system_reply(row, reply));
-        out
+        (out, step)
     }
 }
 

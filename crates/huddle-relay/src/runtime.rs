@@ -513,6 +513,27 @@ impl Loop {
                         config,
                     });
                 }
+                Step::Stop {
+                    room,
+                    command,
+                    stop,
+                } => {
+                    info!(room = %room, agent = ?stop.agent, thread = ?stop.thread, command = %command.short(), "the owner stops running turns");
+                    self.handle(Event::Stop {
+                        room,
+                        agent: stop.agent,
+                        thread: stop.thread,
+                        command,
+                    });
+                }
+                Step::Watch { room, watch } => {
+                    self.handle(Event::Watch {
+                        room,
+                        thread: watch.thread,
+                        agent: watch.agent,
+                        watch: watch.watch,
+                    });
+                }
             }
         }
         if !ended_with_rows {

@@ -10,6 +10,14 @@
 //!   other ones are counted in [`OwnerAuthority::unsigned_commands`];
 //! - for each verified command it derives the rows every relay appends for it
 //!   ([`derived_rows`]) and authorizes exactly those ids;
+//! - a `!delegate` posted by an agent (role `agent`) counts like the owner's when the
+//!   agent is one of the effective `delegators` of the room (or thread) at that
+//!   point of the ledger; its `task.created` rows (actor = the agent, role `agent`)
+//!   are authorized the same way. Other agents' ones are counted in
+//!   [`OwnerAuthority::undelegated_commands`];
+//! - a verified `!approve ID` / `!deny ID` answers the room's pending approval
+//!   request `ID` ([`OwnerAuthority::approvals`]; `approval.requested` rows open
+//!   them); the first answer stands;
 //! - a `task.created` or `config.set` is admitted ([`OwnerAuthority::admits`]) only
 //!   when it is one of those rows. Hand-written ones, whatever their `actor` and
 //!   `role`, are not: a forged `task.created` is counted in
@@ -20,10 +28,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::{command_word, derived_rows, owner_command_with, ParseContext};
+use super::{
+    command_word, derived_rows, owner_command_with, parse_delegate_with, CommandWord, OwnerCommand,
+    ParseContext,
+};
+use crate::approval::{ApprovalAnswer, Approvals};
 use crate::config::ConfigFold;
 use crate::fold::{hash_state, Fold};
-use crate::model::{Interaction, InteractionId};
+use crate::model::{Interaction, InteractionId, Role};
 use crate::verbs::Verb;
 
 /// Owners, keys, verified commands and the rows they authorize; see the module
@@ -37,6 +49,10 @@ pub struct OwnerAuthority {
     tasks: BTreeMap<String, BTreeSet<String>>,
     unsigned: u64,
     unauthorized: u64,
+    /// Agents' `!delegate` messages from non-delegators.
+    undelegated: u64,
+    /// Approval requests and the owner's verified answers.
+    approvals: Approvals,
 }
 
 impl OwnerAuthority {
@@ -60,6 +76,11 @@ impl OwnerAuthority {
         }
     }
 
+    /// Approval requests and the owner's verified answers ([`crate::approval`]).
+    pub fn approvals(&self) -> &Approvals {
+        &self.approvals
+    }
+
     /// Whether a task with this id was created in the room by a verified command.
     pub fn task_exists(&self, room: &str, task: &str) -> bool {
         self.tasks.get(room).is_some_and(|t| t.contains(task))
@@ -81,7 +102,13 @@ impl OwnerAuthority {
         let Some(text) = i.body.get("text").and_then(|t| t.as_str()) else {
             return;
         };
-        if command_word(text).is_none() || !self.config.is_owner(&i.room, &i.actor, i.role) {
+        let Some(word) = command_word(text) else {
+            return;
+        };
+        if i.role == Role::Agent && word == CommandWord::Delegate {
+            return self.agent_delegate(i, text);
+        }
+        if !self.config.is_owner(&i.room, &i.actor, i.role) {
             return;
         }
         if !self.config.signed_by_owner(i) {
@@ -89,17 +116,61 @@ impl OwnerAuthority {
             return;
         }
         let task_exists = |id: &str| self.task_exists(&i.room, id);
+        let approval = |id: &str| self.approvals.status(&i.room, id);
         let ctx = ParseContext {
             task_exists: &task_exists,
+            approval: &approval,
+            thread: i.thread.as_deref(),
         };
         let Some(Ok(command)) = owner_command_with(i.role, text, &ctx) else {
             return; // a rejected command produces only a reply
         };
+        if let OwnerCommand::Approval(a) = &command {
+            let answer = ApprovalAnswer {
+                status: a.verdict,
+                by: i.actor.clone(),
+                reason: a.reason.clone(),
+                at: i.at,
+                message: i.id,
+            };
+            self.approvals.answer(&i.room, &a.id, answer);
+            return;
+        }
         let ids: Vec<InteractionId> = derived_rows(i, &command, &self.config)
             .iter()
             .map(|r| r.id())
             .collect();
         self.authorized.extend(ids);
+    }
+
+    /// A `!delegate` posted by an agent: it counts when the agent is one of the
+    /// effective `delegators` where it posted, at this point of the ledger; its tasks
+    /// are then authorized exactly like an owner's.
+    fn agent_delegate(&mut self, i: &Interaction, text: &str) {
+        let thread = i.thread.as_deref();
+        if !self
+            .config
+            .effective(&i.room, thread)
+            .may_delegate(&i.actor)
+        {
+            self.undelegated += 1;
+            return;
+        }
+        let task_exists = |id: &str| self.task_exists(&i.room, id);
+        let Ok(plan) = parse_delegate_with(text, &task_exists) else {
+            return;
+        };
+        let ids: Vec<InteractionId> = derived_rows(i, &OwnerCommand::Delegate(plan), &self.config)
+            .iter()
+            .map(|r| r.id())
+            .collect();
+        self.authorized.extend(ids);
+    }
+
+    /// How many `!delegate` messages of agents were not executed because the agent
+    /// is not one of the room's `delegators` there and then.
+    pub fn undelegated_commands(&self) -> u64 {
+        self.undelegated
     }
 
     fn task_created(&mut self, i: &Interaction) {
@@ -121,6 +192,7 @@ impl Fold for OwnerAuthority {
         match row.verb {
             Verb::MessagePosted => self.message(row),
             Verb::TaskCreated => self.task_created(row),
+            Verb::ApprovalRequested => self.approvals.request(row),
             _ => {}
         }
         if self.admits(row) {

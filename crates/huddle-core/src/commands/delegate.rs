@@ -60,14 +60,19 @@ impl DelegatePlan {
     /// A one-line summary for the reply, e.g. `Created 3 tasks: a, b, c.`
     pub fn summary(&self) -> String {
         let ids: Vec<&str> = self.tasks.iter().map(|t| t.id.as_str()).collect();
-        let shown = if ids.len() > 20 {
-            format!("{}, … ({} more)", ids[..20].join(", "), ids.len() - 20)
-        } else {
-            ids.join(", ")
-        };
-        let noun = if ids.len() == 1 { "task" } else { "tasks" };
-        format!("Created {} {noun}: {shown}.", ids.len())
+        created_summary(&ids)
     }
+}
+
+/// The `Created N tasks: a, b, c.` line for these task ids (the first 20 named).
+pub fn created_summary(ids: &[&str]) -> String {
+    let shown = if ids.len() > 20 {
+        format!("{}, … ({} more)", ids[..20].join(", "), ids.len() - 20)
+    } else {
+        ids.join(", ")
+    };
+    let noun = if ids.len() == 1 { "task" } else { "tasks" };
+    format!("Created {} {noun}: {shown}.", ids.len())
 }
 
 /// One problem in a `!delegate`, with the line it is on.

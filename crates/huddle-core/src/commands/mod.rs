@@ -23,20 +23,29 @@
 //!
 //! The grammar of both commands is documented in `docs/protocol/commands.md`.
 
+mod approve;
 mod authority;
 mod config_cmd;
 mod delegate;
+mod stop;
+mod target;
 #[cfg(test)]
 mod tests;
+mod watch;
 
+pub use approve::{parse_approval, ApprovalCommand, ApprovalError};
 pub use authority::OwnerAuthority;
 pub use config_cmd::{
     get_reply, help_text, parse_config, ConfigChange, ConfigCommand, ConfigError, ConfigTarget,
 };
 pub use delegate::{
-    parse_delegate, parse_delegate_with, DelegateError, DelegateErrorKind, DelegateErrors,
-    DelegatePlan, TaskSpec, MAX_COMMAND_BYTES, MAX_ID_BYTES, MAX_REPORTED_ERRORS, MAX_TASKS,
+    created_summary, parse_delegate, parse_delegate_with, DelegateError, DelegateErrorKind,
+    DelegateErrors, DelegatePlan, TaskSpec, MAX_COMMAND_BYTES, MAX_ID_BYTES, MAX_REPORTED_ERRORS,
+    MAX_TASKS,
 };
+pub use stop::{parse_stop, StopCommand, StopError};
+pub use target::TargetError;
+pub use watch::{parse_watch, WatchCommand, WatchError};
 
 use crate::config::ConfigFold;
 use crate::model::{Interaction, NewInteraction, Role};
@@ -50,6 +59,12 @@ pub enum OwnerCommand {
     Delegate(DelegatePlan),
     /// `!config`: help, get or change.
     Config(ConfigCommand),
+    /// `!approve` / `!deny`: answer an approval request.
+    Approval(ApprovalCommand),
+    /// `!stop`: stop running turns.
+    Stop(StopCommand),
+    /// `!watch` / `!unwatch`: an agent follows a thread, or stops.
+    Watch(WatchCommand),
 }
 
 /// Why an owner command was rejected. Its `Display` is the reply to post; nothing
@@ -62,6 +77,15 @@ pub enum CommandError {
     /// A rejected `!config`.
     #[error("!config rejected, nothing was changed: {0}")]
     Config(#[from] ConfigError),
+    /// A rejected `!approve` / `!deny`.
+    #[error("not recorded: {0}")]
+    Approval(#[from] ApprovalError),
+    /// A rejected `!stop`.
+    #[error("!stop rejected, nothing was stopped: {0}")]
+    Stop(#[from] StopError),
+    /// A rejected `!watch` / `!unwatch`.
+    #[error("nothing changed: {0}")]
+    Watch(#[from] WatchError),
 }
 
 /// Which command a message starts with.
@@ -71,10 +95,21 @@ pub enum CommandWord {
     Delegate,
     /// `!config`.
     Config,
+    /// `!approve`.
+    Approve,
+    /// `!deny`.
+    Deny,
+    /// `!stop`.
+    Stop,
+    /// `!watch`.
+    Watch,
+    /// `!unwatch`.
+    Unwatch,
 }
 
 /// The command word a message starts with (after leading white space), if any:
-/// exactly `!delegate` or `!config`, followed by white space or the end. Anything
+/// exactly `!delegate`, `!config`, `!approve`, `!deny`, `!stop`, `!watch` or `!unwatch`,
+/// followed by white space or the end. Anything
 /// else (`!configure`, `!Config`, `hello !config`) is not a command.
 pub fn command_word(text: &str) -> Option<CommandWord> {
     let t = text.trim_start();
@@ -82,6 +117,11 @@ pub fn command_word(text: &str) -> Option<CommandWord> {
     match &t[..word_end] {
         "!delegate" => Some(CommandWord::Delegate),
         "!config" => Some(CommandWord::Config),
+        "!approve" => Some(CommandWord::Approve),
+        "!deny" => Some(CommandWord::Deny),
+        "!stop" => Some(CommandWord::Stop),
+        "!watch" => Some(CommandWord::Watch),
+        "!unwatch" => Some(CommandWord::Unwatch),
         _ => None,
     }
 }
@@ -92,12 +132,19 @@ pub struct ParseContext<'a> {
     /// Whether a task id already exists in the room (new tasks may wait for it and
     /// may not reuse it).
     pub task_exists: &'a dyn Fn(&str) -> bool,
+    /// The status of the room's approval request with this id, if there is one
+    /// (`!approve` / `!deny` answer only pending ones).
+    pub approval: &'a dyn Fn(&str) -> Option<crate::approval::ApprovalStatus>,
+    /// The thread the command was posted in (`!stop` defaults to it).
+    pub thread: Option<&'a str>,
 }
 
 impl Default for ParseContext<'_> {
     fn default() -> Self {
         ParseContext {
             task_exists: &|_| false,
+            approval: &|_| None,
+            thread: None,
         }
     }
 }
@@ -131,6 +178,15 @@ pub fn owner_command_with(
             .map_err(CommandError::from),
         CommandWord::Config => parse_config(text)
             .map(OwnerCommand::Config)
+            .map_err(CommandError::from),
+        word @ (CommandWord::Approve | CommandWord::Deny) => parse_approval(text, word, ctx)
+            .map(OwnerCommand::Approval)
+            .map_err(CommandError::from),
+        CommandWord::Stop => parse_stop(text, ctx.thread)
+            .map(OwnerCommand::Stop)
+            .map_err(CommandError::from),
+        word @ (CommandWord::Watch | CommandWord::Unwatch) => parse_watch(text, word, ctx.thread)
+            .map(OwnerCommand::Watch)
             .map_err(CommandError::from),
     })
 }
@@ -172,6 +228,29 @@ pub fn command_rows(
     let read = read_back(&message, crate::model::Position::START);
     let derived = derived_rows(&read, &command, config);
     Some(Ok(std::iter::once(message).chain(derived).collect()))
+}
+
+/// A delegator agent's `!delegate`: `message` (the agent's `message.posted`, role
+/// agent, its text a `!delegate`) first, then the `task.created` rows
+/// [`OwnerAuthority`] authorizes for it, as read with `config` and `ctx` (the room's
+/// existing tasks). Append them in one batch. The rows count only while the agent is
+/// one of the effective `delegators` where it posts; the caller checks that first
+/// ([`crate::config::RoomConfig::may_delegate`]) to refuse with a reason. The grammar,
+/// limits and errors are the owner's `!delegate`'s.
+pub fn delegate_rows(
+    message: NewInteraction,
+    config: &ConfigFold,
+    ctx: &ParseContext<'_>,
+) -> Result<Vec<NewInteraction>, DelegateErrors> {
+    let text = message
+        .body
+        .get("text")
+        .and_then(|t| t.as_str())
+        .unwrap_or_default();
+    let plan = parse_delegate_with(text, ctx.task_exists)?;
+    let read = read_back(&message, crate::model::Position::START);
+    let derived = derived_rows(&read, &OwnerCommand::Delegate(plan), config);
+    Ok(std::iter::once(message).chain(derived).collect())
 }
 
 /// The rows of a room created by `owner` (holding `key`) and steered by `commands`,
@@ -267,11 +346,13 @@ pub fn derived_rows(
                         needs: Vec::new(),
                         max_attempts: Some(max_attempts),
                     };
+                    // The command's role: owner, or agent for a delegator's
+                    // `!delegate` ([`delegate_rows`]).
                     let mut created = NewInteraction::new(
                         message.room.clone(),
                         Verb::TaskCreated,
                         message.actor.clone(),
-                        Role::Owner,
+                        message.role,
                         body.to_body(),
                     )
                     .with_parent(message.id);
@@ -283,6 +364,10 @@ pub fn derived_rows(
         OwnerCommand::Config(ConfigCommand::Change(change)) => {
             vec![change.to_interaction(&message.room, thread, &message.actor, message.id)]
         }
-        OwnerCommand::Config(_) => Vec::new(),
+        // The signed command is the answer itself; nothing is derived.
+        OwnerCommand::Config(_)
+        | OwnerCommand::Approval(_)
+        | OwnerCommand::Stop(_)
+        | OwnerCommand::Watch(_) => Vec::new(),
     }
 }

@@ -1028,3 +1028,298 @@ fn a_seeded_room_is_what_the_authority_admits() {
     assert!(err.contains("nowhere"), "{err}");
     assert!(seed_room("r", "ana", &key, &["hello"]).is_err());
 }
+
+// ---- delegation by agents -----------------------------------------------------------
+
+/// An agent's `!delegate` with its derived rows, as `task_delegate` writes them.
+fn agent_delegate(agent: &str, text: &str, auth: &OwnerAuthority) -> Vec<NewInteraction> {
+    let message = NewInteraction::new(
+        "r",
+        Verb::MessagePosted,
+        agent,
+        Role::Agent,
+        json!({ "text": text }),
+    );
+    let exists = |id: &str| auth.task_exists("r", id);
+    let ctx = ParseContext {
+        task_exists: &exists,
+        ..ParseContext::default()
+    };
+    delegate_rows(message, auth.config(), &ctx).expect("the plan parses")
+}
+
+/// A delegator's tasks are admitted by the authority and reach the DAG; the same
+/// rows from an agent the owner did not allow, or from the delegator after the owner
+/// removed it, are not.
+#[test]
+fn only_delegators_tasks_are_admitted_while_they_are_delegators() {
+    let key = owner_secret();
+    let seeded = seed_room("r", "ana", &key, &["!config delegators lead,@planner"]).unwrap();
+    let mut auth = OwnerAuthority::new();
+    let mut dag = crate::tasks::TaskDag::new();
+    let mut seq = 0;
+    let mut feed = |rows: Vec<NewInteraction>,
+                    auth: &mut OwnerAuthority,
+                    dag: &mut crate::tasks::TaskDag|
+     -> usize {
+        let mut admitted = 0;
+        for r in rows {
+            seq += 1;
+            let read = materialize(r, Position::new(0, seq), Timestamp(0));
+            auth.apply(&read);
+            if auth.admits(&read) {
+                dag.apply(&read);
+                admitted += usize::from(read.verb == Verb::TaskCreated);
+            }
+        }
+        admitted
+    };
+    feed(seeded, &mut auth, &mut dag);
+    assert_eq!(
+        auth.config().effective("r", None).delegators,
+        vec!["lead".to_string(), "planner".to_string()]
+    );
+    let by_lead = agent_delegate("lead", "!delegate\na: spec\nb: build [after a] @bo", &auth);
+    assert_eq!(by_lead.len(), 3);
+    assert_eq!(feed(by_lead, &mut auth, &mut dag), 2);
+    let b = dag
+        .task("r", "b")
+        .expect("the delegator's task is in the DAG");
+    assert_eq!(
+        (b.created_by.as_str(), b.deps.clone()),
+        ("lead", vec!["a".into()])
+    );
+    // May wait for existing tasks, may not reuse their ids (the owner's grammar).
+    let exists = |id: &str| auth.task_exists("r", id);
+    let ctx = ParseContext {
+        task_exists: &exists,
+        ..ParseContext::default()
+    };
+    let again = NewInteraction::new(
+        "r",
+        Verb::MessagePosted,
+        "lead",
+        Role::Agent,
+        json!({"text": "!delegate\na: again"}),
+    );
+    let err = delegate_rows(again, auth.config(), &ctx).unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+
+    // Mallory is no delegator: her rows (built the same way) count nowhere.
+    let by_mallory = agent_delegate("mallory", "!delegate\nm: exfiltrate", &auth);
+    assert_eq!(feed(by_mallory, &mut auth, &mut dag), 0);
+    assert_eq!(auth.undelegated_commands(), 1);
+    assert_eq!(auth.unauthorized_rows(), 1);
+    assert!(dag.task("r", "m").is_none());
+
+    // The owner removes the delegators: lead's next plan counts nowhere.
+    let removal = command_rows(
+        key.sign(NewInteraction::new(
+            "r",
+            Verb::MessagePosted,
+            "ana",
+            Role::Owner,
+            json!({"text": "!config delegators none"}),
+        )),
+        auth.config(),
+    )
+    .unwrap()
+    .unwrap();
+    feed(removal, &mut auth, &mut dag);
+    let late = agent_delegate("lead", "!delegate\nc: more", &auth);
+    assert_eq!(feed(late, &mut auth, &mut dag), 0);
+    assert!(dag.task("r", "c").is_none());
+    assert_eq!(auth.undelegated_commands(), 2);
+}
+
+#[test]
+fn delegators_is_an_owner_config_list() {
+    match config("!config delegators b,a,@a") {
+        ConfigCommand::Change(c) => assert_eq!(
+            c.body.set[&ConfigKey::Delegators],
+            ConfigValue::Agents(vec!["a".into(), "b".into()])
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(config_err("!config delegators a,,b").contains("agent names separated by commas"));
+    assert!(config_err("!config delegators a/b").contains("bad value"));
+}
+
+// ---- approvals ----------------------------------------------------------------------
+
+fn approval_request(pos: u64, id: &str) -> crate::model::Interaction {
+    row(
+        pos,
+        0,
+        "lobby",
+        None,
+        Verb::ApprovalRequested,
+        "bo",
+        Role::Agent,
+        json!({"approval": id, "action": "deploy to prod"}),
+    )
+}
+
+#[test]
+fn approve_and_deny_parse_against_the_rooms_requests() {
+    use crate::approval::ApprovalStatus::*;
+    let status = |id: &str| match id {
+        "ap-1" => Some(Pending),
+        "ap-2" => Some(Approved),
+        _ => None,
+    };
+    let ctx = ParseContext {
+        approval: &status,
+        ..ParseContext::default()
+    };
+    let parse = |text: &str| owner_command_with(Role::Owner, text, &ctx).unwrap();
+    assert_eq!(
+        parse("!approve ap-1"),
+        Ok(OwnerCommand::Approval(ApprovalCommand {
+            id: "ap-1".into(),
+            verdict: Approved,
+            reason: None
+        }))
+    );
+    let Ok(OwnerCommand::Approval(denied)) = parse("  !deny ap-1  too risky\non a Friday ") else {
+        panic!("a deny with a reason parses");
+    };
+    assert_eq!(denied.reason.as_deref(), Some("too risky\non a Friday"));
+    assert_eq!(denied.reply_text(), "Denied ap-1: too risky\non a Friday");
+    let err = |text: &str| parse(text).unwrap_err().to_string();
+    assert_eq!(
+        err("!approve ap-9"),
+        "not recorded: there is no approval request `ap-9` in this room; `huddle approvals` lists them"
+    );
+    assert!(err("!deny ap-2 no").contains("was already approved; the first answer stands"));
+    assert!(err("!approve").contains("needs the id of an approval request"));
+    assert!(err("!approve ap/1").contains("is not an approval id"));
+    assert!(err("!approve ap-1 now").contains("only `!deny` takes a reason"));
+    assert_eq!(command_word("!approved ap-1"), None);
+    assert!(owner_command(Role::Agent, "!approve ap-1").is_none());
+}
+
+/// Only the owner's signed answer counts, and only the first one; an agent's,
+/// another human's or an unsigned owner's `!approve` is text.
+#[test]
+fn only_the_owners_signed_first_answer_counts() {
+    use crate::approval::ApprovalStatus::*;
+    let key = owner_secret();
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &key));
+    auth.apply(&approval_request(2, "ap-1"));
+    auth.apply(&approval_request(3, "ap-2"));
+    // A second request under a taken id is ignored.
+    auth.apply(&row(
+        4,
+        0,
+        "lobby",
+        None,
+        Verb::ApprovalRequested,
+        "mallory",
+        Role::Agent,
+        json!({"approval": "ap-1", "action": "something else"}),
+    ));
+    assert_eq!(auth.approvals().ignored_rows(), 1);
+    assert_eq!(
+        auth.approvals().get("lobby", "ap-1").unwrap().requested_by,
+        "bo"
+    );
+    let forged = [
+        row(
+            5,
+            0,
+            "lobby",
+            None,
+            Verb::MessagePosted,
+            "bo",
+            Role::Agent,
+            json!({"text": "!approve ap-1"}),
+        ),
+        row(
+            6,
+            0,
+            "lobby",
+            None,
+            Verb::MessagePosted,
+            "hu",
+            Role::Human,
+            json!({"text": "!approve ap-1"}),
+        ),
+        row(
+            7,
+            0,
+            "lobby",
+            None,
+            Verb::MessagePosted,
+            "olga",
+            Role::Owner,
+            json!({"text": "!approve ap-1"}),
+        ),
+        signed_post(
+            8,
+            "lobby",
+            None,
+            "olga",
+            "!approve ap-1",
+            &OwnerSecret::from_seed([0x66; 32]),
+        ),
+    ];
+    for f in &forged {
+        auth.apply(f);
+    }
+    assert_eq!(auth.approvals().status("lobby", "ap-1"), Some(Pending));
+    assert_eq!(auth.unsigned_commands(), 2);
+
+    let approve = signed_post(9, "lobby", None, "olga", "!approve ap-1", &key);
+    auth.apply(&approve);
+    let deny = signed_post(10, "lobby", None, "olga", "!deny ap-2 not today", &key);
+    auth.apply(&deny);
+    let late = signed_post(
+        11,
+        "lobby",
+        None,
+        "olga",
+        "!deny ap-1 changed my mind",
+        &key,
+    );
+    auth.apply(&late);
+    let approvals = auth.approvals();
+    assert_eq!(approvals.status("lobby", "ap-1"), Some(Approved));
+    let ap2 = approvals.get("lobby", "ap-2").unwrap();
+    assert_eq!(ap2.status(), Denied);
+    assert_eq!(
+        ap2.answer.as_ref().unwrap().reason.as_deref(),
+        Some("not today")
+    );
+    assert_eq!(approvals.pending("lobby").len(), 0);
+    // What a relay replying to the command parses with: before its own answer.
+    assert_eq!(
+        approvals.status_before("lobby", "ap-1", approve.id),
+        Some(Pending)
+    );
+    assert_eq!(
+        approvals.status_before("lobby", "ap-1", late.id),
+        Some(Approved)
+    );
+}
+
+proptest! {
+    /// Whatever follows the command word, the approval parser answers without
+    /// panicking, and accepts only ids of pending requests.
+    #[test]
+    fn approval_commands_never_panic(rest in "\\PC{0,80}", deny in any::<bool>()) {
+        let pending = |id: &str| (id == "ap-1").then_some(crate::approval::ApprovalStatus::Pending);
+        let ctx = ParseContext { approval: &pending, ..ParseContext::default() };
+        let (text, word) = if deny {
+            (format!("!deny {rest}"), CommandWord::Deny)
+        } else {
+            (format!("!approve {rest}"), CommandWord::Approve)
+        };
+        if let Ok(a) = parse_approval(&text, word, &ctx) {
+            prop_assert_eq!(a.id, "ap-1");
+        }
+        // A word that does not match the text is no id, never a panic.
+        prop_assert!(parse_approval("!x", word, &ctx).is_err());
+    }
+}

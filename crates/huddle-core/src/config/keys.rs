@@ -66,6 +66,9 @@ pub struct RoomConfig {
     pub budget: Option<u64>,
     /// Most forwards a message may have travelled (default 3).
     pub max_hops: u32,
+    /// Agents allowed to create tasks (`task_delegate`), sorted; none by default.
+    #[serde(default)]
+    pub delegators: Vec<String>,
 }
 
 impl Default for RoomConfig {
@@ -85,6 +88,7 @@ impl Default for RoomConfig {
             require_mention: false,
             budget: None,
             max_hops: 3,
+            delegators: Vec::new(),
         }
     }
 }
@@ -153,6 +157,8 @@ pub enum ConfigKey {
     Budget,
     /// `max-hops`: how many forwards a message may have travelled.
     MaxHops,
+    /// `delegators`: agents allowed to create tasks with `task_delegate`.
+    Delegators,
 }
 
 /// The kind of value a [`ConfigKey`] takes.
@@ -172,6 +178,8 @@ pub enum ValueKind {
     Flag,
     /// A token count (`50000`, `200k`, `1.5M`) or `unlimited`.
     Budget,
+    /// Agent names separated by commas (`lead,planner`), or `none`.
+    Agents,
 }
 
 /// The inclusive range a numeric key is clamped into. Durations are in
@@ -205,7 +213,7 @@ pub const MAX_BUDGET: u64 = 1_000_000_000_000;
 
 impl ConfigKey {
     /// Every key, in documentation order.
-    pub const ALL: [ConfigKey; 14] = [
+    pub const ALL: [ConfigKey; 15] = [
         ConfigKey::Responder,
         ConfigKey::ResponderAgent,
         ConfigKey::ResponderWindow,
@@ -220,6 +228,7 @@ impl ConfigKey {
         ConfigKey::RequireMention,
         ConfigKey::Budget,
         ConfigKey::MaxHops,
+        ConfigKey::Delegators,
     ];
 
     /// The key as typed in `!config` and stored in `config.set`.
@@ -239,6 +248,7 @@ impl ConfigKey {
             ConfigKey::RequireMention => "require-mention",
             ConfigKey::Budget => "budget",
             ConfigKey::MaxHops => "max-hops",
+            ConfigKey::Delegators => "delegators",
         }
     }
 
@@ -263,6 +273,7 @@ impl ConfigKey {
             }
             ConfigKey::RequireMention => ValueKind::Flag,
             ConfigKey::Budget => ValueKind::Budget,
+            ConfigKey::Delegators => ValueKind::Agents,
         }
     }
 
@@ -283,7 +294,8 @@ impl ConfigKey {
             ConfigKey::Responder
             | ConfigKey::ResponderAgent
             | ConfigKey::Allocation
-            | ConfigKey::RequireMention => None,
+            | ConfigKey::RequireMention
+            | ConfigKey::Delegators => None,
         }
     }
 
@@ -321,6 +333,10 @@ impl ConfigKey {
             ConfigKey::RequireMention => "whether agents answer only messages that mention them",
             ConfigKey::Budget => "room token budget; when spent, no new task claims",
             ConfigKey::MaxHops => "how many times a message may have been forwarded",
+            ConfigKey::Delegators => {
+                "agents allowed to create tasks with task_delegate (the !delegate grammar \
+                 and limits)"
+            }
         }
     }
 
@@ -336,6 +352,10 @@ impl ConfigKey {
             (ValueKind::Allocation, _) => "pull, push or bid".to_string(),
             (ValueKind::Agent, _) => "an agent name (no spaces or '/'), or none".to_string(),
             (ValueKind::Flag, _) => "on or off".to_string(),
+            (ValueKind::Agents, _) => format!(
+                "agent names separated by commas, no spaces (lead,planner; at most \
+                 {MAX_DELEGATORS}), or none"
+            ),
             (ValueKind::Duration, Some(b)) => format!(
                 "a duration such as 500ms, 30s, 2m or 1h, from {} to {}",
                 format_duration(b.min),
@@ -399,6 +419,16 @@ impl ConfigKey {
                 check_agent_name(name).map_err(|_| bad())?;
                 Ok((ConfigValue::Agent(Some(name.to_string())), None))
             }
+            ValueKind::Agents => {
+                if lower == "none" {
+                    return Ok((ConfigValue::Agents(Vec::new()), None));
+                }
+                let names: Vec<String> = text
+                    .split(',')
+                    .map(|n| n.strip_prefix('@').unwrap_or(n).to_string())
+                    .collect();
+                agent_list(names).map(|v| (v, None)).ok_or_else(bad)
+            }
             ValueKind::Flag => match lower.as_str() {
                 "on" | "true" | "yes" | "1" => Ok((ConfigValue::Flag(true), None)),
                 "off" | "false" | "no" | "0" => Ok((ConfigValue::Flag(false), None)),
@@ -440,6 +470,16 @@ impl ConfigKey {
                 .filter(|s| check_agent_name(s).is_ok())
                 .map(|s| ConfigValue::Agent(Some(s.to_string())))
                 .ok_or_else(|| expect("an agent name or null")),
+            ValueKind::Agents => v
+                .as_array()
+                .and_then(|names| {
+                    let names: Option<Vec<String>> = names
+                        .iter()
+                        .map(|n| n.as_str().map(str::to_string))
+                        .collect();
+                    agent_list(names?)
+                })
+                .ok_or_else(|| expect("a list of agent names")),
             ValueKind::Flag => v
                 .as_bool()
                 .map(ConfigValue::Flag)
@@ -569,6 +609,8 @@ pub enum ConfigValue {
     Flag(bool),
     /// A token budget; `None` is unlimited.
     Budget(Option<u64>),
+    /// Agent names, sorted, without duplicates; empty is none.
+    Agents(Vec<String>),
 }
 
 impl ConfigValue {
@@ -582,6 +624,7 @@ impl ConfigValue {
             ConfigValue::Millis(n) | ConfigValue::Count(n) => Value::from(*n),
             ConfigValue::Flag(b) => Value::from(*b),
             ConfigValue::Budget(b) => b.map(Value::from).unwrap_or(Value::Null),
+            ConfigValue::Agents(names) => Value::from(names.clone()),
         }
     }
 }
@@ -599,6 +642,8 @@ impl fmt::Display for ConfigValue {
             ConfigValue::Flag(b) => f.write_str(if *b { "on" } else { "off" }),
             ConfigValue::Budget(None) => f.write_str("unlimited"),
             ConfigValue::Budget(Some(n)) => f.write_str(&format_count(*n)),
+            ConfigValue::Agents(names) if names.is_empty() => f.write_str("none"),
+            ConfigValue::Agents(names) => f.write_str(&names.join(",")),
         }
     }
 }
@@ -621,6 +666,7 @@ impl RoomConfig {
             ConfigKey::RequireMention => ConfigValue::Flag(self.require_mention),
             ConfigKey::Budget => ConfigValue::Budget(self.budget),
             ConfigKey::MaxHops => ConfigValue::Count(self.max_hops.into()),
+            ConfigKey::Delegators => ConfigValue::Agents(self.delegators.clone()),
         }
     }
 
@@ -655,6 +701,14 @@ impl RoomConfig {
             (ConfigKey::RequireMention, ConfigValue::Flag(b)) => self.require_mention = b,
             (ConfigKey::Budget, ConfigValue::Budget(b)) => self.budget = b.map(|n| bounds.clamp(n)),
             (ConfigKey::MaxHops, ConfigValue::Count(n)) => self.max_hops = count(n),
+            (ConfigKey::Delegators, ConfigValue::Agents(names)) => {
+                let ConfigValue::Agents(names) =
+                    agent_list(names).unwrap_or(ConfigValue::Agents(Vec::new()))
+                else {
+                    return false;
+                };
+                self.delegators = names;
+            }
             _ => return false,
         }
         true
@@ -754,6 +808,27 @@ impl ConfigSetBody {
             return Err("names no known key".into());
         }
         Ok(out)
+    }
+}
+
+/// Most agents one `delegators` value may name.
+pub const MAX_DELEGATORS: usize = 64;
+
+/// A list of agent names as a value: every name valid, at most [`MAX_DELEGATORS`],
+/// sorted and deduplicated. `None` when a name is invalid or the list too long.
+fn agent_list(mut names: Vec<String>) -> Option<ConfigValue> {
+    if names.len() > MAX_DELEGATORS || names.iter().any(|n| check_agent_name(n).is_err()) {
+        return None;
+    }
+    names.sort();
+    names.dedup();
+    Some(ConfigValue::Agents(names))
+}
+
+impl RoomConfig {
+    /// Whether `agent` may create tasks with `task_delegate` (the `delegators` key).
+    pub fn may_delegate(&self, agent: &str) -> bool {
+        self.delegators.iter().any(|d| d == agent)
     }
 }
 
@@ -1260,6 +1335,7 @@ mod tests {
             any::<u64>().prop_map(ConfigValue::Count),
             any::<bool>().prop_map(ConfigValue::Flag),
             proptest::option::of(any::<u64>()).prop_map(ConfigValue::Budget),
+            prop::collection::vec("[a-z@ ]{0,4}", 0..4).prop_map(ConfigValue::Agents),
         ]
     }
 

@@ -22,5 +22,5 @@ pub(crate) use keys::shorten;
 pub use keys::{
     check_agent_name, format_duration, parse_duration, Allocation, Bounds, ClampLimit, ClampNote,
     ConfigKey, ConfigSetBody, ConfigValue, Responder, RoomConfig, UnknownKey, ValueError,
-    ValueKind, MAX_BUDGET,
+    ValueKind, MAX_BUDGET, MAX_DELEGATORS,
 };

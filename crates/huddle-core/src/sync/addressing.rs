@@ -3,7 +3,7 @@
 //! Addressing reads text only to find `@name` mentions of known agents; it never
 //! interprets text as an instruction.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::Role;
 
@@ -65,7 +65,13 @@ fn is_name_char(c: char) -> bool {
 pub fn mentions_in(text: &str, known: &BTreeSet<String>) -> Vec<String> {
     let mut found = BTreeSet::new();
     for (i, _) in text.match_indices('@') {
-        if text[..i].chars().next_back().is_some_and(is_name_char) {
+        // `@@cap` is a group mention ([`group_mentions_in`]), not a mention of `cap`.
+        if text[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| is_name_char(c) || c == '@')
+            || text[i + 1..].starts_with('@')
+        {
             continue;
         }
         let rest = &text[i + 1..];
@@ -78,6 +84,59 @@ pub fn mentions_in(text: &str, known: &BTreeSet<String>) -> Vec<String> {
         }
     }
     found.into_iter().collect()
+}
+
+/// The capabilities `text` mentions as a group, `@@cap` (not preceded by a name
+/// character; the capability runs to the first character that cannot continue a
+/// name), sorted.
+pub fn group_mentions_in(text: &str) -> Vec<String> {
+    let mut found = BTreeSet::new();
+    for (i, _) in text.match_indices("@@") {
+        if text[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| is_name_char(c) || c == '@')
+        {
+            continue;
+        }
+        let cap: String = text[i + 2..]
+            .chars()
+            .take_while(|c| is_name_char(*c) || *c == '.' || *c == ':')
+            .collect();
+        let cap = cap.trim_end_matches(['.', ':']).to_string();
+        if !cap.is_empty() {
+            found.insert(cap);
+        }
+    }
+    found.into_iter().collect()
+}
+
+/// [`address`] in a room whose registered agents have these capabilities: a group
+/// mention `@@cap` names every registered agent with capability `cap` (each of them
+/// answers once, like several names).
+pub fn address_in_room(
+    text: &str,
+    explicit_mentions: &[String],
+    parent_author: Option<&str>,
+    agents: &BTreeMap<String, Vec<String>>,
+) -> Addressing {
+    let known: BTreeSet<String> = agents.keys().cloned().collect();
+    let groups = group_mentions_in(text);
+    if groups.is_empty() {
+        return address(text, explicit_mentions, parent_author, &known);
+    }
+    let mut named: Vec<String> = explicit_mentions.to_vec();
+    named.extend(
+        agents
+            .iter()
+            .filter(|(_, caps)| caps.iter().any(|c| groups.contains(c)))
+            .map(|(a, _)| a.clone()),
+    );
+    match address(text, &named, parent_author, &known) {
+        // A group with no member is addressed to nobody, not to everyone.
+        Addressing::Mentioned(list) => Addressing::Mentioned(list),
+        _ => Addressing::Mentioned(Vec::new()),
+    }
 }
 
 /// How a message is addressed: explicit `mentions` (from the adapter) and `@agent` in
@@ -107,14 +166,10 @@ pub fn address(
 }
 
 /// Whether a message from `role` with this text is an owner command meant for huddle
-/// (`!delegate`, `!config`) rather than for the agents. Only the prefix is looked at;
+/// (`!delegate`, `!config`, `!approve`, `!deny`, `!stop`) rather than for the agents. Only the prefix is looked at;
 /// commands are parsed (and only the owner's executed) elsewhere.
 pub fn is_command_text(text: &str) -> bool {
-    let t = text.trim_start();
-    ["!delegate", "!config"].iter().any(|c| {
-        t.strip_prefix(c)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with(char::is_whitespace))
-    })
+    crate::commands::command_word(text).is_some()
 }
 
 /// Who may answer a message, given its author and addressing.
@@ -175,13 +230,44 @@ mod tests {
             ("@dee.x.", &["dee.x"]),
             ("(@cy)", &["cy"]),
             ("@", &[]),
-            ("@@bo", &["bo"]),
+            ("@@bo", &[]), // a group mention (of capability bo), not the agent
             ("naïve@bo", &[]),
         ];
         for (text, want) in cases {
             let got = mentions_in(text, &known());
             assert_eq!(got, want.to_vec(), "{text}");
         }
+    }
+
+    #[test]
+    fn group_mentions_name_every_agent_with_the_capability() {
+        assert_eq!(
+            group_mentions_in("@@review: and @@ops, not x@@y"),
+            vec!["ops", "review"]
+        );
+        // `@@bo` is a group, never a mention of the agent bo.
+        assert!(mentions_in("@@bo look", &known()).is_empty());
+        let agents: BTreeMap<String, Vec<String>> = [
+            ("bo", vec!["review"]),
+            ("cy", vec!["review", "rust"]),
+            ("dee", vec![]),
+        ]
+        .iter()
+        .map(|(a, c)| (a.to_string(), c.iter().map(|c| c.to_string()).collect()))
+        .collect();
+        let to = |text: &str| address_in_room(text, &[], None, &agents);
+        assert_eq!(
+            to("@@review please"),
+            Addressing::Mentioned(vec!["bo".into(), "cy".into()])
+        );
+        assert_eq!(
+            to("@@rust and @dee"),
+            Addressing::Mentioned(vec!["cy".into(), "dee".into()])
+        );
+        assert_eq!(to("@@nobody hello"), Addressing::Mentioned(vec![]));
+        assert_eq!(to("plain"), Addressing::Broadcast);
+        let e = eligible("bo", Role::Agent, "x", &to("@@review"), false);
+        assert_eq!(e, Eligible::Agents(vec!["cy".into()]), "never the author");
     }
 
     #[test]

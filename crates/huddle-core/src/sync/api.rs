@@ -212,6 +212,30 @@ pub enum Event {
         /// record).
         activity: TurnActivity,
     },
+    /// The owner's `!stop`: cancel this relay's running turns in `room` (only
+    /// `agent`'s, only in `thread`, when given). They end without a completion, their
+    /// claims are released and their `turn.failed` says why.
+    Stop {
+        /// The room.
+        room: String,
+        /// Only this agent's turns.
+        agent: Option<String>,
+        /// Only turns in this thread.
+        thread: Option<String>,
+        /// The `!stop` message (named in the reason).
+        command: InteractionId,
+    },
+    /// The owner's `!watch` / `!unwatch`: `agent` follows `thread` (or stops).
+    Watch {
+        /// The room.
+        room: String,
+        /// The thread.
+        thread: String,
+        /// The agent.
+        agent: String,
+        /// Follow (`true`) or stop following.
+        watch: bool,
+    },
     /// A claim is no longer held at `epoch`: a renew returned nothing, or a fenced
     /// append under it was refused.
     ClaimLost {

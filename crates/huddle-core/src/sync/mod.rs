@@ -172,6 +172,8 @@ struct LiveTurn {
     drive: ClaimRef,
     lost: bool,
     cancel_sent: bool,
+    /// Why the owner stopped it (`!stop`), if it was.
+    stopped: Option<String>,
 }
 
 /// A relay's own rank for a task id (FNV-1a of both): deterministic per relay,
@@ -208,6 +210,8 @@ pub struct Synchronizer {
     claims: BTreeMap<String, Slot>,
     turns: BTreeMap<TurnId, LiveTurn>,
     held_elsewhere: BTreeMap<String, Timestamp>,
+    /// Agents following a thread (`!watch`), by (room, thread).
+    watchers: BTreeMap<(String, String), BTreeSet<String>>,
     /// Claims an acquire found closed: their work is finished, so they are never
     /// tried again (the fold shows why once it reads the closing row).
     closed: BTreeSet<String>,
@@ -276,6 +280,7 @@ impl Synchronizer {
             claims: BTreeMap::new(),
             turns: BTreeMap::new(),
             held_elsewhere: BTreeMap::new(),
+            watchers: BTreeMap::new(),
             closed: BTreeSet::new(),
             returned: BTreeMap::new(),
             bids_sent: BTreeSet::new(),
@@ -424,6 +429,31 @@ impl Synchronizer {
                 activity,
             } => self.on_turn_ended(&turn, outcome, tokens, activity, &mut out),
             Event::ClaimLost { key, epoch } => self.on_claim_lost(&key, epoch, &mut out),
+            Event::Stop {
+                room,
+                agent,
+                thread,
+                command,
+            } => self.on_stop(
+                &room,
+                agent.as_deref(),
+                thread.as_deref(),
+                command,
+                &mut out,
+            ),
+            Event::Watch {
+                room,
+                thread,
+                agent,
+                watch,
+            } => {
+                let w = self.watchers.entry((room, thread)).or_default();
+                if watch {
+                    w.insert(agent);
+                } else {
+                    w.remove(&agent);
+                }
+            }
             Event::Config {
                 room,
                 thread,
@@ -579,10 +609,13 @@ impl Synchronizer {
 
     fn consider_message(&mut self, row: &Interaction) {
         let body: MessageBody = parse_body(&row.body).unwrap_or_default();
-        let known = self.registered_agents(&row.room);
         let parent_author = row.parent.and_then(|p| self.authors.get(&p)).cloned();
-        let addressing =
-            addressing::address(&body.text, &body.mentions, parent_author.as_deref(), &known);
+        let addressing = addressing::address_in_room(
+            &body.text,
+            &body.mentions,
+            parent_author.as_deref(),
+            &self.board.capabilities(&row.room),
+        );
         let config = self.config(&row.room, row.thread.as_deref()).clone();
         let eligible = addressing::eligible(
             &row.actor,
@@ -737,11 +770,31 @@ impl Synchronizer {
                 priority: *p,
             })
             .collect();
+        // A broadcast in a watched thread goes to its watchers first: they contend at
+        // once, the others one responder window later.
+        let watchers: Vec<&String> = match (&m.eligible, &m.thread) {
+            (Eligible::Everyone { .. }, Some(t)) => self
+                .watchers
+                .get(&(room.to_string(), t.clone()))
+                .map(|w| {
+                    w.iter()
+                        .filter(|a| candidates.iter().any(|c| c.agent == a.as_str()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
         self.agents
             .keys()
             .filter(|a| m.eligible.contains(a) && !m.failed.contains(*a) && !self.busy(a))
             .map(|a| {
-                let delay = responder_delay_ms(config, a, &candidates);
+                let delay = if watchers.is_empty() {
+                    responder_delay_ms(config, a, &candidates)
+                } else if watchers.contains(&a) {
+                    0
+                } else {
+                    config.responder_window_ms
+                };
                 (m.at.saturating_add(ms_to_us(delay)), a.clone())
             })
             .collect()
@@ -1730,6 +1783,7 @@ impl Synchronizer {
                 drive,
                 lost: false,
                 cancel_sent: false,
+                stopped: None,
             },
         );
     }
@@ -1805,6 +1859,9 @@ impl Synchronizer {
         let reason = match &outcome {
             TurnOutcome::Replied { .. } => "the claim was lost before the turn ended".to_string(),
             TurnOutcome::Failed { reason } => reason.clone(),
+            TurnOutcome::Cancelled if lt.stopped.is_some() => {
+                lt.stopped.clone().unwrap_or_default()
+            }
             TurnOutcome::Cancelled if lt.lost => "cancelled: the claim was lost".to_string(),
             TurnOutcome::Cancelled if self.shutting_down => {
                 "cancelled: relay shutting down".to_string()
@@ -1956,6 +2013,29 @@ impl Synchronizer {
                     ],
                 });
                 release_both(out);
+            }
+        }
+    }
+
+    fn on_stop(
+        &mut self,
+        room: &str,
+        agent: Option<&str>,
+        thread: Option<&str>,
+        command: InteractionId,
+        out: &mut Vec<Intent>,
+    ) {
+        for (id, t) in self.turns.iter_mut() {
+            let matches = t.room == room
+                && agent.is_none_or(|a| a == t.agent)
+                && thread.is_none_or(|th| t.thread.as_deref() == Some(th));
+            if !matches || t.stopped.is_some() {
+                continue;
+            }
+            t.stopped = Some(format!("stopped by the owner (!stop {})", command.short()));
+            if !t.cancel_sent {
+                t.cancel_sent = true;
+                out.push(Intent::Cancel { turn: id.clone() });
             }
         }
     }

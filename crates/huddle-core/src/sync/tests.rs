@@ -375,6 +375,96 @@ fn a_message_naming_several_agents_gets_one_reply_from_each() {
 }
 
 #[test]
+fn a_group_mention_reaches_every_agent_with_the_capability_and_each_answers() {
+    let agents = vec![
+        LocalAgent {
+            capabilities: vec!["review".into()],
+            ..LocalAgent::new("bo")
+        },
+        LocalAgent {
+            capabilities: vec!["review".into(), "rust".into()],
+            ..LocalAgent::new("cy")
+        },
+        LocalAgent::new("dee"),
+    ];
+    let mut sync = Synchronizer::new("r1", ["lobby"], agents);
+    sync.handle(Event::Config {
+        room: "lobby".into(),
+        thread: None,
+        config: RoomConfig::default(),
+    });
+    let mut h = H {
+        sync,
+        ledger: Ledger::default(),
+        cursor: 0,
+        now: T0,
+    };
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "@@review please look")])[0].clone();
+    assert_eq!(
+        acquires(&h.read()),
+        vec![
+            (directed_reply_key("lobby", &m.id, "bo"), "bo".to_string()),
+            (directed_reply_key("lobby", &m.id, "cy"), "cy".to_string())
+        ]
+    );
+    // A group nobody has is addressed to nobody (not a broadcast).
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.write(vec![message(
+        "ana",
+        Role::Human,
+        "@@nobody-has-this anyone?",
+    )]);
+    assert!(acquires(&h.read()).is_empty());
+}
+
+#[test]
+fn a_broadcast_in_a_watched_thread_goes_to_its_watchers_first() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    let watch = |h: &mut H, agent: &str, on: bool| {
+        h.sync.handle(Event::Watch {
+            room: "lobby".into(),
+            thread: "t1".into(),
+            agent: agent.into(),
+            watch: on,
+        })
+    };
+    watch(&mut h, "cy", true);
+    let in_thread = |h: &mut H, thread: &str, text: &str| {
+        let mut m = message("ana", Role::Human, text);
+        m.thread = Some(thread.into());
+        h.write(vec![m])[0].clone()
+    };
+    // Without the watch bo (first by key) would take it; the watcher cy goes first.
+    let m = in_thread(&mut h, "t1", "anyone on t1?");
+    assert_eq!(
+        acquires(&h.read()),
+        vec![(reply_key("lobby", &m.id), "cy".to_string())]
+    );
+    // Another thread is not watched: the usual order.
+    let mut h2 = H::new(&["bo", "cy"]);
+    h2.start();
+    watch(&mut h2, "cy", true);
+    let m2 = in_thread(&mut h2, "t2", "anyone on t2?");
+    assert_eq!(
+        acquires(&h2.read()),
+        vec![(reply_key("lobby", &m2.id), "bo".to_string())]
+    );
+    // Unwatched again: the usual order in t1 too.
+    let mut h3 = H::new(&["bo", "cy"]);
+    h3.start();
+    watch(&mut h3, "cy", true);
+    watch(&mut h3, "cy", false);
+    let m3 = in_thread(&mut h3, "t1", "anyone?");
+    assert_eq!(
+        acquires(&h3.read()),
+        vec![(reply_key("lobby", &m3.id), "bo".to_string())]
+    );
+}
+
+#[test]
 fn a_failed_part_leaves_the_other_parts_open() {
     let mut h = H::new(&["bo", "cy", "dee"]);
     h.start();
@@ -828,6 +918,63 @@ fn turn_activity_is_bounded_and_counts_every_call() {
     assert!(a.tools.iter().all(|t| t.status.is_empty()));
     let json = serde_json::to_string(&a).unwrap();
     assert!(json.len() < 32 * 1024, "{} bytes", json.len());
+}
+
+#[test]
+fn the_owners_stop_cancels_matching_turns_and_records_why() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    h.post(vec![created("a", &[]), created("b", &[])]);
+    let sa = run_task_to_start(&mut h, "a", "bo", 1);
+    let sb = run_task_to_start(&mut h, "b", "cy", 1);
+    let command = InteractionId([9; 32]);
+    let stop = |h: &mut H, room: &str, agent: Option<&str>, thread: Option<&str>| {
+        h.sync.handle(Event::Stop {
+            room: room.into(),
+            agent: agent.map(str::to_string),
+            thread: thread.map(str::to_string),
+            command,
+        })
+    };
+    // Another room, another agent, another thread: nothing is cancelled.
+    assert!(stop(&mut h, "elsewhere", None, None).is_empty());
+    assert!(stop(&mut h, "lobby", Some("dee"), None).is_empty());
+    assert!(stop(&mut h, "lobby", None, Some("t9")).is_empty());
+    // bo's turn only.
+    let out = stop(&mut h, "lobby", Some("bo"), None);
+    assert_eq!(
+        out,
+        vec![Intent::Cancel {
+            turn: sa.turn.clone()
+        }]
+    );
+    // Asking again cancels nothing twice.
+    assert!(stop(&mut h, "lobby", Some("bo"), None).is_empty());
+    let out = h.ended(&sa.turn, TurnOutcome::Cancelled);
+    assert_eq!(appends(&out)[0].1, vec!["task.failed", "turn.failed"]);
+    let failed: TurnFailedBody =
+        serde_json::from_value(appended_body(&out, Verb::TurnFailed)).unwrap();
+    assert!(
+        failed.reason.contains("stopped by the owner") && failed.reason.contains(&command.short()),
+        "{}",
+        failed.reason
+    );
+    // No completion (nothing closes the claims); they are given back, so the task is
+    // offered again.
+    assert!(
+        !out.iter()
+            .any(|i| matches!(i, Intent::Append { close: true, .. })),
+        "{out:?}"
+    );
+    assert_eq!(kinds(&out).iter().filter(|k| **k == "release").count(), 2);
+    // A room-wide stop takes cy's turn too.
+    let out = stop(&mut h, "lobby", None, None);
+    assert_eq!(
+        out,
+        vec![Intent::Cancel {
+            turn: sb.turn.clone()
+        }]
+    );
 }
 
 #[test]
