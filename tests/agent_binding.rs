@@ -142,7 +142,10 @@ async fn rows_as_a_bound_agent_from_another_writer_change_nothing(backend: Backe
             .args(["--room", &h.room, "--agent", "ada"]);
         c
     });
-    assert!(err.contains("[bound_elsewhere]") && err.contains(&w0), "{err}");
+    assert!(
+        err.contains("[bound_elsewhere]") && err.contains(&w0),
+        "{err}"
+    );
 
     // ada's own relay does the task for real.
     h.spawn_relay_on(&w0, vec![AgentSpec::sim("ada", 50)], &url0);
@@ -158,7 +161,11 @@ async fn rows_as_a_bound_agent_from_another_writer_change_nothing(backend: Backe
         .of_verb(Verb::TaskCompleted)
         .map(|(_, r)| r.relay.clone())
         .collect();
-    assert_eq!(done, [w1.clone(), w0.clone()], "the forged and the real completion");
+    assert_eq!(
+        done,
+        [w1.clone(), w0.clone()],
+        "the forged and the real completion"
+    );
     let summaries = h.stop_all().await;
     for s in &summaries {
         assert_eq!(s.misbound_rows, tried as u64, "{s:?}");

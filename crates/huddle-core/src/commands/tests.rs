@@ -1236,7 +1236,10 @@ fn agents_is_an_owner_config_list_of_bindings() {
     }
     match config("!config agents none") {
         ConfigCommand::Change(c) => {
-            assert_eq!(c.body.set[&ConfigKey::Agents], ConfigValue::Bindings(vec![]))
+            assert_eq!(
+                c.body.set[&ConfigKey::Agents],
+                ConfigValue::Bindings(vec![])
+            )
         }
         other => panic!("{other:?}"),
     }
@@ -1244,9 +1247,7 @@ fn agents_is_an_owner_config_list_of_bindings() {
         let err = config_err(&format!("!config agents {bad}"));
         assert!(err.contains("agent@writer entries"), "{bad}: {err}");
     }
-    assert!(ConfigKey::Agents
-        .value_from_json(&json!(["ada"]))
-        .is_err());
+    assert!(ConfigKey::Agents.value_from_json(&json!(["ada"])).is_err());
 }
 
 // ---- approvals ----------------------------------------------------------------------

@@ -56,7 +56,10 @@ impl fmt::Display for AgentBinding {
 /// `@` or `,`.
 pub fn check_writer_name(name: &str) -> Result<(), String> {
     validate_name("writer", name, &Limits::default()).map_err(|e| e.to_string())?;
-    if name.chars().any(|c| c.is_whitespace() || c == '@' || c == ',') {
+    if name
+        .chars()
+        .any(|c| c.is_whitespace() || c == '@' || c == ',')
+    {
         return Err("writer names have no spaces, '@' or ','".into());
     }
     Ok(())
@@ -155,7 +158,9 @@ mod tests {
         assert_eq!(AgentBinding::parse("ada@relay-a"), Ok(b("ada", "relay-a")));
         assert_eq!(AgentBinding::parse("@ada@r0"), Ok(b("ada", "r0")));
         assert_eq!(b("ada", "r0").to_string(), "ada@r0");
-        for bad in ["ada", "@relay", "ada@", "ada@r@s", "a b@r", "ada@r/s", "a/b@r"] {
+        for bad in [
+            "ada", "@relay", "ada@", "ada@r@s", "a b@r", "ada@r/s", "a/b@r",
+        ] {
             assert!(AgentBinding::parse(bad).is_err(), "{bad}");
         }
     }

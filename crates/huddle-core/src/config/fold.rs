@@ -182,7 +182,10 @@ impl ConfigFold {
     /// the room overlay, then the default), clamped: [`Self::effective`] for one key.
     pub fn value(&self, room: &str, thread: Option<&str>, key: ConfigKey) -> ConfigValue {
         let entry = self.rooms.get(room);
-        let overlays = [entry.zip(thread).and_then(|(e, t)| e.threads.get(t)), entry.map(|e| &e.room)];
+        let overlays = [
+            entry.zip(thread).and_then(|(e, t)| e.threads.get(t)),
+            entry.map(|e| &e.room),
+        ];
         overlays
             .into_iter()
             .flatten()

@@ -671,7 +671,9 @@ impl ConfigValue {
             ConfigValue::Flag(b) => Value::from(*b),
             ConfigValue::Budget(b) => b.map(Value::from).unwrap_or(Value::Null),
             ConfigValue::Agents(names) => Value::from(names.clone()),
-            ConfigValue::Bindings(list) => list.iter().map(|b| Value::from(b.to_string())).collect(),
+            ConfigValue::Bindings(list) => {
+                list.iter().map(|b| Value::from(b.to_string())).collect()
+            }
         }
     }
 }
