@@ -146,6 +146,24 @@ async fn rows_as_a_bound_agent_from_another_writer_change_nothing(backend: Backe
         err.contains("[bound_elsewhere]") && err.contains(&w0),
         "{err}"
     );
+    let err = fails({
+        let mut c = huddle(&other_url);
+        c.args([
+            "--relay-id",
+            &other,
+            "mcp",
+            "--room",
+            &h.room,
+            "--agent",
+            "ada",
+        ])
+        .stdin(std::process::Stdio::null());
+        c
+    });
+    assert!(
+        err.contains(&format!("agent \"ada\" is bound to {w0}")),
+        "{err}"
+    );
 
     // ada's own relay does the task for real.
     h.spawn_relay_on(&w0, vec![AgentSpec::sim("ada", 50)], &url0);
