@@ -344,6 +344,8 @@ pub struct RelaySummary {
     pub unsigned_commands: u64,
     /// `task.created` rows no verified owner command produced.
     pub unauthorized_rows: u64,
+    /// Rows written as a bound agent by a writer it is not bound to.
+    pub misbound_rows: u64,
     /// Config rows the config fold ignored.
     pub ignored_config_rows: u64,
 }
@@ -368,6 +370,7 @@ impl RelaySummary {
             results_lost: n("results_lost").unwrap_or(0),
             unsigned_commands: n("unsigned_commands")?,
             unauthorized_rows: n("unauthorized_rows")?,
+            misbound_rows: n("misbound_rows")?,
             ignored_config_rows: n("ignored_config_rows")?,
         })
     }
@@ -449,6 +452,20 @@ impl RelayProcess {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Waits (at most `limit`) for a relay expected to stop on its own, e.g. one that
+    /// refuses to start; returns its exit status. Panics when it is still running.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the relay") {
+                self.exited = true;
+                return status;
+            }
+            assert!(Instant::now() < deadline, "relay {} kept running", self.id);
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Whether the process is still running (a paused process is running).

@@ -136,6 +136,9 @@ pub enum AgentError {
     /// A `!delegate` plan with problems; nothing was created.
     #[error("{0}")]
     BadPlan(String),
+    /// The room's owner bound this agent to other writers (`!config agents`).
+    #[error("{0}")]
+    BoundElsewhere(#[from] huddle_core::config::BoundElsewhere),
     /// This agent never held the lease.
     #[error("you do not hold lease {name:?}; take it with lease_acquire first")]
     NotLeaseHolder {
@@ -169,6 +172,7 @@ impl AgentError {
             AgentError::NotDelegator { .. } => "not_delegator",
             AgentError::BadPlan(_) => "bad_plan",
             AgentError::NoApproval(_) => "no_approval",
+            AgentError::BoundElsewhere(_) => "bound_elsewhere",
         }
     }
 }

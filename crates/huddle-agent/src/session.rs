@@ -72,7 +72,8 @@ pub struct AgentSession {
 impl AgentSession {
     /// Opens a session for `agent` in `room`: checks the names, reads the room, and
     /// registers the agent (`agent.registered` with its capabilities; the same content
-    /// again is a no-op). Fails when the room does not exist.
+    /// again is a no-op). Fails when the room does not exist, or when its owner bound
+    /// the agent to writers other than this store's ([`Store::writer`]).
     pub async fn open(
         store: Arc<dyn Store>,
         room: &str,
@@ -110,6 +111,12 @@ impl AgentSession {
             let st = session.synced().await?;
             if st.config().owner(room).is_none() {
                 return Err(AgentError::NoRoom(room.to_string()));
+            }
+            // Refuse to act as an agent the owner bound to other writers: every
+            // reader would ignore what this session writes.
+            if let Some(writer) = session.store.writer() {
+                let config = st.config().effective(room, None);
+                huddle_core::config::refusal(&config, room, agent, &writer)?;
             }
         }
         let body = AgentRegisteredBody {

@@ -522,3 +522,27 @@ async fn bids_are_refused_where_they_cannot_count() {
     let err = bo.task_bid(bid("zz", None, false)).await.unwrap_err();
     assert_eq!(err.code(), "no_task");
 }
+
+#[tokio::test]
+async fn an_agent_bound_to_other_writers_is_refused_at_open() {
+    let room = Room::with_config(&[], "agents ada@r0,ada@r1").await;
+    let writer = room
+        .store
+        .writer()
+        .expect("the memory store names its writer");
+    assert!(!["r0", "r1"].contains(&writer.as_str()));
+    let err = AgentSession::open(room.store.clone(), ROOM, "ada", vec![])
+        .await
+        .err()
+        .expect("ada is bound to r0 and r1");
+    assert_eq!(err.code(), "bound_elsewhere");
+    assert!(
+        err.to_string()
+            .contains("bound to r0, r1 in room \"lobby\""),
+        "{err}"
+    );
+    // Nothing was written as ada; an unbound agent opens as before.
+    let rows = room.store.read_forward(Position::START, 100).await.unwrap();
+    assert!(rows.rows.iter().all(|r| r.actor != "ada"));
+    room.agent("bo").await;
+}

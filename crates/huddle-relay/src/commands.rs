@@ -118,7 +118,7 @@ impl CommandHandler {
                     id = %row.id.short(),
                     verb = %row.verb,
                     actor = %row.actor,
-                    "ignoring a row no signed owner command produced"
+                    "ignoring a row the owner authority does not admit (unsigned, unauthorized or misbound)"
                 );
                 continue;
             }

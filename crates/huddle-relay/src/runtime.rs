@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use huddle_core::config::RoomConfig;
+use huddle_core::config::{refusal, BoundElsewhere, RoomConfig};
 use huddle_core::guards::TurnRequest as GuardTurn;
 use huddle_core::protocol::TurnActivity;
 use huddle_core::sync::{
@@ -28,7 +28,7 @@ use huddle_core::sync::{
 };
 use huddle_core::{
     render_related_context, select_related, ContextRules, Fold, Interaction, NewInteraction,
-    Position, Role, Timestamp, Verb,
+    OwnerAuthority, Position, Role, Timestamp, Verb,
 };
 use huddle_core::{GuardFold, Verdict};
 use huddle_store::{Acquired, Fence, ReadStep, Store, StoreError, Subscription};
@@ -110,6 +110,8 @@ pub struct RelaySummary {
     pub unsigned_commands: u64,
     /// `task.created` rows no verified owner command produced, ignored.
     pub unauthorized_rows: u64,
+    /// Rows written as a bound agent by a writer it is not bound to, ignored.
+    pub misbound_rows: u64,
     /// `room.created` / `room.key_rotated` / `config.set` rows the config fold ignored
     /// (a second creation, a forged rotation, a hand-written config).
     pub ignored_config_rows: u64,
@@ -124,6 +126,9 @@ pub enum RelayError {
     /// The relay id is held by another live process.
     #[error(transparent)]
     Identity(#[from] IdentityError),
+    /// A hosted room's owner bound a hosted agent to other writers.
+    #[error("refusing to host this agent")]
+    BoundElsewhere(#[from] BoundElsewhere),
 }
 
 /// A turn this relay is running.
@@ -241,6 +246,18 @@ impl Relay {
         // One live process per relay id: refuse to start beside another.
         // A database that is away at start (restarting, failing over) is waited for.
         let mut delay = RETRY_FIRST;
+        let writer = self.store.writer().unwrap_or_else(|| self.relay_id.clone());
+        loop {
+            let hosted = lp.agents.keys().map(String::as_str);
+            match check_bindings(self.store.as_ref(), &self.rooms, hosted, &writer).await {
+                Err(RelayError::Store(e)) if e.is_retryable() => {
+                    warn!(error = %e, "database unavailable at start; retrying");
+                    tokio::time::sleep(jittered(delay)).await;
+                    delay = (delay * 2).min(RETRY_MAX);
+                }
+                other => break other?,
+            }
+        }
         let mut identity = loop {
             match Identity::take(self.store.as_ref(), &self.relay_id).await {
                 Err(IdentityError::Store(e)) if e.is_retryable() => {
@@ -408,7 +425,14 @@ impl Relay {
         let authority = lp.commands.authority();
         lp.summary.unsigned_commands = authority.unsigned_commands();
         lp.summary.unauthorized_rows = authority.unauthorized_rows();
+        lp.summary.misbound_rows = authority.misbound_rows();
         lp.summary.ignored_config_rows = authority.config().ignored_rows();
+        if lp.summary.misbound_rows > 0 {
+            warn!(
+                misbound_rows = lp.summary.misbound_rows,
+                "rows written as a bound agent by another writer were ignored"
+            );
+        }
         if lp.summary.unsigned_commands + lp.summary.unauthorized_rows > 0 {
             warn!(
                 unsigned_commands = lp.summary.unsigned_commands,
@@ -672,6 +696,36 @@ const RECHECK_AFTER: Duration = Duration::from_millis(200);
 /// `d` plus up to a quarter of it, so relays that lost the database together do not
 /// retry in lockstep. The jitter comes from the clock's sub-microsecond noise: it needs
 /// to be uncorrelated between processes, not unpredictable.
+/// Refuses to host an agent that a hosted room's owner bound to writers other than
+/// `writer` (`!config agents`): every reader would ignore what this relay writes as
+/// it. Reads each hosted room to its end.
+async fn check_bindings<'a>(
+    store: &dyn Store,
+    rooms: &[String],
+    agents: impl Iterator<Item = &'a str> + Clone,
+    writer: &str,
+) -> Result<(), RelayError> {
+    for room in rooms {
+        let mut authority = OwnerAuthority::new();
+        let mut cursor = Position::START;
+        loop {
+            let batch = store.read_room(room, cursor, 1000).await?;
+            for row in &batch.rows {
+                authority.apply(row);
+            }
+            if batch.next == cursor {
+                break;
+            }
+            cursor = batch.next;
+        }
+        let config = authority.config().effective(room, None);
+        for agent in agents.clone() {
+            refusal(&config, room, agent, writer)?;
+        }
+    }
+    Ok(())
+}
+
 fn jittered(d: Duration) -> Duration {
     let noise = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -229,4 +229,8 @@ impl Store for MeteredStore {
     fn backend_name(&self) -> &'static str {
         self.inner.backend_name()
     }
+
+    fn writer(&self) -> Option<String> {
+        self.inner.writer()
+    }
 }

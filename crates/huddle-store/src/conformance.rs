@@ -196,6 +196,9 @@ pub async fn append_and_read_back(b: &impl TestBackend) {
         "at comes from the database clock"
     );
     assert!(!rows[0].relay.is_empty());
+    // The writer a store names (what agent bindings are checked against before
+    // writing) is what its rows record.
+    assert_eq!(s.writer().as_deref(), Some(rows[0].relay.as_str()));
     assert_eq!(cursor, rows[1].position);
 
     // Nothing new after the cursor.

@@ -250,4 +250,11 @@ pub trait Claims: Send + Sync + 'static {
 pub trait Store: Ledger + Claims {
     /// `"sqlite"` or `"postgres"`.
     fn backend_name(&self) -> &'static str;
+
+    /// The writer this store's appends are attributed to (their `relay` column): the
+    /// configured relay id, on Postgres the connection's database role. `None` when
+    /// it is not known before writing (a Postgres URL without a user).
+    fn writer(&self) -> Option<String> {
+        None
+    }
 }

@@ -18,6 +18,11 @@
 //! - a verified `!approve ID` / `!deny ID` answers the room's pending approval
 //!   request `ID` ([`OwnerAuthority::approvals`]; `approval.requested` rows open
 //!   them); the first answer stands;
+//! - a row written as an agent the room owner bound to writers (the `agents` key,
+//!   [`crate::config::binding`]) by a writer it is not bound to — actor = the agent,
+//!   role `agent`, `relay` not among its writers in the effective config of the row's
+//!   room (or thread) at that point of the ledger — is not applied to any fold nor
+//!   admitted, and is counted in [`OwnerAuthority::misbound_rows`];
 //! - a `task.created` or `config.set` is admitted ([`OwnerAuthority::admits`]) only
 //!   when it is one of those rows. Hand-written ones, whatever their `actor` and
 //!   `role`, are not: a forged `task.created` is counted in
@@ -33,7 +38,8 @@ use super::{
     ParseContext,
 };
 use crate::approval::{ApprovalAnswer, Approvals};
-use crate::config::ConfigFold;
+use crate::config::binding::misbound;
+use crate::config::{ConfigFold, ConfigKey, ConfigValue};
 use crate::fold::{hash_state, Fold};
 use crate::model::{Interaction, InteractionId, Role};
 use crate::verbs::Verb;
@@ -53,6 +59,8 @@ pub struct OwnerAuthority {
     undelegated: u64,
     /// Approval requests and the owner's verified answers.
     approvals: Approvals,
+    /// Rows written as a bound agent by a writer it is not bound to.
+    misbound: u64,
 }
 
 impl OwnerAuthority {
@@ -66,10 +74,14 @@ impl OwnerAuthority {
         &self.config
     }
 
-    /// Whether the other folds may see `row`: a `task.created` or `config.set` only
-    /// when a verified owner command produced exactly it; every other row is
+    /// Whether the other folds may see `row`: not when it is written as a bound
+    /// agent by a writer the agent is not bound to; a `task.created` or `config.set`
+    /// only when a verified owner command produced exactly it; every other row is
     /// admitted (its own fold judges it).
     pub fn admits(&self, row: &Interaction) -> bool {
+        if self.misbound(row) {
+            return false;
+        }
         match row.verb {
             Verb::TaskCreated | Verb::ConfigSet => self.authorized.contains(&row.id),
             _ => true,
@@ -96,6 +108,27 @@ impl OwnerAuthority {
     /// hand-written), ignored.
     pub fn unauthorized_rows(&self) -> u64 {
         self.unauthorized
+    }
+
+    /// How many rows written as a bound agent (actor = the agent, role `agent`) by a
+    /// writer the agent is not bound to were ignored.
+    pub fn misbound_rows(&self) -> u64 {
+        self.misbound
+    }
+
+    /// Whether `row` is written as a bound agent by a writer it is not bound to, by
+    /// the effective `agents` of the row's room or thread now.
+    fn misbound(&self, row: &Interaction) -> bool {
+        if row.role != Role::Agent {
+            return false;
+        }
+        match self
+            .config
+            .value(&row.room, row.thread.as_deref(), ConfigKey::Agents)
+        {
+            ConfigValue::Bindings(list) => misbound(&list, row),
+            _ => false,
+        }
     }
 
     fn message(&mut self, i: &Interaction) {
@@ -189,6 +222,10 @@ impl OwnerAuthority {
 
 impl Fold for OwnerAuthority {
     fn apply(&mut self, row: &Interaction) {
+        if self.misbound(row) {
+            self.misbound += 1;
+            return;
+        }
         match row.verb {
             Verb::MessagePosted => self.message(row),
             Verb::TaskCreated => self.task_created(row),

@@ -1145,6 +1145,129 @@ fn delegators_is_an_owner_config_list() {
     assert!(config_err("!config delegators a/b").contains("bad value"));
 }
 
+// ---- agents bound to writers -------------------------------------------------------
+
+/// A signed `!config` by the room owner `ana` of room `r`, as the rows a relay
+/// appends for it.
+fn owner_config(key: &OwnerSecret, text: &str, auth: &OwnerAuthority) -> Vec<NewInteraction> {
+    let message = key.sign(NewInteraction::new(
+        "r",
+        Verb::MessagePosted,
+        "ana",
+        Role::Owner,
+        json!({"text": text}),
+    ));
+    command_rows(message, auth.config()).unwrap().unwrap()
+}
+
+/// The owner binds ada to r0 and r2: ada's rows written by r0 or r2 count, by r1 they
+/// are ignored and counted, from the binding's row on and until `none` clears it.
+/// Other agents, and rows of other roles under the name, are untouched.
+#[test]
+fn rows_as_a_bound_agent_count_only_from_its_writers() {
+    let key = owner_secret();
+    let mut auth = OwnerAuthority::new();
+    let mut seq = 0;
+    // Folds `rows` as written by `writer`; returns how many were admitted.
+    let mut feed = |rows: Vec<NewInteraction>, writer: &str, auth: &mut OwnerAuthority| {
+        let mut admitted = 0;
+        for r in rows {
+            seq += 1;
+            let mut read = materialize(r, Position::new(0, seq), Timestamp(0));
+            read.relay = writer.into();
+            auth.apply(&read);
+            admitted += usize::from(auth.admits(&read));
+        }
+        admitted
+    };
+    let claim = |agent: &str, role: Role, n: u64| {
+        NewInteraction::new(
+            "r",
+            Verb::TaskClaimed,
+            agent,
+            role,
+            json!({"task": "t", "epoch": n}),
+        )
+    };
+    feed(seed_room("r", "ana", &key, &[]).unwrap(), "r0", &mut auth);
+
+    // Before the binding: anyone may write as ada.
+    assert_eq!(feed(vec![claim("ada", Role::Agent, 1)], "r1", &mut auth), 1);
+
+    // The binding's own rows may be written by any relay (it is the owner's row).
+    let bind = owner_config(&key, "!config agents ada@r0,@ada@r2", &auth);
+    assert_eq!(feed(bind, "r1", &mut auth), 2);
+    assert_eq!(
+        auth.config().effective("r", None).agents,
+        vec![
+            crate::config::AgentBinding::parse("ada@r0").unwrap(),
+            crate::config::AgentBinding::parse("ada@r2").unwrap()
+        ]
+    );
+    assert_eq!(feed(vec![claim("ada", Role::Agent, 2)], "r0", &mut auth), 1);
+    assert_eq!(feed(vec![claim("ada", Role::Agent, 3)], "r2", &mut auth), 1);
+    assert_eq!(auth.misbound_rows(), 0);
+    // By another writer: ignored and counted, in the room and in its threads; a
+    // forged `!delegate` as ada authorizes nothing either.
+    let forged = vec![
+        claim("ada", Role::Agent, 4),
+        claim("ada", Role::Agent, 5).in_thread("side"),
+        NewInteraction::new(
+            "r",
+            Verb::MessagePosted,
+            "ada",
+            Role::Agent,
+            json!({"text": "!delegate\nx: forged"}),
+        ),
+    ];
+    assert_eq!(feed(forged, "r1", &mut auth), 0);
+    assert_eq!(auth.misbound_rows(), 3);
+    assert_eq!(auth.undelegated_commands(), 0, "never parsed");
+    // Unbound agents and other roles under the name: as before.
+    let others = vec![claim("bo", Role::Agent, 6), claim("ada", Role::Human, 7)];
+    assert_eq!(feed(others, "r1", &mut auth), 2);
+    assert_eq!(auth.misbound_rows(), 3);
+
+    // `none` clears the binding: ada's rows from r1 count again.
+    let clear = owner_config(&key, "!config agents none", &auth);
+    assert_eq!(feed(clear, "r0", &mut auth), 2);
+    assert_eq!(feed(vec![claim("ada", Role::Agent, 8)], "r1", &mut auth), 1);
+    assert_eq!(auth.misbound_rows(), 3);
+}
+
+#[test]
+fn agents_is_an_owner_config_list_of_bindings() {
+    match config("!config agents ada@relay-b,ada@relay-a,@bo@relay-b,ada@relay-a") {
+        ConfigCommand::Change(c) => {
+            let value = &c.body.set[&ConfigKey::Agents];
+            assert_eq!(value.to_string(), "ada@relay-a,ada@relay-b,bo@relay-b");
+            assert_eq!(
+                value.to_json(),
+                json!(["ada@relay-a", "ada@relay-b", "bo@relay-b"])
+            );
+            assert_eq!(
+                ConfigKey::Agents.value_from_json(&value.to_json()).as_ref(),
+                Ok(value)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    match config("!config agents none") {
+        ConfigCommand::Change(c) => {
+            assert_eq!(
+                c.body.set[&ConfigKey::Agents],
+                ConfigValue::Bindings(vec![])
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    for bad in ["ada", "ada@", "ada@r0,,bo@r1", "ada@r/0", "a b@r0"] {
+        let err = config_err(&format!("!config agents {bad}"));
+        assert!(err.contains("agent@writer entries"), "{bad}: {err}");
+    }
+    assert!(ConfigKey::Agents.value_from_json(&json!(["ada"])).is_err());
+}
+
 // ---- approvals ----------------------------------------------------------------------
 
 fn approval_request(pos: u64, id: &str) -> crate::model::Interaction {

@@ -178,6 +178,21 @@ impl ConfigFold {
             .collect()
     }
 
+    /// The effective value of one key in a room or thread (the thread overlay, then
+    /// the room overlay, then the default), clamped: [`Self::effective`] for one key.
+    pub fn value(&self, room: &str, thread: Option<&str>, key: ConfigKey) -> ConfigValue {
+        let entry = self.rooms.get(room);
+        let overlays = [
+            entry.zip(thread).and_then(|(e, t)| e.threads.get(t)),
+            entry.map(|e| &e.room),
+        ];
+        overlays
+            .into_iter()
+            .flatten()
+            .find_map(|o| o.get(key.as_str()).and_then(|slot| slot.value.clone()))
+            .map_or_else(|| key.default_value(), |v| key.clamp(v))
+    }
+
     fn apply_room_created(&mut self, i: &Interaction) {
         let owner = i
             .body

@@ -8,6 +8,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::binding::{check_writer_name, normalized, AgentBinding, MAX_BINDINGS};
 use crate::limits::Limits;
 use crate::model::validate_name;
 
@@ -69,6 +70,10 @@ pub struct RoomConfig {
     /// Agents allowed to create tasks (`task_delegate`), sorted; none by default.
     #[serde(default)]
     pub delegators: Vec<String>,
+    /// Agents bound to the writers that may write as them, sorted; none by default
+    /// (see [`super::binding`]).
+    #[serde(default)]
+    pub agents: Vec<AgentBinding>,
 }
 
 impl Default for RoomConfig {
@@ -89,6 +94,7 @@ impl Default for RoomConfig {
             budget: None,
             max_hops: 3,
             delegators: Vec::new(),
+            agents: Vec::new(),
         }
     }
 }
@@ -159,6 +165,8 @@ pub enum ConfigKey {
     MaxHops,
     /// `delegators`: agents allowed to create tasks with `task_delegate`.
     Delegators,
+    /// `agents`: agents bound to the writers that may write as them.
+    Agents,
 }
 
 /// The kind of value a [`ConfigKey`] takes.
@@ -180,6 +188,9 @@ pub enum ValueKind {
     Budget,
     /// Agent names separated by commas (`lead,planner`), or `none`.
     Agents,
+    /// `agent@writer` entries separated by commas (`ada@relay-a,bo@relay-b`), or
+    /// `none`.
+    Bindings,
 }
 
 /// The inclusive range a numeric key is clamped into. Durations are in
@@ -213,7 +224,7 @@ pub const MAX_BUDGET: u64 = 1_000_000_000_000;
 
 impl ConfigKey {
     /// Every key, in documentation order.
-    pub const ALL: [ConfigKey; 15] = [
+    pub const ALL: [ConfigKey; 16] = [
         ConfigKey::Responder,
         ConfigKey::ResponderAgent,
         ConfigKey::ResponderWindow,
@@ -229,6 +240,7 @@ impl ConfigKey {
         ConfigKey::Budget,
         ConfigKey::MaxHops,
         ConfigKey::Delegators,
+        ConfigKey::Agents,
     ];
 
     /// The key as typed in `!config` and stored in `config.set`.
@@ -249,6 +261,7 @@ impl ConfigKey {
             ConfigKey::Budget => "budget",
             ConfigKey::MaxHops => "max-hops",
             ConfigKey::Delegators => "delegators",
+            ConfigKey::Agents => "agents",
         }
     }
 
@@ -274,6 +287,7 @@ impl ConfigKey {
             ConfigKey::RequireMention => ValueKind::Flag,
             ConfigKey::Budget => ValueKind::Budget,
             ConfigKey::Delegators => ValueKind::Agents,
+            ConfigKey::Agents => ValueKind::Bindings,
         }
     }
 
@@ -295,7 +309,8 @@ impl ConfigKey {
             | ConfigKey::ResponderAgent
             | ConfigKey::Allocation
             | ConfigKey::RequireMention
-            | ConfigKey::Delegators => None,
+            | ConfigKey::Delegators
+            | ConfigKey::Agents => None,
         }
     }
 
@@ -337,6 +352,11 @@ impl ConfigKey {
                 "agents allowed to create tasks with task_delegate (the !delegate grammar \
                  and limits)"
             }
+            ConfigKey::Agents => {
+                "agents bound to the writers (relay ids; database roles on Postgres) that \
+                 may write as them; rows written as a bound agent by another writer are \
+                 ignored"
+            }
         }
     }
 
@@ -355,6 +375,10 @@ impl ConfigKey {
             (ValueKind::Agents, _) => format!(
                 "agent names separated by commas, no spaces (lead,planner; at most \
                  {MAX_DELEGATORS}), or none"
+            ),
+            (ValueKind::Bindings, _) => format!(
+                "agent@writer entries separated by commas, no spaces (ada@relay-a,\
+                 ada@relay-b; at most {MAX_BINDINGS}), or none"
             ),
             (ValueKind::Duration, Some(b)) => format!(
                 "a duration such as 500ms, 30s, 2m or 1h, from {} to {}",
@@ -429,6 +453,15 @@ impl ConfigKey {
                     .collect();
                 agent_list(names).map(|v| (v, None)).ok_or_else(bad)
             }
+            ValueKind::Bindings => {
+                if lower == "none" {
+                    return Ok((ConfigValue::Bindings(Vec::new()), None));
+                }
+                let list: Result<Vec<AgentBinding>, String> =
+                    text.split(',').map(AgentBinding::parse).collect();
+                let list = list.ok().and_then(normalized).ok_or_else(bad)?;
+                Ok((ConfigValue::Bindings(list), None))
+            }
             ValueKind::Flag => match lower.as_str() {
                 "on" | "true" | "yes" | "1" => Ok((ConfigValue::Flag(true), None)),
                 "off" | "false" | "no" | "0" => Ok((ConfigValue::Flag(false), None)),
@@ -480,6 +513,17 @@ impl ConfigKey {
                     agent_list(names?)
                 })
                 .ok_or_else(|| expect("a list of agent names")),
+            ValueKind::Bindings => v
+                .as_array()
+                .and_then(|entries| {
+                    let list: Option<Vec<AgentBinding>> = entries
+                        .iter()
+                        .map(|e| e.as_str().and_then(|e| AgentBinding::parse(e).ok()))
+                        .collect();
+                    normalized(list?)
+                })
+                .map(ConfigValue::Bindings)
+                .ok_or_else(|| expect("a list of agent@writer entries")),
             ValueKind::Flag => v
                 .as_bool()
                 .map(ConfigValue::Flag)
@@ -611,6 +655,8 @@ pub enum ConfigValue {
     Budget(Option<u64>),
     /// Agent names, sorted, without duplicates; empty is none.
     Agents(Vec<String>),
+    /// Agent bindings, sorted, without duplicates; empty is none.
+    Bindings(Vec<AgentBinding>),
 }
 
 impl ConfigValue {
@@ -625,6 +671,9 @@ impl ConfigValue {
             ConfigValue::Flag(b) => Value::from(*b),
             ConfigValue::Budget(b) => b.map(Value::from).unwrap_or(Value::Null),
             ConfigValue::Agents(names) => Value::from(names.clone()),
+            ConfigValue::Bindings(list) => {
+                list.iter().map(|b| Value::from(b.to_string())).collect()
+            }
         }
     }
 }
@@ -644,6 +693,11 @@ impl fmt::Display for ConfigValue {
             ConfigValue::Budget(Some(n)) => f.write_str(&format_count(*n)),
             ConfigValue::Agents(names) if names.is_empty() => f.write_str("none"),
             ConfigValue::Agents(names) => f.write_str(&names.join(",")),
+            ConfigValue::Bindings(list) if list.is_empty() => f.write_str("none"),
+            ConfigValue::Bindings(list) => {
+                let entries: Vec<String> = list.iter().map(AgentBinding::to_string).collect();
+                f.write_str(&entries.join(","))
+            }
         }
     }
 }
@@ -667,6 +721,7 @@ impl RoomConfig {
             ConfigKey::Budget => ConfigValue::Budget(self.budget),
             ConfigKey::MaxHops => ConfigValue::Count(self.max_hops.into()),
             ConfigKey::Delegators => ConfigValue::Agents(self.delegators.clone()),
+            ConfigKey::Agents => ConfigValue::Bindings(self.agents.clone()),
         }
     }
 
@@ -708,6 +763,12 @@ impl RoomConfig {
                     return false;
                 };
                 self.delegators = names;
+            }
+            (ConfigKey::Agents, ConfigValue::Bindings(list)) => {
+                let valid = list.iter().all(|b| {
+                    check_agent_name(&b.agent).is_ok() && check_writer_name(&b.writer).is_ok()
+                });
+                self.agents = normalized(list).filter(|_| valid).unwrap_or_default();
             }
             _ => return false,
         }
@@ -1336,6 +1397,13 @@ mod tests {
             any::<bool>().prop_map(ConfigValue::Flag),
             proptest::option::of(any::<u64>()).prop_map(ConfigValue::Budget),
             prop::collection::vec("[a-z@ ]{0,4}", 0..4).prop_map(ConfigValue::Agents),
+            prop::collection::vec(("[a-z@ ]{0,3}", "[a-z@, ]{0,3}"), 0..4).prop_map(|l| {
+                ConfigValue::Bindings(
+                    l.into_iter()
+                        .map(|(agent, writer)| AgentBinding { agent, writer })
+                        .collect(),
+                )
+            }),
         ]
     }
 

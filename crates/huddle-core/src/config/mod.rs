@@ -14,9 +14,11 @@
 //! The grammar of the `!config` command is parsed above this module, in `commands`;
 //! the reference for users is `docs/protocol/commands.md`.
 
+pub mod binding;
 mod fold;
 mod keys;
 
+pub use binding::{refusal, AgentBinding, BoundElsewhere};
 pub use fold::{ConfigFold, ConfigSource, ExplainedSetting};
 pub(crate) use keys::shorten;
 pub use keys::{

@@ -510,4 +510,8 @@ impl Store for MemoryStore {
     fn backend_name(&self) -> &'static str {
         "memory"
     }
+
+    fn writer(&self) -> Option<String> {
+        Some(self.relay().to_string())
+    }
 }

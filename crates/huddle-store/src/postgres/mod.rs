@@ -868,6 +868,11 @@ impl Store for PgStore {
     fn backend_name(&self) -> &'static str {
         "postgres"
     }
+
+    /// The URL's user: the session's role, which the database records as `relay`.
+    fn writer(&self) -> Option<String> {
+        self.session.get_user().map(str::to_string)
+    }
 }
 
 #[cfg(test)]

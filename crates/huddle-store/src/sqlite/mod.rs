@@ -378,4 +378,8 @@ impl Store for SqliteStore {
     fn backend_name(&self) -> &'static str {
         "sqlite"
     }
+
+    fn writer(&self) -> Option<String> {
+        Some(self.relay().to_string())
+    }
 }
