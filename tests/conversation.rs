@@ -31,6 +31,22 @@ fn executions(log: &std::path::Path) -> BTreeMap<(String, String), usize> {
     n
 }
 
+/// An exec agent that logs "<agent> <tag>" for the last `[<letter>n]` tag in its
+/// prompt (the message comes last) and answers "<agent> did <tag>" with trailing
+/// white space that huddle trims. Returns the script and its log.
+fn tagging_agent(h: &Huddle, letter: char) -> (std::path::PathBuf, std::path::PathBuf) {
+    let log = h.dir().join("executions.log");
+    let agent = h.script(
+        "agent.sh",
+        &format!(
+            "p=$(cat)\ntag=$(printf '%s' \"$p\" | grep -o '\\[{letter}[0-9]*\\]' | tail -n 1)\n\
+             echo \"$HUDDLE_AGENT $tag\" >> {log}\nprintf '%s did %s\\n\\n' \"$HUDDLE_AGENT\" \"$tag\"",
+            log = log.display()
+        ),
+    );
+    (agent, log)
+}
+
 /// Waits until `id` has replies from exactly `who` (sorted) and returns them by agent.
 async fn replies_from(
     h: &mut Huddle,
@@ -69,17 +85,7 @@ fn reply_from_cli(h: &Huddle, actor: &str, to: &str, text: &str) -> String {
 
 async fn each_named_agent_replies_once_and_reply_to_wakes_the_author(backend: Backend) {
     let mut h = Huddle::new(backend).await;
-    let log = h.dir().join("executions.log");
-    // Logs "<agent> <tag>" for the last [Qn] tag in the prompt (the message comes
-    // last), then answers with trailing white space that huddle trims.
-    let agent = h.script(
-        "agent.sh",
-        &format!(
-            "p=$(cat)\ntag=$(printf '%s' \"$p\" | grep -o '\\[Q[0-9]*\\]' | tail -n 1)\n\
-             echo \"$HUDDLE_AGENT $tag\" >> {log}\nprintf '%s did %s\\n\\n' \"$HUDDLE_AGENT\" \"$tag\"",
-            log = log.display()
-        ),
-    );
+    let (agent, log) = tagging_agent(&h, 'Q');
     // cid is hosted by both relays: it must still answer each message once.
     h.spawn_relay(
         "r0",
@@ -251,18 +257,10 @@ async fn the_owners_stop_ends_a_long_turn_and_the_task_is_offered_again(backend:
 }
 
 /// `!watch @cy t1`: broadcasts in thread t1 are answered by cy (the others wait a
-/// responder window); elsewhere, and after `!unwatch`, anyone may answer first.
+/// responder window). Other threads and `!unwatch` are covered by the core tests.
 async fn a_watched_thread_goes_to_its_watcher(backend: Backend) {
     let mut h = Huddle::new(backend).await;
-    let log = h.dir().join("executions.log");
-    let agent = h.script(
-        "agent.sh",
-        &format!(
-            "p=$(cat)\ntag=$(printf '%s' \"$p\" | grep -o '\\[W[0-9]*\\]' | tail -n 1)\n\
-             echo \"$HUDDLE_AGENT $tag\" >> {log}\necho ok",
-            log = log.display()
-        ),
-    );
+    let (agent, log) = tagging_agent(&h, 'W');
     h.spawn_relay("r0", vec![AgentSpec::exec("bo", &agent)]);
     h.spawn_relay("r1", vec![AgentSpec::exec("cy", &agent)]);
     h.wait_registered(&["bo", "cy"]).await;
