@@ -23,7 +23,7 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for t in $tests; do
   echo "== soak: $t"
-  HUDDLE_SOAK=1 cargo test --test fault_battery "$t" -- --exact --nocapture 2>&1 \
+  HUDDLE_SOAK=1 cargo test -p huddle --test e2e "fault_battery::$t" -- --exact --nocapture 2>&1 \
     | tee "$log" \
     | grep --line-buffered -E '^(fault|settled|NOT settled|history report|  |figures:|test |thread )' \
     || true

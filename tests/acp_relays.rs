@@ -3,8 +3,7 @@
 //! and no agent is prompted for a task twice. On both backends. And `huddle relay
 //! --check` reports every configured agent.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::relays::{relay_toml, secs, AgentSpec, Backend, DriverSpec, Huddle};
 use huddle_core::protocol::TurnRepliedBody;

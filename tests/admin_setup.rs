@@ -3,7 +3,7 @@
 //! under those roles and finish a delegated DAG, every row they write is attributed to
 //! its relay's role, and the reader can read but not write.
 
-mod common;
+use crate::common;
 
 use common::relays::*;
 use common::{fails, huddle, ok};

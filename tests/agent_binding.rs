@@ -3,8 +3,7 @@
 //! as ada by another writer (on Postgres another relay's database role) are ignored by
 //! every reader and counted, and writers refuse to act as ada elsewhere.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -13,7 +13,7 @@
 //! Linux only: processes are observed through `/proc`.
 #![cfg(target_os = "linux")]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! End-to-end: `huddle board` and `huddle tasks` read a room's folded state back from
 //! the ledger, and agree with the report of the demo that wrote it.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -2,8 +2,7 @@
 //! gets an error naming it and what to do, through the real binary: exit status and
 //! message asserted.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};

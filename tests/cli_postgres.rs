@@ -2,7 +2,7 @@
 //! including a follower in another process that keeps waking up after its LISTEN
 //! connection is killed.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

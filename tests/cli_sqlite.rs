@@ -1,6 +1,6 @@
 //! End-to-end: the real `huddle` binary on the embedded SQLite default.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

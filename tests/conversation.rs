@@ -4,8 +4,7 @@
 //! broadcast gets one reply in all; `huddle post --reply-to` wakes the parent's author
 //! only, and nobody when the parent is a person's message.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

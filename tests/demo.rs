@@ -1,7 +1,7 @@
 //! End-to-end: `huddle demo` (simulated agents in several in-process relays working a
 //! delegated DAG) run as the real binary, judged by its JSON report.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

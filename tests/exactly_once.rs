@@ -7,7 +7,7 @@
 //! completing a task twice, two processes with one relay id, reads stalling on a page
 //! boundary, a large `!delegate` lost, and a result dropped while the database restarts.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

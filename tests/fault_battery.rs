@@ -13,7 +13,7 @@
 //! The first tests check the checker itself on synthetic histories, so a battery that
 //! reports nothing has been shown able to report something.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

@@ -2,8 +2,7 @@
 //! SDK (`tests/mcp/*.py`). The SDK is installed into `target/mcp-venv` on first use
 //! (or taken from `HUDDLE_MCP_PYTHON`); failing to install it fails the test loudly.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::{Child, Stdio};

@@ -1,8 +1,7 @@
 //! End-to-end: `huddle mcp --print-config CLIENT` prints a snippet that parses (JSON or
 //! TOML) and starts this very server for the given room, agent and database.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

@@ -3,8 +3,7 @@
 //! the task its relay claimed for it as its own and posts in the room as itself, and
 //! as nobody else. On both backends.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::mcp::{mcp_python, mcp_scripts};
 use common::relays::{secs, AgentSpec, Backend, Huddle};

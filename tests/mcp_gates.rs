@@ -2,8 +2,7 @@
 //! the official MCP Python SDK (`tests/mcp/gates.py`) and through the CLI, on SQLite
 //! and Postgres.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::mcp::client_script;
 use common::relays::{ms, relay_toml, secs, AgentSpec, Backend, RelayProcess, TestDatabase};

@@ -3,8 +3,7 @@
 //! plain HTTP requests), on SQLite and Postgres. The ledger is the judge: every row is
 //! attributed to the agent whose token made it, and refused requests left nothing.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::Command;

@@ -2,8 +2,7 @@
 //! key (plan 0016), through the real `huddle` binary and real relays, on both
 //! backends. Forged owner rows are inserted directly through the store.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::relays::*;
 use huddle_core::{NewInteraction, Role, Verb};

@@ -4,8 +4,7 @@
 //! the real binary (the same `AgentSession` calls as the MCP tools), on SQLite and
 //! Postgres.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::relays::{Backend, TestDatabase};
 use common::*;

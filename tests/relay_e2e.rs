@@ -4,8 +4,7 @@
 //! test per backend. Each test ends by stopping its relays with SIGTERM and checking
 //! that every relay folded the same board and task state as the test itself.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,8 +1,7 @@
 //! End-to-end: `huddle task ...`, an agent's task operations from the command line,
 //! through the real binary (the same `AgentSession` calls as the MCP tools).
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

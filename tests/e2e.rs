@@ -1,0 +1,29 @@
+//! The end-to-end tests of the `huddle` package: the real binary, several relays as
+//! separate processes, on SQLite and Postgres. One test binary for all of them (one
+//! link instead of one per file); each file is a module, run one with
+//! `cargo test -p huddle --test e2e fault_battery::`.
+
+#[macro_use]
+mod common;
+
+mod acp_relays;
+mod admin_setup;
+mod agent_binding;
+mod agent_lifetime;
+mod board_tasks;
+mod cli_errors;
+mod cli_postgres;
+mod cli_sqlite;
+mod conversation;
+mod demo;
+mod exactly_once;
+mod fault_battery;
+mod mcp;
+mod mcp_config;
+mod mcp_driven;
+mod mcp_gates;
+mod mcp_http;
+mod owner_signatures;
+mod pattern_cli;
+mod relay_e2e;
+mod task_cli;
