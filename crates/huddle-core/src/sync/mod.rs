@@ -330,6 +330,11 @@ impl Synchronizer {
         &self.relay
     }
 
+    /// Whether this relay serves `room` (rows of other rooms are ignored).
+    pub fn serves(&self, room: &str) -> bool {
+        self.rooms.contains(room)
+    }
+
     /// The local agents, by key.
     pub fn agents(&self) -> &BTreeMap<String, LocalAgent> {
         &self.agents
