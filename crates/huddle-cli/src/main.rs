@@ -4,6 +4,7 @@
 mod admin;
 mod bench_coord;
 mod bench_ledger;
+mod bench_sched;
 mod bench_tasks;
 mod demo;
 mod keys;
@@ -264,6 +265,9 @@ pub enum BenchCommand {
     /// Task hand-out throughput end to end (N tasks, A agents over R relay
     /// processes, turn length T) beside a plain-SQL job queue on the same database.
     Tasks(bench_tasks::TasksArgs),
+    /// The synchronizer's own cost per task as the DAG grows (no database: every
+    /// intent answered from memory).
+    Sched(bench_sched::SchedArgs),
 }
 
 /// `huddle room ...`
@@ -486,6 +490,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Propose(p) => pattern_cmds::propose(&db, options, p).await,
         Command::Vote(v) => pattern_cmds::vote(&db, options, v).await,
         Command::Barrier { command } => pattern_cmds::barrier(&db, options, command).await,
+        Command::Bench {
+            command: BenchCommand::Sched(args),
+        } => {
+            let lines = bench_sched::run(&args);
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&lines)?);
+            } else {
+                print!("{}", bench_sched::render(&args, &lines));
+            }
+            Ok(())
+        }
         Command::Bench {
             command: BenchCommand::Tasks(args),
         } => {

@@ -379,11 +379,12 @@ impl Board {
         if view.is_empty() {
             return None;
         }
-        let version = hash_state(&view);
-        Some(CoordinationBlock {
-            text: view.render(),
-            version,
-        })
+        // The version is the hash of the text itself: it changes exactly when the text
+        // does, and costs one pass over the text instead of a canonical encoding of the
+        // view (which was most of a turn start's cost).
+        let text = view.render();
+        let version = *blake3::hash(text.as_bytes()).as_bytes();
+        Some(CoordinationBlock { text, version })
     }
 }
 

@@ -503,7 +503,12 @@ impl Loop {
     async fn ledger(&mut self, rows: Vec<Interaction>, caught_up: bool) {
         // Owner commands are executed by every relay: their results are deterministic
         // content, so the ledger keeps one copy whoever appends first.
-        for row in rows.iter().filter(|r| r.verb == Verb::MessagePosted) {
+        // A window of recent messages per served room (memory independent of the
+        // rooms in the ledger that this relay does not serve).
+        for row in rows
+            .iter()
+            .filter(|r| r.verb == Verb::MessagePosted && self.sync.serves(&r.room))
+        {
             let window = self.recent.entry(row.room.clone()).or_default();
             window.push_back(row.clone());
             while window.len() > CONTEXT_WINDOW {

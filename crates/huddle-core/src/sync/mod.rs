@@ -330,6 +330,11 @@ impl Synchronizer {
         &self.relay
     }
 
+    /// Whether this relay serves `room` (rows of other rooms are ignored).
+    pub fn serves(&self, room: &str) -> bool {
+        self.rooms.contains(room)
+    }
+
     /// The local agents, by key.
     pub fn agents(&self) -> &BTreeMap<String, LocalAgent> {
         &self.agents
@@ -1278,6 +1283,7 @@ impl Synchronizer {
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
         for room in rooms {
             let config = self.config(&room, None).clone();
+            let ttl_us = ms_to_us(config.claim_ttl_ms.max(1));
             let claimed: Vec<(String, Option<String>)> = self
                 .dag
                 .claimed(&room)
@@ -1301,6 +1307,21 @@ impl Synchronizer {
                 {
                     // Our own turn under this very lease just ended; its completion or
                     // failure is on its way into the fold.
+                    continue;
+                }
+                let remote_owner = owner.as_ref().is_some_and(|o| !self.agents.contains_key(o));
+                if remote_owner
+                    && task
+                        .claimed_at
+                        .is_some_and(|at| now < at.saturating_add(ttl_us))
+                {
+                    // Another relay's agent took it less than a lease ago: its lease
+                    // cannot have lapsed yet (it was acquired before the claim row
+                    // was written), so a probe now could only be refused. The first
+                    // probe waits for the lease to be able to lapse; a pass follows
+                    // within a reconcile tick. (A local owner's own claim is probed at
+                    // once: the store grants it to the same holder, which is how a
+                    // restarted relay resumes.)
                     continue;
                 }
                 let right = retake_right(&config, task);

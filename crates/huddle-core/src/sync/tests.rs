@@ -1034,16 +1034,32 @@ fn a_failed_attempt_goes_to_another_free_agent_first() {
 }
 
 #[test]
+fn a_remote_claim_is_probed_only_once_its_lease_can_have_lapsed() {
+    let mut h = H::new(&["cy"]);
+    h.start();
+    // bo (on another relay) claims a; its lease is the room's claim TTL (60 s).
+    assert!(acquires(&h.post(vec![created("a", &[]), claimed("a", "bo", 1)])).is_empty());
+    assert!(acquires(&h.tick(h.now + 59 * S)).is_empty());
+    // A lease after the claim row, the lease may have lapsed: probe (the store grants
+    // it only if it did).
+    let out = h.tick(T0 + 60 * S);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "cy".into())]);
+    // A local agent's own claim is probed at once (a restarted relay resumes it).
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let out = h.post(vec![created("a", &[]), claimed("a", "bo", 1)]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+}
+
+#[test]
 fn a_claim_still_held_at_a_failed_epoch_is_retried_soon() {
     // Another relay's agent failed task a at epoch 4; this relay folds the failure
     // before that relay released the claim.
     let mut h = H::new(&["cy"]);
     h.start();
     let out = h.post(vec![created("a", &[]), claimed("a", "bo", 4)]);
-    // Seen claimed by a remote agent: the reconcile pass tries to re-take it, and the
-    // store says bo holds it: leave it alone until its lease lapses.
-    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "cy".into())]);
-    let out = h.result(&task_key("lobby", "a"), "cy", false, 4);
+    // Seen claimed by a remote agent less than a lease ago: its lease cannot have
+    // lapsed, so no probe is made.
     assert!(acquires(&out).is_empty());
     assert!(acquires(&h.tick(h.now + 250_000)).is_empty());
     let out = h.post(vec![failed("a", "bo", 4)]);
