@@ -5,7 +5,9 @@
 #   scripts/pg-test-cluster.sh stop DIR
 #
 # The cluster runs with fsync off (fast tests); PG_DURABLE=1 keeps fsync and full page
-# writes on, as benchmarks measure.
+# writes on, as benchmarks measure. PG_STATS=1 loads pg_stat_statements (Debian's
+# postgresql contrib, shipped with the server) so a bench run can be broken down per
+# statement: `CREATE EXTENSION pg_stat_statements` in the database, then read the view.
 #
 # Uses the machine's initdb/pg_ctl (PATH, then /usr/lib/postgresql/*/bin). As root
 # the server runs as the `postgres` system user.
@@ -36,8 +38,10 @@ start)
     as_pg "$initdb" -D "$dir/data" -U postgres -A trust --no-sync >"$dir/initdb.log" 2>&1
     durability="-c fsync=off -c full_page_writes=off"
     [ "${PG_DURABLE:-0}" = 1 ] && durability="-c fsync=on -c full_page_writes=on"
+    stats=""
+    [ "${PG_STATS:-0}" = 1 ] && stats="-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all"
     as_pg "$pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-        -o "-p $port -k $dir -c listen_addresses=127.0.0.1 $durability -c max_connections=400" \
+        -o "-p $port -k $dir -c listen_addresses=127.0.0.1 $durability $stats -c max_connections=400" \
         start >/dev/null
     echo "export HUDDLE_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:$port/postgres"
     ;;

@@ -16,7 +16,7 @@ use tokio::sync::Barrier;
 
 use crate::error::{Result, StoreError};
 use crate::subscribe::Subscription;
-use crate::traits::{Acquired, Epoch, Fence, Store};
+use crate::traits::{Acquired, ClaimRequest, Epoch, Fence, Store};
 use crate::StoreOptions;
 
 /// An append transaction that has inserted its rows (they hold their sequence
@@ -91,6 +91,9 @@ macro_rules! conformance_tests {
             a_closed_claim_is_never_acquired_again,
             an_append_under_two_claims_needs_both,
             a_retried_closing_append_is_idempotent,
+            a_batch_acquire_answers_each_claim_as_acquire_would,
+            a_batch_acquire_out_of_order_takes_nothing,
+            concurrent_batch_acquires_have_one_winner_per_claim,
         );
     };
     ($make:path, across_processes) => {
@@ -888,6 +891,211 @@ pub async fn an_append_under_two_claims_needs_both(b: &impl TestBackend) {
     let (rows, _, _) = read_all(&*s, Position::START).await;
     let texts: Vec<_> = rows.iter().map(|r| r.body["text"].clone()).collect();
     assert_eq!(texts, vec![json!("claimed")]);
+}
+
+/// A batch acquire answers every request as [`crate::Claims::acquire`] would (won,
+/// held by someone else, closed), and a conditional request is tried only when the
+/// request it waits for was won: a lost task claim takes no drive claim.
+pub async fn a_batch_acquire_answers_each_claim_as_acquire_would(b: &impl TestBackend) {
+    let s = b.store();
+    let other = b.reopen("second").await.expect("reopen");
+    let ttl = Duration::from_secs(30);
+    // t2 is held by someone else; t3 is finished (closed).
+    assert!(other
+        .acquire("task/r/t2", "bo", ttl)
+        .await
+        .expect("acquire")
+        .won());
+    let t3 = s.acquire("task/r/t3", "cy", ttl).await.expect("acquire");
+    let closing = [Fence {
+        key: "task/r/t3".into(),
+        holder: "cy".into(),
+        epoch: t3.state().epoch,
+    }];
+    let done = s
+        .append_under(&closing, true, vec![message("r", "cy", "done")])
+        .await
+        .expect("close t3");
+    // t4 was released: the next holder gets a higher epoch.
+    let t4 = s.acquire("task/r/t4", "di", ttl).await.expect("acquire");
+    assert!(s
+        .release("task/r/t4", "di", t4.state().epoch)
+        .await
+        .expect("release"));
+    let requests = vec![
+        ClaimRequest::new("task/r/t1", "ada", ttl),
+        ClaimRequest::new("task/r/t2", "ada", ttl),
+        ClaimRequest::new("task/r/t3", "ada", ttl),
+        ClaimRequest::new("task/r/t4", "ada", ttl),
+        ClaimRequest::new("taskdrive/r/t1", "relay-a", ttl).after(0),
+        ClaimRequest::new("taskdrive/r/t2", "relay-a", ttl).after(1),
+        ClaimRequest::new("taskdrive/r/t3", "relay-a", ttl).after(2),
+        ClaimRequest::new("taskdrive/r/t4", "relay-a", ttl).after(3),
+    ];
+    let out = s.acquire_batch(&requests).await.expect("batch");
+    assert_eq!(out.len(), requests.len());
+    let got = |i: usize| {
+        out[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("request {i} not tried"))
+    };
+    assert!(matches!(got(0), Acquired::Won(st) if st.holder == "ada" && st.epoch == Epoch(1)));
+    assert!(
+        matches!(got(1), Acquired::HeldBy(st) if st.holder == "bo"),
+        "{:?}",
+        got(1)
+    );
+    assert!(
+        matches!(got(2), Acquired::Closed { by, .. } if *by == done[0].id),
+        "{:?}",
+        got(2)
+    );
+    assert!(got(3).won());
+    assert!(got(3).state().epoch > t4.state().epoch);
+    assert!(matches!(got(4), Acquired::Won(st) if st.holder == "relay-a"));
+    assert!(
+        out[5].is_none(),
+        "drive of a lost task claim tried: {:?}",
+        out[5]
+    );
+    assert!(
+        out[6].is_none(),
+        "drive of a closed task claim tried: {:?}",
+        out[6]
+    );
+    assert!(got(7).won());
+    // The answers are the store's: the won claims fence appends, and nothing was
+    // taken for the requests not tried.
+    let fences = [
+        Fence {
+            key: "task/r/t1".into(),
+            holder: "ada".into(),
+            epoch: got(0).state().epoch,
+        },
+        Fence {
+            key: "taskdrive/r/t1".into(),
+            holder: "relay-a".into(),
+            epoch: got(4).state().epoch,
+        },
+    ];
+    s.append_under(&fences, false, vec![message("r", "ada", "claimed t1")])
+        .await
+        .expect("the batch's claims hold");
+    let drives: Vec<String> = s
+        .list_claims("taskdrive/")
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|c| c.state.key)
+        .collect();
+    assert_eq!(drives, vec!["taskdrive/r/t1", "taskdrive/r/t4"]);
+    // The same holder asking again in a batch extends its claims at the same epochs.
+    let again = s.acquire_batch(&requests[..1]).await.expect("batch");
+    assert!(matches!(&again[0], Some(Acquired::Won(st)) if st.epoch == got(0).state().epoch));
+    assert!(s.acquire_batch(&[]).await.expect("empty batch").is_empty());
+}
+
+/// A batch whose keys are not in increasing byte order, or whose condition names a
+/// later request, is refused before anything is taken.
+pub async fn a_batch_acquire_out_of_order_takes_nothing(b: &impl TestBackend) {
+    let s = b.store();
+    let ttl = Duration::from_secs(30);
+    let unordered = [
+        ClaimRequest::new("task/r/b", "ada", ttl),
+        ClaimRequest::new("task/r/a", "ada", ttl),
+    ];
+    assert!(s.acquire_batch(&unordered).await.is_err());
+    let repeated = [
+        ClaimRequest::new("task/r/a", "ada", ttl),
+        ClaimRequest::new("task/r/a", "bo", ttl),
+    ];
+    assert!(s.acquire_batch(&repeated).await.is_err());
+    let forward = [
+        ClaimRequest::new("task/r/a", "ada", ttl).after(1),
+        ClaimRequest::new("task/r/b", "ada", ttl),
+    ];
+    assert!(s.acquire_batch(&forward).await.is_err());
+    assert!(s.list_claims("").await.expect("list").is_empty());
+}
+
+/// Batches from two handles over the same claims, all at once: every claim has
+/// exactly one holder, every requester sees that holder, and a drive claim is taken
+/// exactly for the task claims its requester won (no deadlock between batches).
+pub async fn concurrent_batch_acquires_have_one_winner_per_claim(b: &impl TestBackend) {
+    let other = b.reopen("second").await.expect("reopen");
+    let ttl = Duration::from_secs(30);
+    let barrier = Arc::new(Barrier::new(8));
+    let mut tasks = Vec::new();
+    for i in 0..8usize {
+        let store = if i % 2 == 0 { b.store() } else { other.clone() };
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            let agent = format!("agent-{i}");
+            let relay = format!("relay-{i}");
+            // Each asks for 6 of 8 tasks, starting at a different one.
+            let mut ids: Vec<usize> = (0..6).map(|k| (i + k) % 8).collect();
+            ids.sort_unstable();
+            let mut requests: Vec<ClaimRequest> = ids
+                .iter()
+                .map(|t| ClaimRequest::new(format!("task/r/t{t}"), agent.clone(), ttl))
+                .collect();
+            for (j, t) in ids.iter().enumerate() {
+                requests.push(
+                    ClaimRequest::new(format!("taskdrive/r/t{t}"), relay.clone(), ttl).after(j),
+                );
+            }
+            barrier.wait().await;
+            let out = store.acquire_batch(&requests).await.expect("batch");
+            (agent, relay, requests, out)
+        }));
+    }
+    let mut task_winner: std::collections::HashMap<String, String> = Default::default();
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let mut drive_winner: std::collections::HashMap<String, String> = Default::default();
+    for t in tasks {
+        let (agent, relay, requests, out) = t.await.expect("join");
+        let n = requests.len() / 2;
+        for (j, r) in requests.iter().enumerate() {
+            let answer = &out[j];
+            if j < n {
+                let a = answer.as_ref().expect("task claims are always tried");
+                seen.push((r.key.clone(), a.state().holder.clone()));
+                let drive = &out[j + n];
+                if a.won() {
+                    assert_eq!(a.state().holder, agent);
+                    assert!(
+                        task_winner.insert(r.key.clone(), agent.clone()).is_none(),
+                        "two winners of {}",
+                        r.key
+                    );
+                    let d = drive
+                        .as_ref()
+                        .expect("drive after a won task claim is tried");
+                    assert!(d.won(), "{d:?}");
+                    drive_winner.insert(requests[j + n].key.clone(), relay.clone());
+                } else {
+                    assert!(drive.is_none(), "drive after a lost task claim was tried");
+                }
+            }
+        }
+    }
+    assert_eq!(
+        task_winner.len(),
+        8,
+        "every task claim won once: {task_winner:?}"
+    );
+    for (key, holder) in seen {
+        assert_eq!(
+            task_winner.get(&key),
+            Some(&holder),
+            "{key} seen held by {holder}"
+        );
+    }
+    let rows = b.store().list_claims("taskdrive/").await.expect("list");
+    assert_eq!(rows.len(), 8);
+    for row in rows {
+        assert_eq!(drive_winner.get(&row.state.key), Some(&row.state.holder));
+    }
 }
 
 /// A closing append retried after an ambiguous commit (the connection broke after

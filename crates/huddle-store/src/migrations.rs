@@ -50,6 +50,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     3 "trust" "0003_trust.sql",
     4 "directed_replies" "0004_directed_replies.sql",
     5 "agent_token" "0005_agent_token.sql",
+    8 "handoff" "0008_handoff.sql",
 );
 
 /// SQLite migrations, in order.

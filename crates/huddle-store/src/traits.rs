@@ -133,6 +133,70 @@ pub(crate) fn closing_id(close: bool, batch: &[NewInteraction]) -> Result<Option
     }
 }
 
+/// One claim of a batch acquire ([`Claims::acquire_batch`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRequest {
+    /// Claim key.
+    pub key: String,
+    /// Holder to take it for.
+    pub holder: String,
+    /// Lease length.
+    pub ttl: Duration,
+    /// Tried only when the request at this index (an earlier one of the same batch)
+    /// was won: a task's drive claim after its task claim. `None`: always tried.
+    pub after: Option<usize>,
+}
+
+impl ClaimRequest {
+    /// A request tried whatever the others get.
+    pub fn new(key: impl Into<String>, holder: impl Into<String>, ttl: Duration) -> Self {
+        ClaimRequest {
+            key: key.into(),
+            holder: holder.into(),
+            ttl,
+            after: None,
+        }
+    }
+
+    /// This request, tried only when request `index` of the batch was won.
+    pub fn after(mut self, index: usize) -> Self {
+        self.after = Some(index);
+        self
+    }
+}
+
+/// Checks a batch acquire's shape: keys in strictly increasing byte order (so any two
+/// batches lock the claim rows they share in the same order and never wait for each
+/// other in a cycle), and every condition naming an earlier request.
+pub(crate) fn check_claim_batch(requests: &[ClaimRequest]) -> Result<()> {
+    for (i, r) in requests.iter().enumerate() {
+        if i > 0 && requests[i - 1].key.as_bytes() >= r.key.as_bytes() {
+            return Err(crate::StoreError::Backend(format!(
+                "a batch acquire takes its keys in increasing byte order, without repeats: {:?} comes after {:?}",
+                r.key,
+                requests[i - 1].key
+            )));
+        }
+        if r.after.is_some_and(|j| j >= i) {
+            return Err(crate::StoreError::Backend(format!(
+                "request {i} ({:?}) of a batch acquire waits for request {:?}, which is not before it",
+                r.key, r.after
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether a request of a batch acquire is tried, given the answers `out` to the
+/// requests before it: always, or when the request it waits for was won.
+pub(crate) fn tried(r: &ClaimRequest, out: &[Option<Acquired>]) -> bool {
+    r.after.is_none_or(|j| {
+        out.get(j)
+            .and_then(Option::as_ref)
+            .is_some_and(Acquired::won)
+    })
+}
+
 /// A claim as listed by [`Claims::list_claims`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimRow {
@@ -227,6 +291,27 @@ pub trait Claims: Send + Sync + 'static {
     /// whenever the holder changes or an expired claim is re-taken. A closed claim is
     /// never taken: the answer is [`Acquired::Closed`].
     async fn acquire(&self, key: &str, holder: &str, ttl: Duration) -> Result<Acquired>;
+
+    /// Takes several claims in one go (one statement and one commit where the backend
+    /// can), in the order given, each exactly as [`Claims::acquire`] would. A request
+    /// with [`ClaimRequest::after`] is tried only when that earlier request was won;
+    /// its answer is `None` when it was not tried. Keys must come in strictly
+    /// increasing byte order (so batches that share claims take them in one order);
+    /// a batch that breaks that, or a condition naming a later request, is refused
+    /// with nothing taken. The default takes them one by one.
+    async fn acquire_batch(&self, requests: &[ClaimRequest]) -> Result<Vec<Option<Acquired>>> {
+        check_claim_batch(requests)?;
+        let mut out: Vec<Option<Acquired>> = Vec::with_capacity(requests.len());
+        for r in requests {
+            let tried = tried(r, &out);
+            out.push(if tried {
+                Some(self.acquire(&r.key, &r.holder, r.ttl).await?)
+            } else {
+                None
+            });
+        }
+        Ok(out)
+    }
 
     /// Extends the lease only for the exact `(holder, epoch)` while unexpired. `None`
     /// means the claim is lost and the holder must stop.

@@ -39,6 +39,8 @@ const CLAIM_FUNCTIONS: &[&str] = &[
     "huddle_claim_release(text, text, bigint)",
     "huddle_claim_fence(text, text, bigint)",
     "huddle_claim_fence_close(text, text, bigint, bytea)",
+    "huddle_claim_acquire_batch(text[], text[], bigint[], int[])",
+    "huddle_append_under(text[], text[], bigint[], bytea, bytea[], text[], text[], text[], text[], text[], bytea[], bytea[], text[], text[])",
 ];
 
 /// The kinds of login role [`add_login`] makes.

@@ -49,8 +49,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Config, Row, Statement};
 
 use crate::traits::{
-    Acquired, Appended, ClaimRow, ClaimState, Claims, Doorbell, Epoch, Fence, Ledger, ReadBatch,
-    SkippedRow, Store,
+    Acquired, Appended, ClaimRequest, ClaimRow, ClaimState, Claims, Doorbell, Epoch, Fence, Ledger,
+    ReadBatch, SkippedRow, Store,
 };
 use crate::{Result, StoreError, StoreOptions};
 use errors::{map_pg, map_pool};
@@ -581,7 +581,18 @@ async fn insert_batch<C: Session>(
     let params = columns.params();
     let statement = client.statement(sql::APPEND).await?;
     let rows = client.rows(&statement, &params).await?;
+    resolve_inserted(client, batch, ids, rows).await
+}
 
+/// Each item's outcome from the `(id, idempotency_key)` rows an insert returned: an
+/// item not among them was a duplicate, and a duplicate idempotency key answers the
+/// id stored under that key (read with one more statement, only when there is one).
+async fn resolve_inserted<C: Session>(
+    client: &C,
+    batch: &[NewInteraction],
+    ids: &[InteractionId],
+    rows: Vec<Row>,
+) -> std::result::Result<Vec<Appended>, tokio_postgres::Error> {
     let mut inserted: HashSet<(Vec<u8>, Option<String>)> = HashSet::with_capacity(rows.len());
     for row in rows {
         inserted.insert((row.try_get(0)?, row.try_get(1)?));
@@ -697,47 +708,57 @@ impl Ledger for PgStore {
     ) -> Result<Vec<Appended>> {
         let (ids, bodies) = self.validate(&batch)?;
         let closing = crate::traits::closing_id(close, &batch)?;
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(map_pg)?;
-        let check = match closing {
-            None => tx.prepare_cached(sql::FENCE).await,
-            Some(_) => tx.prepare_cached(sql::FENCE_CLOSE).await,
-        }
-        .map_err(map_pg)?;
-        let closing_bytes: Option<Vec<u8>> = closing.map(|id| id.0.to_vec());
-        for fence in fences {
-            let held = match &closing_bytes {
-                None => {
-                    tx.query_opt(&check, &[&fence.key, &fence.holder, &fence.epoch.get()])
-                        .await
-                }
-                Some(by) => {
-                    tx.query_opt(&check, &[&fence.key, &fence.holder, &fence.epoch.get(), by])
-                        .await
-                }
-            }
+        // One statement, so one round trip and one implicit transaction: the fences
+        // are checked (and closed) and the rows inserted by `huddle_append_under`.
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql::APPEND_UNDER)
+            .await
             .map_err(map_pg)?;
-            let held = match held {
-                Some(row) => row.try_get::<_, Option<bool>>(0).map_err(map_pg)? == Some(true),
-                None => false,
-            };
-            if !held {
-                tx.rollback().await.map_err(map_pg)?;
+        let keys: Vec<&str> = fences.iter().map(|f| f.key.as_str()).collect();
+        let holders: Vec<&str> = fences.iter().map(|f| f.holder.as_str()).collect();
+        let epochs: Vec<i64> = fences.iter().map(|f| f.epoch.get()).collect();
+        let closing_bytes: Option<Vec<u8>> = closing.map(|id| id.0.to_vec());
+        let columns = Columns::new(&batch, &ids, &bodies);
+        let [p5, p6, p7, p8, p9, p10, p11, p12, p13, p14] = columns.params();
+        let params: [&(dyn ToSql + Sync); 14] = [
+            &keys,
+            &holders,
+            &epochs,
+            &closing_bytes,
+            p5,
+            p6,
+            p7,
+            p8,
+            p9,
+            p10,
+            p11,
+            p12,
+            p13,
+            p14,
+        ];
+        let rows = match client.query(&statement, &params).await {
+            Ok(rows) => rows,
+            Err(e) if e.code().map(|c| c.code()) == Some(sql::FENCE_REFUSED) => {
+                let index = e
+                    .as_db_error()
+                    .and_then(|d| d.detail())
+                    .and_then(|d| d.trim().parse::<usize>().ok())
+                    .and_then(|i| i.checked_sub(1))
+                    .filter(|i| *i < fences.len())
+                    .unwrap_or(0);
+                let fence = &fences[index];
                 return Err(StoreError::Fenced {
                     key: fence.key.clone(),
                     holder: fence.holder.clone(),
                     epoch: fence.epoch,
                 });
             }
-        }
-        let out = if batch.is_empty() {
-            Vec::new()
-        } else {
-            insert_batch(&tx, &batch, &ids, &bodies)
-                .await
-                .map_err(map_pg)?
+            Err(e) => return Err(map_pg(e)),
         };
-        tx.commit().await.map_err(map_pg)?;
+        let out = resolve_inserted(&client, &batch, &ids, rows)
+            .await
+            .map_err(map_pg)?;
         drop(client);
         self.appended(&out);
         Ok(out)
@@ -811,6 +832,93 @@ impl Claims for PgStore {
         Err(StoreError::Backend(format!(
             "claim {key:?} neither acquired nor found"
         )))
+    }
+
+    async fn acquire_batch(&self, requests: &[ClaimRequest]) -> Result<Vec<Option<Acquired>>> {
+        crate::traits::check_claim_batch(requests)?;
+        match requests {
+            [] => return Ok(Vec::new()),
+            [one] => {
+                return Ok(vec![Some(
+                    self.acquire(&one.key, &one.holder, one.ttl).await?,
+                )])
+            }
+            _ => {}
+        }
+        let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
+        let holders: Vec<&str> = requests.iter().map(|r| r.holder.as_str()).collect();
+        let ttls: Vec<i64> = requests.iter().map(|r| micros(r.ttl)).collect();
+        // 1-based in SQL; 0 for none. Indexes fit: a batch this long is not sent.
+        let after: Vec<i32> = requests
+            .iter()
+            .map(|r| {
+                r.after
+                    .map_or(0, |j| i32::try_from(j + 1).unwrap_or(i32::MAX))
+            })
+            .collect();
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql::ACQUIRE_BATCH)
+            .await
+            .map_err(map_pg)?;
+        let rows = client
+            .query(&statement, &[&keys, &holders, &ttls, &after])
+            .await
+            .map_err(map_pg)?;
+        drop(client);
+        let mut out: Vec<Option<Acquired>> = vec![None; requests.len()];
+        let mut answered = vec![false; requests.len()];
+        for row in &rows {
+            let idx: i32 = row.try_get(0).map_err(map_pg)?;
+            let Some(i) = usize::try_from(idx).ok().and_then(|i| i.checked_sub(1)) else {
+                return Err(StoreError::Backend(format!(
+                    "batch acquire answered for request {idx}"
+                )));
+            };
+            let Some(r) = requests.get(i) else {
+                return Err(StoreError::Backend(format!(
+                    "batch acquire answered for request {idx} of {}",
+                    requests.len()
+                )));
+            };
+            answered[i] = true;
+            let won: bool = row.try_get(4).map_err(map_pg)?;
+            let state = ClaimState {
+                key: r.key.clone(),
+                holder: row.try_get(1).map_err(map_pg)?,
+                epoch: Epoch(row.try_get(2).map_err(map_pg)?),
+                expires_at: Timestamp(row.try_get(3).map_err(map_pg)?),
+            };
+            out[i] = Some(if won {
+                Acquired::Won(state)
+            } else {
+                let closed_by: Option<Vec<u8>> = row.try_get(5).map_err(map_pg)?;
+                match closed_by {
+                    None => Acquired::HeldBy(state),
+                    Some(by) => Acquired::Closed {
+                        by: InteractionId::from_slice(&by).map_err(|e| {
+                            StoreError::Backend(format!(
+                                "claim {:?} has a bad closed_by: {e}",
+                                r.key
+                            ))
+                        })?,
+                        state,
+                    },
+                }
+            });
+        }
+        // A request that was tried answers a row: one the batch left unanswered had
+        // its condition unmet, or its row vanished (deleted by hand) mid-statement.
+        for (i, r) in requests.iter().enumerate() {
+            let tried = crate::traits::tried(r, &out);
+            if tried && !answered[i] {
+                return Err(StoreError::Backend(format!(
+                    "claim {:?} neither acquired nor found",
+                    r.key
+                )));
+            }
+        }
+        Ok(out)
     }
 
     async fn renew(

@@ -9,7 +9,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::conn::now_us;
 use crate::error::{Result, StoreError};
-use crate::traits::{Acquired, ClaimRow, ClaimState, Epoch};
+use crate::traits::{Acquired, ClaimRequest, ClaimRow, ClaimState, Epoch};
 
 /// The longest lease we store (100 years): keeps `now + ttl` far from integer
 /// overflow, which SQLite would silently turn into a float.
@@ -125,11 +125,38 @@ pub(crate) fn acquire(
     ttl: Duration,
 ) -> Result<Acquired> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let out = acquire_in(&tx, key, holder, ttl)?;
+    tx.commit()?;
+    Ok(out)
+}
+
+/// [`crate::Claims::acquire_batch`] on the writer connection: every request in one
+/// `BEGIN IMMEDIATE` transaction, so one commit for the batch.
+pub(crate) fn acquire_batch(
+    conn: &mut Connection,
+    requests: &[ClaimRequest],
+) -> Result<Vec<Option<Acquired>>> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut out: Vec<Option<Acquired>> = Vec::with_capacity(requests.len());
+    for r in requests {
+        let tried = crate::traits::tried(r, &out);
+        out.push(if tried {
+            Some(acquire_in(&tx, &r.key, &r.holder, r.ttl)?)
+        } else {
+            None
+        });
+    }
+    tx.commit()?;
+    Ok(out)
+}
+
+/// One acquire inside the caller's write transaction.
+fn acquire_in(tx: &Connection, key: &str, holder: &str, ttl: Duration) -> Result<Acquired> {
     let won = tx
         .prepare_cached(ACQUIRE)?
         .query_row(params![key, holder, ttl_us(ttl)], claim_state)
         .optional()?;
-    let out = match won {
+    Ok(match won {
         Some(state) => Acquired::Won(state.map_err(|r| corrupt(key, r))?),
         None => {
             let (current, closed_by) = tx
@@ -149,9 +176,7 @@ pub(crate) fn acquire(
                 },
             }
         }
-    };
-    tx.commit()?;
-    Ok(out)
+    })
 }
 
 /// [`crate::Claims::renew`] on the writer connection.

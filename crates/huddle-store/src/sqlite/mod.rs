@@ -43,8 +43,8 @@ use tokio::sync::watch;
 
 use crate::error::{Result, StoreError};
 use crate::traits::{
-    Acquired, Appended, ClaimRow, ClaimState, Claims, Doorbell, Epoch, Fence, Ledger, ReadBatch,
-    SkippedRow, Store,
+    Acquired, Appended, ClaimRequest, ClaimRow, ClaimState, Claims, Doorbell, Epoch, Fence, Ledger,
+    ReadBatch, SkippedRow, Store,
 };
 use crate::StoreOptions;
 
@@ -344,6 +344,13 @@ impl Claims for SqliteStore {
     async fn acquire(&self, key: &str, holder: &str, ttl: Duration) -> Result<Acquired> {
         let (key, holder) = (key.to_string(), holder.to_string());
         self.blocking(move |inner| inner.write(|conn| claims::acquire(conn, &key, &holder, ttl)))
+            .await
+    }
+
+    async fn acquire_batch(&self, requests: &[ClaimRequest]) -> Result<Vec<Option<Acquired>>> {
+        crate::traits::check_claim_batch(requests)?;
+        let requests = requests.to_vec();
+        self.blocking(move |inner| inner.write(|conn| claims::acquire_batch(conn, &requests)))
             .await
     }
 
