@@ -144,16 +144,27 @@ fn one(args: &SchedArgs, n: usize) -> SchedLine {
         handled += 1;
         for intent in sync.handle(event) {
             match intent {
-                Intent::Acquire { key, holder, .. } => {
-                    let e = epochs.entry(key.clone()).or_insert(0);
-                    *e += 1;
+                Intent::Acquire {
+                    key, holder, then, ..
+                } => {
+                    let expires_at = ledger.now.saturating_add(60_000_000);
+                    let mut won = |key: &str| {
+                        let e = epochs.entry(key.to_string()).or_insert(0);
+                        *e += 1;
+                        ClaimAnswer::Won {
+                            epoch: ClaimEpoch(*e),
+                            expires_at,
+                        }
+                    };
+                    let answer = won(&key);
+                    // A chained acquire (a task's drive claim) is won in the same call,
+                    // as the relay's store does.
+                    let then = then.map(|c| won(&c.key));
                     events.push_back(Event::ClaimResult(ClaimOutcome {
                         key,
                         holder,
-                        answer: ClaimAnswer::Won {
-                            epoch: ClaimEpoch(*e),
-                            expires_at: ledger.now.saturating_add(60_000_000),
-                        },
+                        answer,
+                        then,
                     }));
                 }
                 Intent::Append { batch, .. } => {

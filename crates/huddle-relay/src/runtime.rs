@@ -23,15 +23,16 @@ use huddle_core::config::{refusal, BoundElsewhere, RoomConfig};
 use huddle_core::guards::TurnRequest as GuardTurn;
 use huddle_core::protocol::TurnActivity;
 use huddle_core::sync::{
-    ClaimAnswer, ClaimEpoch, ClaimKey, ClaimOutcome, ClaimRef, Event, Intent, LocalAgent,
-    ReplyGate, SyncOptions, Synchronizer, TurnId, TurnOutcome as CoreOutcome, TurnStart, TurnWork,
+    ChainedAcquire, ClaimAnswer, ClaimEpoch, ClaimKey, ClaimOutcome, ClaimRef, Event, Intent,
+    LocalAgent, ReplyGate, SyncOptions, Synchronizer, TurnId, TurnOutcome as CoreOutcome,
+    TurnStart, TurnWork,
 };
 use huddle_core::{
     render_related_context, select_related, ContextRules, Fold, Interaction, NewInteraction,
     OwnerAuthority, Position, Role, Timestamp, Verb,
 };
 use huddle_core::{GuardFold, Verdict};
-use huddle_store::{Acquired, Fence, ReadStep, Store, StoreError, Subscription};
+use huddle_store::{Acquired, ClaimRequest, Fence, ReadStep, Store, StoreError, Subscription};
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -760,49 +761,28 @@ impl Executor {
         // after it (the relay was paused or starved in between) re-checks its claims
         // first, so a relay resuming from a pause never starts work it lost meanwhile.
         let mut fenced_ok_at: Option<Instant> = None;
+        // Consecutive acquires go to the store as one batch (one round trip, one
+        // commit), sent before the next intent, as each single acquire was.
+        let mut acquires: Vec<PendingAcquire> = Vec::new();
         for intent in intents {
+            if !matches!(intent, Intent::Acquire { .. }) && !acquires.is_empty() {
+                self.acquire_all(std::mem::take(&mut acquires));
+            }
             match intent {
                 Intent::Acquire {
-                    key, holder, ttl, ..
+                    key,
+                    holder,
+                    ttl,
+                    then,
+                    ..
                 } => {
-                    let store = self.store.clone();
-                    let feedback = self.feedback.clone();
-                    tokio::spawn(async move {
-                        let out = match store.acquire(&key, &holder, ttl).await {
-                            Ok(a) => a,
-                            Err(e) => {
-                                debug!(key, error = %e, "acquire failed");
-                                // No answer: the synchronizer forgets the attempt and may
-                                // try again on a later pass.
-                                let _ = feedback.send(Feedback::Claim(ClaimOutcome {
-                                    key,
-                                    holder,
-                                    answer: ClaimAnswer::Failed,
-                                }));
-                                let _ = feedback.send(Feedback::Failed(e));
-                                return;
-                            }
-                        };
-                        if let Acquired::Closed { by, .. } = &out {
-                            debug!(key, holder, closed_by = %by.short(), "claim is closed: the work is finished");
-                        }
-                        let answer = match out {
-                            Acquired::Won(s) => ClaimAnswer::Won {
-                                epoch: s.epoch,
-                                expires_at: s.expires_at,
-                            },
-                            Acquired::HeldBy(s) => ClaimAnswer::Lost {
-                                epoch: s.epoch,
-                                expires_at: s.expires_at,
-                            },
-                            Acquired::Closed { .. } => ClaimAnswer::Closed,
-                        };
-                        let _ = feedback.send(Feedback::Claim(ClaimOutcome {
-                            key,
-                            holder,
-                            answer,
-                        }));
+                    acquires.push(PendingAcquire {
+                        key,
+                        holder,
+                        ttl,
+                        then,
                     });
+                    continue;
                 }
                 Intent::Append {
                     fences,
@@ -909,6 +889,40 @@ impl Executor {
                 Intent::Cancel { .. } | Intent::Stopped => {}
             }
         }
+        if !acquires.is_empty() {
+            self.acquire_all(acquires);
+        }
+    }
+
+    /// Sends acquires (each with the one chained after it, if any) to the store as
+    /// one batch in a task of its own, and answers each with a claim result. A batch
+    /// the store cannot take in key order as given (a chained key sorting before its
+    /// first, or one key twice) goes as one batch per acquire instead.
+    fn acquire_all(&self, acquires: Vec<PendingAcquire>) {
+        let store = self.store.clone();
+        let feedback = self.feedback.clone();
+        tokio::spawn(async move {
+            match batch_requests(&acquires) {
+                Some((requests, slots)) => {
+                    answer_acquires(&*store, &feedback, &acquires, &requests, &slots).await;
+                }
+                None => {
+                    for mut one in acquires {
+                        // A lone acquire always goes; one whose chained key does not
+                        // sort after it goes without the chain (answered `then: None`,
+                        // so the synchronizer asks for that claim separately).
+                        let (requests, slots) = match batch_requests(std::slice::from_ref(&one)) {
+                            Some(b) => b,
+                            None => {
+                                one.then = None;
+                                lone_request(&one)
+                            }
+                        };
+                        answer_acquires(&*store, &feedback, &[one], &requests, &slots).await;
+                    }
+                }
+            }
+        });
     }
 
     /// Whether any of `claims` is no longer held at its epoch (checked with an empty
@@ -1027,6 +1041,134 @@ impl Executor {
                 activity,
             });
         });
+    }
+}
+
+/// An acquire the executor has yet to send.
+struct PendingAcquire {
+    key: String,
+    holder: String,
+    ttl: Duration,
+    then: Option<ChainedAcquire>,
+}
+
+/// A batch's store requests, and for each acquire the index of its request and of its
+/// chained one's.
+type AcquireBatch = (Vec<ClaimRequest>, Vec<(usize, Option<usize>)>);
+
+/// The store requests for `acquires`, in key order, and for each acquire the index of
+/// its request and of its chained one's. `None` when the keys cannot go in one batch
+/// (a key twice, or a chained key not after its first).
+fn batch_requests(acquires: &[PendingAcquire]) -> Option<AcquireBatch> {
+    // (key, holder, ttl, acquire index, chained?)
+    let mut items: Vec<(&str, &str, Duration, usize, bool)> = Vec::new();
+    for (i, a) in acquires.iter().enumerate() {
+        items.push((&a.key, &a.holder, a.ttl, i, false));
+        if let Some(c) = &a.then {
+            items.push((&c.key, &c.holder, c.ttl, i, true));
+        }
+    }
+    items.sort_by(|x, y| x.0.as_bytes().cmp(y.0.as_bytes()));
+    if items.windows(2).any(|w| w[0].0 == w[1].0) {
+        return None;
+    }
+    let mut slots: Vec<(Option<usize>, Option<usize>)> = vec![(None, None); acquires.len()];
+    for (pos, item) in items.iter().enumerate() {
+        if item.4 {
+            slots[item.3].1 = Some(pos);
+        } else {
+            slots[item.3].0 = Some(pos);
+        }
+    }
+    let mut requests = Vec::with_capacity(items.len());
+    for item in &items {
+        let mut r = ClaimRequest::new(item.0, item.1, item.2);
+        if item.4 {
+            let first = slots[item.3].0?;
+            if first >= requests.len() {
+                return None;
+            }
+            r = r.after(first);
+        }
+        requests.push(r);
+    }
+    let slots = slots
+        .into_iter()
+        .map(|(first, then)| first.map(|f| (f, then)))
+        .collect::<Option<Vec<_>>>()?;
+    Some((requests, slots))
+}
+
+/// The request of an acquire sent alone, without its chain.
+fn lone_request(a: &PendingAcquire) -> AcquireBatch {
+    (
+        vec![ClaimRequest::new(a.key.clone(), a.holder.clone(), a.ttl)],
+        vec![(0, None)],
+    )
+}
+
+/// Sends one batch and answers every acquire in it (a failed batch answers each
+/// `Failed`: nobody is known to hold them, and a later pass may try again).
+async fn answer_acquires(
+    store: &dyn Store,
+    feedback: &mpsc::UnboundedSender<Feedback>,
+    acquires: &[PendingAcquire],
+    requests: &[ClaimRequest],
+    slots: &[(usize, Option<usize>)],
+) {
+    let out = match store.acquire_batch(requests).await {
+        Ok(out) => out,
+        Err(e) => {
+            for a in acquires {
+                debug!(key = a.key, error = %e, "acquire failed");
+                let _ = feedback.send(Feedback::Claim(ClaimOutcome::new(
+                    a.key.clone(),
+                    a.holder.clone(),
+                    ClaimAnswer::Failed,
+                )));
+            }
+            let _ = feedback.send(Feedback::Failed(e));
+            return;
+        }
+    };
+    let answer = |a: &Acquired, key: &str, holder: &str| {
+        if let Acquired::Closed { by, .. } = a {
+            debug!(key, holder, closed_by = %by.short(), "claim is closed: the work is finished");
+        }
+        match a {
+            Acquired::Won(s) => ClaimAnswer::Won {
+                epoch: s.epoch,
+                expires_at: s.expires_at,
+            },
+            Acquired::HeldBy(s) => ClaimAnswer::Lost {
+                epoch: s.epoch,
+                expires_at: s.expires_at,
+            },
+            Acquired::Closed { .. } => ClaimAnswer::Closed,
+        }
+    };
+    for (a, (first, then)) in acquires.iter().zip(slots) {
+        let Some(Some(got)) = out.get(*first) else {
+            let _ = feedback.send(Feedback::Claim(ClaimOutcome::new(
+                a.key.clone(),
+                a.holder.clone(),
+                ClaimAnswer::Failed,
+            )));
+            continue;
+        };
+        let chained = then
+            .and_then(|t| out.get(t))
+            .and_then(|c| c.as_ref())
+            .and_then(|c| {
+                let ch = a.then.as_ref()?;
+                Some(answer(c, &ch.key, &ch.holder))
+            });
+        let _ = feedback.send(Feedback::Claim(ClaimOutcome {
+            key: a.key.clone(),
+            holder: a.holder.clone(),
+            answer: answer(got, &a.key, &a.holder),
+            then: chained,
+        }));
     }
 }
 

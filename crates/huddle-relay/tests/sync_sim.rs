@@ -18,7 +18,7 @@ use huddle_core::{
     Synchronizer, TaskDag, TaskStatus, Timestamp, Verb,
 };
 use huddle_store::memory::{ManualClock, MemoryStore};
-use huddle_store::{Claims, Fence, Ledger, StoreError, StoreOptions};
+use huddle_store::{Acquired, ClaimRequest, Claims, Fence, Ledger, StoreError, StoreOptions};
 use serde_json::json;
 
 const MS: i64 = 1_000; // µs
@@ -216,21 +216,38 @@ impl Sim {
         for intent in intents {
             match intent {
                 Intent::Acquire {
-                    key, holder, ttl, ..
+                    key,
+                    holder,
+                    ttl,
+                    then,
+                    ..
                 } => {
-                    let out = store.acquire(&key, &holder, ttl).await.expect("acquire");
-                    let (epoch, expires_at) = (out.state().epoch, out.state().expires_at);
-                    let answer = if out.won() {
-                        ClaimAnswer::Won { epoch, expires_at }
-                    } else if out.closed() {
-                        ClaimAnswer::Closed
-                    } else {
-                        ClaimAnswer::Lost { epoch, expires_at }
+                    // A chained acquire goes in one batch with the first, as the
+                    // relay's executor sends it.
+                    let mut requests = vec![ClaimRequest::new(key.clone(), holder.clone(), ttl)];
+                    if let Some(c) = &then {
+                        requests.push(
+                            ClaimRequest::new(c.key.clone(), c.holder.clone(), c.ttl).after(0),
+                        );
+                    }
+                    let out = store.acquire_batch(&requests).await.expect("acquire");
+                    let answer_of = |a: &Acquired| {
+                        let (epoch, expires_at) = (a.state().epoch, a.state().expires_at);
+                        if a.won() {
+                            ClaimAnswer::Won { epoch, expires_at }
+                        } else if a.closed() {
+                            ClaimAnswer::Closed
+                        } else {
+                            ClaimAnswer::Lost { epoch, expires_at }
+                        }
                     };
+                    let answer = answer_of(out[0].as_ref().expect("first request is tried"));
+                    let then = out.get(1).and_then(|a| a.as_ref()).map(answer_of);
                     queue.push_back(Event::ClaimResult(ClaimOutcome {
                         key,
                         holder,
                         answer,
+                        then,
                     }));
                 }
                 Intent::Append {

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use huddle_core::{Interaction, InteractionId, Limits, NewInteraction, Position, Timestamp};
 use huddle_store::{
-    Acquired, Appended, ClaimRow, ClaimState, Claims, Doorbell, Epoch, Fence, Ledger, ReadBatch,
-    Store,
+    Acquired, Appended, ClaimRequest, ClaimRow, ClaimState, Claims, Doorbell, Epoch, Fence, Ledger,
+    ReadBatch, Store,
 };
 use serde::Serialize;
 use tracing::debug;
@@ -172,6 +172,35 @@ impl Ledger for MeteredStore {
     }
 }
 
+impl MeteredStore {
+    /// The counters of the kind of claim `key` is: calls, and wins when counted.
+    fn counters(&self, key: &str) -> (&AtomicU64, Option<&AtomicU64>) {
+        if key.starts_with("task/") {
+            (&self.meter.task_acquires, Some(&self.meter.task_won))
+        } else if key.starts_with("taskdrive/") {
+            (&self.meter.drive_acquires, Some(&self.meter.drive_won))
+        } else {
+            (&self.meter.other_acquires, None)
+        }
+    }
+
+    fn count_call(&self, key: &str) {
+        self.counters(key).0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one answered acquisition of `key`.
+    fn count(&self, key: &str, holder: &str, a: &Acquired) {
+        let (calls, wins) = self.counters(key);
+        calls.fetch_add(1, Ordering::Relaxed);
+        let won = a.won();
+        let st = a.state();
+        debug!(key, holder, won, by = %st.holder, epoch = st.epoch.get(), "acquire");
+        if let (true, Some(w)) = (won, wins) {
+            w.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 #[async_trait]
 impl Claims for MeteredStore {
     async fn acquire(
@@ -183,21 +212,34 @@ impl Claims for MeteredStore {
         let t = Instant::now();
         let r = self.inner.acquire(key, holder, ttl).await;
         add_elapsed(&self.meter.acquire_us, t);
-        let won = matches!(r, Ok(Acquired::Won(_)));
-        let (calls, wins) = if key.starts_with("task/") {
-            (&self.meter.task_acquires, Some(&self.meter.task_won))
-        } else if key.starts_with("taskdrive/") {
-            (&self.meter.drive_acquires, Some(&self.meter.drive_won))
-        } else {
-            (&self.meter.other_acquires, None)
-        };
-        calls.fetch_add(1, Ordering::Relaxed);
         if let Ok(a) = &r {
-            let st = a.state();
-            debug!(key, holder, won, by = %st.holder, epoch = st.epoch.get(), "acquire");
+            self.count(key, holder, a);
+        } else {
+            self.count_call(key);
         }
-        if let (true, Some(w)) = (won, wins) {
-            w.fetch_add(1, Ordering::Relaxed);
+        r
+    }
+
+    async fn acquire_batch(
+        &self,
+        requests: &[ClaimRequest],
+    ) -> huddle_store::Result<Vec<Option<Acquired>>> {
+        let t = Instant::now();
+        let r = self.inner.acquire_batch(requests).await;
+        add_elapsed(&self.meter.acquire_us, t);
+        match &r {
+            Ok(out) => {
+                for (req, a) in requests.iter().zip(out) {
+                    if let Some(a) = a {
+                        self.count(&req.key, &req.holder, a);
+                    }
+                }
+            }
+            Err(_) => {
+                for req in requests {
+                    self.count_call(&req.key);
+                }
+            }
         }
         r
     }

@@ -144,6 +144,37 @@ pub struct ClaimOutcome {
     pub holder: String,
     /// What the store answered.
     pub answer: ClaimAnswer,
+    /// The answer to the acquire chained after this one ([`Intent::Acquire`]'s
+    /// `then`), when it was tried: only after this one was won, in the same store
+    /// call. `None` when there was none or it was not tried (the synchronizer then
+    /// asks for it separately if it still wants it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub then: Option<ClaimAnswer>,
+}
+
+impl ClaimOutcome {
+    /// The answer to a lone acquire (nothing chained).
+    pub fn new(key: impl Into<String>, holder: impl Into<String>, answer: ClaimAnswer) -> Self {
+        ClaimOutcome {
+            key: key.into(),
+            holder: holder.into(),
+            answer,
+            then: None,
+        }
+    }
+}
+
+/// An acquire to try right after another one is won, in the same store call
+/// ([`Intent::Acquire`]'s `then`): a task's drive claim after its task claim, so a
+/// hand-off takes both in one round trip. Its key sorts after the first one's.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainedAcquire {
+    /// Claim key.
+    pub key: String,
+    /// Holder.
+    pub holder: String,
+    /// Lease length.
+    pub ttl: Duration,
 }
 
 /// What the store answered an acquire.
@@ -449,6 +480,10 @@ pub enum Intent {
         ttl: Duration,
         /// Why, and so what happens when it is won.
         purpose: ClaimPurpose,
+        /// A second acquire to try only once this one is won, in the same store
+        /// call; its answer comes back in [`ClaimOutcome::then`]. A relay that does
+        /// not chain answers `then: None`, and the synchronizer asks again for it.
+        then: Option<ChainedAcquire>,
     },
     /// Append `batch` in one transaction; when `fence` is set, only while that claim is
     /// still held at its epoch (otherwise send [`Event::ClaimLost`]).

@@ -102,8 +102,9 @@ pub use crate::protocol::claims::{
 };
 pub use addressing::{Addressing, Eligible};
 pub use api::{
-    AdmitAll, ClaimAnswer, ClaimOutcome, ClaimPurpose, DepResult, Event, Intent, LocalAgent,
-    MessageBrief, ReplyGate, SyncOptions, TaskBrief, TurnId, TurnOutcome, TurnStart, TurnWork,
+    AdmitAll, ChainedAcquire, ClaimAnswer, ClaimOutcome, ClaimPurpose, DepResult, Event, Intent,
+    LocalAgent, MessageBrief, ReplyGate, SyncOptions, TaskBrief, TurnId, TurnOutcome, TurnStart,
+    TurnWork,
 };
 
 // ---------------------------------------------------------------------------------
@@ -883,6 +884,33 @@ impl Synchronizer {
         purpose: ClaimPurpose,
         out: &mut Vec<Intent>,
     ) {
+        self.acquire_then(key, holder, purpose, None, out);
+    }
+
+    /// Acquires a task claim for `agent` with this relay's drive claim of the task
+    /// chained after it: one store call takes both when the first is won.
+    fn acquire_task(&mut self, room: &str, task: &str, agent: String, out: &mut Vec<Intent>) {
+        let then = ChainedAcquire {
+            key: taskdrive_key(room, task),
+            holder: self.relay.clone(),
+            ttl: self.ttl(room),
+        };
+        let purpose = ClaimPurpose::Task {
+            room: room.to_string(),
+            task: task.to_string(),
+            agent: agent.clone(),
+        };
+        self.acquire_then(task_key(room, task), agent, purpose, Some(then), out);
+    }
+
+    fn acquire_then(
+        &mut self,
+        key: String,
+        holder: String,
+        purpose: ClaimPurpose,
+        then: Option<ChainedAcquire>,
+        out: &mut Vec<Intent>,
+    ) {
         let ttl = self.ttl(purpose.room());
         self.claims.insert(
             key.clone(),
@@ -897,6 +925,7 @@ impl Synchronizer {
             holder,
             ttl,
             purpose,
+            then,
         });
     }
 
@@ -1132,12 +1161,7 @@ impl Synchronizer {
                 }
             }
             for (id, agent) in chosen {
-                let purpose = ClaimPurpose::Task {
-                    room: room.clone(),
-                    task: id.clone(),
-                    agent: agent.clone(),
-                };
-                self.acquire(task_key(&room, &id), agent, purpose, out);
+                self.acquire_task(&room, &id, agent, out);
             }
             if capped {
                 return;
@@ -1342,12 +1366,7 @@ impl Synchronizer {
                     if wakes >= cap {
                         return wakes;
                     }
-                    let purpose = ClaimPurpose::Task {
-                        room: room.clone(),
-                        task: id.clone(),
-                        agent: agent.clone(),
-                    };
-                    self.acquire(key, agent, purpose, out);
+                    self.acquire_task(&room, &id, agent, out);
                     wakes += 1;
                 }
             }
@@ -1505,7 +1524,9 @@ impl Synchronizer {
                 (reply_epoch, epoch),
                 out,
             ),
-            ClaimPurpose::Task { room, task, agent } => self.task_won(room, task, agent, out),
+            ClaimPurpose::Task { room, task, agent } => {
+                self.task_won(room, task, agent, r.then, out)
+            }
             ClaimPurpose::DriveTask {
                 room,
                 task,
@@ -1657,17 +1678,36 @@ impl Synchronizer {
         );
     }
 
-    fn task_won(&mut self, room: String, task: String, agent: String, out: &mut Vec<Intent>) {
+    /// The task claim was won; `drive` is the answer to the drive claim chained after
+    /// it, when the relay took both in one call (otherwise it is acquired now).
+    fn task_won(
+        &mut self,
+        room: String,
+        task: String,
+        agent: String,
+        drive: Option<ClaimAnswer>,
+        out: &mut Vec<Intent>,
+    ) {
         let key = task_key(&room, &task);
+        let dkey = taskdrive_key(&room, &task);
         let alive = self
             .dag
             .task(&room, &task)
             .is_some_and(|t| matches!(t.status, TaskStatus::Open | TaskStatus::Claimed));
-        if !alive {
-            self.forget(&key);
-            return;
-        }
-        let Some(task_epoch) = self.claims.get(&key).and_then(|s| s.epoch) else {
+        let task_epoch = self.claims.get(&key).and_then(|s| s.epoch);
+        let (true, Some(task_epoch)) = (alive, task_epoch) else {
+            if !alive {
+                self.forget(&key);
+            }
+            // A drive claim taken along with it is of no use: let it go at once
+            // rather than have other relays wait out its lease.
+            if let Some(ClaimAnswer::Won { epoch, .. }) = drive {
+                out.push(Intent::Release {
+                    key: dkey,
+                    holder: self.relay.clone(),
+                    epoch,
+                });
+            }
             return;
         };
         let purpose = ClaimPurpose::DriveTask {
@@ -1676,12 +1716,23 @@ impl Synchronizer {
             agent,
             task_epoch,
         };
-        self.acquire(
-            taskdrive_key(&room, &task),
-            self.relay.clone(),
-            purpose,
-            out,
-        );
+        match drive {
+            Some(answer) => {
+                // Taken along with the task claim: record the slot as if it had been
+                // asked for now, and take the answer.
+                self.claims.insert(
+                    dkey.clone(),
+                    Slot {
+                        holder: self.relay.clone(),
+                        purpose,
+                        epoch: None,
+                    },
+                );
+                let outcome = ClaimOutcome::new(dkey, self.relay.clone(), answer);
+                self.on_claim_result(outcome, out);
+            }
+            None => self.acquire(dkey, self.relay.clone(), purpose, out),
+        }
     }
 
     fn drive_task_won(

@@ -91,6 +91,7 @@ impl H {
             } else {
                 ClaimAnswer::Lost { epoch, expires_at }
             },
+            then: None,
         }))
     }
 
@@ -1114,6 +1115,7 @@ fn reconcile_renews_live_turns_only_and_retakes_lapsed_tasks() {
             epoch: ClaimEpoch(1),
             expires_at: T0 + 60 * S,
         },
+        then: None,
     }));
     h.post(vec![claimed("x", "zed", 1), created("a", &[])]);
     let st = run_task_to_start(&mut h, "a", "bo", 1);
@@ -1228,6 +1230,7 @@ fn a_closed_claim_is_never_tried_again() {
         key: task_key("lobby", "a"),
         holder: "bo".into(),
         answer: ClaimAnswer::Closed,
+        then: None,
     }));
     assert!(
         starts(&out).is_empty() && acquires(&out).is_empty(),
@@ -1928,4 +1931,125 @@ fn a_spent_room_budget_stops_new_task_claims() {
             .any(|(k, _)| *k == task_key("lobby", "b")),
         "a spent budget must stop new claims: {out:?}"
     );
+}
+
+/// The answer of a task acquire with its drive claim chained after it.
+fn chained(
+    h: &mut H,
+    task: &str,
+    agent: &str,
+    epoch: i64,
+    drive: Option<(bool, i64)>,
+) -> Vec<Intent> {
+    let expires_at = h.now + 60 * S;
+    let answer = ClaimAnswer::Won {
+        epoch: ClaimEpoch(epoch),
+        expires_at,
+    };
+    let then = drive.map(|(won, e)| {
+        let epoch = ClaimEpoch(e);
+        if won {
+            ClaimAnswer::Won { epoch, expires_at }
+        } else {
+            ClaimAnswer::Lost { epoch, expires_at }
+        }
+    });
+    h.sync.handle(Event::ClaimResult(ClaimOutcome {
+        key: task_key("lobby", task),
+        holder: agent.into(),
+        answer,
+        then,
+    }))
+}
+
+#[test]
+fn a_task_acquire_chains_its_drive_claim_and_one_answer_starts_the_turn() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let out = h.post(vec![created("a", &[])]);
+    let chained_to: Vec<_> = out
+        .iter()
+        .filter_map(|i| match i {
+            Intent::Acquire {
+                key, then: Some(c), ..
+            } => Some((key.clone(), c.key.clone(), c.holder.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        chained_to,
+        vec![(
+            task_key("lobby", "a"),
+            taskdrive_key("lobby", "a"),
+            "r1".to_string()
+        )]
+    );
+    // Both won in one call: no second acquire, the claim and prompt are appended
+    // under both claims and the turn starts.
+    let out = chained(&mut h, "a", "bo", 3, Some((true, 2)));
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!(
+                "{}@bo#3 + {}@r1#2",
+                task_key("lobby", "a"),
+                taskdrive_key("lobby", "a")
+            )),
+            vec!["task.claimed", "turn.prompted"]
+        )]
+    );
+    assert_eq!(starts(&out).len(), 1);
+    assert_eq!(starts(&out)[0].claims[1].epoch, ClaimEpoch(2));
+}
+
+#[test]
+fn a_chained_drive_claim_lost_to_another_relay_starts_nothing() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let out = chained(&mut h, "a", "bo", 1, Some((false, 4)));
+    assert!(out.is_empty(), "{out:?}");
+    assert!(h.sync.live_turns().is_empty());
+    // It backs off: the next pass does not ask again while the drive is held.
+    let out = h.tick(h.now + S);
+    assert!(acquires(&out).is_empty(), "{out:?}");
+}
+
+#[test]
+fn without_a_chained_answer_the_drive_claim_is_asked_for_separately() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let out = chained(&mut h, "a", "bo", 1, None);
+    assert_eq!(
+        acquires(&out),
+        vec![(taskdrive_key("lobby", "a"), "r1".into())]
+    );
+}
+
+#[test]
+fn a_chained_drive_claim_for_a_task_no_longer_open_is_released() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    // Meanwhile another agent finished the task (the fold has it done).
+    h.post(vec![
+        claimed("a", "zed", 1),
+        crate::testing::completed("a", "zed", 1),
+    ]);
+    let out = chained(&mut h, "a", "bo", 2, Some((true, 1)));
+    let released: Vec<_> = out
+        .iter()
+        .filter_map(|i| match i {
+            Intent::Release { key, holder, epoch } => Some((key.clone(), holder.clone(), *epoch)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        released,
+        vec![(taskdrive_key("lobby", "a"), "r1".to_string(), ClaimEpoch(1))]
+    );
+    assert!(starts(&out).is_empty());
+    assert!(appends(&out).is_empty());
 }
