@@ -353,10 +353,22 @@ impl AgentSession {
     /// them answers it once, under its own reply claim, as relays do.
     async fn names_several(&self, message: &Interaction) -> Result<bool> {
         let body: MessageBody = serde_json::from_value(message.body.clone()).unwrap_or_default();
-        let agents = self.synced().await?.board.capabilities(&self.room);
+        let st = self.synced().await?;
+        let agents = st.board.capabilities(&self.room);
+        let config = st
+            .config()
+            .effective(&self.room, message.thread.as_deref());
         let to = addressing::address_in_room(&body.text, &body.mentions, None, &agents);
         let eligible = addressing::eligible(&message.actor, message.role, &body.text, &to, false);
-        Ok(eligible.answers_each() && eligible.contains(&self.agent))
+        let known = agents.keys().cloned().collect();
+        let each = addressing::answers_each(
+            &eligible,
+            &body.text,
+            &body.mentions,
+            &known,
+            config.group_reply,
+        );
+        Ok(each && eligible.contains(&self.agent))
     }
 
     /// Writes the one reply to `parent`: under the message's reply claim, which the

@@ -15,7 +15,9 @@
 //!    then [`board`] (which shows the task summary) and [`guards`] (which read the
 //!    config);
 //! 4. the decisions on top of them: [`policy`], [`commands`];
-//! 5. the relay's state machine: [`sync`].
+//! 5. the relay's state machine: [`sync`];
+//! 6. views that read messages as relays do: [`relays`] (relay presence and the named
+//!    agents a room waits for).
 //!
 //! ```
 //! use huddle_core::{NewInteraction, Role, Verb};
@@ -45,6 +47,7 @@ pub mod model;
 pub mod pattern;
 pub mod policy;
 pub mod protocol;
+pub mod relays;
 #[cfg(test)]
 mod robustness;
 pub mod signing;

@@ -36,6 +36,29 @@ pub enum Allocation {
     Bid,
 }
 
+/// How a group mention (`@@cap`) is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GroupReply {
+    /// Every member of the group answers once.
+    Each,
+    /// One member answers for the group, chosen by the responder policy.
+    One,
+}
+
+impl GroupReply {
+    /// Every value, in documentation order.
+    pub const ALL: [GroupReply; 2] = [GroupReply::Each, GroupReply::One];
+
+    /// The value as typed in `!config` and stored in `config.set`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupReply::Each => "each",
+            GroupReply::One => "one",
+        }
+    }
+}
+
 /// The effective configuration of a room or thread.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoomConfig {
@@ -74,6 +97,13 @@ pub struct RoomConfig {
     /// (see [`super::binding`]).
     #[serde(default)]
     pub agents: Vec<AgentBinding>,
+    /// How a message addressed only to `@@cap` groups is answered (default each).
+    #[serde(default = "default_group_reply")]
+    pub group_reply: GroupReply,
+}
+
+fn default_group_reply() -> GroupReply {
+    GroupReply::Each
 }
 
 impl Default for RoomConfig {
@@ -95,6 +125,7 @@ impl Default for RoomConfig {
             max_hops: 3,
             delegators: Vec::new(),
             agents: Vec::new(),
+            group_reply: GroupReply::Each,
         }
     }
 }
@@ -167,6 +198,8 @@ pub enum ConfigKey {
     Delegators,
     /// `agents`: agents bound to the writers that may write as them.
     Agents,
+    /// `group-reply`: whether each member of an `@@cap` group answers, or one.
+    GroupReply,
 }
 
 /// The kind of value a [`ConfigKey`] takes.
@@ -191,6 +224,8 @@ pub enum ValueKind {
     /// `agent@writer` entries separated by commas (`ada@relay-a,bo@relay-b`), or
     /// `none`.
     Bindings,
+    /// `each` or `one`.
+    GroupReply,
 }
 
 /// The inclusive range a numeric key is clamped into. Durations are in
@@ -224,7 +259,7 @@ pub const MAX_BUDGET: u64 = 1_000_000_000_000;
 
 impl ConfigKey {
     /// Every key, in documentation order.
-    pub const ALL: [ConfigKey; 16] = [
+    pub const ALL: [ConfigKey; 17] = [
         ConfigKey::Responder,
         ConfigKey::ResponderAgent,
         ConfigKey::ResponderWindow,
@@ -241,6 +276,7 @@ impl ConfigKey {
         ConfigKey::MaxHops,
         ConfigKey::Delegators,
         ConfigKey::Agents,
+        ConfigKey::GroupReply,
     ];
 
     /// The key as typed in `!config` and stored in `config.set`.
@@ -262,6 +298,7 @@ impl ConfigKey {
             ConfigKey::MaxHops => "max-hops",
             ConfigKey::Delegators => "delegators",
             ConfigKey::Agents => "agents",
+            ConfigKey::GroupReply => "group-reply",
         }
     }
 
@@ -288,6 +325,7 @@ impl ConfigKey {
             ConfigKey::Budget => ValueKind::Budget,
             ConfigKey::Delegators => ValueKind::Agents,
             ConfigKey::Agents => ValueKind::Bindings,
+            ConfigKey::GroupReply => ValueKind::GroupReply,
         }
     }
 
@@ -310,7 +348,8 @@ impl ConfigKey {
             | ConfigKey::Allocation
             | ConfigKey::RequireMention
             | ConfigKey::Delegators
-            | ConfigKey::Agents => None,
+            | ConfigKey::Agents
+            | ConfigKey::GroupReply => None,
         }
     }
 
@@ -357,6 +396,10 @@ impl ConfigKey {
                  may write as them; rows written as a bound agent by another writer are \
                  ignored"
             }
+            ConfigKey::GroupReply => {
+                "how a message addressed only to @@cap groups is answered: each (every \
+                 member once) or one (one member, chosen by the responder policy)"
+            }
         }
     }
 
@@ -370,6 +413,7 @@ impl ConfigKey {
         match (self.kind(), self.bounds()) {
             (ValueKind::Responder, _) => "race, designated or role-priority".to_string(),
             (ValueKind::Allocation, _) => "pull, push or bid".to_string(),
+            (ValueKind::GroupReply, _) => "each or one".to_string(),
             (ValueKind::Agent, _) => "an agent name (no spaces or '/'), or none".to_string(),
             (ValueKind::Flag, _) => "on or off".to_string(),
             (ValueKind::Agents, _) => format!(
@@ -435,6 +479,11 @@ impl ConfigKey {
                 .find(|a| a.as_str() == lower)
                 .map(|a| (ConfigValue::Allocation(a), None))
                 .ok_or_else(bad),
+            ValueKind::GroupReply => GroupReply::ALL
+                .into_iter()
+                .find(|g| g.as_str() == lower)
+                .map(|g| (ConfigValue::GroupReply(g), None))
+                .ok_or_else(bad),
             ValueKind::Agent => {
                 if lower == "none" {
                     return Ok((ConfigValue::Agent(None), None));
@@ -497,6 +546,11 @@ impl ConfigKey {
                 .and_then(|s| Allocation::ALL.into_iter().find(|a| a.as_str() == s))
                 .map(ConfigValue::Allocation)
                 .ok_or_else(|| expect("pull, push or bid")),
+            ValueKind::GroupReply => v
+                .as_str()
+                .and_then(|s| GroupReply::ALL.into_iter().find(|g| g.as_str() == s))
+                .map(ConfigValue::GroupReply)
+                .ok_or_else(|| expect("each or one")),
             ValueKind::Agent if v.is_null() => Ok(ConfigValue::Agent(None)),
             ValueKind::Agent => v
                 .as_str()
@@ -657,6 +711,8 @@ pub enum ConfigValue {
     Agents(Vec<String>),
     /// Agent bindings, sorted, without duplicates; empty is none.
     Bindings(Vec<AgentBinding>),
+    /// How group mentions are answered.
+    GroupReply(GroupReply),
 }
 
 impl ConfigValue {
@@ -666,6 +722,7 @@ impl ConfigValue {
         match self {
             ConfigValue::Responder(r) => Value::from(r.as_str()),
             ConfigValue::Allocation(a) => Value::from(a.as_str()),
+            ConfigValue::GroupReply(g) => Value::from(g.as_str()),
             ConfigValue::Agent(a) => a.as_deref().map(Value::from).unwrap_or(Value::Null),
             ConfigValue::Millis(n) | ConfigValue::Count(n) => Value::from(*n),
             ConfigValue::Flag(b) => Value::from(*b),
@@ -684,6 +741,7 @@ impl fmt::Display for ConfigValue {
         match self {
             ConfigValue::Responder(r) => f.write_str(r.as_str()),
             ConfigValue::Allocation(a) => f.write_str(a.as_str()),
+            ConfigValue::GroupReply(g) => f.write_str(g.as_str()),
             ConfigValue::Agent(Some(a)) => f.write_str(a),
             ConfigValue::Agent(None) => f.write_str("none"),
             ConfigValue::Millis(ms) => f.write_str(&format_duration(*ms)),
@@ -722,6 +780,7 @@ impl RoomConfig {
             ConfigKey::MaxHops => ConfigValue::Count(self.max_hops.into()),
             ConfigKey::Delegators => ConfigValue::Agents(self.delegators.clone()),
             ConfigKey::Agents => ConfigValue::Bindings(self.agents.clone()),
+            ConfigKey::GroupReply => ConfigValue::GroupReply(self.group_reply),
         }
     }
 
@@ -742,6 +801,7 @@ impl RoomConfig {
                 self.responder_window_ms = bounds.clamp(n)
             }
             (ConfigKey::Allocation, ConfigValue::Allocation(a)) => self.allocation = a,
+            (ConfigKey::GroupReply, ConfigValue::GroupReply(g)) => self.group_reply = g,
             (ConfigKey::ClaimTtl, ConfigValue::Millis(n)) => self.claim_ttl_ms = bounds.clamp(n),
             (ConfigKey::BidWindow, ConfigValue::Millis(n)) => self.bid_window_ms = bounds.clamp(n),
             (ConfigKey::MaxAttempts, ConfigValue::Count(n)) => self.max_attempts = count(n),

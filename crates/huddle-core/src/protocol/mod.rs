@@ -16,6 +16,7 @@ pub mod coord;
 pub mod decision;
 mod fields;
 pub mod lease;
+pub mod relay;
 pub mod room;
 pub mod task;
 pub mod turn;
@@ -32,5 +33,7 @@ pub use fields::{truncate_text, PPM, SYSTEM_ACTOR};
 pub use room::{AgentRegisteredBody, MessageBody, RoomCreatedBody, DEFAULT_PRIORITY};
 pub use turn::{
     PermissionEntry, PlanEntry, TokensBody, ToolCallEntry, TurnActivity, TurnFailedBody,
-    TurnPromptedBody, TurnRepliedBody, TurnUsageBody, MAX_ACTIVITY_ENTRIES, MAX_ACTIVITY_TEXT,
+    TurnProgressBody, TurnPromptedBody, TurnRepliedBody, TurnUsageBody, MAX_ACTIVITY_ENTRIES,
+    MAX_ACTIVITY_TEXT, MAX_PROGRESS_BYTES, MAX_PROGRESS_NOTES,
 };
+pub use relay::RelayHeartbeatBody;

@@ -630,6 +630,13 @@ impl Synchronizer {
         if !self.gate.admit(row, &config) {
             return;
         }
+        let each = addressing::answers_each(
+            &eligible,
+            &body.text,
+            &body.mentions,
+            &self.registered_agents(&row.room),
+            config.group_reply,
+        );
         self.messages.insert(
             (row.room.clone(), row.id),
             OpenMessage {
@@ -638,7 +645,7 @@ impl Synchronizer {
                 role: row.role,
                 at: row.at,
                 text: body.text,
-                each: eligible.answers_each(),
+                each,
                 eligible,
                 failed: BTreeSet::new(),
                 failed_upto: None,

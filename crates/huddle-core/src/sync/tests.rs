@@ -408,6 +408,37 @@ fn a_group_mention_reaches_every_agent_with_the_capability_and_each_answers() {
             (directed_reply_key("lobby", &m.id, "cy"), "cy".to_string())
         ]
     );
+    // Under `group-reply one` the group answers once: one shared reply claim, taken
+    // by one member (race: the first free one).
+    let mut one = RoomConfig::default();
+    one.group_reply = crate::config::GroupReply::One;
+    let reviewers = vec![
+        LocalAgent {
+            capabilities: vec!["review".into()],
+            ..LocalAgent::new("bo")
+        },
+        LocalAgent {
+            capabilities: vec!["review".into()],
+            ..LocalAgent::new("cy")
+        },
+    ];
+    let mut sync = Synchronizer::new("r1", ["lobby"], reviewers);
+    sync.handle(Event::Config {
+        room: "lobby".into(),
+        thread: None,
+        config: one,
+    });
+    let mut h = H {
+        sync,
+        ledger: Ledger::default(),
+        cursor: 0,
+        now: T0,
+    };
+    h.start();
+    let m2 = h.write(vec![message("ana", Role::Human, "@@review once please")])[0].clone();
+    let got = acquires(&h.read());
+    assert_eq!(got.len(), 1, "one claim for the group: {got:?}");
+    assert_eq!(got[0].0, reply_key("lobby", &m2.id), "{got:?}");
     // A group nobody has is addressed to nobody (not a broadcast).
     let mut h = H::new(&["bo"]);
     h.start();
