@@ -67,6 +67,8 @@ pub struct AgentSession {
     pub(crate) agent: String,
     pub(crate) capabilities: Vec<String>,
     pub(crate) state: Mutex<Folded>,
+    /// Progress notes this session wrote (their `seq`).
+    pub(crate) progress_notes: std::sync::atomic::AtomicU32,
 }
 
 impl AgentSession {
@@ -106,6 +108,7 @@ impl AgentSession {
                 mine: BTreeMap::new(),
                 patterns: Patterns::new(),
             }),
+            progress_notes: std::sync::atomic::AtomicU32::new(0),
         };
         {
             let st = session.synced().await?;
@@ -297,6 +300,9 @@ impl AgentSession {
         if args.text.trim().is_empty() {
             return Err(AgentError::BadArgument("text is empty".into()));
         }
+        if args.progress {
+            return self.progress_note(args).await;
+        }
         let mut mentions = args.mentions.clone();
         mentions.sort();
         mentions.dedup();
@@ -351,7 +357,7 @@ impl AgentSession {
 
     /// Whether `message` names several agents, this one among them: then each of
     /// them answers it once, under its own reply claim, as relays do.
-    async fn names_several(&self, message: &Interaction) -> Result<bool> {
+    pub(crate) async fn names_several(&self, message: &Interaction) -> Result<bool> {
         let body: MessageBody = serde_json::from_value(message.body.clone()).unwrap_or_default();
         let st = self.synced().await?;
         let agents = st.board.capabilities(&self.room);

@@ -95,6 +95,11 @@ pub struct PostArgs {
     /// A key of your choosing: a retry with the same key never posts twice.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// An interim progress note on the message `reply_to`, which you are answering
+    /// now ("still reading the logs"): recorded as `turn.progress`, shown on the board
+    /// and in `tail`, never your reply (post the reply later without `progress`).
+    #[serde(default)]
+    pub progress: bool,
 }
 
 /// Result of a write.
