@@ -25,5 +25,6 @@ mod mcp_gates;
 mod mcp_http;
 mod owner_signatures;
 mod pattern_cli;
+mod presence;
 mod relay_e2e;
 mod task_cli;

@@ -55,13 +55,8 @@ impl AgentSession {
                 "at most {MAX_PROGRESS_NOTES} progress notes per session"
             )));
         }
-        let body = TurnProgressBody::new(
-            "",
-            Subject::message(id),
-            claim.state.epoch,
-            seq,
-            &args.text,
-        );
+        let body =
+            TurnProgressBody::new("", Subject::message(id), claim.state.epoch, seq, &args.text);
         let mut row = NewInteraction::new(
             self.room.as_str(),
             Verb::TurnProgress,

@@ -361,9 +361,7 @@ impl AgentSession {
         let body: MessageBody = serde_json::from_value(message.body.clone()).unwrap_or_default();
         let st = self.synced().await?;
         let agents = st.board.capabilities(&self.room);
-        let config = st
-            .config()
-            .effective(&self.room, message.thread.as_deref());
+        let config = st.config().effective(&self.room, message.thread.as_deref());
         let to = addressing::address_in_room(&body.text, &body.mentions, None, &agents);
         let eligible = addressing::eligible(&message.actor, message.role, &body.text, &to, false);
         let known = agents.keys().cloned().collect();

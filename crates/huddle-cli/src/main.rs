@@ -16,6 +16,7 @@ mod pattern_cmds;
 mod relay_cmd;
 mod scratch;
 mod state_cmds;
+mod status_cmds;
 mod task_cmds;
 
 use std::process::ExitCode;
@@ -126,6 +127,17 @@ pub enum Command {
         /// Room to show.
         #[arg(long)]
         room: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The relays serving a room (or every room): online or offline by their liveness
+    /// lease, the agents they host, version, how far behind the ledger they were and
+    /// their last heartbeat.
+    Status {
+        /// Only the relays of this room.
+        #[arg(long)]
+        room: Option<String>,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -461,6 +473,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args, cli.db.clone(), options).await,
         Command::Board { room, json } => state_cmds::board(&db, options, &room, json).await,
         Command::Tasks { room, json } => state_cmds::tasks(&db, options, &room, json).await,
+        Command::Status { room, json } => {
+            status_cmds::status(&db, options, room.as_deref(), json).await
+        }
         Command::Decisions { room, json } => {
             pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Decisions).await
         }

@@ -92,6 +92,10 @@ pub enum Hosting {
     Unknown,
 }
 
+/// A message waiting on absent agents: its id (hex), what is awaited, and each absent
+/// named agent with how it is hosted.
+pub type AbsentWait<'a> = (&'a str, &'a Awaited, Vec<(String, Hosting)>);
+
 impl RoomRelays {
     /// Relays whose latest heartbeat lists `agent`, sorted.
     pub fn hosts_of(&self, agent: &str) -> Vec<&str> {
@@ -120,7 +124,7 @@ impl RoomRelays {
         &self,
         live: &BTreeSet<String>,
         group_one: bool,
-    ) -> Vec<(&str, &Awaited, Vec<(String, Hosting)>)> {
+    ) -> Vec<AbsentWait<'_>> {
         self.order
             .iter()
             .filter_map(|id| self.awaited.get(id).map(|a| (id.as_str(), a)))
@@ -159,8 +163,7 @@ impl RoomRelays {
     fn apply(&mut self, i: &Interaction) {
         match i.verb {
             Verb::RelayHeartbeat if i.role == Role::System => {
-                if let Some(b) = RelayHeartbeatBody::parse(&i.body).filter(|b| b.relay == i.actor)
-                {
+                if let Some(b) = RelayHeartbeatBody::parse(&i.body).filter(|b| b.relay == i.actor) {
                     self.relays.insert(
                         b.relay.clone(),
                         RelaySeen {
@@ -181,7 +184,8 @@ impl RoomRelays {
                     }
                 }
                 let body: MessageBody = parse_body(&i.body).unwrap_or_default();
-                let to = addressing::address_in_room(&body.text, &body.mentions, None, &self.agents);
+                let to =
+                    addressing::address_in_room(&body.text, &body.mentions, None, &self.agents);
                 let eligible = addressing::eligible(&i.actor, i.role, &body.text, &to, false);
                 let addressing::Eligible::Agents(named) = eligible else {
                     return;
@@ -268,7 +272,13 @@ mod tests {
     use crate::testing::{ix, Ledger};
     use serde_json::json;
 
-    fn row(_room: &str, verb: Verb, actor: &str, role: Role, body: serde_json::Value) -> Interaction {
+    fn row(
+        _room: &str,
+        verb: Verb,
+        actor: &str,
+        role: Role,
+        body: serde_json::Value,
+    ) -> Interaction {
         thread_local! { static L: std::cell::RefCell<Ledger> = Default::default(); }
         L.with(|l| {
             let mut l = l.borrow_mut();
@@ -286,7 +296,13 @@ mod tests {
             agents: agents.iter().map(|a| a.to_string()).collect(),
             behind: 0,
         };
-        row("lobby", Verb::RelayHeartbeat, relay, Role::System, body.to_body())
+        row(
+            "lobby",
+            Verb::RelayHeartbeat,
+            relay,
+            Role::System,
+            body.to_body(),
+        )
     }
 
     fn live(ids: &[&str]) -> BTreeSet<String> {
@@ -349,7 +365,10 @@ mod tests {
         let r = f.room("lobby").unwrap();
         let absent = r.waiting_on_absent(&live(&["r0"]), false);
         assert_eq!(absent.len(), 2, "bo (r1 offline) owes both");
-        assert_eq!(absent[0].2, vec![("bo".into(), Hosting::Offline(vec!["r1".into()]))]);
+        assert_eq!(
+            absent[0].2,
+            vec![("bo".into(), Hosting::Offline(vec!["r1".into()]))]
+        );
         assert!(r.waiting_on_absent(&live(&["r0", "r1"]), false).is_empty());
         // ada answers both: under group-reply one the group message is done.
         let mut reply = row(

@@ -1068,7 +1068,10 @@ impl Executor {
             // Every note the turn sent is written before its outcome is (progress
             // never lands after the reply), unless writing them hangs.
             let abort = progress.abort_handle();
-            if tokio::time::timeout(PROGRESS_DRAIN, progress).await.is_err() {
+            if tokio::time::timeout(PROGRESS_DRAIN, progress)
+                .await
+                .is_err()
+            {
                 abort.abort();
             }
             let (outcome, tokens, activity) = match outcome {
@@ -1114,7 +1117,13 @@ async fn write_progress(
             continue;
         }
         seq += 1;
-        let body = TurnProgressBody::new(&start.turn.0, start.subject.clone(), start.epoch, seq, &text);
+        let body = TurnProgressBody::new(
+            &start.turn.0,
+            start.subject.clone(),
+            start.epoch,
+            seq,
+            &text,
+        );
         let mut row = NewInteraction::new(
             start.room.as_str(),
             Verb::TurnProgress,

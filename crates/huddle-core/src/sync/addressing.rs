@@ -295,10 +295,28 @@ mod tests {
         assert!(!group_only("@dee", &[], &known));
         let e = eligible("hank", Role::Human, "x", &to("@@review please"), false);
         use crate::config::GroupReply;
-        assert!(answers_each(&e, "@@review please", &[], &known, GroupReply::Each));
-        assert!(!answers_each(&e, "@@review please", &[], &known, GroupReply::One));
+        assert!(answers_each(
+            &e,
+            "@@review please",
+            &[],
+            &known,
+            GroupReply::Each
+        ));
+        assert!(!answers_each(
+            &e,
+            "@@review please",
+            &[],
+            &known,
+            GroupReply::One
+        ));
         let e2 = eligible("hank", Role::Human, "x", &to("@@rust and @dee"), false);
-        assert!(answers_each(&e2, "@@rust and @dee", &[], &known, GroupReply::One));
+        assert!(answers_each(
+            &e2,
+            "@@rust and @dee",
+            &[],
+            &known,
+            GroupReply::One
+        ));
         assert_eq!(to("plain"), Addressing::Broadcast);
         let e = eligible("bo", Role::Agent, "x", &to("@@review"), false);
         assert_eq!(e, Eligible::Agents(vec!["cy".into()]), "never the author");

@@ -410,8 +410,10 @@ fn a_group_mention_reaches_every_agent_with_the_capability_and_each_answers() {
     );
     // Under `group-reply one` the group answers once: one shared reply claim, taken
     // by one member (race: the first free one).
-    let mut one = RoomConfig::default();
-    one.group_reply = crate::config::GroupReply::One;
+    let one = RoomConfig {
+        group_reply: crate::config::GroupReply::One,
+        ..RoomConfig::default()
+    };
     let reviewers = vec![
         LocalAgent {
             capabilities: vec!["review".into()],
