@@ -17,6 +17,7 @@ on_both_backends!(
     each_named_agent_replies_once_and_reply_to_wakes_the_author,
     a_group_mention_is_answered_by_each_member_or_by_one,
     progress_notes_are_shown_but_never_count_as_the_reply,
+    a_prompt_carries_the_thread_since_the_agent_last_spoke,
     the_owners_stop_ends_a_long_turn_and_the_task_is_offered_again,
     a_watched_thread_goes_to_its_watcher
 );
@@ -444,4 +445,87 @@ async fn progress_notes_are_shown_but_never_count_as_the_reply(backend: Backend)
         tail.contains("(progress, not the reply) half way"),
         "tail shows the notes: {tail}"
     );
+}
+
+/// The `<thread>` block: in thread t1, bo answers two questions and ann is asked the
+/// third; ann's prompt holds the first two questions and bo's answers, oldest first,
+/// and bo's prompt for the second question holds only what came after bo last spoke
+/// (not the first question). With `thread-context 0` the block is left out.
+async fn a_prompt_carries_the_thread_since_the_agent_last_spoke(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let prompts = h.dir().join("prompts");
+    std::fs::create_dir_all(&prompts).expect("prompts dir");
+    let agent = h.script(
+        "agent.sh",
+        &format!(
+            "p=$(cat)\ntag=$(printf '%s' \"$p\" | grep -o '\\[T[0-9]*\\]' | tail -n 1 | tr -d '[]')\n\
+             printf '%s' \"$p\" > {dir}/$HUDDLE_AGENT-$tag\necho \"$HUDDLE_AGENT on $tag\"",
+            dir = prompts.display()
+        ),
+    );
+    h.spawn_relay(
+        "r0",
+        vec![AgentSpec::exec("ann", &agent), AgentSpec::exec("bo", &agent)],
+    );
+    h.wait_registered(&["ann", "bo"]).await;
+    let in_t1 = |h: &Huddle, text: &str| {
+        NewInteraction::new(
+            h.room.as_str(),
+            Verb::MessagePosted,
+            "hank",
+            Role::Human,
+            serde_json::json!({ "text": text }),
+        )
+        .in_thread("t1")
+    };
+    let mut first = None;
+    for (tag, to) in [("T1", "bo"), ("T2", "bo"), ("T3", "ann")] {
+        let row = in_t1(&h, &format!("@{to} [{tag}] point {tag}"));
+        let id = h.store.append(vec![row]).await.expect("post")[0].id;
+        h.wait_until("the answer", secs(60), |l| !l.replies_to(id).is_empty())
+            .await;
+        if first.is_none() {
+            first = Some(id);
+            // A person answering a person: no agent is woken, but it is said here.
+            let mut aside = in_t1(&h, "an aside from ivy");
+            aside.actor = "ivy".into();
+            aside = aside.with_parent(id);
+            h.store.append(vec![aside]).await.expect("post");
+        }
+    }
+    h.config("thread-context 0").await;
+    let row = in_t1(&h, "@ann [T4] and now?");
+    let id = h.store.append(vec![row]).await.expect("post")[0].id;
+    h.wait_until("the answer", secs(60), |l| !l.replies_to(id).is_empty())
+        .await;
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+
+    let read = |name: &str| std::fs::read_to_string(prompts.join(name)).unwrap_or_default();
+    let ann = read("ann-T3");
+    let block = ann
+        .split("<thread")
+        .nth(1)
+        .and_then(|b| b.split("</thread>").next())
+        .unwrap_or_else(|| panic!("ann's prompt has a <thread> block:\n{ann}"));
+    let order: Vec<usize> = [
+        "[T1] point T1",
+        "bo on T1",
+        "an aside from ivy",
+        "[T2] point T2",
+        "bo on T2",
+    ]
+        .iter()
+        .map(|s| block.find(s).unwrap_or_else(|| panic!("{s:?} in {block}")))
+        .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "oldest first: {block}");
+    assert!(!block.contains("[T3]"), "the message answered is not repeated: {block}");
+    let bo = read("bo-T2");
+    assert!(bo.contains("an aside from ivy"), "{bo}");
+    assert!(
+        !bo.contains("[T1]"),
+        "bo spoke after T1: only what came since: {bo}"
+    );
+    let ann4 = read("ann-T4");
+    assert!(ann4.contains("[T4]") && !ann4.contains("<thread"), "{ann4}");
 }

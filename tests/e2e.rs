@@ -28,3 +28,4 @@ mod pattern_cli;
 mod presence;
 mod relay_e2e;
 mod task_cli;
+mod team;

@@ -13,7 +13,7 @@
 //! 3. the folds: [`config`], [`tasks`], [`approval`], [`lease`], [`budget`], [`context`], the
 //!    coordination patterns [`decision`] and [`barrier`] (on the shared [`pattern`]),
 //!    then [`board`] (which shows the task summary) and [`guards`] (which read the
-//!    config);
+//!    config); [`thread`] (the `<thread>` block's window);
 //! 4. the decisions on top of them: [`policy`], [`commands`];
 //! 5. the relay's state machine: [`sync`];
 //! 6. views that read messages as relays do: [`relays`] (relay presence and the named
@@ -53,6 +53,7 @@ mod robustness;
 pub mod signing;
 pub mod sync;
 pub mod tasks;
+pub mod thread;
 #[cfg(test)]
 mod testing;
 pub mod verbs;

@@ -195,6 +195,8 @@ struct Loop {
     give_up: CancellationToken,
     /// The rooms it serves.
     rooms: Vec<String>,
+    /// Recent messages per thread: the `<thread>` block of prompts.
+    threads: huddle_core::thread::ThreadWindow,
 }
 
 impl Relay {
@@ -243,6 +245,7 @@ impl Relay {
             inflight: tokio::task::JoinSet::new(),
             give_up: CancellationToken::new(),
             rooms: self.rooms.clone(),
+            threads: Default::default(),
         };
         let ledger: Arc<dyn huddle_store::Ledger> = self.store.clone();
         // The read-forward runs in a task of its own: no other event can abort or
@@ -558,6 +561,7 @@ impl Loop {
         // Owner commands are executed by every relay: their results are deterministic
         // content, so the ledger keeps one copy whoever appends first.
         for row in rows.iter().filter(|r| r.verb == Verb::MessagePosted) {
+            self.threads.observe(row);
             let window = self.recent.entry(row.room.clone()).or_default();
             window.push_back(row.clone());
             while window.len() > CONTEXT_WINDOW {
@@ -693,6 +697,27 @@ impl Loop {
         (!text.is_empty()).then_some(text)
     }
 
+    /// The `<thread>` block of a turn: what was said in its thread (a task's: the
+    /// room's top level) since the agent last spoke there, within the room's
+    /// `thread-context` budget.
+    fn thread_context(&self, start: &TurnStart) -> Option<String> {
+        let answering = match &start.work {
+            TurnWork::Reply(m) => Some(m.id),
+            TurnWork::Task(_) => None,
+        };
+        let budget = self
+            .sync
+            .config(&start.room, start.thread.as_deref())
+            .thread_context_bytes as usize;
+        self.threads.block(
+            &start.room,
+            start.thread.as_deref(),
+            &start.agent,
+            answering,
+            budget,
+        )
+    }
+
     fn spawn_intents(&mut self, intents: Vec<Intent>) {
         if intents.is_empty() {
             return;
@@ -728,7 +753,12 @@ impl Loop {
                         lost: false,
                     },
                 );
-                starts.insert(start.turn.clone(), (token, self.related_context(start)));
+                // The prompt's context blocks: related threads, then this thread.
+                let context = [self.related_context(start), self.thread_context(start)]
+                    .into_iter()
+                    .flatten()
+                    .reduce(|a, b| format!("{a}{b}"));
+                starts.insert(start.turn.clone(), (token, context));
                 self.summary.turns_started += 1;
             }
         }
@@ -1208,17 +1238,21 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
             prompt.push('\n');
         }
     }
+    let effect_key = match &start.work {
+        TurnWork::Reply(m) => huddle_core::protocol::message_effect_key(&start.room, &m.id, &start.agent),
+        TurnWork::Task(t) => huddle_core::protocol::task_effect_key(&start.room, &t.id),
+    };
     let (task, attempt) = match &start.work {
         TurnWork::Reply(m) => {
             prompt.push_str(&format!(
-                "<message from=\"{}\" role=\"{}\">\n{}\n</message>\n",
+                "<message from=\"{}\" role=\"{}\" effect-key=\"{effect_key}\">\n{}\n</message>\n",
                 m.author, m.role, m.text
             ));
             (None, 1)
         }
         TurnWork::Task(t) => {
             prompt.push_str(&format!(
-                "<task id=\"{}\" attempt=\"{}\" of=\"{}\">\n{}\n",
+                "<task id=\"{}\" attempt=\"{}\" of=\"{}\" effect-key=\"{effect_key}\">\n{}\n",
                 t.id, t.attempt, t.max_attempts, t.label
             ));
             for d in &t.deps {
@@ -1241,6 +1275,7 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
         epoch: Some(start.epoch),
         attempt,
         prompt,
+        effect_key,
         progress: Default::default(),
     }
 }

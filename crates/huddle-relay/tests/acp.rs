@@ -84,6 +84,7 @@ fn turn(thread: &str, text: &str) -> TurnRequest {
         epoch: Some(huddle_core::ClaimEpoch(1)),
         attempt: 1,
         prompt: format!("<coordination>\n</coordination>\n<message from=\"owner\" role=\"owner\">\n{text}\n</message>\n"),
+        effect_key: String::new(),
         progress: Default::default(),
     }
 }

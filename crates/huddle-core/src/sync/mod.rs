@@ -130,6 +130,9 @@ struct OpenMessage {
     each: bool,
     /// Agents that answered it (`each` messages).
     answered: BTreeSet<String>,
+    /// The hops an agent's reply to it carries when the reply addresses another
+    /// agent (`None`: its own hops are malformed, so no hops are carried on).
+    next_hops: Option<u64>,
 }
 
 impl OpenMessage {
@@ -157,8 +160,14 @@ struct Slot {
 
 #[derive(Clone, Debug)]
 enum LiveWork {
-    Reply { message: InteractionId },
-    Task { task: String },
+    Reply {
+        message: InteractionId,
+        /// What the reply carries as `hops` if it addresses another agent.
+        next_hops: Option<u64>,
+    },
+    Task {
+        task: String,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -222,6 +231,8 @@ pub struct Synchronizer {
     bids_sent: BTreeSet<(String, String, u32, String)>,
     rejections_sent: BTreeSet<(String, String, u32, String)>,
     notices_sent: BTreeSet<(String, String)>,
+    /// Notices that a message will not be answered, not yet written (by id).
+    pending_notices: BTreeMap<InteractionId, NewInteraction>,
     /// Task claims `(key, epoch)` whose turn ended here: never resumed, even while the
     /// fold has not yet caught up with the completion or failure appended for them.
     finished: BTreeSet<(String, ClaimEpoch)>,
@@ -286,6 +297,7 @@ impl Synchronizer {
             bids_sent: BTreeSet::new(),
             rejections_sent: BTreeSet::new(),
             notices_sent: BTreeSet::new(),
+            pending_notices: BTreeMap::new(),
             finished: BTreeSet::new(),
             registered: false,
             now: None,
@@ -505,6 +517,20 @@ impl Synchronizer {
         match row.verb {
             Verb::MessagePosted => {
                 self.remember_author(row);
+                // A notice already written (by any relay) needs no second append,
+                // and its message is given up everywhere.
+                self.pending_notices.remove(&row.id);
+                if row.role == Role::System && row.body.get("unanswered").is_some() {
+                    if let Some(p) = row.parent {
+                        self.messages.remove(&(row.room.clone(), p));
+                    }
+                }
+                // An agent's answer written by the agent itself (MCP) answers too.
+                if row.role == Role::Agent {
+                    if let Some(p) = row.parent {
+                        self.answered(&row.room, p, &row.actor);
+                    }
+                }
                 self.consider_message(row);
             }
             Verb::TurnReplied => {
@@ -517,13 +543,34 @@ impl Synchronizer {
             Verb::TurnFailed => {
                 if let Some(b) = parse_body::<TurnFailedBody>(&row.body) {
                     if let Some(id) = message_subject(&b.subject) {
-                        let max = self.options.max_reply_failures;
+                        let max = self
+                            .config(&row.room, row.thread.as_deref())
+                            .max_reply_failures;
                         let key = (row.room.clone(), id);
                         let mut each = false;
                         if let Some(m) = self.messages.get_mut(&key) {
                             m.note_failure(&row.actor, &b.turn, b.epoch);
                             each = m.each;
-                            if !m.each && m.failed_turns.len() >= max as usize {
+                            let why = if m.each {
+                                Some(format!(
+                                    "{} could not answer this message: its reply turn failed \
+                                     (its turn.failed row says why).",
+                                    row.actor
+                                ))
+                            } else if m.failed_turns.len() >= max as usize {
+                                Some(format!(
+                                    "Nobody could answer this message: {max} reply turns \
+                                     failed (their turn.failed rows say why); it is no longer \
+                                     offered to agents."
+                                ))
+                            } else {
+                                None
+                            };
+                            let thread = m.thread.clone();
+                            if let Some(why) = why {
+                                self.notice_unanswered(&row.room, thread, id, &why);
+                            }
+                            if !each && m_failed_out(&self.messages, &key, max) {
                                 self.messages.remove(&key);
                             }
                         }
@@ -651,6 +698,7 @@ impl Synchronizer {
                 failed_upto: None,
                 failed_turns: BTreeSet::new(),
                 answered: BTreeSet::new(),
+                next_hops: crate::guards::next_hops(&row.body),
             },
         );
     }
@@ -860,6 +908,44 @@ impl Synchronizer {
         self.elect_replies(now, out);
         let retakes = self.retake_tasks(now, out);
         self.schedule_tasks(now, retakes, out);
+        // Notices queued by this pass and by the rows just folded.
+        self.write_notices(out);
+    }
+
+    /// Queues the notice to a message's author that it will not be answered, and why
+    /// (written at the next pass). Its content is the same on every relay, so the
+    /// ledger keeps one; once folded it gives the message up everywhere.
+    fn notice_unanswered(
+        &mut self,
+        room: &str,
+        thread: Option<String>,
+        message: InteractionId,
+        why: &str,
+    ) {
+        let mut row = NewInteraction::new(
+            room,
+            Verb::MessagePosted,
+            crate::protocol::SYSTEM_ACTOR,
+            Role::System,
+            serde_json::json!({ "text": why, "unanswered": message.to_hex() }),
+        )
+        .with_parent(message);
+        row.thread = thread;
+        self.pending_notices.insert(row.id(), row);
+    }
+
+    fn write_notices(&mut self, out: &mut Vec<Intent>) {
+        if self.pending_notices.is_empty() {
+            return;
+        }
+        let batch: Vec<NewInteraction> = std::mem::take(&mut self.pending_notices)
+            .into_values()
+            .collect();
+        out.push(Intent::Append {
+            fences: Vec::new(),
+            close: false,
+            batch,
+        });
     }
 
     fn register(&mut self, out: &mut Vec<Intent>) {
@@ -913,14 +999,41 @@ impl Synchronizer {
     }
 
     fn elect_replies(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
-        let horizon = ms_to_us(self.options.reply_horizon_ms);
         let keys: Vec<(String, InteractionId)> = self.messages.keys().cloned().collect();
         for (room, id) in keys {
             let Some(m) = self.messages.get(&(room.clone(), id)) else {
                 continue;
             };
-            if now.micros_since(m.at) > horizon {
-                self.messages.remove(&(room, id));
+            let horizon_ms = self.config(&room, m.thread.as_deref()).reply_horizon_ms;
+            if now.micros_since(m.at) > ms_to_us(horizon_ms) {
+                // A turn still running on it (here or anywhere) may yet answer: wait
+                // for it to end before giving the message up.
+                let running = self.turns.values().any(|t| {
+                    t.room == room && matches!(&t.work, LiveWork::Reply { message, .. } if *message == id)
+                }) || self.board.room(&room).is_some_and(|b| {
+                    b.turns
+                        .get(&Subject::message(id).key())
+                        .is_some_and(|t| t.is_open())
+                });
+                if running {
+                    continue;
+                }
+                let why = if m.each {
+                    format!(
+                        "Not every agent this message names answered it within the reply \
+                         horizon ({}); it is no longer offered to them.",
+                        crate::config::format_duration(horizon_ms)
+                    )
+                } else {
+                    format!(
+                        "Nobody answered this message within the reply horizon ({}); it is \
+                         no longer offered to agents.",
+                        crate::config::format_duration(horizon_ms)
+                    )
+                };
+                let thread = m.thread.clone();
+                self.messages.remove(&(room.clone(), id));
+                self.notice_unanswered(&room, thread, id, &why);
                 continue;
             }
             if m.each {
@@ -1283,7 +1396,7 @@ impl Synchronizer {
                 continue;
             }
             let running = self.turns.values().any(|lt| {
-                lt.room == room && matches!(&lt.work, LiveWork::Reply { message } if *message == id)
+                lt.room == room && matches!(&lt.work, LiveWork::Reply { message, .. } if *message == id)
             });
             let key = reply_key(&room, &id);
             if running || self.claims.contains_key(&key) || self.held_elsewhere(&key, now) {
@@ -1566,7 +1679,10 @@ impl Synchronizer {
             thread,
             subject,
             work,
-            LiveWork::Reply { message },
+            LiveWork::Reply {
+                message,
+                next_hops: m.next_hops,
+            },
             exclusive,
             drive,
             out,
@@ -1819,10 +1935,12 @@ impl Synchronizer {
                 self.finished
                     .insert((lt.exclusive.key.clone(), lt.exclusive.epoch));
             }
-            LiveWork::Reply { message }
+            LiveWork::Reply { message, .. }
                 if !matches!(outcome, TurnOutcome::Replied { .. }) || lt.lost =>
             {
-                let max = self.options.max_reply_failures as usize;
+                let max = self
+                    .config(&lt.room, lt.thread.as_deref())
+                    .max_reply_failures as usize;
                 let key = (lt.room.clone(), *message);
                 if let Some(m) = self.messages.get_mut(&key) {
                     m.note_failure(&lt.agent, &turn.0, lt.exclusive.epoch);
@@ -1885,9 +2003,20 @@ impl Synchronizer {
             return;
         }
         match (&lt.work, outcome) {
-            (LiveWork::Reply { message }, TurnOutcome::Replied { text }) => {
+            (LiveWork::Reply { message, next_hops }, TurnOutcome::Replied { text }) => {
+                let text = truncate_text(text.trim_end(), self.options.max_reply_bytes);
+                // A reply that addresses another agent is one more agent-to-agent
+                // step: it carries its hops, so `max-hops` ends the chain.
+                let known = self.registered_agents(&lt.room);
+                let addresses_agent = addressing::mentions_in(&text, &known)
+                    .iter()
+                    .any(|a| *a != lt.agent)
+                    || !addressing::group_mentions_in(&text).is_empty();
                 let body = MessageBody {
-                    text: truncate_text(text.trim_end(), self.options.max_reply_bytes),
+                    hops: next_hops.filter(|_| addresses_agent),
+                    // From the turn: a retried write of this reply is the same row.
+                    nonce: Some(crate::protocol::nonce_from(turn.0.as_bytes())),
+                    text,
                     mentions: Vec::new(),
                 };
                 let mut reply = NewInteraction::new(
@@ -2064,6 +2193,17 @@ impl Synchronizer {
             self.forget(key);
         }
     }
+}
+
+/// Whether a message has had `max` failed reply turns.
+fn m_failed_out(
+    messages: &BTreeMap<(String, InteractionId), OpenMessage>,
+    key: &(String, InteractionId),
+    max: u32,
+) -> bool {
+    messages
+        .get(key)
+        .is_some_and(|m| m.failed_turns.len() >= max as usize)
 }
 
 fn message_subject(s: &Subject) -> Option<InteractionId> {

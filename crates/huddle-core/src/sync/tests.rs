@@ -1821,3 +1821,76 @@ fn a_spent_room_budget_stops_new_task_claims() {
         "a spent budget must stop new claims: {out:?}"
     );
 }
+
+/// The `message.posted` notices (role system, `unanswered`) in an output.
+fn unanswered_notices(out: &[Intent]) -> Vec<(Option<InteractionId>, String)> {
+    out.iter()
+        .filter_map(|i| match i {
+            Intent::Append { batch, .. } => Some(batch),
+            _ => None,
+        })
+        .flatten()
+        .filter(|r| r.role == Role::System && r.body.get("unanswered").is_some())
+        .map(|r| {
+            (
+                r.parent,
+                r.body["text"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_message_past_the_reply_horizon_gets_one_notice_to_its_author() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    // Taken by bo elsewhere (a designation) but never answered, and no turn open.
+    let m = h.write(vec![message("ana", Role::Human, "anyone?")])[0].clone();
+    h.sync.handle(Event::Tick { now: h.now });
+    let out = h.read();
+    assert!(unanswered_notices(&out).is_empty(), "within the horizon: no notice");
+    let late = h.now + 6 * 60 * S;
+    let out = h.tick(late);
+    let notices = unanswered_notices(&out);
+    assert_eq!(notices.len(), 1, "{out:?}");
+    assert_eq!(notices[0].0, Some(m.id), "the notice answers the message");
+    assert!(notices[0].1.contains("reply horizon (5m)"), "{notices:?}");
+    assert!(!notices[0].1.contains('@'), "a notice addresses no agent");
+    // Written and read back: never again, and the message is given up.
+    h.apply_appends(&out);
+    let out = h.read();
+    assert!(unanswered_notices(&out).is_empty());
+    let out = h.tick(late + 60 * S);
+    assert!(unanswered_notices(&out).is_empty());
+    assert!(acquires(&out).is_empty());
+}
+
+#[test]
+fn a_message_whose_reply_turns_all_failed_gets_a_notice() {
+    let config = RoomConfig {
+        max_reply_failures: 1,
+        ..RoomConfig::default()
+    };
+    let mut h = H::with(&["bo"], config);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "@bo please")])[0].clone();
+    h.read();
+    // bo's one allowed turn failed on another relay: its turn.failed is folded.
+    let failed = TurnFailedBody {
+        turn: "r/x".into(),
+        subject: Subject::message(m.id),
+        epoch: ClaimEpoch(1),
+        reason: "exit 1".into(),
+        tokens: 0,
+        activity: TurnActivity::default(),
+    };
+    let out = h.post(vec![ix(
+        Verb::TurnFailed,
+        "bo",
+        Role::Agent,
+        serde_json::to_value(&failed).unwrap(),
+    )]);
+    let notices = unanswered_notices(&out);
+    assert_eq!(notices.len(), 1, "{out:?}");
+    assert!(notices[0].1.contains("1 reply turns failed"), "{notices:?}");
+}

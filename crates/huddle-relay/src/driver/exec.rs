@@ -4,7 +4,8 @@
 //! - The prompt goes to the child's standard input, which is then closed.
 //! - Environment: `HUDDLE_ROOM`, `HUDDLE_THREAD` (empty when none), `HUDDLE_AGENT`,
 //!   `HUDDLE_TASK` (empty when none), `HUDDLE_EPOCH` (empty when none),
-//!   `HUDDLE_ATTEMPT`; when the agent is offered huddle's MCP tools, `HUDDLE_MCP` (a
+//!   `HUDDLE_ATTEMPT`, `HUDDLE_EFFECT_KEY` (stable across the attempts of one task or
+//!   message answer: the idempotency key for the agent's external effects); when the agent is offered huddle's MCP tools, `HUDDLE_MCP` (a
 //!   `sh` command line starting `huddle mcp` for this agent and room) and `HUDDLE_DB`.
 //! - Standard output is the reply (capped at `max_reply_bytes`).
 //! - A line `huddle-tokens: N` on standard error reports the tokens used; without one
@@ -184,6 +185,7 @@ impl Driver for ExecDriver {
                 request.epoch.map(|e| e.to_string()).unwrap_or_default(),
             )
             .env("HUDDLE_ATTEMPT", request.attempt.to_string())
+            .env("HUDDLE_EFFECT_KEY", &request.effect_key)
             .env_remove("HUDDLE_MCP")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -312,6 +314,7 @@ mod tests {
             epoch: Some(huddle_core::ClaimEpoch(3)),
             attempt: 2,
             prompt: "<coordination>\n</coordination>\nhello".into(),
+            effect_key: String::new(),
             progress: Default::default(),
         }
     }
@@ -329,13 +332,15 @@ mod tests {
     #[tokio::test]
     async fn prompt_in_reply_out_with_environment() {
         let d = sh(
-            "read first; echo \"$HUDDLE_AGENT/$HUDDLE_ROOM/$HUDDLE_TASK/$HUDDLE_EPOCH/$HUDDLE_ATTEMPT $first\"; echo 'huddle-tokens: 42' >&2",
+            "read first; echo \"$HUDDLE_AGENT/$HUDDLE_ROOM/$HUDDLE_TASK/$HUDDLE_EPOCH/$HUDDLE_ATTEMPT/$HUDDLE_EFFECT_KEY $first\"; echo 'huddle-tokens: 42' >&2",
             10_000,
         );
-        let out = d.run(req(), CancellationToken::new()).await;
+        let mut r = req();
+        r.effect_key = "k7".into();
+        let out = d.run(r, CancellationToken::new()).await;
         assert_eq!(
             out,
-            TurnOutcome::replied("ada/lobby/t7/3/2 <coordination>\n", 42)
+            TurnOutcome::replied("ada/lobby/t7/3/2/k7 <coordination>\n", 42)
         );
     }
 

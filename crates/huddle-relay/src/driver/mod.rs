@@ -46,6 +46,11 @@ pub struct TurnRequest {
     /// The full prompt: the `<coordination>` block, the `<related-context>` block when
     /// there is one, then the message or task.
     pub prompt: String,
+    /// The turn's effect key (`HUDDLE_EFFECT_KEY`): the same for every attempt of its
+    /// task (or every attempt of this agent's answer to its message), different for
+    /// every other; agents pass it to external systems to make effects idempotent.
+    #[serde(default)]
+    pub effect_key: String,
     /// Where the driver sends the turn's interim progress notes (not its reply); the
     /// relay writes each as a `turn.progress` row under the turn's claims.
     #[serde(skip)]
