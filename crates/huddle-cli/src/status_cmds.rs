@@ -222,3 +222,114 @@ pub fn absent_waits(rr: &RoomRelays, live: &BTreeSet<String>, group_one: bool) -
         })
         .collect()
 }
+
+/// Exit status of `huddle wait` when the room settled with tasks abandoned or blocked.
+pub const EXIT_BLOCKED: u8 = 2;
+/// Exit status of `huddle wait` when the room did not settle in time.
+pub const EXIT_TIMED_OUT: u8 = 124;
+
+/// `huddle wait` ended without every task done: the status to exit with and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct WaitEnded {
+    /// [`EXIT_BLOCKED`] or [`EXIT_TIMED_OUT`].
+    pub code: u8,
+    /// What to print.
+    pub message: String,
+}
+
+/// `huddle wait --room R [--timeout SECS]`: returns when the room settles — a relay
+/// wrote a `room.settled` whose counts are the room's current ones and nothing is
+/// ready, claimed or running — exiting 0 when every task is done, 2 when some are
+/// abandoned or blocked, 124 when `timeout` passes first. Reads forward from its own
+/// cursor, woken by the store's doorbell.
+pub async fn wait(
+    db: &str,
+    options: StoreOptions,
+    room: &str,
+    timeout: Option<u64>,
+) -> anyhow::Result<()> {
+    use huddle_core::protocol::RoomSettledBody;
+    let store = ledger_cmds::open(db, options).await?;
+    // Fails when the room does not exist.
+    fold_admitted(&*store, room, |_| {}).await?;
+    let deadline = timeout.map(|s| std::time::Instant::now() + std::time::Duration::from_secs(s));
+    let mut authority = huddle_core::OwnerAuthority::new();
+    let mut tally = huddle_sim::Tally::new(room);
+    let mut last: Option<RoomSettledBody> = None;
+    let mut cursor = Position::START;
+    let mut bell = store.doorbell();
+    loop {
+        loop {
+            let batch = store.read_room(room, cursor, 5000).await?;
+            for r in &batch.rows {
+                authority.apply(r);
+                if authority.admits(r) {
+                    tally.apply(r);
+                    if r.verb == huddle_core::Verb::RoomSettled {
+                        last = serde_json::from_value(r.body.clone()).ok();
+                    }
+                }
+            }
+            if batch.next == cursor {
+                break;
+            }
+            cursor = batch.next;
+        }
+        let s = tally.dag.summary(room);
+        let open_turns = tally
+            .board
+            .room(room)
+            .is_some_and(|b| !b.open_turns().is_empty());
+        if let Some(b) = last.filter(|b| {
+            b.total == s.total
+                && b.done == s.done
+                && b.abandoned == s.abandoned
+                && b.blocked == s.blocked
+                && tally.dag.is_settled(room)
+                && !open_turns
+        }) {
+            let line = format!(
+                "room {room} settled: {} of {} tasks done, {} abandoned, {} blocked",
+                b.done, b.total, b.abandoned, b.blocked
+            );
+            if b.all_done() {
+                println!("{line}");
+                return Ok(());
+            }
+            return Err(WaitEnded {
+                code: EXIT_BLOCKED,
+                message: line,
+            }
+            .into());
+        }
+        let nap = std::time::Duration::from_millis(500);
+        let nap = match deadline {
+            Some(d) => {
+                let now = std::time::Instant::now();
+                if now >= d {
+                    return Err(WaitEnded {
+                        code: EXIT_TIMED_OUT,
+                        message: format!(
+                            "room {room} did not settle in {}s: {} tasks, {} done, {} claimed, {} ready, {} waiting",
+                            timeout.unwrap_or(0),
+                            s.total,
+                            s.done,
+                            s.claimed,
+                            s.ready,
+                            s.waiting
+                        ),
+                    }
+                    .into());
+                }
+                nap.min(d - now)
+            }
+            None => nap,
+        };
+        bell.borrow_and_update();
+        tokio::select! {
+            _ = bell.changed() => {}
+            _ = tokio::time::sleep(nap) => {}
+        }
+    }
+}

@@ -104,6 +104,8 @@ verbs! {
     /// A relay's slow heartbeat in each room it serves: who it hosts, its version and
     /// how far behind the ledger it is.
     RelayHeartbeat => "relay.heartbeat",
+    /// A room settled: nothing ready, claimed or running; body has the task counts.
+    RoomSettled => "room.settled",
 }
 
 impl fmt::Display for Verb {

@@ -31,7 +31,10 @@ pub use coord::{
 pub(crate) use fields::{closing_key, deadline_from, hash_parts, parse_body, valid_name};
 pub use fields::{truncate_text, PPM, SYSTEM_ACTOR};
 pub use relay::RelayHeartbeatBody;
-pub use room::{nonce_from, AgentRegisteredBody, MessageBody, RoomCreatedBody, DEFAULT_PRIORITY};
+pub use room::{
+    nonce_from, AgentRegisteredBody, MessageBody, RoomCreatedBody, RoomSettledBody,
+    DEFAULT_PRIORITY,
+};
 pub use turn::{
     PermissionEntry, PlanEntry, TokensBody, ToolCallEntry, TurnActivity, TurnFailedBody,
     TurnProgressBody, TurnPromptedBody, TurnRepliedBody, TurnUsageBody, MAX_ACTIVITY_ENTRIES,

@@ -40,6 +40,31 @@ pub struct MessageBody {
     pub nonce: Option<String>,
 }
 
+/// Body of `room.settled` (actor `huddle`, role `system`): the room's task counts when
+/// nothing was ready, claimed or running any more. Every relay writes the same content
+/// at the same point, so the ledger keeps one per settling.
+///
+/// `{"total":4,"done":3,"abandoned":1,"blocked":0}`
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoomSettledBody {
+    /// Tasks in the room.
+    pub total: usize,
+    /// Completed.
+    pub done: usize,
+    /// Failed for good.
+    pub abandoned: usize,
+    /// Open but never runnable (a dependency abandoned, missing or in a cycle).
+    pub blocked: usize,
+}
+
+impl RoomSettledBody {
+    /// Whether every task was done (`huddle wait` exits 0), rather than some
+    /// abandoned or blocked.
+    pub fn all_done(&self) -> bool {
+        self.done == self.total
+    }
+}
+
 /// A nonce (16 hex digits) from `seed` bytes: random ones for a new post, or a stable
 /// value (a turn id, an idempotency key) for a write that must stay the same row when
 /// retried.

@@ -233,6 +233,10 @@ pub struct Synchronizer {
     notices_sent: BTreeSet<(String, String)>,
     /// Notices that a message will not be answered, not yet written (by id).
     pending_notices: BTreeMap<InteractionId, NewInteraction>,
+    /// Per room: the latest `room.settled` folded or written.
+    settled: BTreeMap<String, crate::protocol::RoomSettledBody>,
+    /// Rooms whose tasks or turns moved since the last settle check.
+    unsettled: BTreeSet<String>,
     /// Task claims `(key, epoch)` whose turn ended here: never resumed, even while the
     /// fold has not yet caught up with the completion or failure appended for them.
     finished: BTreeSet<(String, ClaimEpoch)>,
@@ -298,6 +302,8 @@ impl Synchronizer {
             rejections_sent: BTreeSet::new(),
             notices_sent: BTreeSet::new(),
             pending_notices: BTreeMap::new(),
+            settled: BTreeMap::new(),
+            unsettled: BTreeSet::new(),
             finished: BTreeSet::new(),
             registered: false,
             now: None,
@@ -514,7 +520,25 @@ impl Synchronizer {
         if let Some(now) = self.now {
             self.now = Some(now.max(row.at));
         }
+        if matches!(
+            row.verb,
+            Verb::TaskCreated
+                | Verb::TaskClaimed
+                | Verb::TaskCompleted
+                | Verb::TaskFailed
+                | Verb::TaskReleased
+                | Verb::TurnPrompted
+                | Verb::TurnReplied
+                | Verb::TurnFailed
+        ) {
+            self.unsettled.insert(row.room.clone());
+        }
         match row.verb {
+            Verb::RoomSettled if row.role == Role::System => {
+                if let Some(b) = parse_body::<crate::protocol::RoomSettledBody>(&row.body) {
+                    self.settled.insert(row.room.clone(), b);
+                }
+            }
             Verb::MessagePosted => {
                 self.remember_author(row);
                 // A notice already written (by any relay) needs no second append,
@@ -551,21 +575,7 @@ impl Synchronizer {
                         if let Some(m) = self.messages.get_mut(&key) {
                             m.note_failure(&row.actor, &b.turn, b.epoch);
                             each = m.each;
-                            let why = if m.each {
-                                Some(format!(
-                                    "{} could not answer this message: its reply turn failed \
-                                     (its turn.failed row says why).",
-                                    row.actor
-                                ))
-                            } else if m.failed_turns.len() >= max as usize {
-                                Some(format!(
-                                    "Nobody could answer this message: {max} reply turns \
-                                     failed (their turn.failed rows say why); it is no longer \
-                                     offered to agents."
-                                ))
-                            } else {
-                                None
-                            };
+                            let why = failure_notice(m, &row.actor, max);
                             let thread = m.thread.clone();
                             if let Some(why) = why {
                                 self.notice_unanswered(&row.room, thread, id, &why);
@@ -910,6 +920,52 @@ impl Synchronizer {
         self.schedule_tasks(now, retakes, out);
         // Notices queued by this pass and by the rows just folded.
         self.write_notices(out);
+        self.note_settled(out);
+    }
+
+    /// A room whose tasks or turns moved and that is now quiescent (nothing ready,
+    /// claimed or running, nothing in flight here) gets one `room.settled` with its
+    /// task counts, unless the last one already says exactly that.
+    fn note_settled(&mut self, out: &mut Vec<Intent>) {
+        let rooms: Vec<String> = self.unsettled.iter().cloned().collect();
+        let mut batch = Vec::new();
+        for room in rooms {
+            // Cheap checks first: while work runs here the room is not settled.
+            if self.turns.values().any(|t| t.room == room)
+                || self.claims.values().any(|s| s.purpose.room() == room)
+            {
+                continue;
+            }
+            self.unsettled.remove(&room);
+            if !self.is_quiescent(&room) {
+                continue;
+            }
+            let s = self.dag.summary(&room);
+            let body = crate::protocol::RoomSettledBody {
+                total: s.total,
+                done: s.done,
+                abandoned: s.abandoned,
+                blocked: s.blocked,
+            };
+            if s.total == 0 || self.settled.get(&room) == Some(&body) {
+                continue;
+            }
+            self.settled.insert(room.clone(), body);
+            batch.push(NewInteraction::new(
+                room.as_str(),
+                Verb::RoomSettled,
+                crate::protocol::SYSTEM_ACTOR,
+                Role::System,
+                serde_json::to_value(body).unwrap_or_default(),
+            ));
+        }
+        if !batch.is_empty() {
+            out.push(Intent::Append {
+                fences: Vec::new(),
+                close: false,
+                batch,
+            });
+        }
     }
 
     /// Queues the notice to a message's author that it will not be answered, and why
@@ -1944,7 +2000,18 @@ impl Synchronizer {
                 let key = (lt.room.clone(), *message);
                 if let Some(m) = self.messages.get_mut(&key) {
                     m.note_failure(&lt.agent, &turn.0, lt.exclusive.epoch);
-                    if !m.each && m.failed_turns.len() >= max {
+                    // The same notice the fold of this turn's failure would queue: the
+                    // message may be gone by then.
+                    let why = failure_notice(m, &lt.agent, max as u32);
+                    let thread = m.thread.clone();
+                    if let Some(why) = why {
+                        self.notice_unanswered(&lt.room, thread, *message, &why);
+                    }
+                    if self
+                        .messages
+                        .get(&key)
+                        .is_some_and(|m| !m.each && m.failed_turns.len() >= max)
+                    {
                         self.messages.remove(&key);
                     }
                 }
@@ -2192,6 +2259,26 @@ impl Synchronizer {
         if self.claims.get(key).is_some_and(|s| s.epoch == Some(epoch)) {
             self.forget(key);
         }
+    }
+}
+
+/// The notice a failed reply turn of `agent` on `m` calls for, if any: for a message
+/// naming several agents, that this agent will not answer; otherwise, once `max`
+/// turns failed, that nobody will. The text depends only on the ledger and the room's
+/// config, so every relay writes the same row.
+fn failure_notice(m: &OpenMessage, agent: &str, max: u32) -> Option<String> {
+    if m.each {
+        Some(format!(
+            "{agent} could not answer this message: its reply turn failed (its turn.failed \
+             row says why)."
+        ))
+    } else if m.failed_turns.len() >= max as usize {
+        Some(format!(
+            "Nobody could answer this message: {max} reply turns failed (their turn.failed \
+             rows say why); it is no longer offered to agents."
+        ))
+    } else {
+        None
     }
 }
 

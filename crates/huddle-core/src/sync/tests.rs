@@ -1481,7 +1481,15 @@ fn abandoned_tasks_get_one_owner_notice() {
     );
     h.apply_appends(&out);
     let out = h.read();
-    assert_eq!(appends(&out), vec![(None, vec!["coord.note"])]);
+    // The notice, and the room is settled with the task abandoned.
+    assert_eq!(
+        appends(&out),
+        vec![(None, vec!["coord.note"]), (None, vec!["room.settled"])]
+    );
+    assert_eq!(
+        settled_rows(&out),
+        vec![json!({"total": 1, "done": 0, "abandoned": 1, "blocked": 0})]
+    );
     h.apply_appends(&out);
     let out = h.read();
     assert!(appends(&out).is_empty());
@@ -1893,4 +1901,44 @@ fn a_message_whose_reply_turns_all_failed_gets_a_notice() {
     let notices = unanswered_notices(&out);
     assert_eq!(notices.len(), 1, "{out:?}");
     assert!(notices[0].1.contains("1 reply turns failed"), "{notices:?}");
+}
+
+fn settled_rows(out: &[Intent]) -> Vec<serde_json::Value> {
+    out.iter()
+        .filter_map(|i| match i {
+            Intent::Append { batch, .. } => Some(batch),
+            _ => None,
+        })
+        .flatten()
+        .filter(|r| r.verb == Verb::RoomSettled)
+        .map(|r| r.body.clone())
+        .collect()
+}
+
+#[test]
+fn a_room_that_settles_gets_one_settled_row() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let out = h.post(vec![created("a", &[])]);
+    assert!(settled_rows(&out).is_empty(), "a ready task: not settled");
+    let st = run_task_to_start(&mut h, "a", "bo", 1);
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Replied {
+            text: "done".into(),
+        },
+    );
+    assert!(settled_rows(&out).is_empty(), "the completion is not folded yet");
+    h.apply_appends(&out);
+    let out = h.read();
+    assert_eq!(
+        settled_rows(&out),
+        vec![json!({"total": 1, "done": 1, "abandoned": 0, "blocked": 0})]
+    );
+    // Written and read back: nothing more, however many passes follow.
+    h.apply_appends(&out);
+    let out = h.read();
+    assert!(settled_rows(&out).is_empty());
+    let out = h.tick(h.now + 60 * S);
+    assert!(settled_rows(&out).is_empty());
 }
