@@ -91,6 +91,7 @@ async fn repeated_posts_hops_notices_and_settled_rooms(backend: Backend) {
         "agent.sh",
         &format!(
             "p=$(cat)\necho \"$HUDDLE_AGENT ${{HUDDLE_TASK:-msg}}\" >> {log}\n\
+             p=$(printf '%s' \"$p\" | sed -n '/^<message /,$p')\n\
              case \"$p\" in *\"[fail]\"*) exit 1;; esac\n\
              [ \"$HUDDLE_TASK\" = bad ] && exit 1\n\
              if [ \"$HUDDLE_TASK\" = slow ]; then i=0; while [ ! -e {go} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; fi\n\

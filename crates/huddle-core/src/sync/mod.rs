@@ -196,6 +196,12 @@ fn spread_rank(relay: &[u8], task: &[u8]) -> u64 {
     h
 }
 
+/// How many written notices a relay remembers so as not to queue them again.
+const REMEMBERED_NOTICES: usize = 4_096;
+
+/// Shortest time between two settle checks, µs.
+const SETTLE_CHECK_US: i64 = 1_000_000;
+
 /// How long to wait before retrying a claim whose holder's attempt already failed in
 /// the ledger (it is releasing the claim), µs.
 const RELEASE_BACK_OFF_US: i64 = 200_000;
@@ -233,10 +239,16 @@ pub struct Synchronizer {
     notices_sent: BTreeSet<(String, String)>,
     /// Notices that a message will not be answered, not yet written (by id).
     pending_notices: BTreeMap<InteractionId, NewInteraction>,
+    /// Such notices already written or folded, the most recent [`REMEMBERED_NOTICES`]:
+    /// never queued again.
+    notices_done: (BTreeSet<InteractionId>, VecDeque<InteractionId>),
     /// Per room: the latest `room.settled` folded or written.
     settled: BTreeMap<String, crate::protocol::RoomSettledBody>,
     /// Rooms whose tasks or turns moved since the last settle check.
     unsettled: BTreeSet<String>,
+    /// When the next settle check may run: it reads the whole DAG, so at most once
+    /// per [`SETTLE_CHECK_US`], not on every event.
+    next_settle_check: Option<Timestamp>,
     /// Task claims `(key, epoch)` whose turn ended here: never resumed, even while the
     /// fold has not yet caught up with the completion or failure appended for them.
     finished: BTreeSet<(String, ClaimEpoch)>,
@@ -302,8 +314,10 @@ impl Synchronizer {
             rejections_sent: BTreeSet::new(),
             notices_sent: BTreeSet::new(),
             pending_notices: BTreeMap::new(),
+            notices_done: (BTreeSet::new(), VecDeque::new()),
             settled: BTreeMap::new(),
             unsettled: BTreeSet::new(),
+            next_settle_check: None,
             finished: BTreeSet::new(),
             registered: false,
             now: None,
@@ -545,7 +559,9 @@ impl Synchronizer {
                 // and its message is given up everywhere.
                 self.pending_notices.remove(&row.id);
                 if row.role == Role::System && row.body.get("unanswered").is_some() {
-                    if let Some(p) = row.parent {
+                    self.notice_done(row.id);
+                    // One named agent's part given up leaves the others' open.
+                    if let Some(p) = row.parent.filter(|_| row.body.get("agent").is_none()) {
                         self.messages.remove(&(row.room.clone(), p));
                     }
                 }
@@ -927,6 +943,13 @@ impl Synchronizer {
     /// claimed or running, nothing in flight here) gets one `room.settled` with its
     /// task counts, unless the last one already says exactly that.
     fn note_settled(&mut self, out: &mut Vec<Intent>) {
+        let Some(now) = self.now else {
+            return;
+        };
+        if self.unsettled.is_empty() || self.next_settle_check.is_some_and(|at| now < at) {
+            return;
+        }
+        self.next_settle_check = Some(now.saturating_add(SETTLE_CHECK_US));
         let rooms: Vec<String> = self.unsettled.iter().cloned().collect();
         let mut batch = Vec::new();
         for room in rooms {
@@ -976,27 +999,48 @@ impl Synchronizer {
         room: &str,
         thread: Option<String>,
         message: InteractionId,
-        why: &str,
+        why: &(Option<String>, String),
     ) {
+        let mut body = serde_json::json!({ "text": why.1, "unanswered": message.to_hex() });
+        if let Some(agent) = &why.0 {
+            body["agent"] = serde_json::Value::from(agent.as_str());
+        }
         let mut row = NewInteraction::new(
             room,
             Verb::MessagePosted,
             crate::protocol::SYSTEM_ACTOR,
             Role::System,
-            serde_json::json!({ "text": why, "unanswered": message.to_hex() }),
+            body,
         )
         .with_parent(message);
         row.thread = thread;
-        self.pending_notices.insert(row.id(), row);
+        let id = row.id();
+        if !self.notices_done.0.contains(&id) {
+            self.pending_notices.insert(id, row);
+        }
+    }
+
+    fn notice_done(&mut self, id: InteractionId) {
+        let (set, order) = &mut self.notices_done;
+        if set.insert(id) {
+            order.push_back(id);
+        }
+        while order.len() > REMEMBERED_NOTICES {
+            if let Some(old) = order.pop_front() {
+                set.remove(&old);
+            }
+        }
     }
 
     fn write_notices(&mut self, out: &mut Vec<Intent>) {
         if self.pending_notices.is_empty() {
             return;
         }
-        let batch: Vec<NewInteraction> = std::mem::take(&mut self.pending_notices)
-            .into_values()
-            .collect();
+        let pending = std::mem::take(&mut self.pending_notices);
+        for id in pending.keys() {
+            self.notice_done(*id);
+        }
+        let batch: Vec<NewInteraction> = pending.into_values().collect();
         out.push(Intent::Append {
             fences: Vec::new(),
             close: false,
@@ -1089,7 +1133,7 @@ impl Synchronizer {
                 };
                 let thread = m.thread.clone();
                 self.messages.remove(&(room.clone(), id));
-                self.notice_unanswered(&room, thread, id, &why);
+                self.notice_unanswered(&room, thread, id, &(None, why));
                 continue;
             }
             if m.each {
@@ -2266,16 +2310,22 @@ impl Synchronizer {
 /// naming several agents, that this agent will not answer; otherwise, once `max`
 /// turns failed, that nobody will. The text depends only on the ledger and the room's
 /// config, so every relay writes the same row.
-fn failure_notice(m: &OpenMessage, agent: &str, max: u32) -> Option<String> {
+fn failure_notice(m: &OpenMessage, agent: &str, max: u32) -> Option<(Option<String>, String)> {
     if m.each {
-        Some(format!(
-            "{agent} could not answer this message: its reply turn failed (its turn.failed \
-             row says why)."
+        Some((
+            Some(agent.to_string()),
+            format!(
+                "{agent} could not answer this message: its reply turn failed (its \
+                 turn.failed row says why)."
+            ),
         ))
     } else if m.failed_turns.len() >= max as usize {
-        Some(format!(
-            "Nobody could answer this message: {max} reply turns failed (their turn.failed \
-             rows say why); it is no longer offered to agents."
+        Some((
+            None,
+            format!(
+                "Nobody could answer this message: {max} reply turns failed (their \
+                 turn.failed rows say why); it is no longer offered to agents."
+            ),
         ))
     } else {
         None
