@@ -465,7 +465,10 @@ async fn a_prompt_carries_the_thread_since_the_agent_last_spoke(backend: Backend
     );
     h.spawn_relay(
         "r0",
-        vec![AgentSpec::exec("ann", &agent), AgentSpec::exec("bo", &agent)],
+        vec![
+            AgentSpec::exec("ann", &agent),
+            AgentSpec::exec("bo", &agent),
+        ],
     );
     h.wait_registered(&["ann", "bo"]).await;
     let in_t1 = |h: &Huddle, text: &str| {
@@ -515,11 +518,17 @@ async fn a_prompt_carries_the_thread_since_the_agent_last_spoke(backend: Backend
         "[T2] point T2",
         "bo on T2",
     ]
-        .iter()
-        .map(|s| block.find(s).unwrap_or_else(|| panic!("{s:?} in {block}")))
-        .collect();
-    assert!(order.windows(2).all(|w| w[0] < w[1]), "oldest first: {block}");
-    assert!(!block.contains("[T3]"), "the message answered is not repeated: {block}");
+    .iter()
+    .map(|s| block.find(s).unwrap_or_else(|| panic!("{s:?} in {block}")))
+    .collect();
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "oldest first: {block}"
+    );
+    assert!(
+        !block.contains("[T3]"),
+        "the message answered is not repeated: {block}"
+    );
     let bo = read("bo-T2");
     assert!(bo.contains("an aside from ivy"), "{bo}");
     assert!(

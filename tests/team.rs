@@ -31,7 +31,8 @@ async fn the_effect_key_is_stable_across_attempts_and_differs_across_tasks(backe
     );
     h.spawn_relay("r0", vec![AgentSpec::exec("ada", &agent)]);
     h.wait_registered(&["ada"]).await;
-    h.delegate("flaky: charge the card\nsteady: send the receipt").await;
+    h.delegate("flaky: charge the card\nsteady: send the receipt")
+        .await;
     h.wait_until("both done", secs(60), |l| {
         ["flaky", "steady"]
             .iter()
@@ -51,11 +52,21 @@ async fn the_effect_key_is_stable_across_attempts_and_differs_across_tasks(backe
     let flaky: Vec<&(String, String, String)> = runs.iter().filter(|r| r.0 == "flaky").collect();
     let steady: Vec<&(String, String, String)> = runs.iter().filter(|r| r.0 == "steady").collect();
     assert_eq!(flaky.len(), 2, "one failed attempt, one retry: {lines}");
-    assert_eq!((flaky[0].1.as_str(), flaky[1].1.as_str()), ("1", "2"), "{lines}");
-    assert_eq!(flaky[0].2, flaky[1].2, "the key is the same across attempts: {lines}");
+    assert_eq!(
+        (flaky[0].1.as_str(), flaky[1].1.as_str()),
+        ("1", "2"),
+        "{lines}"
+    );
+    assert_eq!(
+        flaky[0].2, flaky[1].2,
+        "the key is the same across attempts: {lines}"
+    );
     assert_eq!(flaky[0].2.len(), 32, "{lines}");
     assert_eq!(steady.len(), 1, "{lines}");
-    assert_ne!(steady[0].2, flaky[0].2, "tasks have different keys: {lines}");
+    assert_ne!(
+        steady[0].2, flaky[0].2,
+        "tasks have different keys: {lines}"
+    );
     assert_eq!(
         flaky[0].2,
         huddle_core::protocol::task_effect_key(&h.room, "flaky"),
@@ -103,7 +114,10 @@ async fn repeated_posts_hops_notices_and_settled_rooms(backend: Backend) {
     );
     h.spawn_relay(
         "r0",
-        vec![AgentSpec::exec("ann", &agent), AgentSpec::exec("bo", &agent)],
+        vec![
+            AgentSpec::exec("ann", &agent),
+            AgentSpec::exec("bo", &agent),
+        ],
     );
     h.wait_registered(&["ann", "bo"]).await;
     let runs = |log: &std::path::Path| std::fs::read_to_string(log).unwrap_or_default();
@@ -144,7 +158,10 @@ async fn repeated_posts_hops_notices_and_settled_rooms(backend: Backend) {
     })
     .await;
     let l = &h.ledger;
-    assert_eq!(l.get(handover).map(|r| r.body["hops"].clone()), Some(1.into()));
+    assert_eq!(
+        l.get(handover).map(|r| r.body["hops"].clone()),
+        Some(1.into())
+    );
     assert_eq!(l.get(back).map(|r| r.body["hops"].clone()), Some(2.into()));
     assert!(l.replies_to(back).is_empty(), "max-hops ends the chain");
     assert!(
@@ -203,6 +220,10 @@ async fn repeated_posts_hops_notices_and_settled_rooms(backend: Backend) {
 
     let ran = runs(&log);
     let count = |needle: &str| ran.lines().filter(|l| *l == needle).count();
-    assert_eq!(count("bo msg"), 2, "bo: the chain link and the failed turn: {ran}");
+    assert_eq!(
+        count("bo msg"),
+        2,
+        "bo: the chain link and the failed turn: {ran}"
+    );
     assert_eq!(count("ann bad") + count("bo bad"), 1, "one attempt: {ran}");
 }

@@ -53,9 +53,9 @@ mod robustness;
 pub mod signing;
 pub mod sync;
 pub mod tasks;
-pub mod thread;
 #[cfg(test)]
 mod testing;
+pub mod thread;
 pub mod verbs;
 
 pub use barrier::{BarrierFold, BarrierRules, BarrierStatus};

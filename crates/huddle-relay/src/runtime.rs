@@ -511,17 +511,11 @@ impl Loop {
         }
     }
 
-    /// Writes one `relay.heartbeat` per hosted room: the agents, the version and how
-    /// many committed rows lie past `cursor` (at most [`BEHIND_PROBE`]). A heartbeat
+    /// Writes one `relay.heartbeat` per hosted room, off the event loop (bounded in
+    /// time, so a slow database never holds up the relay): the agents, the version and
+    /// how many committed rows lie past `cursor` (at most [`BEHIND_PROBE`]). A heartbeat
     /// that cannot be written is logged and skipped; the next one follows.
     async fn heartbeat(&mut self, instance: &str, cursor: Position, beat: u64) {
-        let behind = match self.store.read_forward(cursor, BEHIND_PROBE).await {
-            Ok(b) => (b.rows.len() + b.skipped.len()) as u64,
-            Err(e) => {
-                debug!(error = %e, "could not read ahead for the heartbeat");
-                0
-            }
-        };
         let agents: Vec<String> = self.agents.keys().cloned().collect();
         let batch: Vec<NewInteraction> = self
             .rooms
@@ -533,7 +527,7 @@ impl Loop {
                     beat,
                     version: env!("CARGO_PKG_VERSION").to_string(),
                     agents: agents.clone(),
-                    behind,
+                    behind: 0,
                 };
                 NewInteraction::new(
                     room.as_str(),
@@ -544,10 +538,35 @@ impl Loop {
                 )
             })
             .collect();
-        match self.store.append(batch).await {
-            Ok(_) => debug!(beat, behind, "heartbeat written"),
-            Err(e) => warn!(beat, error = %e, "heartbeat not written"),
-        }
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let write = async {
+                let behind = match store.read_forward(cursor, BEHIND_PROBE).await {
+                    Ok(b) => (b.rows.len() + b.skipped.len()) as u64,
+                    Err(e) => {
+                        debug!(error = %e, "could not read ahead for the heartbeat");
+                        0
+                    }
+                };
+                let batch: Vec<NewInteraction> = batch
+                    .into_iter()
+                    .map(|mut row| {
+                        row.body["behind"] = serde_json::Value::from(behind);
+                        row
+                    })
+                    .collect();
+                match store.append(batch).await {
+                    Ok(_) => debug!(beat, behind, "heartbeat written"),
+                    Err(e) => warn!(beat, error = %e, "heartbeat not written"),
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(10), write)
+                .await
+                .is_err()
+            {
+                warn!(beat, "heartbeat not written in time");
+            }
+        });
     }
 
     async fn tick(&mut self) -> Result<(), StoreError> {
@@ -1239,7 +1258,9 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
         }
     }
     let effect_key = match &start.work {
-        TurnWork::Reply(m) => huddle_core::protocol::message_effect_key(&start.room, &m.id, &start.agent),
+        TurnWork::Reply(m) => {
+            huddle_core::protocol::message_effect_key(&start.room, &m.id, &start.agent)
+        }
         TurnWork::Task(t) => huddle_core::protocol::task_effect_key(&start.room, &t.id),
     };
     let (task, attempt) = match &start.work {

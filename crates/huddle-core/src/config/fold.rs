@@ -179,9 +179,23 @@ impl ConfigFold {
             .into_iter()
             .map(|key| {
                 let (value, source) = if let Some((v, t)) = layer_value(thread_overlay, key) {
-                    (v, if t { ConfigSource::Topology } else { ConfigSource::Thread })
+                    (
+                        v,
+                        if t {
+                            ConfigSource::Topology
+                        } else {
+                            ConfigSource::Thread
+                        },
+                    )
                 } else if let Some((v, t)) = layer_value(room_overlay, key) {
-                    (v, if t { ConfigSource::Topology } else { ConfigSource::Room })
+                    (
+                        v,
+                        if t {
+                            ConfigSource::Topology
+                        } else {
+                            ConfigSource::Room
+                        },
+                    )
                 } else {
                     (key.default_value(), ConfigSource::Default)
                 };
@@ -515,9 +529,16 @@ mod tests {
         }
         // An explicit key in the same layer wins, whichever was set first.
         fold.apply(&owner_set(10, None, json!({"set": {"allocation": "bid"}})));
-        fold.apply(&owner_set(11, None, json!({"set": {"topology": "orchestrator"}})));
+        fold.apply(&owner_set(
+            11,
+            None,
+            json!({"set": {"topology": "orchestrator"}}),
+        ));
         let c = fold.effective("lobby", None);
-        assert_eq!((c.responder, c.allocation), (Responder::Designated, Allocation::Bid));
+        assert_eq!(
+            (c.responder, c.allocation),
+            (Responder::Designated, Allocation::Bid)
+        );
         let sources: Vec<_> = fold
             .explain("lobby", None)
             .into_iter()
@@ -532,9 +553,16 @@ mod tests {
             ]
         );
         // A thread's topology beats the room's explicit keys there.
-        fold.apply(&owner_set(12, Some("t1"), json!({"set": {"topology": "pipeline"}})));
+        fold.apply(&owner_set(
+            12,
+            Some("t1"),
+            json!({"set": {"topology": "pipeline"}}),
+        ));
         let t1 = fold.effective("lobby", Some("t1"));
-        assert_eq!((t1.responder, t1.allocation), (Responder::RolePriority, Allocation::Pull));
+        assert_eq!(
+            (t1.responder, t1.allocation),
+            (Responder::RolePriority, Allocation::Pull)
+        );
         assert_eq!(
             fold.value("lobby", Some("t1"), ConfigKey::Allocation),
             ConfigValue::Allocation(Allocation::Pull)

@@ -70,7 +70,10 @@ impl RoomSettledBody {
 /// retried.
 pub fn nonce_from(seed: &[u8]) -> String {
     let h = blake3::hash(seed);
-    h.as_bytes()[..8].iter().map(|b| format!("{b:02x}")).collect()
+    h.as_bytes()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Body of `room.created` as coordination reads it: `{"owner":"ana"}`.
