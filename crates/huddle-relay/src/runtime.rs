@@ -295,8 +295,15 @@ impl Relay {
         let mut next_beat = Instant::now() + self.options.heartbeat_every;
         let mut stopping = false;
         let mut stop_deadline: Option<tokio::time::Instant> = None;
+        // Ticks fall due at an absolute time, at least every `max_tick` after the
+        // last one however many other events arrive (a relative sleep re-armed on
+        // every pass would starve the tick, and with it the relay id's renewal, under
+        // a steady stream of events).
+        let mut last_tick = tokio::time::Instant::now();
         loop {
-            let sleep_for = lp.until_next_wakeup(self.options.max_tick);
+            let tick_at = (tokio::time::Instant::now()
+                + lp.until_next_wakeup(self.options.max_tick))
+            .min(last_tick + self.options.max_tick);
             tokio::select! {
                 step = reader.recv(), if !stopping => {
                     match step {
@@ -354,7 +361,8 @@ impl Relay {
                     }
                 }
                 Some(_) = lp.inflight.join_next(), if !lp.inflight.is_empty() => {}
-                _ = tokio::time::sleep(sleep_for) => {
+                _ = tokio::time::sleep_until(tick_at) => {
+                    last_tick = tokio::time::Instant::now();
                     if let Err(e) = lp.tick().await {
                         warn!(error = %e, "reconcile tick failed");
                     }
