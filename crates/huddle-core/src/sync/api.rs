@@ -133,6 +133,14 @@ pub enum TurnOutcome {
     },
     /// The turn was stopped after [`Intent::Cancel`].
     Cancelled,
+    /// The turn never started: the relay could no longer vouch for its claims when
+    /// the agent was to start (its start deadline passed; the relay was paused or
+    /// starved). Nothing ran, so nothing is written under its claims: they are
+    /// released and the work is taken again (as after a lapsed lease).
+    NotStarted {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// The answer to an [`Intent::Acquire`], as the store's `acquire` returned it.

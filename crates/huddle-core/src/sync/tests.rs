@@ -1017,6 +1017,43 @@ fn a_failed_task_turn_fails_the_attempt_never_completes() {
 }
 
 #[test]
+fn a_task_turn_that_never_started_writes_nothing_under_its_claims_and_is_taken_again() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 2);
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::NotStarted {
+            reason: "past its start deadline".into(),
+        },
+    );
+    // Only the turn's record, unfenced: nothing is written under the claims (no
+    // task.failed: the agent never ran), nothing closed.
+    assert_eq!(appends(&out), vec![(None, vec!["turn.failed"])]);
+    let failed: TurnFailedBody =
+        serde_json::from_value(appended_body(&out, Verb::TurnFailed)).unwrap();
+    assert!(
+        failed.reason.starts_with("not started"),
+        "{}",
+        failed.reason
+    );
+    // Both claims are let go, and the same relay takes the task again at once.
+    assert_eq!(kinds(&out)[1..3], ["release", "release"]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    h.apply_appends(&out);
+    h.read();
+    let t = h.sync.tasks().task("lobby", "a").unwrap();
+    assert_eq!((t.status, t.attempts), (TaskStatus::Claimed, 1));
+    // As after a lapsed lease, the new claim (epoch 3) is the next attempt.
+    let st = run_task_to_start(&mut h, "a", "bo", 3);
+    assert!(
+        matches!(&st.work, TurnWork::Task(t) if t.attempt == 2),
+        "{st:?}"
+    );
+}
+
+#[test]
 fn a_failed_attempt_goes_to_another_free_agent_first() {
     let mut h = H::new(&["bo", "cy"]);
     h.start();

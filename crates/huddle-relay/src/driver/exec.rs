@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+use super::process::started_too_late;
 use super::{AgentProcess, Driver, McpLaunch, TurnOutcome, TurnRequest};
 
 /// Settings of an exec agent.
@@ -185,8 +186,10 @@ impl Driver for ExecDriver {
             )
             .env("HUDDLE_DB", &mcp.database);
         }
-        let mut process = match AgentProcess::spawn(cmd).await {
+        // The child checks the start deadline itself, between fork and exec.
+        let mut process = match AgentProcess::spawn_by(cmd, request.start_by).await {
             Ok(p) => p,
+            Err(e) if started_too_late(&e) => return TurnOutcome::NotStarted,
             Err(e) => return TurnOutcome::failed(format!("cannot start {program:?}: {e}"), 0),
         };
         let child = process.child();
@@ -288,6 +291,7 @@ mod tests {
             epoch: Some(huddle_core::ClaimEpoch(3)),
             attempt: 2,
             prompt: "<coordination>\n</coordination>\nhello".into(),
+            start_by: None,
         }
     }
 

@@ -7,6 +7,11 @@
 //!
 //! A driver that starts processes starts them through [`AgentProcess`], which ties
 //! them to the turn and to the relay's life (plan 0013).
+//!
+//! Every request carries a start deadline ([`TurnRequest::start_by`]): the moment
+//! after which the relay can no longer vouch for the turn's claims. A driver starts
+//! nothing after it and answers [`TurnOutcome::NotStarted`] instead (plan 0029); the
+//! exec driver has the agent's child process check it between fork and exec.
 
 pub mod acp;
 mod exec;
@@ -19,6 +24,8 @@ pub use exec::{ExecDriver, ExecSettings};
 pub use mcp::McpLaunch;
 pub use process::AgentProcess;
 pub use sim::{SimDriver, SimSettings};
+
+use std::time::Instant;
 
 use async_trait::async_trait;
 use huddle_core::protocol::TurnActivity;
@@ -43,9 +50,19 @@ pub struct TurnRequest {
     /// The full prompt: the `<coordination>` block, the `<related-context>` block when
     /// there is one, then the message or task.
     pub prompt: String,
+    /// The latest moment (this process's monotonic clock) at which the agent may start
+    /// working on the turn: well inside the lease of every claim the turn runs under,
+    /// measured from before the relay last confirmed them. `None`: no deadline.
+    #[serde(skip)]
+    pub start_by: Option<Instant>,
 }
 
 impl TurnRequest {
+    /// Whether the start deadline has passed: a driver then starts nothing.
+    pub fn too_late(&self) -> bool {
+        self.start_by.is_some_and(|by| Instant::now() >= by)
+    }
+
     /// A stable identity for deterministic simulation: what the turn is about.
     pub fn subject(&self) -> String {
         match &self.task {
@@ -78,6 +95,10 @@ pub enum TurnOutcome {
     },
     /// The turn was cancelled (claim lost, shutdown). Never completes a task.
     Cancelled,
+    /// Nothing ran: the start deadline ([`TurnRequest::start_by`]) had passed before
+    /// the agent could start (the relay was paused or starved after it last confirmed
+    /// the claims). The claims are released and the work is offered again.
+    NotStarted,
 }
 
 impl TurnOutcome {
