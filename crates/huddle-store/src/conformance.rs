@@ -91,6 +91,7 @@ macro_rules! conformance_tests {
             a_closed_claim_is_never_acquired_again,
             an_append_under_two_claims_needs_both,
             a_retried_closing_append_is_idempotent,
+            a_duplicate_under_a_lost_fence_is_refused,
         );
     };
     ($make:path, across_processes) => {
@@ -927,6 +928,69 @@ pub async fn a_retried_closing_append_is_idempotent(b: &impl TestBackend) {
     ));
     let (rows, _, _) = read_all(&*s, Position::START).await;
     assert_eq!(rows.len(), 1);
+}
+
+/// Re-appending rows that are already in the ledger (a relay restarted after a kill
+/// writing its turn's record again) passes its fences only while they hold: the
+/// duplicate is a no-op while the claim is still the writer's, and refused, not
+/// answered "already there", once the claim was taken over or closed.
+pub async fn a_duplicate_under_a_lost_fence_is_refused(b: &impl TestBackend) {
+    let s = b.store();
+    let other = b.reopen("second").await.expect("reopen");
+    let won = s
+        .acquire("task/r/t1", "a", Duration::from_millis(300))
+        .await
+        .expect("acquire");
+    let fence = Fence {
+        key: "task/r/t1".into(),
+        holder: "a".into(),
+        epoch: won.state().epoch,
+    };
+    let prompted = vec![message("r", "a", "turn prompted at epoch 1")];
+    let first = s
+        .append_under(std::slice::from_ref(&fence), false, prompted.clone())
+        .await
+        .expect("under a held claim");
+    assert!(first[0].inserted);
+    let again = s
+        .append_under(std::slice::from_ref(&fence), false, prompted.clone())
+        .await
+        .expect("the same rows again while the claim holds");
+    assert_eq!(again[0].id, first[0].id);
+    assert!(!again[0].inserted);
+    // The lease lapses and another holder takes the claim.
+    wait_for_db_time(&*s, won.state().expires_at).await;
+    let taken = other
+        .acquire("task/r/t1", "b", Duration::from_secs(30))
+        .await
+        .expect("acquire");
+    assert!(taken.won());
+    let err = s
+        .append_under(std::slice::from_ref(&fence), false, prompted.clone())
+        .await
+        .expect_err("a duplicate under a lost fence is refused");
+    assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
+    // The new holder finishes and closes it: the old duplicate is still refused.
+    let fence_b = Fence {
+        key: "task/r/t1".into(),
+        holder: "b".into(),
+        epoch: taken.state().epoch,
+    };
+    other
+        .append_under(
+            std::slice::from_ref(&fence_b),
+            true,
+            vec![message("r", "b", "done")],
+        )
+        .await
+        .expect("the holder's closing append");
+    let err = s
+        .append_under(std::slice::from_ref(&fence), false, prompted)
+        .await
+        .expect_err("a duplicate under a closed claim is refused");
+    assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
+    let (rows, _, _) = read_all(&*s, Position::START).await;
+    assert_eq!(rows.len(), 2);
 }
 
 /// A fenced append racing a takeover of its claim lands only while the epoch it names
