@@ -219,6 +219,12 @@ struct Loop {
     recent: HashMap<String, VecDeque<Interaction>>,
     /// Database time minus local time, µs, as of the last tick.
     clock_offset: i64,
+    /// Recent ticks: when the clock reading returned (local) and what it read.
+    ticks: VecDeque<(Instant, Timestamp)>,
+    /// The coverage last told to the synchronizer ([`Event::Covered`]), and the
+    /// coverage a fresh read was last asked for.
+    covered: Option<Timestamp>,
+    refreshed_for: Option<Timestamp>,
     clock_base: Instant,
     /// Outputs being performed (their writes may be retrying).
     inflight: tokio::task::JoinSet<()>,
@@ -271,6 +277,9 @@ impl Relay {
             },
             recent: HashMap::new(),
             clock_offset: 0,
+            ticks: VecDeque::new(),
+            covered: None,
+            refreshed_for: None,
             clock_base: Instant::now(),
             inflight: tokio::task::JoinSet::new(),
             leases: HashMap::new(),
@@ -322,11 +331,14 @@ impl Relay {
         let mut stopping = false;
         let mut stop_deadline: Option<tokio::time::Instant> = None;
         loop {
+            if lp.wants_fresh_read() {
+                reader.refresh();
+            }
             let sleep_for = lp.until_next_wakeup(self.options.max_tick);
             tokio::select! {
                 step = reader.recv(), if !stopping => {
                     match step {
-                        Ok(ReadStep { batch, caught_up }) => {
+                        Ok(ReadStep { batch, caught_up, began }) => {
                             lp.summary.skipped_rows += batch.skipped.len() as u64;
                             for s in &batch.skipped {
                                 debug!(position = %s.position, reason = %s.reason, "skipped a ledger row");
@@ -334,6 +346,9 @@ impl Relay {
                             cursor = batch.next;
                             lp.summary.cursor = cursor.to_string();
                             lp.ledger(batch.rows, caught_up).await;
+                            if caught_up {
+                                lp.covered(began);
+                            }
                         }
                         Err(e) => lp.transient(e).await?,
                     }
@@ -551,9 +566,47 @@ impl Loop {
         self.leases
             .retain(|_, l| l.from.elapsed() < l.ttl.saturating_mul(2));
         let now = self.store.now().await?;
+        self.ticks.push_back((Instant::now(), now));
+        while self.ticks.len() > 16 {
+            self.ticks.pop_front();
+        }
         self.clock_offset = now.as_micros() - self.clock_base.elapsed().as_micros() as i64;
         self.handle(Event::Tick { now });
         Ok(())
+    }
+
+    /// A caught-up read that began at `began` has been folded: it covers every row
+    /// committed before the latest tick whose clock reading had returned by then.
+    fn covered(&mut self, began: Option<Instant>) {
+        let Some(began) = began else { return };
+        let as_of = self
+            .ticks
+            .iter()
+            .filter(|(read_at, _)| *read_at <= began)
+            .map(|(_, t)| *t)
+            .max();
+        if let Some(as_of) = as_of.filter(|t| self.covered.is_none_or(|c| *t > c)) {
+            self.covered = Some(as_of);
+            self.handle(Event::Covered { as_of });
+        }
+    }
+
+    /// Whether the synchronizer waits for a view covering a time the relay's clock
+    /// has passed, and no fresh read was asked for it yet.
+    fn wants_fresh_read(&mut self) -> bool {
+        let Some(wanted) = self.sync.awaiting_coverage() else {
+            return false;
+        };
+        let clock = self.ticks.back().map(|(_, t)| *t);
+        let due = clock.is_some_and(|t| t >= wanted)
+            && self.covered.is_none_or(|c| c < wanted)
+            && self
+                .refreshed_for
+                .is_none_or(|r| clock.is_some_and(|t| t > r));
+        if due {
+            self.refreshed_for = clock;
+        }
+        due
     }
 
     async fn ledger(&mut self, rows: Vec<Interaction>, caught_up: bool) {

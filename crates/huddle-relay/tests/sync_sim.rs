@@ -183,6 +183,8 @@ impl Sim {
                 caught_up: true,
             });
         }
+        // The read began at `now`: everything committed before is folded.
+        queue.push_back(Event::Covered { as_of: now });
         let ended: Vec<TurnId> = self.relays[r]
             .turns
             .iter()

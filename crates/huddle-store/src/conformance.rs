@@ -92,6 +92,7 @@ macro_rules! conformance_tests {
             an_append_under_two_claims_needs_both,
             a_retried_closing_append_is_idempotent,
             a_duplicate_under_a_lost_fence_is_refused,
+            a_refreshed_reader_reports_a_read_that_began_after_the_request,
         );
     };
     ($make:path, across_processes) => {
@@ -1191,6 +1192,59 @@ pub async fn child_role() -> bool {
     assert!(out[0].inserted);
     store.flush().await;
     true
+}
+
+/// The next step of `steps`, within a bound.
+async fn next_step(steps: &mut crate::Reader) -> crate::ReadStep {
+    tokio::time::timeout(Duration::from_secs(10), steps.recv())
+        .await
+        .expect("a step in time")
+        .expect("read")
+}
+
+/// A spawned reader that has caught up and waits for its doorbell answers
+/// [`crate::Reader::refresh`] with one more step: empty, caught up, from a read that
+/// began after the request (so its caller knows nothing committed before that moment
+/// is left unread). Rows appended meanwhile come in that step.
+pub async fn a_refreshed_reader_reports_a_read_that_began_after_the_request(b: &impl TestBackend) {
+    let s = b.store();
+    s.append(vec![message("r", "a", "before")])
+        .await
+        .expect("append");
+    let reader = b.reopen("reader").await.expect("reopen");
+    let mut steps =
+        Subscription::new(reader, Position::START, 10).spawn(4, Duration::from_millis(50));
+    let first = next_step(&mut steps).await;
+    assert_eq!(first.batch.rows.len(), 1);
+    assert!(first.caught_up);
+    // Idle and caught up: no step until asked (the fallback poll is far off).
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), steps.recv())
+            .await
+            .is_err(),
+        "an idle reader sends nothing by itself"
+    );
+    for _ in 0..2 {
+        let asked = std::time::Instant::now();
+        steps.refresh();
+        let fresh = next_step(&mut steps).await;
+        assert!(fresh.caught_up && fresh.batch.rows.is_empty(), "{fresh:?}");
+        assert!(fresh.began.is_some_and(|t| t >= asked), "{fresh:?}");
+    }
+    let asked = std::time::Instant::now();
+    s.append(vec![message("r", "a", "after")])
+        .await
+        .expect("append");
+    steps.refresh();
+    let mut rows = Vec::new();
+    let mut began = None;
+    while rows.is_empty() || began.is_none_or(|t| t < asked) {
+        let step = next_step(&mut steps).await;
+        rows.extend(step.batch.rows);
+        began = step.began;
+    }
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].body["text"], json!("after"));
 }
 
 /// A real second process (this test binary, re-run in a child role) appends a row;

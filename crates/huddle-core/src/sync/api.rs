@@ -206,6 +206,14 @@ pub enum Event {
         /// Database time.
         now: Timestamp,
     },
+    /// Every row committed before database time `as_of` has been folded: send after
+    /// the rows of a caught-up read that began once the database clock was at
+    /// `as_of` or later (a tick's clock reading taken before the read started). A
+    /// closed bid window is decided only when this covers it.
+    Covered {
+        /// The database time the view covers.
+        as_of: Timestamp,
+    },
     /// The outcome of an [`Intent::Acquire`].
     ClaimResult(ClaimOutcome),
     /// A turn started by [`Intent::StartTurn`] ended.

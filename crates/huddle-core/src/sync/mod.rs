@@ -79,8 +79,8 @@ use crate::config::RoomConfig;
 use crate::fold::Fold;
 use crate::model::{Interaction, InteractionId, NewInteraction, Role, Timestamp};
 use crate::policy::{
-    bids_on_sight, capable, claim_right, losing_bidders, responder_delay_ms, retake_right,
-    ClaimRight, ResponderCandidate,
+    bids_decide_until, bids_on_sight, capable, claim_right, losing_bidders, responder_delay_ms,
+    retake_right, ClaimRight, ResponderCandidate,
 };
 use crate::protocol::task::{
     TaskBidBody, TaskClaimedBody, TaskCompletedBody, TaskEndedBody, TaskRejectedBody,
@@ -228,6 +228,12 @@ pub struct Synchronizer {
     registered: bool,
     now: Option<Timestamp>,
     caught_up: bool,
+    /// Every row committed before this database time has been folded
+    /// ([`Event::Covered`]).
+    covered: Option<Timestamp>,
+    /// The earliest bid window that closed but cannot be decided yet: the view does
+    /// not cover it ([`Synchronizer::awaiting_coverage`]).
+    coverage_wanted: Option<Timestamp>,
     next_reconcile: Option<Timestamp>,
     shutting_down: bool,
     stopped_sent: bool,
@@ -290,6 +296,8 @@ impl Synchronizer {
             registered: false,
             now: None,
             caught_up: false,
+            covered: None,
+            coverage_wanted: None,
             next_reconcile: None,
             shutting_down: false,
             stopped_sent: false,
@@ -351,6 +359,14 @@ impl Synchronizer {
     /// The latest database time seen (from ticks and folded rows).
     pub fn now(&self) -> Option<Timestamp> {
         self.now
+    }
+
+    /// A closed bid window that waits for a read covering it (database time): who
+    /// claims the task depends on every bid placed in the window, so nobody claims
+    /// until an [`Event::Covered`] at or after this time arrives. The relay answers
+    /// with a fresh read once its clock is past it.
+    pub fn awaiting_coverage(&self) -> Option<Timestamp> {
+        self.coverage_wanted
     }
 
     /// Whether the room is quiescent: no task ready or claimed, no turn in flight in
@@ -419,6 +435,13 @@ impl Synchronizer {
                 self.now = Some(self.now.map_or(now, |n| n.max(now)));
                 if self.next_reconcile.is_none_or(|at| now >= at) {
                     self.reconcile(now, &mut out);
+                }
+            }
+            Event::Covered { as_of } => {
+                self.covered = Some(self.covered.map_or(as_of, |c| c.max(as_of)));
+                // Only a bid decision waits for coverage: nothing else to do.
+                if !self.coverage_wanted.is_some_and(|w| w <= as_of) {
+                    return out;
                 }
             }
             Event::ClaimResult(r) => self.on_claim_result(r, &mut out),
@@ -990,6 +1013,7 @@ impl Synchronizer {
     }
 
     fn schedule_tasks(&mut self, now: Timestamp, already: usize, out: &mut Vec<Intent>) {
+        self.coverage_wanted = None;
         let cap = self.options.max_wakes_per_pass;
         let mut wakes = already;
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
@@ -1037,6 +1061,15 @@ impl Synchronizer {
                 if let ClaimRight::Bidding { .. } = right {
                     bidding.push(id);
                     continue;
+                }
+                // A closed bid window is decided on a view that holds every bid placed
+                // in it: a lagging read must not mistake "not read yet" for "no bids".
+                if let Some(closed) = bids_decide_until(&config, since) {
+                    if self.covered.is_none_or(|c| c < closed) {
+                        self.coverage_wanted =
+                            Some(self.coverage_wanted.map_or(closed, |w| w.min(closed)));
+                        continue;
+                    }
                 }
                 // The agent whose attempt just failed waits one responder window,
                 // so an idle agent elsewhere gets the retry first; alone, it retries.

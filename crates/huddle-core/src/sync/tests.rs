@@ -60,14 +60,17 @@ impl H {
             .collect()
     }
 
-    /// Feeds everything not yet read as one caught-up batch.
+    /// Feeds everything not yet read as one caught-up batch, read at `now`: it
+    /// covers every row written before.
     fn read(&mut self) -> Vec<Intent> {
         let rows = self.ledger.rows[self.cursor..].to_vec();
         self.cursor = self.ledger.rows.len();
-        self.sync.handle(Event::Ledger {
+        let mut out = self.sync.handle(Event::Ledger {
             rows,
             caught_up: true,
-        })
+        });
+        out.extend(self.sync.handle(Event::Covered { as_of: self.now }));
+        out
     }
 
     /// Writes then reads.
@@ -1406,7 +1409,10 @@ fn bid_window_then_winner_claims_and_losers_are_rejected() {
     h.post(vec![bid("a", "zed", 1, &[], 3)]);
     assert_eq!(h.sync.next_wakeup(), Some(T0 + 2 * S));
     assert!(acquires(&h.tick(T0 + 2 * S - 1)).is_empty());
-    let out = h.tick(T0 + 2 * S);
+    // The window closes; it is decided on the first read that covers it.
+    assert!(acquires(&h.tick(T0 + 2 * S)).is_empty());
+    assert_eq!(h.sync.awaiting_coverage(), Some(T0 + 2 * S));
+    let out = h.read();
     // Equal load 0: the lower agent id wins.
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
     h.result(&task_key("lobby", "a"), "bo", true, 1);
@@ -1460,9 +1466,57 @@ fn no_bids_falls_back_to_pull() {
         caught_up: true,
     });
     assert_eq!(appends(&out).len(), 2, "registration and bo's bid: {out:?}");
-    // The bid never reached the ledger: at the close there are no bids, so pull.
+    // The bid never reached the ledger: once a read covers the close and there are
+    // no bids, pull.
     let out = sync.handle(Event::Tick { now: T0 + 2 * S });
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    let out = sync.handle(Event::Covered { as_of: T0 + 2 * S });
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+}
+
+/// A relay whose read lags: a remote agent bid in the window, but when the window
+/// closes this relay has not read the bid yet. It must not take "not read yet" for
+/// "no bids" and claim for its own agent (which did not bid): it waits for a read
+/// that began after the close, which holds the bid, and leaves the task to the
+/// bidder.
+#[test]
+fn a_lagging_read_does_not_turn_a_closed_bid_window_into_pull() {
+    let cfg = config(Responder::Race, None, Allocation::Bid);
+    let mut h = H::with(&["bo"], cfg);
+    h.start();
+    // bo takes a first task (its window, its bid), and is busy with it while the
+    // second task's window is open, so it does not bid on that one.
+    let out = h.post(vec![created("first", &[])]);
+    h.apply_appends(&out);
+    h.read();
+    let mut out = h.tick(T0 + 2 * S);
+    out.extend(h.read());
+    assert_eq!(
+        acquires(&out),
+        vec![(task_key("lobby", "first"), "bo".into())]
+    );
+    let st = run_task_to_start(&mut h, "first", "bo", 1);
+    h.now = T0 + 3 * S;
+    let out = h.post(vec![created("b", &[])]);
+    assert!(appends(&out).is_empty(), "busy bo does not bid: {out:?}");
+    // zed (elsewhere) bids on b; this relay's read lags behind that row.
+    h.write(vec![bid("b", "zed", 1, &[], 0)]);
+    // bo finishes after b's window closed (at T0 + 5 s).
+    let out2 = h.tick(T0 + 6 * S);
+    let out = h.ended(&st.turn, TurnOutcome::Replied { text: "ok".into() });
+    assert!(
+        acquires(&out).is_empty() && acquires(&out2).is_empty(),
+        "no claim on a view that does not cover the window: {out:?} {out2:?}"
+    );
+    assert_eq!(h.sync.awaiting_coverage(), Some(T0 + 5 * S));
+    // The read that covers the close holds zed's bid: the task is zed's to take.
+    h.apply_appends(&out);
+    let out = h.read();
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    assert_eq!(h.sync.awaiting_coverage(), None);
+    // zed stays silent a whole window more: then anyone may, bo included.
+    let out = h.tick(T0 + 7 * S);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "b"), "bo".into())]);
 }
 
 #[test]

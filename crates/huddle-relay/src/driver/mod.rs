@@ -17,6 +17,7 @@ pub mod acp;
 mod exec;
 mod mcp;
 pub mod process;
+mod prompt_gate;
 mod sim;
 
 pub use acp::{AcpDriver, AcpPreset, AcpSettings, PermissionPolicy};
