@@ -68,6 +68,39 @@ pub struct AgentProcess {
     group: Option<imp::Group>,
 }
 
+/// A temporary file holding `bytes`, already unlinked, positioned at its start: an
+/// agent's whole input, on the kernel's side before the agent is started, so that
+/// nothing the agent reads waits for the relay once it runs (a relay paused after
+/// the start cannot hand the agent its input late).
+pub(crate) fn input_file(bytes: &[u8]) -> io::Result<std::fs::File> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut tries = 0;
+    let mut file = loop {
+        let path = std::env::temp_dir().join(format!(
+            "huddle-prompt-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        match options.open(&path) {
+            Ok(file) => {
+                let _ = std::fs::remove_file(&path);
+                break file;
+            }
+            // Left by an earlier process with the same id: take the next name.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 100 => tries += 1,
+            Err(e) => return Err(e),
+        }
+    };
+    std::io::Write::write_all(&mut file, bytes)?;
+    std::io::Seek::rewind(&mut file)?;
+    Ok(file)
+}
+
 /// Why a spawn given a start deadline did not run its program: the deadline had
 /// passed when the child was about to exec.
 #[derive(Debug)]

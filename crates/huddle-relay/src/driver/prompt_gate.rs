@@ -18,7 +18,7 @@
 //! a prompt being copied by `cat` is never interleaved with another line.
 
 use std::collections::HashMap;
-use std::io::{self, Seek, Write};
+use std::io::{self, Write};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
@@ -26,7 +26,7 @@ use futures::{SinkExt, Stream};
 use tokio::sync::oneshot;
 use tracing::debug;
 
-use super::process::started_too_late;
+use super::process::{input_file, started_too_late};
 use super::AgentProcess;
 
 /// What the writer says of a gated prompt: written (`Ok(true)`), refused as late
@@ -130,7 +130,7 @@ async fn write_gated(stdin: &io::PipeWriter, mut line: String, by: Instant) -> i
     line.push('\n');
     // The whole prompt is on the kernel's side before the deadline is checked: once
     // `cat` runs, nothing of it waits for the relay.
-    let file = tokio::task::spawn_blocking(move || unlinked_file(line.as_bytes()))
+    let file = tokio::task::spawn_blocking(move || input_file(line.as_bytes()))
         .await
         .map_err(io::Error::other)??;
     let mut cmd = tokio::process::Command::new("cat");
@@ -148,34 +148,4 @@ async fn write_gated(stdin: &io::PipeWriter, mut line: String, by: Instant) -> i
         s if s.success() => Ok(true),
         s => Err(io::Error::other(format!("cat exited with {s}"))),
     }
-}
-
-/// A temporary file holding `bytes`, already unlinked, positioned at its start.
-fn unlinked_file(bytes: &[u8]) -> io::Result<std::fs::File> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true).write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut tries = 0;
-    let mut file = loop {
-        let path = std::env::temp_dir().join(format!(
-            "huddle-prompt-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        match options.open(&path) {
-            Ok(file) => {
-                let _ = std::fs::remove_file(&path);
-                break file;
-            }
-            // Left by an earlier process with the same id: take the next name.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 100 => tries += 1,
-            Err(e) => return Err(e),
-        }
-    };
-    file.write_all(bytes)?;
-    file.rewind()?;
-    Ok(file)
 }
