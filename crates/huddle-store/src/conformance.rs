@@ -534,18 +534,30 @@ pub async fn corrupt_rows_are_skipped_and_never_block_the_cursor(b: &impl TestBa
     b.insert_raw(raw(r#"{"text":"forged"}"#, "message.posted", vec![3; 32]))
         .await
         .expect("raw");
+    // Rows whose id matches their content but that no writer would accept: a body
+    // over the size limit, and text holding NUL (escaped, so the table takes it).
+    for text in ["x".repeat(300 * 1024), r"a\u0000b".to_string()] {
+        let body = format!(r#"{{"text":"{text}"}}"#);
+        let value: serde_json::Value = serde_json::from_str(&body).expect("json");
+        let id = NewInteraction::new("r", Verb::MessagePosted, "mallory", Role::Agent, value).id();
+        b.insert_raw(raw(&body, "message.posted", id.0.to_vec()))
+            .await
+            .expect("raw");
+    }
     s.append(vec![good.clone()]).await.expect("append");
     let (rows, skipped, _) = read_all(&*s, Position::START).await;
-    assert_eq!(skipped, 3);
+    assert_eq!(skipped, 5);
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].id, good.id());
     // One batch reports the reasons.
     let batch = s.read_forward(Position::START, 10).await.expect("read");
-    assert_eq!(batch.skipped.len(), 3);
+    assert_eq!(batch.skipped.len(), 5);
     let reasons: Vec<_> = batch.skipped.iter().map(|k| k.reason.clone()).collect();
     assert!(reasons[0].contains("JSON"), "{reasons:?}");
     assert!(reasons[1].contains("verb"), "{reasons:?}");
     assert!(reasons[2].contains("hash"), "{reasons:?}");
+    assert!(reasons[3].contains("the limit is"), "{reasons:?}");
+    assert!(reasons[4].contains("NUL"), "{reasons:?}");
 }
 
 /// 32 concurrent contenders on one key (on several handles): exactly one wins.

@@ -29,9 +29,15 @@
 //!    send `Config`. Rooms without one use [`RoomConfig::default`].
 //! 5. Send `Tick { now }` at [`Synchronizer::next_wakeup`] (at the latest): that is
 //!    when the next responder delay, bid window or reconcile pass falls due.
+//!    After the rows of a caught-up read that began once the database clock read `T`
+//!    (a tick taken before the read started), send `Covered { as_of: T }`: a closed
+//!    bid window is decided only on a view that covers it
+//!    ([`Synchronizer::awaiting_coverage`] names the time waited for).
 //! 6. Perform the intents **in order**. `Acquire` is answered with
 //!    `ClaimResult`; a refused renew or a refused fenced append with `ClaimLost`; a
-//!    turn that ends (replied, failed, or cancelled after `Cancel`) with `TurnEnded`.
+//!    turn that ends (replied, failed, or cancelled after `Cancel`) with `TurnEnded`;
+//!    a turn the relay could not start while it could still vouch for its claims with
+//!    `TurnEnded(NotStarted)` (its claims are then released).
 //!    When a fenced `Append` is refused, skip any later `StartTurn` in the same output
 //!    whose [`TurnStart::claims`] contain that fence, and send `ClaimLost`.
 //! 7. On shutdown send `Shutdown`, keep performing intents and feeding turn endings
