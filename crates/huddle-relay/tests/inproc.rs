@@ -108,16 +108,7 @@ async fn two_relays_complete_a_delegated_dag_exactly_once() {
             text.push_str(&format!("t{i:02}: step {i}\n"));
         }
     }
-    admin
-        .append(vec![olga_key().sign(NewInteraction::new(
-            "lobby",
-            Verb::MessagePosted,
-            "olga",
-            Role::Owner,
-            json!({ "text": text }),
-        ))])
-        .await
-        .expect("delegate");
+    owner_command(&*admin, &text).await;
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {

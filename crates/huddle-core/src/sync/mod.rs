@@ -1844,14 +1844,12 @@ impl Synchronizer {
         };
         self.forget_at(&lt.exclusive.key, lt.exclusive.epoch);
         self.forget_at(&lt.drive.key, lt.drive.epoch);
-        if let TurnOutcome::NotStarted { reason } = &outcome {
-            self.not_started(turn, &lt, reason, out);
-            return;
-        }
+        // A turn that never started (its start deadline passed): nothing ran.
+        let not_started = matches!(outcome, TurnOutcome::NotStarted { .. });
         match &lt.work {
             // A turn that ended under its claim appends its completion or failure: never
             // resume that lease, even before the fold shows the outcome.
-            LiveWork::Task { .. } if !lt.lost => {
+            LiveWork::Task { .. } if !lt.lost && !not_started => {
                 self.finished
                     .insert((lt.exclusive.key.clone(), lt.exclusive.epoch));
             }
@@ -1910,8 +1908,20 @@ impl Synchronizer {
                 "cancelled: relay shutting down".to_string()
             }
             TurnOutcome::Cancelled => "cancelled".to_string(),
-            TurnOutcome::NotStarted { reason } => reason.clone(),
+            TurnOutcome::NotStarted { reason } => format!("not started: {reason}"),
         };
+        if not_started {
+            // Nothing is written under its claims (no task.failed: no attempt ran);
+            // both are let go (a no-op for one already lost), so the work is offered
+            // again at once, to any relay, this one included.
+            out.push(Intent::Append {
+                fences: Vec::new(),
+                close: false,
+                batch: vec![failed_row(reason)],
+            });
+            release_both(out);
+            return;
+        }
         if lt.lost {
             // Nothing may be written under a lost claim; record only that the turn failed.
             out.push(Intent::Append {
@@ -2058,43 +2068,6 @@ impl Synchronizer {
                 });
                 release_both(out);
             }
-        }
-    }
-
-    /// A turn that never started: nothing ran, so nothing is written under its
-    /// claims and no attempt is spent. Its record says why; both claims are let go
-    /// (a no-op for one already lost), so the work is offered again at once, to any
-    /// relay, this one included.
-    /// (A reply turn's failure is noted when its record is folded, as for any failed
-    /// turn.)
-    fn not_started(&self, turn: &TurnId, lt: &LiveTurn, reason: &str, out: &mut Vec<Intent>) {
-        let body = TurnFailedBody {
-            turn: turn.0.clone(),
-            subject: lt.subject.clone(),
-            epoch: lt.exclusive.epoch,
-            reason: truncate_text(&format!("not started: {reason}"), MAX_RESULT_BYTES),
-            tokens: 0,
-            activity: TurnActivity::default(),
-        };
-        let mut row = NewInteraction::new(
-            lt.room.as_str(),
-            Verb::TurnFailed,
-            lt.agent.as_str(),
-            Role::Agent,
-            serde_json::to_value(&body).unwrap_or_default(),
-        );
-        row.thread = lt.thread.clone();
-        out.push(Intent::Append {
-            fences: Vec::new(),
-            close: false,
-            batch: vec![row],
-        });
-        for c in [&lt.drive, &lt.exclusive] {
-            out.push(Intent::Release {
-                key: c.key.clone(),
-                holder: c.holder.clone(),
-                epoch: c.epoch,
-            });
         }
     }
 
