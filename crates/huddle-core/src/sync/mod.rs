@@ -153,6 +153,29 @@ impl OpenMessage {
     }
 }
 
+/// A write that finished work (a reply, a task's completion or failure), appended but
+/// not yet read back. Its claims may have lapsed before it was written (the relay was
+/// paused between the turn and the write): if the store refuses it, the work is not
+/// finished, and what this relay noted as finished is undone.
+#[derive(Clone, Debug)]
+struct Unconfirmed {
+    claims: [ClaimRef; 2],
+    undo: Undo,
+}
+
+#[derive(Clone, Debug)]
+enum Undo {
+    /// The task's lease is not to be resumed (`Synchronizer::finished`).
+    Task { key: String, epoch: ClaimEpoch },
+    /// The message was noted as answered by `agent`; `before` is its state then.
+    Reply {
+        room: String,
+        message: InteractionId,
+        agent: String,
+        before: Option<OpenMessage>,
+    },
+}
+
 /// A claim being acquired (`epoch: None`) or held by this relay.
 #[derive(Clone, Debug)]
 struct Slot {
@@ -231,6 +254,8 @@ pub struct Synchronizer {
     /// Task claims `(key, epoch)` whose turn ended here: never resumed, even while the
     /// fold has not yet caught up with the completion or failure appended for them.
     finished: BTreeSet<(String, ClaimEpoch)>,
+    /// Ending writes not yet read back (see [`Unconfirmed`]).
+    unconfirmed: Vec<Unconfirmed>,
     registered: bool,
     now: Option<Timestamp>,
     caught_up: bool,
@@ -299,6 +324,7 @@ impl Synchronizer {
             rejections_sent: BTreeSet::new(),
             notices_sent: BTreeSet::new(),
             finished: BTreeSet::new(),
+            unconfirmed: Vec::new(),
             registered: false,
             now: None,
             caught_up: false,
@@ -583,6 +609,10 @@ impl Synchronizer {
     /// `agent` answered message `id`: a message naming several agents stays open
     /// until each local one of them answered (or failed); any other is finished.
     fn answered(&mut self, room: &str, id: InteractionId, agent: &str) {
+        self.unconfirmed.retain(|u| {
+            !matches!(&u.undo, Undo::Reply { room: r, message, agent: a, .. }
+                if r == room && *message == id && a == agent)
+        });
         let key = (room.to_string(), id);
         match self.messages.get_mut(&key) {
             Some(m) if m.each => {
@@ -1234,6 +1264,11 @@ impl Synchronizer {
             dag.task(room, task)
                 .is_some_and(|t| t.next_attempt() == *attempt && t.status == TaskStatus::Open)
         });
+        let finished = &self.finished;
+        self.unconfirmed.retain(|u| match &u.undo {
+            Undo::Task { key, epoch } => finished.contains(&(key.clone(), *epoch)),
+            Undo::Reply { .. } => true,
+        });
         // Re-takes and bid-window closes happen in the pass that follows every event.
     }
 
@@ -1852,6 +1887,13 @@ impl Synchronizer {
             LiveWork::Task { .. } if !lt.lost && !not_started => {
                 self.finished
                     .insert((lt.exclusive.key.clone(), lt.exclusive.epoch));
+                self.unconfirmed.push(Unconfirmed {
+                    claims: [lt.exclusive.clone(), lt.drive.clone()],
+                    undo: Undo::Task {
+                        key: lt.exclusive.key.clone(),
+                        epoch: lt.exclusive.epoch,
+                    },
+                });
             }
             LiveWork::Reply { message }
                 if !matches!(outcome, TurnOutcome::Replied { .. }) || lt.lost =>
@@ -1963,7 +2005,17 @@ impl Synchronizer {
                 )
                 .with_parent(*message);
                 replied_row.thread = lt.thread.clone();
+                let before = self.messages.get(&(lt.room.clone(), *message)).cloned();
                 self.answered(&lt.room, *message, &lt.agent);
+                self.unconfirmed.push(Unconfirmed {
+                    claims: [lt.exclusive.clone(), lt.drive.clone()],
+                    undo: Undo::Reply {
+                        room: lt.room.clone(),
+                        message: *message,
+                        agent: lt.agent.clone(),
+                        before,
+                    },
+                });
                 // The reply finishes the message for this agent: fenced by the reply
                 // claim and the drive claim, and closing both, so no relay (however
                 // stale its view) can ever answer it again.
@@ -2109,6 +2161,36 @@ impl Synchronizer {
         }
         if self.claims.get(key).is_some_and(|s| s.epoch == Some(epoch)) {
             self.forget(key);
+        }
+        // An ending write under this claim was refused: the work is not finished.
+        // (A loss reported after the write did land, a renewal of the claim it closed,
+        // undoes nothing lasting: the next acquire finds the claim closed.)
+        let (undone, kept): (Vec<Unconfirmed>, Vec<Unconfirmed>) =
+            std::mem::take(&mut self.unconfirmed)
+                .into_iter()
+                .partition(|u| u.claims.iter().any(|c| c.key == key && c.epoch == epoch));
+        self.unconfirmed = kept;
+        for u in undone {
+            match u.undo {
+                Undo::Task { key, epoch } => {
+                    self.finished.remove(&(key, epoch));
+                }
+                Undo::Reply {
+                    room,
+                    message,
+                    agent,
+                    before,
+                } => match self.messages.get_mut(&(room.clone(), message)) {
+                    Some(m) => {
+                        m.answered.remove(&agent);
+                    }
+                    None => {
+                        if let Some(m) = before {
+                            self.messages.insert((room, message), m);
+                        }
+                    }
+                },
+            }
         }
     }
 }

@@ -377,6 +377,85 @@ fn a_message_naming_several_agents_gets_one_reply_from_each() {
     assert!(h.sync.is_quiescent("lobby"));
 }
 
+/// A reply whose write is refused by its fence (the relay was paused past the lease
+/// between the turn and the write) did not answer: the message is contended for
+/// again, by this relay too — for a message naming the agent, nobody else can.
+#[test]
+fn a_reply_refused_by_its_fence_leaves_the_message_open() {
+    // Named: only bo, hosted here, can answer its part.
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "@bo and @cy: your parts")])[0].clone();
+    h.read();
+    let key = directed_reply_key("lobby", &m.id, "bo");
+    let st = run_each_to_start(&mut h, &m, "bo");
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Replied {
+            text: "late".into(),
+        },
+    );
+    assert_eq!(appends(&out)[0].1, vec!["message.posted", "turn.replied"]);
+    // The write is refused: its claims lapsed meanwhile.
+    let out = h.sync.handle(Event::ClaimLost {
+        key: key.clone(),
+        epoch: ClaimEpoch(1),
+    });
+    assert_eq!(acquires(&out), vec![(key, "bo".to_string())], "{out:?}");
+
+    // Broadcast, on a relay of its own: it takes the message again.
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "anyone?")])[0].clone();
+    h.read();
+    let rkey = reply_key("lobby", &m.id);
+    let out = h.result(&rkey, "bo", true, 1);
+    h.apply_appends(&out);
+    h.read();
+    let dkey = drive_key("lobby", "bo", &m.id);
+    let out = h.result(&dkey, "r1", true, 1);
+    h.apply_appends(&out);
+    h.read();
+    let st = starts(&out)[0].clone();
+    h.ended(
+        &st.turn,
+        TurnOutcome::Replied {
+            text: "late".into(),
+        },
+    );
+    let out = h.sync.handle(Event::ClaimLost {
+        key: dkey,
+        epoch: ClaimEpoch(1),
+    });
+    assert_eq!(acquires(&out), vec![(rkey, "bo".to_string())], "{out:?}");
+}
+
+/// A completion refused by its fence did not finish the task: a relay alone with it
+/// takes it again once the lease lapsed (it used to wait for another relay forever).
+#[test]
+fn a_completion_refused_by_its_fence_leaves_the_task_to_be_taken_again() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 1);
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Replied {
+            text: "done".into(),
+        },
+    );
+    assert_eq!(appends(&out)[0].1, vec!["task.completed", "turn.replied"]);
+    let out = h.sync.handle(Event::ClaimLost {
+        key: taskdrive_key("lobby", "a"),
+        epoch: ClaimEpoch(1),
+    });
+    assert_eq!(
+        acquires(&out),
+        vec![(task_key("lobby", "a"), "bo".to_string())],
+        "{out:?}"
+    );
+}
+
 #[test]
 fn a_group_mention_reaches_every_agent_with_the_capability_and_each_answers() {
     let agents = vec![
