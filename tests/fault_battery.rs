@@ -624,7 +624,7 @@ impl Soak {
             messages: self.messages.div_ceil(self.rounds()),
             faults: None,
             turn_sleep: "0.02",
-            limit: Duration::from_secs(30 * 60),
+            limit: Duration::from_secs(10 * 60),
         }
     }
 }
