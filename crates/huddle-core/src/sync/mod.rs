@@ -136,20 +136,32 @@ struct OpenMessage {
     each: bool,
     /// Agents that answered it (`each` messages).
     answered: BTreeSet<String>,
+    /// Failed turns per agent (`each` messages: a named agent's part is nobody else's,
+    /// so it tries again, up to `max_failures`).
+    failed_by: BTreeMap<String, BTreeSet<String>>,
+    max_failures: u32,
 }
 
 impl OpenMessage {
-    /// Whether `agent` still owes its own answer to an `each` message.
+    /// Whether `agent` still owes its own answer to an `each` message: not answered,
+    /// and fewer failed turns on it than the limit.
     fn owed_by(&self, agent: &str) -> bool {
         self.eligible.contains(agent)
             && !self.answered.contains(agent)
-            && !self.failed.contains(agent)
+            && self
+                .failed_by
+                .get(agent)
+                .is_none_or(|t| t.len() < self.max_failures as usize)
     }
 
     fn note_failure(&mut self, agent: &str, turn: &str, epoch: ClaimEpoch) {
         self.failed.insert(agent.to_string());
         self.failed_upto = Some(self.failed_upto.map_or(epoch, |e| e.max(epoch)));
         self.failed_turns.insert(turn.to_string());
+        self.failed_by
+            .entry(agent.to_string())
+            .or_default()
+            .insert(turn.to_string());
     }
 }
 
@@ -703,6 +715,8 @@ impl Synchronizer {
                 failed_upto: None,
                 failed_turns: BTreeSet::new(),
                 answered: BTreeSet::new(),
+                failed_by: BTreeMap::new(),
+                max_failures: self.options.max_reply_failures.max(1),
             },
         );
     }

@@ -377,6 +377,54 @@ fn a_message_naming_several_agents_gets_one_reply_from_each() {
     assert!(h.sync.is_quiescent("lobby"));
 }
 
+/// A named agent whose turn on its part fails (or loses its claim, or never starts)
+/// tries again, up to the reply failure limit: nobody else can answer its part.
+#[test]
+fn a_named_agent_whose_turn_failed_tries_its_part_again() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "@bo and @cy: your parts")])[0].clone();
+    h.read();
+    let key = directed_reply_key("lobby", &m.id, "bo");
+    for (attempt, outcome) in [
+        TurnOutcome::Cancelled,
+        TurnOutcome::Failed {
+            reason: "exit 1".into(),
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let epoch = attempt as i64 + 1;
+        let out = h.result(&key, "bo", true, epoch);
+        let dkey = drive_key("lobby", "bo", &m.id);
+        let out = h.result(&dkey, "r1", true, epoch);
+        let st = starts(&out)[0].clone();
+        h.apply_appends(&out);
+        h.read();
+        let mut out = h.ended(&st.turn, outcome);
+        h.apply_appends(&out);
+        out.extend(h.read());
+        assert_eq!(
+            acquires(&out),
+            vec![(key.clone(), "bo".to_string())],
+            "after failure {}: {out:?}",
+            attempt + 1
+        );
+    }
+    // The third failure is the last (max_reply_failures): bo gives its part up.
+    let out = h.result(&key, "bo", true, 3);
+    let dkey = drive_key("lobby", "bo", &m.id);
+    let out = h.result(&dkey, "r1", true, 3);
+    let st = starts(&out)[0].clone();
+    h.apply_appends(&out);
+    h.read();
+    let mut out = h.ended(&st.turn, TurnOutcome::Cancelled);
+    h.apply_appends(&out);
+    out.extend(h.read());
+    assert!(!acquires(&out).iter().any(|(k, _)| *k == key), "{out:?}");
+}
+
 /// A reply whose write is refused by its fence (the relay was paused past the lease
 /// between the turn and the write) did not answer: the message is contended for
 /// again, by this relay too — for a message naming the agent, nobody else can.
