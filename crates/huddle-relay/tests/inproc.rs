@@ -395,16 +395,14 @@ fn a_relay_paused_before_starting_its_agent_never_starts_it_late() {
         driver: Arc::new(recording("bob")),
     };
     let stop_b = CancellationToken::new();
-    let relay_b = rt.block_on(async {
-        let relay = Relay::new(
-            store(&path, "relay-b").await,
-            "relay-b",
-            vec!["lobby".into()],
-            vec![bob],
-            RelayOptions::default(),
-        );
-        tokio::spawn(relay.run(stop_b.clone()))
-    });
+    let relay = Relay::new(
+        rt.block_on(store(&path, "relay-b")),
+        "relay-b",
+        vec!["lobby".into()],
+        vec![bob],
+        RelayOptions::default(),
+    );
+    let relay_b = rt.spawn(relay.run(stop_b.clone()));
 
     rt.block_on(async {
         wait_ledger(&*admin, "both agents registered", |_, rows| {

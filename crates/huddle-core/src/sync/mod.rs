@@ -184,7 +184,7 @@ enum Undo {
         room: String,
         message: InteractionId,
         agent: String,
-        before: Option<OpenMessage>,
+        before: Option<Box<OpenMessage>>,
     },
 }
 
@@ -517,7 +517,7 @@ impl Synchronizer {
             Event::Covered { as_of } => {
                 self.covered = Some(self.covered.map_or(as_of, |c| c.max(as_of)));
                 // Only a bid decision waits for coverage: nothing else to do.
-                if !self.coverage_wanted.is_some_and(|w| w <= as_of) {
+                if self.coverage_wanted.is_none_or(|w| w > as_of) {
                     return out;
                 }
             }
@@ -2089,7 +2089,11 @@ impl Synchronizer {
                 )
                 .with_parent(*message);
                 replied_row.thread = lt.thread.clone();
-                let before = self.messages.get(&(lt.room.clone(), *message)).cloned();
+                let before = self
+                    .messages
+                    .get(&(lt.room.clone(), *message))
+                    .cloned()
+                    .map(Box::new);
                 self.answered(&lt.room, *message, &lt.agent);
                 self.unconfirmed.push(Unconfirmed {
                     claims: [lt.exclusive.clone(), lt.drive.clone()],
@@ -2270,7 +2274,7 @@ impl Synchronizer {
                     }
                     None => {
                         if let Some(m) = before {
-                            self.messages.insert((room, message), m);
+                            self.messages.insert((room, message), *m);
                         }
                     }
                 },

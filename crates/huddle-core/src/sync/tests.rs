@@ -396,7 +396,7 @@ fn a_named_agent_whose_turn_failed_tries_its_part_again() {
     .enumerate()
     {
         let epoch = attempt as i64 + 1;
-        let out = h.result(&key, "bo", true, epoch);
+        h.result(&key, "bo", true, epoch);
         let dkey = drive_key("lobby", "bo", &m.id);
         let out = h.result(&dkey, "r1", true, epoch);
         let st = starts(&out)[0].clone();
@@ -413,7 +413,7 @@ fn a_named_agent_whose_turn_failed_tries_its_part_again() {
         );
     }
     // The third failure is the last (max_reply_failures): bo gives its part up.
-    let out = h.result(&key, "bo", true, 3);
+    h.result(&key, "bo", true, 3);
     let dkey = drive_key("lobby", "bo", &m.id);
     let out = h.result(&dkey, "r1", true, 3);
     let st = starts(&out)[0].clone();
