@@ -26,5 +26,7 @@ mod mcp_gates;
 mod mcp_http;
 mod owner_signatures;
 mod pattern_cli;
+mod presence;
 mod relay_e2e;
 mod task_cli;
+mod team;

@@ -332,6 +332,8 @@ pub struct RelaySummary {
     pub turns_replied: u64,
     /// Turns that failed or were cancelled.
     pub turns_failed: u64,
+    /// Turns not started (start deadline passed, claims not confirmed).
+    pub turns_not_started: u64,
     /// Fenced appends refused.
     pub fenced_refusals: u64,
     /// Corrupt or foreign rows skipped.
@@ -364,6 +366,7 @@ impl RelaySummary {
             turns_started: n("turns_started")?,
             turns_replied: n("turns_replied")?,
             turns_failed: n("turns_failed")?,
+            turns_not_started: n("turns_not_started")?,
             fenced_refusals: n("fenced_refusals")?,
             skipped_rows: n("skipped_rows")?,
             writes_retried: n("writes_retried").unwrap_or(0),

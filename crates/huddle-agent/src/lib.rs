@@ -38,6 +38,7 @@ mod delegate;
 pub mod error;
 pub mod pattern_views;
 mod patterns;
+mod progress;
 mod session;
 mod tasks;
 pub mod views;

@@ -18,6 +18,7 @@ mod pattern_cmds;
 mod relay_cmd;
 mod scratch;
 mod state_cmds;
+mod status_cmds;
 mod task_cmds;
 
 use std::process::ExitCode;
@@ -131,6 +132,28 @@ pub enum Command {
         /// JSON output.
         #[arg(long)]
         json: bool,
+    },
+    /// The relays serving a room (or every room): online or offline by their liveness
+    /// lease, the agents they host, version, how far behind the ledger they were and
+    /// their last heartbeat.
+    Status {
+        /// Only the relays of this room.
+        #[arg(long)]
+        room: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Waits until a room settles (nothing ready, claimed or running; a relay
+    /// records it as `room.settled`): exits 0 when every task is done, 2 when some
+    /// are abandoned or blocked, 124 when --timeout passes first.
+    Wait {
+        /// Room to wait for.
+        #[arg(long)]
+        room: String,
+        /// Give up after this many seconds (default: wait as long as it takes).
+        #[arg(long)]
+        timeout: Option<u64>,
     },
     /// A room's task DAG: counts, the ready frontier, every task's status and owner.
     Tasks {
@@ -371,6 +394,13 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<status_cmds::WaitEnded>() => {
+            eprintln!("huddle: {e}");
+            let code = e
+                .downcast_ref::<status_cmds::WaitEnded>()
+                .map_or(1, |w| w.code);
+            ExitCode::from(code)
+        }
         Err(e) if e.is::<ledger_cmds::NotSigned>() => {
             eprintln!("huddle: {e}");
             ExitCode::from(ledger_cmds::EXIT_NOT_SIGNED)
@@ -469,6 +499,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args, cli.db.clone(), options).await,
         Command::Board { room, json } => state_cmds::board(&db, options, &room, json).await,
         Command::Tasks { room, json } => state_cmds::tasks(&db, options, &room, json).await,
+        Command::Wait { room, timeout } => status_cmds::wait(&db, options, &room, timeout).await,
+        Command::Status { room, json } => {
+            status_cmds::status(&db, options, room.as_deref(), json).await
+        }
         Command::Decisions { room, json } => {
             pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Decisions).await
         }

@@ -32,7 +32,9 @@ pub use crate::protocol::coord::{
 pub use crate::protocol::room::{
     AgentRegisteredBody, MessageBody, RoomCreatedBody, DEFAULT_PRIORITY,
 };
-pub use crate::protocol::turn::{TurnFailedBody, TurnPromptedBody, TurnRepliedBody};
+pub use crate::protocol::turn::{
+    TurnFailedBody, TurnProgressBody, TurnPromptedBody, TurnRepliedBody,
+};
 
 /// The verbs the board folds.
 const FOLDED: &[Verb] = &[
@@ -46,6 +48,7 @@ const FOLDED: &[Verb] = &[
     Verb::TaskCompleted,
     Verb::TaskFailed,
     Verb::TaskReleased,
+    Verb::TurnProgress,
 ];
 
 /// Most designations shown in a `<coordination>` block (the most recent).
@@ -232,6 +235,29 @@ impl RoomBoard {
                     PresenceState::Failed
                 };
                 self.set_presence(&i.actor, state, Some(subject), i.at);
+            }
+            // A progress note keeps the agent working on its subject and says how it
+            // goes; it ends nothing.
+            Verb::TurnProgress if i.role == Role::Agent => {
+                let Some(b) = parse_body::<TurnProgressBody>(&i.body) else {
+                    self.malformed += 1;
+                    return;
+                };
+                let on = self
+                    .presence
+                    .get(&i.actor)
+                    .and_then(|p| p.on.clone())
+                    .filter(|s| s.key() == b.subject.key())
+                    .unwrap_or(b.subject);
+                self.presence.insert(
+                    i.actor.clone(),
+                    Presence {
+                        state: PresenceState::Working,
+                        on: Some(on),
+                        note: Some(truncate_text(&b.text, 200)),
+                        since: i.at,
+                    },
+                );
             }
             Verb::TaskClaimed | Verb::TaskCompleted | Verb::TaskFailed | Verb::TaskReleased
                 if i.role == Role::Agent =>

@@ -13,9 +13,11 @@
 //! 3. the folds: [`config`], [`tasks`], [`approval`], [`lease`], [`budget`], [`context`], the
 //!    coordination patterns [`decision`] and [`barrier`] (on the shared [`pattern`]),
 //!    then [`board`] (which shows the task summary) and [`guards`] (which read the
-//!    config);
+//!    config); [`thread`] (the `<thread>` block's window);
 //! 4. the decisions on top of them: [`policy`], [`commands`];
-//! 5. the relay's state machine: [`sync`].
+//! 5. the relay's state machine: [`sync`];
+//! 6. views that read messages as relays do: [`relays`] (relay presence and the named
+//!    agents a room waits for).
 //!
 //! ```
 //! use huddle_core::{NewInteraction, Role, Verb};
@@ -45,6 +47,7 @@ pub mod model;
 pub mod pattern;
 pub mod policy;
 pub mod protocol;
+pub mod relays;
 #[cfg(test)]
 mod robustness;
 pub mod signing;
@@ -52,6 +55,7 @@ pub mod sync;
 pub mod tasks;
 #[cfg(test)]
 mod testing;
+pub mod thread;
 pub mod verbs;
 
 pub use barrier::{BarrierFold, BarrierRules, BarrierStatus};

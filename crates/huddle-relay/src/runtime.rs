@@ -14,6 +14,14 @@
 //! waiting (their outcome comes back as an event and nothing later in the same output
 //! depends on it). A fenced append that is refused skips the turns that depended on
 //! it and reports the claim lost.
+//!
+//! Every turn gets a start deadline (plan 0029): half the lease of its claims, counted
+//! from the moment *before* the relay last asked the store for them (the acquire, or a
+//! renewal made just before the start), so it falls well inside every lease however
+//! long the store took to answer. The driver starts nothing after it (the exec
+//! driver's child checks it between fork and exec): a relay paused or starved at any
+//! point between confirming its claims and starting the agent reports the turn as
+//! not started instead of running it after its lease may have lapsed.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -67,6 +75,9 @@ pub struct RelayOptions {
     pub sync: SyncOptions,
     /// How long shutdown waits for turns to end (default 10 s).
     pub shutdown_grace: Duration,
+    /// Time between the relay's `relay.heartbeat` rows (default 30 s; one is written
+    /// at start). Liveness itself is the `relay/<id>` lease, renewed every 2 s.
+    pub heartbeat_every: Duration,
 }
 
 impl Default for RelayOptions {
@@ -76,6 +87,7 @@ impl Default for RelayOptions {
             max_tick: Duration::from_millis(250),
             sync: SyncOptions::default(),
             shutdown_grace: Duration::from_secs(10),
+            heartbeat_every: Duration::from_secs(30),
         }
     }
 }
@@ -97,6 +109,11 @@ pub struct RelaySummary {
     pub turns_replied: u64,
     /// Turns that failed or were cancelled.
     pub turns_failed: u64,
+    /// Turns not started, and not counted in `turns_started`: their start deadline
+    /// had passed (the relay was paused or starved between confirming the claims and
+    /// starting the agent), or the claims could not be confirmed. Their work is
+    /// offered again.
+    pub turns_not_started: u64,
     /// Fenced appends refused (claims lost between decision and write).
     pub fenced_refusals: u64,
     /// Ledger rows skipped as corrupt or foreign.
@@ -146,6 +163,12 @@ struct LiveTurn {
 #[derive(Debug)]
 enum Feedback {
     Claim(ClaimOutcome),
+    /// The store confirmed `(key, epoch)` for a lease counted from `lease.from`.
+    Confirmed {
+        key: String,
+        epoch: ClaimEpoch,
+        lease: Lease,
+    },
     Lost {
         key: String,
         epoch: ClaimEpoch,
@@ -162,6 +185,22 @@ enum Feedback {
     WriteRetried,
     /// A result could not be written and was given up.
     ResultLost,
+}
+
+/// What the relay knows of a claim it holds: the store granted or renewed it for
+/// `ttl` in answer to a call made at `from` (this process's monotonic clock), so the
+/// lease lasts at least until `from + ttl` unless it is released.
+#[derive(Clone, Copy, Debug)]
+struct Lease {
+    from: Instant,
+    ttl: Duration,
+}
+
+impl Lease {
+    /// The latest start this lease vouches for: half-way through it.
+    fn start_by(&self) -> Instant {
+        self.from + self.ttl / 2
+    }
 }
 
 /// A relay: one process's host for its agents.
@@ -185,11 +224,24 @@ struct Loop {
     recent: HashMap<String, VecDeque<Interaction>>,
     /// Database time minus local time, µs, as of the last tick.
     clock_offset: i64,
+    /// Recent ticks: when the clock reading returned (local) and what it read.
+    ticks: VecDeque<(Instant, Timestamp)>,
+    /// The coverage last told to the synchronizer ([`Event::Covered`]), and the
+    /// coverage a fresh read was last asked for.
+    covered: Option<Timestamp>,
+    refreshed_for: Option<Timestamp>,
     clock_base: Instant,
     /// Outputs being performed (their writes may be retrying).
     inflight: tokio::task::JoinSet<()>,
+    /// The leases of claims this relay won, by key and epoch: the start deadline of
+    /// a turn is computed from them.
+    leases: HashMap<(String, ClaimEpoch), Lease>,
     /// Cancelled when the relay stops waiting for in-flight writes.
     give_up: CancellationToken,
+    /// The rooms it serves.
+    rooms: Vec<String>,
+    /// Recent messages per thread: the `<thread>` block of prompts.
+    threads: huddle_core::thread::ThreadWindow,
 }
 
 impl Relay {
@@ -234,9 +286,15 @@ impl Relay {
             },
             recent: HashMap::new(),
             clock_offset: 0,
+            ticks: VecDeque::new(),
+            covered: None,
+            refreshed_for: None,
             clock_base: Instant::now(),
             inflight: tokio::task::JoinSet::new(),
+            leases: HashMap::new(),
             give_up: CancellationToken::new(),
+            rooms: self.rooms.clone(),
+            threads: Default::default(),
         };
         let ledger: Arc<dyn huddle_store::Ledger> = self.store.clone();
         // The read-forward runs in a task of its own: no other event can abort or
@@ -281,14 +339,27 @@ impl Relay {
                 other => break other?,
             }
         }
+        let mut beat = 0u64;
+        lp.heartbeat(identity.instance(), cursor, beat).await;
+        let mut next_beat = Instant::now() + self.options.heartbeat_every;
         let mut stopping = false;
         let mut stop_deadline: Option<tokio::time::Instant> = None;
+        // Ticks fall due at an absolute time, at least every `max_tick` after the
+        // last one however many other events arrive (a relative sleep re-armed on
+        // every pass would starve the tick, and with it the relay id's renewal, under
+        // a steady stream of events).
+        let mut last_tick = tokio::time::Instant::now();
         loop {
-            let sleep_for = lp.until_next_wakeup(self.options.max_tick);
+            if lp.wants_fresh_read() {
+                reader.refresh();
+            }
+            let tick_at = (tokio::time::Instant::now()
+                + lp.until_next_wakeup(self.options.max_tick))
+            .min(last_tick + self.options.max_tick);
             tokio::select! {
                 step = reader.recv(), if !stopping => {
                     match step {
-                        Ok(ReadStep { batch, caught_up }) => {
+                        Ok(ReadStep { batch, caught_up, began }) => {
                             lp.summary.skipped_rows += batch.skipped.len() as u64;
                             for s in &batch.skipped {
                                 debug!(position = %s.position, reason = %s.reason, "skipped a ledger row");
@@ -296,6 +367,9 @@ impl Relay {
                             cursor = batch.next;
                             lp.summary.cursor = cursor.to_string();
                             lp.ledger(batch.rows, caught_up).await;
+                            if caught_up {
+                                lp.covered(began);
+                            }
                         }
                         Err(e) => lp.transient(e).await?,
                     }
@@ -303,10 +377,15 @@ impl Relay {
                 Some(fb) = rx.recv() => {
                     let event = match fb {
                         Feedback::Claim(c) => Event::ClaimResult(c),
+                        Feedback::Confirmed { key, epoch, lease } => {
+                            lp.leases.insert((key, epoch), lease);
+                            continue;
+                        }
                         Feedback::Lost { key, epoch, fenced } => {
                             if fenced {
                                 lp.summary.fenced_refusals += 1;
                             }
+                            lp.leases.remove(&(key.clone(), epoch));
                             for t in lp.turns.values_mut() {
                                 if t.claims.iter().any(|c| c.key == key && c.epoch == epoch) {
                                     t.lost = true;
@@ -315,11 +394,19 @@ impl Relay {
                             Event::ClaimLost { key, epoch }
                         }
                         Feedback::TurnEnded { turn, outcome, tokens, activity } => {
-                            let lost = lp.turns.remove(&turn).is_some_and(|t| t.lost);
+                            let ended = lp.turns.remove(&turn);
+                            let lost = ended.as_ref().is_some_and(|t| t.lost);
+                            for c in ended.iter().flat_map(|t| &t.claims) {
+                                lp.leases.remove(&(c.key.clone(), c.epoch));
+                            }
                             match &outcome {
                                 // A reply under a lost claim is never written: the turn
                                 // failed, whatever the agent answered.
                                 CoreOutcome::Replied { .. } if !lost => lp.summary.turns_replied += 1,
+                                CoreOutcome::NotStarted { .. } => {
+                                    lp.summary.turns_started = lp.summary.turns_started.saturating_sub(1);
+                                    lp.summary.turns_not_started += 1;
+                                }
                                 _ => lp.summary.turns_failed += 1,
                             }
                             Event::TurnEnded { turn, outcome, tokens, activity }
@@ -342,7 +429,8 @@ impl Relay {
                     }
                 }
                 Some(_) = lp.inflight.join_next(), if !lp.inflight.is_empty() => {}
-                _ = tokio::time::sleep(sleep_for) => {
+                _ = tokio::time::sleep_until(tick_at) => {
+                    last_tick = tokio::time::Instant::now();
                     if let Err(e) = lp.tick().await {
                         warn!(error = %e, "reconcile tick failed");
                     }
@@ -356,6 +444,11 @@ impl Relay {
                             }
                             return Err(e.into());
                         }
+                    }
+                    if !stopping && Instant::now() >= next_beat {
+                        beat += 1;
+                        lp.heartbeat(identity.instance(), cursor, beat).await;
+                        next_beat = Instant::now() + self.options.heartbeat_every;
                     }
                     if let Some(deadline) = stop_deadline {
                         if tokio::time::Instant::now() > deadline {
@@ -494,28 +587,129 @@ impl Loop {
         }
     }
 
+    /// Writes one `relay.heartbeat` per hosted room, off the event loop (bounded in
+    /// time, so a slow database never holds up the relay): the agents, the version and
+    /// how many committed rows lie past `cursor` (at most [`BEHIND_PROBE`]). A heartbeat
+    /// that cannot be written is logged and skipped; the next one follows.
+    async fn heartbeat(&mut self, instance: &str, cursor: Position, beat: u64) {
+        let agents: Vec<String> = self.agents.keys().cloned().collect();
+        let batch: Vec<NewInteraction> = self
+            .rooms
+            .iter()
+            .map(|room| {
+                let body = huddle_core::protocol::RelayHeartbeatBody {
+                    relay: self.summary.relay.clone(),
+                    instance: instance.to_string(),
+                    beat,
+                    version: env!("CARGO_PKG_VERSION").to_string(),
+                    agents: agents.clone(),
+                    behind: 0,
+                };
+                NewInteraction::new(
+                    room.as_str(),
+                    Verb::RelayHeartbeat,
+                    self.summary.relay.as_str(),
+                    Role::System,
+                    body.to_body(),
+                )
+            })
+            .collect();
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let write = async {
+                let behind = match store.read_forward(cursor, BEHIND_PROBE).await {
+                    Ok(b) => (b.rows.len() + b.skipped.len()) as u64,
+                    Err(e) => {
+                        debug!(error = %e, "could not read ahead for the heartbeat");
+                        0
+                    }
+                };
+                let batch: Vec<NewInteraction> = batch
+                    .into_iter()
+                    .map(|mut row| {
+                        row.body["behind"] = serde_json::Value::from(behind);
+                        row
+                    })
+                    .collect();
+                match store.append(batch).await {
+                    Ok(_) => debug!(beat, behind, "heartbeat written"),
+                    Err(e) => warn!(beat, error = %e, "heartbeat not written"),
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(10), write)
+                .await
+                .is_err()
+            {
+                warn!(beat, "heartbeat not written in time");
+            }
+        });
+    }
+
     async fn tick(&mut self) -> Result<(), StoreError> {
+        // Leases long over are of no use for a start deadline (a live turn's are
+        // renewed, so they stay fresh).
+        self.leases
+            .retain(|_, l| l.from.elapsed() < l.ttl.saturating_mul(2));
         let now = self.store.now().await?;
+        self.ticks.push_back((Instant::now(), now));
+        while self.ticks.len() > 16 {
+            self.ticks.pop_front();
+        }
         self.clock_offset = now.as_micros() - self.clock_base.elapsed().as_micros() as i64;
         self.handle(Event::Tick { now });
         Ok(())
     }
 
+    /// A caught-up read that began at `began` has been folded: it covers every row
+    /// committed before the latest tick whose clock reading had returned by then.
+    fn covered(&mut self, began: Option<Instant>) {
+        let Some(began) = began else { return };
+        let as_of = self
+            .ticks
+            .iter()
+            .filter(|(read_at, _)| *read_at <= began)
+            .map(|(_, t)| *t)
+            .max();
+        if let Some(as_of) = as_of.filter(|t| self.covered.is_none_or(|c| *t > c)) {
+            self.covered = Some(as_of);
+            self.handle(Event::Covered { as_of });
+        }
+    }
+
+    /// Whether the synchronizer waits for a view covering a time the relay's clock
+    /// has passed, and no fresh read was asked for it yet.
+    fn wants_fresh_read(&mut self) -> bool {
+        let Some(wanted) = self.sync.awaiting_coverage() else {
+            return false;
+        };
+        let clock = self.ticks.back().map(|(_, t)| *t);
+        let due = clock.is_some_and(|t| t >= wanted)
+            && self.covered.is_none_or(|c| c < wanted)
+            && self
+                .refreshed_for
+                .is_none_or(|r| clock.is_some_and(|t| t > r));
+        if due {
+            self.refreshed_for = clock;
+        }
+        due
+    }
+
     async fn ledger(&mut self, rows: Vec<Interaction>, caught_up: bool) {
-        // Owner commands are executed by every relay: their results are deterministic
-        // content, so the ledger keeps one copy whoever appends first.
         // A window of recent messages per served room (memory independent of the
         // rooms in the ledger that this relay does not serve).
         for row in rows
             .iter()
             .filter(|r| r.verb == Verb::MessagePosted && self.sync.serves(&r.room))
         {
+            self.threads.observe(row);
             let window = self.recent.entry(row.room.clone()).or_default();
             window.push_back(row.clone());
             while window.len() > CONTEXT_WINDOW {
                 window.pop_front();
             }
         }
+        // Owner commands are executed by every relay: their results are deterministic
+        // content, so the ledger keeps one copy whoever appends first.
         let observed = self.commands.observe(rows);
         if !observed.appends.is_empty() {
             self.write_command_results(observed.appends);
@@ -645,6 +839,27 @@ impl Loop {
         (!text.is_empty()).then_some(text)
     }
 
+    /// The `<thread>` block of a turn: what was said in its thread (a task's: the
+    /// room's top level) since the agent last spoke there, within the room's
+    /// `thread-context` budget.
+    fn thread_context(&self, start: &TurnStart) -> Option<String> {
+        let answering = match &start.work {
+            TurnWork::Reply(m) => Some(m.id),
+            TurnWork::Task(_) => None,
+        };
+        let budget = self
+            .sync
+            .config(&start.room, start.thread.as_deref())
+            .thread_context_bytes as usize;
+        self.threads.block(
+            &start.room,
+            start.thread.as_deref(),
+            &start.agent,
+            answering,
+            budget,
+        )
+    }
+
     fn spawn_intents(&mut self, intents: Vec<Intent>) {
         if intents.is_empty() {
             return;
@@ -668,8 +883,11 @@ impl Loop {
         }
         // Turn tokens are created now so a Cancel in a later output finds them; the
         // related context is chosen here, where the window of recent messages lives.
-        let mut starts: HashMap<TurnId, (CancellationToken, Option<String>)> = HashMap::new();
+        let mut starts: HashMap<TurnId, TurnPrep> = HashMap::new();
         for intent in &ordered {
+            if let Intent::Release { key, epoch, .. } = intent {
+                self.leases.remove(&(key.clone(), *epoch));
+            }
             if let Intent::StartTurn(start) = intent {
                 let token = CancellationToken::new();
                 self.turns.insert(
@@ -680,7 +898,24 @@ impl Loop {
                         lost: false,
                     },
                 );
-                starts.insert(start.turn.clone(), (token, self.related_context(start)));
+                let leases = start
+                    .claims
+                    .iter()
+                    .map(|c| self.leases.get(&(c.key.clone(), c.epoch)).copied())
+                    .collect();
+                // The prompt's context blocks: related threads, then this thread.
+                let related = [self.related_context(start), self.thread_context(start)]
+                    .into_iter()
+                    .flatten()
+                    .reduce(|a, b| format!("{a}{b}"));
+                starts.insert(
+                    start.turn.clone(),
+                    TurnPrep {
+                        token,
+                        related,
+                        leases,
+                    },
+                );
                 self.summary.turns_started += 1;
             }
         }
@@ -695,9 +930,31 @@ impl Loop {
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
-/// A turn whose claims were last confirmed longer ago than this re-checks them before
-/// it starts (see `Executor::perform`).
-const RECHECK_AFTER: Duration = Duration::from_millis(200);
+/// Longest a turn's end waits for its progress notes to be written.
+const PROGRESS_DRAIN: Duration = Duration::from_secs(2);
+
+/// Most rows a heartbeat reads past the relay's cursor to tell how far behind it is.
+const BEHIND_PROBE: usize = 1_000;
+
+/// What the event loop hands the executor for a turn it starts: its cancellation
+/// token, its related context and what the relay knows of its claims' leases (in the
+/// order of `TurnStart::claims`).
+#[derive(Default)]
+struct TurnPrep {
+    token: CancellationToken,
+    related: Option<String>,
+    leases: Vec<Option<Lease>>,
+}
+
+/// Whether a turn may start, and until when.
+enum Vouched {
+    /// Every claim is held; the agent must start before this moment.
+    Until(Instant),
+    /// A claim is no longer held (reported as lost).
+    Lost,
+    /// The claims could not be confirmed (the store failed); nothing starts.
+    Unknown(String),
+}
 
 /// `d` plus up to a quarter of it, so relays that lost the database together do not
 /// retry in lockstep. The jitter comes from the clock's sub-microsecond noise: it needs
@@ -751,16 +1008,8 @@ struct Executor {
 }
 
 impl Executor {
-    async fn perform(
-        self,
-        intents: Vec<Intent>,
-        mut starts: HashMap<TurnId, (CancellationToken, Option<String>)>,
-    ) {
+    async fn perform(self, intents: Vec<Intent>, mut starts: HashMap<TurnId, TurnPrep>) {
         let mut refused: Vec<ClaimRef> = Vec::new();
-        // When the last fenced write of this output succeeded: a turn started long
-        // after it (the relay was paused or starved in between) re-checks its claims
-        // first, so a relay resuming from a pause never starts work it lost meanwhile.
-        let mut fenced_ok_at: Option<Instant> = None;
         // Consecutive acquires go to the store as one batch (one round trip, one
         // commit), sent before the next intent, as each single acquire was.
         let mut acquires: Vec<PendingAcquire> = Vec::new();
@@ -792,11 +1041,7 @@ impl Executor {
                     let actor = batch.first().map(|r| r.actor.clone());
                     let store_fences: Vec<Fence> = fences.iter().map(Fence::from).collect();
                     match self.append_retrying(&store_fences, close, batch).await {
-                        Ok(()) => {
-                            if !store_fences.is_empty() {
-                                fenced_ok_at = Some(Instant::now());
-                            }
-                        }
+                        Ok(()) => {}
                         Err(StoreError::Fenced { key, holder, epoch }) => {
                             log_lost_claim(
                                 &*self.store,
@@ -831,33 +1076,35 @@ impl Executor {
                     }
                 }
                 Intent::StartTurn(start) => {
-                    let (token, related) = starts.remove(&start.turn).unwrap_or_default();
-                    let stale = fenced_ok_at.is_none_or(|t| t.elapsed() > RECHECK_AFTER);
-                    let lost = if start.claims.iter().any(|c| refused.contains(c)) {
+                    let prep = starts.remove(&start.turn).unwrap_or_default();
+                    let vouched = if start.claims.iter().any(|c| refused.contains(c)) {
                         // Its fenced append was refused: the turn never runs.
-                        true
-                    } else if stale {
-                        self.claims_lost(&start.claims, start.agent.as_str()).await
+                        Vouched::Lost
                     } else {
-                        false
+                        self.vouch(&start.claims, &prep.leases, start.agent.as_str())
+                            .await
                     };
-                    if lost {
-                        let _ = self.feedback.send(Feedback::TurnEnded {
-                            turn: start.turn.clone(),
-                            outcome: CoreOutcome::Cancelled,
-                            tokens: 0,
-                            activity: TurnActivity::default(),
-                        });
-                        continue;
-                    }
-                    self.start_turn(*start, token, related);
+                    let outcome = match vouched {
+                        Vouched::Until(by) => {
+                            self.start_turn(*start, prep.token, prep.related, by);
+                            continue;
+                        }
+                        Vouched::Lost => CoreOutcome::Cancelled,
+                        Vouched::Unknown(reason) => CoreOutcome::NotStarted { reason },
+                    };
+                    let _ = self.feedback.send(Feedback::TurnEnded {
+                        turn: start.turn.clone(),
+                        outcome,
+                        tokens: 0,
+                        activity: TurnActivity::default(),
+                    });
                 }
                 Intent::Renew {
                     key,
                     holder,
                     epoch,
                     ttl,
-                } => match self.store.renew(&key, &holder, epoch, ttl).await {
+                } => match self.renew(&key, &holder, epoch, ttl).await {
                     Ok(Some(_)) => {}
                     Ok(None) => {
                         log_lost_claim(
@@ -925,35 +1172,77 @@ impl Executor {
         });
     }
 
-    /// Whether any of `claims` is no longer held at its epoch (checked with an empty
-    /// append under them, which writes nothing). Reports the loss. A store error counts
-    /// as lost: starting work the relay cannot vouch for is worse than a retry.
-    async fn claims_lost(&self, claims: &[ClaimRef], agent: &str) -> bool {
-        let fences: Vec<Fence> = claims.iter().map(Fence::from).collect();
-        match self.store.append_under(&fences, false, Vec::new()).await {
-            Ok(_) => false,
-            Err(StoreError::Fenced { key, holder, epoch }) => {
-                log_lost_claim(
-                    &*self.store,
-                    "claim lost before the turn started",
-                    &key,
-                    &holder,
-                    Some(agent),
-                    epoch,
-                )
-                .await;
-                let _ = self.feedback.send(Feedback::Lost {
-                    key,
-                    epoch,
-                    fenced: true,
-                });
-                true
-            }
-            Err(e) => {
-                warn!(error = %e, agent, "could not re-check a turn's claims; not starting it");
-                true
+    /// Renews `(key, holder, epoch)` for `ttl`; when it is renewed, the event loop
+    /// learns the new lease (counted from before the call).
+    async fn renew(
+        &self,
+        key: &str,
+        holder: &str,
+        epoch: ClaimEpoch,
+        ttl: Duration,
+    ) -> Result<Option<huddle_store::ClaimState>, StoreError> {
+        let from = Instant::now();
+        let renewed = self.store.renew(key, holder, epoch, ttl).await?;
+        if renewed.is_some() {
+            let _ = self.feedback.send(Feedback::Confirmed {
+                key: key.to_string(),
+                epoch,
+                lease: Lease { from, ttl },
+            });
+        }
+        Ok(renewed)
+    }
+
+    /// Until when the relay can vouch for `claims` (with what it knows of their
+    /// `leases`): the earliest half-lease of them all, when that leaves at least a
+    /// quarter of a lease to start the agent in. Otherwise (the claims were won a
+    /// while ago: the relay was paused, starved, or the turn waited) each is renewed
+    /// first and the deadline counted from before the renewals. A claim that is no
+    /// longer held is reported lost. A store error vouches for nothing: starting work
+    /// the relay cannot vouch for is worse than offering it again.
+    async fn vouch(&self, claims: &[ClaimRef], leases: &[Option<Lease>], agent: &str) -> Vouched {
+        let known: Option<Vec<Lease>> = leases.iter().copied().collect();
+        let Some(known) = known.filter(|k| k.len() == claims.len() && !k.is_empty()) else {
+            warn!(
+                agent,
+                "a turn's claims have no known lease; not starting it"
+            );
+            return Vouched::Unknown("the relay knows no lease for its claims".into());
+        };
+        let by = known.iter().map(Lease::start_by).min();
+        let headroom = known.iter().map(|l| l.ttl / 4).min().unwrap_or_default();
+        if let Some(by) = by.filter(|by| *by >= Instant::now() + headroom) {
+            return Vouched::Until(by);
+        }
+        let from = Instant::now();
+        for (c, lease) in claims.iter().zip(&known) {
+            match self.renew(&c.key, &c.holder, c.epoch, lease.ttl).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    log_lost_claim(
+                        &*self.store,
+                        "claim lost before the turn started",
+                        &c.key,
+                        &c.holder,
+                        Some(agent),
+                        c.epoch,
+                    )
+                    .await;
+                    let _ = self.feedback.send(Feedback::Lost {
+                        key: c.key.clone(),
+                        epoch: c.epoch,
+                        fenced: false,
+                    });
+                    return Vouched::Lost;
+                }
+                Err(e) => {
+                    warn!(error = %e, agent, "could not confirm a turn's claims; not starting it");
+                    return Vouched::Unknown(format!("its claims could not be confirmed: {e}"));
+                }
             }
         }
+        let ttl = known.iter().map(|l| l.ttl).min().unwrap_or_default();
+        Vouched::Until(from + ttl / 2)
     }
 
     /// The outbox: appends `batch` (under `fence` when given), retrying with capped
@@ -1004,7 +1293,13 @@ impl Executor {
         Ok(())
     }
 
-    fn start_turn(&self, start: TurnStart, token: CancellationToken, related: Option<String>) {
+    fn start_turn(
+        &self,
+        start: TurnStart,
+        token: CancellationToken,
+        related: Option<String>,
+        start_by: Instant,
+    ) {
         let Some(agent) = self.agents.get(&start.agent) else {
             let _ = self.feedback.send(Feedback::TurnEnded {
                 turn: start.turn.clone(),
@@ -1018,9 +1313,22 @@ impl Executor {
         };
         let driver = agent.driver.clone();
         let feedback = self.feedback.clone();
-        let request = turn_request(&start, related.as_deref());
+        let mut request = turn_request(&start, related.as_deref());
+        let (sink, notes) = crate::driver::ProgressSink::channel();
+        request.progress = sink;
+        let progress = tokio::spawn(write_progress(self.store.clone(), start.clone(), notes));
+        request.start_by = Some(start_by);
         tokio::spawn(async move {
             let outcome = driver.run(request, token).await;
+            // Every note the turn sent is written before its outcome is (progress
+            // never lands after the reply), unless writing them hangs.
+            let abort = progress.abort_handle();
+            if tokio::time::timeout(PROGRESS_DRAIN, progress)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
             let (outcome, tokens, activity) = match outcome {
                 TurnOutcome::Replied {
                     text,
@@ -1033,6 +1341,15 @@ impl Executor {
                     activity,
                 } => (CoreOutcome::Failed { reason }, tokens, activity),
                 TurnOutcome::Cancelled => (CoreOutcome::Cancelled, 0, TurnActivity::default()),
+                TurnOutcome::NotStarted => {
+                    info!(room = %start.room, agent = %start.agent, turn = %start.turn.0, epoch = start.epoch.get(), "turn not started: its start deadline had passed (the relay was paused or starved)");
+                    let reason = "its start deadline had passed (the relay was paused or starved after it last confirmed the claims)".to_string();
+                    (
+                        CoreOutcome::NotStarted { reason },
+                        0,
+                        TurnActivity::default(),
+                    )
+                }
             };
             let _ = feedback.send(Feedback::TurnEnded {
                 turn: start.turn,
@@ -1116,6 +1433,8 @@ async fn answer_acquires(
     requests: &[ClaimRequest],
     slots: &[(usize, Option<usize>)],
 ) {
+    // Before the call: the leases the store grants run from later.
+    let from = Instant::now();
     let out = match store.acquire_batch(requests).await {
         Ok(out) => out,
         Err(e) => {
@@ -1131,9 +1450,16 @@ async fn answer_acquires(
             return;
         }
     };
-    let answer = |a: &Acquired, key: &str, holder: &str| {
+    let answer = |a: &Acquired, key: &str, holder: &str, ttl: Duration| {
         if let Acquired::Closed { by, .. } = a {
             debug!(key, holder, closed_by = %by.short(), "claim is closed: the work is finished");
+        }
+        if let Acquired::Won(s) = a {
+            let _ = feedback.send(Feedback::Confirmed {
+                key: key.to_string(),
+                epoch: s.epoch,
+                lease: Lease { from, ttl },
+            });
         }
         match a {
             Acquired::Won(s) => ClaimAnswer::Won {
@@ -1161,14 +1487,66 @@ async fn answer_acquires(
             .and_then(|c| c.as_ref())
             .and_then(|c| {
                 let ch = a.then.as_ref()?;
-                Some(answer(c, &ch.key, &ch.holder))
+                Some(answer(c, &ch.key, &ch.holder, ch.ttl))
             });
         let _ = feedback.send(Feedback::Claim(ClaimOutcome {
             key: a.key.clone(),
             holder: a.holder.clone(),
-            answer: answer(got, &a.key, &a.holder),
+            answer: answer(got, &a.key, &a.holder, a.ttl),
             then: chained,
         }));
+    }
+}
+
+/// Writes a turn's progress notes as `turn.progress` rows, fenced by the turn's claims
+/// (not closing them), until the driver drops its sink. At most
+/// [`MAX_PROGRESS_NOTES`](huddle_core::protocol::MAX_PROGRESS_NOTES) per turn; a note
+/// refused by its fence (the claim was lost) ends the writing, and a note the database
+/// could not take is skipped: progress is advice, the reply is what counts.
+async fn write_progress(
+    store: Arc<dyn Store>,
+    start: TurnStart,
+    mut notes: mpsc::UnboundedReceiver<String>,
+) {
+    use huddle_core::protocol::{TurnProgressBody, MAX_PROGRESS_NOTES};
+    let fences: Vec<Fence> = start.claims.iter().map(Fence::from).collect();
+    let mut seq = 0u32;
+    let mut dropped = 0u32;
+    while let Some(text) = notes.recv().await {
+        if seq >= MAX_PROGRESS_NOTES {
+            dropped += 1;
+            continue;
+        }
+        seq += 1;
+        let body = TurnProgressBody::new(
+            &start.turn.0,
+            start.subject.clone(),
+            start.epoch,
+            seq,
+            &text,
+        );
+        let mut row = NewInteraction::new(
+            start.room.as_str(),
+            Verb::TurnProgress,
+            start.agent.as_str(),
+            Role::Agent,
+            serde_json::to_value(&body).unwrap_or_default(),
+        );
+        if let TurnWork::Reply(m) = &start.work {
+            row = row.with_parent(m.id);
+        }
+        row.thread = start.thread.clone();
+        match store.append_under(&fences, false, vec![row]).await {
+            Ok(_) => debug!(turn = %start.turn, seq, "progress note written"),
+            Err(StoreError::Fenced { .. }) => {
+                debug!(turn = %start.turn, "progress note refused: the turn's claim is gone");
+                break;
+            }
+            Err(e) => warn!(turn = %start.turn, error = %e, "progress note not written"),
+        }
+    }
+    if dropped > 0 {
+        info!(turn = %start.turn, dropped, "progress notes over the per-turn cap were dropped");
     }
 }
 
@@ -1231,17 +1609,23 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
             prompt.push('\n');
         }
     }
+    let effect_key = match &start.work {
+        TurnWork::Reply(m) => {
+            huddle_core::protocol::message_effect_key(&start.room, &m.id, &start.agent)
+        }
+        TurnWork::Task(t) => huddle_core::protocol::task_effect_key(&start.room, &t.id),
+    };
     let (task, attempt) = match &start.work {
         TurnWork::Reply(m) => {
             prompt.push_str(&format!(
-                "<message from=\"{}\" role=\"{}\">\n{}\n</message>\n",
+                "<message from=\"{}\" role=\"{}\" effect-key=\"{effect_key}\">\n{}\n</message>\n",
                 m.author, m.role, m.text
             ));
             (None, 1)
         }
         TurnWork::Task(t) => {
             prompt.push_str(&format!(
-                "<task id=\"{}\" attempt=\"{}\" of=\"{}\">\n{}\n",
+                "<task id=\"{}\" attempt=\"{}\" of=\"{}\" effect-key=\"{effect_key}\">\n{}\n",
                 t.id, t.attempt, t.max_attempts, t.label
             ));
             for d in &t.deps {
@@ -1264,5 +1648,8 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
         epoch: Some(start.epoch),
         attempt,
         prompt,
+        effect_key,
+        progress: Default::default(),
+        start_by: None,
     }
 }

@@ -84,6 +84,9 @@ fn turn(thread: &str, text: &str) -> TurnRequest {
         epoch: Some(huddle_core::ClaimEpoch(1)),
         attempt: 1,
         prompt: format!("<coordination>\n</coordination>\n<message from=\"owner\" role=\"owner\">\n{text}\n</message>\n"),
+        effect_key: String::new(),
+        progress: Default::default(),
+        start_by: None,
     }
 }
 
@@ -139,6 +142,34 @@ async fn a_reply_is_assembled_from_many_chunks_and_usage_is_recorded() {
         check.contains("huddle-acp-test-agent 1.0.0") && check.contains("protocol 1"),
         "{check}"
     );
+}
+
+/// A prompt whose turn's start deadline has passed never reaches the agent (the
+/// relay does not write it: a `cat` checked against the deadline would), the turn
+/// reports that it did not start, and the connection stays usable for the next turns,
+/// with and without a deadline.
+#[tokio::test]
+async fn a_prompt_past_its_start_deadline_never_reaches_the_agent() {
+    let w = World::new();
+    let d = start(w.settings(&[])).await;
+    // A first turn makes the thread's session.
+    assert_eq!(reply(&d, "t", "@say first").await, "first");
+    assert_eq!(w.count("prompt "), 1, "{:?}", w.events());
+    let mut late = turn("t", "@say too late");
+    late.start_by = Some(Instant::now() - Duration::from_millis(1));
+    assert_eq!(
+        d.run(late, CancellationToken::new()).await,
+        TurnOutcome::NotStarted
+    );
+    let mut in_time = turn("t", "@say in time");
+    in_time.start_by = Some(Instant::now() + Duration::from_secs(30));
+    match d.run(in_time, CancellationToken::new()).await {
+        TurnOutcome::Replied { text, .. } => assert_eq!(text, "in time"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(reply(&d, "t", "@say and after").await, "and after");
+    // Three prompts reached the agent; the late one never did.
+    assert_eq!(w.count("prompt "), 3, "{:?}", w.events());
 }
 
 #[tokio::test]
@@ -367,13 +398,27 @@ async fn tool_calls_plans_and_permission_answers_are_summarised_for_the_turn_rec
     let d = start(w.settings(&[])).await;
     let script = "@plan read the code;fix it;run the tests\n@tool read Read src/lib.rs\n\
                   @tool! execute cargo test\n@permission edit";
-    let activity = match d.run(turn("t", script), CancellationToken::new()).await {
+    let (sink, mut notes) = huddle_relay::driver::ProgressSink::channel();
+    let mut request = turn("t", script);
+    request.progress = sink;
+    let activity = match d.run(request, CancellationToken::new()).await {
         TurnOutcome::Replied { text, activity, .. } => {
             assert_eq!(text, "reject-once", "the read-only default refuses an edit");
             activity
         }
         other => panic!("{other:?}"),
     };
+    // Each plan update is a progress note, never part of the reply.
+    let mut got = Vec::new();
+    while let Ok(n) = notes.try_recv() {
+        got.push(n);
+    }
+    assert!(!got.is_empty(), "a plan update is a progress note");
+    assert!(
+        got.iter()
+            .all(|n| n.starts_with("plan: ") && n.contains("read the code")),
+        "{got:?}"
+    );
     assert_eq!(activity.tool_calls, 2, "{activity:?}");
     let tools: Vec<_> = activity
         .tools

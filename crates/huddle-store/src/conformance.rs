@@ -94,6 +94,8 @@ macro_rules! conformance_tests {
             a_batch_acquire_answers_each_claim_as_acquire_would,
             a_batch_acquire_out_of_order_takes_nothing,
             concurrent_batch_acquires_have_one_winner_per_claim,
+            a_duplicate_under_a_lost_fence_is_refused,
+            a_refreshed_reader_reports_a_read_that_began_after_the_request,
         );
     };
     ($make:path, across_processes) => {
@@ -535,18 +537,30 @@ pub async fn corrupt_rows_are_skipped_and_never_block_the_cursor(b: &impl TestBa
     b.insert_raw(raw(r#"{"text":"forged"}"#, "message.posted", vec![3; 32]))
         .await
         .expect("raw");
+    // Rows whose id matches their content but that no writer would accept: a body
+    // over the size limit, and text holding NUL (escaped, so the table takes it).
+    for text in ["x".repeat(300 * 1024), r"a\u0000b".to_string()] {
+        let body = format!(r#"{{"text":"{text}"}}"#);
+        let value: serde_json::Value = serde_json::from_str(&body).expect("json");
+        let id = NewInteraction::new("r", Verb::MessagePosted, "mallory", Role::Agent, value).id();
+        b.insert_raw(raw(&body, "message.posted", id.0.to_vec()))
+            .await
+            .expect("raw");
+    }
     s.append(vec![good.clone()]).await.expect("append");
     let (rows, skipped, _) = read_all(&*s, Position::START).await;
-    assert_eq!(skipped, 3);
+    assert_eq!(skipped, 5);
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].id, good.id());
     // One batch reports the reasons.
     let batch = s.read_forward(Position::START, 10).await.expect("read");
-    assert_eq!(batch.skipped.len(), 3);
+    assert_eq!(batch.skipped.len(), 5);
     let reasons: Vec<_> = batch.skipped.iter().map(|k| k.reason.clone()).collect();
     assert!(reasons[0].contains("JSON"), "{reasons:?}");
     assert!(reasons[1].contains("verb"), "{reasons:?}");
     assert!(reasons[2].contains("hash"), "{reasons:?}");
+    assert!(reasons[3].contains("the limit is"), "{reasons:?}");
+    assert!(reasons[4].contains("NUL"), "{reasons:?}");
 }
 
 /// 32 concurrent contenders on one key (on several handles): exactly one wins.
@@ -1137,6 +1151,69 @@ pub async fn a_retried_closing_append_is_idempotent(b: &impl TestBackend) {
     assert_eq!(rows.len(), 1);
 }
 
+/// Re-appending rows that are already in the ledger (a relay restarted after a kill
+/// writing its turn's record again) passes its fences only while they hold: the
+/// duplicate is a no-op while the claim is still the writer's, and refused, not
+/// answered "already there", once the claim was taken over or closed.
+pub async fn a_duplicate_under_a_lost_fence_is_refused(b: &impl TestBackend) {
+    let s = b.store();
+    let other = b.reopen("second").await.expect("reopen");
+    let won = s
+        .acquire("task/r/t1", "a", Duration::from_millis(300))
+        .await
+        .expect("acquire");
+    let fence = Fence {
+        key: "task/r/t1".into(),
+        holder: "a".into(),
+        epoch: won.state().epoch,
+    };
+    let prompted = vec![message("r", "a", "turn prompted at epoch 1")];
+    let first = s
+        .append_under(std::slice::from_ref(&fence), false, prompted.clone())
+        .await
+        .expect("under a held claim");
+    assert!(first[0].inserted);
+    let again = s
+        .append_under(std::slice::from_ref(&fence), false, prompted.clone())
+        .await
+        .expect("the same rows again while the claim holds");
+    assert_eq!(again[0].id, first[0].id);
+    assert!(!again[0].inserted);
+    // The lease lapses and another holder takes the claim.
+    wait_for_db_time(&*s, won.state().expires_at).await;
+    let taken = other
+        .acquire("task/r/t1", "b", Duration::from_secs(30))
+        .await
+        .expect("acquire");
+    assert!(taken.won());
+    let err = s
+        .append_under(std::slice::from_ref(&fence), false, prompted.clone())
+        .await
+        .expect_err("a duplicate under a lost fence is refused");
+    assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
+    // The new holder finishes and closes it: the old duplicate is still refused.
+    let fence_b = Fence {
+        key: "task/r/t1".into(),
+        holder: "b".into(),
+        epoch: taken.state().epoch,
+    };
+    other
+        .append_under(
+            std::slice::from_ref(&fence_b),
+            true,
+            vec![message("r", "b", "done")],
+        )
+        .await
+        .expect("the holder's closing append");
+    let err = s
+        .append_under(std::slice::from_ref(&fence), false, prompted)
+        .await
+        .expect_err("a duplicate under a closed claim is refused");
+    assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
+    let (rows, _, _) = read_all(&*s, Position::START).await;
+    assert_eq!(rows.len(), 2);
+}
+
 /// A fenced append racing a takeover of its claim lands only while the epoch it names
 /// is still the claim's: the new holder, reading right after it won, already sees
 /// every append that landed, and a refused append leaves no row.
@@ -1335,6 +1412,59 @@ pub async fn child_role() -> bool {
     assert!(out[0].inserted);
     store.flush().await;
     true
+}
+
+/// The next step of `steps`, within a bound.
+async fn next_step(steps: &mut crate::Reader) -> crate::ReadStep {
+    tokio::time::timeout(Duration::from_secs(10), steps.recv())
+        .await
+        .expect("a step in time")
+        .expect("read")
+}
+
+/// A spawned reader that has caught up and waits for its doorbell answers
+/// [`crate::Reader::refresh`] with one more step: empty, caught up, from a read that
+/// began after the request (so its caller knows nothing committed before that moment
+/// is left unread). Rows appended meanwhile come in that step.
+pub async fn a_refreshed_reader_reports_a_read_that_began_after_the_request(b: &impl TestBackend) {
+    let s = b.store();
+    s.append(vec![message("r", "a", "before")])
+        .await
+        .expect("append");
+    let reader = b.reopen("reader").await.expect("reopen");
+    let mut steps =
+        Subscription::new(reader, Position::START, 10).spawn(4, Duration::from_millis(50));
+    let first = next_step(&mut steps).await;
+    assert_eq!(first.batch.rows.len(), 1);
+    assert!(first.caught_up);
+    // Idle and caught up: no step until asked (the fallback poll is far off).
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), steps.recv())
+            .await
+            .is_err(),
+        "an idle reader sends nothing by itself"
+    );
+    for _ in 0..2 {
+        let asked = std::time::Instant::now();
+        steps.refresh();
+        let fresh = next_step(&mut steps).await;
+        assert!(fresh.caught_up && fresh.batch.rows.is_empty(), "{fresh:?}");
+        assert!(fresh.began.is_some_and(|t| t >= asked), "{fresh:?}");
+    }
+    let asked = std::time::Instant::now();
+    s.append(vec![message("r", "a", "after")])
+        .await
+        .expect("append");
+    steps.refresh();
+    let mut rows = Vec::new();
+    let mut began = None;
+    while rows.is_empty() || began.is_none_or(|t| t < asked) {
+        let step = next_step(&mut steps).await;
+        rows.extend(step.batch.rows);
+        began = step.began;
+    }
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].body["text"], json!("after"));
 }
 
 /// A real second process (this test binary, re-run in a child role) appends a row;

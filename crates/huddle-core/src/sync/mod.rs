@@ -29,9 +29,15 @@
 //!    send `Config`. Rooms without one use [`RoomConfig::default`].
 //! 5. Send `Tick { now }` at [`Synchronizer::next_wakeup`] (at the latest): that is
 //!    when the next responder delay, bid window or reconcile pass falls due.
+//!    After the rows of a caught-up read that began once the database clock read `T`
+//!    (a tick taken before the read started), send `Covered { as_of: T }`: a closed
+//!    bid window is decided only on a view that covers it
+//!    ([`Synchronizer::awaiting_coverage`] names the time waited for).
 //! 6. Perform the intents **in order**. `Acquire` is answered with
 //!    `ClaimResult`; a refused renew or a refused fenced append with `ClaimLost`; a
-//!    turn that ends (replied, failed, or cancelled after `Cancel`) with `TurnEnded`.
+//!    turn that ends (replied, failed, or cancelled after `Cancel`) with `TurnEnded`;
+//!    a turn the relay could not start while it could still vouch for its claims with
+//!    `TurnEnded(NotStarted)` (its claims are then released).
 //!    When a fenced `Append` is refused, skip any later `StartTurn` in the same output
 //!    whose [`TurnStart::claims`] contain that fence, and send `ClaimLost`.
 //! 7. On shutdown send `Shutdown`, keep performing intents and feeding turn endings
@@ -79,8 +85,8 @@ use crate::config::{Allocation, RoomConfig};
 use crate::fold::Fold;
 use crate::model::{Interaction, InteractionId, NewInteraction, Role, Timestamp};
 use crate::policy::{
-    bids_on_sight, capable, claim_right, losing_bidders, responder_delay_ms, retake_right,
-    ClaimRight, ResponderCandidate,
+    bids_decide_until, bids_on_sight, capable, claim_right, losing_bidders, responder_delay_ms,
+    retake_right, ClaimRight, ResponderCandidate,
 };
 use crate::protocol::task::{
     TaskBidBody, TaskClaimedBody, TaskCompletedBody, TaskEndedBody, TaskRejectedBody,
@@ -131,21 +137,59 @@ struct OpenMessage {
     each: bool,
     /// Agents that answered it (`each` messages).
     answered: BTreeSet<String>,
+    /// The hops an agent's reply to it carries when the reply addresses another
+    /// agent (`None`: its own hops are malformed, so no hops are carried on).
+    next_hops: Option<u64>,
+    /// Failed turns per agent (`each` messages: a named agent's part is nobody else's,
+    /// so it tries again, up to `max_failures`).
+    failed_by: BTreeMap<String, BTreeSet<String>>,
+    max_failures: u32,
 }
 
 impl OpenMessage {
-    /// Whether `agent` still owes its own answer to an `each` message.
+    /// Whether `agent` still owes its own answer to an `each` message: not answered,
+    /// and fewer failed turns on it than the limit.
     fn owed_by(&self, agent: &str) -> bool {
         self.eligible.contains(agent)
             && !self.answered.contains(agent)
-            && !self.failed.contains(agent)
+            && self
+                .failed_by
+                .get(agent)
+                .is_none_or(|t| t.len() < self.max_failures as usize)
     }
 
     fn note_failure(&mut self, agent: &str, turn: &str, epoch: ClaimEpoch) {
         self.failed.insert(agent.to_string());
         self.failed_upto = Some(self.failed_upto.map_or(epoch, |e| e.max(epoch)));
         self.failed_turns.insert(turn.to_string());
+        self.failed_by
+            .entry(agent.to_string())
+            .or_default()
+            .insert(turn.to_string());
     }
+}
+
+/// A write that finished work (a reply, a task's completion or failure), appended but
+/// not yet read back. Its claims may have lapsed before it was written (the relay was
+/// paused between the turn and the write): if the store refuses it, the work is not
+/// finished, and what this relay noted as finished is undone.
+#[derive(Clone, Debug)]
+struct Unconfirmed {
+    claims: [ClaimRef; 2],
+    undo: Undo,
+}
+
+#[derive(Clone, Debug)]
+enum Undo {
+    /// The task's lease is not to be resumed (`Synchronizer::finished`).
+    Task { key: String, epoch: ClaimEpoch },
+    /// The message was noted as answered by `agent`; `before` is its state then.
+    Reply {
+        room: String,
+        message: InteractionId,
+        agent: String,
+        before: Option<Box<OpenMessage>>,
+    },
 }
 
 /// A claim being acquired (`epoch: None`) or held by this relay.
@@ -158,8 +202,14 @@ struct Slot {
 
 #[derive(Clone, Debug)]
 enum LiveWork {
-    Reply { message: InteractionId },
-    Task { task: String },
+    Reply {
+        message: InteractionId,
+        /// What the reply carries as `hops` if it addresses another agent.
+        next_hops: Option<u64>,
+    },
+    Task {
+        task: String,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -187,6 +237,12 @@ fn spread_rank(relay: &[u8], task: &[u8]) -> u64 {
     }
     h
 }
+
+/// How many written notices a relay remembers so as not to queue them again.
+const REMEMBERED_NOTICES: usize = 4_096;
+
+/// Shortest time between two settle checks, µs.
+const SETTLE_CHECK_US: i64 = 1_000_000;
 
 /// Where a ready task sits in this relay's walk of a room's frontier: the frontier
 /// rank first (the room's scheduling order), then this relay's own [`spread_rank`],
@@ -234,12 +290,32 @@ pub struct Synchronizer {
     bids_sent: BTreeSet<(String, String, u32, String)>,
     rejections_sent: BTreeSet<(String, String, u32, String)>,
     notices_sent: BTreeSet<(String, String)>,
+    /// Notices that a message will not be answered, not yet written (by id).
+    pending_notices: BTreeMap<InteractionId, NewInteraction>,
+    /// Such notices already written or folded, the most recent [`REMEMBERED_NOTICES`]:
+    /// never queued again.
+    notices_done: (BTreeSet<InteractionId>, VecDeque<InteractionId>),
+    /// Per room: the latest `room.settled` folded or written.
+    settled: BTreeMap<String, crate::protocol::RoomSettledBody>,
+    /// Rooms whose tasks or turns moved since the last settle check.
+    unsettled: BTreeSet<String>,
+    /// When the next settle check may run: it reads the whole DAG, so at most once
+    /// per [`SETTLE_CHECK_US`], not on every event.
+    next_settle_check: Option<Timestamp>,
     /// Task claims `(key, epoch)` whose turn ended here: never resumed, even while the
     /// fold has not yet caught up with the completion or failure appended for them.
     finished: BTreeSet<(String, ClaimEpoch)>,
+    /// Ending writes not yet read back (see [`Unconfirmed`]).
+    unconfirmed: Vec<Unconfirmed>,
     registered: bool,
     now: Option<Timestamp>,
     caught_up: bool,
+    /// Every row committed before this database time has been folded
+    /// ([`Event::Covered`]).
+    covered: Option<Timestamp>,
+    /// The earliest bid window that closed but cannot be decided yet: the view does
+    /// not cover it ([`Synchronizer::awaiting_coverage`]).
+    coverage_wanted: Option<Timestamp>,
     next_reconcile: Option<Timestamp>,
     shutting_down: bool,
     stopped_sent: bool,
@@ -304,10 +380,18 @@ impl Synchronizer {
             bids_sent: BTreeSet::new(),
             rejections_sent: BTreeSet::new(),
             notices_sent: BTreeSet::new(),
+            pending_notices: BTreeMap::new(),
+            notices_done: (BTreeSet::new(), VecDeque::new()),
+            settled: BTreeMap::new(),
+            unsettled: BTreeSet::new(),
+            next_settle_check: None,
             finished: BTreeSet::new(),
+            unconfirmed: Vec::new(),
             registered: false,
             now: None,
             caught_up: false,
+            covered: None,
+            coverage_wanted: None,
             next_reconcile: None,
             shutting_down: false,
             stopped_sent: false,
@@ -374,6 +458,14 @@ impl Synchronizer {
     /// The latest database time seen (from ticks and folded rows).
     pub fn now(&self) -> Option<Timestamp> {
         self.now
+    }
+
+    /// A closed bid window that waits for a read covering it (database time): who
+    /// claims the task depends on every bid placed in the window, so nobody claims
+    /// until an [`Event::Covered`] at or after this time arrives. The relay answers
+    /// with a fresh read once its clock is past it.
+    pub fn awaiting_coverage(&self) -> Option<Timestamp> {
+        self.coverage_wanted
     }
 
     /// Whether the room is quiescent: no task ready or claimed, no turn in flight in
@@ -460,6 +552,13 @@ impl Synchronizer {
                     self.reconcile(now, &mut out);
                 }
             }
+            Event::Covered { as_of } => {
+                self.covered = Some(self.covered.map_or(as_of, |c| c.max(as_of)));
+                // Only a bid decision waits for coverage: nothing else to do.
+                if self.coverage_wanted.is_none_or(|w| w > as_of) {
+                    return out;
+                }
+            }
             Event::ClaimResult(r) => self.on_claim_result(r, &mut out),
             Event::TurnEnded {
                 turn,
@@ -541,9 +640,43 @@ impl Synchronizer {
         if let Some(now) = self.now {
             self.now = Some(now.max(row.at));
         }
+        if matches!(
+            row.verb,
+            Verb::TaskCreated
+                | Verb::TaskClaimed
+                | Verb::TaskCompleted
+                | Verb::TaskFailed
+                | Verb::TaskReleased
+                | Verb::TurnPrompted
+                | Verb::TurnReplied
+                | Verb::TurnFailed
+        ) {
+            self.unsettled.insert(row.room.clone());
+        }
         match row.verb {
+            Verb::RoomSettled if row.role == Role::System => {
+                if let Some(b) = parse_body::<crate::protocol::RoomSettledBody>(&row.body) {
+                    self.settled.insert(row.room.clone(), b);
+                }
+            }
             Verb::MessagePosted => {
                 self.remember_author(row);
+                // A notice already written (by any relay) needs no second append,
+                // and its message is given up everywhere.
+                self.pending_notices.remove(&row.id);
+                if row.role == Role::System && row.body.get("unanswered").is_some() {
+                    self.notice_done(row.id);
+                    // One named agent's part given up leaves the others' open.
+                    if let Some(p) = row.parent.filter(|_| row.body.get("agent").is_none()) {
+                        self.messages.remove(&(row.room.clone(), p));
+                    }
+                }
+                // An agent's answer written by the agent itself (MCP) answers too.
+                if row.role == Role::Agent {
+                    if let Some(p) = row.parent {
+                        self.answered(&row.room, p, &row.actor);
+                    }
+                }
                 self.consider_message(row);
             }
             Verb::TurnReplied => {
@@ -556,13 +689,20 @@ impl Synchronizer {
             Verb::TurnFailed => {
                 if let Some(b) = parse_body::<TurnFailedBody>(&row.body) {
                     if let Some(id) = message_subject(&b.subject) {
-                        let max = self.options.max_reply_failures;
+                        let max = self
+                            .config(&row.room, row.thread.as_deref())
+                            .max_reply_failures;
                         let key = (row.room.clone(), id);
                         let mut each = false;
                         if let Some(m) = self.messages.get_mut(&key) {
                             m.note_failure(&row.actor, &b.turn, b.epoch);
                             each = m.each;
-                            if !m.each && m.failed_turns.len() >= max as usize {
+                            let why = failure_notice(m, &row.actor, max);
+                            let thread = m.thread.clone();
+                            if let Some(why) = why {
+                                self.notice_unanswered(&row.room, thread, id, &why);
+                            }
+                            if !each && m_failed_out(&self.messages, &key, max) {
                                 self.messages.remove(&key);
                             }
                         }
@@ -617,6 +757,10 @@ impl Synchronizer {
     /// `agent` answered message `id`: a message naming several agents stays open
     /// until each local one of them answered (or failed); any other is finished.
     fn answered(&mut self, room: &str, id: InteractionId, agent: &str) {
+        self.unconfirmed.retain(|u| {
+            !matches!(&u.undo, Undo::Reply { room: r, message, agent: a, .. }
+                if r == room && *message == id && a == agent)
+        });
         let key = (room.to_string(), id);
         match self.messages.get_mut(&key) {
             Some(m) if m.each => {
@@ -693,6 +837,13 @@ impl Synchronizer {
         if !self.gate.admit(row, &config) {
             return;
         }
+        let each = addressing::answers_each(
+            &eligible,
+            &body.text,
+            &body.mentions,
+            &self.registered_agents(&row.room),
+            config.group_reply,
+        );
         self.messages.insert(
             (row.room.clone(), row.id),
             OpenMessage {
@@ -701,12 +852,15 @@ impl Synchronizer {
                 role: row.role,
                 at: row.at,
                 text: body.text,
-                each: eligible.answers_each(),
+                each,
                 eligible,
                 failed: BTreeSet::new(),
                 failed_upto: None,
                 failed_turns: BTreeSet::new(),
                 answered: BTreeSet::new(),
+                next_hops: crate::guards::next_hops(&row.body),
+                failed_by: BTreeMap::new(),
+                max_failures: config.max_reply_failures.max(1),
             },
         );
     }
@@ -944,6 +1098,118 @@ impl Synchronizer {
         self.elect_replies(now, out);
         let retakes = self.retake_tasks(now, out);
         self.schedule_tasks(now, retakes, out);
+        // Notices queued by this pass and by the rows just folded.
+        self.write_notices(out);
+        self.note_settled(out);
+    }
+
+    /// A room whose tasks or turns moved and that is now quiescent (nothing ready,
+    /// claimed or running, nothing in flight here) gets one `room.settled` with its
+    /// task counts, unless the last one already says exactly that.
+    fn note_settled(&mut self, out: &mut Vec<Intent>) {
+        let Some(now) = self.now else {
+            return;
+        };
+        if self.unsettled.is_empty() || self.next_settle_check.is_some_and(|at| now < at) {
+            return;
+        }
+        self.next_settle_check = Some(now.saturating_add(SETTLE_CHECK_US));
+        let rooms: Vec<String> = self.unsettled.iter().cloned().collect();
+        let mut batch = Vec::new();
+        for room in rooms {
+            // Cheap checks first: while work runs here the room is not settled.
+            if self.turns.values().any(|t| t.room == room)
+                || self.claims.values().any(|s| s.purpose.room() == room)
+            {
+                continue;
+            }
+            self.unsettled.remove(&room);
+            if !self.is_quiescent(&room) {
+                continue;
+            }
+            let s = self.dag.summary(&room);
+            let body = crate::protocol::RoomSettledBody {
+                total: s.total,
+                done: s.done,
+                abandoned: s.abandoned,
+                blocked: s.blocked,
+            };
+            if s.total == 0 || self.settled.get(&room) == Some(&body) {
+                continue;
+            }
+            self.settled.insert(room.clone(), body);
+            batch.push(NewInteraction::new(
+                room.as_str(),
+                Verb::RoomSettled,
+                crate::protocol::SYSTEM_ACTOR,
+                Role::System,
+                serde_json::to_value(body).unwrap_or_default(),
+            ));
+        }
+        if !batch.is_empty() {
+            out.push(Intent::Append {
+                fences: Vec::new(),
+                close: false,
+                batch,
+            });
+        }
+    }
+
+    /// Queues the notice to a message's author that it will not be answered, and why
+    /// (written at the next pass). Its content is the same on every relay, so the
+    /// ledger keeps one; once folded it gives the message up everywhere.
+    fn notice_unanswered(
+        &mut self,
+        room: &str,
+        thread: Option<String>,
+        message: InteractionId,
+        why: &(Option<String>, String),
+    ) {
+        let mut body = serde_json::json!({ "text": why.1, "unanswered": message.to_hex() });
+        if let Some(agent) = &why.0 {
+            body["agent"] = serde_json::Value::from(agent.as_str());
+        }
+        let mut row = NewInteraction::new(
+            room,
+            Verb::MessagePosted,
+            crate::protocol::SYSTEM_ACTOR,
+            Role::System,
+            body,
+        )
+        .with_parent(message);
+        row.thread = thread;
+        let id = row.id();
+        if !self.notices_done.0.contains(&id) {
+            self.pending_notices.insert(id, row);
+        }
+    }
+
+    fn notice_done(&mut self, id: InteractionId) {
+        let (set, order) = &mut self.notices_done;
+        if set.insert(id) {
+            order.push_back(id);
+        }
+        while order.len() > REMEMBERED_NOTICES {
+            if let Some(old) = order.pop_front() {
+                set.remove(&old);
+            }
+        }
+    }
+
+    fn write_notices(&mut self, out: &mut Vec<Intent>) {
+        if self.pending_notices.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending_notices);
+        for id in pending.keys() {
+            self.notice_done(*id);
+        }
+        let batch: Vec<NewInteraction> = pending.into_values().collect();
+        out.push(Intent::Append {
+            fences: Vec::new(),
+            close: false,
+            batch,
+        });
     }
 
     fn register(&mut self, out: &mut Vec<Intent>) {
@@ -997,14 +1263,42 @@ impl Synchronizer {
     }
 
     fn elect_replies(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
-        let horizon = ms_to_us(self.options.reply_horizon_ms);
         let keys: Vec<(String, InteractionId)> = self.messages.keys().cloned().collect();
         for (room, id) in keys {
             let Some(m) = self.messages.get(&(room.clone(), id)) else {
                 continue;
             };
-            if now.micros_since(m.at) > horizon {
-                self.messages.remove(&(room, id));
+            let horizon_ms = self.config(&room, m.thread.as_deref()).reply_horizon_ms;
+            if now.micros_since(m.at) > ms_to_us(horizon_ms) {
+                // A turn still running on it (here or anywhere) may yet answer: wait
+                // for it to end before giving the message up.
+                let running = self.turns.values().any(|t| {
+                    t.room == room
+                        && matches!(&t.work, LiveWork::Reply { message, .. } if *message == id)
+                }) || self.board.room(&room).is_some_and(|b| {
+                    b.turns
+                        .get(&Subject::message(id).key())
+                        .is_some_and(|t| t.is_open())
+                });
+                if running {
+                    continue;
+                }
+                let why = if m.each {
+                    format!(
+                        "Not every agent this message names answered it within the reply \
+                         horizon ({}); it is no longer offered to them.",
+                        crate::config::format_duration(horizon_ms)
+                    )
+                } else {
+                    format!(
+                        "Nobody answered this message within the reply horizon ({}); it is \
+                         no longer offered to agents.",
+                        crate::config::format_duration(horizon_ms)
+                    )
+                };
+                let thread = m.thread.clone();
+                self.messages.remove(&(room.clone(), id));
+                self.notice_unanswered(&room, thread, id, &(None, why));
                 continue;
             }
             if m.each {
@@ -1081,6 +1375,7 @@ impl Synchronizer {
     }
 
     fn schedule_tasks(&mut self, now: Timestamp, already: usize, out: &mut Vec<Intent>) {
+        self.coverage_wanted = None;
         let cap = self.options.max_wakes_per_pass;
         let mut wakes = already;
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
@@ -1136,6 +1431,15 @@ impl Synchronizer {
                 if let ClaimRight::Bidding { .. } = right {
                     bidding.push(id.to_string());
                     continue;
+                }
+                // A closed bid window is decided on a view that holds every bid placed
+                // in it: a lagging read must not mistake "not read yet" for "no bids".
+                if let Some(closed) = bids_decide_until(&config, since) {
+                    if self.covered.is_none_or(|c| c < closed) {
+                        self.coverage_wanted =
+                            Some(self.coverage_wanted.map_or(closed, |w| w.min(closed)));
+                        continue;
+                    }
                 }
                 // The agent whose attempt just failed waits one responder window,
                 // so an idle agent elsewhere gets the retry first; alone, it retries.
@@ -1294,6 +1598,11 @@ impl Synchronizer {
             dag.task(room, task)
                 .is_some_and(|t| t.next_attempt() == *attempt && t.status == TaskStatus::Open)
         });
+        let finished = &self.finished;
+        self.unconfirmed.retain(|u| match &u.undo {
+            Undo::Task { key, epoch } => finished.contains(&(key.clone(), *epoch)),
+            Undo::Reply { .. } => true,
+        });
         // Re-takes and bid-window closes happen in the pass that follows every event.
     }
 
@@ -1386,7 +1695,8 @@ impl Synchronizer {
                 continue;
             }
             let running = self.turns.values().any(|lt| {
-                lt.room == room && matches!(&lt.work, LiveWork::Reply { message } if *message == id)
+                lt.room == room
+                    && matches!(&lt.work, LiveWork::Reply { message, .. } if *message == id)
             });
             let key = reply_key(&room, &id);
             if running || self.claims.contains_key(&key) || self.held_elsewhere(&key, now) {
@@ -1671,7 +1981,10 @@ impl Synchronizer {
             thread,
             subject,
             work,
-            LiveWork::Reply { message },
+            LiveWork::Reply {
+                message,
+                next_hops: m.next_hops,
+            },
             exclusive,
             drive,
             out,
@@ -1947,21 +2260,43 @@ impl Synchronizer {
         };
         self.forget_at(&lt.exclusive.key, lt.exclusive.epoch);
         self.forget_at(&lt.drive.key, lt.drive.epoch);
+        // A turn that never started (its start deadline passed): nothing ran.
+        let not_started = matches!(outcome, TurnOutcome::NotStarted { .. });
         match &lt.work {
             // A turn that ended under its claim appends its completion or failure: never
             // resume that lease, even before the fold shows the outcome.
-            LiveWork::Task { .. } if !lt.lost => {
+            LiveWork::Task { .. } if !lt.lost && !not_started => {
                 self.finished
                     .insert((lt.exclusive.key.clone(), lt.exclusive.epoch));
+                self.unconfirmed.push(Unconfirmed {
+                    claims: [lt.exclusive.clone(), lt.drive.clone()],
+                    undo: Undo::Task {
+                        key: lt.exclusive.key.clone(),
+                        epoch: lt.exclusive.epoch,
+                    },
+                });
             }
-            LiveWork::Reply { message }
+            LiveWork::Reply { message, .. }
                 if !matches!(outcome, TurnOutcome::Replied { .. }) || lt.lost =>
             {
-                let max = self.options.max_reply_failures as usize;
+                let max = self
+                    .config(&lt.room, lt.thread.as_deref())
+                    .max_reply_failures as usize;
                 let key = (lt.room.clone(), *message);
                 if let Some(m) = self.messages.get_mut(&key) {
                     m.note_failure(&lt.agent, &turn.0, lt.exclusive.epoch);
-                    if !m.each && m.failed_turns.len() >= max {
+                    // The same notice the fold of this turn's failure would queue: the
+                    // message may be gone by then.
+                    let why = failure_notice(m, &lt.agent, max as u32);
+                    let thread = m.thread.clone();
+                    if let Some(why) = why {
+                        self.notice_unanswered(&lt.room, thread, *message, &why);
+                    }
+                    if self
+                        .messages
+                        .get(&key)
+                        .is_some_and(|m| !m.each && m.failed_turns.len() >= max)
+                    {
                         self.messages.remove(&key);
                     }
                 }
@@ -2009,7 +2344,20 @@ impl Synchronizer {
                 "cancelled: relay shutting down".to_string()
             }
             TurnOutcome::Cancelled => "cancelled".to_string(),
+            TurnOutcome::NotStarted { reason } => format!("not started: {reason}"),
         };
+        if not_started {
+            // Nothing is written under its claims (no task.failed: no attempt ran);
+            // both are let go (a no-op for one already lost), so the work is offered
+            // again at once, to any relay, this one included.
+            out.push(Intent::Append {
+                fences: Vec::new(),
+                close: false,
+                batch: vec![failed_row(reason)],
+            });
+            release_both(out);
+            return;
+        }
         if lt.lost {
             // Nothing may be written under a lost claim; record only that the turn failed.
             out.push(Intent::Append {
@@ -2020,9 +2368,20 @@ impl Synchronizer {
             return;
         }
         match (&lt.work, outcome) {
-            (LiveWork::Reply { message }, TurnOutcome::Replied { text }) => {
+            (LiveWork::Reply { message, next_hops }, TurnOutcome::Replied { text }) => {
+                let text = truncate_text(text.trim_end(), self.options.max_reply_bytes);
+                // A reply that addresses another agent is one more agent-to-agent
+                // step: it carries its hops, so `max-hops` ends the chain.
+                let known = self.registered_agents(&lt.room);
+                let addresses_agent = addressing::mentions_in(&text, &known)
+                    .iter()
+                    .any(|a| *a != lt.agent)
+                    || !addressing::group_mentions_in(&text).is_empty();
                 let body = MessageBody {
-                    text: truncate_text(text.trim_end(), self.options.max_reply_bytes),
+                    hops: next_hops.filter(|_| addresses_agent),
+                    // From the turn: a retried write of this reply is the same row.
+                    nonce: Some(crate::protocol::nonce_from(turn.0.as_bytes())),
+                    text,
                     mentions: Vec::new(),
                 };
                 let mut reply = NewInteraction::new(
@@ -2051,7 +2410,21 @@ impl Synchronizer {
                 )
                 .with_parent(*message);
                 replied_row.thread = lt.thread.clone();
+                let before = self
+                    .messages
+                    .get(&(lt.room.clone(), *message))
+                    .cloned()
+                    .map(Box::new);
                 self.answered(&lt.room, *message, &lt.agent);
+                self.unconfirmed.push(Unconfirmed {
+                    claims: [lt.exclusive.clone(), lt.drive.clone()],
+                    undo: Undo::Reply {
+                        room: lt.room.clone(),
+                        message: *message,
+                        agent: lt.agent.clone(),
+                        before,
+                    },
+                });
                 // The reply finishes the message for this agent: fenced by the reply
                 // claim and the drive claim, and closing both, so no relay (however
                 // stale its view) can ever answer it again.
@@ -2198,7 +2571,74 @@ impl Synchronizer {
         if self.claims.get(key).is_some_and(|s| s.epoch == Some(epoch)) {
             self.forget(key);
         }
+        // An ending write under this claim was refused: the work is not finished.
+        // (A loss reported after the write did land, a renewal of the claim it closed,
+        // undoes nothing lasting: the next acquire finds the claim closed.)
+        let (undone, kept): (Vec<Unconfirmed>, Vec<Unconfirmed>) =
+            std::mem::take(&mut self.unconfirmed)
+                .into_iter()
+                .partition(|u| u.claims.iter().any(|c| c.key == key && c.epoch == epoch));
+        self.unconfirmed = kept;
+        for u in undone {
+            match u.undo {
+                Undo::Task { key, epoch } => {
+                    self.finished.remove(&(key, epoch));
+                }
+                Undo::Reply {
+                    room,
+                    message,
+                    agent,
+                    before,
+                } => match self.messages.get_mut(&(room.clone(), message)) {
+                    Some(m) => {
+                        m.answered.remove(&agent);
+                    }
+                    None => {
+                        if let Some(m) = before {
+                            self.messages.insert((room, message), *m);
+                        }
+                    }
+                },
+            }
+        }
     }
+}
+
+/// The notice a failed reply turn of `agent` on `m` calls for, if any: for a message
+/// naming several agents, that this agent will not answer; otherwise, once `max`
+/// turns failed, that nobody will. The text depends only on the ledger and the room's
+/// config, so every relay writes the same row.
+fn failure_notice(m: &OpenMessage, agent: &str, max: u32) -> Option<(Option<String>, String)> {
+    if m.each {
+        Some((
+            Some(agent.to_string()),
+            format!(
+                "{agent} could not answer this message: its reply turn failed (its \
+                 turn.failed row says why)."
+            ),
+        ))
+    } else if m.failed_turns.len() >= max as usize {
+        Some((
+            None,
+            format!(
+                "Nobody could answer this message: {max} reply turns failed (their \
+                 turn.failed rows say why); it is no longer offered to agents."
+            ),
+        ))
+    } else {
+        None
+    }
+}
+
+/// Whether a message has had `max` failed reply turns.
+fn m_failed_out(
+    messages: &BTreeMap<(String, InteractionId), OpenMessage>,
+    key: &(String, InteractionId),
+    max: u32,
+) -> bool {
+    messages
+        .get(key)
+        .is_some_and(|m| m.failed_turns.len() >= max as usize)
 }
 
 fn message_subject(s: &Subject) -> Option<InteractionId> {

@@ -1,14 +1,20 @@
 //! The exec driver: runs a command per turn. This is how any command-line agent
 //! plugs in.
 //!
-//! - The prompt goes to the child's standard input, which is then closed.
+//! - The prompt is the child's standard input: a file holding it (already unlinked),
+//!   read to its end. It is written before the child starts, so once the child runs
+//!   nothing it reads waits for the relay (plan 0029).
 //! - Environment: `HUDDLE_ROOM`, `HUDDLE_THREAD` (empty when none), `HUDDLE_AGENT`,
 //!   `HUDDLE_TASK` (empty when none), `HUDDLE_EPOCH` (empty when none),
-//!   `HUDDLE_ATTEMPT`; when the agent is offered huddle's MCP tools, `HUDDLE_MCP` (a
+//!   `HUDDLE_ATTEMPT`, `HUDDLE_EFFECT_KEY` (stable across the attempts of one task or
+//!   message answer: the idempotency key for the agent's external effects); when the agent is offered huddle's MCP tools, `HUDDLE_MCP` (a
 //!   `sh` command line starting `huddle mcp` for this agent and room) and `HUDDLE_DB`.
 //! - Standard output is the reply (capped at `max_reply_bytes`).
 //! - A line `huddle-tokens: N` on standard error reports the tokens used; without one
 //!   the driver estimates a token per four bytes of prompt and reply.
+//! - A line `huddle-progress: TEXT` on standard error is an interim progress note,
+//!   written at once as a `turn.progress` row (never the reply; the reply is still the
+//!   standard output when the command exits).
 //! - A non-zero exit or the timeout is a failed turn; cancellation (claim lost,
 //!   shutdown) ends it.
 //! - The command leads a process group of its own ([`AgentProcess`]): whatever it
@@ -21,10 +27,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
-use super::{AgentProcess, Driver, McpLaunch, TurnOutcome, TurnRequest};
+use super::process::{input_file, started_too_late};
+use super::{
+    AgentProcess, Driver, McpLaunch, ProgressSink, TurnOutcome, TurnRequest, PROGRESS_PREFIX,
+};
 
 /// Settings of an exec agent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +87,10 @@ impl ExecSettings {
 pub struct ExecDriver {
     settings: ExecSettings,
     mcp: Option<McpLaunch>,
+    /// Test seam: called with the child's pid right after it started, on the relay's
+    /// own thread (a test blocks it there, as a paused relay would be).
+    #[cfg(test)]
+    after_spawn: Option<fn(u32)>,
 }
 
 impl ExecDriver {
@@ -86,6 +99,8 @@ impl ExecDriver {
         ExecDriver {
             settings,
             mcp: None,
+            #[cfg(test)]
+            after_spawn: None,
         }
     }
 
@@ -103,6 +118,14 @@ fn tokens_from_stderr(stderr: &str) -> Option<u64> {
         .rev()
         .find_map(|l| l.trim().strip_prefix("huddle-tokens:"))
         .and_then(|n| n.trim().parse().ok())
+}
+
+/// Sends a `huddle-progress: TEXT` line of standard error to the progress sink.
+fn progress_line(line: &[u8], sink: &ProgressSink) {
+    let text = String::from_utf8_lossy(line);
+    if let Some(note) = text.trim().strip_prefix(PROGRESS_PREFIX) {
+        sink.note(note);
+    }
 }
 
 fn cut(mut bytes: Vec<u8>, max: usize) -> String {
@@ -171,8 +194,8 @@ impl Driver for ExecDriver {
                 request.epoch.map(|e| e.to_string()).unwrap_or_default(),
             )
             .env("HUDDLE_ATTEMPT", request.attempt.to_string())
+            .env("HUDDLE_EFFECT_KEY", &request.effect_key)
             .env_remove("HUDDLE_MCP")
-            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some(dir) = &s.cwd {
@@ -185,20 +208,25 @@ impl Driver for ExecDriver {
             )
             .env("HUDDLE_DB", &mcp.database);
         }
-        let mut process = match AgentProcess::spawn(cmd).await {
+        let prompt = request.prompt.clone();
+        match tokio::task::spawn_blocking(move || input_file(prompt.as_bytes())).await {
+            Ok(Ok(file)) => {
+                cmd.stdin(Stdio::from(file));
+            }
+            Ok(Err(e)) => return TurnOutcome::failed(format!("cannot hold the prompt: {e}"), 0),
+            Err(e) => return TurnOutcome::failed(format!("cannot hold the prompt: {e}"), 0),
+        }
+        // The child checks the start deadline itself, between fork and exec.
+        let mut process = match AgentProcess::spawn_by(cmd, request.start_by).await {
             Ok(p) => p,
+            Err(e) if started_too_late(&e) => return TurnOutcome::NotStarted,
             Err(e) => return TurnOutcome::failed(format!("cannot start {program:?}: {e}"), 0),
         };
+        #[cfg(test)]
+        if let (Some(hook), Some(pid)) = (self.after_spawn, process.child().id()) {
+            hook(pid);
+        }
         let child = process.child();
-        let stdin = child.stdin.take();
-        let prompt = request.prompt.clone();
-        let writer = tokio::spawn(async move {
-            if let Some(mut stdin) = stdin {
-                // A child that does not read its input is not an error.
-                let _ = stdin.write_all(prompt.as_bytes()).await;
-                let _ = stdin.shutdown().await;
-            }
-        });
         let mut stdout = child.stdout.take();
         let mut stderr = child.stderr.take();
         let max = s.max_reply_bytes;
@@ -218,13 +246,23 @@ impl Driver for ExecDriver {
             }
             buf
         });
+        let progress = request.progress.clone();
         let read_err = tokio::spawn(async move {
             let mut buf = Vec::new();
+            let mut line: Vec<u8> = Vec::new();
             if let Some(err) = stderr.as_mut() {
                 let mut chunk = [0u8; 8192];
                 while let Ok(n) = err.read(&mut chunk).await {
                     if n == 0 {
                         break;
+                    }
+                    for b in &chunk[..n] {
+                        if *b == b'\n' {
+                            progress_line(&line, &progress);
+                            line.clear();
+                        } else if line.len() < 8 * 1024 {
+                            line.push(*b);
+                        }
                     }
                     buf.extend_from_slice(&chunk[..n]);
                     if buf.len() > 64 * 1024 {
@@ -232,6 +270,7 @@ impl Driver for ExecDriver {
                     }
                 }
             }
+            progress_line(&line, &progress);
             buf
         });
         let timeout = Duration::from_millis(s.timeout_ms);
@@ -247,7 +286,6 @@ impl Driver for ExecDriver {
             Ok(waited) => waited.and(stopped),
             Err(outcome) => return outcome,
         };
-        let _ = writer.await;
         let out = read_out.await.unwrap_or_default();
         let err = read_err.await.unwrap_or_default();
         let reply = cut(out, max);
@@ -288,6 +326,9 @@ mod tests {
             epoch: Some(huddle_core::ClaimEpoch(3)),
             attempt: 2,
             prompt: "<coordination>\n</coordination>\nhello".into(),
+            effect_key: String::new(),
+            progress: Default::default(),
+            start_by: None,
         }
     }
 
@@ -304,14 +345,38 @@ mod tests {
     #[tokio::test]
     async fn prompt_in_reply_out_with_environment() {
         let d = sh(
-            "read first; echo \"$HUDDLE_AGENT/$HUDDLE_ROOM/$HUDDLE_TASK/$HUDDLE_EPOCH/$HUDDLE_ATTEMPT $first\"; echo 'huddle-tokens: 42' >&2",
+            "read first; echo \"$HUDDLE_AGENT/$HUDDLE_ROOM/$HUDDLE_TASK/$HUDDLE_EPOCH/$HUDDLE_ATTEMPT/$HUDDLE_EFFECT_KEY $first\"; echo 'huddle-tokens: 42' >&2",
             10_000,
         );
-        let out = d.run(req(), CancellationToken::new()).await;
+        let mut r = req();
+        r.effect_key = "k7".into();
+        let out = d.run(r, CancellationToken::new()).await;
         assert_eq!(
             out,
-            TurnOutcome::replied("ada/lobby/t7/3/2 <coordination>\n", 42)
+            TurnOutcome::replied("ada/lobby/t7/3/2/k7 <coordination>\n", 42)
         );
+    }
+
+    #[tokio::test]
+    async fn progress_lines_on_stderr_are_notes_not_the_reply() {
+        let d = sh(
+            "cat >/dev/null; echo 'huddle-progress: reading' >&2; echo other >&2; \
+             printf 'huddle-progress: half done' >&2; echo answer",
+            5_000,
+        );
+        let (sink, mut rx) = ProgressSink::channel();
+        let mut r = req();
+        r.progress = sink;
+        let out = d.run(r, CancellationToken::new()).await;
+        assert!(
+            matches!(&out, TurnOutcome::Replied { text, .. } if text == "answer\n"),
+            "{out:?}"
+        );
+        let mut notes = Vec::new();
+        while let Ok(n) = rx.try_recv() {
+            notes.push(n);
+        }
+        assert_eq!(notes, vec!["reading", "half done"]);
     }
 
     #[tokio::test]
@@ -415,6 +480,52 @@ mod tests {
         );
         let (leader, grandchild) = started(dir.path()).await;
         assert!(!runs(leader) && !runs(grandchild));
+    }
+
+    /// The agent reads its whole prompt without the relay: a relay frozen right after
+    /// the start (its runtime blocked here, as SIGSTOP would stop it) does not keep
+    /// the agent waiting for its input, so the agent never starts work late on a
+    /// prompt handed over after a pause. The prompt is larger than a pipe holds.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_agent_reads_its_whole_prompt_while_the_relay_is_frozen() {
+        fn frozen(pid: u32) {
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            while runs(pid) && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert!(
+                !runs(pid),
+                "the agent still waits for its prompt from a frozen relay"
+            );
+        }
+        let mut d = sh("wc -c", 10_000);
+        d.after_spawn = Some(frozen);
+        let mut request = req();
+        request.prompt = "x".repeat(300 * 1024);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        match rt.block_on(d.run(request, CancellationToken::new())) {
+            TurnOutcome::Replied { text, .. } => assert_eq!(text.trim(), "307200"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A turn past its start deadline never runs its command.
+    #[tokio::test]
+    async fn a_turn_past_its_start_deadline_never_runs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("ran");
+        let d = sh(&format!("echo ran > {}", file.display()), 10_000);
+        let mut request = req();
+        request.start_by = Some(std::time::Instant::now() - Duration::from_millis(1));
+        assert_eq!(
+            d.run(request, CancellationToken::new()).await,
+            TurnOutcome::NotStarted
+        );
+        assert!(!file.exists(), "the command ran");
     }
 
     #[tokio::test]

@@ -7,18 +7,29 @@
 //!
 //! A driver that starts processes starts them through [`AgentProcess`], which ties
 //! them to the turn and to the relay's life (plan 0013).
+//!
+//! Every request carries a start deadline ([`TurnRequest::start_by`]): the moment
+//! after which the relay can no longer vouch for the turn's claims. A driver starts
+//! nothing after it and answers [`TurnOutcome::NotStarted`] instead (plan 0029); the
+//! exec driver has the agent's child process check it between fork and exec.
 
 pub mod acp;
 mod exec;
 mod mcp;
 pub mod process;
+mod prompt_gate;
 mod sim;
 
 pub use acp::{AcpDriver, AcpPreset, AcpSettings, PermissionPolicy};
 pub use exec::{ExecDriver, ExecSettings};
 pub use mcp::McpLaunch;
 pub use process::AgentProcess;
+
+/// The line prefix on an exec agent's standard error that posts a progress note.
+pub const PROGRESS_PREFIX: &str = "huddle-progress:";
 pub use sim::{SimDriver, SimSettings};
+
+use std::time::Instant;
 
 use async_trait::async_trait;
 use huddle_core::protocol::TurnActivity;
@@ -43,9 +54,69 @@ pub struct TurnRequest {
     /// The full prompt: the `<coordination>` block, the `<related-context>` block when
     /// there is one, then the message or task.
     pub prompt: String,
+    /// The turn's effect key (`HUDDLE_EFFECT_KEY`): the same for every attempt of its
+    /// task (or every attempt of this agent's answer to its message), different for
+    /// every other; agents pass it to external systems to make effects idempotent.
+    #[serde(default)]
+    pub effect_key: String,
+    /// Where the driver sends the turn's interim progress notes (not its reply); the
+    /// relay writes each as a `turn.progress` row under the turn's claims.
+    #[serde(skip)]
+    pub progress: ProgressSink,
+    /// The latest moment (this process's monotonic clock) at which the agent may start
+    /// working on the turn: well inside the lease of every claim the turn runs under,
+    /// measured from before the relay last confirmed them. `None`: no deadline.
+    #[serde(skip)]
+    pub start_by: Option<Instant>,
 }
 
+/// Where a driver sends a running turn's progress notes. Cloning shares it; the
+/// default sink drops every note (a turn nobody records progress for).
+#[derive(Clone, Default)]
+pub struct ProgressSink(Option<tokio::sync::mpsc::UnboundedSender<String>>);
+
+impl ProgressSink {
+    /// A sink and the receiving end the relay writes notes from.
+    pub fn channel() -> (ProgressSink, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (ProgressSink(Some(tx)), rx)
+    }
+
+    /// Sends one note (blank notes are dropped). Returns whether anyone receives it.
+    pub fn note(&self, text: &str) -> bool {
+        let text = text.trim();
+        match &self.0 {
+            Some(tx) if !text.is_empty() => tx.send(text.to_string()).is_ok(),
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ProgressSink(open)"
+        } else {
+            "ProgressSink(none)"
+        })
+    }
+}
+
+/// Sinks are not part of what a request is: every two compare equal.
+impl PartialEq for ProgressSink {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ProgressSink {}
+
 impl TurnRequest {
+    /// Whether the start deadline has passed: a driver then starts nothing.
+    pub fn too_late(&self) -> bool {
+        self.start_by.is_some_and(|by| Instant::now() >= by)
+    }
+
     /// A stable identity for deterministic simulation: what the turn is about.
     pub fn subject(&self) -> String {
         match &self.task {
@@ -78,6 +149,10 @@ pub enum TurnOutcome {
     },
     /// The turn was cancelled (claim lost, shutdown). Never completes a task.
     Cancelled,
+    /// Nothing ran: the start deadline ([`TurnRequest::start_by`]) had passed before
+    /// the agent could start (the relay was paused or starved after it last confirmed
+    /// the claims). The claims are released and the work is offered again.
+    NotStarted,
 }
 
 impl TurnOutcome {
