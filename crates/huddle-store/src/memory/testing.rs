@@ -59,6 +59,17 @@ impl TestBackend for MemoryTestBackend {
         Ok(Arc::new(self.store.handle(Self::options(relay))))
     }
 
+    async fn reopen_signing(
+        &self,
+        relay: &str,
+        signer: huddle_core::keys::WriterSecret,
+    ) -> Result<Arc<dyn Store>> {
+        Ok(Arc::new(self.store.handle(StoreOptions {
+            signer: Some(signer),
+            ..Self::options(relay)
+        })))
+    }
+
     fn writers(&self) -> Writers {
         Writers::Serialized
     }
@@ -78,6 +89,7 @@ impl TestBackend for MemoryTestBackend {
         Ok(Box::new(MemoryHeldAppend {
             shared: Arc::clone(&self.store.shared),
             relay: self.store.options.relay.clone(),
+            signer: self.store.options.signer.clone(),
             batch,
             ids,
             bodies,
@@ -111,6 +123,7 @@ impl TestBackend for MemoryTestBackend {
 pub struct MemoryHeldAppend {
     shared: Arc<Shared>,
     relay: String,
+    signer: Option<huddle_core::keys::WriterSecret>,
     batch: Vec<NewInteraction>,
     ids: Vec<InteractionId>,
     bodies: Vec<String>,
@@ -120,8 +133,15 @@ pub struct MemoryHeldAppend {
 #[async_trait]
 impl HeldAppend for MemoryHeldAppend {
     async fn commit(self: Box<Self>) -> Result<()> {
-        self.shared
-            .commit(&[], None, &self.batch, &self.ids, &self.bodies, &self.relay)?;
+        self.shared.commit(
+            &[],
+            None,
+            &self.batch,
+            &self.ids,
+            &self.bodies,
+            &self.relay,
+            self.signer.as_ref(),
+        )?;
         Ok(())
     }
 }
