@@ -66,9 +66,10 @@ pub enum Command {
         #[command(subcommand)]
         command: RoomCommand,
     },
-    /// Post a message to a room (as its owner when ID owns the room). An owner's
-    /// `!delegate` / `!config` is signed with the owner's key; without the key it is
-    /// posted as an ordinary message, not executed, and huddle exits with status 3.
+    /// Post a message to a room (as its owner when ID owns the room). The owner's
+    /// messages are signed with the owner's key; a command without the key is posted
+    /// as an ordinary message, not executed, and huddle exits with status 3. In a room
+    /// that requires signatures a message nobody's registered key signs is not posted.
     Post {
         /// Room to post in.
         #[arg(long)]
