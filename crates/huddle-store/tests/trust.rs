@@ -95,7 +95,7 @@ enum Ignored {
     ForgedConfig,
     /// A later `room.created` or an unverified `room.key_rotated`: read, changes
     /// nothing.
-    IgnoredRoomRow,
+    BadRoomRow,
     /// A row as a bound agent by another writer.
     Misbound,
     /// A row under a signing writer's name without its key.
@@ -107,7 +107,7 @@ enum Ignored {
 impl Ignored {
     /// Whether the row is kept from every fold (not only without effect).
     fn kept_from_folds(self) -> bool {
-        !matches!(self, Ignored::UnsignedCommand | Ignored::IgnoredRoomRow)
+        !matches!(self, Ignored::UnsignedCommand | Ignored::BadRoomRow)
     }
 }
 
@@ -216,7 +216,7 @@ impl Tally {
         );
         assert_eq!(
             authority.config().ignored_rows(),
-            count(Ignored::ForgedConfig) + count(Ignored::IgnoredRoomRow)
+            count(Ignored::ForgedConfig) + count(Ignored::BadRoomRow)
         );
         assert_eq!(authority.misbound_rows(), count(Ignored::Misbound));
         assert_eq!(authority.forged_writer_rows(), count(Ignored::ForgedWriter));
@@ -390,11 +390,7 @@ async fn fold_battery<F, Fut>(
         ),
     )
     .await;
-    t.must_be_ignored(
-        "room.created for an existing room",
-        id,
-        Ignored::IgnoredRoomRow,
-    );
+    t.must_be_ignored("room.created for an existing room", id, Ignored::BadRoomRow);
     let id = stored(
         attacker,
         in_vault(
@@ -405,11 +401,7 @@ async fn fold_battery<F, Fut>(
         ),
     )
     .await;
-    t.must_be_ignored(
-        "an unsigned owner key rotation",
-        id,
-        Ignored::IgnoredRoomRow,
-    );
+    t.must_be_ignored("an unsigned owner key rotation", id, Ignored::BadRoomRow);
 
     // Rows as ada, who is bound to the honest writer, from another writer (on
     // Postgres the database refuses them first: see the caller).

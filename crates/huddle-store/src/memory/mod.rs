@@ -248,9 +248,9 @@ impl Shared {
         batch: &[NewInteraction],
         ids: &[InteractionId],
         bodies: &[String],
-        relay: &str,
-        signer: Option<&huddle_core::keys::WriterSecret>,
+        writer: &StoreOptions,
     ) -> Result<Vec<Appended>> {
+        let (relay, signer) = (writer.relay.as_str(), writer.signer.as_ref());
         let now = self.clock.now();
         let out = {
             let mut tables = self.tables();
@@ -351,15 +351,8 @@ impl MemoryStore {
             return Ok(Vec::new());
         }
         let _gate = self.shared.writer.lock().await;
-        self.shared.commit(
-            fences,
-            closing,
-            batch,
-            &ids,
-            &bodies,
-            &self.options.relay,
-            self.options.signer.as_ref(),
-        )
+        self.shared
+            .commit(fences, closing, batch, &ids, &bodies, &self.options)
     }
 
     /// Runs `f` on the tables under the writer gate, at the clock's time now.

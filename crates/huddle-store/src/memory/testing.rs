@@ -88,8 +88,7 @@ impl TestBackend for MemoryTestBackend {
         let gate = Arc::clone(&self.store.shared.writer).lock_owned().await;
         Ok(Box::new(MemoryHeldAppend {
             shared: Arc::clone(&self.store.shared),
-            relay: self.store.options.relay.clone(),
-            signer: self.store.options.signer.clone(),
+            writer: self.store.options.clone(),
             batch,
             ids,
             bodies,
@@ -122,8 +121,7 @@ impl TestBackend for MemoryTestBackend {
 /// Dropping it without [`HeldAppend::commit`] writes nothing.
 pub struct MemoryHeldAppend {
     shared: Arc<Shared>,
-    relay: String,
-    signer: Option<huddle_core::keys::WriterSecret>,
+    writer: StoreOptions,
     batch: Vec<NewInteraction>,
     ids: Vec<InteractionId>,
     bodies: Vec<String>,
@@ -139,8 +137,7 @@ impl HeldAppend for MemoryHeldAppend {
             &self.batch,
             &self.ids,
             &self.bodies,
-            &self.relay,
-            self.signer.as_ref(),
+            &self.writer,
         )?;
         Ok(())
     }
