@@ -496,6 +496,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 seconds,
                 writers,
                 batches,
+                signer: options.signer.clone(),
             })
             .await?;
             if json {
