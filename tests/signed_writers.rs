@@ -11,13 +11,12 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use common::mcp::{mcp_python, mcp_scripts};
+use common::mcp::driven_agent_script;
 use common::relays::*;
 use common::{fails, huddle, ok};
 use huddle_core::keys::WriterSecret;
-use huddle_core::protocol::task_key;
 use huddle_core::{NewInteraction, Role, TaskStatus, Verb};
-use huddle_store::{Acquired, Fence, Store, StoreOptions};
+use huddle_store::{Store, StoreOptions};
 use serde_json::json;
 
 /// `huddle writer-key ID` with the key file `dir/ID.key`: the `ID=<key>` entry.
@@ -97,39 +96,9 @@ async fn only_rows_signed_by_registered_writers_count() {
     // Under r0's name without r0's key: ada's claim and a forged completion, under a
     // claim the forger really took (the file's fences let them in).
     let impostor = store_as(&h, "r0", None).await;
-    let key = task_key(&h.room, "t");
-    let epoch = match impostor
-        .acquire(&key, "ada", secs(60))
-        .await
-        .expect("acquire")
-    {
-        Acquired::Won(c) => c.epoch,
-        other => panic!("the forger could not take ada's task claim: {other:?}"),
-    };
-    let fence = Fence {
-        key: key.clone(),
-        holder: "ada".into(),
-        epoch,
-    };
+    let (epoch, written) = forge_claim_and_completion(&*impostor, &h.room, "t", "ada").await;
+    forged_writer += written;
     let as_ada = |verb, body| NewInteraction::new(h.room.as_str(), verb, "ada", Role::Agent, body);
-    for row in [
-        as_ada(
-            Verb::TaskClaimed,
-            json!({"task": "t", "epoch": epoch, "attempt": 1}),
-        ),
-        as_ada(
-            Verb::TaskCompleted,
-            json!({"task": "t", "epoch": epoch, "result": "FORGED"}),
-        ),
-    ] {
-        let out = impostor
-            .append_fenced(&fence, vec![row])
-            .await
-            .expect("append");
-        assert!(out[0].inserted);
-        forged_writer += 1;
-    }
-    assert!(impostor.release(&key, "ada", epoch).await.expect("release"));
     // Under r0's name, signed by a key that is not r0's.
     let mallory = store_as(&h, "r0", Some(WriterSecret::from_seed([0x66; 32]))).await;
     mallory
@@ -245,14 +214,7 @@ async fn only_rows_signed_by_registered_writers_count() {
     };
     ok(cy(&["claim", "c"]));
     ok(cy(&["complete", "c", "--result", "done by cy"]));
-    let driven = h.script(
-        "driven.sh",
-        &format!(
-            "PYTHONPATH='{dir}' exec '{py}' '{dir}/driven.py'\n",
-            dir = mcp_scripts().display(),
-            py = mcp_python().display()
-        ),
-    );
+    let driven = driven_agent_script(&h);
     h.spawn_relay_with(
         "r0",
         vec![AgentSpec::sim("ada", 50), AgentSpec::exec("dan", &driven)],

@@ -1252,6 +1252,49 @@ fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or("")
 }
 
+/// Forges `agent`'s claim of `task` and its completion with the result `FORGED`
+/// through `forger`, under the task claim the forger really acquires (so the
+/// database's fences let the rows in), then releases the claim. Returns the epoch of
+/// the forged rows and how many rows were written (2).
+pub async fn forge_claim_and_completion(
+    forger: &dyn Store,
+    room: &str,
+    task: &str,
+    agent: &str,
+) -> (huddle_core::ClaimEpoch, u64) {
+    let key = huddle_core::protocol::task_key(room, task);
+    let epoch = match forger.acquire(&key, agent, secs(60)).await.expect("acquire") {
+        huddle_store::Acquired::Won(c) => c.epoch,
+        other => panic!("the forger could not take {agent}'s task claim: {other:?}"),
+    };
+    let fence = huddle_store::Fence {
+        key: key.clone(),
+        holder: agent.into(),
+        epoch,
+    };
+    let row = |verb, body| NewInteraction::new(room, verb, agent, Role::Agent, body);
+    let forged = [
+        row(
+            Verb::TaskClaimed,
+            json!({"task": task, "epoch": epoch, "attempt": 1}),
+        ),
+        row(
+            Verb::TaskCompleted,
+            json!({"task": task, "epoch": epoch, "result": "FORGED"}),
+        ),
+    ];
+    let written = forged.len() as u64;
+    for row in forged {
+        let out = forger
+            .append_fenced(&fence, vec![row])
+            .await
+            .expect("the database takes the forged row");
+        assert!(out[0].inserted);
+    }
+    assert!(forger.release(&key, agent, epoch).await.expect("release"));
+    (epoch, written)
+}
+
 /// The subject of a message, for [`Ledger::about`].
 pub fn message_subject(id: InteractionId) -> Subject {
     Subject::message(id)

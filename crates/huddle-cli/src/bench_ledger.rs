@@ -130,18 +130,22 @@ impl Baseline {
         match self {
             Baseline::Postgres(clients) => {
                 let client = clients.first().context("no baseline connection")?;
+                // On the same (room, txid, seq) index huddle's room reads use.
                 let stmt = client
                     .prepare(
                         "SELECT txid::text, seq, id, room, thread, verb, actor, role, parent, \
                          caused_by, body, (extract(epoch FROM at) * 1000000)::int8, relay, sig \
-                         FROM interaction WHERE room = $1 AND seq > $2 ORDER BY seq LIMIT 1000",
+                         FROM interaction WHERE room = $1 \
+                           AND (txid, seq) > ($2::text::xid8, $3::int8) \
+                         ORDER BY interaction.txid, interaction.seq LIMIT 1000",
                     )
                     .await?;
-                let mut after = 0i64;
+                let (mut txid, mut seq) = ("0".to_string(), 0i64);
                 loop {
-                    let rows = client.query(&stmt, &[&BASELINE_ROOM, &after]).await?;
+                    let rows = client.query(&stmt, &[&BASELINE_ROOM, &txid, &seq]).await?;
                     let Some(last) = rows.last() else { break };
-                    after = last.try_get(1)?;
+                    txid = last.try_get(0)?;
+                    seq = last.try_get(1)?;
                     for r in &rows {
                         let body: String = r.try_get(10)?;
                         std::hint::black_box(body);
