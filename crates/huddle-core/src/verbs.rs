@@ -99,6 +99,14 @@ verbs! {
     /// An agent asks the room owner before an action; the owner answers with a
     /// signed `!approve` / `!deny`.
     ApprovalRequested => "approval.requested",
+    /// An agent took shared resources (names, modes, claim epochs, expiry).
+    ResourceAcquired => "resource.acquired",
+    /// An agent renewed resources it holds.
+    ResourceRenewed => "resource.renewed",
+    /// An agent gave resources back.
+    ResourceReleased => "resource.released",
+    /// A new version of a shared-state key (the version it makes, the value).
+    StatePut => "state.put",
 }
 
 impl fmt::Display for Verb {

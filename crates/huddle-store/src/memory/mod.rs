@@ -491,6 +491,67 @@ impl Claims for MemoryStore {
             .await)
     }
 
+    async fn acquire_resources(
+        &self,
+        room: &str,
+        holder: &str,
+        wanted: &[huddle_core::resources::Wanted],
+        ttl: Duration,
+    ) -> Result<crate::ResourcesAcquired> {
+        use huddle_core::resources::{blockers, resource_key, room_prefix};
+        let wanted = crate::resources::checked_request(&self.options.limits, room, holder, wanted)?;
+        let ttl = micros(ttl);
+        Ok(self
+            .claims(|tables, now| {
+                let prefix = room_prefix(room);
+                let live: Vec<_> = tables
+                    .claims
+                    .range(prefix.clone()..)
+                    .take_while(|(key, _)| key.starts_with(&prefix))
+                    .filter(|(key, c)| c.expires_at > now && !tables.closed.contains_key(*key))
+                    .filter_map(|(_, c)| {
+                        crate::resources::holding(&ClaimRow {
+                            state: c.clone(),
+                            live: true,
+                        })
+                    })
+                    .collect();
+                let blocked = blockers(holder, &wanted, &live);
+                if !blocked.is_empty() {
+                    return crate::ResourcesAcquired::Blocked(blocked);
+                }
+                let mut won = Vec::with_capacity(wanted.len());
+                for w in &wanted {
+                    for other in live
+                        .iter()
+                        .filter(|h| h.holder == holder && h.name == w.name && h.mode != w.mode)
+                    {
+                        if let Some(c) = tables.claims.get_mut(&other.key) {
+                            c.expires_at = now;
+                        }
+                    }
+                    let key = resource_key(room, holder, w.mode, &w.name);
+                    let epoch = match tables.claims.get(&key) {
+                        None => Epoch::FIRST,
+                        Some(c) if c.expires_at > now && c.holder == holder => c.epoch,
+                        Some(c) => c.epoch.next(),
+                    };
+                    let state = ClaimState {
+                        key: key.clone(),
+                        holder: holder.to_string(),
+                        epoch,
+                        expires_at: now.saturating_add(ttl),
+                    };
+                    tables.claims.insert(key, state.clone());
+                    won.push(crate::resources::won_holding(
+                        holder, &w.name, w.mode, state,
+                    ));
+                }
+                crate::ResourcesAcquired::Won(won)
+            })
+            .await)
+    }
+
     async fn list_claims(&self, prefix: &str) -> Result<Vec<ClaimRow>> {
         let now = self.shared.clock.now();
         let tables = self.shared.tables();
