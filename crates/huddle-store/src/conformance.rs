@@ -103,6 +103,7 @@ macro_rules! conformance_tests {
             resources_retaken_keep_the_epoch_and_change_mode,
             resources_have_one_exclusive_winner_among_16,
             resources_bad_requests_are_refused,
+            state_versions_are_decided_by_the_database,
         );
     };
     ($make:path, across_processes) => {

@@ -293,3 +293,61 @@ pub async fn resources_bad_requests_are_refused(b: &impl TestBackend) {
     assert!(s.acquire_resources("r", "a/b", &one, TTL).await.is_err());
     assert!(live_holdings(&*s, "r").await.expect("list").is_empty());
 }
+
+/// A `state.put` row for version `version` of `key` with its own idempotency key.
+fn put(actor: &str, key: &str, version: u64, value: i64) -> huddle_core::NewInteraction {
+    huddle_core::NewInteraction::new(
+        "r",
+        huddle_core::Verb::StatePut,
+        actor,
+        huddle_core::Role::Agent,
+        serde_json::json!({"key": key, "version": version, "value": value}),
+    )
+    .with_idempotency_key(huddle_core::shared_state::state_idempotency_key("r", version, key))
+}
+
+/// Versions of shared state are decided by the database: one row per version (the
+/// unique idempotency key answers a second writer with the first row's id), a put
+/// must carry its version's key, and a version needs its predecessor.
+pub async fn state_versions_are_decided_by_the_database(b: &impl TestBackend) {
+    let s = b.store();
+    let first = put("a", "k", 1, 10);
+    let out = s.append(vec![first.clone()]).await.expect("v1");
+    assert!(out[0].inserted);
+    let rival = s.append(vec![put("b", "k", 1, 11)]).await.expect("stale v1");
+    assert!(!rival[0].inserted, "a second version 1 is refused");
+    assert_eq!(rival[0].id, first.id(), "and answered with the first");
+    assert!(s.append(vec![put("a", "k", 3, 30)]).await.is_err(), "no version 2 yet");
+    let mut unkeyed = put("a", "k", 2, 20);
+    unkeyed.idempotency_key = None;
+    assert!(s.append(vec![unkeyed]).await.is_err(), "a put carries its key");
+    let mut wrong = put("a", "k", 2, 20);
+    wrong.idempotency_key = Some("state/r/7/k".into());
+    assert!(s.append(vec![wrong]).await.is_err(), "its own version's key");
+    // Versions 2 and 3 in one batch: the predecessor may come earlier in it.
+    let out = s
+        .append(vec![put("a", "k", 2, 20), put("a", "k", 3, 30)])
+        .await
+        .expect("v2 and v3");
+    assert!(out.iter().all(|a| a.inserted));
+    // Eight writers race for version 4 on several handles: one row lands.
+    let other = b.reopen("second").await.expect("reopen");
+    let start = std::time::Instant::now() + Duration::from_millis(50);
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let store = if i % 2 == 0 { b.store() } else { other.clone() };
+        tasks.push(tokio::spawn(async move {
+            super::spin_until(start);
+            store
+                .append(vec![put(&format!("w{i}"), "k", 4, i)])
+                .await
+                .expect("append")[0]
+                .inserted
+        }));
+    }
+    let mut landed = 0;
+    for t in tasks {
+        landed += usize::from(t.await.expect("join"));
+    }
+    assert_eq!(landed, 1);
+}

@@ -168,6 +168,49 @@ impl Tables {
         Appended { id, inserted: true }
     }
 
+    /// What both databases check of `state.put` rows (migration 0006): each carries
+    /// the idempotency key of its version, and its predecessor is in the ledger (or
+    /// earlier in the batch).
+    fn check_state_puts(&self, batch: &[NewInteraction]) -> Result<()> {
+        use huddle_core::shared_state::{state_idempotency_key, StatePutBody};
+        let mut earlier: Vec<String> = Vec::new();
+        for n in batch {
+            if n.verb == huddle_core::Verb::StatePut {
+                let body = serde_json::from_value::<StatePutBody>(n.body.clone())
+                    .ok()
+                    .filter(|b| b.version >= 1);
+                let Some(body) = body else {
+                    return Err(StoreError::Backend(
+                        "huddle: state.put refused: its body names no key and version".into(),
+                    ));
+                };
+                let own = state_idempotency_key(&n.room, body.version, &body.key);
+                if n.idempotency_key.as_deref() != Some(own.as_str()) {
+                    return Err(StoreError::Backend(format!(
+                        "huddle: state.put refused: version {} of {} must carry the idempotency key {own}",
+                        body.version, body.key
+                    )));
+                }
+                let before = state_idempotency_key(&n.room, body.version - 1, &body.key);
+                let found = body.version == 1
+                    || earlier.contains(&before)
+                    || self.by_key.get(&before).is_some_and(|id| {
+                        self.by_id
+                            .get(&id.0[..])
+                            .is_some_and(|&i| self.rows[i].verb == "state.put")
+                    });
+                if !found {
+                    return Err(StoreError::Backend(format!(
+                        "huddle: state.put refused: version {} of {} has no version before it",
+                        body.version, body.key
+                    )));
+                }
+                earlier.push(own);
+            }
+        }
+        Ok(())
+    }
+
     /// Stores `row` at the next position.
     fn push(&mut self, mut row: RawRow) {
         row.position = Position::new(0, self.rows.len() as u64 + 1);
@@ -260,6 +303,7 @@ impl Shared {
                     });
                 }
             }
+            tables.check_state_puts(batch)?;
             if let Some(id) = closing {
                 for fence in fences {
                     tables.closed.insert(fence.key.clone(), id);
