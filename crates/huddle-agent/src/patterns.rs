@@ -22,7 +22,9 @@ use huddle_core::approval::Approvals;
 use huddle_core::barrier::{
     BarrierCheckinBody, BarrierOpenedBody, BarrierState, OnTimeout, MAX_ROSTER,
 };
-use huddle_core::board::{ApprovalLine, BarrierLine, DecisionLine, LeaseLine, PatternLines};
+use huddle_core::board::{
+    ApprovalLine, BarrierLine, DecisionLine, LeaseLine, PatternLines, ResourceLine,
+};
 use huddle_core::decision::{
     DecisionState, ProposalBody, Quorum, QuorumBody, VoteBody, VotersBody, MAX_OPTIONS,
     MAX_QUESTION_BYTES, MAX_VOTERS, MAX_WEIGHT, WEIGHT_UNIT,
@@ -31,6 +33,8 @@ use huddle_core::lease::{
     LeaseDirectiveBody, LeaseHeartbeatBody, DEFAULT_LEASE, DEFAULT_TTL_MS, MAX_TTL_MS, MIN_TTL_MS,
 };
 use huddle_core::protocol::{truncate_text, PPM};
+use huddle_core::resources::ResourceFold;
+use huddle_core::shared_state::SharedStateFold;
 use huddle_core::{
     validate_name, BarrierFold, BarrierRules, BarrierStatus, ClaimEpoch, DecisionFold,
     DecisionRules, DecisionStatus, DirectiveCheck, Fold, Interaction, LeaseFold, LeaseStatus,
@@ -70,6 +74,10 @@ pub struct Patterns {
     directives: BTreeMap<(String, String), VecDeque<DirectiveView>>,
     /// `(room, lease, actor)` to the highest epoch that actor heartbeated at.
     heartbeats: BTreeMap<(String, String, String), u64>,
+    /// Shared resources as their holders recorded them.
+    resources: ResourceFold,
+    /// Versioned shared state.
+    state: SharedStateFold,
 }
 
 impl Fold for Patterns {
@@ -88,6 +96,8 @@ impl Fold for Patterns {
         self.decisions.apply(row);
         self.barriers.apply(row);
         self.leases.apply(row);
+        self.resources.apply(row);
+        self.state.apply(row);
     }
 
     fn state_hash(&self) -> [u8; 32] {
@@ -95,6 +105,8 @@ impl Fold for Patterns {
             self.decisions.state_hash(),
             self.barriers.state_hash(),
             self.leases.state_hash(),
+            self.resources.state_hash(),
+            self.state.state_hash(),
         ];
         huddle_core::hash_state(&parts)
     }
@@ -104,6 +116,16 @@ impl Patterns {
     /// Nothing folded yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Shared resources as their holders recorded them (`resource.*` rows).
+    pub fn resources(&self) -> &ResourceFold {
+        &self.resources
+    }
+
+    /// Versioned shared state (`state.put` rows).
+    pub fn shared_state(&self) -> &SharedStateFold {
+        &self.state
     }
 
     /// What the `<coordination>` block shows of the room's patterns at `now`: open
@@ -154,11 +176,23 @@ impl Patterns {
                 action: a.action.clone(),
             })
             .collect();
+        let resources = self
+            .resources
+            .held(room, now)
+            .into_iter()
+            .map(|h| ResourceLine {
+                name: h.name.to_string(),
+                holder: h.holder,
+                mode: h.mode.as_text(),
+                until: h.expires_at,
+            })
+            .collect();
         PatternLines {
             decisions,
             barriers,
             coordinator: held.into_iter().next(),
             approvals,
+            resources,
         }
     }
 

@@ -67,6 +67,8 @@ pub struct AgentSession {
     pub(crate) agent: String,
     pub(crate) capabilities: Vec<String>,
     pub(crate) state: Mutex<Folded>,
+    /// Resources this session acquired and keeps alive ([`crate::resources`]).
+    pub(crate) kept: crate::resources::Kept,
 }
 
 impl AgentSession {
@@ -106,6 +108,7 @@ impl AgentSession {
                 mine: BTreeMap::new(),
                 patterns: Patterns::new(),
             }),
+            kept: Default::default(),
         };
         {
             let st = session.synced().await?;

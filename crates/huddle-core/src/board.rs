@@ -431,7 +431,12 @@ pub struct PatternLines {
     pub coordinator: Option<LeaseLine>,
     /// Approval requests the owner has not answered.
     pub approvals: Vec<ApprovalLine>,
+    /// Shared resources held (files, APIs, build slots), by resource.
+    pub resources: Vec<ResourceLine>,
 }
+
+/// Resource holdings the block shows at most (the rest are counted).
+pub const RENDER_RESOURCE_LINES: usize = 12;
 
 impl PatternLines {
     fn cut(mut self) -> Self {
@@ -446,7 +451,21 @@ impl PatternLines {
             && self.barriers.is_empty()
             && self.coordinator.is_none()
             && self.approvals.is_empty()
+            && self.resources.is_empty()
     }
+}
+
+/// A held resource in the block.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ResourceLine {
+    /// The resource (`file:src/**`, `api:github`, ...).
+    pub name: String,
+    /// Who holds it.
+    pub holder: String,
+    /// `exclusive`, `shared` or `permits-N`.
+    pub mode: String,
+    /// Until when, unless renewed.
+    pub until: Timestamp,
 }
 
 /// A decision in the block.
@@ -664,6 +683,22 @@ impl CoordinationView {
                 l.epoch,
                 format_timestamp(l.until)
             );
+        }
+        if !p.resources.is_empty() {
+            out.push_str("resources held:\n");
+            for r in p.resources.iter().take(RENDER_RESOURCE_LINES) {
+                let _ = writeln!(
+                    out,
+                    "- {} {} by {} until {}",
+                    clean(&r.name, 200),
+                    clean(&r.mode, 24),
+                    clean(&r.holder, 256),
+                    format_timestamp(r.until)
+                );
+            }
+            if p.resources.len() > RENDER_RESOURCE_LINES {
+                let _ = writeln!(out, "- +{} more", p.resources.len() - RENDER_RESOURCE_LINES);
+            }
         }
         if !p.approvals.is_empty() {
             out.push_str("approvals pending:\n");
