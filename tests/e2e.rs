@@ -26,4 +26,5 @@ mod mcp_http;
 mod owner_signatures;
 mod pattern_cli;
 mod relay_e2e;
+mod resources;
 mod task_cli;

@@ -524,3 +524,14 @@ impl AgentSession {
         Ok(self.store.now().await?)
     }
 }
+
+/// Spawns a task that keeps `session`'s holdings alive ([`AgentSession::keep_resources`],
+/// logging any that are lost) until it is aborted.
+pub fn spawn_keeper(session: std::sync::Arc<AgentSession>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let lost = session.keep_resources().await;
+            tracing::warn!(room = %session.room(), agent = %session.agent(), ?lost, "resources lost: no longer held");
+        }
+    })
+}
