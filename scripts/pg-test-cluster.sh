@@ -4,6 +4,9 @@
 #   eval "$(scripts/pg-test-cluster.sh start DIR)"   # exports HUDDLE_TEST_DATABASE_URL
 #   scripts/pg-test-cluster.sh stop DIR
 #
+# The cluster runs with fsync off (fast tests); PG_DURABLE=1 keeps fsync and full page
+# writes on, as benchmarks measure.
+#
 # Uses the machine's initdb/pg_ctl (PATH, then /usr/lib/postgresql/*/bin). As root
 # the server runs as the `postgres` system user.
 set -euo pipefail
@@ -31,8 +34,10 @@ start)
     [ "$(id -u)" = 0 ] && chown postgres "$dir"
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     as_pg "$initdb" -D "$dir/data" -U postgres -A trust --no-sync >"$dir/initdb.log" 2>&1
+    durability="-c fsync=off -c full_page_writes=off"
+    [ "${PG_DURABLE:-0}" = 1 ] && durability="-c fsync=on -c full_page_writes=on"
     as_pg "$pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-        -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off -c max_connections=400" \
+        -o "-p $port -k $dir -c listen_addresses=127.0.0.1 $durability -c max_connections=400" \
         start >/dev/null
     echo "export HUDDLE_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:$port/postgres"
     ;;

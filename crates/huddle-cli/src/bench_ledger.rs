@@ -8,6 +8,9 @@
 //! - Claims: `writers` concurrent contenders on 16 keys. huddle's `acquire` beside the
 //!   same upsert issued directly.
 //!
+//! Both sides run in a scratch database beside the one given (dropped afterwards), so
+//! the bench leaves no rows behind.
+//!
 //! Phases alternate baseline / huddle twice and report the mean, so drift on a busy
 //! machine hits both sides alike.
 
@@ -382,18 +385,30 @@ fn bar(label: &str) -> ProgressBar {
     bar
 }
 
-/// Runs the ledger bench.
+/// Runs the ledger bench in a scratch database beside `opts.db` (a new database on
+/// the same Postgres server, or a new SQLite file in the same directory), dropped
+/// afterwards: the rows both sides write (the baseline's ids are not content hashes)
+/// never reach a ledger a relay reads.
 pub async fn run(opts: LedgerBenchOptions) -> anyhow::Result<LedgerBenchReport> {
-    let backend = huddle_store::parse_url(&opts.db)?;
+    let scratch = crate::scratch::ScratchDatabase::create(&opts.db, "huddle_bench_ledger").await?;
+    let result = measure_all(&scratch.url, &opts).await;
+    let dropped = scratch.drop_now().await;
+    let report = result?;
+    dropped?;
+    Ok(report)
+}
+
+async fn measure_all(db: &str, opts: &LedgerBenchOptions) -> anyhow::Result<LedgerBenchReport> {
+    let backend = huddle_store::parse_url(db)?;
     let store_opts = StoreOptions {
         relay: "bench".into(),
         pool_size: opts.writers + 2,
         ..Default::default()
     };
-    let store = huddle_store::open(&opts.db, store_opts)
+    let store = huddle_store::open(db, store_opts)
         .await
-        .with_context(|| format!("cannot open {}", opts.db))?;
-    let baseline = Baseline::connect(&opts.db, &backend, opts.writers).await?;
+        .with_context(|| format!("cannot open the scratch database {db}"))?;
+    let baseline = Baseline::connect(db, &backend, opts.writers).await?;
     let half = opts.seconds / 2.0;
     let mut lines = Vec::new();
     for &batch in &opts.batches {

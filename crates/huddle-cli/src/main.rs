@@ -4,6 +4,7 @@
 mod admin;
 mod bench_coord;
 mod bench_ledger;
+mod bench_tasks;
 mod demo;
 mod keys;
 mod ledger_cmds;
@@ -279,6 +280,9 @@ pub enum BenchCommand {
     /// The coordination-strategies scenario (300 URLs; 6 / 30 / 300 agents over 3
     /// relays): duplicates, missed tasks, makespan against the ideal, wake latency.
     Coord(bench_coord::CoordArgs),
+    /// Task hand-out throughput end to end (N tasks, A agents over R relay
+    /// processes, turn length T) beside a plain-SQL job queue on the same database.
+    Tasks(bench_tasks::TasksArgs),
 }
 
 /// `huddle room ...`
@@ -505,6 +509,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Propose(p) => pattern_cmds::propose(&db, options, p).await,
         Command::Vote(v) => pattern_cmds::vote(&db, options, v).await,
         Command::Barrier { command } => pattern_cmds::barrier(&db, options, command).await,
+        Command::Bench {
+            command: BenchCommand::Tasks(args),
+        } => {
+            let json = args.json;
+            let report = bench_tasks::run(args, db.clone()).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", bench_tasks::render(&report));
+            }
+            if !report.clean() {
+                anyhow::bail!("a run stopped early or ran a task other than exactly once");
+            }
+            Ok(())
+        }
         Command::Bench {
             command: BenchCommand::Coord(args),
         } => {

@@ -36,9 +36,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::fold::{hash_state, Fold};
+
+mod index;
+
 use crate::model::{Interaction, NewInteraction, Role, Timestamp};
 use crate::protocol::{ClaimEpoch, CoordNoteBody, NoticeBody};
 use crate::verbs::Verb;
+pub use index::{FrontierKey, FrontierRank, RoomIndex};
 
 pub use crate::protocol::task::{
     valid_capability, valid_task_id, TaskBidBody, TaskClaimedBody, TaskCompletedBody,
@@ -167,12 +171,37 @@ pub struct Refusals {
 }
 
 /// The tasks of one room.
+///
+/// Its [`RoomIndex`] (frontier, timers, claimed set, counts) is derived from `tasks`
+/// as rows are folded; it is not serialised (the state hash covers `tasks` and
+/// `refusals` only) and a deserialised value rebuilds it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "RoomTasksState")]
 pub struct RoomTasks {
-    /// Tasks by id.
+    /// Tasks by id. Read-only outside the fold: the index follows the fold's changes.
     pub tasks: BTreeMap<String, Task>,
     /// What was refused.
     pub refusals: Refusals,
+    #[serde(skip)]
+    index: RoomIndex,
+}
+
+/// The serialised form of [`RoomTasks`].
+#[derive(Deserialize)]
+struct RoomTasksState {
+    tasks: BTreeMap<String, Task>,
+    refusals: Refusals,
+}
+
+impl From<RoomTasksState> for RoomTasks {
+    fn from(s: RoomTasksState) -> Self {
+        let index = RoomIndex::from_scratch(&s.tasks);
+        RoomTasks {
+            tasks: s.tasks,
+            refusals: s.refusals,
+            index,
+        }
+    }
 }
 
 /// Counts of a room's tasks by derived state.
@@ -195,15 +224,48 @@ pub struct TaskSummary {
 }
 
 /// The task DAG fold over every room.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Every query is answered from the rooms' indexes: the frontier, the claimed set,
+/// the notices due, readiness times and the summary cost what they return, not a scan
+/// of the room. With [`TaskDag::track_changes`] the fold also records which tasks each
+/// row touched, so a scheduler can keep its own orders in step
+/// ([`TaskDag::take_changes`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct TaskDag {
     rooms: BTreeMap<String, RoomTasks>,
+    /// `(room, task)` touched since the last [`TaskDag::take_changes`], when tracked.
+    #[serde(skip)]
+    changes: Option<BTreeSet<(String, String)>>,
 }
+
+impl PartialEq for TaskDag {
+    fn eq(&self, other: &Self) -> bool {
+        self.rooms == other.rooms
+    }
+}
+
+impl Eq for TaskDag {}
 
 impl TaskDag {
     /// An empty DAG.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Starts recording the tasks each folded row touches (created, claimed, done,
+    /// given back, abandoned, notified, or made ready by a dependency), for
+    /// [`TaskDag::take_changes`].
+    pub fn track_changes(&mut self) {
+        self.changes.get_or_insert_with(BTreeSet::new);
+    }
+
+    /// The `(room, task)` pairs touched since the last call, sorted; empty unless
+    /// [`TaskDag::track_changes`] was called.
+    pub fn take_changes(&mut self) -> Vec<(String, String)> {
+        match &mut self.changes {
+            Some(c) => std::mem::take(c).into_iter().collect(),
+            None => Vec::new(),
+        }
     }
 
     /// Rooms that have task state, sorted.
@@ -223,52 +285,59 @@ impl TaskDag {
 
     /// Whether `task` is ready: open and every dependency done.
     pub fn is_ready(&self, room: &str, task: &str) -> bool {
-        match self.rooms.get(room) {
-            Some(r) => r.tasks.get(task).is_some_and(|t| r.is_ready(t)),
-            None => false,
-        }
+        self.rooms.get(room).is_some_and(|r| r.index.is_ready(task))
     }
 
     /// The ready frontier of a room: open tasks whose dependencies are all done and
-    /// that nobody holds, sorted by id.
+    /// that nobody holds, in frontier order ([`FrontierKey`]: today by id).
     pub fn ready_frontier(&self, room: &str) -> Vec<&Task> {
-        match self.rooms.get(room) {
-            Some(r) => r.tasks.values().filter(|t| r.is_ready(t)).collect(),
-            None => Vec::new(),
-        }
+        self.frontier(room).collect()
+    }
+
+    /// The ready frontier as an iterator, in frontier order: take what you need.
+    pub fn frontier(&self, room: &str) -> impl Iterator<Item = &Task> + '_ {
+        self.rooms
+            .get(room)
+            .into_iter()
+            .flat_map(|r| r.index.frontier().filter_map(move |k| r.tasks.get(&k.id)))
+    }
+
+    /// How many tasks of the room are ready.
+    pub fn frontier_len(&self, room: &str) -> usize {
+        self.rooms.get(room).map_or(0, |r| r.index.frontier_len())
+    }
+
+    /// The frontier key of `task` while it is ready.
+    pub fn frontier_key(&self, room: &str, task: &str) -> Option<&FrontierKey> {
+        self.rooms.get(room)?.index.frontier_key(task)
     }
 
     /// Tasks currently held by an owner, sorted by id.
     pub fn claimed(&self, room: &str) -> Vec<&Task> {
         self.rooms
             .get(room)
-            .map(|r| {
-                r.tasks
-                    .values()
-                    .filter(|t| t.status == TaskStatus::Claimed)
-                    .collect()
-            })
+            .map(|r| r.index.claimed().filter_map(|id| r.tasks.get(id)).collect())
             .unwrap_or_default()
     }
 
     /// When `task` became ready: the latest of its creation, its dependencies'
     /// completions and its last give-back. `None` when it is not ready.
     pub fn ready_since(&self, room: &str, task: &str) -> Option<Timestamp> {
-        let r = self.rooms.get(room)?;
-        let t = r.tasks.get(task)?;
-        if !r.is_ready(t) {
-            return None;
-        }
-        let mut since = t.created_at;
-        for d in &t.deps {
-            if let Some(done) = r.tasks.get(d).and_then(|d| d.done_at) {
-                since = since.max(done);
-            }
-        }
-        if let Some(back) = t.returned_at {
-            since = since.max(back);
-        }
-        Some(since)
+        self.rooms.get(room)?.index.ready_since(task)
+    }
+
+    /// Ready tasks of the room that became ready at or after `from`, earliest first
+    /// (ties by id): for timers that fall due a fixed time after readiness.
+    pub fn ready_since_from(
+        &self,
+        room: &str,
+        from: Timestamp,
+    ) -> impl Iterator<Item = (Timestamp, &Task)> + '_ {
+        self.rooms.get(room).into_iter().flat_map(move |r| {
+            r.index
+                .ready_since_from(from)
+                .filter_map(move |(at, id)| r.tasks.get(id).map(|t| (at, t)))
+        })
     }
 
     /// Abandoned tasks whose owner notice has not been folded yet, sorted by id.
@@ -276,9 +345,9 @@ impl TaskDag {
         self.rooms
             .get(room)
             .map(|r| {
-                r.tasks
-                    .values()
-                    .filter(|t| t.status == TaskStatus::Abandoned && !t.notified)
+                r.index
+                    .notices_due()
+                    .filter_map(|id| r.tasks.get(id))
                     .collect()
             })
             .unwrap_or_default()
@@ -286,36 +355,16 @@ impl TaskDag {
 
     /// Whether no task of the room is ready or claimed (the task half of quiescence).
     pub fn is_settled(&self, room: &str) -> bool {
-        match self.rooms.get(room) {
-            Some(r) => r
-                .tasks
-                .values()
-                .all(|t| t.status != TaskStatus::Claimed && !r.is_ready(t)),
-            None => true,
-        }
+        let s = self.summary(room);
+        s.ready == 0 && s.claimed == 0
     }
 
     /// Counts of the room's tasks by derived state.
     pub fn summary(&self, room: &str) -> TaskSummary {
-        let Some(r) = self.rooms.get(room) else {
-            return TaskSummary::default();
-        };
-        let finishable = r.finishable();
-        let mut s = TaskSummary {
-            total: r.tasks.len(),
-            ..TaskSummary::default()
-        };
-        for t in r.tasks.values() {
-            match t.status {
-                TaskStatus::Done => s.done += 1,
-                TaskStatus::Claimed => s.claimed += 1,
-                TaskStatus::Abandoned => s.abandoned += 1,
-                TaskStatus::Open if r.is_ready(t) => s.ready += 1,
-                TaskStatus::Open if finishable.contains(t.id.as_str()) => s.waiting += 1,
-                TaskStatus::Open => s.blocked += 1,
-            }
-        }
-        s
+        self.rooms
+            .get(room)
+            .map(|r| r.index.summary())
+            .unwrap_or_default()
     }
 
     /// The `coord.note` notice that tells the room owner `task` failed for good. Its
@@ -351,7 +400,7 @@ impl TaskDag {
 
 impl RoomTasks {
     fn is_ready(&self, t: &Task) -> bool {
-        t.status == TaskStatus::Open && self.deps_done(t)
+        self.index.is_ready(&t.id)
     }
 
     fn deps_done(&self, t: &Task) -> bool {
@@ -362,42 +411,9 @@ impl RoomTasks {
         })
     }
 
-    /// Ids of tasks that are done or can still become done (least fixpoint: a task can
-    /// finish when it is not abandoned and all its dependencies can finish).
-    fn finishable(&self) -> BTreeSet<&str> {
-        let mut dependents: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        let mut missing: BTreeMap<&str, usize> = BTreeMap::new();
-        let mut queue: Vec<&str> = Vec::new();
-        for t in self.tasks.values() {
-            if t.status == TaskStatus::Abandoned {
-                continue;
-            }
-            missing.insert(t.id.as_str(), t.deps.len());
-            for d in &t.deps {
-                dependents
-                    .entry(d.as_str())
-                    .or_default()
-                    .push(t.id.as_str());
-            }
-            if t.deps.is_empty() {
-                queue.push(t.id.as_str());
-            }
-        }
-        let mut ok = BTreeSet::new();
-        while let Some(id) = queue.pop() {
-            if !ok.insert(id) {
-                continue;
-            }
-            for dep in dependents.get(id).into_iter().flatten() {
-                if let Some(n) = missing.get_mut(dep) {
-                    *n = n.saturating_sub(1);
-                    if *n == 0 {
-                        queue.push(dep);
-                    }
-                }
-            }
-        }
-        ok
+    /// Re-derives the index entries of task `id` after the fold changed it.
+    fn touch(&mut self, id: &str) {
+        self.index.touch(&self.tasks, id);
     }
 
     fn refuse(&mut self) {
@@ -458,7 +474,9 @@ impl RoomTasks {
             rejected: BTreeMap::new(),
             notified: false,
         };
+        let id = b.task.clone();
         self.tasks.insert(b.task, task);
+        self.index.created(&self.tasks, &id);
     }
 
     fn bid(&mut self, i: &Interaction) {
@@ -526,12 +544,13 @@ impl RoomTasks {
         if t.attempts >= t.max_attempts {
             t.status = TaskStatus::Abandoned;
             t.owner = None;
-            return;
+        } else {
+            t.attempts += 1;
+            t.status = TaskStatus::Claimed;
+            t.owner = Some(i.actor.clone());
+            t.claimed_at = Some(i.at);
         }
-        t.attempts += 1;
-        t.status = TaskStatus::Claimed;
-        t.owner = Some(i.actor.clone());
-        t.claimed_at = Some(i.at);
+        self.touch(&b.task);
     }
 
     fn completed(&mut self, i: &Interaction) {
@@ -543,6 +562,7 @@ impl RoomTasks {
                 t.status = TaskStatus::Done;
                 t.done_at = Some(i.at);
                 t.result = b.result.map(|r| truncate_text(&r, MAX_RESULT_BYTES));
+                self.touch(&b.task);
             }
             _ => self.refuse(),
         }
@@ -562,6 +582,7 @@ impl RoomTasks {
                     t.owner = None;
                     TaskStatus::Open
                 };
+                self.touch(&b.task);
             }
             _ => self.refuse(),
         }
@@ -573,8 +594,11 @@ impl RoomTasks {
         }
         if let Some(CoordNoteBody::Notice(n)) = CoordNoteBody::parse(&i.body) {
             if n.about == NoticeBody::TASK_ABANDONED {
-                if let Some(t) = n.task.and_then(|id| self.tasks.get_mut(&id)) {
-                    t.notified = true;
+                if let Some(id) = n.task {
+                    if let Some(t) = self.tasks.get_mut(&id) {
+                        t.notified = true;
+                        self.touch(&id);
+                    }
                 }
             }
         }
@@ -583,14 +607,25 @@ impl RoomTasks {
 
 impl Fold for TaskDag {
     fn apply(&mut self, interaction: &Interaction) {
-        if FOLDED.contains(&interaction.verb) {
-            self.rooms
-                .entry(interaction.room.clone())
-                .or_default()
-                .apply(interaction);
+        let room = if FOLDED.contains(&interaction.verb) {
+            let tracked = self.changes.is_some();
+            let r = self.rooms.entry(interaction.room.clone()).or_default();
+            if tracked {
+                r.index.keep_journal();
+            }
+            r
         } else if interaction.verb == Verb::CoordNote {
-            if let Some(r) = self.rooms.get_mut(&interaction.room) {
-                r.apply(interaction);
+            match self.rooms.get_mut(&interaction.room) {
+                Some(r) => r,
+                None => return,
+            }
+        } else {
+            return;
+        };
+        room.apply(interaction);
+        if let Some(changes) = &mut self.changes {
+            for id in room.index.take_journal() {
+                changes.insert((interaction.room.clone(), id));
             }
         }
     }
@@ -951,8 +986,246 @@ mod tests {
         assert_eq!(inc.state_hash(), TaskDag::rebuild(&rows).state_hash());
     }
 
+    // -- The incremental index against a from-scratch recomputation -------------
+
+    /// The queries as the fold answered them before it kept an index: full scans of
+    /// the room's tasks, the reference the indexed answers must equal.
+    mod naive {
+        use super::super::*;
+
+        pub fn deps_done(r: &RoomTasks, t: &Task) -> bool {
+            t.deps
+                .iter()
+                .all(|d| r.tasks.get(d).is_some_and(|d| d.status == TaskStatus::Done))
+        }
+
+        pub fn is_ready(r: &RoomTasks, t: &Task) -> bool {
+            t.status == TaskStatus::Open && deps_done(r, t)
+        }
+
+        pub fn frontier(r: &RoomTasks) -> Vec<String> {
+            r.tasks
+                .values()
+                .filter(|t| is_ready(r, t))
+                .map(|t| t.id.clone())
+                .collect()
+        }
+
+        pub fn ready_since(r: &RoomTasks, t: &Task) -> Option<Timestamp> {
+            if !is_ready(r, t) {
+                return None;
+            }
+            let mut since = t.created_at;
+            for d in &t.deps {
+                if let Some(done) = r.tasks.get(d).and_then(|d| d.done_at) {
+                    since = since.max(done);
+                }
+            }
+            Some(t.returned_at.map_or(since, |b| since.max(b)))
+        }
+
+        pub fn summary(r: &RoomTasks) -> TaskSummary {
+            // Least fixpoint of "can finish", by rounds (no shared code with the
+            // index's work list).
+            let mut ok: BTreeSet<&str> = BTreeSet::new();
+            loop {
+                let before = ok.len();
+                for t in r.tasks.values() {
+                    if t.status != TaskStatus::Abandoned
+                        && t.deps.iter().all(|d| ok.contains(d.as_str()))
+                    {
+                        ok.insert(t.id.as_str());
+                    }
+                }
+                if ok.len() == before {
+                    break;
+                }
+            }
+            let mut s = TaskSummary {
+                total: r.tasks.len(),
+                ..TaskSummary::default()
+            };
+            for t in r.tasks.values() {
+                match t.status {
+                    TaskStatus::Done => s.done += 1,
+                    TaskStatus::Claimed => s.claimed += 1,
+                    TaskStatus::Abandoned => s.abandoned += 1,
+                    TaskStatus::Open if is_ready(r, t) => s.ready += 1,
+                    TaskStatus::Open if ok.contains(t.id.as_str()) => s.waiting += 1,
+                    TaskStatus::Open => s.blocked += 1,
+                }
+            }
+            s
+        }
+    }
+
+    /// Asserts every indexed answer of room `lobby` equals the scan's.
+    fn check_index(dag: &TaskDag) -> Result<(), TestCaseError> {
+        let Some(r) = dag.room("lobby") else {
+            prop_assert!(dag.ready_frontier("lobby").is_empty());
+            return Ok(());
+        };
+        prop_assert_eq!(&r.index, &RoomIndex::from_scratch(&r.tasks));
+        let ids = |v: Vec<&Task>| v.into_iter().map(|t| t.id.clone()).collect::<Vec<_>>();
+        prop_assert_eq!(ids(dag.ready_frontier("lobby")), naive::frontier(r));
+        prop_assert_eq!(dag.frontier_len("lobby"), naive::frontier(r).len());
+        prop_assert_eq!(dag.summary("lobby"), naive::summary(r));
+        let claimed: Vec<String> = r
+            .tasks
+            .values()
+            .filter(|t| t.status == TaskStatus::Claimed)
+            .map(|t| t.id.clone())
+            .collect();
+        prop_assert_eq!(ids(dag.claimed("lobby")), claimed);
+        let due: Vec<String> = r
+            .tasks
+            .values()
+            .filter(|t| t.status == TaskStatus::Abandoned && !t.notified)
+            .map(|t| t.id.clone())
+            .collect();
+        prop_assert_eq!(ids(dag.notices_due("lobby")), due);
+        let mut by_since: Vec<(Timestamp, String)> = Vec::new();
+        for t in r.tasks.values() {
+            let since = naive::ready_since(r, t);
+            prop_assert_eq!(dag.ready_since("lobby", &t.id), since);
+            prop_assert_eq!(dag.is_ready("lobby", &t.id), naive::is_ready(r, t));
+            if let Some(s) = since {
+                by_since.push((s, t.id.clone()));
+            }
+        }
+        by_since.sort();
+        let indexed: Vec<(Timestamp, String)> = dag
+            .ready_since_from("lobby", Timestamp::MIN)
+            .map(|(at, t)| (at, t.id.clone()))
+            .collect();
+        prop_assert_eq!(indexed, by_since);
+        let s = naive::summary(r);
+        prop_assert_eq!(dag.is_settled("lobby"), s.ready == 0 && s.claimed == 0);
+        Ok(())
+    }
+
+    /// Arbitrary task rows over a few ids: dependencies on tasks created later or
+    /// never, cycles, claims at any epoch (stale, superseding, on unready tasks),
+    /// completions, failures and releases from anyone, notices, a small
+    /// `max_attempts`. Most rows are refused; what applies exercises every path.
+    fn arbitrary_rows() -> impl Strategy<Value = Vec<NewInteraction>> {
+        let id = || (0u8..6).prop_map(|n| format!("t{n}"));
+        let agent = || (0u8..3).prop_map(|n| format!("a{n}"));
+        let row = prop_oneof![
+            3 => (id(), prop::collection::vec(id(), 0..3), 1u32..4).prop_map(|(t, deps, max)| {
+                let deps: Vec<String> = deps.into_iter().filter(|d| *d != t).collect();
+                ix(
+                    Verb::TaskCreated,
+                    "ana",
+                    Role::Owner,
+                    json!({"task": t, "label": "x", "deps": deps, "max_attempts": max}),
+                )
+            }),
+            4 => (id(), agent(), 1i64..8).prop_map(|(t, a, e)| claimed(&t, &a, e)),
+            3 => (id(), agent(), 1i64..8).prop_map(|(t, a, e)| completed(&t, &a, e)),
+            2 => (id(), agent(), 1i64..8).prop_map(|(t, a, e)| failed(&t, &a, e)),
+            1 => (id(), agent(), 1i64..8).prop_map(|(t, a, e)| ix(
+                Verb::TaskReleased,
+                &a,
+                Role::Agent,
+                json!({"task": t, "epoch": e, "reason": "shutdown"}),
+            )),
+            1 => id().prop_map(|t| ix(
+                Verb::CoordNote,
+                "huddle",
+                Role::System,
+                json!({"kind": "notice", "about": NoticeBody::TASK_ABANDONED, "to": "owner", "task": t, "text": "x"}),
+            )),
+        ];
+        prop::collection::vec(row, 0..80)
+    }
+
+    #[test]
+    fn the_index_is_left_out_of_the_state_hash() {
+        let dag = fold(vec![
+            created("a", &[]),
+            created("b", &["a"]),
+            claimed("a", "bo", 1),
+        ]);
+        let r = dag.room("lobby").unwrap();
+        let plain = json!({"rooms": {"lobby": {"tasks": r.tasks, "refusals": r.refusals}}});
+        assert_eq!(dag.state_hash(), hash_state(&plain));
+    }
+
+    #[test]
+    fn a_deserialised_dag_rebuilds_its_index() {
+        let dag = fold(vec![
+            created("a", &[]),
+            created("b", &["a"]),
+            created("c", &["zz"]),
+            claimed("a", "bo", 1),
+            completed("a", "bo", 1),
+        ]);
+        let text = serde_json::to_string(&dag).unwrap();
+        let back: TaskDag = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, dag);
+        assert_eq!(frontier(&back), vec!["b"]);
+        assert_eq!(back.summary("lobby"), dag.summary("lobby"));
+    }
+
+    #[test]
+    fn changes_name_the_tasks_a_row_touched() {
+        let mut l = Ledger::default();
+        let mut dag = TaskDag::new();
+        dag.track_changes();
+        for r in [
+            created("a", &[]),
+            created("b", &["a"]),
+            created("c", &["a"]),
+        ] {
+            dag.apply(&l.push(r, Timestamp(1)));
+        }
+        let names = |v: Vec<(String, String)>| v.into_iter().map(|(_, t)| t).collect::<Vec<_>>();
+        assert_eq!(names(dag.take_changes()), vec!["a", "b", "c"]);
+        assert!(dag.take_changes().is_empty());
+        dag.apply(&l.push(claimed("a", "bo", 1), Timestamp(2)));
+        assert_eq!(names(dag.take_changes()), vec!["a"]);
+        // Completing `a` makes both dependents ready: they are changes too.
+        dag.apply(&l.push(completed("a", "bo", 1), Timestamp(3)));
+        assert_eq!(names(dag.take_changes()), vec!["a", "b", "c"]);
+        // A refused row changes nothing.
+        dag.apply(&l.push(completed("a", "bo", 1), Timestamp(4)));
+        assert!(dag.take_changes().is_empty());
+        // Untracked: nothing is kept.
+        let mut quiet = TaskDag::new();
+        quiet.apply(&l.push(created("z", &[]), Timestamp(5)));
+        assert!(quiet.take_changes().is_empty());
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// After every row of an arbitrary history, the incrementally kept index
+        /// equals the one computed from scratch, and every indexed query (frontier,
+        /// claimed, notices, readiness times, summary, settledness) equals a scan.
+        #[test]
+        fn the_index_equals_a_recomputation_after_every_row(rows in arbitrary_rows()) {
+            let mut l = Ledger::default();
+            let mut dag = TaskDag::new();
+            for (n, r) in rows.into_iter().enumerate() {
+                // Times go back now and then: readiness is the latest of several.
+                let at = Timestamp(((n as i64 * 7919) % 97) * 1_000);
+                dag.apply(&l.push(r, at));
+                check_index(&dag)?;
+            }
+        }
+
+        /// The same over generated task histories (in any causal interleaving), where
+        /// most rows apply.
+        #[test]
+        fn the_index_follows_generated_histories((history, order) in history_and_order()) {
+            let mut dag = TaskDag::new();
+            for r in &linearize(&history, &order) {
+                dag.apply(r);
+                check_index(&dag)?;
+            }
+        }
+
 
         /// Any interleaving that keeps each actor's order and the causal order gives
         /// the same task DAG state hash (the board's: in `board`).

@@ -75,7 +75,7 @@ use std::time::Duration;
 
 use crate::board::{Board, CoordinationDelivery};
 use crate::budget::BudgetFold;
-use crate::config::RoomConfig;
+use crate::config::{Allocation, RoomConfig};
 use crate::fold::Fold;
 use crate::model::{Interaction, InteractionId, NewInteraction, Role, Timestamp};
 use crate::policy::{
@@ -91,7 +91,7 @@ use crate::protocol::{
     MessageBody, Subject, SubjectKind, TurnActivity, TurnFailedBody, TurnPromptedBody,
     TurnRepliedBody, DEFAULT_PRIORITY,
 };
-use crate::tasks::{TaskDag, TaskStatus};
+use crate::tasks::{FrontierRank, TaskDag, TaskStatus};
 use crate::verbs::Verb;
 
 /// Claim keys and epochs are protocol vocabulary; re-exported here, where the relay
@@ -187,6 +187,12 @@ fn spread_rank(relay: &[u8], task: &[u8]) -> u64 {
     h
 }
 
+/// Where a ready task sits in this relay's walk of a room's frontier: the frontier
+/// rank first (the room's scheduling order), then this relay's own [`spread_rank`],
+/// then the id. Relays walking a frontier longer than their free agents in their own
+/// orders spread over different tasks instead of all contending for the first ones.
+type WalkKey = (FrontierRank, u64, String);
+
 /// How long to wait before retrying a claim whose holder's attempt already failed in
 /// the ledger (it is releasing the claim), µs.
 const RELEASE_BACK_OFF_US: i64 = 200_000;
@@ -202,6 +208,11 @@ pub struct Synchronizer {
     configs: BTreeMap<(String, Option<String>), RoomConfig>,
     board: Board,
     dag: TaskDag,
+    /// Each room's ready tasks in this relay's walk order, kept in step with the DAG
+    /// fold's changes (see [`WalkKey`]).
+    walk: BTreeMap<String, BTreeSet<WalkKey>>,
+    /// The walk key of each ready task, by (room, task).
+    walk_keys: BTreeMap<(String, String), WalkKey>,
     budget: BudgetFold,
     delivery: CoordinationDelivery,
     messages: BTreeMap<(String, InteractionId), OpenMessage>,
@@ -271,7 +282,13 @@ impl Synchronizer {
             default_config: RoomConfig::default(),
             configs: BTreeMap::new(),
             board: Board::new(),
-            dag: TaskDag::new(),
+            dag: {
+                let mut dag = TaskDag::new();
+                dag.track_changes();
+                dag
+            },
+            walk: BTreeMap::new(),
+            walk_keys: BTreeMap::new(),
             budget: BudgetFold::new(),
             delivery: CoordinationDelivery::new(),
             messages: BTreeMap::new(),
@@ -392,12 +409,27 @@ impl Synchronizer {
             }
             for room in &self.rooms {
                 let config = self.config(room, None);
-                for t in self.dag.ready_frontier(room) {
-                    if let Some(since) = self.dag.ready_since(room, &t.id) {
-                        let right = claim_right(config, t, since, now);
-                        if let Some(at) = right.changes_at(config, since) {
-                            consider(at);
-                        }
+                if config.allocation != Allocation::Bid {
+                    // Only bid windows change a ready task's claim right by themselves.
+                    continue;
+                }
+                // Found through the readiness-time index, not a walk of the frontier:
+                // a bid window closes `window` after readiness, and a winner's turn to
+                // claim ends one window later.
+                let window = ms_to_us(config.bid_window_ms);
+                let open_from = now.saturating_sub(window).saturating_add(1);
+                if let Some((since, _)) = self.dag.ready_since_from(room, open_from).next() {
+                    consider(since.saturating_add(window));
+                }
+                let won_from = open_from.saturating_sub(window);
+                for (since, t) in self.dag.ready_since_from(room, won_from) {
+                    if since >= open_from {
+                        break;
+                    }
+                    let right = claim_right(config, t, since, now);
+                    if let Some(at) = right.changes_at(config, since) {
+                        consider(at);
+                        break;
                     }
                 }
             }
@@ -413,6 +445,7 @@ impl Synchronizer {
                 for row in &rows {
                     self.fold(row, &mut out);
                 }
+                self.follow_frontier();
                 self.caught_up = caught_up;
             }
             Event::Tick { now } => {
@@ -548,6 +581,30 @@ impl Synchronizer {
             }
             Verb::TaskBid => self.reject_late_bid(row, out),
             _ => {}
+        }
+    }
+
+    /// Brings the walk orders in step with the tasks the DAG fold touched.
+    fn follow_frontier(&mut self) {
+        for (room, task) in self.dag.take_changes() {
+            let key = (room, task);
+            if let Some(old) = self.walk_keys.remove(&key) {
+                if let Some(w) = self.walk.get_mut(&key.0) {
+                    w.remove(&old);
+                }
+            }
+            if let Some(fk) = self.dag.frontier_key(&key.0, &key.1) {
+                let wk = (
+                    fk.rank.clone(),
+                    spread_rank(self.relay.as_bytes(), key.1.as_bytes()),
+                    key.1.clone(),
+                );
+                self.walk
+                    .entry(key.0.clone())
+                    .or_default()
+                    .insert(wk.clone());
+                self.walk_keys.insert(key, wk);
+            }
         }
     }
 
@@ -1000,72 +1057,85 @@ impl Synchronizer {
             if !self.budget.budget_allows_new_claims(&room, config.budget) {
                 continue;
             }
-            let mut frontier: Vec<String> = self
-                .dag
-                .ready_frontier(&room)
-                .into_iter()
-                .map(|t| t.id.clone())
-                .collect();
             // With more ready tasks than free local agents, walk the frontier in this
             // relay's own order, so relays spread over different tasks instead of all
-            // contending for the lowest ids (the fold's frontier stays sorted by id).
+            // contending for the first ones; otherwise in the fold's frontier order.
+            // Either way the walk reads the indexes and stops as soon as every free
+            // agent has something or the pass's cap is reached.
             let free = self.agents.keys().filter(|a| !busy.contains(*a)).count();
-            if frontier.len() > free {
-                let relay = self.relay.as_bytes();
-                frontier.sort_by_cached_key(|id| (spread_rank(relay, id.as_bytes()), id.clone()));
-            }
+            let spreading = self.dag.frontier_len(&room) > free;
+            let order: Box<dyn Iterator<Item = &str> + '_> = if spreading {
+                Box::new(
+                    self.walk
+                        .get(&room)
+                        .into_iter()
+                        .flatten()
+                        .map(|(_, _, id)| id.as_str()),
+                )
+            } else {
+                Box::new(self.dag.frontier(&room).map(|t| t.id.as_str()))
+            };
+            let grace_us = (config.responder_window_ms as i64).saturating_mul(1000);
             let mut bidding: Vec<String> = Vec::new();
-            for id in frontier {
+            let mut chosen: Vec<(String, String)> = Vec::new();
+            let mut capped = false;
+            for id in order {
                 if wakes >= cap {
-                    return;
+                    capped = true;
+                    break;
                 }
                 if self.agents.keys().all(|a| busy.contains(a)) {
                     // Nobody here can take anything: the rest of the frontier is
                     // only for bids (none from busy agents either).
                     break;
                 }
-                let key = task_key(&room, &id);
-                if self.task_busy(&room, &id, &key) || self.held_elsewhere(&key, now) {
+                let key = task_key(&room, id);
+                if self.task_busy(&room, id, &key) || self.held_elsewhere(&key, now) {
                     continue;
                 }
                 let (Some(task), Some(since)) =
-                    (self.dag.task(&room, &id), self.dag.ready_since(&room, &id))
+                    (self.dag.task(&room, id), self.dag.ready_since(&room, id))
                 else {
                     continue;
                 };
                 let right = claim_right(&config, task, since, now);
                 if let ClaimRight::Bidding { .. } = right {
-                    bidding.push(id);
+                    bidding.push(id.to_string());
                     continue;
                 }
                 // The agent whose attempt just failed waits one responder window,
                 // so an idle agent elsewhere gets the retry first; alone, it retries.
-                let grace_us = (config.responder_window_ms as i64).saturating_mul(1000);
                 let benched = self
                     .returned
                     .get(&key)
                     .filter(|(_, _, at)| now < at.saturating_add(grace_us))
-                    .map(|(agent, _, _)| agent.clone());
-                let chosen = self
+                    .map(|(agent, _, _)| agent.as_str());
+                let pick = self
                     .agents
                     .values()
                     .find(|a| {
                         right.allows(&a.key, &a.capabilities, task)
                             && !busy.contains(&a.key)
-                            && !self.outstanding_bid(&a.key, Some((&room, &id)))
-                            && benched.as_deref() != Some(a.key.as_str())
+                            && !self.outstanding_bid(&a.key, Some((&room, id)))
+                            && benched != Some(a.key.as_str())
                     })
                     .map(|a| a.key.clone());
-                if let Some(agent) = chosen {
+                if let Some(agent) = pick {
                     busy.insert(agent.clone());
-                    let purpose = ClaimPurpose::Task {
-                        room: room.clone(),
-                        task: id.clone(),
-                        agent: agent.clone(),
-                    };
-                    self.acquire(key, agent, purpose, out);
+                    chosen.push((id.to_string(), agent));
                     wakes += 1;
                 }
+            }
+            for (id, agent) in chosen {
+                let purpose = ClaimPurpose::Task {
+                    room: room.clone(),
+                    task: id.clone(),
+                    agent: agent.clone(),
+                };
+                self.acquire(task_key(&room, &id), agent, purpose, out);
+            }
+            if capped {
+                return;
             }
             if bidding.is_empty() || !bids_on_sight(&config) {
                 continue;

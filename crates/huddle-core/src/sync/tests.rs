@@ -1658,12 +1658,136 @@ mod robustness {
         ]
     }
 
+    /// `next_wakeup` as it was computed before the readiness-time index: a walk of
+    /// every ready task of every room.
+    fn next_wakeup_by_scan(s: &Synchronizer) -> Option<Timestamp> {
+        let now = s.now?;
+        let mut best = s.next_reconcile.unwrap_or(now);
+        let mut consider = |t: Timestamp| {
+            if t > now && t < best {
+                best = t;
+            }
+        };
+        if s.caught_up && !s.shutting_down {
+            for ((room, id), m) in &s.messages {
+                if m.each {
+                    continue;
+                }
+                if s.claims.contains_key(&reply_key(room, id)) || s.is_taken(room, id, m) {
+                    continue;
+                }
+                for (due, _) in s.reply_dues(room, m) {
+                    consider(due);
+                }
+            }
+            for room in &s.rooms {
+                let config = s.config(room, None);
+                for t in s.dag.ready_frontier(room) {
+                    if let Some(since) = s.dag.ready_since(room, &t.id) {
+                        let right = claim_right(config, t, since, now);
+                        if let Some(at) = right.changes_at(config, since) {
+                            consider(at);
+                        }
+                    }
+                }
+            }
+        }
+        Some(best)
+    }
+
+    fn walk_ids(s: &Synchronizer) -> BTreeSet<String> {
+        let walked: BTreeSet<String> = s
+            .walk
+            .get("lobby")
+            .into_iter()
+            .flatten()
+            .map(|(_, _, id)| id.clone())
+            .collect();
+        let keyed: BTreeSet<String> = s.walk_keys.keys().map(|(_, id)| id.clone()).collect();
+        assert_eq!(walked, keyed, "walk and walk keys disagree");
+        walked
+    }
+
+    fn frontier_ids(s: &Synchronizer) -> BTreeSet<String> {
+        s.dag
+            .ready_frontier("lobby")
+            .into_iter()
+            .map(|t| t.id.clone())
+            .collect()
+    }
+
+    #[derive(Clone, Debug)]
+    enum BidStep {
+        /// Create task `t{n}` (depending on `t{n-1}` when the flag is set).
+        Create(u8, bool),
+        /// A remote agent bids on `t{n}` for its first attempt.
+        Bid(u8, u32),
+        /// Advance the clock by this many ms.
+        Tick(u16),
+        /// A remote agent claims then completes `t{n}`.
+        Finish(u8),
+    }
+
+    fn arb_bid_step() -> impl Strategy<Value = BidStep> {
+        prop_oneof![
+            3 => (0u8..12, any::<bool>()).prop_map(|(n, d)| BidStep::Create(n, d)),
+            2 => (0u8..12, 0u32..4).prop_map(|(n, l)| BidStep::Bid(n, l)),
+            4 => (0u16..1500).prop_map(BidStep::Tick),
+            1 => (0u8..12).prop_map(BidStep::Finish),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Under the bid allocation (windows opening as tasks become ready at many
+        /// times, bids or none, dependencies finishing), the next wake-up found
+        /// through the readiness-time index equals the scan of every ready task.
+        #[test]
+        fn indexed_bid_wakeups_equal_the_scan(steps in prop::collection::vec(arb_bid_step(), 1..60)) {
+            let mut cfg = config(Responder::Race, None, Allocation::Bid);
+            cfg.bid_window_ms = 700;
+            // Every local agent busy would end the walk early; with none here, only
+            // remote bids and claims happen, and every window stays visible.
+            let mut h = H::with(&[], cfg);
+            h.start();
+            let mut epoch = 10;
+            for step in steps {
+                match step {
+                    BidStep::Create(n, dep) => {
+                        let deps: Vec<String> = if dep && n > 0 { vec![format!("t{}", n - 1)] } else { vec![] };
+                        let deps: Vec<&str> = deps.iter().map(String::as_str).collect();
+                        h.post(vec![created(&format!("t{n}"), &deps)]);
+                    }
+                    BidStep::Bid(n, load) => {
+                        h.post(vec![bid(&format!("t{n}"), "zed", 1, &[], load)]);
+                    }
+                    BidStep::Tick(ms) => {
+                        let now = h.now + i64::from(ms) * 1000;
+                        h.tick(now);
+                    }
+                    BidStep::Finish(n) => {
+                        epoch += 1;
+                        let t = format!("t{n}");
+                        h.post(vec![
+                            claimed(&t, "zed", epoch),
+                            crate::testing::completed(&t, "zed", epoch),
+                        ]);
+                    }
+                }
+                prop_assert_eq!(h.sync.next_wakeup(), next_wakeup_by_scan(&h.sync));
+                prop_assert_eq!(walk_ids(&h.sync), frontier_ids(&h.sync));
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
         /// Whatever rows and events arrive, the synchronizer never panics, never has
         /// two acquisitions of one key in flight, and never starts a turn it is
-        /// already running.
+        /// already running; its walk order holds exactly the ready frontier and its
+        /// indexed next wake-up equals a scan's.
         #[test]
         fn never_panics_never_double_acquires(steps in prop::collection::vec(arb_step(), 1..60)) {
             let mut h = H::new(&["bo", "cy"]);
@@ -1728,7 +1852,8 @@ mod robustness {
                     }
                 }
                 h.apply_appends(&out);
-                let _ = h.sync.next_wakeup();
+                prop_assert_eq!(h.sync.next_wakeup(), next_wakeup_by_scan(&h.sync));
+                prop_assert_eq!(walk_ids(&h.sync), frontier_ids(&h.sync));
                 let _ = h.sync.is_quiescent("lobby");
             }
         }
