@@ -22,9 +22,7 @@ use huddle_core::approval::Approvals;
 use huddle_core::barrier::{
     BarrierCheckinBody, BarrierOpenedBody, BarrierState, OnTimeout, MAX_ROSTER,
 };
-use huddle_core::board::{
-    ApprovalLine, BarrierLine, DecisionLine, LeaseLine, PatternLines, ResourceLine,
-};
+use huddle_core::board::{ApprovalLine, BarrierLine, DecisionLine, LeaseLine, PatternLines};
 use huddle_core::decision::{
     DecisionState, ProposalBody, Quorum, QuorumBody, VoteBody, VotersBody, MAX_OPTIONS,
     MAX_QUESTION_BYTES, MAX_VOTERS, MAX_WEIGHT, WEIGHT_UNIT,
@@ -176,17 +174,7 @@ impl Patterns {
                 action: a.action.clone(),
             })
             .collect();
-        let resources = self
-            .resources
-            .held(room, now)
-            .into_iter()
-            .map(|h| ResourceLine {
-                name: h.name.to_string(),
-                holder: h.holder,
-                mode: h.mode.as_text(),
-                until: h.expires_at,
-            })
-            .collect();
+        let resources = huddle_core::board::resource_lines(&self.resources, room, Some(now));
         PatternLines {
             decisions,
             barriers,

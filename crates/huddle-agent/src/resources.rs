@@ -219,7 +219,9 @@ impl AgentSession {
         let ttl = ttl_arg(args.ttl_ms)?;
         let reason = match args.reason.as_deref().map(str::trim) {
             Some(r) if r.chars().count() > MAX_REASON_CHARS => {
-                return Err(bad(format!("reason: at most {MAX_REASON_CHARS} characters")))
+                return Err(bad(format!(
+                    "reason: at most {MAX_REASON_CHARS} characters"
+                )))
             }
             Some(r) if r.chars().any(char::is_control) => {
                 return Err(bad("reason: one line without control characters"))
@@ -235,7 +237,9 @@ impl AgentSession {
                 .acquire_resources(&self.room, &self.agent, &wanted, ttl)
                 .await?
             {
-                ResourcesAcquired::Won(held) => return self.record_acquired(held, ttl, reason).await,
+                ResourcesAcquired::Won(held) => {
+                    return self.record_acquired(held, ttl, reason).await
+                }
                 ResourcesAcquired::Blocked(blocked) => blocked,
             };
             let now = Instant::now();
@@ -323,13 +327,16 @@ impl AgentSession {
                 name: "(any)".into(),
             });
         }
-        self.renew_holdings(&held, args.ttl_ms)
-            .await
+        self.renew_holdings(&held, args.ttl_ms).await
     }
 
     /// Renews `held`, each with `ttl_ms` or the lease it was kept with; records the
     /// renewed ones; refuses when any is lost.
-    async fn renew_holdings(&self, held: &[Holding], ttl_ms: Option<u64>) -> Result<ResourcesWritten> {
+    async fn renew_holdings(
+        &self,
+        held: &[Holding],
+        ttl_ms: Option<u64>,
+    ) -> Result<ResourcesWritten> {
         let asked = ttl_ms.map(|ms| ttl_arg(Some(ms))).transpose()?;
         let mut renewed = Vec::new();
         let mut lost = Vec::new();
@@ -365,7 +372,11 @@ impl AgentSession {
                 reason: None,
             };
             let row = self.resource_row(Verb::ResourceRenewed, &body);
-            match self.store.append_under(&fences(&holdings), false, vec![row]).await {
+            match self
+                .store
+                .append_under(&fences(&holdings), false, vec![row])
+                .await
+            {
                 Ok(out) => {
                     self.store.flush().await;
                     written_row = written(&out)?;

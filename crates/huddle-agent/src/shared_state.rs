@@ -143,7 +143,8 @@ impl AgentSession {
                     None => None,
                 };
                 let mut e = self.stale(&st, key, read);
-                if let (Some(w), AgentError::StaleVersion { current, value, .. }) = (winner, &mut e) {
+                if let (Some(w), AgentError::StaleVersion { current, value, .. }) = (winner, &mut e)
+                {
                     if let Ok(b) = serde_json::from_value::<StatePutBody>(w.body) {
                         if b.version > *current {
                             *current = b.version;

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use huddle_agent::resource_views::{
-    ResourceAcquireArgs, ResourceNamesArgs, ResourceSpec, ResourcesArgs, StateGetArgs,
-    StatePutArgs,
+    ResourceAcquireArgs, ResourceNamesArgs, ResourceSpec, ResourcesArgs, StateGetArgs, StatePutArgs,
 };
 use huddle_agent::{AgentError, AgentSession};
 use huddle_core::signing::OwnerSecret;
@@ -35,11 +34,18 @@ async fn room(clock: Option<ManualClock>) -> Arc<dyn Store> {
 }
 
 async fn agent(store: &Arc<dyn Store>, name: &str) -> Arc<AgentSession> {
-    Arc::new(AgentSession::open(store.clone(), ROOM, name, vec![]).await.unwrap())
+    Arc::new(
+        AgentSession::open(store.clone(), ROOM, name, vec![])
+            .await
+            .unwrap(),
+    )
 }
 
 async fn count(store: &Arc<dyn Store>, verb: Verb) -> usize {
-    let batch = store.read_room(ROOM, Position::START, 10_000).await.unwrap();
+    let batch = store
+        .read_room(ROOM, Position::START, 10_000)
+        .await
+        .unwrap();
     batch.rows.iter().filter(|r| r.verb == verb).count()
 }
 
@@ -75,23 +81,41 @@ async fn a_holder_blocks_shows_on_the_board_and_a_waiter_gets_it_on_release() {
         .unwrap_err();
     assert!(matches!(busy, AgentError::ResourcesBusy { .. }), "{busy}");
     let text = busy.to_string();
-    assert!(text.contains("held by ada") && text.contains("until"), "{text}");
+    assert!(
+        text.contains("held by ada") && text.contains("until"),
+        "{text}"
+    );
     // The board shows who holds what until when.
     let block = bo.board().await.unwrap().coordination.expect("a block");
-    assert!(block.contains("resources held:\n- file:src/** exclusive by ada until "), "{block}");
-    let listed = bo.resources(ResourcesArgs { path: Some("src/lib.rs".into()) }).await.unwrap();
+    assert!(
+        block.contains("resources held:\n- file:src/** exclusive by ada until "),
+        "{block}"
+    );
+    let listed = bo
+        .resources(ResourcesArgs {
+            path: Some("src/lib.rs".into()),
+        })
+        .await
+        .unwrap();
     assert_eq!(listed.held.len(), 1);
     assert!(listed.mine.is_empty());
     // bo waits; ada gives it back meanwhile.
     let waiter = {
         let bo = bo.clone();
         tokio::spawn(async move {
-            bo.resource_acquire(take(vec![spec("file:src/main.rs", "shared")], 60_000, 5_000))
-                .await
+            bo.resource_acquire(take(
+                vec![spec("file:src/main.rs", "shared")],
+                60_000,
+                5_000,
+            ))
+            .await
         })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let released = ada.resource_release(ResourceNamesArgs::default()).await.unwrap();
+    let released = ada
+        .resource_release(ResourceNamesArgs::default())
+        .await
+        .unwrap();
     assert_eq!(released.resources.len(), 1);
     let got = waiter.await.unwrap().unwrap();
     assert_eq!(got.resources[0].holder, "bo");
@@ -126,7 +150,12 @@ async fn kept_holdings_are_renewed_while_the_session_runs() {
     assert!(now.mine[0].expires_at > first);
     assert!(now.now > first, "the first lease would have lapsed by now");
     ada.release_kept().await.unwrap();
-    assert!(ada.resources(ResourcesArgs::default()).await.unwrap().held.is_empty());
+    assert!(ada
+        .resources(ResourcesArgs::default())
+        .await
+        .unwrap()
+        .held
+        .is_empty());
     keeper.abort();
 }
 
@@ -140,13 +169,27 @@ async fn a_lapsed_holding_is_taken_over_and_its_renewal_refused() {
         mode: Some("permits".into()),
         permits: Some(1),
     };
-    ada.resource_acquire(take(vec![slot()], 1_000, 0)).await.unwrap();
-    assert!(bo.resource_acquire(take(vec![slot()], 1_000, 0)).await.is_err());
+    ada.resource_acquire(take(vec![slot()], 1_000, 0))
+        .await
+        .unwrap();
+    assert!(bo
+        .resource_acquire(take(vec![slot()], 1_000, 0))
+        .await
+        .is_err());
     clock.advance(Duration::from_millis(1_001));
-    let got = bo.resource_acquire(take(vec![slot()], 1_000, 0)).await.unwrap();
+    let got = bo
+        .resource_acquire(take(vec![slot()], 1_000, 0))
+        .await
+        .unwrap();
     assert_eq!(got.resources[0].holder, "bo");
-    let lost = ada.resource_renew(ResourceNamesArgs::default()).await.unwrap_err();
-    assert!(matches!(lost, AgentError::NotResourceHolder { .. }), "{lost}");
+    let lost = ada
+        .resource_renew(ResourceNamesArgs::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(lost, AgentError::NotResourceHolder { .. }),
+        "{lost}"
+    );
     // The board no longer shows ada's lapsed holding.
     let block = bo.board().await.unwrap().coordination.unwrap();
     assert!(block.contains("slot:build permits-1 by bo"), "{block}");
@@ -176,16 +219,35 @@ async fn puts_on_a_stale_version_are_refused_with_the_current_one() {
     // A version that was never written is not a base.
     assert!(bo.state_put(put(json!("x"), Some(7))).await.is_err());
     // Without if_version: on top of the current.
-    assert_eq!(bo.state_put(put(json!("bo"), None)).await.unwrap().state.version, 2);
+    assert_eq!(
+        bo.state_put(put(json!("bo"), None))
+            .await
+            .unwrap()
+            .state
+            .version,
+        2
+    );
     let got = ada
-        .state_get(StateGetArgs { key: "plan/owner".into(), history: true })
+        .state_get(StateGetArgs {
+            key: "plan/owner".into(),
+            history: true,
+        })
         .await
         .unwrap();
-    assert_eq!((got.version, got.value.clone(), got.by.as_deref()), (2, json!("bo"), Some("bo")));
+    assert_eq!(
+        (got.version, got.value.clone(), got.by.as_deref()),
+        (2, json!("bo"), Some("bo"))
+    );
     assert_eq!(got.history.len(), 1);
     assert_eq!(got.history[0].value, json!("ada"));
     assert_eq!(ada.state_list().await.unwrap().keys.len(), 1);
-    let never = ada.state_get(StateGetArgs { key: "none".into(), history: false }).await.unwrap();
+    let never = ada
+        .state_get(StateGetArgs {
+            key: "none".into(),
+            history: false,
+        })
+        .await
+        .unwrap();
     assert_eq!((never.version, never.value), (0, json!(null)));
 }
 
@@ -199,12 +261,19 @@ async fn eight_writers_read_modify_write_without_losing_an_update() {
             let mut done = 0u64;
             while done < 10 {
                 let now = me
-                    .state_get(StateGetArgs { key: "n".into(), history: false })
+                    .state_get(StateGetArgs {
+                        key: "n".into(),
+                        history: false,
+                    })
                     .await
                     .unwrap();
                 let next = now.value.as_u64().unwrap_or(0) + 1;
                 match me
-                    .state_put(StatePutArgs { key: "n".into(), value: json!(next), if_version: Some(now.version) })
+                    .state_put(StatePutArgs {
+                        key: "n".into(),
+                        value: json!(next),
+                        if_version: Some(now.version),
+                    })
                     .await
                 {
                     Ok(_) => done += 1,
@@ -220,7 +289,13 @@ async fn eight_writers_read_modify_write_without_losing_an_update() {
         puts += t.await.unwrap();
     }
     let reader = agent(&store, "reader").await;
-    let n = reader.state_get(StateGetArgs { key: "n".into(), history: false }).await.unwrap();
+    let n = reader
+        .state_get(StateGetArgs {
+            key: "n".into(),
+            history: false,
+        })
+        .await
+        .unwrap();
     assert_eq!(n.value, json!(puts));
     assert_eq!(n.version, puts);
     assert_eq!(count(&store, Verb::StatePut).await as u64, puts);

@@ -53,7 +53,10 @@ impl AgentTools {
         name = "resources",
         description = "Who holds which shared resources, how and until when (the database's view); with `path`, only file holdings covering that path. `mine` lists yours."
     )]
-    async fn resources(&self, Parameters(args): Parameters<ResourcesArgs>) -> Answer<ResourcesResult> {
+    async fn resources(
+        &self,
+        Parameters(args): Parameters<ResourcesArgs>,
+    ) -> Answer<ResourcesResult> {
         answer(self.session.resources(args).await)
     }
 

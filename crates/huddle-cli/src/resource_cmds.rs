@@ -199,10 +199,7 @@ pub async fn run(db: &str, options: StoreOptions, c: ResourceCommand) -> anyhow:
 
 async fn take_and_run(db: &str, options: StoreOptions, take: Take) -> anyhow::Result<()> {
     let me = std::sync::Arc::new(take.who.open(db, options).await?);
-    let r = me
-        .resource_acquire(take.args())
-        .await
-        .map_err(refusal)?;
+    let r = me.resource_acquire(take.args()).await.map_err(refusal)?;
     if take.command.is_empty() {
         return show(take.who.json, &r, || written_lines("held", &r));
     }
@@ -281,7 +278,8 @@ pub enum GuardCommand {
 }
 
 /// The first line huddle's hook carries, so `install` knows its own.
-const HOOK_MARK: &str = "# huddle guard: refuses a commit touching a path another agent holds exclusively.";
+const HOOK_MARK: &str =
+    "# huddle guard: refuses a commit touching a path another agent holds exclusively.";
 
 /// Quotes `s` for a POSIX shell.
 fn sh_quote(s: &str) -> String {

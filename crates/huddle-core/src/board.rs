@@ -455,6 +455,24 @@ impl PatternLines {
     }
 }
 
+/// What the block shows of `room`'s held resources at `now` (every recorded holding
+/// when the time is not known yet), by resource then holder.
+pub fn resource_lines(
+    fold: &crate::resources::ResourceFold,
+    room: &str,
+    now: Option<Timestamp>,
+) -> Vec<ResourceLine> {
+    fold.held(room, now.unwrap_or(Timestamp::MIN))
+        .into_iter()
+        .map(|h| ResourceLine {
+            name: h.name.to_string(),
+            holder: h.holder,
+            mode: h.mode.as_text(),
+            until: h.expires_at,
+        })
+        .collect()
+}
+
 /// A held resource in the block.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ResourceLine {

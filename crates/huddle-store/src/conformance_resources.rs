@@ -303,7 +303,9 @@ fn put(actor: &str, key: &str, version: u64, value: i64) -> huddle_core::NewInte
         huddle_core::Role::Agent,
         serde_json::json!({"key": key, "version": version, "value": value}),
     )
-    .with_idempotency_key(huddle_core::shared_state::state_idempotency_key("r", version, key))
+    .with_idempotency_key(huddle_core::shared_state::state_idempotency_key(
+        "r", version, key,
+    ))
 }
 
 /// Versions of shared state are decided by the database: one row per version (the
@@ -314,16 +316,28 @@ pub async fn state_versions_are_decided_by_the_database(b: &impl TestBackend) {
     let first = put("a", "k", 1, 10);
     let out = s.append(vec![first.clone()]).await.expect("v1");
     assert!(out[0].inserted);
-    let rival = s.append(vec![put("b", "k", 1, 11)]).await.expect("stale v1");
+    let rival = s
+        .append(vec![put("b", "k", 1, 11)])
+        .await
+        .expect("stale v1");
     assert!(!rival[0].inserted, "a second version 1 is refused");
     assert_eq!(rival[0].id, first.id(), "and answered with the first");
-    assert!(s.append(vec![put("a", "k", 3, 30)]).await.is_err(), "no version 2 yet");
+    assert!(
+        s.append(vec![put("a", "k", 3, 30)]).await.is_err(),
+        "no version 2 yet"
+    );
     let mut unkeyed = put("a", "k", 2, 20);
     unkeyed.idempotency_key = None;
-    assert!(s.append(vec![unkeyed]).await.is_err(), "a put carries its key");
+    assert!(
+        s.append(vec![unkeyed]).await.is_err(),
+        "a put carries its key"
+    );
     let mut wrong = put("a", "k", 2, 20);
     wrong.idempotency_key = Some("state/r/7/k".into());
-    assert!(s.append(vec![wrong]).await.is_err(), "its own version's key");
+    assert!(
+        s.append(vec![wrong]).await.is_err(),
+        "its own version's key"
+    );
     // Versions 2 and 3 in one batch: the predecessor may come earlier in it.
     let out = s
         .append(vec![put("a", "k", 2, 20), put("a", "k", 3, 30)])
