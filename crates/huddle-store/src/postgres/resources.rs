@@ -37,7 +37,7 @@ pub(super) async fn acquire(
     drop(client);
     let decoded = rows
         .iter()
-        .map(|row| decode(row))
+        .map(decode)
         .collect::<Result<Vec<_>>>()?;
     if decoded.iter().all(|(_, _, won)| *won) && decoded.len() == wanted.len() {
         return Ok(ResourcesAcquired::Won(
