@@ -24,6 +24,7 @@ on_both_backends!(
     a_killed_holders_lease_lapses_after_its_ttl,
     the_pre_commit_guard_refuses_and_allows_as_documented,
     eight_writers_read_modify_write_without_losing_an_update,
+    a_terminated_mcp_server_gives_its_holdings_back,
 );
 
 const ROOM: &str = "shared";
@@ -561,4 +562,51 @@ async fn eight_writers_read_modify_write_without_losing_an_update(backend: Backe
         Some(puts as usize - 1)
     );
     eprintln!("{puts} puts, {stale} refused as stale");
+}
+
+/// A relay ends a driven agent's turn with SIGTERM to its process group; the agent's
+/// `huddle mcp` gives back what it holds then, instead of leaving it to lapse.
+async fn a_terminated_mcp_server_gives_its_holdings_back(backend: Backend) {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    let db = database(backend).await;
+    let mut server = huddle(&db.url)
+        .args(["mcp", "--room", ROOM, "--agent", "ada"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start huddle mcp");
+    let mut stdin = server.stdin.take().unwrap();
+    let mut stdout = BufReader::new(server.stdout.take().unwrap());
+    for line in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"resource_acquire","arguments":{"resources":[{"name":"api:deploy"}],"ttl_ms":600000}}}"#,
+    ] {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    stdin.flush().unwrap();
+    let mut answer = String::new();
+    while !answer.contains("\"id\":2") {
+        answer.clear();
+        assert!(stdout.read_line(&mut answer).unwrap() > 0, "the server closed its output");
+    }
+    assert!(answer.contains("api:deploy") && !answer.contains("isError\":true"), "{answer}");
+    let list = || {
+        ok({
+            let mut c = huddle(&db.url);
+            c.args(["resource", "list", "--room", ROOM]);
+            c
+        })
+    };
+    assert!(list().contains("api:deploy exclusive by ada"));
+    let termed = Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(termed.success());
+    let status = server.wait().unwrap();
+    assert!(status.success(), "{status}");
+    drop(stdin);
+    // Given back at once: its ten-minute lease did not have to lapse.
+    assert!(list().contains("no resources held"), "{}", list());
 }

@@ -275,15 +275,24 @@ pub async fn serve_stdio(
     // Resources the agent takes stay renewed while the server (for a driven agent:
     // its turn) runs, and are given back when it ends.
     let keeper = huddle_agent::resources::spawn_keeper(session.clone());
-    let served = async {
+    let serve = async {
         AgentTools::new(session.clone())
             .serve(rmcp::transport::stdio())
             .await?
             .waiting()
             .await?;
         anyhow::Ok(())
-    }
-    .await;
+    };
+    // A relay ends a driven agent's turn with SIGTERM to its process group: give the
+    // holdings back then too, rather than leaving them to lapse.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let served = tokio::select! {
+        r = serve => r,
+        _ = terminate.recv() => {
+            tracing::info!(room, agent, "terminated: giving back held resources");
+            Ok(())
+        }
+    };
     keeper.abort();
     if let Err(e) = session.release_kept().await {
         tracing::warn!(room, agent, error = %e, "giving back held resources failed; they lapse after their lease");

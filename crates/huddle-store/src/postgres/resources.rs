@@ -35,10 +35,7 @@ pub(super) async fn acquire(
         .await
         .map_err(map_pg)?;
     drop(client);
-    let decoded = rows
-        .iter()
-        .map(decode)
-        .collect::<Result<Vec<_>>>()?;
+    let decoded = rows.iter().map(decode).collect::<Result<Vec<_>>>()?;
     if decoded.iter().all(|(_, _, won)| *won) && decoded.len() == wanted.len() {
         return Ok(ResourcesAcquired::Won(
             decoded.into_iter().map(|(_, h, _)| h).collect(),
