@@ -588,9 +588,15 @@ async fn a_terminated_mcp_server_gives_its_holdings_back(backend: Backend) {
     let mut answer = String::new();
     while !answer.contains("\"id\":2") {
         answer.clear();
-        assert!(stdout.read_line(&mut answer).unwrap() > 0, "the server closed its output");
+        assert!(
+            stdout.read_line(&mut answer).unwrap() > 0,
+            "the server closed its output"
+        );
     }
-    assert!(answer.contains("api:deploy") && !answer.contains("isError\":true"), "{answer}");
+    assert!(
+        answer.contains("api:deploy") && !answer.contains("isError\":true"),
+        "{answer}"
+    );
     let list = || {
         ok({
             let mut c = huddle(&db.url);

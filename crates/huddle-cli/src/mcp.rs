@@ -290,7 +290,14 @@ pub async fn serve_stdio(
         r = serve => r,
         _ = terminate.recv() => {
             tracing::info!(room, agent, "terminated: giving back held resources");
-            Ok(())
+            keeper.abort();
+            if let Err(e) = session.release_kept().await {
+                tracing::warn!(room, agent, error = %e, "giving back held resources failed; they lapse after their lease");
+            }
+            session.store().flush().await;
+            // The stdio reader blocks its thread until the client closes stdin; the
+            // process ends now instead of waiting for that.
+            std::process::exit(0);
         }
     };
     keeper.abort();
