@@ -15,6 +15,9 @@ use huddle_core::{InteractionId, NewInteraction, Role, Verb};
 
 on_both_backends!(
     each_named_agent_replies_once_and_reply_to_wakes_the_author,
+    a_group_mention_is_answered_by_each_member_or_by_one,
+    progress_notes_are_shown_but_never_count_as_the_reply,
+    a_prompt_carries_the_thread_since_the_agent_last_spoke,
     the_owners_stop_ends_a_long_turn_and_the_task_is_offered_again,
     a_watched_thread_goes_to_its_watcher
 );
@@ -301,4 +304,237 @@ async fn a_watched_thread_goes_to_its_watcher(backend: Backend) {
         assert_eq!(by, vec!["cy"], "{tag}: {ran:?}");
         assert_eq!(ran[&("cy".to_string(), tag)], 1);
     }
+}
+
+/// `@@review` under `group-reply each` (the default) is answered once by every
+/// member; after `!config group-reply one` a group-only message is answered once in
+/// all, by one member, while a message that also names an agent is still answered by
+/// each named agent. Counted by executions.
+async fn a_group_mention_is_answered_by_each_member_or_by_one(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let (agent, log) = tagging_agent(&h, 'G');
+    let reviewer = |key: &str| AgentSpec {
+        capabilities: vec!["review".into()],
+        ..AgentSpec::exec(key, &agent)
+    };
+    h.spawn_relay("r0", vec![reviewer("ann"), AgentSpec::exec("dee", &agent)]);
+    h.spawn_relay("r1", vec![reviewer("cid")]);
+    h.wait_registered(&["ann", "cid", "dee"]).await;
+
+    let g1 = h
+        .post("hank", Role::Human, "[G1] @@review please look")
+        .await;
+    replies_from(&mut h, g1, &["ann", "cid"]).await;
+
+    let reply = h.config("group-reply one").await;
+    assert!(reply.contains("group-reply"), "{reply}");
+    let get = h.owner_says("!config get group-reply").await;
+    assert!(get.contains("one"), "{get}");
+    let g2 = h
+        .post("hank", Role::Human, "[G2] @@review once for the group")
+        .await;
+    h.wait_until("a reply to G2", secs(60), |l| !l.replies_to(g2).is_empty())
+        .await;
+    let g3 = h.post("hank", Role::Human, "[G3] @@review and @dee").await;
+    replies_from(&mut h, g3, &["ann", "cid", "dee"]).await;
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+
+    let ran = executions(&log);
+    let by = |tag: &str| -> Vec<(String, usize)> {
+        ran.iter()
+            .filter(|((_, t), _)| t == tag)
+            .map(|((a, _), n)| (a.clone(), *n))
+            .collect()
+    };
+    assert_eq!(
+        by("[G1]"),
+        vec![("ann".to_string(), 1), ("cid".to_string(), 1)],
+        "{ran:?}"
+    );
+    let g2_runs = by("[G2]");
+    assert_eq!(
+        g2_runs.len(),
+        1,
+        "one member answers for the group: {ran:?}"
+    );
+    assert_eq!(g2_runs[0].1, 1, "{ran:?}");
+    assert!(["ann", "cid"].contains(&g2_runs[0].0.as_str()), "{ran:?}");
+    assert_eq!(h.ledger.replies_to(g2).len(), 1);
+    assert_eq!(by("[G3]").len(), 3, "{ran:?}");
+    assert!(by("[G3]").iter().all(|(_, n)| *n == 1), "{ran:?}");
+}
+
+/// An exec agent reports progress on standard error while it works: each note is a
+/// `turn.progress` row under the turn (parent = the message), shown by `huddle tail`
+/// and on the board, and the message still gets exactly one reply from one
+/// execution.
+async fn progress_notes_are_shown_but_never_count_as_the_reply(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let log = h.dir().join("executions.log");
+    let go = h.dir().join("go");
+    let agent = h.script(
+        "agent.sh",
+        &format!(
+            "cat >/dev/null\necho \"$HUDDLE_AGENT\" >> {log}\n\
+             echo 'huddle-progress: reading the logs' >&2\n\
+             echo 'huddle-progress: half way' >&2\n\
+             echo 'something else' >&2\n\
+             i=0; while [ ! -e {go} ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done\n\
+             echo 'the answer is 42'",
+            log = log.display(),
+            go = go.display()
+        ),
+    );
+    h.spawn_relay("r0", vec![AgentSpec::exec("ann", &agent)]);
+    h.wait_registered(&["ann"]).await;
+    let q = h
+        .post("hank", Role::Human, "@ann what is the answer?")
+        .await;
+    // While the turn runs, the board shows ann working with its latest note.
+    h.wait_until("both notes written", secs(30), |l| {
+        l.of_verb(Verb::TurnProgress).count() == 2
+    })
+    .await;
+    let mut board = common::huddle(&h.db.url);
+    board.args(["board", "--room", &h.room, "--json"]);
+    let board: serde_json::Value =
+        serde_json::from_str(&common::ok(board)).expect("board --json is JSON");
+    let ann = board["agents"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["agent"] == "ann"))
+        .cloned()
+        .expect("ann on the board");
+    assert_eq!(ann["state"], "working", "{ann}");
+    assert_eq!(ann["note"], "half way", "{ann}");
+    assert!(
+        h.ledger.replies_to(q).is_empty(),
+        "no reply before the turn ends"
+    );
+    std::fs::write(&go, "").expect("let the agent finish");
+    h.wait_until("ann's reply", secs(60), |l| !l.replies_to(q).is_empty())
+        .await;
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+
+    let l = &h.ledger;
+    let notes: Vec<String> = l
+        .of_verb(Verb::TurnProgress)
+        .map(|(_, r)| {
+            assert_eq!(
+                r.parent,
+                Some(q),
+                "a note belongs to the message it is about"
+            );
+            assert_eq!(r.actor, "ann");
+            r.body["text"].as_str().unwrap_or_default().to_string()
+        })
+        .collect();
+    assert_eq!(notes, vec!["reading the logs", "half way"]);
+    let replies = l.replies_to(q);
+    assert_eq!(replies.len(), 1, "the notes are not replies");
+    assert_eq!(replies[0].body["text"], "the answer is 42");
+    assert_eq!(l.turns_replied_to(q).len(), 1);
+    let runs = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(runs.lines().count(), 1, "one execution: {runs}");
+
+    let mut tail = common::huddle(&h.db.url);
+    tail.args(["tail", "--room", &h.room]);
+    let tail = common::ok(tail);
+    assert!(
+        tail.contains("(progress, not the reply) half way"),
+        "tail shows the notes: {tail}"
+    );
+}
+
+/// The `<thread>` block: in thread t1, bo answers two questions and ann is asked the
+/// third; ann's prompt holds the first two questions and bo's answers, oldest first,
+/// and bo's prompt for the second question holds only what came after bo last spoke
+/// (not the first question). With `thread-context 0` the block is left out.
+async fn a_prompt_carries_the_thread_since_the_agent_last_spoke(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let prompts = h.dir().join("prompts");
+    std::fs::create_dir_all(&prompts).expect("prompts dir");
+    let agent = h.script(
+        "agent.sh",
+        &format!(
+            "p=$(cat)\ntag=$(printf '%s' \"$p\" | grep -o '\\[T[0-9]*\\]' | tail -n 1 | tr -d '[]')\n\
+             printf '%s' \"$p\" > {dir}/$HUDDLE_AGENT-$tag\necho \"$HUDDLE_AGENT on $tag\"",
+            dir = prompts.display()
+        ),
+    );
+    h.spawn_relay(
+        "r0",
+        vec![
+            AgentSpec::exec("ann", &agent),
+            AgentSpec::exec("bo", &agent),
+        ],
+    );
+    h.wait_registered(&["ann", "bo"]).await;
+    let in_t1 = |h: &Huddle, text: &str| {
+        NewInteraction::new(
+            h.room.as_str(),
+            Verb::MessagePosted,
+            "hank",
+            Role::Human,
+            serde_json::json!({ "text": text }),
+        )
+        .in_thread("t1")
+    };
+    let mut first = None;
+    for (tag, to) in [("T1", "bo"), ("T2", "bo"), ("T3", "ann")] {
+        let row = in_t1(&h, &format!("@{to} [{tag}] point {tag}"));
+        let id = h.store.append(vec![row]).await.expect("post")[0].id;
+        h.wait_until("the answer", secs(60), |l| !l.replies_to(id).is_empty())
+            .await;
+        if first.is_none() {
+            first = Some(id);
+            // A person answering a person: no agent is woken, but it is said here.
+            let mut aside = in_t1(&h, "an aside from ivy");
+            aside.actor = "ivy".into();
+            aside = aside.with_parent(id);
+            h.store.append(vec![aside]).await.expect("post");
+        }
+    }
+    h.config("thread-context 0").await;
+    let row = in_t1(&h, "@ann [T4] and now?");
+    let id = h.store.append(vec![row]).await.expect("post")[0].id;
+    h.wait_until("the answer", secs(60), |l| !l.replies_to(id).is_empty())
+        .await;
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+
+    let read = |name: &str| std::fs::read_to_string(prompts.join(name)).unwrap_or_default();
+    let ann = read("ann-T3");
+    let block = ann
+        .split("<thread")
+        .nth(1)
+        .and_then(|b| b.split("</thread>").next())
+        .unwrap_or_else(|| panic!("ann's prompt has a <thread> block:\n{ann}"));
+    let order: Vec<usize> = [
+        "[T1] point T1",
+        "bo on T1",
+        "an aside from ivy",
+        "[T2] point T2",
+        "bo on T2",
+    ]
+    .iter()
+    .map(|s| block.find(s).unwrap_or_else(|| panic!("{s:?} in {block}")))
+    .collect();
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "oldest first: {block}"
+    );
+    assert!(
+        !block.contains("[T3]"),
+        "the message answered is not repeated: {block}"
+    );
+    let bo = read("bo-T2");
+    assert!(bo.contains("an aside from ivy"), "{bo}");
+    assert!(
+        !bo.contains("[T1]"),
+        "bo spoke after T1: only what came since: {bo}"
+    );
+    let ann4 = read("ann-T4");
+    assert!(ann4.contains("[T4]") && !ann4.contains("<thread"), "{ann4}");
 }

@@ -38,6 +38,7 @@ mod delegate;
 pub mod error;
 pub mod pattern_views;
 mod patterns;
+mod progress;
 pub mod resource_views;
 pub mod resources;
 mod session;

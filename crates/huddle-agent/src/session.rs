@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use huddle_core::config::check_agent_name;
-use huddle_core::protocol::{reply_key_for, AgentRegisteredBody, MessageBody};
+use huddle_core::protocol::{nonce_from, reply_key_for, AgentRegisteredBody, MessageBody};
 use huddle_core::sync::addressing;
 use huddle_core::{
     validate_name, Board, ClaimEpoch, ConfigFold, Fold, Interaction, InteractionId, NewInteraction,
@@ -47,6 +47,8 @@ pub(crate) struct Folded {
     pub(crate) mine: BTreeMap<String, ClaimEpoch>,
     /// Decisions, barriers and leases ([`crate::patterns`]).
     pub(crate) patterns: Patterns,
+    /// Recent messages per thread, for `read`'s `<thread>` block.
+    pub(crate) threads: huddle_core::thread::ThreadWindow,
 }
 
 impl Folded {
@@ -67,6 +69,8 @@ pub struct AgentSession {
     pub(crate) agent: String,
     pub(crate) capabilities: Vec<String>,
     pub(crate) state: Mutex<Folded>,
+    /// Progress notes this session wrote (their `seq`).
+    pub(crate) progress_notes: std::sync::atomic::AtomicU32,
     /// Resources this session acquired and keeps alive ([`crate::resources`]).
     pub(crate) kept: crate::resources::Kept,
 }
@@ -107,7 +111,9 @@ impl AgentSession {
                 board: Board::new(),
                 mine: BTreeMap::new(),
                 patterns: Patterns::new(),
+                threads: Default::default(),
             }),
+            progress_notes: std::sync::atomic::AtomicU32::new(0),
             kept: Default::default(),
         };
         {
@@ -171,6 +177,7 @@ impl AgentSession {
         loop {
             let batch = self.store.read_room(&self.room, st.cursor, PAGE).await?;
             for row in &batch.rows {
+                st.threads.observe(row);
                 st.authority.apply(row);
                 if st.authority.admits(row) {
                     st.dag.apply(row);
@@ -221,8 +228,23 @@ impl AgentSession {
     }
 
     /// `read`: the room's interactions after a cursor (or the newest `limit`),
-    /// optionally one thread, waiting up to `wait_ms` for something new.
+    /// optionally one thread, waiting up to `wait_ms` for something new; with the
+    /// thread's `<thread>` block (what was said there since this agent last spoke).
     pub async fn read(&self, args: ReadArgs) -> Result<ReadResult> {
+        let thread = args.thread.clone();
+        let mut result = self.read_rows(args).await?;
+        let st = self.synced().await?;
+        let budget = st
+            .config()
+            .effective(&self.room, thread.as_deref())
+            .thread_context_bytes as usize;
+        result.thread_context =
+            st.threads
+                .block(&self.room, thread.as_deref(), &self.agent, None, budget);
+        Ok(result)
+    }
+
+    async fn read_rows(&self, args: ReadArgs) -> Result<ReadResult> {
         let limit = args.limit.unwrap_or(READ_DEFAULT).clamp(1, READ_MAX) as usize;
         let wait = Duration::from_millis(args.wait_ms.unwrap_or(0).min(MAX_WAIT_MS));
         let deadline = Instant::now() + wait;
@@ -257,6 +279,7 @@ impl AgentSession {
             return Ok(ReadResult {
                 interactions: tail.into(),
                 next: cursor.to_string(),
+                thread_context: None,
             });
         };
         loop {
@@ -290,6 +313,7 @@ impl AgentSession {
                 return Ok(ReadResult {
                     interactions: out,
                     next: cursor.to_string(),
+                    thread_context: None,
                 });
             }
         }
@@ -300,6 +324,9 @@ impl AgentSession {
         if args.text.trim().is_empty() {
             return Err(AgentError::BadArgument("text is empty".into()));
         }
+        if args.progress {
+            return self.progress_note(args).await;
+        }
         let mut mentions = args.mentions.clone();
         mentions.sort();
         mentions.dedup();
@@ -308,9 +335,25 @@ impl AgentSession {
                 "mention {bad:?} is not an agent name"
             )));
         }
+        // Every post is a new message, however often its text was said before: a
+        // nonce from the idempotency key (a retry is the same row), the message
+        // replied to (an agent answers a message once), or fresh randomness.
+        let nonce = match (&args.idempotency_key, &args.reply_to) {
+            (Some(k), _) => nonce_from(format!("key\0{}\0{k}", self.agent).as_bytes()),
+            (None, Some(p)) => nonce_from(format!("reply\0{}\0{p}", self.agent).as_bytes()),
+            (None, None) => {
+                let mut seed = [0u8; 16];
+                getrandom::fill(&mut seed).map_err(|e| {
+                    AgentError::BadArgument(format!("no randomness for the post's nonce: {e}"))
+                })?;
+                nonce_from(&seed)
+            }
+        };
         let body = MessageBody {
             text: args.text,
             mentions,
+            nonce: Some(nonce),
+            ..MessageBody::default()
         };
         let mut row = NewInteraction::new(
             self.room.as_str(),
@@ -354,12 +397,22 @@ impl AgentSession {
 
     /// Whether `message` names several agents, this one among them: then each of
     /// them answers it once, under its own reply claim, as relays do.
-    async fn names_several(&self, message: &Interaction) -> Result<bool> {
+    pub(crate) async fn names_several(&self, message: &Interaction) -> Result<bool> {
         let body: MessageBody = serde_json::from_value(message.body.clone()).unwrap_or_default();
-        let agents = self.synced().await?.board.capabilities(&self.room);
+        let st = self.synced().await?;
+        let agents = st.board.capabilities(&self.room);
+        let config = st.config().effective(&self.room, message.thread.as_deref());
         let to = addressing::address_in_room(&body.text, &body.mentions, None, &agents);
         let eligible = addressing::eligible(&message.actor, message.role, &body.text, &to, false);
-        Ok(eligible.answers_each() && eligible.contains(&self.agent))
+        let known = agents.keys().cloned().collect();
+        let each = addressing::answers_each(
+            &eligible,
+            &body.text,
+            &body.mentions,
+            &known,
+            config.group_reply,
+        );
+        Ok(each && eligible.contains(&self.agent))
     }
 
     /// Writes the one reply to `parent`: under the message's reply claim, which the

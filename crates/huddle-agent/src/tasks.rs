@@ -375,6 +375,7 @@ impl AgentSession {
             lease_ms: self.lease_ms(st),
             resumed,
             dependencies,
+            effect_key: huddle_core::protocol::task_effect_key(&self.room, &t.id),
         }
     }
 

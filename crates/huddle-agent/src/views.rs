@@ -76,6 +76,11 @@ pub struct ReadResult {
     pub interactions: Vec<InteractionView>,
     /// Pass as `after` to read what comes next.
     pub next: String,
+    /// The `<thread>` block of the thread read (the room's top level without
+    /// `thread`): its messages since you last spoke there, newest last, within the
+    /// room's `thread-context` budget; absent when there is nothing new.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_context: Option<String>,
 }
 
 /// Arguments of `post`.
@@ -95,6 +100,11 @@ pub struct PostArgs {
     /// A key of your choosing: a retry with the same key never posts twice.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// An interim progress note on the message `reply_to`, which you are answering
+    /// now ("still reading the logs"): recorded as `turn.progress`, shown on the board
+    /// and in `tail`, never your reply (post the reply later without `progress`).
+    #[serde(default)]
+    pub progress: bool,
 }
 
 /// Result of a write.
@@ -279,6 +289,10 @@ pub struct ClaimedTask {
     pub resumed: bool,
     /// Results of the task's dependencies.
     pub dependencies: Vec<DependencyView>,
+    /// The task's effect key: the same for every attempt of this task, by any agent,
+    /// different for every other task. Pass it to external systems as the
+    /// idempotency key of the task's side effects.
+    pub effect_key: String,
 }
 
 /// Result of `task_claim`.

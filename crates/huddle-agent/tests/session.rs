@@ -546,3 +546,48 @@ async fn an_agent_bound_to_other_writers_is_refused_at_open() {
     assert!(rows.rows.iter().all(|r| r.actor != "ada"));
     room.agent("bo").await;
 }
+
+/// `post` with `progress`: a `turn.progress` note on the message the agent is
+/// answering (it holds the reply claim, as a relay driving it holds it in its name),
+/// refused without that claim or without `reply_to`; the note is not a reply, and the
+/// reply after it is still the message's one reply.
+#[tokio::test]
+async fn a_progress_note_is_written_under_the_reply_claim_and_is_not_the_reply() {
+    let room = Room::new(&[]).await;
+    let bo = room.agent("bo").await;
+    let cy = room.agent("cy").await;
+    let q = bo
+        .post(PostArgs {
+            text: "@cy how is it going?".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let note = |text: &str, to: Option<&str>| PostArgs {
+        text: text.into(),
+        reply_to: to.map(str::to_string),
+        progress: true,
+        ..Default::default()
+    };
+    // Not answering it yet: no reply claim of cy's.
+    let err = cy.post(note("reading", Some(&q.id))).await.unwrap_err();
+    assert_eq!(err.code(), "not_holder", "{err}");
+    let err = cy.post(note("reading", None)).await.unwrap_err();
+    assert_eq!(err.code(), "bad_argument", "{err}");
+    // The relay driving cy holds the reply claim in cy's name.
+    let key = huddle_core::protocol::reply_key("lobby", &q.id.parse().unwrap());
+    assert!(room.store.acquire(&key, "cy", TTL).await.unwrap().won());
+    let first = cy.post(note("reading", Some(&q.id))).await.unwrap();
+    let second = cy.post(note("reading", Some(&q.id))).await.unwrap();
+    assert!(
+        first.inserted && second.inserted,
+        "the same text twice is two notes"
+    );
+    assert_ne!(first.id, second.id);
+    assert_eq!(room.rows(Verb::TurnProgress).await, 2);
+    let replies_before = room.rows(Verb::MessagePosted).await;
+    // Someone else cannot post progress on cy's answer.
+    let err = bo.post(note("me too", Some(&q.id))).await.unwrap_err();
+    assert_eq!(err.code(), "not_holder", "{err}");
+    assert_eq!(room.rows(Verb::MessagePosted).await, replies_before);
+}

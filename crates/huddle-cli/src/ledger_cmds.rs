@@ -384,12 +384,16 @@ pub async fn post(
     } else {
         Role::Human
     };
+    // A nonce makes every post a new message: the same text said twice is said twice.
+    let mut seed = [0u8; 16];
+    getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("no randomness for a nonce: {e}"))?;
+    let nonce = huddle_core::protocol::nonce_from(&seed);
     let mut message = NewInteraction::new(
         room,
         Verb::MessagePosted,
         actor,
         role,
-        json!({ "text": text }),
+        json!({ "text": text, "nonce": nonce }),
     );
     message.thread = thread;
     if let Some(wanted) = reply_to {

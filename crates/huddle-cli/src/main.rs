@@ -4,6 +4,7 @@
 mod admin;
 mod bench_coord;
 mod bench_ledger;
+mod bench_sched;
 mod bench_tasks;
 mod demo;
 mod keys;
@@ -19,6 +20,7 @@ mod resource_cmds;
 mod scratch;
 mod shared_state_cmds;
 mod state_cmds;
+mod status_cmds;
 mod task_cmds;
 
 use std::process::ExitCode;
@@ -132,6 +134,28 @@ pub enum Command {
         /// JSON output.
         #[arg(long)]
         json: bool,
+    },
+    /// The relays serving a room (or every room): online or offline by their liveness
+    /// lease, the agents they host, version, how far behind the ledger they were and
+    /// their last heartbeat.
+    Status {
+        /// Only the relays of this room.
+        #[arg(long)]
+        room: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Waits until a room settles (nothing ready, claimed or running; a relay
+    /// records it as `room.settled`): exits 0 when every task is done, 2 when some
+    /// are abandoned or blocked, 124 when --timeout passes first.
+    Wait {
+        /// Room to wait for.
+        #[arg(long)]
+        room: String,
+        /// Give up after this many seconds (default: wait as long as it takes).
+        #[arg(long)]
+        timeout: Option<u64>,
     },
     /// A room's task DAG: counts, the ready frontier, every task's status and owner.
     Tasks {
@@ -283,6 +307,9 @@ pub enum BenchCommand {
     /// Task hand-out throughput end to end (N tasks, A agents over R relay
     /// processes, turn length T) beside a plain-SQL job queue on the same database.
     Tasks(bench_tasks::TasksArgs),
+    /// The synchronizer's own cost per task as the DAG grows (no database: every
+    /// intent answered from memory).
+    Sched(bench_sched::SchedArgs),
 }
 
 /// `huddle room ...`
@@ -386,6 +413,13 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<status_cmds::WaitEnded>() => {
+            eprintln!("huddle: {e}");
+            let code = e
+                .downcast_ref::<status_cmds::WaitEnded>()
+                .map_or(1, |w| w.code);
+            ExitCode::from(code)
+        }
         Err(e) if e.is::<ledger_cmds::NotSigned>() => {
             eprintln!("huddle: {e}");
             ExitCode::from(ledger_cmds::EXIT_NOT_SIGNED)
@@ -488,6 +522,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args, cli.db.clone(), options).await,
         Command::Board { room, json } => state_cmds::board(&db, options, &room, json).await,
         Command::Tasks { room, json } => state_cmds::tasks(&db, options, &room, json).await,
+        Command::Wait { room, timeout } => status_cmds::wait(&db, options, &room, timeout).await,
+        Command::Status { room, json } => {
+            status_cmds::status(&db, options, room.as_deref(), json).await
+        }
         Command::Decisions { room, json } => {
             pattern_cmds::show(&db, options, &room, json, pattern_cmds::Kind::Decisions).await
         }
@@ -509,6 +547,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Propose(p) => pattern_cmds::propose(&db, options, p).await,
         Command::Vote(v) => pattern_cmds::vote(&db, options, v).await,
         Command::Barrier { command } => pattern_cmds::barrier(&db, options, command).await,
+        Command::Bench {
+            command: BenchCommand::Sched(args),
+        } => {
+            let lines = bench_sched::run(&args);
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&lines)?);
+            } else {
+                print!("{}", bench_sched::render(&args, &lines));
+            }
+            Ok(())
+        }
         Command::Bench {
             command: BenchCommand::Tasks(args),
         } => {

@@ -33,9 +33,27 @@ pub fn line(i: &Interaction) -> String {
         Some(t) => format!("{}#{}", i.room, t),
         None => i.room.clone(),
     };
-    let what = match i.body.get("text").and_then(|t| t.as_str()) {
-        Some(text) => text.to_string(),
-        None => canonical_json(&i.body),
+    let heartbeat = (i.verb == huddle_core::Verb::RelayHeartbeat)
+        .then(|| huddle_core::protocol::RelayHeartbeatBody::parse(&i.body))
+        .flatten();
+    let what = match (heartbeat, i.body.get("text").and_then(|t| t.as_str())) {
+        (Some(h), _) => format!(
+            "relay {} beat {} (version {}, {} behind) hosts {}",
+            h.relay,
+            h.beat,
+            h.version,
+            h.behind,
+            if h.agents.is_empty() {
+                "no agents".to_string()
+            } else {
+                h.agents.join(", ")
+            }
+        ),
+        (None, Some(text)) if i.verb == huddle_core::Verb::TurnProgress => {
+            format!("(progress, not the reply) {text}")
+        }
+        (None, Some(text)) => text.to_string(),
+        (None, None) => canonical_json(&i.body),
     };
     format!(
         "{} {} {} ({}) {}: {}",

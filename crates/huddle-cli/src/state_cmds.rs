@@ -85,6 +85,11 @@ pub struct BoardAgent {
     pub failed_turns: u64,
     /// Tokens of its turns.
     pub tokens: u64,
+    /// Its latest progress or presence note.
+    pub note: Option<String>,
+    /// `online` / `offline (relay r0 down)` by its relays' leases; `None` when no
+    /// relay heartbeat lists it.
+    pub hosting: Option<String>,
 }
 
 /// A designation: who took a message.
@@ -130,6 +135,8 @@ pub struct BoardView {
     pub notices: Vec<BoardNotice>,
     /// Turns in flight: (subject, turn, agent).
     pub open_turns: Vec<(String, String, String)>,
+    /// Messages whose named agents owe an answer but no live relay hosts them.
+    pub waiting_on_absent: Vec<crate::status_cmds::AbsentWait>,
     /// Shared resources held now (the database's view), by resource.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub resources: Vec<huddle_agent::resource_views::HoldingView>,
@@ -165,6 +172,8 @@ fn board_view(t: &Tally) -> BoardView {
                 turns: tally.turns,
                 failed_turns: tally.failed_turns,
                 tokens: tally.tokens,
+                note: p.and_then(|p| p.note.clone()),
+                hosting: None,
                 agent,
             }
         })
@@ -212,6 +221,7 @@ fn board_view(t: &Tally) -> BoardView {
                     .collect()
             })
             .unwrap_or_default(),
+        waiting_on_absent: Vec::new(),
         resources: Vec::new(),
         state: Vec::new(),
     }
@@ -244,7 +254,25 @@ fn describe(on: &Option<Subject>) -> String {
 /// `huddle board --room R [--json]`
 pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> anyhow::Result<()> {
     let store = ledger_cmds::open(db, options).await?;
-    let mut view = board_view(&fold_room(&*store, room).await?);
+    let mut tally = Tally::new(room);
+    let mut relays = huddle_core::relays::RelayFold::new();
+    let mut config = huddle_core::ConfigFold::new();
+    fold_admitted(&*store, room, |r| {
+        tally.apply(r);
+        huddle_core::Fold::apply(&mut relays, r);
+        huddle_core::Fold::apply(&mut config, r);
+    })
+    .await?;
+    let mut view = board_view(&tally);
+    let live = crate::status_cmds::live_relays(&*store).await?;
+    if let Some(rr) = relays.room(room) {
+        for a in &mut view.agents {
+            a.hosting = crate::status_cmds::hosting_word(&rr.hosting(&a.agent, &live));
+        }
+        let group_one =
+            config.effective(room, None).group_reply == huddle_core::config::GroupReply::One;
+        view.waiting_on_absent = crate::status_cmds::absent_waits(rr, &live, group_one);
+    }
     shared_view(&*store, room, &mut view).await?;
     if json {
         return emit(&format!("{}\n", serde_json::to_string_pretty(&view)?));
@@ -263,17 +291,56 @@ pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> a
         "agent", "state", "done", "failed", "tokens", "since"
     );
     for a in &view.agents {
+        // An agent whose relays are all down is offline, whatever it was doing: what
+        // it held is being re-taken once its leases lapse.
+        let offline = a
+            .hosting
+            .as_deref()
+            .is_some_and(|h| h.starts_with("offline"));
+        let state = if offline { "offline" } else { a.state.as_str() };
+        let mut on = describe(&a.on);
+        if offline && a.state == "working" && !on.is_empty() {
+            on = format!("{on} (being re-taken)");
+        }
+        if let Some(n) = a.note.as_deref().filter(|_| !offline) {
+            on = format!("{on} — {}", clip(n, 60));
+        }
+        if let Some(h) = a.hosting.as_deref().filter(|_| offline) {
+            on = format!("{on} [{h}]");
+        }
         let _ = writeln!(
             out,
             "{:<12} {:<8} {:>5} {:>6} {:>8}  {:<23}  {}",
             a.agent,
-            a.state,
+            state,
             a.tasks_done,
             a.failed_turns,
             a.tokens,
             a.since.map_or_else(|| "-".to_string(), format_time),
-            describe(&a.on)
+            on.trim_start_matches(" — ")
         );
+    }
+    if !view.waiting_on_absent.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nwaiting on absent agents ({}):",
+            view.waiting_on_absent.len()
+        );
+        for w in view.waiting_on_absent.iter().rev().take(10) {
+            let who: Vec<String> = w
+                .absent
+                .iter()
+                .map(|(a, why)| format!("{a} ({why})"))
+                .collect();
+            let _ = writeln!(
+                out,
+                "  message {} from {} at {} waits on {}",
+                w.message.chars().take(12).collect::<String>(),
+                w.author,
+                format_time(w.at),
+                who.join(", ")
+            );
+        }
     }
     if view.agents.is_empty() {
         let _ = writeln!(out, "(no agents yet)");

@@ -32,7 +32,9 @@ pub use crate::protocol::coord::{
 pub use crate::protocol::room::{
     AgentRegisteredBody, MessageBody, RoomCreatedBody, DEFAULT_PRIORITY,
 };
-pub use crate::protocol::turn::{TurnFailedBody, TurnPromptedBody, TurnRepliedBody};
+pub use crate::protocol::turn::{
+    TurnFailedBody, TurnProgressBody, TurnPromptedBody, TurnRepliedBody,
+};
 
 /// The verbs the board folds.
 const FOLDED: &[Verb] = &[
@@ -46,6 +48,7 @@ const FOLDED: &[Verb] = &[
     Verb::TaskCompleted,
     Verb::TaskFailed,
     Verb::TaskReleased,
+    Verb::TurnProgress,
 ];
 
 /// Most designations shown in a `<coordination>` block (the most recent).
@@ -233,6 +236,29 @@ impl RoomBoard {
                 };
                 self.set_presence(&i.actor, state, Some(subject), i.at);
             }
+            // A progress note keeps the agent working on its subject and says how it
+            // goes; it ends nothing.
+            Verb::TurnProgress if i.role == Role::Agent => {
+                let Some(b) = parse_body::<TurnProgressBody>(&i.body) else {
+                    self.malformed += 1;
+                    return;
+                };
+                let on = self
+                    .presence
+                    .get(&i.actor)
+                    .and_then(|p| p.on.clone())
+                    .filter(|s| s.key() == b.subject.key())
+                    .unwrap_or(b.subject);
+                self.presence.insert(
+                    i.actor.clone(),
+                    Presence {
+                        state: PresenceState::Working,
+                        on: Some(on),
+                        note: Some(truncate_text(&b.text, 200)),
+                        since: i.at,
+                    },
+                );
+            }
             Verb::TaskClaimed | Verb::TaskCompleted | Verb::TaskFailed | Verb::TaskReleased
                 if i.role == Role::Agent =>
             {
@@ -379,11 +405,12 @@ impl Board {
         if view.is_empty() {
             return None;
         }
-        let version = hash_state(&view);
-        Some(CoordinationBlock {
-            text: view.render(),
-            version,
-        })
+        // The version is the hash of the text itself: it changes exactly when the text
+        // does, and costs one pass over the text instead of a canonical encoding of the
+        // view (which was most of a turn start's cost).
+        let text = view.render();
+        let version = *blake3::hash(text.as_bytes()).as_bytes();
+        Some(CoordinationBlock { text, version })
     }
 }
 

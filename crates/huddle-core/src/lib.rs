@@ -15,9 +15,11 @@
 //!    [`shared_state`], the
 //!    coordination patterns [`decision`] and [`barrier`] (on the shared [`pattern`]),
 //!    then [`board`] (which shows the task summary) and [`guards`] (which read the
-//!    config);
+//!    config); [`thread`] (the `<thread>` block's window);
 //! 4. the decisions on top of them: [`policy`], [`commands`];
-//! 5. the relay's state machine: [`sync`].
+//! 5. the relay's state machine: [`sync`];
+//! 6. views that read messages as relays do: [`relays`] (relay presence and the named
+//!    agents a room waits for).
 //!
 //! ```
 //! use huddle_core::{NewInteraction, Role, Verb};
@@ -48,6 +50,7 @@ pub mod model;
 pub mod pattern;
 pub mod policy;
 pub mod protocol;
+pub mod relays;
 pub mod resources;
 #[cfg(test)]
 mod robustness;
@@ -57,6 +60,7 @@ pub mod sync;
 pub mod tasks;
 #[cfg(test)]
 mod testing;
+pub mod thread;
 pub mod verbs;
 
 pub use barrier::{BarrierFold, BarrierRules, BarrierStatus};

@@ -99,6 +99,13 @@ verbs! {
     /// An agent asks the room owner before an action; the owner answers with a
     /// signed `!approve` / `!deny`.
     ApprovalRequested => "approval.requested",
+    /// An interim progress note of a running turn; never the turn's reply.
+    TurnProgress => "turn.progress",
+    /// A relay's slow heartbeat in each room it serves: who it hosts, its version and
+    /// how far behind the ledger it is.
+    RelayHeartbeat => "relay.heartbeat",
+    /// A room settled: nothing ready, claimed or running; body has the task counts.
+    RoomSettled => "room.settled",
     /// An agent took shared resources (names, modes, claim epochs, expiry).
     ResourceAcquired => "resource.acquired",
     /// An agent renewed resources it holds.

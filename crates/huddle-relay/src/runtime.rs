@@ -66,6 +66,9 @@ pub struct RelayOptions {
     pub sync: SyncOptions,
     /// How long shutdown waits for turns to end (default 10 s).
     pub shutdown_grace: Duration,
+    /// Time between the relay's `relay.heartbeat` rows (default 30 s; one is written
+    /// at start). Liveness itself is the `relay/<id>` lease, renewed every 2 s.
+    pub heartbeat_every: Duration,
 }
 
 impl Default for RelayOptions {
@@ -75,6 +78,7 @@ impl Default for RelayOptions {
             max_tick: Duration::from_millis(250),
             sync: SyncOptions::default(),
             shutdown_grace: Duration::from_secs(10),
+            heartbeat_every: Duration::from_secs(30),
         }
     }
 }
@@ -189,6 +193,10 @@ struct Loop {
     inflight: tokio::task::JoinSet<()>,
     /// Cancelled when the relay stops waiting for in-flight writes.
     give_up: CancellationToken,
+    /// The rooms it serves.
+    rooms: Vec<String>,
+    /// Recent messages per thread: the `<thread>` block of prompts.
+    threads: huddle_core::thread::ThreadWindow,
 }
 
 impl Relay {
@@ -236,6 +244,8 @@ impl Relay {
             clock_base: Instant::now(),
             inflight: tokio::task::JoinSet::new(),
             give_up: CancellationToken::new(),
+            rooms: self.rooms.clone(),
+            threads: Default::default(),
         };
         let ledger: Arc<dyn huddle_store::Ledger> = self.store.clone();
         // The read-forward runs in a task of its own: no other event can abort or
@@ -280,10 +290,20 @@ impl Relay {
                 other => break other?,
             }
         }
+        let mut beat = 0u64;
+        lp.heartbeat(identity.instance(), cursor, beat).await;
+        let mut next_beat = Instant::now() + self.options.heartbeat_every;
         let mut stopping = false;
         let mut stop_deadline: Option<tokio::time::Instant> = None;
+        // Ticks fall due at an absolute time, at least every `max_tick` after the
+        // last one however many other events arrive (a relative sleep re-armed on
+        // every pass would starve the tick, and with it the relay id's renewal, under
+        // a steady stream of events).
+        let mut last_tick = tokio::time::Instant::now();
         loop {
-            let sleep_for = lp.until_next_wakeup(self.options.max_tick);
+            let tick_at = (tokio::time::Instant::now()
+                + lp.until_next_wakeup(self.options.max_tick))
+            .min(last_tick + self.options.max_tick);
             tokio::select! {
                 step = reader.recv(), if !stopping => {
                     match step {
@@ -341,7 +361,8 @@ impl Relay {
                     }
                 }
                 Some(_) = lp.inflight.join_next(), if !lp.inflight.is_empty() => {}
-                _ = tokio::time::sleep(sleep_for) => {
+                _ = tokio::time::sleep_until(tick_at) => {
+                    last_tick = tokio::time::Instant::now();
                     if let Err(e) = lp.tick().await {
                         warn!(error = %e, "reconcile tick failed");
                     }
@@ -355,6 +376,11 @@ impl Relay {
                             }
                             return Err(e.into());
                         }
+                    }
+                    if !stopping && Instant::now() >= next_beat {
+                        beat += 1;
+                        lp.heartbeat(identity.instance(), cursor, beat).await;
+                        next_beat = Instant::now() + self.options.heartbeat_every;
                     }
                     if let Some(deadline) = stop_deadline {
                         if tokio::time::Instant::now() > deadline {
@@ -493,6 +519,64 @@ impl Loop {
         }
     }
 
+    /// Writes one `relay.heartbeat` per hosted room, off the event loop (bounded in
+    /// time, so a slow database never holds up the relay): the agents, the version and
+    /// how many committed rows lie past `cursor` (at most [`BEHIND_PROBE`]). A heartbeat
+    /// that cannot be written is logged and skipped; the next one follows.
+    async fn heartbeat(&mut self, instance: &str, cursor: Position, beat: u64) {
+        let agents: Vec<String> = self.agents.keys().cloned().collect();
+        let batch: Vec<NewInteraction> = self
+            .rooms
+            .iter()
+            .map(|room| {
+                let body = huddle_core::protocol::RelayHeartbeatBody {
+                    relay: self.summary.relay.clone(),
+                    instance: instance.to_string(),
+                    beat,
+                    version: env!("CARGO_PKG_VERSION").to_string(),
+                    agents: agents.clone(),
+                    behind: 0,
+                };
+                NewInteraction::new(
+                    room.as_str(),
+                    Verb::RelayHeartbeat,
+                    self.summary.relay.as_str(),
+                    Role::System,
+                    body.to_body(),
+                )
+            })
+            .collect();
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let write = async {
+                let behind = match store.read_forward(cursor, BEHIND_PROBE).await {
+                    Ok(b) => (b.rows.len() + b.skipped.len()) as u64,
+                    Err(e) => {
+                        debug!(error = %e, "could not read ahead for the heartbeat");
+                        0
+                    }
+                };
+                let batch: Vec<NewInteraction> = batch
+                    .into_iter()
+                    .map(|mut row| {
+                        row.body["behind"] = serde_json::Value::from(behind);
+                        row
+                    })
+                    .collect();
+                match store.append(batch).await {
+                    Ok(_) => debug!(beat, behind, "heartbeat written"),
+                    Err(e) => warn!(beat, error = %e, "heartbeat not written"),
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(10), write)
+                .await
+                .is_err()
+            {
+                warn!(beat, "heartbeat not written in time");
+            }
+        });
+    }
+
     async fn tick(&mut self) -> Result<(), StoreError> {
         let now = self.store.now().await?;
         self.clock_offset = now.as_micros() - self.clock_base.elapsed().as_micros() as i64;
@@ -501,15 +585,21 @@ impl Loop {
     }
 
     async fn ledger(&mut self, rows: Vec<Interaction>, caught_up: bool) {
-        // Owner commands are executed by every relay: their results are deterministic
-        // content, so the ledger keeps one copy whoever appends first.
-        for row in rows.iter().filter(|r| r.verb == Verb::MessagePosted) {
+        // A window of recent messages per served room (memory independent of the
+        // rooms in the ledger that this relay does not serve).
+        for row in rows
+            .iter()
+            .filter(|r| r.verb == Verb::MessagePosted && self.sync.serves(&r.room))
+        {
+            self.threads.observe(row);
             let window = self.recent.entry(row.room.clone()).or_default();
             window.push_back(row.clone());
             while window.len() > CONTEXT_WINDOW {
                 window.pop_front();
             }
         }
+        // Owner commands are executed by every relay: their results are deterministic
+        // content, so the ledger keeps one copy whoever appends first.
         let observed = self.commands.observe(rows);
         if !observed.appends.is_empty() {
             self.write_command_results(observed.appends);
@@ -639,6 +729,27 @@ impl Loop {
         (!text.is_empty()).then_some(text)
     }
 
+    /// The `<thread>` block of a turn: what was said in its thread (a task's: the
+    /// room's top level) since the agent last spoke there, within the room's
+    /// `thread-context` budget.
+    fn thread_context(&self, start: &TurnStart) -> Option<String> {
+        let answering = match &start.work {
+            TurnWork::Reply(m) => Some(m.id),
+            TurnWork::Task(_) => None,
+        };
+        let budget = self
+            .sync
+            .config(&start.room, start.thread.as_deref())
+            .thread_context_bytes as usize;
+        self.threads.block(
+            &start.room,
+            start.thread.as_deref(),
+            &start.agent,
+            answering,
+            budget,
+        )
+    }
+
     fn spawn_intents(&mut self, intents: Vec<Intent>) {
         if intents.is_empty() {
             return;
@@ -674,7 +785,12 @@ impl Loop {
                         lost: false,
                     },
                 );
-                starts.insert(start.turn.clone(), (token, self.related_context(start)));
+                // The prompt's context blocks: related threads, then this thread.
+                let context = [self.related_context(start), self.thread_context(start)]
+                    .into_iter()
+                    .flatten()
+                    .reduce(|a, b| format!("{a}{b}"));
+                starts.insert(start.turn.clone(), (token, context));
                 self.summary.turns_started += 1;
             }
         }
@@ -688,6 +804,12 @@ impl Loop {
 /// database was unavailable.
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Longest a turn's end waits for its progress notes to be written.
+const PROGRESS_DRAIN: Duration = Duration::from_secs(2);
+
+/// Most rows a heartbeat reads past the relay's cursor to tell how far behind it is.
+const BEHIND_PROBE: usize = 1_000;
 
 /// A turn whose claims were last confirmed longer ago than this re-checks them before
 /// it starts (see `Executor::perform`).
@@ -999,9 +1121,21 @@ impl Executor {
         };
         let driver = agent.driver.clone();
         let feedback = self.feedback.clone();
-        let request = turn_request(&start, related.as_deref());
+        let mut request = turn_request(&start, related.as_deref());
+        let (sink, notes) = crate::driver::ProgressSink::channel();
+        request.progress = sink;
+        let progress = tokio::spawn(write_progress(self.store.clone(), start.clone(), notes));
         tokio::spawn(async move {
             let outcome = driver.run(request, token).await;
+            // Every note the turn sent is written before its outcome is (progress
+            // never lands after the reply), unless writing them hangs.
+            let abort = progress.abort_handle();
+            if tokio::time::timeout(PROGRESS_DRAIN, progress)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
             let (outcome, tokens, activity) = match outcome {
                 TurnOutcome::Replied {
                     text,
@@ -1022,6 +1156,58 @@ impl Executor {
                 activity,
             });
         });
+    }
+}
+
+/// Writes a turn's progress notes as `turn.progress` rows, fenced by the turn's claims
+/// (not closing them), until the driver drops its sink. At most
+/// [`MAX_PROGRESS_NOTES`](huddle_core::protocol::MAX_PROGRESS_NOTES) per turn; a note
+/// refused by its fence (the claim was lost) ends the writing, and a note the database
+/// could not take is skipped: progress is advice, the reply is what counts.
+async fn write_progress(
+    store: Arc<dyn Store>,
+    start: TurnStart,
+    mut notes: mpsc::UnboundedReceiver<String>,
+) {
+    use huddle_core::protocol::{TurnProgressBody, MAX_PROGRESS_NOTES};
+    let fences: Vec<Fence> = start.claims.iter().map(Fence::from).collect();
+    let mut seq = 0u32;
+    let mut dropped = 0u32;
+    while let Some(text) = notes.recv().await {
+        if seq >= MAX_PROGRESS_NOTES {
+            dropped += 1;
+            continue;
+        }
+        seq += 1;
+        let body = TurnProgressBody::new(
+            &start.turn.0,
+            start.subject.clone(),
+            start.epoch,
+            seq,
+            &text,
+        );
+        let mut row = NewInteraction::new(
+            start.room.as_str(),
+            Verb::TurnProgress,
+            start.agent.as_str(),
+            Role::Agent,
+            serde_json::to_value(&body).unwrap_or_default(),
+        );
+        if let TurnWork::Reply(m) = &start.work {
+            row = row.with_parent(m.id);
+        }
+        row.thread = start.thread.clone();
+        match store.append_under(&fences, false, vec![row]).await {
+            Ok(_) => debug!(turn = %start.turn, seq, "progress note written"),
+            Err(StoreError::Fenced { .. }) => {
+                debug!(turn = %start.turn, "progress note refused: the turn's claim is gone");
+                break;
+            }
+            Err(e) => warn!(turn = %start.turn, error = %e, "progress note not written"),
+        }
+    }
+    if dropped > 0 {
+        info!(turn = %start.turn, dropped, "progress notes over the per-turn cap were dropped");
     }
 }
 
@@ -1084,17 +1270,23 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
             prompt.push('\n');
         }
     }
+    let effect_key = match &start.work {
+        TurnWork::Reply(m) => {
+            huddle_core::protocol::message_effect_key(&start.room, &m.id, &start.agent)
+        }
+        TurnWork::Task(t) => huddle_core::protocol::task_effect_key(&start.room, &t.id),
+    };
     let (task, attempt) = match &start.work {
         TurnWork::Reply(m) => {
             prompt.push_str(&format!(
-                "<message from=\"{}\" role=\"{}\">\n{}\n</message>\n",
+                "<message from=\"{}\" role=\"{}\" effect-key=\"{effect_key}\">\n{}\n</message>\n",
                 m.author, m.role, m.text
             ));
             (None, 1)
         }
         TurnWork::Task(t) => {
             prompt.push_str(&format!(
-                "<task id=\"{}\" attempt=\"{}\" of=\"{}\">\n{}\n",
+                "<task id=\"{}\" attempt=\"{}\" of=\"{}\" effect-key=\"{effect_key}\">\n{}\n",
                 t.id, t.attempt, t.max_attempts, t.label
             ));
             for d in &t.deps {
@@ -1117,5 +1309,7 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
         epoch: Some(start.epoch),
         attempt,
         prompt,
+        effect_key,
+        progress: Default::default(),
     }
 }

@@ -84,6 +84,8 @@ fn turn(thread: &str, text: &str) -> TurnRequest {
         epoch: Some(huddle_core::ClaimEpoch(1)),
         attempt: 1,
         prompt: format!("<coordination>\n</coordination>\n<message from=\"owner\" role=\"owner\">\n{text}\n</message>\n"),
+        effect_key: String::new(),
+        progress: Default::default(),
     }
 }
 
@@ -367,13 +369,27 @@ async fn tool_calls_plans_and_permission_answers_are_summarised_for_the_turn_rec
     let d = start(w.settings(&[])).await;
     let script = "@plan read the code;fix it;run the tests\n@tool read Read src/lib.rs\n\
                   @tool! execute cargo test\n@permission edit";
-    let activity = match d.run(turn("t", script), CancellationToken::new()).await {
+    let (sink, mut notes) = huddle_relay::driver::ProgressSink::channel();
+    let mut request = turn("t", script);
+    request.progress = sink;
+    let activity = match d.run(request, CancellationToken::new()).await {
         TurnOutcome::Replied { text, activity, .. } => {
             assert_eq!(text, "reject-once", "the read-only default refuses an edit");
             activity
         }
         other => panic!("{other:?}"),
     };
+    // Each plan update is a progress note, never part of the reply.
+    let mut got = Vec::new();
+    while let Ok(n) = notes.try_recv() {
+        got.push(n);
+    }
+    assert!(!got.is_empty(), "a plan update is a progress note");
+    assert!(
+        got.iter()
+            .all(|n| n.starts_with("plan: ") && n.contains("read the code")),
+        "{got:?}"
+    );
     assert_eq!(activity.tool_calls, 2, "{activity:?}");
     let tools: Vec<_> = activity
         .tools

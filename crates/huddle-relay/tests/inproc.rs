@@ -253,3 +253,92 @@ async fn reply_prompt_carries_coordination_and_related_context() {
     // The board shows the other agent, not the reader.
     assert!(reply[coord..related].contains("ada"), "{reply}");
 }
+
+/// A steady stream of ledger rows, each waking the relay's loop sooner than its
+/// longest tick, does not starve the reconcile tick (and with it the relay id's
+/// renewal and the heartbeat): heartbeats keep coming while the stream runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_steady_stream_of_rows_does_not_starve_the_tick() {
+    let (_dir, path, admin) = lobby().await;
+    let shutdown = CancellationToken::new();
+    let relay = Relay::new(
+        store(&path, "relay-0").await,
+        "relay-0",
+        vec!["lobby".into()],
+        vec![sim_agent("ada", 10)],
+        RelayOptions {
+            max_tick: Duration::from_millis(100),
+            heartbeat_every: Duration::from_millis(100),
+            ..Default::default()
+        },
+    );
+    let handle = tokio::spawn(relay.run(shutdown.clone()));
+    let beats = |rows: &[huddle_core::Interaction]| {
+        rows.iter()
+            .filter(|r| r.verb == Verb::RelayHeartbeat && r.actor == "relay-0")
+            .count()
+    };
+    // Wait for the first heartbeat (written at start).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while beats(&fold_all(&*admin).await.1) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no first heartbeat");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Rows the relay reads but acts on nothing for (another relay's heartbeats),
+    // one every few milliseconds: each is an event for the loop.
+    let flood_stop = CancellationToken::new();
+    let flood = {
+        let stop = flood_stop.clone();
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            let mut beat = 0u64;
+            while !stop.is_cancelled() {
+                beat += 1;
+                let body = huddle_core::protocol::RelayHeartbeatBody {
+                    relay: "elsewhere".into(),
+                    instance: "x".into(),
+                    beat,
+                    version: "0".into(),
+                    agents: vec![],
+                    behind: 0,
+                };
+                admin
+                    .append(vec![NewInteraction::new(
+                        "lobby",
+                        Verb::RelayHeartbeat,
+                        "elsewhere",
+                        Role::System,
+                        body.to_body(),
+                    )])
+                    .await
+                    .expect("flood row");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            beat
+        })
+    };
+    // Ten heartbeats are due within about a second; a starved tick (the loop's
+    // sleep re-armed by every event) writes one every several seconds at best.
+    let start = beats(&fold_all(&*admin).await.1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = beats(&fold_all(&*admin).await.1);
+        if now >= start + 10 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the tick starved: {} heartbeats during the stream",
+            now - start
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    flood_stop.cancel();
+    let flooded = flood.await.expect("flood");
+    assert!(
+        flooded > 20,
+        "the stream was too thin to test anything: {flooded} rows"
+    );
+    shutdown.cancel();
+    handle.await.expect("join").expect("relay ran");
+}

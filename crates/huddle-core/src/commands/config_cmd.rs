@@ -374,6 +374,7 @@ pub fn get_reply(
             ConfigSource::Default => "default",
             ConfigSource::Room if thread.is_some() => "from the room",
             ConfigSource::Room | ConfigSource::Thread => "set",
+            ConfigSource::Topology => "from the topology",
         };
         let _ = write!(out, "\n- {} = {} ({source})", s.key, s.value);
     }

@@ -72,6 +72,9 @@ pub enum ConfigSource {
     Room,
     /// The thread overlay.
     Thread,
+    /// The `topology` set in the room or thread overlay (the key itself is not set
+    /// there).
+    Topology,
 }
 
 impl ConfigSource {
@@ -81,6 +84,7 @@ impl ConfigSource {
             ConfigSource::Default => "default",
             ConfigSource::Room => "room",
             ConfigSource::Thread => "thread",
+            ConfigSource::Topology => "topology",
         }
     }
 }
@@ -94,6 +98,22 @@ pub struct ExplainedSetting {
     pub value: ConfigValue,
     /// Which layer it came from.
     pub source: ConfigSource,
+}
+
+/// The value one overlay gives `key`: set there itself, or (for `responder` and
+/// `allocation`) the preset of a `topology` set there; the flag says it came from
+/// the topology. So in each layer the explicit key wins over the layer's topology,
+/// and a thread's topology wins over the room's explicit keys.
+fn layer_value(o: Option<&Overlay>, key: ConfigKey) -> Option<(ConfigValue, bool)> {
+    let o = o?;
+    let own = |k: ConfigKey| o.get(k.as_str()).and_then(|slot| slot.value.clone());
+    if let Some(v) = own(key) {
+        return Some((v, false));
+    }
+    match own(ConfigKey::Topology) {
+        Some(ConfigValue::Topology(t)) => t.preset(key).map(|v| (v, true)),
+        _ => None,
+    }
 }
 
 impl ConfigFold {
@@ -158,14 +178,24 @@ impl ConfigFold {
         ConfigKey::ALL
             .into_iter()
             .map(|key| {
-                let lookup = |o: Option<&Overlay>| {
-                    o.and_then(|o| o.get(key.as_str()))
-                        .and_then(|slot| slot.value.clone())
-                };
-                let (value, source) = if let Some(v) = lookup(thread_overlay) {
-                    (v, ConfigSource::Thread)
-                } else if let Some(v) = lookup(room_overlay) {
-                    (v, ConfigSource::Room)
+                let (value, source) = if let Some((v, t)) = layer_value(thread_overlay, key) {
+                    (
+                        v,
+                        if t {
+                            ConfigSource::Topology
+                        } else {
+                            ConfigSource::Thread
+                        },
+                    )
+                } else if let Some((v, t)) = layer_value(room_overlay, key) {
+                    (
+                        v,
+                        if t {
+                            ConfigSource::Topology
+                        } else {
+                            ConfigSource::Room
+                        },
+                    )
                 } else {
                     (key.default_value(), ConfigSource::Default)
                 };
@@ -188,8 +218,7 @@ impl ConfigFold {
         ];
         overlays
             .into_iter()
-            .flatten()
-            .find_map(|o| o.get(key.as_str()).and_then(|slot| slot.value.clone()))
+            .find_map(|o| layer_value(o, key).map(|(v, _)| v))
             .map_or_else(|| key.default_value(), |v| key.clamp(v))
     }
 
@@ -469,6 +498,77 @@ mod tests {
             fold.effective("lobby", Some("t1")).allocation,
             Allocation::Bid
         );
+    }
+
+    #[test]
+    fn a_topology_sets_responder_and_allocation_beneath_the_explicit_keys() {
+        use crate::config::keys::Topology;
+        let pair = |c: RoomConfig| (c.responder, c.allocation, c.topology);
+        let mut fold = ConfigFold::new();
+        fold.apply(&created(1, "lobby", "olga"));
+        assert_eq!(
+            pair(fold.effective("lobby", None)),
+            (Responder::Race, Allocation::Pull, Topology::Peer),
+            "the default is peer"
+        );
+        let presets = [
+            ("orchestrator", Responder::Designated, Allocation::Push),
+            ("pipeline", Responder::RolePriority, Allocation::Pull),
+            ("market", Responder::Race, Allocation::Bid),
+            ("peer", Responder::Race, Allocation::Pull),
+        ];
+        for (i, (name, r, a)) in presets.into_iter().enumerate() {
+            fold.apply(&owner_set(
+                2 + i as u64,
+                None,
+                json!({"set": {"topology": name}}),
+            ));
+            let c = fold.effective("lobby", None);
+            assert_eq!((c.responder, c.allocation), (r, a), "{name}");
+            assert_eq!(c.topology.as_str(), name);
+        }
+        // An explicit key in the same layer wins, whichever was set first.
+        fold.apply(&owner_set(10, None, json!({"set": {"allocation": "bid"}})));
+        fold.apply(&owner_set(
+            11,
+            None,
+            json!({"set": {"topology": "orchestrator"}}),
+        ));
+        let c = fold.effective("lobby", None);
+        assert_eq!(
+            (c.responder, c.allocation),
+            (Responder::Designated, Allocation::Bid)
+        );
+        let sources: Vec<_> = fold
+            .explain("lobby", None)
+            .into_iter()
+            .filter(|s| matches!(s.key, ConfigKey::Responder | ConfigKey::Allocation))
+            .map(|s| (s.key, s.source))
+            .collect();
+        assert_eq!(
+            sources,
+            vec![
+                (ConfigKey::Responder, ConfigSource::Topology),
+                (ConfigKey::Allocation, ConfigSource::Room),
+            ]
+        );
+        // A thread's topology beats the room's explicit keys there.
+        fold.apply(&owner_set(
+            12,
+            Some("t1"),
+            json!({"set": {"topology": "pipeline"}}),
+        ));
+        let t1 = fold.effective("lobby", Some("t1"));
+        assert_eq!(
+            (t1.responder, t1.allocation),
+            (Responder::RolePriority, Allocation::Pull)
+        );
+        assert_eq!(
+            fold.value("lobby", Some("t1"), ConfigKey::Allocation),
+            ConfigValue::Allocation(Allocation::Pull)
+        );
+        fold.apply(&owner_set(13, None, json!({"reset": ["allocation"]})));
+        assert_eq!(fold.effective("lobby", None).allocation, Allocation::Push);
     }
 
     #[test]

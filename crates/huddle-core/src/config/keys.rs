@@ -36,6 +36,93 @@ pub enum Allocation {
     Bid,
 }
 
+/// A team shape: one choice that sets the responder and allocation pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Topology {
+    /// Peers: `race` + `pull` (whoever is free answers and takes work).
+    Peer,
+    /// Orchestrator and workers: `designated` + `push` (the `responder-agent` answers
+    /// and delegates; tasks go to their assignees).
+    Orchestrator,
+    /// Pipeline: `role-priority` + `pull` (agents answer by rank; the DAG unlocks
+    /// steps in order and any capable agent takes the next).
+    Pipeline,
+    /// Market (contract net): `race` + `bid` (agents bid for tasks; the best bid wins
+    /// at the end of the bid window).
+    Market,
+}
+
+impl Topology {
+    /// Every topology, in documentation order.
+    pub const ALL: [Topology; 4] = [
+        Topology::Peer,
+        Topology::Orchestrator,
+        Topology::Pipeline,
+        Topology::Market,
+    ];
+
+    /// The value as typed in `!config` and stored in `config.set`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Topology::Peer => "peer",
+            Topology::Orchestrator => "orchestrator",
+            Topology::Pipeline => "pipeline",
+            Topology::Market => "market",
+        }
+    }
+
+    /// The responder policy it sets.
+    pub fn responder(self) -> Responder {
+        match self {
+            Topology::Peer | Topology::Market => Responder::Race,
+            Topology::Orchestrator => Responder::Designated,
+            Topology::Pipeline => Responder::RolePriority,
+        }
+    }
+
+    /// The allocation policy it sets.
+    pub fn allocation(self) -> Allocation {
+        match self {
+            Topology::Peer | Topology::Pipeline => Allocation::Pull,
+            Topology::Orchestrator => Allocation::Push,
+            Topology::Market => Allocation::Bid,
+        }
+    }
+
+    /// The value `topology` gives `key` (`responder`, `allocation`), if it sets it.
+    pub fn preset(self, key: ConfigKey) -> Option<ConfigValue> {
+        match key {
+            ConfigKey::Responder => Some(ConfigValue::Responder(self.responder())),
+            ConfigKey::Allocation => Some(ConfigValue::Allocation(self.allocation())),
+            _ => None,
+        }
+    }
+}
+
+/// How a group mention (`@@cap`) is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GroupReply {
+    /// Every member of the group answers once.
+    Each,
+    /// One member answers for the group, chosen by the responder policy.
+    One,
+}
+
+impl GroupReply {
+    /// Every value, in documentation order.
+    pub const ALL: [GroupReply; 2] = [GroupReply::Each, GroupReply::One];
+
+    /// The value as typed in `!config` and stored in `config.set`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupReply::Each => "each",
+            GroupReply::One => "one",
+        }
+    }
+}
+
 /// The effective configuration of a room or thread.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoomConfig {
@@ -74,6 +161,44 @@ pub struct RoomConfig {
     /// (see [`super::binding`]).
     #[serde(default)]
     pub agents: Vec<AgentBinding>,
+    /// How a message addressed only to `@@cap` groups is answered (default each).
+    #[serde(default = "default_group_reply")]
+    pub group_reply: GroupReply,
+    /// The team shape last chosen; its responder and allocation apply where those
+    /// keys are not set themselves (the config fold does that layering).
+    #[serde(default = "default_topology")]
+    pub topology: Topology,
+    /// Bytes of the `<thread>` block in prompts (0 leaves it out; default 4,096).
+    #[serde(default = "default_thread_context")]
+    pub thread_context_bytes: u32,
+    /// How old a message may be and still be answered, ms (default 5 minutes); an
+    /// older unanswered one gets a notice to its author.
+    #[serde(default = "default_reply_horizon")]
+    pub reply_horizon_ms: u64,
+    /// Failed reply turns after which a message is given up, with a notice to its
+    /// author (default 3).
+    #[serde(default = "default_max_reply_failures")]
+    pub max_reply_failures: u32,
+}
+
+fn default_reply_horizon() -> u64 {
+    300_000
+}
+
+fn default_max_reply_failures() -> u32 {
+    3
+}
+
+fn default_thread_context() -> u32 {
+    4_096
+}
+
+fn default_topology() -> Topology {
+    Topology::Peer
+}
+
+fn default_group_reply() -> GroupReply {
+    GroupReply::Each
 }
 
 impl Default for RoomConfig {
@@ -95,6 +220,11 @@ impl Default for RoomConfig {
             max_hops: 3,
             delegators: Vec::new(),
             agents: Vec::new(),
+            group_reply: GroupReply::Each,
+            topology: Topology::Peer,
+            thread_context_bytes: 4_096,
+            reply_horizon_ms: 300_000,
+            max_reply_failures: 3,
         }
     }
 }
@@ -135,6 +265,8 @@ impl Allocation {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ConfigKey {
+    /// `topology`: the team shape, setting `responder` and `allocation` together.
+    Topology,
     /// `responder`: who answers an addressed message.
     Responder,
     /// `responder-agent`: the preferred agent under `designated`.
@@ -167,6 +299,14 @@ pub enum ConfigKey {
     Delegators,
     /// `agents`: agents bound to the writers that may write as them.
     Agents,
+    /// `group-reply`: whether each member of an `@@cap` group answers, or one.
+    GroupReply,
+    /// `thread-context`: bytes of the `<thread>` block in prompts.
+    ThreadContext,
+    /// `reply-horizon`: how old a message may be and still be answered.
+    ReplyHorizon,
+    /// `max-reply-failures`: failed reply turns before a message is given up.
+    MaxReplyFailures,
 }
 
 /// The kind of value a [`ConfigKey`] takes.
@@ -191,6 +331,10 @@ pub enum ValueKind {
     /// `agent@writer` entries separated by commas (`ada@relay-a,bo@relay-b`), or
     /// `none`.
     Bindings,
+    /// `each` or `one`.
+    GroupReply,
+    /// `peer`, `orchestrator`, `pipeline` or `market`.
+    Topology,
 }
 
 /// The inclusive range a numeric key is clamped into. Durations are in
@@ -224,7 +368,8 @@ pub const MAX_BUDGET: u64 = 1_000_000_000_000;
 
 impl ConfigKey {
     /// Every key, in documentation order.
-    pub const ALL: [ConfigKey; 16] = [
+    pub const ALL: [ConfigKey; 21] = [
+        ConfigKey::Topology,
         ConfigKey::Responder,
         ConfigKey::ResponderAgent,
         ConfigKey::ResponderWindow,
@@ -241,6 +386,10 @@ impl ConfigKey {
         ConfigKey::MaxHops,
         ConfigKey::Delegators,
         ConfigKey::Agents,
+        ConfigKey::GroupReply,
+        ConfigKey::ThreadContext,
+        ConfigKey::ReplyHorizon,
+        ConfigKey::MaxReplyFailures,
     ];
 
     /// The key as typed in `!config` and stored in `config.set`.
@@ -262,6 +411,11 @@ impl ConfigKey {
             ConfigKey::MaxHops => "max-hops",
             ConfigKey::Delegators => "delegators",
             ConfigKey::Agents => "agents",
+            ConfigKey::GroupReply => "group-reply",
+            ConfigKey::Topology => "topology",
+            ConfigKey::ThreadContext => "thread-context",
+            ConfigKey::ReplyHorizon => "reply-horizon",
+            ConfigKey::MaxReplyFailures => "max-reply-failures",
         }
     }
 
@@ -280,14 +434,20 @@ impl ConfigKey {
             | ConfigKey::ClaimTtl
             | ConfigKey::BidWindow
             | ConfigKey::LoopCooldown
-            | ConfigKey::RateWindow => ValueKind::Duration,
-            ConfigKey::MaxAttempts | ConfigKey::LoopMax | ConfigKey::Rate | ConfigKey::MaxHops => {
-                ValueKind::Count
-            }
+            | ConfigKey::RateWindow
+            | ConfigKey::ReplyHorizon => ValueKind::Duration,
+            ConfigKey::MaxAttempts
+            | ConfigKey::LoopMax
+            | ConfigKey::Rate
+            | ConfigKey::MaxHops
+            | ConfigKey::ThreadContext
+            | ConfigKey::MaxReplyFailures => ValueKind::Count,
             ConfigKey::RequireMention => ValueKind::Flag,
             ConfigKey::Budget => ValueKind::Budget,
             ConfigKey::Delegators => ValueKind::Agents,
             ConfigKey::Agents => ValueKind::Bindings,
+            ConfigKey::GroupReply => ValueKind::GroupReply,
+            ConfigKey::Topology => ValueKind::Topology,
         }
     }
 
@@ -305,12 +465,17 @@ impl ConfigKey {
             ConfigKey::RateWindow => b(SECOND, 24 * HOUR),
             ConfigKey::Budget => b(0, MAX_BUDGET),
             ConfigKey::MaxHops => b(0, 16),
+            ConfigKey::ThreadContext => b(0, 65_536),
+            ConfigKey::ReplyHorizon => b(10 * SECOND, 24 * HOUR),
+            ConfigKey::MaxReplyFailures => b(1, 20),
             ConfigKey::Responder
             | ConfigKey::ResponderAgent
             | ConfigKey::Allocation
             | ConfigKey::RequireMention
             | ConfigKey::Delegators
-            | ConfigKey::Agents => None,
+            | ConfigKey::Agents
+            | ConfigKey::GroupReply
+            | ConfigKey::Topology => None,
         }
     }
 
@@ -357,6 +522,27 @@ impl ConfigKey {
                  may write as them; rows written as a bound agent by another writer are \
                  ignored"
             }
+            ConfigKey::ReplyHorizon => {
+                "how old a message may be and still be answered; an older unanswered one \
+                 gets a notice to its author saying why"
+            }
+            ConfigKey::MaxReplyFailures => {
+                "failed reply turns after which a message is given up, with a notice to its \
+                 author"
+            }
+            ConfigKey::ThreadContext => {
+                "bytes of the <thread> block in every prompt: the messages of the thread \
+                 since the agent last spoke there, newest last (0 leaves it out)"
+            }
+            ConfigKey::Topology => {
+                "the team shape, setting responder and allocation together: peer (race + \
+                 pull), orchestrator (designated + push), pipeline (role-priority + pull), \
+                 market (race + bid); responder or allocation set themselves still win"
+            }
+            ConfigKey::GroupReply => {
+                "how a message addressed only to @@cap groups is answered: each (every \
+                 member once) or one (one member, chosen by the responder policy)"
+            }
         }
     }
 
@@ -370,6 +556,8 @@ impl ConfigKey {
         match (self.kind(), self.bounds()) {
             (ValueKind::Responder, _) => "race, designated or role-priority".to_string(),
             (ValueKind::Allocation, _) => "pull, push or bid".to_string(),
+            (ValueKind::GroupReply, _) => "each or one".to_string(),
+            (ValueKind::Topology, _) => "peer, orchestrator, pipeline or market".to_string(),
             (ValueKind::Agent, _) => "an agent name (no spaces or '/'), or none".to_string(),
             (ValueKind::Flag, _) => "on or off".to_string(),
             (ValueKind::Agents, _) => format!(
@@ -435,6 +623,16 @@ impl ConfigKey {
                 .find(|a| a.as_str() == lower)
                 .map(|a| (ConfigValue::Allocation(a), None))
                 .ok_or_else(bad),
+            ValueKind::Topology => Topology::ALL
+                .into_iter()
+                .find(|t| t.as_str() == lower)
+                .map(|t| (ConfigValue::Topology(t), None))
+                .ok_or_else(bad),
+            ValueKind::GroupReply => GroupReply::ALL
+                .into_iter()
+                .find(|g| g.as_str() == lower)
+                .map(|g| (ConfigValue::GroupReply(g), None))
+                .ok_or_else(bad),
             ValueKind::Agent => {
                 if lower == "none" {
                     return Ok((ConfigValue::Agent(None), None));
@@ -497,6 +695,16 @@ impl ConfigKey {
                 .and_then(|s| Allocation::ALL.into_iter().find(|a| a.as_str() == s))
                 .map(ConfigValue::Allocation)
                 .ok_or_else(|| expect("pull, push or bid")),
+            ValueKind::Topology => v
+                .as_str()
+                .and_then(|s| Topology::ALL.into_iter().find(|t| t.as_str() == s))
+                .map(ConfigValue::Topology)
+                .ok_or_else(|| expect("peer, orchestrator, pipeline or market")),
+            ValueKind::GroupReply => v
+                .as_str()
+                .and_then(|s| GroupReply::ALL.into_iter().find(|g| g.as_str() == s))
+                .map(ConfigValue::GroupReply)
+                .ok_or_else(|| expect("each or one")),
             ValueKind::Agent if v.is_null() => Ok(ConfigValue::Agent(None)),
             ValueKind::Agent => v
                 .as_str()
@@ -657,6 +865,10 @@ pub enum ConfigValue {
     Agents(Vec<String>),
     /// Agent bindings, sorted, without duplicates; empty is none.
     Bindings(Vec<AgentBinding>),
+    /// How group mentions are answered.
+    GroupReply(GroupReply),
+    /// A team shape.
+    Topology(Topology),
 }
 
 impl ConfigValue {
@@ -666,6 +878,8 @@ impl ConfigValue {
         match self {
             ConfigValue::Responder(r) => Value::from(r.as_str()),
             ConfigValue::Allocation(a) => Value::from(a.as_str()),
+            ConfigValue::GroupReply(g) => Value::from(g.as_str()),
+            ConfigValue::Topology(t) => Value::from(t.as_str()),
             ConfigValue::Agent(a) => a.as_deref().map(Value::from).unwrap_or(Value::Null),
             ConfigValue::Millis(n) | ConfigValue::Count(n) => Value::from(*n),
             ConfigValue::Flag(b) => Value::from(*b),
@@ -684,6 +898,8 @@ impl fmt::Display for ConfigValue {
         match self {
             ConfigValue::Responder(r) => f.write_str(r.as_str()),
             ConfigValue::Allocation(a) => f.write_str(a.as_str()),
+            ConfigValue::GroupReply(g) => f.write_str(g.as_str()),
+            ConfigValue::Topology(t) => f.write_str(t.as_str()),
             ConfigValue::Agent(Some(a)) => f.write_str(a),
             ConfigValue::Agent(None) => f.write_str("none"),
             ConfigValue::Millis(ms) => f.write_str(&format_duration(*ms)),
@@ -722,6 +938,11 @@ impl RoomConfig {
             ConfigKey::MaxHops => ConfigValue::Count(self.max_hops.into()),
             ConfigKey::Delegators => ConfigValue::Agents(self.delegators.clone()),
             ConfigKey::Agents => ConfigValue::Bindings(self.agents.clone()),
+            ConfigKey::GroupReply => ConfigValue::GroupReply(self.group_reply),
+            ConfigKey::Topology => ConfigValue::Topology(self.topology),
+            ConfigKey::ThreadContext => ConfigValue::Count(self.thread_context_bytes.into()),
+            ConfigKey::ReplyHorizon => ConfigValue::Millis(self.reply_horizon_ms),
+            ConfigKey::MaxReplyFailures => ConfigValue::Count(self.max_reply_failures.into()),
         }
     }
 
@@ -742,6 +963,9 @@ impl RoomConfig {
                 self.responder_window_ms = bounds.clamp(n)
             }
             (ConfigKey::Allocation, ConfigValue::Allocation(a)) => self.allocation = a,
+            (ConfigKey::GroupReply, ConfigValue::GroupReply(g)) => self.group_reply = g,
+            // Only recorded: the fold applies its preset beneath the explicit keys.
+            (ConfigKey::Topology, ConfigValue::Topology(t)) => self.topology = t,
             (ConfigKey::ClaimTtl, ConfigValue::Millis(n)) => self.claim_ttl_ms = bounds.clamp(n),
             (ConfigKey::BidWindow, ConfigValue::Millis(n)) => self.bid_window_ms = bounds.clamp(n),
             (ConfigKey::MaxAttempts, ConfigValue::Count(n)) => self.max_attempts = count(n),
@@ -756,6 +980,15 @@ impl RoomConfig {
             (ConfigKey::RequireMention, ConfigValue::Flag(b)) => self.require_mention = b,
             (ConfigKey::Budget, ConfigValue::Budget(b)) => self.budget = b.map(|n| bounds.clamp(n)),
             (ConfigKey::MaxHops, ConfigValue::Count(n)) => self.max_hops = count(n),
+            (ConfigKey::ReplyHorizon, ConfigValue::Millis(n)) => {
+                self.reply_horizon_ms = bounds.clamp(n)
+            }
+            (ConfigKey::MaxReplyFailures, ConfigValue::Count(n)) => {
+                self.max_reply_failures = count(n)
+            }
+            (ConfigKey::ThreadContext, ConfigValue::Count(n)) => {
+                self.thread_context_bytes = count(n)
+            }
             (ConfigKey::Delegators, ConfigValue::Agents(names)) => {
                 let ConfigValue::Agents(names) =
                     agent_list(names).unwrap_or(ConfigValue::Agents(Vec::new()))

@@ -23,6 +23,6 @@ pub use fold::{ConfigFold, ConfigSource, ExplainedSetting};
 pub(crate) use keys::shorten;
 pub use keys::{
     check_agent_name, format_duration, parse_duration, Allocation, Bounds, ClampLimit, ClampNote,
-    ConfigKey, ConfigSetBody, ConfigValue, Responder, RoomConfig, UnknownKey, ValueError,
-    ValueKind, MAX_BUDGET, MAX_DELEGATORS,
+    ConfigKey, ConfigSetBody, ConfigValue, GroupReply, Responder, RoomConfig, Topology, UnknownKey,
+    ValueError, ValueKind, MAX_BUDGET, MAX_DELEGATORS,
 };

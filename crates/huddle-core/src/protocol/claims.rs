@@ -234,3 +234,48 @@ mod tests {
         }
     }
 }
+
+/// The effect key of a task: stable across every attempt, epoch and relay, different
+/// for every task and room (32 hex digits). Agents pass it to external systems as an
+/// idempotency key (`Idempotency-Key` of a payment API, a request id, a file name), so
+/// an execution that repeats after a crash repeats no effect.
+pub fn task_effect_key(room: &str, task: &str) -> String {
+    let h = super::fields::hash_parts(&["huddle.effect.v1", room, "task", task]);
+    hex_prefix(h.as_bytes())
+}
+
+/// The effect key of one agent's answer to a message: stable across attempts and
+/// relays; each named agent answering a message has its own.
+pub fn message_effect_key(room: &str, message: &InteractionId, agent: &str) -> String {
+    let h = super::fields::hash_parts(&[
+        "huddle.effect.v1",
+        room,
+        "message",
+        &message.to_hex(),
+        agent,
+    ]);
+    hex_prefix(h.as_bytes())
+}
+
+fn hex_prefix(bytes: &[u8]) -> String {
+    bytes[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod effect_key_tests {
+    use super::*;
+
+    #[test]
+    fn effect_keys_are_stable_per_subject_and_differ_across_subjects() {
+        let k = task_effect_key("lobby", "t1");
+        assert_eq!(k, task_effect_key("lobby", "t1"));
+        assert_eq!(k.len(), 32);
+        assert_ne!(k, task_effect_key("lobby", "t2"));
+        assert_ne!(k, task_effect_key("other", "t1"));
+        let m = InteractionId::from_slice(&[7; 32]).unwrap();
+        assert_ne!(
+            message_effect_key("lobby", &m, "ada"),
+            message_effect_key("lobby", &m, "bo")
+        );
+    }
+}

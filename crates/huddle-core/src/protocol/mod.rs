@@ -16,21 +16,27 @@ pub mod coord;
 pub mod decision;
 mod fields;
 pub mod lease;
+pub mod relay;
 pub mod room;
 pub mod task;
 pub mod turn;
 
 pub use claims::{
-    directed_reply_key, drive_key, reply_key, reply_key_for, task_key, taskdrive_key, ClaimEpoch,
-    ClaimKey, ClaimRef,
+    directed_reply_key, drive_key, message_effect_key, reply_key, reply_key_for, task_effect_key,
+    task_key, taskdrive_key, ClaimEpoch, ClaimKey, ClaimRef,
 };
 pub use coord::{
     CoordNoteBody, DesignationBody, NoticeBody, PresenceBody, PresenceState, Subject, SubjectKind,
 };
 pub(crate) use fields::{closing_key, deadline_from, hash_parts, parse_body, valid_name};
 pub use fields::{truncate_text, PPM, SYSTEM_ACTOR};
-pub use room::{AgentRegisteredBody, MessageBody, RoomCreatedBody, DEFAULT_PRIORITY};
+pub use relay::RelayHeartbeatBody;
+pub use room::{
+    nonce_from, AgentRegisteredBody, MessageBody, RoomCreatedBody, RoomSettledBody,
+    DEFAULT_PRIORITY,
+};
 pub use turn::{
     PermissionEntry, PlanEntry, TokensBody, ToolCallEntry, TurnActivity, TurnFailedBody,
-    TurnPromptedBody, TurnRepliedBody, TurnUsageBody, MAX_ACTIVITY_ENTRIES, MAX_ACTIVITY_TEXT,
+    TurnProgressBody, TurnPromptedBody, TurnRepliedBody, TurnUsageBody, MAX_ACTIVITY_ENTRIES,
+    MAX_ACTIVITY_TEXT, MAX_PROGRESS_BYTES, MAX_PROGRESS_NOTES,
 };

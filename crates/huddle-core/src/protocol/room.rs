@@ -28,6 +28,52 @@ pub struct MessageBody {
     /// Agents explicitly mentioned.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mentions: Vec<String>,
+    /// How many agent-to-agent steps led here: set on an agent's reply that
+    /// addresses another agent (its parent's hops + 1); absent is 0. Guards refuse
+    /// to answer a message with more than `max-hops`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hops: Option<u64>,
+    /// Makes the row unique: every post carries one, so the same text said twice is
+    /// two messages (a relay's reply derives it from its turn, so a retried write is
+    /// the same row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
+}
+
+/// Body of `room.settled` (actor `huddle`, role `system`): the room's task counts when
+/// nothing was ready, claimed or running any more. Every relay writes the same content
+/// at the same point, so the ledger keeps one per settling.
+///
+/// `{"total":4,"done":3,"abandoned":1,"blocked":0}`
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoomSettledBody {
+    /// Tasks in the room.
+    pub total: usize,
+    /// Completed.
+    pub done: usize,
+    /// Failed for good.
+    pub abandoned: usize,
+    /// Open but never runnable (a dependency abandoned, missing or in a cycle).
+    pub blocked: usize,
+}
+
+impl RoomSettledBody {
+    /// Whether every task was done (`huddle wait` exits 0), rather than some
+    /// abandoned or blocked.
+    pub fn all_done(&self) -> bool {
+        self.done == self.total
+    }
+}
+
+/// A nonce (16 hex digits) from `seed` bytes: random ones for a new post, or a stable
+/// value (a turn id, an idempotency key) for a write that must stay the same row when
+/// retried.
+pub fn nonce_from(seed: &[u8]) -> String {
+    let h = blake3::hash(seed);
+    h.as_bytes()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Body of `room.created` as coordination reads it: `{"owner":"ana"}`.

@@ -237,3 +237,43 @@ impl TokensBody {
         }
     }
 }
+
+/// Longest progress note kept, in bytes.
+pub const MAX_PROGRESS_BYTES: usize = 2_048;
+/// Most progress notes one turn writes; later ones are dropped (counted in the log).
+pub const MAX_PROGRESS_NOTES: u32 = 64;
+
+/// Body of `turn.progress` (actor = the agent): an interim note of a running turn
+/// ("still working: 3 of 5 files read"). Fenced by the turn's claims like its
+/// `turn.prompted`, never closing them; it is not the reply and never answers the
+/// message or completes the task. `seq` counts the turn's notes from 1, so repeating
+/// the same text is a new note.
+///
+/// `{"turn":"r/lobby/1a2b../ann/3.7","subject":{"kind":"message","id":".."},"epoch":3,"seq":1,"text":"reading the logs"}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnProgressBody {
+    /// The turn id (empty for an agent acting for itself through MCP, which has none).
+    #[serde(default)]
+    pub turn: String,
+    /// What the turn is about.
+    pub subject: Subject,
+    /// Epoch of the subject's exclusive claim.
+    pub epoch: ClaimEpoch,
+    /// The note's number within its turn (1-based).
+    pub seq: u32,
+    /// The note (at most [`MAX_PROGRESS_BYTES`]).
+    pub text: String,
+}
+
+impl TurnProgressBody {
+    /// A note with its text trimmed and truncated to [`MAX_PROGRESS_BYTES`].
+    pub fn new(turn: &str, subject: Subject, epoch: ClaimEpoch, seq: u32, text: &str) -> Self {
+        TurnProgressBody {
+            turn: turn.to_string(),
+            subject,
+            epoch,
+            seq,
+            text: truncate_text(text.trim(), MAX_PROGRESS_BYTES),
+        }
+    }
+}

@@ -139,6 +139,29 @@ pub fn address_in_room(
     }
 }
 
+/// Whether a message names agents only through `@@cap` groups: it has a group mention
+/// and neither explicit mentions nor `@agent` mentions of `known` agents. Under
+/// `group-reply one` such a message is answered once, by one member of the group.
+pub fn group_only(text: &str, explicit_mentions: &[String], known: &BTreeSet<String>) -> bool {
+    !group_mentions_in(text).is_empty()
+        && explicit_mentions.iter().all(|m| !known.contains(m))
+        && mentions_in(text, known).is_empty()
+}
+
+/// Whether each eligible agent answers a message once: it names several agents, and
+/// it is not a group-only message under `group-reply one` (see [`group_only`]).
+pub fn answers_each(
+    eligible: &Eligible,
+    text: &str,
+    explicit_mentions: &[String],
+    known: &BTreeSet<String>,
+    group_reply: crate::config::GroupReply,
+) -> bool {
+    eligible.answers_each()
+        && !(group_reply == crate::config::GroupReply::One
+            && group_only(text, explicit_mentions, known))
+}
+
 /// How a message is addressed: explicit `mentions` (from the adapter) and `@agent` in
 /// its text, then the author of its parent message (an agent, or a person: then no
 /// agent), then broadcast. Only `known` agents count. `parent_author` is `None` when
@@ -265,6 +288,35 @@ mod tests {
             Addressing::Mentioned(vec!["cy".into(), "dee".into()])
         );
         assert_eq!(to("@@nobody hello"), Addressing::Mentioned(vec![]));
+        let known: BTreeSet<String> = agents.keys().cloned().collect();
+        assert!(group_only("@@review please", &[], &known));
+        assert!(!group_only("@@review and @dee", &[], &known));
+        assert!(!group_only("@@review", &["bo".to_string()], &known));
+        assert!(!group_only("@dee", &[], &known));
+        let e = eligible("hank", Role::Human, "x", &to("@@review please"), false);
+        use crate::config::GroupReply;
+        assert!(answers_each(
+            &e,
+            "@@review please",
+            &[],
+            &known,
+            GroupReply::Each
+        ));
+        assert!(!answers_each(
+            &e,
+            "@@review please",
+            &[],
+            &known,
+            GroupReply::One
+        ));
+        let e2 = eligible("hank", Role::Human, "x", &to("@@rust and @dee"), false);
+        assert!(answers_each(
+            &e2,
+            "@@rust and @dee",
+            &[],
+            &known,
+            GroupReply::One
+        ));
         assert_eq!(to("plain"), Addressing::Broadcast);
         let e = eligible("bo", Role::Agent, "x", &to("@@review"), false);
         assert_eq!(e, Eligible::Agents(vec!["cy".into()]), "never the author");

@@ -62,11 +62,6 @@ pub struct SyncOptions {
     /// Most task claims and bids started per pass (default 16); the rest of the
     /// frontier drains on later passes.
     pub max_wakes_per_pass: usize,
-    /// Messages older than this (database time) are never contended for, so a relay
-    /// that starts late does not answer old history (default 5 minutes).
-    pub reply_horizon_ms: u64,
-    /// Failed reply turns after which a message is given up (default 3).
-    pub max_reply_failures: u32,
     /// Longest reply text appended, in bytes (default 64 KiB; longer is truncated).
     pub max_reply_bytes: usize,
     /// How many message authors are remembered for reply-to addressing (default 65,536).
@@ -77,8 +72,6 @@ impl Default for SyncOptions {
     fn default() -> Self {
         SyncOptions {
             max_wakes_per_pass: 16,
-            reply_horizon_ms: 300_000,
-            max_reply_failures: 3,
             max_reply_bytes: 64 * 1024,
             remembered_authors: 65_536,
         }

@@ -130,6 +130,9 @@ struct OpenMessage {
     each: bool,
     /// Agents that answered it (`each` messages).
     answered: BTreeSet<String>,
+    /// The hops an agent's reply to it carries when the reply addresses another
+    /// agent (`None`: its own hops are malformed, so no hops are carried on).
+    next_hops: Option<u64>,
 }
 
 impl OpenMessage {
@@ -157,8 +160,14 @@ struct Slot {
 
 #[derive(Clone, Debug)]
 enum LiveWork {
-    Reply { message: InteractionId },
-    Task { task: String },
+    Reply {
+        message: InteractionId,
+        /// What the reply carries as `hops` if it addresses another agent.
+        next_hops: Option<u64>,
+    },
+    Task {
+        task: String,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -186,6 +195,12 @@ fn spread_rank(relay: &[u8], task: &[u8]) -> u64 {
     }
     h
 }
+
+/// How many written notices a relay remembers so as not to queue them again.
+const REMEMBERED_NOTICES: usize = 4_096;
+
+/// Shortest time between two settle checks, µs.
+const SETTLE_CHECK_US: i64 = 1_000_000;
 
 /// Where a ready task sits in this relay's walk of a room's frontier: the frontier
 /// rank first (the room's scheduling order), then this relay's own [`spread_rank`],
@@ -235,6 +250,18 @@ pub struct Synchronizer {
     bids_sent: BTreeSet<(String, String, u32, String)>,
     rejections_sent: BTreeSet<(String, String, u32, String)>,
     notices_sent: BTreeSet<(String, String)>,
+    /// Notices that a message will not be answered, not yet written (by id).
+    pending_notices: BTreeMap<InteractionId, NewInteraction>,
+    /// Such notices already written or folded, the most recent [`REMEMBERED_NOTICES`]:
+    /// never queued again.
+    notices_done: (BTreeSet<InteractionId>, VecDeque<InteractionId>),
+    /// Per room: the latest `room.settled` folded or written.
+    settled: BTreeMap<String, crate::protocol::RoomSettledBody>,
+    /// Rooms whose tasks or turns moved since the last settle check.
+    unsettled: BTreeSet<String>,
+    /// When the next settle check may run: it reads the whole DAG, so at most once
+    /// per [`SETTLE_CHECK_US`], not on every event.
+    next_settle_check: Option<Timestamp>,
     /// Task claims `(key, epoch)` whose turn ended here: never resumed, even while the
     /// fold has not yet caught up with the completion or failure appended for them.
     finished: BTreeSet<(String, ClaimEpoch)>,
@@ -306,6 +333,11 @@ impl Synchronizer {
             bids_sent: BTreeSet::new(),
             rejections_sent: BTreeSet::new(),
             notices_sent: BTreeSet::new(),
+            pending_notices: BTreeMap::new(),
+            notices_done: (BTreeSet::new(), VecDeque::new()),
+            settled: BTreeMap::new(),
+            unsettled: BTreeSet::new(),
+            next_settle_check: None,
             finished: BTreeSet::new(),
             registered: false,
             now: None,
@@ -331,6 +363,11 @@ impl Synchronizer {
     /// This relay's id.
     pub fn relay_id(&self) -> &str {
         &self.relay
+    }
+
+    /// Whether this relay serves `room` (rows of other rooms are ignored).
+    pub fn serves(&self, room: &str) -> bool {
+        self.rooms.contains(room)
     }
 
     /// The local agents, by key.
@@ -539,9 +576,43 @@ impl Synchronizer {
         if let Some(now) = self.now {
             self.now = Some(now.max(row.at));
         }
+        if matches!(
+            row.verb,
+            Verb::TaskCreated
+                | Verb::TaskClaimed
+                | Verb::TaskCompleted
+                | Verb::TaskFailed
+                | Verb::TaskReleased
+                | Verb::TurnPrompted
+                | Verb::TurnReplied
+                | Verb::TurnFailed
+        ) {
+            self.unsettled.insert(row.room.clone());
+        }
         match row.verb {
+            Verb::RoomSettled if row.role == Role::System => {
+                if let Some(b) = parse_body::<crate::protocol::RoomSettledBody>(&row.body) {
+                    self.settled.insert(row.room.clone(), b);
+                }
+            }
             Verb::MessagePosted => {
                 self.remember_author(row);
+                // A notice already written (by any relay) needs no second append,
+                // and its message is given up everywhere.
+                self.pending_notices.remove(&row.id);
+                if row.role == Role::System && row.body.get("unanswered").is_some() {
+                    self.notice_done(row.id);
+                    // One named agent's part given up leaves the others' open.
+                    if let Some(p) = row.parent.filter(|_| row.body.get("agent").is_none()) {
+                        self.messages.remove(&(row.room.clone(), p));
+                    }
+                }
+                // An agent's answer written by the agent itself (MCP) answers too.
+                if row.role == Role::Agent {
+                    if let Some(p) = row.parent {
+                        self.answered(&row.room, p, &row.actor);
+                    }
+                }
                 self.consider_message(row);
             }
             Verb::TurnReplied => {
@@ -554,13 +625,20 @@ impl Synchronizer {
             Verb::TurnFailed => {
                 if let Some(b) = parse_body::<TurnFailedBody>(&row.body) {
                     if let Some(id) = message_subject(&b.subject) {
-                        let max = self.options.max_reply_failures;
+                        let max = self
+                            .config(&row.room, row.thread.as_deref())
+                            .max_reply_failures;
                         let key = (row.room.clone(), id);
                         let mut each = false;
                         if let Some(m) = self.messages.get_mut(&key) {
                             m.note_failure(&row.actor, &b.turn, b.epoch);
                             each = m.each;
-                            if !m.each && m.failed_turns.len() >= max as usize {
+                            let why = failure_notice(m, &row.actor, max);
+                            let thread = m.thread.clone();
+                            if let Some(why) = why {
+                                self.notice_unanswered(&row.room, thread, id, &why);
+                            }
+                            if !each && m_failed_out(&self.messages, &key, max) {
                                 self.messages.remove(&key);
                             }
                         }
@@ -691,6 +769,13 @@ impl Synchronizer {
         if !self.gate.admit(row, &config) {
             return;
         }
+        let each = addressing::answers_each(
+            &eligible,
+            &body.text,
+            &body.mentions,
+            &self.registered_agents(&row.room),
+            config.group_reply,
+        );
         self.messages.insert(
             (row.room.clone(), row.id),
             OpenMessage {
@@ -699,12 +784,13 @@ impl Synchronizer {
                 role: row.role,
                 at: row.at,
                 text: body.text,
-                each: eligible.answers_each(),
+                each,
                 eligible,
                 failed: BTreeSet::new(),
                 failed_upto: None,
                 failed_turns: BTreeSet::new(),
                 answered: BTreeSet::new(),
+                next_hops: crate::guards::next_hops(&row.body),
             },
         );
     }
@@ -914,6 +1000,118 @@ impl Synchronizer {
         self.elect_replies(now, out);
         let retakes = self.retake_tasks(now, out);
         self.schedule_tasks(now, retakes, out);
+        // Notices queued by this pass and by the rows just folded.
+        self.write_notices(out);
+        self.note_settled(out);
+    }
+
+    /// A room whose tasks or turns moved and that is now quiescent (nothing ready,
+    /// claimed or running, nothing in flight here) gets one `room.settled` with its
+    /// task counts, unless the last one already says exactly that.
+    fn note_settled(&mut self, out: &mut Vec<Intent>) {
+        let Some(now) = self.now else {
+            return;
+        };
+        if self.unsettled.is_empty() || self.next_settle_check.is_some_and(|at| now < at) {
+            return;
+        }
+        self.next_settle_check = Some(now.saturating_add(SETTLE_CHECK_US));
+        let rooms: Vec<String> = self.unsettled.iter().cloned().collect();
+        let mut batch = Vec::new();
+        for room in rooms {
+            // Cheap checks first: while work runs here the room is not settled.
+            if self.turns.values().any(|t| t.room == room)
+                || self.claims.values().any(|s| s.purpose.room() == room)
+            {
+                continue;
+            }
+            self.unsettled.remove(&room);
+            if !self.is_quiescent(&room) {
+                continue;
+            }
+            let s = self.dag.summary(&room);
+            let body = crate::protocol::RoomSettledBody {
+                total: s.total,
+                done: s.done,
+                abandoned: s.abandoned,
+                blocked: s.blocked,
+            };
+            if s.total == 0 || self.settled.get(&room) == Some(&body) {
+                continue;
+            }
+            self.settled.insert(room.clone(), body);
+            batch.push(NewInteraction::new(
+                room.as_str(),
+                Verb::RoomSettled,
+                crate::protocol::SYSTEM_ACTOR,
+                Role::System,
+                serde_json::to_value(body).unwrap_or_default(),
+            ));
+        }
+        if !batch.is_empty() {
+            out.push(Intent::Append {
+                fences: Vec::new(),
+                close: false,
+                batch,
+            });
+        }
+    }
+
+    /// Queues the notice to a message's author that it will not be answered, and why
+    /// (written at the next pass). Its content is the same on every relay, so the
+    /// ledger keeps one; once folded it gives the message up everywhere.
+    fn notice_unanswered(
+        &mut self,
+        room: &str,
+        thread: Option<String>,
+        message: InteractionId,
+        why: &(Option<String>, String),
+    ) {
+        let mut body = serde_json::json!({ "text": why.1, "unanswered": message.to_hex() });
+        if let Some(agent) = &why.0 {
+            body["agent"] = serde_json::Value::from(agent.as_str());
+        }
+        let mut row = NewInteraction::new(
+            room,
+            Verb::MessagePosted,
+            crate::protocol::SYSTEM_ACTOR,
+            Role::System,
+            body,
+        )
+        .with_parent(message);
+        row.thread = thread;
+        let id = row.id();
+        if !self.notices_done.0.contains(&id) {
+            self.pending_notices.insert(id, row);
+        }
+    }
+
+    fn notice_done(&mut self, id: InteractionId) {
+        let (set, order) = &mut self.notices_done;
+        if set.insert(id) {
+            order.push_back(id);
+        }
+        while order.len() > REMEMBERED_NOTICES {
+            if let Some(old) = order.pop_front() {
+                set.remove(&old);
+            }
+        }
+    }
+
+    fn write_notices(&mut self, out: &mut Vec<Intent>) {
+        if self.pending_notices.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending_notices);
+        for id in pending.keys() {
+            self.notice_done(*id);
+        }
+        let batch: Vec<NewInteraction> = pending.into_values().collect();
+        out.push(Intent::Append {
+            fences: Vec::new(),
+            close: false,
+            batch,
+        });
     }
 
     fn register(&mut self, out: &mut Vec<Intent>) {
@@ -967,14 +1165,42 @@ impl Synchronizer {
     }
 
     fn elect_replies(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
-        let horizon = ms_to_us(self.options.reply_horizon_ms);
         let keys: Vec<(String, InteractionId)> = self.messages.keys().cloned().collect();
         for (room, id) in keys {
             let Some(m) = self.messages.get(&(room.clone(), id)) else {
                 continue;
             };
-            if now.micros_since(m.at) > horizon {
-                self.messages.remove(&(room, id));
+            let horizon_ms = self.config(&room, m.thread.as_deref()).reply_horizon_ms;
+            if now.micros_since(m.at) > ms_to_us(horizon_ms) {
+                // A turn still running on it (here or anywhere) may yet answer: wait
+                // for it to end before giving the message up.
+                let running = self.turns.values().any(|t| {
+                    t.room == room
+                        && matches!(&t.work, LiveWork::Reply { message, .. } if *message == id)
+                }) || self.board.room(&room).is_some_and(|b| {
+                    b.turns
+                        .get(&Subject::message(id).key())
+                        .is_some_and(|t| t.is_open())
+                });
+                if running {
+                    continue;
+                }
+                let why = if m.each {
+                    format!(
+                        "Not every agent this message names answered it within the reply \
+                         horizon ({}); it is no longer offered to them.",
+                        crate::config::format_duration(horizon_ms)
+                    )
+                } else {
+                    format!(
+                        "Nobody answered this message within the reply horizon ({}); it is \
+                         no longer offered to agents.",
+                        crate::config::format_duration(horizon_ms)
+                    )
+                };
+                let thread = m.thread.clone();
+                self.messages.remove(&(room.clone(), id));
+                self.notice_unanswered(&room, thread, id, &(None, why));
                 continue;
             }
             if m.each {
@@ -1282,6 +1508,7 @@ impl Synchronizer {
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
         for room in rooms {
             let config = self.config(&room, None).clone();
+            let ttl_us = ms_to_us(config.claim_ttl_ms.max(1));
             let claimed: Vec<(String, Option<String>)> = self
                 .dag
                 .claimed(&room)
@@ -1305,6 +1532,21 @@ impl Synchronizer {
                 {
                     // Our own turn under this very lease just ended; its completion or
                     // failure is on its way into the fold.
+                    continue;
+                }
+                let remote_owner = owner.as_ref().is_some_and(|o| !self.agents.contains_key(o));
+                if remote_owner
+                    && task
+                        .claimed_at
+                        .is_some_and(|at| now < at.saturating_add(ttl_us))
+                {
+                    // Another relay's agent took it less than a lease ago: its lease
+                    // cannot have lapsed yet (it was acquired before the claim row
+                    // was written), so a probe now could only be refused. The first
+                    // probe waits for the lease to be able to lapse; a pass follows
+                    // within a reconcile tick. (A local owner's own claim is probed at
+                    // once: the store grants it to the same holder, which is how a
+                    // restarted relay resumes.)
                     continue;
                 }
                 let right = retake_right(&config, task);
@@ -1350,7 +1592,8 @@ impl Synchronizer {
                 continue;
             }
             let running = self.turns.values().any(|lt| {
-                lt.room == room && matches!(&lt.work, LiveWork::Reply { message } if *message == id)
+                lt.room == room
+                    && matches!(&lt.work, LiveWork::Reply { message, .. } if *message == id)
             });
             let key = reply_key(&room, &id);
             if running || self.claims.contains_key(&key) || self.held_elsewhere(&key, now) {
@@ -1633,7 +1876,10 @@ impl Synchronizer {
             thread,
             subject,
             work,
-            LiveWork::Reply { message },
+            LiveWork::Reply {
+                message,
+                next_hops: m.next_hops,
+            },
             exclusive,
             drive,
             out,
@@ -1893,14 +2139,27 @@ impl Synchronizer {
                 self.finished
                     .insert((lt.exclusive.key.clone(), lt.exclusive.epoch));
             }
-            LiveWork::Reply { message }
+            LiveWork::Reply { message, .. }
                 if !matches!(outcome, TurnOutcome::Replied { .. }) || lt.lost =>
             {
-                let max = self.options.max_reply_failures as usize;
+                let max = self
+                    .config(&lt.room, lt.thread.as_deref())
+                    .max_reply_failures as usize;
                 let key = (lt.room.clone(), *message);
                 if let Some(m) = self.messages.get_mut(&key) {
                     m.note_failure(&lt.agent, &turn.0, lt.exclusive.epoch);
-                    if !m.each && m.failed_turns.len() >= max {
+                    // The same notice the fold of this turn's failure would queue: the
+                    // message may be gone by then.
+                    let why = failure_notice(m, &lt.agent, max as u32);
+                    let thread = m.thread.clone();
+                    if let Some(why) = why {
+                        self.notice_unanswered(&lt.room, thread, *message, &why);
+                    }
+                    if self
+                        .messages
+                        .get(&key)
+                        .is_some_and(|m| !m.each && m.failed_turns.len() >= max)
+                    {
                         self.messages.remove(&key);
                     }
                 }
@@ -1959,9 +2218,20 @@ impl Synchronizer {
             return;
         }
         match (&lt.work, outcome) {
-            (LiveWork::Reply { message }, TurnOutcome::Replied { text }) => {
+            (LiveWork::Reply { message, next_hops }, TurnOutcome::Replied { text }) => {
+                let text = truncate_text(text.trim_end(), self.options.max_reply_bytes);
+                // A reply that addresses another agent is one more agent-to-agent
+                // step: it carries its hops, so `max-hops` ends the chain.
+                let known = self.registered_agents(&lt.room);
+                let addresses_agent = addressing::mentions_in(&text, &known)
+                    .iter()
+                    .any(|a| *a != lt.agent)
+                    || !addressing::group_mentions_in(&text).is_empty();
                 let body = MessageBody {
-                    text: truncate_text(text.trim_end(), self.options.max_reply_bytes),
+                    hops: next_hops.filter(|_| addresses_agent),
+                    // From the turn: a retried write of this reply is the same row.
+                    nonce: Some(crate::protocol::nonce_from(turn.0.as_bytes())),
+                    text,
                     mentions: Vec::new(),
                 };
                 let mut reply = NewInteraction::new(
@@ -2138,6 +2408,43 @@ impl Synchronizer {
             self.forget(key);
         }
     }
+}
+
+/// The notice a failed reply turn of `agent` on `m` calls for, if any: for a message
+/// naming several agents, that this agent will not answer; otherwise, once `max`
+/// turns failed, that nobody will. The text depends only on the ledger and the room's
+/// config, so every relay writes the same row.
+fn failure_notice(m: &OpenMessage, agent: &str, max: u32) -> Option<(Option<String>, String)> {
+    if m.each {
+        Some((
+            Some(agent.to_string()),
+            format!(
+                "{agent} could not answer this message: its reply turn failed (its \
+                 turn.failed row says why)."
+            ),
+        ))
+    } else if m.failed_turns.len() >= max as usize {
+        Some((
+            None,
+            format!(
+                "Nobody could answer this message: {max} reply turns failed (their \
+                 turn.failed rows say why); it is no longer offered to agents."
+            ),
+        ))
+    } else {
+        None
+    }
+}
+
+/// Whether a message has had `max` failed reply turns.
+fn m_failed_out(
+    messages: &BTreeMap<(String, InteractionId), OpenMessage>,
+    key: &(String, InteractionId),
+    max: u32,
+) -> bool {
+    messages
+        .get(key)
+        .is_some_and(|m| m.failed_turns.len() >= max as usize)
 }
 
 fn message_subject(s: &Subject) -> Option<InteractionId> {

@@ -408,6 +408,39 @@ fn a_group_mention_reaches_every_agent_with_the_capability_and_each_answers() {
             (directed_reply_key("lobby", &m.id, "cy"), "cy".to_string())
         ]
     );
+    // Under `group-reply one` the group answers once: one shared reply claim, taken
+    // by one member (race: the first free one).
+    let one = RoomConfig {
+        group_reply: crate::config::GroupReply::One,
+        ..RoomConfig::default()
+    };
+    let reviewers = vec![
+        LocalAgent {
+            capabilities: vec!["review".into()],
+            ..LocalAgent::new("bo")
+        },
+        LocalAgent {
+            capabilities: vec!["review".into()],
+            ..LocalAgent::new("cy")
+        },
+    ];
+    let mut sync = Synchronizer::new("r1", ["lobby"], reviewers);
+    sync.handle(Event::Config {
+        room: "lobby".into(),
+        thread: None,
+        config: one,
+    });
+    let mut h = H {
+        sync,
+        ledger: Ledger::default(),
+        cursor: 0,
+        now: T0,
+    };
+    h.start();
+    let m2 = h.write(vec![message("ana", Role::Human, "@@review once please")])[0].clone();
+    let got = acquires(&h.read());
+    assert_eq!(got.len(), 1, "one claim for the group: {got:?}");
+    assert_eq!(got[0].0, reply_key("lobby", &m2.id), "{got:?}");
     // A group nobody has is addressed to nobody (not a broadcast).
     let mut h = H::new(&["bo"]);
     h.start();
@@ -1034,16 +1067,32 @@ fn a_failed_attempt_goes_to_another_free_agent_first() {
 }
 
 #[test]
+fn a_remote_claim_is_probed_only_once_its_lease_can_have_lapsed() {
+    let mut h = H::new(&["cy"]);
+    h.start();
+    // bo (on another relay) claims a; its lease is the room's claim TTL (60 s).
+    assert!(acquires(&h.post(vec![created("a", &[]), claimed("a", "bo", 1)])).is_empty());
+    assert!(acquires(&h.tick(h.now + 59 * S)).is_empty());
+    // A lease after the claim row, the lease may have lapsed: probe (the store grants
+    // it only if it did).
+    let out = h.tick(T0 + 60 * S);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "cy".into())]);
+    // A local agent's own claim is probed at once (a restarted relay resumes it).
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let out = h.post(vec![created("a", &[]), claimed("a", "bo", 1)]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+}
+
+#[test]
 fn a_claim_still_held_at_a_failed_epoch_is_retried_soon() {
     // Another relay's agent failed task a at epoch 4; this relay folds the failure
     // before that relay released the claim.
     let mut h = H::new(&["cy"]);
     h.start();
     let out = h.post(vec![created("a", &[]), claimed("a", "bo", 4)]);
-    // Seen claimed by a remote agent: the reconcile pass tries to re-take it, and the
-    // store says bo holds it: leave it alone until its lease lapses.
-    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "cy".into())]);
-    let out = h.result(&task_key("lobby", "a"), "cy", false, 4);
+    // Seen claimed by a remote agent less than a lease ago: its lease cannot have
+    // lapsed, so no probe is made.
     assert!(acquires(&out).is_empty());
     assert!(acquires(&h.tick(h.now + 250_000)).is_empty());
     let out = h.post(vec![failed("a", "bo", 4)]);
@@ -1450,6 +1499,13 @@ fn abandoned_tasks_get_one_owner_notice() {
     let out = h.read();
     assert_eq!(appends(&out), vec![(None, vec!["coord.note"])]);
     h.apply_appends(&out);
+    // At the next settle check the room is settled with the task abandoned.
+    let settled = h.tick(h.now + 2 * S);
+    assert_eq!(
+        settled_rows(&settled),
+        vec![json!({"total": 1, "done": 0, "abandoned": 1, "blocked": 0})]
+    );
+    h.apply_appends(&settled);
     let out = h.read();
     assert!(appends(&out).is_empty());
     let board = h.sync.board().room("lobby").unwrap();
@@ -1937,4 +1993,125 @@ fn the_coordination_block_shows_held_resources() {
         block.contains("resources held:\n- file:src/** exclusive by ada until "),
         "{block}"
     );
+}
+
+/// The `message.posted` notices (role system, `unanswered`) in an output.
+fn unanswered_notices(out: &[Intent]) -> Vec<(Option<InteractionId>, String)> {
+    out.iter()
+        .filter_map(|i| match i {
+            Intent::Append { batch, .. } => Some(batch),
+            _ => None,
+        })
+        .flatten()
+        .filter(|r| r.role == Role::System && r.body.get("unanswered").is_some())
+        .map(|r| {
+            (
+                r.parent,
+                r.body["text"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_message_past_the_reply_horizon_gets_one_notice_to_its_author() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    // Taken by bo elsewhere (a designation) but never answered, and no turn open.
+    let m = h.write(vec![message("ana", Role::Human, "anyone?")])[0].clone();
+    h.sync.handle(Event::Tick { now: h.now });
+    let out = h.read();
+    assert!(
+        unanswered_notices(&out).is_empty(),
+        "within the horizon: no notice"
+    );
+    let late = h.now + 6 * 60 * S;
+    let out = h.tick(late);
+    let notices = unanswered_notices(&out);
+    assert_eq!(notices.len(), 1, "{out:?}");
+    assert_eq!(notices[0].0, Some(m.id), "the notice answers the message");
+    assert!(notices[0].1.contains("reply horizon (5m)"), "{notices:?}");
+    assert!(!notices[0].1.contains('@'), "a notice addresses no agent");
+    // Written and read back: never again, and the message is given up.
+    h.apply_appends(&out);
+    let out = h.read();
+    assert!(unanswered_notices(&out).is_empty());
+    let out = h.tick(late + 60 * S);
+    assert!(unanswered_notices(&out).is_empty());
+    assert!(acquires(&out).is_empty());
+}
+
+#[test]
+fn a_message_whose_reply_turns_all_failed_gets_a_notice() {
+    let config = RoomConfig {
+        max_reply_failures: 1,
+        ..RoomConfig::default()
+    };
+    let mut h = H::with(&["bo"], config);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "@bo please")])[0].clone();
+    h.read();
+    // bo's one allowed turn failed on another relay: its turn.failed is folded.
+    let failed = TurnFailedBody {
+        turn: "r/x".into(),
+        subject: Subject::message(m.id),
+        epoch: ClaimEpoch(1),
+        reason: "exit 1".into(),
+        tokens: 0,
+        activity: TurnActivity::default(),
+    };
+    let out = h.post(vec![ix(
+        Verb::TurnFailed,
+        "bo",
+        Role::Agent,
+        serde_json::to_value(&failed).unwrap(),
+    )]);
+    let notices = unanswered_notices(&out);
+    assert_eq!(notices.len(), 1, "{out:?}");
+    assert!(notices[0].1.contains("1 reply turns failed"), "{notices:?}");
+}
+
+fn settled_rows(out: &[Intent]) -> Vec<serde_json::Value> {
+    out.iter()
+        .filter_map(|i| match i {
+            Intent::Append { batch, .. } => Some(batch),
+            _ => None,
+        })
+        .flatten()
+        .filter(|r| r.verb == Verb::RoomSettled)
+        .map(|r| r.body.clone())
+        .collect()
+}
+
+#[test]
+fn a_room_that_settles_gets_one_settled_row() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let out = h.post(vec![created("a", &[])]);
+    assert!(settled_rows(&out).is_empty(), "a ready task: not settled");
+    let st = run_task_to_start(&mut h, "a", "bo", 1);
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Replied {
+            text: "done".into(),
+        },
+    );
+    assert!(
+        settled_rows(&out).is_empty(),
+        "the completion is not folded yet"
+    );
+    h.apply_appends(&out);
+    h.read();
+    // The check reads the whole DAG, so it runs at most once a second.
+    let out = h.tick(h.now + 2 * S);
+    assert_eq!(
+        settled_rows(&out),
+        vec![json!({"total": 1, "done": 1, "abandoned": 0, "blocked": 0})]
+    );
+    // Written and read back: nothing more, however many passes follow.
+    h.apply_appends(&out);
+    let out = h.read();
+    assert!(settled_rows(&out).is_empty());
+    let out = h.tick(h.now + 60 * S);
+    assert!(settled_rows(&out).is_empty());
 }

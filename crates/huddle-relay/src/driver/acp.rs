@@ -870,6 +870,8 @@ struct Reply {
     activity: TurnActivity,
     /// Tool call ids seen, with their place in `activity.tools`.
     calls: HashMap<String, Option<usize>>,
+    /// Where plan updates go as progress notes.
+    progress: super::ProgressSink,
 }
 
 /// The wire name of a protocol enum value (`"in_progress"`, `"completed"`, ...).
@@ -929,6 +931,10 @@ impl Reply {
                     .collect();
                 self.activity
                     .set_plan(steps.iter().map(|(c, s)| (c.as_str(), s.as_str())));
+                // A plan update is the agent saying where it is: an interim progress
+                // note, never part of the reply.
+                let note: Vec<String> = steps.iter().map(|(c, s)| format!("[{s}] {c}")).collect();
+                self.progress.note(&format!("plan: {}", note.join("; ")));
             }
             _ => {}
         }
@@ -993,7 +999,10 @@ impl Driver for AcpDriver {
             ))
             .block_task();
         tokio::pin!(response);
-        let mut reply = Reply::default();
+        let mut reply = Reply {
+            progress: request.progress.clone(),
+            ..Reply::default()
+        };
         let end = loop {
             tokio::select! {
                 r = &mut response => break End::Done(Box::new(r)),

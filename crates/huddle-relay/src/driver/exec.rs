@@ -4,11 +4,15 @@
 //! - The prompt goes to the child's standard input, which is then closed.
 //! - Environment: `HUDDLE_ROOM`, `HUDDLE_THREAD` (empty when none), `HUDDLE_AGENT`,
 //!   `HUDDLE_TASK` (empty when none), `HUDDLE_EPOCH` (empty when none),
-//!   `HUDDLE_ATTEMPT`; when the agent is offered huddle's MCP tools, `HUDDLE_MCP` (a
+//!   `HUDDLE_ATTEMPT`, `HUDDLE_EFFECT_KEY` (stable across the attempts of one task or
+//!   message answer: the idempotency key for the agent's external effects); when the agent is offered huddle's MCP tools, `HUDDLE_MCP` (a
 //!   `sh` command line starting `huddle mcp` for this agent and room) and `HUDDLE_DB`.
 //! - Standard output is the reply (capped at `max_reply_bytes`).
 //! - A line `huddle-tokens: N` on standard error reports the tokens used; without one
 //!   the driver estimates a token per four bytes of prompt and reply.
+//! - A line `huddle-progress: TEXT` on standard error is an interim progress note,
+//!   written at once as a `turn.progress` row (never the reply; the reply is still the
+//!   standard output when the command exits).
 //! - A non-zero exit or the timeout is a failed turn; cancellation (claim lost,
 //!   shutdown) ends it.
 //! - The command leads a process group of its own ([`AgentProcess`]): whatever it
@@ -24,7 +28,9 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use super::{AgentProcess, Driver, McpLaunch, TurnOutcome, TurnRequest};
+use super::{
+    AgentProcess, Driver, McpLaunch, ProgressSink, TurnOutcome, TurnRequest, PROGRESS_PREFIX,
+};
 
 /// Settings of an exec agent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +111,14 @@ fn tokens_from_stderr(stderr: &str) -> Option<u64> {
         .and_then(|n| n.trim().parse().ok())
 }
 
+/// Sends a `huddle-progress: TEXT` line of standard error to the progress sink.
+fn progress_line(line: &[u8], sink: &ProgressSink) {
+    let text = String::from_utf8_lossy(line);
+    if let Some(note) = text.trim().strip_prefix(PROGRESS_PREFIX) {
+        sink.note(note);
+    }
+}
+
 fn cut(mut bytes: Vec<u8>, max: usize) -> String {
     if bytes.len() > max {
         bytes.truncate(max);
@@ -171,6 +185,7 @@ impl Driver for ExecDriver {
                 request.epoch.map(|e| e.to_string()).unwrap_or_default(),
             )
             .env("HUDDLE_ATTEMPT", request.attempt.to_string())
+            .env("HUDDLE_EFFECT_KEY", &request.effect_key)
             .env_remove("HUDDLE_MCP")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -218,13 +233,23 @@ impl Driver for ExecDriver {
             }
             buf
         });
+        let progress = request.progress.clone();
         let read_err = tokio::spawn(async move {
             let mut buf = Vec::new();
+            let mut line: Vec<u8> = Vec::new();
             if let Some(err) = stderr.as_mut() {
                 let mut chunk = [0u8; 8192];
                 while let Ok(n) = err.read(&mut chunk).await {
                     if n == 0 {
                         break;
+                    }
+                    for b in &chunk[..n] {
+                        if *b == b'\n' {
+                            progress_line(&line, &progress);
+                            line.clear();
+                        } else if line.len() < 8 * 1024 {
+                            line.push(*b);
+                        }
                     }
                     buf.extend_from_slice(&chunk[..n]);
                     if buf.len() > 64 * 1024 {
@@ -232,6 +257,7 @@ impl Driver for ExecDriver {
                     }
                 }
             }
+            progress_line(&line, &progress);
             buf
         });
         let timeout = Duration::from_millis(s.timeout_ms);
@@ -288,6 +314,8 @@ mod tests {
             epoch: Some(huddle_core::ClaimEpoch(3)),
             attempt: 2,
             prompt: "<coordination>\n</coordination>\nhello".into(),
+            effect_key: String::new(),
+            progress: Default::default(),
         }
     }
 
@@ -304,14 +332,38 @@ mod tests {
     #[tokio::test]
     async fn prompt_in_reply_out_with_environment() {
         let d = sh(
-            "read first; echo \"$HUDDLE_AGENT/$HUDDLE_ROOM/$HUDDLE_TASK/$HUDDLE_EPOCH/$HUDDLE_ATTEMPT $first\"; echo 'huddle-tokens: 42' >&2",
+            "read first; echo \"$HUDDLE_AGENT/$HUDDLE_ROOM/$HUDDLE_TASK/$HUDDLE_EPOCH/$HUDDLE_ATTEMPT/$HUDDLE_EFFECT_KEY $first\"; echo 'huddle-tokens: 42' >&2",
             10_000,
         );
-        let out = d.run(req(), CancellationToken::new()).await;
+        let mut r = req();
+        r.effect_key = "k7".into();
+        let out = d.run(r, CancellationToken::new()).await;
         assert_eq!(
             out,
-            TurnOutcome::replied("ada/lobby/t7/3/2 <coordination>\n", 42)
+            TurnOutcome::replied("ada/lobby/t7/3/2/k7 <coordination>\n", 42)
         );
+    }
+
+    #[tokio::test]
+    async fn progress_lines_on_stderr_are_notes_not_the_reply() {
+        let d = sh(
+            "cat >/dev/null; echo 'huddle-progress: reading' >&2; echo other >&2; \
+             printf 'huddle-progress: half done' >&2; echo answer",
+            5_000,
+        );
+        let (sink, mut rx) = ProgressSink::channel();
+        let mut r = req();
+        r.progress = sink;
+        let out = d.run(r, CancellationToken::new()).await;
+        assert!(
+            matches!(&out, TurnOutcome::Replied { text, .. } if text == "answer\n"),
+            "{out:?}"
+        );
+        let mut notes = Vec::new();
+        while let Ok(n) = rx.try_recv() {
+            notes.push(n);
+        }
+        assert_eq!(notes, vec!["reading", "half done"]);
     }
 
     #[tokio::test]

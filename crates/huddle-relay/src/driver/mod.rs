@@ -18,6 +18,9 @@ pub use acp::{AcpDriver, AcpPreset, AcpSettings, PermissionPolicy};
 pub use exec::{ExecDriver, ExecSettings};
 pub use mcp::McpLaunch;
 pub use process::AgentProcess;
+
+/// The line prefix on an exec agent's standard error that posts a progress note.
+pub const PROGRESS_PREFIX: &str = "huddle-progress:";
 pub use sim::{SimDriver, SimSettings};
 
 use async_trait::async_trait;
@@ -43,7 +46,57 @@ pub struct TurnRequest {
     /// The full prompt: the `<coordination>` block, the `<related-context>` block when
     /// there is one, then the message or task.
     pub prompt: String,
+    /// The turn's effect key (`HUDDLE_EFFECT_KEY`): the same for every attempt of its
+    /// task (or every attempt of this agent's answer to its message), different for
+    /// every other; agents pass it to external systems to make effects idempotent.
+    #[serde(default)]
+    pub effect_key: String,
+    /// Where the driver sends the turn's interim progress notes (not its reply); the
+    /// relay writes each as a `turn.progress` row under the turn's claims.
+    #[serde(skip)]
+    pub progress: ProgressSink,
 }
+
+/// Where a driver sends a running turn's progress notes. Cloning shares it; the
+/// default sink drops every note (a turn nobody records progress for).
+#[derive(Clone, Default)]
+pub struct ProgressSink(Option<tokio::sync::mpsc::UnboundedSender<String>>);
+
+impl ProgressSink {
+    /// A sink and the receiving end the relay writes notes from.
+    pub fn channel() -> (ProgressSink, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (ProgressSink(Some(tx)), rx)
+    }
+
+    /// Sends one note (blank notes are dropped). Returns whether anyone receives it.
+    pub fn note(&self, text: &str) -> bool {
+        let text = text.trim();
+        match &self.0 {
+            Some(tx) if !text.is_empty() => tx.send(text.to_string()).is_ok(),
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ProgressSink(open)"
+        } else {
+            "ProgressSink(none)"
+        })
+    }
+}
+
+/// Sinks are not part of what a request is: every two compare equal.
+impl PartialEq for ProgressSink {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ProgressSink {}
 
 impl TurnRequest {
     /// A stable identity for deterministic simulation: what the turn is about.

@@ -116,6 +116,8 @@ mod tests {
             epoch: Some(huddle_core::ClaimEpoch(1)),
             attempt,
             prompt: "do it".into(),
+            effect_key: String::new(),
+            progress: Default::default(),
         }
     }
 

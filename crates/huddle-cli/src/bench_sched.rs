@@ -1,0 +1,224 @@
+//! `huddle bench sched`: the synchronizer's own cost per task as the DAG grows, with
+//! no database, process or clock in the way.
+//!
+//! One synchronizer hosting `--agents` agents is given `--tasks` independent tasks
+//! (or chains, `--lanes`); every intent is answered at once from memory (acquires won,
+//! appends become the next ledger rows, turns reply immediately), so the wall time
+//! per completed task is the decision and fold work alone: what invariant 12 ("an
+//! event costs what it changes") is about. Flat across task counts means incremental.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Instant;
+
+use clap::Args;
+use huddle_core::protocol::TurnActivity;
+use huddle_core::sync::{ClaimAnswer, ClaimOutcome, TurnOutcome};
+use huddle_core::{
+    ClaimEpoch, Event, Intent, Interaction, LocalAgent, NewInteraction, Position, Role,
+    Synchronizer, Timestamp, Verb,
+};
+use serde::Serialize;
+use serde_json::json;
+
+/// Flags of `huddle bench sched`.
+#[derive(Args, Debug, Clone)]
+pub struct SchedArgs {
+    /// Task counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+    pub tasks: Vec<usize>,
+    /// Agents of the one synchronizer.
+    #[arg(long, default_value_t = 16)]
+    pub agents: usize,
+    /// Chains instead of independent tasks (0: independent).
+    #[arg(long, default_value_t = 0)]
+    pub lanes: usize,
+    /// JSON report instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One task count.
+#[derive(Clone, Debug, Serialize)]
+pub struct SchedLine {
+    /// Tasks.
+    pub tasks: usize,
+    /// Wall seconds to fold and hand out every task (creation rows excluded).
+    pub seconds: f64,
+    /// CPU seconds of the same (the measure on a shared machine).
+    pub cpu_seconds: f64,
+    /// Tasks completed per CPU second.
+    pub per_s: f64,
+    /// CPU microseconds per task.
+    pub us_per_task: f64,
+    /// Events handled per task.
+    pub events_per_task: f64,
+}
+
+/// A ledger in memory that gives rows positions and times.
+struct MemLedger {
+    next: u64,
+    now: Timestamp,
+}
+
+impl MemLedger {
+    fn row(&mut self, n: NewInteraction) -> Interaction {
+        self.next += 1;
+        Interaction {
+            id: n.id(),
+            position: Position::new(0, self.next),
+            at: self.now,
+            relay: "bench".into(),
+            room: n.room,
+            thread: n.thread,
+            verb: n.verb,
+            actor: n.actor,
+            role: n.role,
+            parent: n.parent,
+            caused_by: n.caused_by,
+            body: n.body,
+        }
+    }
+}
+
+/// CPU seconds this thread has used.
+fn cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer for the calling thread's CPU clock.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+fn one(args: &SchedArgs, n: usize) -> SchedLine {
+    let room = "bench";
+    let agents = (0..args.agents.max(1))
+        .map(|i| LocalAgent::new(format!("a{i:03}")))
+        .collect();
+    let mut sync = Synchronizer::new("r1", [room], agents);
+    let mut ledger = MemLedger {
+        next: 0,
+        now: Timestamp(1_700_000_000_000_000),
+    };
+    let mut epochs: BTreeMap<String, i64> = BTreeMap::new();
+    let mut events: VecDeque<Event> = VecDeque::new();
+    let mut rows: Vec<Interaction> = Vec::new();
+    sync.handle(Event::Tick { now: ledger.now });
+    let created: Vec<Interaction> = (0..n)
+        .map(|i| {
+            let deps: Vec<String> = if args.lanes > 0 && i >= args.lanes {
+                vec![format!("t{:06}", i - args.lanes)]
+            } else {
+                Vec::new()
+            };
+            ledger.row(NewInteraction::new(
+                room,
+                Verb::TaskCreated,
+                "owner",
+                Role::Owner,
+                json!({"task": format!("t{i:06}"), "label": "job", "deps": deps}),
+            ))
+        })
+        .collect();
+    events.push_back(Event::Ledger {
+        rows: created,
+        caught_up: true,
+    });
+    let started = Instant::now();
+    let cpu0 = cpu_seconds();
+    let mut handled = 0u64;
+    loop {
+        let event = if !rows.is_empty() {
+            Event::Ledger {
+                rows: std::mem::take(&mut rows),
+                caught_up: true,
+            }
+        } else if let Some(e) = events.pop_front() {
+            e
+        } else {
+            break;
+        };
+        handled += 1;
+        for intent in sync.handle(event) {
+            match intent {
+                Intent::Acquire { key, holder, .. } => {
+                    let e = epochs.entry(key.clone()).or_insert(0);
+                    *e += 1;
+                    events.push_back(Event::ClaimResult(ClaimOutcome {
+                        key,
+                        holder,
+                        answer: ClaimAnswer::Won {
+                            epoch: ClaimEpoch(*e),
+                            expires_at: ledger.now.saturating_add(60_000_000),
+                        },
+                    }));
+                }
+                Intent::Append { batch, .. } => {
+                    for r in batch {
+                        let row = ledger.row(r);
+                        rows.push(row);
+                    }
+                }
+                Intent::StartTurn(start) => {
+                    ledger.now = ledger.now.saturating_add(1_000);
+                    events.push_back(Event::TurnEnded {
+                        turn: start.turn,
+                        outcome: TurnOutcome::Replied { text: "ok".into() },
+                        tokens: 1,
+                        activity: TurnActivity::default(),
+                    });
+                }
+                _ => {}
+            }
+        }
+        if sync.tasks().summary(room).done >= n {
+            break;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    let done = sync.tasks().summary(room).done.max(1);
+    SchedLine {
+        tasks: n,
+        seconds,
+        cpu_seconds: cpu,
+        per_s: done as f64 / cpu.max(1e-9),
+        us_per_task: cpu * 1e6 / done as f64,
+        events_per_task: handled as f64 / done as f64,
+    }
+}
+
+/// Runs the bench, printing progress to stderr.
+pub fn run(args: &SchedArgs) -> Vec<SchedLine> {
+    args.tasks
+        .iter()
+        .map(|&n| {
+            eprintln!("scheduling {n} tasks in memory ...");
+            one(args, n)
+        })
+        .collect()
+}
+
+/// A markdown table.
+pub fn render(args: &SchedArgs, lines: &[SchedLine]) -> String {
+    let shape = if args.lanes > 0 {
+        format!("{} lanes", args.lanes)
+    } else {
+        "independent".into()
+    };
+    let mut s = format!(
+        "one synchronizer, {} agents, {shape}, intents answered from memory\n\n\
+         | tasks | wall s | CPU s | tasks per CPU s | CPU µs/task | events/task |\n|---:|---:|---:|---:|---:|---:|\n",
+        args.agents
+    );
+    for l in lines {
+        s.push_str(&format!(
+            "| {} | {:.2} | {:.2} | {:.0} | {:.1} | {:.1} |\n",
+            l.tasks, l.seconds, l.cpu_seconds, l.per_s, l.us_per_task, l.events_per_task
+        ));
+    }
+    s
+}

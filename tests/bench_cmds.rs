@@ -1,0 +1,108 @@
+//! The benches as commands: `huddle bench tasks` hands every task out exactly once
+//! through relay processes beside its plain-SQL queue, and neither it nor `huddle
+//! bench ledger` leaves anything behind in (or beside) the database it was given.
+
+use std::process::Command;
+
+use super::common::huddle_bin;
+
+/// Files in `dir`, sorted.
+fn files(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("read the directory")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn bench_tasks_runs_each_task_once_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("given.db");
+    let out = Command::new(huddle_bin())
+        .arg("--db")
+        .arg(&db)
+        .args([
+            "bench", "tasks", "--tasks", "30", "--agents", "3", "--relays", "2",
+        ])
+        .args(["--turn-ms", "1", "--stall-s", "30", "--json"])
+        .output()
+        .expect("run huddle bench tasks");
+    assert!(
+        out.status.success(),
+        "bench tasks failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    let line = &report["lines"][0];
+    assert_eq!(line["tasks"], 30);
+    // Executions are counted from the turns the relays started, not from rows.
+    assert_eq!(line["huddle"]["executions_per_task"].as_f64(), Some(1.0));
+    assert_eq!(line["baseline"]["executions_per_task"].as_f64(), Some(1.0));
+    assert!(line["huddle"]["per_s"].as_f64().is_some_and(|r| r > 0.0));
+    assert!(line["huddle"]["relay_peak_rss_mib"]
+        .as_f64()
+        .is_some_and(|m| m > 0.0));
+    // The scratch database beside the given one is gone, and the given one was
+    // never created.
+    assert!(
+        files(dir.path()).is_empty(),
+        "left behind: {:?}",
+        files(dir.path())
+    );
+}
+
+#[test]
+fn bench_ledger_leaves_no_rows_in_the_database_it_was_given() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("given.db");
+    let status = Command::new(huddle_bin())
+        .arg("--db")
+        .arg(&db)
+        .args(["migrate"])
+        .status()
+        .expect("run huddle migrate");
+    assert!(status.success());
+    let before = files(dir.path());
+    let out = Command::new(huddle_bin())
+        .arg("--db")
+        .arg(&db)
+        .args([
+            "bench",
+            "ledger",
+            "--seconds",
+            "0.4",
+            "--writers",
+            "2",
+            "--batches",
+            "1",
+        ])
+        .args(["--json"])
+        .output()
+        .expect("run huddle bench ledger");
+    assert!(
+        out.status.success(),
+        "bench ledger failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    assert!(report["lines"][0]["huddle_per_s"]
+        .as_f64()
+        .is_some_and(|r| r > 0.0));
+    let conn = rusqlite::Connection::open(&db).expect("open the given database");
+    let rows: i64 = conn
+        .query_row("SELECT count(*) FROM interaction", [], |r| r.get(0))
+        .expect("count rows");
+    assert_eq!(rows, 0, "the bench wrote into the database it was given");
+    drop(conn);
+    let after: Vec<String> = files(dir.path())
+        .into_iter()
+        .filter(|f| !f.starts_with("given.db"))
+        .collect();
+    let before: Vec<String> = before
+        .into_iter()
+        .filter(|f| !f.starts_with("given.db"))
+        .collect();
+    assert_eq!(after, before, "the scratch database was left behind");
+}
