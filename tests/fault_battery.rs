@@ -73,6 +73,7 @@ impl Rows {
             parent,
             caused_by: Vec::new(),
             body,
+            signer: None,
         });
         id
     }

@@ -10,7 +10,7 @@
 --   have been won for it to be tried (a task's drive claim after its task claim).
 -- * `huddle_append_under` is a fenced append in one statement: every fence checked (and
 --   closed, for a closing append) exactly as `huddle_claim_fence[_close]` do, then the
---   rows inserted by the calling role, so the insert trigger of 0003/0004 checks them as
+--   rows inserted by the calling role, so the insert trigger (0003, 0004, 0006) checks them as
 --   before. A fence that does not hold raises SQLSTATE HUF01 naming it, and the
 --   statement writes nothing. It runs as the caller (SECURITY INVOKER).
 
@@ -102,7 +102,8 @@ $$;
 CREATE FUNCTION huddle_append_under(
     p_keys text[], p_holders text[], p_epochs bigint[], p_close bytea,
     p_ids bytea[], p_rooms text[], p_threads text[], p_verbs text[], p_actors text[],
-    p_roles text[], p_parents bytea[], p_causes bytea[], p_bodies text[], p_ikeys text[])
+    p_roles text[], p_parents bytea[], p_causes bytea[], p_bodies text[], p_ikeys text[],
+    p_sigs text[])
 RETURNS TABLE (o_id bytea, o_ikey text)
 LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
 DECLARE
@@ -124,18 +125,18 @@ BEGIN
     END IF;
     RETURN QUERY
     INSERT INTO interaction AS x
-        (id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key)
+        (id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key, sig)
     SELECT t.id, t.room, t.thread, t.verb, t.actor, t.role, t.parent,
            CASE WHEN octet_length(t.causes) = 0 THEN '{}'::bytea[]
                 ELSE ARRAY(SELECT substring(t.causes FROM g * 32 + 1 FOR 32)
                            FROM generate_series(0, octet_length(t.causes) / 32 - 1) AS g
                            ORDER BY g)
            END,
-           t.body, t.ikey
+           t.body, t.ikey, t.sig
     FROM unnest(p_ids, p_rooms, p_threads, p_verbs, p_actors, p_roles, p_parents, p_causes,
-                p_bodies, p_ikeys)
+                p_bodies, p_ikeys, p_sigs)
          WITH ORDINALITY AS t(id, room, thread, verb, actor, role, parent, causes, body,
-                              ikey, ord)
+                              ikey, sig, ord)
     ORDER BY t.ord
     ON CONFLICT DO NOTHING
     RETURNING x.id, x.idempotency_key;
@@ -144,7 +145,7 @@ $$;
 
 REVOKE ALL ON FUNCTION huddle_claim_acquire_batch(text[], text[], bigint[], int[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION huddle_append_under(text[], text[], bigint[], bytea, bytea[], text[],
-    text[], text[], text[], text[], bytea[], bytea[], text[], text[]) FROM PUBLIC;
+    text[], text[], text[], text[], bytea[], bytea[], text[], text[], text[]) FROM PUBLIC;
 
 -- `huddle admin init` grants these too; here for a database set up before this
 -- migration existed.
@@ -154,7 +155,7 @@ BEGIN
         GRANT EXECUTE ON FUNCTION huddle_claim_acquire_batch(text[], text[], bigint[], int[])
             TO huddle_relay;
         GRANT EXECUTE ON FUNCTION huddle_append_under(text[], text[], bigint[], bytea,
-            bytea[], text[], text[], text[], text[], text[], bytea[], bytea[], text[], text[])
+            bytea[], text[], text[], text[], text[], text[], bytea[], bytea[], text[], text[], text[])
             TO huddle_relay;
     END IF;
 END;

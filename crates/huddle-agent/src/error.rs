@@ -139,11 +139,40 @@ pub enum AgentError {
     /// The room's owner bound this agent to other writers (`!config agents`).
     #[error("{0}")]
     BoundElsewhere(#[from] huddle_core::config::BoundElsewhere),
+    /// The room would ignore every row this session writes: it requires signatures
+    /// (or registers keys for this writer) and the session does not sign with a
+    /// registered key.
+    #[error("{0}")]
+    UnsignedWriter(#[from] huddle_core::config::binding::UnsignedWriter),
     /// This agent never held the lease.
     #[error("you do not hold lease {name:?}; take it with lease_acquire first")]
     NotLeaseHolder {
         /// The lease.
         name: String,
+    },
+    /// Resources are held by others; nothing was taken.
+    #[error("resources are held by others, so nothing was taken: {held}; wait for them (wait_ms), or take fewer")]
+    ResourcesBusy {
+        /// What blocks what: each holding with its holder, mode and expiry.
+        held: String,
+    },
+    /// This agent holds no live holding of the resource.
+    #[error("you do not hold resource {name:?} (it lapsed, or was never taken); take it with resource_acquire")]
+    NotResourceHolder {
+        /// The resource.
+        name: String,
+    },
+    /// A put on a version that is no longer current; nothing was written.
+    #[error("key {key:?} is at version {current}, not {read}: nothing was written; its value is {value}. Apply your change to that value and put again with if_version {current}")]
+    StaleVersion {
+        /// The key.
+        key: String,
+        /// The version the put was based on.
+        read: u64,
+        /// The current version.
+        current: u64,
+        /// The current value, as JSON text.
+        value: String,
     },
 }
 
@@ -173,6 +202,10 @@ impl AgentError {
             AgentError::BadPlan(_) => "bad_plan",
             AgentError::NoApproval(_) => "no_approval",
             AgentError::BoundElsewhere(_) => "bound_elsewhere",
+            AgentError::UnsignedWriter(_) => "unsigned_writer",
+            AgentError::ResourcesBusy { .. } => "resources_busy",
+            AgentError::NotResourceHolder { .. } => "not_resource_holder",
+            AgentError::StaleVersion { .. } => "stale_version",
         }
     }
 }

@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use huddle_core::config::binding::{signing_refusal, UnsignedWriter};
 use huddle_core::config::{refusal, BoundElsewhere, RoomConfig};
 use huddle_core::guards::TurnRequest as GuardTurn;
 use huddle_core::protocol::TurnActivity;
@@ -133,6 +134,12 @@ pub struct RelaySummary {
     /// `room.created` / `room.key_rotated` / `config.set` rows the config fold ignored
     /// (a second creation, a forged rotation, a hand-written config).
     pub ignored_config_rows: u64,
+    /// Rows ignored because their room requires signatures and they are not signed by
+    /// a registered key of their writer (`!config require-signatures`).
+    pub unsigned_rows: u64,
+    /// Rows ignored because they name a writer with registered keys and are not signed
+    /// by one of them (`!config relay-keys`).
+    pub forged_writer_rows: u64,
 }
 
 /// Why a relay stopped with an error.
@@ -147,6 +154,11 @@ pub enum RelayError {
     /// A hosted room's owner bound a hosted agent to other writers.
     #[error("refusing to host this agent")]
     BoundElsewhere(#[from] BoundElsewhere),
+    /// A hosted room would ignore every row this relay writes (it requires
+    /// signatures, or registers keys for this writer, and the relay does not sign
+    /// with one of them).
+    #[error("refusing to write in this room")]
+    UnsignedWriter(#[from] UnsignedWriter),
 }
 
 /// A turn this relay is running.
@@ -308,7 +320,8 @@ impl Relay {
         let writer = self.store.writer().unwrap_or_else(|| self.relay_id.clone());
         loop {
             let hosted = lp.agents.keys().map(String::as_str);
-            match check_bindings(self.store.as_ref(), &self.rooms, hosted, &writer).await {
+            let signer = self.store.signer();
+            match check_bindings(self.store.as_ref(), &self.rooms, hosted, &writer, signer).await {
                 Err(RelayError::Store(e)) if e.is_retryable() => {
                     warn!(error = %e, "database unavailable at start; retrying");
                     tokio::time::sleep(jittered(delay)).await;
@@ -521,6 +534,15 @@ impl Relay {
         lp.summary.unauthorized_rows = authority.unauthorized_rows();
         lp.summary.misbound_rows = authority.misbound_rows();
         lp.summary.ignored_config_rows = authority.config().ignored_rows();
+        lp.summary.unsigned_rows = authority.unsigned_rows();
+        lp.summary.forged_writer_rows = authority.forged_writer_rows();
+        if lp.summary.unsigned_rows + lp.summary.forged_writer_rows > 0 {
+            warn!(
+                unsigned_rows = lp.summary.unsigned_rows,
+                forged_writer_rows = lp.summary.forged_writer_rows,
+                "rows without a registered writer's signature were ignored"
+            );
+        }
         if lp.summary.misbound_rows > 0 {
             warn!(
                 misbound_rows = lp.summary.misbound_rows,
@@ -960,13 +982,16 @@ enum Vouched {
 /// retry in lockstep. The jitter comes from the clock's sub-microsecond noise: it needs
 /// to be uncorrelated between processes, not unpredictable.
 /// Refuses to host an agent that a hosted room's owner bound to writers other than
-/// `writer` (`!config agents`): every reader would ignore what this relay writes as
-/// it. Reads each hosted room to its end.
+/// `writer` (`!config agents`), and to join a room that would ignore every row this
+/// relay writes, signed by `signer` or unsigned (`!config relay-keys`,
+/// `require-signatures`): every reader would ignore what this relay writes. Reads each
+/// hosted room to its end.
 async fn check_bindings<'a>(
     store: &dyn Store,
     rooms: &[String],
     agents: impl Iterator<Item = &'a str> + Clone,
     writer: &str,
+    signer: Option<huddle_core::keys::WriterKey>,
 ) -> Result<(), RelayError> {
     for room in rooms {
         let mut authority = OwnerAuthority::new();
@@ -982,6 +1007,7 @@ async fn check_bindings<'a>(
             cursor = batch.next;
         }
         let config = authority.config().effective(room, None);
+        signing_refusal(&config, room, writer, signer.as_ref())?;
         for agent in agents.clone() {
             refusal(&config, room, agent, writer)?;
         }

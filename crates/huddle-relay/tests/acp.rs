@@ -191,6 +191,8 @@ async fn every_session_is_offered_huddles_mcp_server_for_its_room() {
         program: "/usr/local/bin/huddle".into(),
         database: "postgres://ada:secret@db/huddle".into(),
         capabilities: vec!["rust".into()],
+        writer: None,
+        key: None,
     };
     let d = AcpDriver::start_offering("ada", w.settings(&[]), Some(launch))
         .await

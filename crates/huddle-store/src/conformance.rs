@@ -19,6 +19,9 @@ use crate::subscribe::Subscription;
 use crate::traits::{Acquired, ClaimRequest, Epoch, Fence, Store};
 use crate::StoreOptions;
 
+#[path = "conformance_resources.rs"]
+pub mod resources;
+
 /// An append transaction that has inserted its rows (they hold their sequence
 /// numbers) but has not committed yet.
 #[async_trait]
@@ -48,6 +51,13 @@ pub trait TestBackend: Send + Sync + 'static {
     /// suite proves the doorbell rather than the poll, and its doorbell must be live
     /// when this returns: whatever any handle or process commits afterwards rings it.
     async fn reopen(&self, relay: &str) -> Result<Arc<dyn Store>>;
+    /// [`TestBackend::reopen`] with a store that signs every row it appends with
+    /// `signer`.
+    async fn reopen_signing(
+        &self,
+        relay: &str,
+        signer: huddle_core::keys::WriterSecret,
+    ) -> Result<Arc<dyn Store>>;
     /// Whether a second writer waits for a held append or commits beside it.
     fn writers(&self) -> Writers;
     /// A URL another process can open with [`crate::open`], or `None` when the
@@ -59,7 +69,8 @@ pub trait TestBackend: Send + Sync + 'static {
     /// Starts an append transaction, inserts `batch` and returns without committing.
     async fn hold_append(&self, batch: Vec<NewInteraction>) -> Result<Box<dyn HeldAppend>>;
     /// Inserts a row bypassing every check, as a foreign or broken writer would. Only
-    /// the content columns of `row` are used; the database assigns the rest.
+    /// the content columns of `row` and its `sig` are used; the database assigns the
+    /// rest (`relay` is this store's writer).
     async fn insert_raw(&self, row: RawRow) -> Result<()>;
 }
 
@@ -80,6 +91,7 @@ macro_rules! conformance_tests {
             no_gaps_when_a_lower_sequence_commits_last,
             concurrent_writers_and_readers_see_every_row_once_in_one_order,
             corrupt_rows_are_skipped_and_never_block_the_cursor,
+            signed_rows_are_verified_on_read,
             claim_has_exactly_one_winner_among_32,
             same_holder_renews_without_new_epoch,
             other_holder_wins_only_after_expiry,
@@ -96,6 +108,16 @@ macro_rules! conformance_tests {
             concurrent_batch_acquires_have_one_winner_per_claim,
             a_duplicate_under_a_lost_fence_is_refused,
             a_refreshed_reader_reports_a_read_that_began_after_the_request,
+        );
+        $crate::conformance_tests!(@each $make; resources::
+            resources_exclusive_and_shared_by_glob_overlap,
+            resources_permits_never_exceed_their_count,
+            resources_are_taken_all_or_nothing,
+            resources_lapse_by_the_database_clock,
+            resources_retaken_keep_the_epoch_and_change_mode,
+            resources_have_one_exclusive_winner_among_16,
+            resources_bad_requests_are_refused,
+            state_versions_are_decided_by_the_database,
         );
     };
     ($make:path, across_processes) => {
@@ -116,6 +138,15 @@ macro_rules! conformance_tests {
             async fn $name() {
                 let backend = $make().await;
                 $crate::conformance::$name(&backend).await;
+            }
+        )*
+    };
+    (@each $make:path; $module:ident:: $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let backend = $make().await;
+                $crate::conformance::$module::$name(&backend).await;
             }
         )*
     };
@@ -527,6 +558,7 @@ pub async fn corrupt_rows_are_skipped_and_never_block_the_cursor(b: &impl TestBa
         parent: None,
         caused_by: vec![],
         body: body.into(),
+        sig: None,
     };
     b.insert_raw(raw("{not json", "message.posted", vec![1; 32]))
         .await
@@ -561,6 +593,106 @@ pub async fn corrupt_rows_are_skipped_and_never_block_the_cursor(b: &impl TestBa
     assert!(reasons[2].contains("hash"), "{reasons:?}");
     assert!(reasons[3].contains("the limit is"), "{reasons:?}");
     assert!(reasons[4].contains("NUL"), "{reasons:?}");
+}
+
+/// A signing store's rows read back with their signer, whichever append path wrote
+/// them (one row, a batch, a batch with a duplicate, under a fence), and a stored row
+/// whose signature does not verify for its writer and content is skipped and counted
+/// like a corrupt row. A row signed by some other key that verifies is read back with
+/// that key: which keys count is the readers' folds' call (`relay-keys`). A duplicate
+/// appended by a signing store keeps the first writer's row.
+pub async fn signed_rows_are_verified_on_read(b: &impl TestBackend) {
+    use huddle_core::keys::WriterSecret;
+    let key = WriterSecret::from_seed([0x21; 32]);
+    let signing = b
+        .reopen_signing("signer", key.clone())
+        .await
+        .expect("reopen");
+    assert_eq!(signing.signer(), Some(key.public()));
+    assert_eq!(b.store().signer(), None);
+    let plain = message("r", "ana", "plain");
+    b.store().append(vec![plain.clone()]).await.expect("append");
+    let one = message("r", "ana", "one");
+    let two = [message("r", "ana", "two a"), message("r", "ana", "two b")];
+    let dup = [message("r", "ana", "dup a"), plain.clone()];
+    let fenced = message("r", "ana", "fenced");
+    signing.append(vec![one.clone()]).await.expect("append one");
+    signing.append(two.to_vec()).await.expect("append two");
+    let out = signing.append(dup.to_vec()).await.expect("append dup");
+    assert!(out[0].inserted && !out[1].inserted);
+    let Acquired::Won(c) = signing
+        .acquire("k/signed", "ada", Duration::from_secs(30))
+        .await
+        .expect("acquire")
+    else {
+        panic!("a free claim")
+    };
+    let fence = Fence {
+        key: "k/signed".into(),
+        holder: "ada".into(),
+        epoch: c.epoch,
+    };
+    signing
+        .append_fenced(&fence, vec![fenced.clone()])
+        .await
+        .expect("append fenced");
+
+    // Forgeries stored under the plain store's writer name.
+    let writer = b.store().writer().expect("the writer is known");
+    let mallory = WriterSecret::from_seed([0x66; 32]);
+    let raw = |n: &NewInteraction, sig: Option<String>| RawRow {
+        id: n.id().0.to_vec(),
+        position: Position::START,
+        at: Timestamp(0),
+        relay: String::new(),
+        room: n.room.clone(),
+        thread: None,
+        verb: n.verb.as_str().into(),
+        actor: n.actor.clone(),
+        role: n.role.as_str().into(),
+        parent: None,
+        caused_by: vec![],
+        body: n.body_text(),
+        sig,
+    };
+    let copied = message("r", "mallory", "copied signature");
+    let elsewhere = message("r", "mallory", "signed for another writer");
+    let malformed = message("r", "mallory", "malformed");
+    let other_key = message("r", "mallory", "mallory's own key");
+    for row in [
+        raw(&copied, Some(key.sign_row(&writer, &one.id()).to_text())),
+        raw(
+            &elsewhere,
+            Some(key.sign_row("signer-2", &elsewhere.id()).to_text()),
+        ),
+        raw(&malformed, Some("ed25519:00:00".into())),
+        raw(
+            &other_key,
+            Some(mallory.sign_row(&writer, &other_key.id()).to_text()),
+        ),
+    ] {
+        b.insert_raw(row).await.expect("raw");
+    }
+
+    for reader in [b.store(), signing.clone()] {
+        let (rows, skipped, _) = read_all(&*reader, Position::START).await;
+        assert_eq!(skipped, 3, "{rows:?}");
+        let signer_of = |n: &NewInteraction| {
+            rows.iter()
+                .find(|r| r.id == n.id())
+                .unwrap_or_else(|| panic!("{n:?} not read"))
+                .signer
+        };
+        assert_eq!(signer_of(&plain), None, "the first writer's row stays");
+        for n in [&one, &two[0], &two[1], &dup[0], &fenced] {
+            assert_eq!(signer_of(n), Some(key.public()), "{n:?}");
+        }
+        assert_eq!(signer_of(&other_key), Some(mallory.public()));
+        assert_eq!(rows.len(), 7);
+        let got = reader.get(one.id()).await.expect("get").expect("row");
+        assert_eq!(got.signer, Some(key.public()));
+        assert!(reader.get(copied.id()).await.expect("get").is_none());
+    }
 }
 
 /// 32 concurrent contenders on one key (on several handles): exactly one wins.

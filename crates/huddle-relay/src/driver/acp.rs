@@ -785,7 +785,12 @@ impl Inner {
                 McpServer::Stdio(
                     McpServerStdio::new("huddle", m.program.clone())
                         .args(m.args(room, &self.agent))
-                        .env(vec![EnvVariable::new("HUDDLE_DB", m.database.clone())]),
+                        .env(
+                            m.env()
+                                .into_iter()
+                                .map(|(k, v)| EnvVariable::new(k, v))
+                                .collect(),
+                        ),
                 )
             })
             .collect()

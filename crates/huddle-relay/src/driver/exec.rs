@@ -7,8 +7,10 @@
 //! - Environment: `HUDDLE_ROOM`, `HUDDLE_THREAD` (empty when none), `HUDDLE_AGENT`,
 //!   `HUDDLE_TASK` (empty when none), `HUDDLE_EPOCH` (empty when none),
 //!   `HUDDLE_ATTEMPT`, `HUDDLE_EFFECT_KEY` (stable across the attempts of one task or
-//!   message answer: the idempotency key for the agent's external effects); when the agent is offered huddle's MCP tools, `HUDDLE_MCP` (a
-//!   `sh` command line starting `huddle mcp` for this agent and room) and `HUDDLE_DB`.
+//!   message answer: the idempotency key for the agent's external effects); when the
+//!   agent is offered huddle's MCP tools, `HUDDLE_MCP` (a `sh` command line starting
+//!   `huddle mcp` for this agent and room), `HUDDLE_DB`, `HUDDLE_RELAY_ID` and, when
+//!   the relay signs, `HUDDLE_RELAY_KEY` ([`McpLaunch::env`]).
 //! - Standard output is the reply (capped at `max_reply_bytes`).
 //! - A line `huddle-tokens: N` on standard error reports the tokens used; without one
 //!   the driver estimates a token per four bytes of prompt and reply.
@@ -105,7 +107,7 @@ impl ExecDriver {
     }
 
     /// Offers the agent huddle's MCP tools: each turn's process gets `HUDDLE_MCP`
-    /// (the command that starts the server for the turn's room) and `HUDDLE_DB`.
+    /// (the command that starts the server for the turn's room) and [`McpLaunch::env`].
     pub fn with_mcp(mut self, launch: McpLaunch) -> Self {
         self.mcp = Some(launch);
         self
@@ -206,7 +208,7 @@ impl Driver for ExecDriver {
                 "HUDDLE_MCP",
                 mcp.command_line(&request.room, &request.agent),
             )
-            .env("HUDDLE_DB", &mcp.database);
+            .envs(mcp.env());
         }
         let prompt = request.prompt.clone();
         match tokio::task::spawn_blocking(move || input_file(prompt.as_bytes())).await {

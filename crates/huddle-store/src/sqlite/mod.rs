@@ -25,6 +25,7 @@
 mod claims;
 pub(crate) mod conn;
 mod ledger;
+mod resources;
 #[cfg(feature = "testing")]
 mod testing;
 mod watcher;
@@ -135,7 +136,12 @@ impl Inner {
             for fence in fences {
                 ledger::check_fence(&tx, fence, closing.as_ref())?;
             }
-            let out = ledger::insert_batch(&tx, &self.options.relay, batch)?;
+            let out = ledger::insert_batch(
+                &tx,
+                &self.options.relay,
+                self.options.signer.as_ref(),
+                batch,
+            )?;
             tx.commit()?;
             Ok(out)
         })?;
@@ -379,6 +385,22 @@ impl Claims for SqliteStore {
         self.blocking(move |inner| inner.read(|conn| claims::list(conn, &prefix)))
             .await
     }
+
+    async fn acquire_resources(
+        &self,
+        room: &str,
+        holder: &str,
+        wanted: &[huddle_core::resources::Wanted],
+        ttl: Duration,
+    ) -> Result<crate::ResourcesAcquired> {
+        let wanted =
+            crate::resources::checked_request(&self.inner.options.limits, room, holder, wanted)?;
+        let (room, holder) = (room.to_string(), holder.to_string());
+        self.blocking(move |inner| {
+            inner.write(|conn| resources::acquire(conn, &room, &holder, &wanted, ttl))
+        })
+        .await
+    }
 }
 
 impl Store for SqliteStore {
@@ -388,5 +410,9 @@ impl Store for SqliteStore {
 
     fn writer(&self) -> Option<String> {
         Some(self.relay().to_string())
+    }
+
+    fn signer(&self) -> Option<huddle_core::keys::WriterKey> {
+        self.inner.options.signer.as_ref().map(|s| s.public())
     }
 }
