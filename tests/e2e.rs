@@ -24,6 +24,7 @@ mod mcp_config;
 mod mcp_driven;
 mod mcp_gates;
 mod mcp_http;
+mod operator_cli;
 mod owner_signatures;
 mod pattern_cli;
 mod presence;
