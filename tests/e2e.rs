@@ -28,5 +28,6 @@ mod owner_signatures;
 mod pattern_cli;
 mod presence;
 mod relay_e2e;
+mod task_annotations;
 mod task_cli;
 mod team;

@@ -79,6 +79,9 @@ impl Rows {
             assignee: None,
             needs: Vec::new(),
             max_attempts: None,
+            priority: None,
+            size: None,
+            path: None,
         };
         self.push(
             Verb::TaskCreated,

@@ -391,6 +391,15 @@ pub struct TaskLine {
     pub deps: Vec<String>,
     /// The `push` assignee.
     pub assignee: Option<String>,
+    /// Capabilities an agent must declare to take it.
+    pub needs: Vec<String>,
+    /// Scheduling priority, lower first.
+    pub priority: u32,
+    /// Relative cost.
+    pub size: u32,
+    /// Its critical path (its size plus the longest chain of sizes of the tasks of its
+    /// `!delegate` that wait for it).
+    pub path: u64,
     /// Completions accepted by the fold (1 when done).
     pub completions: u32,
     /// Last failure reason.
@@ -404,7 +413,8 @@ pub struct TasksView {
     pub room: String,
     /// Counts.
     pub summary: TaskSummary,
-    /// The ready frontier, sorted by id.
+    /// The ready frontier in the order it is handed out: priority (lower first),
+    /// critical path (longer first), id.
     pub ready: Vec<String>,
     /// Every task, sorted by id.
     pub tasks: Vec<TaskLine>,
@@ -440,6 +450,10 @@ fn tasks_view(t: &Tally) -> TasksView {
                     max_attempts: x.max_attempts,
                     deps: x.deps.clone(),
                     assignee: x.assignee.clone(),
+                    needs: x.needs.clone(),
+                    priority: x.priority,
+                    size: x.size,
+                    path: x.path,
                     completions: completions.get(x.id.as_str()).copied().unwrap_or(0),
                     last_reason: x.last_reason.clone(),
                 })
@@ -458,6 +472,22 @@ fn tasks_view(t: &Tally) -> TasksView {
         refused,
         malformed,
     }
+}
+
+/// What a task's line says after its label: the `!delegate` clauses that differ from
+/// the defaults (` [needs rust] [priority 5] [size 3]`).
+fn annotations(t: &TaskLine) -> String {
+    let mut s = String::new();
+    if !t.needs.is_empty() {
+        let _ = write!(s, " [needs {}]", t.needs.join(", "));
+    }
+    if t.priority != huddle_core::tasks::DEFAULT_TASK_PRIORITY {
+        let _ = write!(s, " [priority {}]", t.priority);
+    }
+    if t.size != 1 {
+        let _ = write!(s, " [size {}]", t.size);
+    }
+    s
 }
 
 /// `huddle tasks --room R [--json]`
@@ -503,14 +533,15 @@ pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> a
         };
         let _ = writeln!(
             out,
-            "{:<16} {:<9} {:<12} {:>5} {:>4}/{:<3}  {}",
+            "{:<16} {:<9} {:<12} {:>5} {:>4}/{:<3}  {}{}",
             t.id,
             status,
             t.owner.as_deref().unwrap_or("-"),
             t.epoch.map_or("-".to_string(), |e| e.to_string()),
             t.attempts,
             t.max_attempts,
-            clip(&t.label, 60)
+            clip(&t.label, 60),
+            annotations(t)
         );
     }
     emit(&out)

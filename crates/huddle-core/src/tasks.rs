@@ -46,9 +46,9 @@ pub use index::{FrontierKey, FrontierRank, RoomIndex};
 
 pub use crate::protocol::task::{
     valid_capability, valid_task_id, TaskBidBody, TaskClaimedBody, TaskCompletedBody,
-    TaskCreatedBody, TaskEndedBody, TaskRejectedBody, DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_CAP,
-    MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_DEPS, MAX_LABEL_BYTES, MAX_RESULT_BYTES,
-    MAX_TASK_ID_BYTES,
+    TaskCreatedBody, TaskEndedBody, TaskRejectedBody, DEFAULT_MAX_ATTEMPTS, DEFAULT_TASK_PRIORITY,
+    MAX_ATTEMPTS_CAP, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_DEPS, MAX_LABEL_BYTES,
+    MAX_RESULT_BYTES, MAX_TASK_ID_BYTES, MAX_TASK_PRIORITY, MAX_TASK_SIZE,
 };
 pub use crate::protocol::{truncate_text, SYSTEM_ACTOR};
 
@@ -101,6 +101,18 @@ pub struct TaskBid {
     pub at: Timestamp,
 }
 
+fn default_priority() -> u32 {
+    DEFAULT_TASK_PRIORITY
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn one_u64() -> u64 {
+    1
+}
+
 /// One task of a room.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Task {
@@ -116,6 +128,16 @@ pub struct Task {
     pub needs: Vec<String>,
     /// Attempts before the task fails for good.
     pub max_attempts: u32,
+    /// Scheduling priority, lower first (default 100).
+    #[serde(default = "default_priority")]
+    pub priority: u32,
+    /// Relative cost, at least 1.
+    #[serde(default = "one")]
+    pub size: u32,
+    /// Its critical path: the longest chain of sizes from it through the tasks of its
+    /// `!delegate` that wait for it, its own size included (at least `size`).
+    #[serde(default = "one_u64")]
+    pub path: u64,
     /// Who created it.
     pub created_by: String,
     /// When it was created (database time).
@@ -452,6 +474,7 @@ impl RoomTasks {
             .max_attempts
             .unwrap_or(DEFAULT_MAX_ATTEMPTS)
             .clamp(1, MAX_ATTEMPTS_CAP);
+        let size = b.size.unwrap_or(1).clamp(1, MAX_TASK_SIZE);
         let task = Task {
             id: b.task.clone(),
             label: b.label,
@@ -459,6 +482,12 @@ impl RoomTasks {
             assignee: b.assignee,
             needs: sorted_unique(b.needs),
             max_attempts,
+            priority: b
+                .priority
+                .unwrap_or(DEFAULT_TASK_PRIORITY)
+                .min(MAX_TASK_PRIORITY),
+            size,
+            path: b.path.unwrap_or(0).max(u64::from(size)),
             created_by: i.actor.clone(),
             created_at: i.at,
             status: TaskStatus::Open,
@@ -711,6 +740,33 @@ mod tests {
             let dag = fold(rows);
             assert_eq!(frontier(&dag), want, "case {i}");
         }
+    }
+
+    #[test]
+    fn frontier_goes_by_priority_then_critical_path_then_id() {
+        let task = |id: &str, extra: serde_json::Value| {
+            let mut body = json!({"task": id, "label": "x"});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            ix(Verb::TaskCreated, "ana", Role::Owner, body)
+        };
+        let dag = fold(vec![
+            task("a", json!({})),
+            task("b", json!({"path": 5, "size": 1})),
+            task("c", json!({"size": 3})),
+            task("d", json!({"priority": 7})),
+            task("e", json!({"priority": 7, "path": 2})),
+            task("f", json!({"priority": 100_000, "size": 9})),
+        ]);
+        // Priority 7 first (the longer path of e before d), then the default 100 by
+        // path (b 5, c 3, a 1); f's priority is clamped to 1000 and goes last.
+        assert_eq!(frontier(&dag), ["e", "d", "b", "c", "a", "f"]);
+        let f = dag.task("lobby", "f").unwrap();
+        assert_eq!((f.priority, f.size, f.path), (MAX_TASK_PRIORITY, 9, 9));
+        // A path hint below the size is the size.
+        let a = dag.task("lobby", "a").unwrap();
+        assert_eq!((a.priority, a.size, a.path), (DEFAULT_TASK_PRIORITY, 1, 1));
     }
 
     #[test]
@@ -1004,11 +1060,9 @@ mod tests {
         }
 
         pub fn frontier(r: &RoomTasks) -> Vec<String> {
-            r.tasks
-                .values()
-                .filter(|t| is_ready(r, t))
-                .map(|t| t.id.clone())
-                .collect()
+            let mut ready: Vec<&Task> = r.tasks.values().filter(|t| is_ready(r, t)).collect();
+            ready.sort_by_key(|t| (t.priority, std::cmp::Reverse(t.path), t.id.clone()));
+            ready.into_iter().map(|t| t.id.clone()).collect()
         }
 
         pub fn ready_since(r: &RoomTasks, t: &Task) -> Option<Timestamp> {
@@ -1112,13 +1166,15 @@ mod tests {
         let id = || (0u8..6).prop_map(|n| format!("t{n}"));
         let agent = || (0u8..3).prop_map(|n| format!("a{n}"));
         let row = prop_oneof![
-            3 => (id(), prop::collection::vec(id(), 0..3), 1u32..4).prop_map(|(t, deps, max)| {
+            3 => (id(), prop::collection::vec(id(), 0..3), 1u32..4, 0u32..3, 0u64..4)
+                .prop_map(|(t, deps, max, priority, path)| {
                 let deps: Vec<String> = deps.into_iter().filter(|d| *d != t).collect();
                 ix(
                     Verb::TaskCreated,
                     "ana",
                     Role::Owner,
-                    json!({"task": t, "label": "x", "deps": deps, "max_attempts": max}),
+                    json!({"task": t, "label": "x", "deps": deps, "max_attempts": max,
+                           "priority": priority, "size": 1 + path % 2, "path": path}),
                 )
             }),
             4 => (id(), agent(), 1i64..8).prop_map(|(t, a, e)| claimed(&t, &a, e)),
