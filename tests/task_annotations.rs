@@ -53,7 +53,8 @@ async fn annotations_order_the_work_pick_the_agent_and_bound_attempts() {
          tail: the end [after mid]\n\
          urgent: do this first [priority: 1]\n\
          render: needs a GPU [needs gpu]\n\
-         doomed: fails every time [attempts 1]",
+         doomed: fails every time [attempts 1]\n\
+         cleanup: after the doomed one [after doomed]",
     )
     .await;
     h.wait_until("everything solo can do settled", secs(60), |l| {
@@ -109,6 +110,29 @@ async fn annotations_order_the_work_pick_the_agent_and_bound_attempts() {
     });
     assert!(text.contains("needs a GPU [needs gpu]"), "{text}");
     assert!(text.contains("unimportant [priority 200]"), "{text}");
+    // A task behind an abandoned one says it is blocked, and by what; a done task
+    // shows its result.
+    let cleanup = text
+        .lines()
+        .find(|l| l.starts_with("cleanup "))
+        .unwrap_or_else(|| panic!("no cleanup line: {text}"));
+    assert!(cleanup.contains(" blocked "), "{cleanup}");
+    assert!(
+        cleanup.ends_with("(blocked by: doomed abandoned)"),
+        "{cleanup}"
+    );
+    assert!(
+        text.contains(", 0 waiting, 1 blocked, 1 abandoned"),
+        "{text}"
+    );
+    let urgent = text
+        .lines()
+        .find(|l| l.starts_with("urgent "))
+        .expect("urgent");
+    assert!(
+        urgent.ends_with("do this first [priority 1] => done"),
+        "{urgent}"
+    );
     let json: serde_json::Value = serde_json::from_str(&common::ok({
         let mut c = common::huddle(&h.db.url);
         c.args(["tasks", "--room", "lobby", "--json"]);
@@ -126,6 +150,17 @@ async fn annotations_order_the_work_pick_the_agent_and_bound_attempts() {
         (Some(3), Some(7))
     );
     assert_eq!(json["ready"], serde_json::json!(["render"]));
+    let cleanup = json["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .find(|t| t["id"] == "cleanup")
+        .expect("cleanup");
+    assert_eq!(
+        cleanup["blocked_by"],
+        serde_json::json!([{"task": "doomed", "reason": "abandoned"}])
+    );
+    assert_eq!(head["result"], "done");
 
     // An agent with the capability, on another relay, takes it.
     let mut gpu_agent = AgentSpec::exec("gpu", &gpu);

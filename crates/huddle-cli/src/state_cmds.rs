@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use anyhow::bail;
 use huddle_core::board::Subject;
-use huddle_core::tasks::TaskSummary;
+use huddle_core::tasks::{BlockedBy, TaskSummary};
 use huddle_core::{ClaimEpoch, Position, TaskStatus, Timestamp};
 use huddle_sim::render::clip;
 use huddle_sim::Tally;
@@ -404,6 +404,11 @@ pub struct TaskLine {
     pub completions: u32,
     /// Last failure reason.
     pub last_reason: Option<String>,
+    /// What its completion reported.
+    pub result: Option<String>,
+    /// For a task that can never run: each dependency that cannot finish, and why
+    /// (`missing`, `abandoned`, `blocked`). Empty otherwise.
+    pub blocked_by: Vec<BlockedBy>,
 }
 
 /// `huddle tasks --json`.
@@ -456,6 +461,8 @@ fn tasks_view(t: &Tally) -> TasksView {
                     path: x.path,
                     completions: completions.get(x.id.as_str()).copied().unwrap_or(0),
                     last_reason: x.last_reason.clone(),
+                    result: x.result.clone(),
+                    blocked_by: t.dag.blocked_by(room, &x.id),
                 })
                 .collect()
         })
@@ -475,7 +482,8 @@ fn tasks_view(t: &Tally) -> TasksView {
 }
 
 /// What a task's line says after its label: the `!delegate` clauses that differ from
-/// the defaults (` [needs rust] [priority 5] [size 3]`).
+/// the defaults (` [needs rust] [priority 5] [size 3]`), what blocks it
+/// (` (blocked by: a abandoned)`), and a done task's result on one line (` => ...`).
 fn annotations(t: &TaskLine) -> String {
     let mut s = String::new();
     if !t.needs.is_empty() {
@@ -486,6 +494,18 @@ fn annotations(t: &TaskLine) -> String {
     }
     if t.size != 1 {
         let _ = write!(s, " [size {}]", t.size);
+    }
+    if !t.blocked_by.is_empty() {
+        let why: Vec<String> = t
+            .blocked_by
+            .iter()
+            .map(|b| format!("{} {}", b.task, b.reason.as_str()))
+            .collect();
+        let _ = write!(s, " (blocked by: {})", why.join(", "));
+    }
+    if let (TaskStatus::Done, Some(result)) = (t.status, &t.result) {
+        let line = result.split_whitespace().collect::<Vec<_>>().join(" ");
+        let _ = write!(s, " => {}", clip(&line, 60));
     }
     s
 }
@@ -526,6 +546,7 @@ pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> a
     for t in &view.tasks {
         let status = match (t.status, t.ready) {
             (TaskStatus::Open, true) => "ready",
+            (TaskStatus::Open, false) if !t.blocked_by.is_empty() => "blocked",
             (TaskStatus::Open, false) => "waiting",
             (TaskStatus::Claimed, _) => "claimed",
             (TaskStatus::Done, _) => "done",

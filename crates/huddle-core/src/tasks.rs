@@ -182,6 +182,39 @@ impl Task {
     }
 }
 
+/// A dependency that keeps a task from ever running ([`TaskDag::blocked_by`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockedBy {
+    /// The dependency.
+    pub task: String,
+    /// Why it cannot finish.
+    pub reason: BlockReason,
+}
+
+/// Why a dependency cannot finish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockReason {
+    /// No task of the room has that id.
+    Missing,
+    /// It failed for good.
+    Abandoned,
+    /// It cannot run itself: one of its own dependencies cannot finish, or it is part
+    /// of a dependency cycle (its own `blocked_by` says which).
+    Blocked,
+}
+
+impl BlockReason {
+    /// `missing`, `abandoned` or `blocked`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlockReason::Missing => "missing",
+            BlockReason::Abandoned => "abandoned",
+            BlockReason::Blocked => "blocked",
+        }
+    }
+}
+
 /// Counters of what a room's fold refused, for diagnostics.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refusals {
@@ -311,7 +344,8 @@ impl TaskDag {
     }
 
     /// The ready frontier of a room: open tasks whose dependencies are all done and
-    /// that nobody holds, in frontier order ([`FrontierKey`]: today by id).
+    /// that nobody holds, in frontier order ([`FrontierKey`]: priority, critical path,
+    /// id).
     pub fn ready_frontier(&self, room: &str) -> Vec<&Task> {
         self.frontier(room).collect()
     }
@@ -327,6 +361,32 @@ impl TaskDag {
     /// How many tasks of the room are ready.
     pub fn frontier_len(&self, room: &str) -> usize {
         self.rooms.get(room).map_or(0, |r| r.index.frontier_len())
+    }
+
+    /// Why an open `task` can never run: each of its dependencies that cannot finish,
+    /// with the reason. Empty unless the task is blocked. Costs its dependencies.
+    pub fn blocked_by(&self, room: &str, task: &str) -> Vec<BlockedBy> {
+        let Some(r) = self.rooms.get(room) else {
+            return Vec::new();
+        };
+        let Some(t) = r.tasks.get(task).filter(|_| r.index.is_blocked(task)) else {
+            return Vec::new();
+        };
+        t.deps
+            .iter()
+            .filter_map(|d| {
+                let reason = match r.tasks.get(d) {
+                    None => BlockReason::Missing,
+                    Some(dep) if dep.status == TaskStatus::Abandoned => BlockReason::Abandoned,
+                    Some(_) if r.index.can_finish(d) == Some(false) => BlockReason::Blocked,
+                    Some(_) => return None,
+                };
+                Some(BlockedBy {
+                    task: d.clone(),
+                    reason,
+                })
+            })
+            .collect()
     }
 
     /// The frontier key of `task` while it is ready.
@@ -770,6 +830,46 @@ mod tests {
     }
 
     #[test]
+    fn blocked_tasks_name_what_blocks_them() {
+        let dag = fold(vec![
+            ix(
+                Verb::TaskCreated,
+                "ana",
+                Role::Owner,
+                json!({"task": "a", "label": "x", "max_attempts": 1}),
+            ),
+            claimed("a", "bo", 1),
+            failed("a", "bo", 1),
+            created("b", &["a"]),
+            created("c", &["b", "x", "ok"]),
+            created("ok", &[]),
+            created("d", &["e"]),
+            created("e", &["d"]),
+            created("w", &["ok"]),
+        ]);
+        let by = |id: &str| -> Vec<(String, &str)> {
+            dag.blocked_by("lobby", id)
+                .into_iter()
+                .map(|b| (b.task, b.reason.as_str()))
+                .collect()
+        };
+        let pairs = |v: &[(&str, &'static str)]| -> Vec<(String, &'static str)> {
+            v.iter().map(|(t, r)| (t.to_string(), *r)).collect()
+        };
+        assert_eq!(status(&dag, "a"), Some(TaskStatus::Abandoned));
+        assert_eq!(by("b"), pairs(&[("a", "abandoned")]));
+        assert_eq!(by("c"), pairs(&[("b", "blocked"), ("x", "missing")]));
+        // A cycle: each waits for one that cannot finish.
+        assert_eq!(by("d"), pairs(&[("e", "blocked")]));
+        assert_eq!(by("e"), pairs(&[("d", "blocked")]));
+        // Waiting, ready, abandoned or unknown tasks are not blocked.
+        for id in ["w", "ok", "a", "nope"] {
+            assert!(by(id).is_empty(), "{id}");
+        }
+        assert_eq!(dag.summary("lobby").blocked, 4);
+    }
+
+    #[test]
     fn creation_first_wins_and_only_owners_system_or_delegators_create() {
         let dag = fold(vec![
             created("a", &[]),
@@ -1124,6 +1224,13 @@ mod tests {
         prop_assert_eq!(ids(dag.ready_frontier("lobby")), naive::frontier(r));
         prop_assert_eq!(dag.frontier_len("lobby"), naive::frontier(r).len());
         prop_assert_eq!(dag.summary("lobby"), naive::summary(r));
+        // Exactly the blocked tasks name what blocks them.
+        let blocked = r
+            .tasks
+            .keys()
+            .filter(|id| !dag.blocked_by("lobby", id).is_empty())
+            .count();
+        prop_assert_eq!(blocked, naive::summary(r).blocked);
         let claimed: Vec<String> = r
             .tasks
             .values()

@@ -387,6 +387,19 @@ impl RoomIndex {
         self.frontier.len()
     }
 
+    /// Whether task `id` can still finish (or has): `None` when there is no such task.
+    pub fn can_finish(&self, id: &str) -> Option<bool> {
+        self.derived.get(id).map(|x| x.finishable)
+    }
+
+    /// Whether task `id` is open but can never run: a dependency is missing,
+    /// abandoned, or cannot finish itself (blocked, or in a cycle).
+    pub fn is_blocked(&self, id: &str) -> bool {
+        self.derived
+            .get(id)
+            .is_some_and(|x| x.class == Class::Blocked)
+    }
+
     /// Whether task `id` is ready.
     pub fn is_ready(&self, id: &str) -> bool {
         self.derived.get(id).is_some_and(|x| x.ready.is_some())
