@@ -162,6 +162,58 @@ async fn annotations_order_the_work_pick_the_agent_and_bound_attempts() {
     );
     assert_eq!(head["result"], "done");
 
+    // `huddle task show`: the abandoned task's one attempt, its agent, outcome and
+    // reason; a done task's result; an unknown task is an error.
+    let show = |id: &str| {
+        let mut c = common::huddle(&h.db.url);
+        c.args(["task", "show", "lobby", id]);
+        c
+    };
+    let doomed_text = common::ok(show("doomed"));
+    assert!(
+        doomed_text.starts_with("task doomed in room lobby: abandoned\n"),
+        "{doomed_text}"
+    );
+    assert!(doomed_text.contains("attempts: 1 of 1\n"), "{doomed_text}");
+    let attempt_lines: Vec<&str> = doomed_text
+        .lines()
+        .filter(|l| l.starts_with("  #"))
+        .collect();
+    assert_eq!(attempt_lines.len(), 1, "{doomed_text}");
+    assert!(
+        attempt_lines[0].starts_with("  #1 solo (relay r0, epoch ")
+            && attempt_lines[0].contains(": failed after "),
+        "{doomed_text}"
+    );
+    let cleanup_text = common::ok(show("cleanup"));
+    assert!(
+        cleanup_text.contains("blocked by: doomed abandoned\n"),
+        "{cleanup_text}"
+    );
+    let head_json: serde_json::Value = serde_json::from_str(&common::ok({
+        let mut c = show("head");
+        c.arg("--json");
+        c
+    }))
+    .expect("JSON");
+    assert_eq!(head_json["task"]["status"], "done");
+    assert_eq!(head_json["task"]["result"], "done");
+    let head_attempts = head_json["attempts"].as_array().expect("attempts");
+    assert_eq!(head_attempts.len(), 1, "{head_json}");
+    assert_eq!(head_attempts[0]["agent"], "solo");
+    assert_eq!(head_attempts[0]["outcome"], "completed");
+    assert!(
+        head_attempts[0]["duration_ms"]
+            .as_i64()
+            .is_some_and(|d| d >= 200),
+        "{head_json}"
+    );
+    let missing = common::fails(show("nope"));
+    assert!(
+        missing.contains("room `lobby` has no task `nope`"),
+        "{missing}"
+    );
+
     // An agent with the capability, on another relay, takes it.
     let mut gpu_agent = AgentSpec::exec("gpu", &gpu);
     gpu_agent.capabilities = vec!["gpu".into()];

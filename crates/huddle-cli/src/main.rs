@@ -20,6 +20,7 @@ mod scratch;
 mod state_cmds;
 mod status_cmds;
 mod task_cmds;
+mod task_show;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -241,7 +242,8 @@ pub enum Command {
         allow_remote: bool,
     },
     /// An agent's task operations without MCP (the same calls as `huddle mcp`'s
-    /// tools): claim, renew, complete, fail, release, bid, delegate.
+    /// tools): claim, renew, complete, fail, release, bid, delegate; and `show`, one
+    /// task's attempts and result.
     Task {
         #[command(subcommand)]
         command: task_cmds::TaskCommand,
