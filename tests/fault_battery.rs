@@ -676,6 +676,7 @@ impl Battery {
                             timeout_ms: 30_000,
                         },
                         capabilities: Vec::new(),
+                        priority: None,
                     }
                 })
                 .collect();

@@ -217,8 +217,22 @@ async fn annotations_order_the_work_pick_the_agent_and_bound_attempts() {
     // An agent with the capability, on another relay, takes it.
     let mut gpu_agent = AgentSpec::exec("gpu", &gpu);
     gpu_agent.capabilities = vec!["gpu".into()];
+    gpu_agent.priority = Some(7);
     h.spawn_relay("r1", vec![gpu_agent]);
     h.wait_registered(&["gpu"]).await;
+    // `priority` in huddle.toml is the agent's registered rank (`role-priority`).
+    let ranks: Vec<(String, Option<u64>)> = h
+        .ledger
+        .of_verb(huddle_core::Verb::AgentRegistered)
+        .map(|(_, r)| (r.actor.clone(), r.body["priority"].as_u64()))
+        .collect();
+    assert!(ranks.contains(&("gpu".into(), Some(7))), "{ranks:?}");
+    assert!(
+        ranks
+            .iter()
+            .any(|(a, p)| a == "solo" && p.is_none_or(|p| p == 100)),
+        "solo has the default rank: {ranks:?}"
+    );
     h.wait_quiescent(secs(60)).await;
     eprintln!("quiescent after {:?}", h.elapsed());
     h.stop_all().await;
