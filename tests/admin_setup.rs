@@ -1,7 +1,9 @@
-//! `docs/operations.md`'s Postgres set-up, step by step with the real binary (plan
-//! 0017): `huddle admin init`, three relay roles and a reader role; then relays run
-//! under those roles and finish a delegated DAG, every row they write is attributed to
-//! its relay's role, and the reader can read but not write.
+//! `docs/operations.md`'s Postgres set-up, step by step with the real binary (plans
+//! 0017, 0032): `huddle admin init`, three relay roles and a reader role; then relays
+//! run under those roles and finish a delegated DAG, every row they write is
+//! attributed to its relay's role, the database enforces the owner's binding of an
+//! agent to a relay role once `huddle admin sync-agents` copies it, and the reader
+//! can read but not write.
 
 use crate::common;
 
@@ -64,6 +66,62 @@ async fn operations_setup_runs_relays_under_their_own_roles() {
     h.wait_until("all four tasks done", secs(60), |l| l.summary().done == 4)
         .await;
     h.wait_quiescent(secs(30)).await;
+
+    // 4. The database enforces the owner's binding of agents to relay roles: the owner
+    //    binds x0 to relay-a, the administrator copies the signed binding into the
+    //    database, and relay-b's role can no longer write as x0.
+    let (relay_a, relay_b) = (&urls[0].0, &urls[1].1);
+    h.config(&format!("agents x0@{relay_a}")).await;
+    let synced = ok({
+        let mut c = huddle(&admin_url);
+        c.args(["admin", "sync-agents", "lobby"]);
+        c
+    });
+    assert_eq!(synced.trim(), format!("lobby x0 {relay_a}"));
+    let listed = ok({
+        let mut c = huddle(&admin_url);
+        c.args(["admin", "bindings", "--json"]);
+        c
+    });
+    let listed: serde_json::Value = serde_json::from_str(&listed).expect("JSON");
+    assert_eq!(
+        listed,
+        serde_json::json!([{"room": "lobby", "agent": "x0", "relay": relay_a}])
+    );
+    let forger = huddle_store::open(relay_b, huddle_store::StoreOptions::default())
+        .await
+        .expect("open as relay-b");
+    let err = forger
+        .append(vec![huddle_core::NewInteraction::new(
+            "lobby",
+            Verb::MessagePosted,
+            "x0",
+            huddle_core::Role::Agent,
+            serde_json::json!({"text": "I am x0"}),
+        )])
+        .await
+        .expect_err("the database refuses it");
+    assert!(
+        err.to_string()
+            .contains("may not write as agent x0 in room lobby")
+            && err.to_string().contains(relay_a.as_str()),
+        "{err}"
+    );
+    // Unbinding lets any role write as it again (the folds still hold the owner's
+    // binding).
+    let out = common::run({
+        let mut c = huddle(&admin_url);
+        c.args(["admin", "unbind-agent", "lobby", "x0"]);
+        c
+    });
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 binding(s)"));
+    let empty = ok({
+        let mut c = huddle(&admin_url);
+        c.args(["admin", "bindings", "lobby"]);
+        c
+    });
+    assert!(empty.trim().is_empty(), "{empty}");
+
     h.stop_all().await;
     h.ledger.assert_all_done_exactly_once(4);
     let roles: Vec<&str> = urls.iter().map(|(n, _)| n.as_str()).collect();
@@ -82,7 +140,7 @@ async fn operations_setup_runs_relays_under_their_own_roles() {
         }
     }
 
-    // 4. The reader reads and cannot write.
+    // 5. The reader reads and cannot write.
     let out = ok({
         let mut c = huddle(&reader_url);
         c.args(["tail", "--room", "lobby"]);
@@ -96,7 +154,7 @@ async fn operations_setup_runs_relays_under_their_own_roles() {
     });
     assert!(err.contains("permission denied"), "{err}");
 
-    // 5. Removing a relay is idempotent too.
+    // 6. Removing a relay is idempotent too.
     for expect in ["removed", "nothing to remove"] {
         let out = common::run({
             let mut c = huddle(&admin_url);

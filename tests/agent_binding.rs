@@ -9,10 +9,8 @@ use std::sync::Arc;
 
 use common::relays::*;
 use common::{fails, huddle, ok};
-use huddle_core::protocol::task_key;
-use huddle_core::{NewInteraction, Role, TaskStatus, Verb};
-use huddle_store::{Acquired, Fence, Store, StoreOptions};
-use serde_json::json;
+use huddle_core::{TaskStatus, Verb};
+use huddle_store::{Store, StoreOptions};
 
 on_both_backends!(rows_as_a_bound_agent_from_another_writer_change_nothing);
 
@@ -72,46 +70,13 @@ async fn rows_as_a_bound_agent_from_another_writer_change_nothing(backend: Backe
     )
     .await
     .expect("open the forger's store");
-    let key = task_key(&h.room, "t");
-    let epoch = match forger
-        .acquire(&key, "ada", secs(60))
-        .await
-        .expect("acquire")
-    {
-        Acquired::Won(c) => c.epoch,
-        other => panic!("the forger could not take ada's task claim: {other:?}"),
-    };
-    let fence = Fence {
-        key: key.clone(),
-        holder: "ada".into(),
-        epoch,
-    };
-    let as_ada = |verb, body| NewInteraction::new(h.room.as_str(), verb, "ada", Role::Agent, body);
-    let forged = [
-        as_ada(
-            Verb::TaskClaimed,
-            json!({"task": "t", "epoch": epoch, "attempt": 1}),
-        ),
-        as_ada(
-            Verb::TaskCompleted,
-            json!({"task": "t", "epoch": epoch, "result": "FORGED"}),
-        ),
-    ];
-    let tried = forged.len();
-    for row in forged {
-        let out = forger
-            .append_fenced(&fence, vec![row])
-            .await
-            .expect("the database takes the forged row");
-        assert!(out[0].inserted);
-    }
-    assert!(forger.release(&key, "ada", epoch).await.expect("release"));
+    let (epoch, tried) = forge_claim_and_completion(&*forger, &h.room, "t", "ada").await;
 
     // Every reader ignores them: the task is still open for ada.
     h.refresh().await;
     let t = h.ledger.task("t").expect("task t");
     assert_eq!(t.status, TaskStatus::Open, "{t:?}");
-    assert_eq!(h.ledger.config.misbound_rows(), tried as u64);
+    assert_eq!(h.ledger.config.misbound_rows(), tried);
     let tasks = ok({
         let mut c = huddle(&h.db.url);
         c.args(["tasks", "--room", &h.room, "--json"]);
@@ -185,7 +150,7 @@ async fn rows_as_a_bound_agent_from_another_writer_change_nothing(backend: Backe
     );
     let summaries = h.stop_all().await;
     for s in &summaries {
-        assert_eq!(s.misbound_rows, tried as u64, "{s:?}");
+        assert_eq!(s.misbound_rows, tried, "{s:?}");
     }
     eprintln!("agent binding: {tried} rows forged as a bound agent, all ignored and counted");
 }

@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use common::mcp::{mcp_python, mcp_scripts};
+use common::mcp::driven_agent_script;
 use common::relays::{secs, AgentSpec, Backend, Huddle};
 use huddle_core::{Role, Verb};
 
@@ -13,14 +13,7 @@ on_both_backends!(an_exec_agent_acts_through_the_mcp_server_its_relay_hands_it);
 
 async fn an_exec_agent_acts_through_the_mcp_server_its_relay_hands_it(backend: Backend) {
     let mut h = Huddle::new(backend).await;
-    let script = h.script(
-        "driven.sh",
-        &format!(
-            "PYTHONPATH='{dir}' exec '{py}' '{dir}/driven.py'\n",
-            dir = mcp_scripts().display(),
-            py = mcp_python().display()
-        ),
-    );
+    let script = driven_agent_script(&h);
     h.spawn_relay("r0", vec![AgentSpec::exec("ada", &script)]);
     h.wait_registered(&["ada"]).await;
     h.delegate("t1: first\nt2: second [after t1]").await;

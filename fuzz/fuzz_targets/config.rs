@@ -4,7 +4,7 @@
 
 use huddle_core::commands::{parse_config, ConfigCommand};
 use huddle_core::config::{ConfigFold, ConfigSetBody};
-use huddle_core::{Fold, Interaction, NewInteraction, Position, Role, Verb};
+use huddle_core::{Fold, Interaction, NewInteraction, Position, Role, Timestamp, Verb};
 use libfuzzer_sys::fuzz_target;
 
 fn row(pos: u64, verb: Verb, body: serde_json::Value) -> Interaction {
@@ -12,7 +12,7 @@ fn row(pos: u64, verb: Verb, body: serde_json::Value) -> Interaction {
     Interaction {
         id: n.id(),
         position: Position::new(0, pos),
-        at: 0,
+        at: Timestamp(0),
         relay: "fuzz".into(),
         room: n.room,
         thread: n.thread,
@@ -22,6 +22,7 @@ fn row(pos: u64, verb: Verb, body: serde_json::Value) -> Interaction {
         parent: None,
         caused_by: Vec::new(),
         body: n.body,
+        signer: None,
     }
 }
 

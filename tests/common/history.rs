@@ -247,6 +247,11 @@ pub struct History<'a> {
     /// A start this close after a row's `at` is not "after the commit": `at` is the
     /// writing transaction's start, the commit comes a little later.
     pub commit_slack_us: i64,
+    /// The database admits one writer at a time (SQLite): a relay stopped in the middle
+    /// of a write holds every other relay's writes, their lease renewals included, so
+    /// a pause of *any* relay may let another relay's leases lapse and its work be
+    /// taken over and repeated.
+    pub one_writer: bool,
 }
 
 /// A break of *exactly once*.
@@ -700,7 +705,14 @@ fn explain(h: &History<'_>, earlier: &[&SideEffect], repeat_us: i64) -> Option<F
         let relay = h.hosts.get(&e.agent)?;
         h.faults
             .iter()
-            .find(|f| f.kind.may_repeat_work() && f.hits(relay, e.time_us, repeat_us))
+            .find(|f| {
+                f.kind.may_repeat_work()
+                    && (f.hits(relay, e.time_us, repeat_us)
+                        || (h.one_writer
+                            && f.kind == FaultKind::Pause
+                            && f.from_us <= repeat_us
+                            && f.to_us >= e.time_us))
+            })
             .map(|f| f.kind)
     })
 }

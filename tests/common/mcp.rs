@@ -67,3 +67,16 @@ pub fn client_script(name: &str, db: &str, room: &str) -> Command {
         .env_remove("RUST_LOG");
     c
 }
+
+/// An exec agent script in `h`'s directory that runs `tests/mcp/driven.py`: it acts
+/// through the `huddle mcp` its relay hands it and replies `mine=<its tasks>`.
+pub fn driven_agent_script(h: &super::relays::Huddle) -> PathBuf {
+    h.script(
+        "driven.sh",
+        &format!(
+            "PYTHONPATH='{dir}' exec '{py}' '{dir}/driven.py'\n",
+            dir = mcp_scripts().display(),
+            py = mcp_python().display()
+        ),
+    )
+}

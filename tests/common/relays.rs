@@ -341,6 +341,8 @@ pub struct RelaySummary {
     pub turns_replied: u64,
     /// Turns that failed or were cancelled.
     pub turns_failed: u64,
+    /// Turns not started (start deadline passed, claims not confirmed).
+    pub turns_not_started: u64,
     /// Fenced appends refused.
     pub fenced_refusals: u64,
     /// Corrupt or foreign rows skipped.
@@ -357,6 +359,10 @@ pub struct RelaySummary {
     pub misbound_rows: u64,
     /// Config rows the config fold ignored.
     pub ignored_config_rows: u64,
+    /// Rows not signed by a registered writer key where signatures are required.
+    pub unsigned_rows: u64,
+    /// Rows under a signing writer's name not signed by its key.
+    pub forged_writer_rows: u64,
 }
 
 impl RelaySummary {
@@ -373,6 +379,7 @@ impl RelaySummary {
             turns_started: n("turns_started")?,
             turns_replied: n("turns_replied")?,
             turns_failed: n("turns_failed")?,
+            turns_not_started: n("turns_not_started")?,
             fenced_refusals: n("fenced_refusals")?,
             skipped_rows: n("skipped_rows")?,
             writes_retried: n("writes_retried").unwrap_or(0),
@@ -381,6 +388,8 @@ impl RelaySummary {
             unauthorized_rows: n("unauthorized_rows")?,
             misbound_rows: n("misbound_rows")?,
             ignored_config_rows: n("ignored_config_rows")?,
+            unsigned_rows: n("unsigned_rows")?,
+            forged_writer_rows: n("forged_writer_rows")?,
         })
     }
 }
@@ -930,20 +939,27 @@ impl Huddle {
     /// Starts relay `id` hosting `agents` in the room.
     pub fn spawn_relay(&mut self, id: &str, agents: Vec<AgentSpec>) {
         let url = self.db.url.clone();
-        self.spawn_relay_full(id, agents, &url, None);
+        self.spawn_relay_full(id, agents, &url, None, "");
+    }
+
+    /// [`Huddle::spawn_relay`] with more top-level `huddle.toml` lines (e.g.
+    /// `sign = true`).
+    pub fn spawn_relay_with(&mut self, id: &str, agents: Vec<AgentSpec>, toml: &str) {
+        let url = self.db.url.clone();
+        self.spawn_relay_full(id, agents, &url, None, toml);
     }
 
     /// Starts relay `id` hosting `agents` in the room, connecting to `database` (e.g.
     /// the test database through a fault-injecting proxy).
     pub fn spawn_relay_on(&mut self, id: &str, agents: Vec<AgentSpec>, database: &str) {
-        self.spawn_relay_full(id, agents, database, None);
+        self.spawn_relay_full(id, agents, database, None, "");
     }
 
     /// [`Huddle::spawn_relay`] with its own log filter (e.g. `info`) instead of
     /// `HUDDLE_E2E_LOG`'s.
     pub fn spawn_relay_logging(&mut self, id: &str, agents: Vec<AgentSpec>, filter: Option<&str>) {
         let url = self.db.url.clone();
-        self.spawn_relay_full(id, agents, &url, filter);
+        self.spawn_relay_full(id, agents, &url, filter, "");
     }
 
     fn spawn_relay_full(
@@ -952,13 +968,17 @@ impl Huddle {
         agents: Vec<AgentSpec>,
         database: &str,
         filter: Option<&str>,
+        toml: &str,
     ) {
         assert!(
             !self.relays.get_mut(id).is_some_and(|r| r.is_running()),
             "relay {id} is already running"
         );
         let config = self.dir.path().join(format!("{id}.toml"));
-        let text = relay_toml(id, database, &[&self.room], &agents);
+        let text = format!(
+            "{toml}\n{}",
+            relay_toml(id, database, &[&self.room], &agents)
+        );
         std::fs::write(&config, text).expect("write the relay config");
         let n = self.relays.keys().filter(|k| k.starts_with(id)).count();
         let log = self.dir.path().join(format!("{id}.{n}.log"));
@@ -1242,6 +1262,53 @@ impl Huddle {
 
 fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or("")
+}
+
+/// Forges `agent`'s claim of `task` and its completion with the result `FORGED`
+/// through `forger`, under the task claim the forger really acquires (so the
+/// database's fences let the rows in), then releases the claim. Returns the epoch of
+/// the forged rows and how many rows were written (2).
+pub async fn forge_claim_and_completion(
+    forger: &dyn Store,
+    room: &str,
+    task: &str,
+    agent: &str,
+) -> (huddle_core::ClaimEpoch, u64) {
+    let key = huddle_core::protocol::task_key(room, task);
+    let epoch = match forger
+        .acquire(&key, agent, secs(60))
+        .await
+        .expect("acquire")
+    {
+        huddle_store::Acquired::Won(c) => c.epoch,
+        other => panic!("the forger could not take {agent}'s task claim: {other:?}"),
+    };
+    let fence = huddle_store::Fence {
+        key: key.clone(),
+        holder: agent.into(),
+        epoch,
+    };
+    let row = |verb, body| NewInteraction::new(room, verb, agent, Role::Agent, body);
+    let forged = [
+        row(
+            Verb::TaskClaimed,
+            json!({"task": task, "epoch": epoch, "attempt": 1}),
+        ),
+        row(
+            Verb::TaskCompleted,
+            json!({"task": task, "epoch": epoch, "result": "FORGED"}),
+        ),
+    ];
+    let written = forged.len() as u64;
+    for row in forged {
+        let out = forger
+            .append_fenced(&fence, vec![row])
+            .await
+            .expect("the database takes the forged row");
+        assert!(out[0].inserted);
+    }
+    assert!(forger.release(&key, agent, epoch).await.expect("release"));
+    (epoch, written)
 }
 
 /// The subject of a message, for [`Ledger::about`].

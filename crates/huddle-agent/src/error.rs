@@ -139,6 +139,11 @@ pub enum AgentError {
     /// The room's owner bound this agent to other writers (`!config agents`).
     #[error("{0}")]
     BoundElsewhere(#[from] huddle_core::config::BoundElsewhere),
+    /// The room would ignore every row this session writes: it requires signatures
+    /// (or registers keys for this writer) and the session does not sign with a
+    /// registered key.
+    #[error("{0}")]
+    UnsignedWriter(#[from] huddle_core::config::binding::UnsignedWriter),
     /// This agent never held the lease.
     #[error("you do not hold lease {name:?}; take it with lease_acquire first")]
     NotLeaseHolder {
@@ -173,6 +178,7 @@ impl AgentError {
             AgentError::BadPlan(_) => "bad_plan",
             AgentError::NoApproval(_) => "no_approval",
             AgentError::BoundElsewhere(_) => "bound_elsewhere",
+            AgentError::UnsignedWriter(_) => "unsigned_writer",
         }
     }
 }

@@ -76,8 +76,10 @@ pub struct AgentSession {
 impl AgentSession {
     /// Opens a session for `agent` in `room`: checks the names, reads the room, and
     /// registers the agent (`agent.registered` with its capabilities; the same content
-    /// again is a no-op). Fails when the room does not exist, or when its owner bound
-    /// the agent to writers other than this store's ([`Store::writer`]).
+    /// again is a no-op). Fails when the room does not exist, when its owner bound
+    /// the agent to writers other than this store's ([`Store::writer`]), or when the
+    /// room would ignore this store's rows (it requires signatures, or registers keys
+    /// for this writer, and the store does not sign with one: [`Store::signer`]).
     pub async fn open(
         store: Arc<dyn Store>,
         room: &str,
@@ -123,6 +125,13 @@ impl AgentSession {
             if let Some(writer) = session.store.writer() {
                 let config = st.config().effective(room, None);
                 huddle_core::config::refusal(&config, room, agent, &writer)?;
+                let signer = session.store.signer();
+                huddle_core::config::binding::signing_refusal(
+                    &config,
+                    room,
+                    &writer,
+                    signer.as_ref(),
+                )?;
             }
         }
         let body = AgentRegisteredBody {

@@ -3,7 +3,9 @@
 //!
 //! Every role subcommand is idempotent. On SQLite there are no roles: `init` applies
 //! the migrations and says so; the others fail with an explanation. `token` (agents'
-//! bearer tokens for `huddle mcp --http`, plan 0023) works on both backends.
+//! bearer tokens for `huddle mcp --http`, plan 0023) works on both backends. The
+//! agent bindings the database enforces on Postgres (`bind-agent`, `unbind-agent`,
+//! `bindings`, `sync-agents`; plan 0032) are kept here too.
 
 use clap::Subcommand;
 use huddle_store::postgres::admin::{self, LoginKind};
@@ -48,6 +50,41 @@ pub enum AdminCommand {
     RemoveReader {
         /// The role name.
         name: String,
+    },
+    /// Let only the relay role RELAY (and others bound the same way) write as AGENT in
+    /// ROOM: the database refuses rows as the agent from any other role. Keep it equal
+    /// to the owner's `!config agents` (`sync-agents` copies it).
+    BindAgent {
+        /// The room.
+        room: String,
+        /// The agent.
+        agent: String,
+        /// The relay's database role.
+        relay: String,
+    },
+    /// Remove AGENT's binding to RELAY in ROOM, or all of the agent's bindings there
+    /// when RELAY is not given (the database then lets any role write as it).
+    UnbindAgent {
+        /// The room.
+        room: String,
+        /// The agent.
+        agent: String,
+        /// The relay's database role [default: every one].
+        relay: Option<String>,
+    },
+    /// The bindings the database enforces (room, agent, relay role).
+    Bindings {
+        /// Only this room.
+        room: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make ROOM's database bindings exactly the owner's signed `!config agents` (read
+    /// from the ledger through the owner authority: only a verified binding counts).
+    SyncAgents {
+        /// The room.
+        room: String,
     },
     /// Agents' bearer tokens for `huddle mcp --http`: `add`, `list`, `remove`.
     Token {
@@ -132,6 +169,48 @@ pub async fn run(db: &str, options: StoreOptions, command: AdminCommand) -> anyh
         AdminCommand::AddOwner { name } => add(&url, &name, LoginKind::Owner).await?,
         AdminCommand::AddReader { name } => add(&url, &name, LoginKind::Reader).await?,
         AdminCommand::Token { .. } => unreachable!("handled above, on both backends"),
+        AdminCommand::BindAgent { room, agent, relay } => {
+            if admin::bind_agent(&url, &room, &agent, &relay).await? {
+                eprintln!("agent {agent} in room {room} is bound to role {relay}");
+            } else {
+                eprintln!("agent {agent} in room {room} was already bound to role {relay}");
+            }
+            print_bindings(&admin::bindings(&url, Some(&room)).await?, false)?;
+        }
+        AdminCommand::UnbindAgent { room, agent, relay } => {
+            let n = admin::unbind_agent(&url, &room, &agent, relay.as_deref()).await?;
+            eprintln!("{n} binding(s) of agent {agent} in room {room} removed");
+        }
+        AdminCommand::Bindings { room, json } => {
+            print_bindings(&admin::bindings(&url, room.as_deref()).await?, json)?;
+        }
+        AdminCommand::SyncAgents { room } => {
+            let store = crate::ledger_cmds::open(db, options).await?;
+            let config = crate::ledger_cmds::room_authority(store.as_ref(), &room).await?;
+            if config.owner(&room).is_none() {
+                anyhow::bail!("room {room} does not exist in {db}");
+            }
+            let wanted: Vec<(String, String)> = config
+                .effective(&room, None)
+                .agents
+                .into_iter()
+                .map(|b| (b.agent, b.writer))
+                .collect();
+            let (added, removed) = admin::set_bindings(&url, &room, &wanted).await?;
+            for b in &added {
+                eprintln!("bound {} to role {} in room {room}", b.agent, b.writer);
+            }
+            for b in &removed {
+                eprintln!("unbound {} from role {} in room {room}", b.agent, b.writer);
+            }
+            eprintln!(
+                "room {room}: the database now enforces the owner's binding ({} entries; {} added, {} removed)",
+                wanted.len(),
+                added.len(),
+                removed.len()
+            );
+            print_bindings(&admin::bindings(&url, Some(&room)).await?, false)?;
+        }
         AdminCommand::RemoveRelay { name }
         | AdminCommand::RemoveOwner { name }
         | AdminCommand::RemoveReader { name } => {
@@ -141,6 +220,22 @@ pub async fn run(db: &str, options: StoreOptions, command: AdminCommand) -> anyh
                 eprintln!("no role {name}: nothing to remove");
             }
         }
+    }
+    Ok(())
+}
+
+/// Prints bindings, one `room agent relay` line each (or a JSON array).
+fn print_bindings(list: &[admin::Binding], json: bool) -> anyhow::Result<()> {
+    if json {
+        let rows: Vec<serde_json::Value> = list
+            .iter()
+            .map(|b| serde_json::json!({"room": b.room, "agent": b.agent, "relay": b.writer}))
+            .collect();
+        println!("{}", serde_json::to_string(&rows)?);
+        return Ok(());
+    }
+    for b in list {
+        println!("{} {} {}", b.room, b.agent, b.writer);
     }
     Ok(())
 }

@@ -7,6 +7,13 @@
 //!   with plain SQL and sends no NOTIFY.
 //! - Claims: `writers` concurrent contenders on 16 keys. huddle's `acquire` beside the
 //!   same upsert issued directly.
+//! - Reads: one reader reads every row huddle appended above, forward to the end:
+//!   huddle's `read_forward` (each row decoded, re-hashed, checked against the limits
+//!   and, when signed, its writer signature verified) beside a plain `SELECT` of the
+//!   same columns of the baseline's rows.
+//!
+//! With `--relay-key`, huddle's appends are signed (plan 0031), so the appends measure
+//! signing and the reads verification.
 //!
 //! Both sides run in a scratch database beside the one given (dropped afterwards), so
 //! the bench leaves no rows behind.
@@ -36,6 +43,8 @@ pub struct LedgerBenchOptions {
     pub writers: usize,
     /// Batch sizes to measure.
     pub batches: Vec<usize>,
+    /// huddle's appends are signed with this writer key, when given.
+    pub signer: Option<huddle_core::keys::WriterSecret>,
 }
 
 /// One measured line.
@@ -60,6 +69,8 @@ pub struct LedgerBenchReport {
     pub writers: usize,
     /// Seconds per phase.
     pub seconds: f64,
+    /// Whether huddle's rows were signed (and so verified when read).
+    pub signed: bool,
     /// Results.
     pub lines: Vec<BenchLine>,
 }
@@ -98,7 +109,84 @@ fn bench_message(run: u64, writer: usize, n: u64) -> NewInteraction {
     )
 }
 
+/// The room the baseline writes in, so each side reads back only its own rows.
+const BASELINE_ROOM: &str = "bench-raw";
+
+fn baseline_row(mut row: NewInteraction) -> NewInteraction {
+    row.room = BASELINE_ROOM.into();
+    row
+}
+
+fn baseline_rows(rows: Vec<NewInteraction>) -> Vec<NewInteraction> {
+    rows.into_iter().map(baseline_row).collect()
+}
+
 impl Baseline {
+    /// Reads every baseline row forward in pages of 1,000 (the same columns huddle
+    /// reads); returns rows per second.
+    async fn reads(&self, bar: &ProgressBar) -> anyhow::Result<f64> {
+        let started = Instant::now();
+        let mut total = 0u64;
+        match self {
+            Baseline::Postgres(clients) => {
+                let client = clients.first().context("no baseline connection")?;
+                // On the same (room, txid, seq) index huddle's room reads use.
+                let stmt = client
+                    .prepare(
+                        "SELECT txid::text, seq, id, room, thread, verb, actor, role, parent, \
+                         caused_by, body, (extract(epoch FROM at) * 1000000)::int8, relay, sig \
+                         FROM interaction WHERE room = $1 \
+                           AND (txid, seq) > ($2::text::xid8, $3::int8) \
+                         ORDER BY interaction.txid, interaction.seq LIMIT 1000",
+                    )
+                    .await?;
+                let (mut txid, mut seq) = ("0".to_string(), 0i64);
+                loop {
+                    let rows = client.query(&stmt, &[&BASELINE_ROOM, &txid, &seq]).await?;
+                    let Some(last) = rows.last() else { break };
+                    txid = last.try_get(0)?;
+                    seq = last.try_get(1)?;
+                    for r in &rows {
+                        let body: String = r.try_get(10)?;
+                        std::hint::black_box(body);
+                    }
+                    total += rows.len() as u64;
+                    bar.inc(rows.len() as u64);
+                }
+            }
+            Baseline::Sqlite(path, _) => {
+                let path = path.clone();
+                let bar = bar.clone();
+                total = tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
+                    let conn = rusqlite::Connection::open(&path)?;
+                    let mut stmt = conn.prepare(
+                        "SELECT seq, id, at, relay, room, thread, verb, actor, role, parent, \
+                         caused_by, body, sig FROM interaction \
+                         WHERE room = ?1 AND seq > ?2 ORDER BY seq LIMIT 1000",
+                    )?;
+                    let (mut after, mut total) = (0i64, 0u64);
+                    loop {
+                        let mut rows = stmt.query(rusqlite::params![BASELINE_ROOM, after])?;
+                        let mut n = 0u64;
+                        while let Some(r) = rows.next()? {
+                            after = r.get(0)?;
+                            let body: String = r.get(11)?;
+                            std::hint::black_box(body);
+                            n += 1;
+                        }
+                        if n == 0 {
+                            return Ok(total);
+                        }
+                        total += n;
+                        bar.inc(n);
+                    }
+                })
+                .await??;
+            }
+        }
+        Ok(total as f64 / started.elapsed().as_secs_f64())
+    }
+
     async fn connect(url: &str, backend: &Backend, writers: usize) -> anyhow::Result<Self> {
         match backend {
             Backend::Postgres(_) => {
@@ -136,7 +224,7 @@ impl Baseline {
                 return measure(clients.len(), secs, bar, move |w, step| {
                     let (client, stmt) = (clients[w].clone(), statements[w].clone());
                     async move {
-                        let rows = bench_batch(run + 1_000_000, w, step, batch);
+                        let rows = baseline_rows(bench_batch(run + 1_000_000, w, step, batch));
                         // Equivalent raw work: the same columns, ids precomputed the
                         // cheapest way (blake3 of the text), no checks, no NOTIFY.
                         let ids: Vec<Vec<u8>> = rows
@@ -178,7 +266,7 @@ impl Baseline {
                                 )?;
                                 for _ in 0..batch {
                                     n += 1;
-                                    let r = bench_message(run + 1_000_000, w, n);
+                                    let r = baseline_row(bench_message(run + 1_000_000, w, n));
                                     let body = r.body_text();
                                     let id = blake3::hash(body.as_bytes());
                                     stmt.execute(rusqlite::params![
@@ -353,6 +441,23 @@ async fn huddle_appends(
     .await
 }
 
+/// Reads every row huddle appended forward to the end; returns rows per second.
+async fn huddle_reads(store: &Arc<dyn Store>, bar: &ProgressBar) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let mut cursor = huddle_core::Position::START;
+    let mut total = 0u64;
+    loop {
+        let batch = store.read_room("bench", cursor, 1000).await?;
+        if batch.next == cursor {
+            break;
+        }
+        cursor = batch.next;
+        total += batch.rows.len() as u64;
+        bar.inc(batch.rows.len() as u64);
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
 async fn huddle_claims(
     store: &Arc<dyn Store>,
     writers: usize,
@@ -403,6 +508,7 @@ async fn measure_all(db: &str, opts: &LedgerBenchOptions) -> anyhow::Result<Ledg
     let store_opts = StoreOptions {
         relay: "bench".into(),
         pool_size: opts.writers + 2,
+        signer: opts.signer.clone(),
         ..Default::default()
     };
     let store = huddle_store::open(db, store_opts)
@@ -448,10 +554,27 @@ async fn measure_all(db: &str, opts: &LedgerBenchOptions) -> anyhow::Result<Ledg
         baseline_per_s: b / 2.0,
         ratio: h / b,
     });
+    let mut h = 0.0;
+    let mut b = 0.0;
+    for round in 0..2 {
+        let pb = bar(&format!("read forward: baseline ({}/2)", round + 1));
+        b += baseline.reads(&pb).await?;
+        pb.finish_and_clear();
+        let pb = bar(&format!("read forward: huddle ({}/2)", round + 1));
+        h += huddle_reads(&store, &pb).await?;
+        pb.finish_and_clear();
+    }
+    lines.push(BenchLine {
+        scenario: "read forward, every row appended above".into(),
+        huddle_per_s: h / 2.0,
+        baseline_per_s: b / 2.0,
+        ratio: h / b,
+    });
     Ok(LedgerBenchReport {
         backend: store.backend_name().to_string(),
         writers: opts.writers,
         seconds: opts.seconds,
+        signed: opts.signer.is_some(),
         lines,
     })
 }
@@ -459,8 +582,11 @@ async fn measure_all(db: &str, opts: &LedgerBenchOptions) -> anyhow::Result<Ledg
 /// A markdown table of the report.
 pub fn render(report: &LedgerBenchReport) -> String {
     let mut s = format!(
-        "backend: {}, {} writers, {} s per side\n\n| scenario | huddle /s | baseline /s | huddle ÷ baseline |\n|---|---:|---:|---:|\n",
-        report.backend, report.writers, report.seconds
+        "backend: {}, {} writers, {} s per side{}\n\n| scenario | huddle /s | baseline /s | huddle ÷ baseline |\n|---|---:|---:|---:|\n",
+        report.backend,
+        report.writers,
+        report.seconds,
+        if report.signed { ", huddle's rows signed" } else { "" }
     );
     for l in &report.lines {
         s.push_str(&format!(

@@ -76,6 +76,7 @@ impl MemLedger {
             parent: n.parent,
             caused_by: n.caused_by,
             body: n.body,
+            signer: None,
         }
     }
 }

@@ -1,9 +1,12 @@
-//! Owner key files: where they live, creating them (mode 0600) and reading them.
+//! Key files: where they live, creating them (mode 0600) and reading them.
 //!
 //! The key of owner NAME is, in order: the `--key PATH` flag, the file named by
 //! `HUDDLE_OWNER_KEY`, `$HUDDLE_KEYS/NAME.key`, `$XDG_CONFIG_HOME/huddle/keys/NAME.key`,
-//! `$HOME/.config/huddle/keys/NAME.key`. A key file holds the 64 hex digits of the
-//! Ed25519 secret and a newline.
+//! `$HOME/.config/huddle/keys/NAME.key`. The signing key of writer ID (a relay, or a
+//! command run with `--relay-key`; plan 0031) is the given path (a relay's `key`,
+//! `--relay-key`), else the file named by `HUDDLE_RELAY_KEY`, else `relays/ID.key` in
+//! the same keys directory. A key file holds the 64 hex digits of the Ed25519 secret
+//! and a newline.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -11,26 +14,54 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use huddle_core::signing::OwnerSecret;
 
+fn env(k: &str) -> Option<std::ffi::OsString> {
+    std::env::var_os(k).filter(|v| !v.is_empty())
+}
+
+/// The keys directory: `$HUDDLE_KEYS`, `$XDG_CONFIG_HOME/huddle/keys` or
+/// `$HOME/.config/huddle/keys`.
+fn keys_dir() -> Option<PathBuf> {
+    if let Some(dir) = env("HUDDLE_KEYS") {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = env("XDG_CONFIG_HOME") {
+        return Some(PathBuf::from(dir).join("huddle/keys"));
+    }
+    env("HOME").map(|home| PathBuf::from(home).join(".config/huddle/keys"))
+}
+
 /// Where owner `name`'s key file is (it may not exist yet).
 pub fn key_path(name: &str, flag: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(p) = flag {
         return Ok(p.to_path_buf());
     }
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
     if let Some(p) = env("HUDDLE_OWNER_KEY") {
         return Ok(PathBuf::from(p));
     }
-    let file = format!("{name}.key");
-    if let Some(dir) = env("HUDDLE_KEYS") {
-        return Ok(PathBuf::from(dir).join(file));
+    match keys_dir() {
+        Some(dir) => Ok(dir.join(format!("{name}.key"))),
+        None => bail!(
+            "no place for owner keys: set HUDDLE_KEYS, XDG_CONFIG_HOME or HOME, or pass --key"
+        ),
     }
-    if let Some(dir) = env("XDG_CONFIG_HOME") {
-        return Ok(PathBuf::from(dir).join("huddle/keys").join(file));
+}
+
+/// Where writer `id`'s signing key file is (it may not exist yet): `given`, else
+/// `HUDDLE_RELAY_KEY`, else `relays/ID.key` in the keys directory.
+pub fn writer_key_path(id: &str, given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p.to_path_buf());
     }
-    if let Some(home) = env("HOME") {
-        return Ok(PathBuf::from(home).join(".config/huddle/keys").join(file));
+    if let Some(p) = env("HUDDLE_RELAY_KEY") {
+        return Ok(PathBuf::from(p));
     }
-    bail!("no place for owner keys: set HUDDLE_KEYS, XDG_CONFIG_HOME or HOME, or pass --key")
+    match keys_dir() {
+        Some(dir) => Ok(dir.join("relays").join(format!("{id}.key"))),
+        None => bail!(
+            "no place for writer keys: set HUDDLE_KEYS, XDG_CONFIG_HOME or HOME, or give the \
+             key's path"
+        ),
+    }
 }
 
 /// Reads the key at `path`; `Ok(None)` when there is no such file.
@@ -47,14 +78,14 @@ pub fn load(path: &Path) -> anyhow::Result<Option<OwnerSecret>> {
         if mode & 0o077 != 0 {
             tracing::warn!(
                 path = %path.display(),
-                "the owner key file is readable by others; chmod 600 it"
+                "the key file is readable by others; chmod 600 it"
             );
         }
     }
     let secret = text
         .trim()
         .parse()
-        .with_context(|| format!("{} is not a huddle owner key", path.display()))?;
+        .with_context(|| format!("{} is not a huddle key file", path.display()))?;
     Ok(Some(secret))
 }
 

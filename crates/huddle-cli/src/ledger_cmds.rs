@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use huddle_core::commands::command_word;
+use huddle_core::config::binding::signing_refusal;
 use huddle_core::{ConfigFold, Fold, NewInteraction, Position, Role, Verb};
 use huddle_store::{Store, StoreOptions, Subscription};
 use serde_json::json;
@@ -73,16 +74,18 @@ pub async fn room_owner(store: &dyn Store, room: &str) -> anyhow::Result<Option<
     }
 }
 
-/// The room's owners, keys and config as the relays fold them (every row of the
-/// room is read).
+/// The room's owners, keys and config as the relays fold them: every row of the
+/// room read through the owner authority, so only verified commands count.
 pub async fn room_authority(store: &dyn Store, room: &str) -> anyhow::Result<ConfigFold> {
-    let mut fold = ConfigFold::new();
+    let mut authority = huddle_core::OwnerAuthority::new();
     let mut cursor = Position::START;
     loop {
         let batch = store.read_room(room, cursor, 1000).await?;
-        fold.apply_all(&batch.rows);
+        for row in &batch.rows {
+            authority.apply(row);
+        }
         if batch.next == cursor {
-            return Ok(fold);
+            return Ok(authority.config().clone());
         }
         cursor = batch.next;
     }
@@ -404,11 +407,29 @@ pub async fn post(
         message = message.with_parent(parent.id);
     }
     let mut not_signed = None;
-    if role == Role::Owner && command_word(&text).is_some() {
+    let config = room_authority(&*store, room).await?;
+    let is_command = command_word(&text).is_some();
+    let mut owner_signed = false;
+    if role == Role::Owner && !is_command {
+        // The owner's other messages are signed too when the key is at hand (a room
+        // that requires signatures counts them then); without it they are posted as
+        // they are.
         let path = keys::key_path(actor, key_flag)?;
-        let room_key = room_authority(&*store, room).await?.owner_key(room);
+        if let (Ok(Some(secret)), Some(k)) = (keys::load(&path), config.owner_key(room)) {
+            if secret.public() == k {
+                message = secret.sign(message);
+                owner_signed = true;
+            }
+        }
+    }
+    if role == Role::Owner && is_command {
+        let path = keys::key_path(actor, key_flag)?;
+        let room_key = config.owner_key(room);
         match (keys::load(&path)?, room_key) {
-            (Some(secret), Some(k)) if secret.public() == k => message = secret.sign(message),
+            (Some(secret), Some(k)) if secret.public() == k => {
+                message = secret.sign(message);
+                owner_signed = true;
+            }
             (_, None) => {
                 not_signed = Some(format!("room {room} has no owner key to sign for"));
             }
@@ -426,6 +447,19 @@ pub async fn post(
                     path.display()
                 ));
             }
+        }
+    }
+    // A row every reader would ignore is not posted: the room requires signatures
+    // (or registers keys for this writer) and neither the owner's key nor a
+    // registered writer key signs it.
+    if let (false, Some(writer)) = (owner_signed, store.writer()) {
+        let effective = config.effective(room, None);
+        let signer = store.signer();
+        if let Err(e) = signing_refusal(&effective, room, &writer, signer.as_ref()) {
+            let owner = not_signed
+                .map(|why| format!("; it is not signed with the owner's key either: {why}"))
+                .unwrap_or_default();
+            anyhow::bail!("not posted, every reader would ignore it: {e}{owner}");
         }
     }
     let out = store.append(vec![message]).await?;

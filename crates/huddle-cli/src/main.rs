@@ -40,6 +40,13 @@ pub struct Cli {
     #[arg(long, global = true, env = "HUDDLE_RELAY_ID", default_value = "cli")]
     pub relay_id: String,
 
+    /// This writer's signing key file: every row the command writes is signed with it
+    /// (as --relay-id; on Postgres as the database role), for rooms that register it
+    /// (`!config relay-keys`). `huddle writer-key ID` creates one. (`huddle relay`
+    /// signs only with `sign = true` in its file.)
+    #[arg(long, global = true, env = "HUDDLE_RELAY_KEY", value_name = "PATH")]
+    pub relay_key: Option<std::path::PathBuf>,
+
     /// Log filter (e.g. `info`, `huddle_store=debug`); also `RUST_LOG` [default:
     /// `warn`; for `relay`, `warn,huddle=info`: its start-up lines].
     #[arg(long, global = true, env = "HUDDLE_LOG")]
@@ -63,9 +70,10 @@ pub enum Command {
         #[command(subcommand)]
         command: RoomCommand,
     },
-    /// Post a message to a room (as its owner when ID owns the room). An owner's
-    /// `!delegate` / `!config` is signed with the owner's key; without the key it is
-    /// posted as an ordinary message, not executed, and huddle exits with status 3.
+    /// Post a message to a room (as its owner when ID owns the room). The owner's
+    /// messages are signed with the owner's key; a command without the key is posted
+    /// as an ordinary message, not executed, and huddle exits with status 3. In a room
+    /// that requires signatures a message nobody's registered key signs is not posted.
     Post {
         /// Room to post in.
         #[arg(long)]
@@ -116,6 +124,15 @@ pub enum Command {
         /// is initialised), report one line per agent and exit.
         #[arg(long)]
         check: bool,
+    },
+    /// Create (when absent) and show writer ID's signing key, printed as `ID=<public
+    /// key>`: the entry the room owner registers with `!config relay-keys`. The key
+    /// file is --relay-key, else HUDDLE_RELAY_KEY, else relays/ID.key in the keys
+    /// directory ($HUDDLE_KEYS, $XDG_CONFIG_HOME/huddle/keys, ~/.config/huddle/keys).
+    /// On Postgres ID is the relay's database role.
+    WriterKey {
+        /// The writer: a relay id (`relay` in huddle.toml) or a --relay-id.
+        id: String,
     },
     /// Measure huddle beside a plain-SQL baseline in the same run.
     Bench {
@@ -367,6 +384,7 @@ fn may_lack_database(command: &Command) -> bool {
             | Command::Bench { .. }
             | Command::Admin { .. }
             | Command::Relay { .. }
+            | Command::WriterKey { .. }
             | Command::Mcp {
                 print_config: Some(_),
                 ..
@@ -414,16 +432,49 @@ fn main() -> ExitCode {
     }
 }
 
+/// `huddle writer-key ID`: the key file made when absent, its entry printed alone on
+/// stdout (so a script can capture it), where it is on stderr.
+fn writer_key(id: &str, given: Option<&std::path::Path>) -> anyhow::Result<()> {
+    huddle_core::config::binding::check_writer_name(id)
+        .map_err(|e| anyhow::anyhow!("writer {id:?}: {e}"))?;
+    let path = keys::writer_key_path(id, given)?;
+    let (secret, created) = keys::load_or_create(&path)?;
+    let what = if created { "created" } else { "key" };
+    eprintln!(
+        "{what} {}; the room owner registers it with `!config relay-keys {id}=<key>` \
+         (with every other writer's entry)",
+        path.display()
+    );
+    println!("{id}={}", secret.public().to_hex());
+    Ok(())
+}
+
 /// The default database when neither `--db` nor `HUDDLE_DB` is given.
 pub const DEFAULT_DB: &str = "./huddle.db";
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let db = cli.db.clone().unwrap_or_else(|| DEFAULT_DB.to_string());
-    let options = huddle_store::StoreOptions {
+    let mut options = huddle_store::StoreOptions {
         relay: cli.relay_id.clone(),
         poll_interval: Duration::from_millis(cli.poll_ms.max(1)),
         ..Default::default()
     };
+    let signs = !matches!(
+        cli.command,
+        Command::Relay { .. } | Command::WriterKey { .. }
+    );
+    if let (Some(path), true) = (&cli.relay_key, signs) {
+        let secret = keys::load(path)?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "no writer key at {} (--relay-key / HUDDLE_RELAY_KEY); create it with \
+                 `huddle --relay-key {} writer-key {}`",
+                path.display(),
+                path.display(),
+                cli.relay_id
+            )
+        })?;
+        options.signer = Some(secret);
+    }
     if !may_lack_database(&cli.command) {
         ledger_cmds::require_database(&db)?;
     }
@@ -481,6 +532,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 seconds,
                 writers,
                 batches,
+                signer: options.signer.clone(),
             })
             .await?;
             if json {
@@ -596,5 +648,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Task { command } => task_cmds::run(&db, options, command).await,
         Command::Admin { command } => admin::run(&db, options, command).await,
         Command::Claims { prefix, json } => ledger_cmds::claims(&db, options, &prefix, json).await,
+        Command::WriterKey { id } => writer_key(&id, cli.relay_key.as_deref()),
     }
 }

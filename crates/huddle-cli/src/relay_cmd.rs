@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 /// The hosted agents a configuration describes, their drivers started (an ACP agent's
 /// process is started and initialised here, so a bad command fails the relay's start).
 pub async fn hosted_agents(cfg: &RelayConfig) -> anyhow::Result<Vec<HostedAgent>> {
-    let mcp = mcp_launch(cfg);
+    let mcp = mcp_launch(cfg)?;
     let mut agents = Vec::new();
     for a in &cfg.agents {
         let driver = a
@@ -46,19 +46,46 @@ pub async fn hosted_agents(cfg: &RelayConfig) -> anyhow::Result<Vec<HostedAgent>
 }
 
 /// How hosted agents start huddle's MCP server: this very program, on the relay's
-/// database. `None` (agents are not offered it) when the program's path is unknown.
-fn mcp_launch(cfg: &RelayConfig) -> Option<McpLaunch> {
-    match std::env::current_exe() {
+/// database, writing as the relay (its id and, when it signs, its key). `None`
+/// (agents are not offered it) when the program's path is unknown.
+fn mcp_launch(cfg: &RelayConfig) -> anyhow::Result<Option<McpLaunch>> {
+    let key = match cfg.sign {
+        true => Some(relay_key_path(cfg)?),
+        false => None,
+    };
+    Ok(match std::env::current_exe() {
         Ok(program) => Some(McpLaunch {
             program,
             database: cfg.database.clone(),
             capabilities: Vec::new(),
+            writer: Some(cfg.relay.clone()),
+            key,
         }),
         Err(e) => {
             tracing::warn!(error = %e, "cannot find this program's path; agents are not offered huddle's MCP tools");
             None
         }
+    })
+}
+
+/// The relay's key file when it signs: its `key`, else `HUDDLE_RELAY_KEY`, else
+/// `relays/<relay>.key` in the keys directory.
+fn relay_key_path(cfg: &RelayConfig) -> anyhow::Result<std::path::PathBuf> {
+    crate::keys::writer_key_path(&cfg.relay, cfg.key.as_deref().map(Path::new))
+}
+
+/// The relay's signing key when `sign = true`: read, or created (mode 0600) when
+/// absent.
+fn relay_signer(cfg: &RelayConfig) -> anyhow::Result<Option<huddle_core::keys::WriterSecret>> {
+    if !cfg.sign {
+        return Ok(None);
     }
+    let path = relay_key_path(cfg)?;
+    let (secret, created) = crate::keys::load_or_create(&path)?;
+    if created {
+        tracing::info!(path = %path.display(), "created the relay's signing key");
+    }
+    Ok(Some(secret))
 }
 
 /// `huddle relay --check`: starts every configured agent's driver, asks it whether it
@@ -66,7 +93,7 @@ fn mcp_launch(cfg: &RelayConfig) -> Option<McpLaunch> {
 pub async fn check(config: &Path) -> anyhow::Result<()> {
     ignore_sigpipe();
     let cfg = RelayConfig::load(config)?;
-    let mcp = mcp_launch(&cfg);
+    let mcp = mcp_launch(&cfg)?;
     let mut failed = 0;
     for a in &cfg.agents {
         let result = match a.start_driver(mcp.as_ref()).await {
@@ -99,6 +126,7 @@ pub async fn run(config: &Path, db_override: Option<String>, poll_ms: u64) -> an
     let options = StoreOptions {
         relay: cfg.relay.clone(),
         poll_interval: std::time::Duration::from_millis(poll_ms.max(1)),
+        signer: relay_signer(&cfg)?,
         ..Default::default()
     };
     // A relay started while its database is away (restarting, failing over) waits for
@@ -118,6 +146,14 @@ pub async fn run(config: &Path, db_override: Option<String>, poll_ms: u64) -> an
         }
     };
     check_rooms(&*store, &cfg).await?;
+    if let Some(key) = store.signer() {
+        let writer = store.writer().unwrap_or_else(|| cfg.relay.clone());
+        tracing::info!(
+            writer = %writer,
+            "signing every row with key {key}; the room owner registers it with \
+             `!config relay-keys {writer}={key}`"
+        );
+    }
     let agents = hosted_agents(&cfg).await?;
     tracing::info!(relay = %cfg.relay, agents = agents.len(), rooms = ?cfg.rooms, "relay starting");
     let relay = Relay::new(

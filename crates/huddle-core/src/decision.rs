@@ -46,7 +46,7 @@
 //!     let new = NewInteraction::new("ops", verb, actor, Role::Agent, body);
 //!     Interaction { id: new.id(), position: Position::new(0, n), at: Timestamp(1_000_000),
 //!         relay: "r".into(), room: new.room, thread: None, verb, actor: new.actor,
-//!         role: new.role, parent: None, caused_by: vec![], body: new.body }
+//!         role: new.role, parent: None, caused_by: vec![], body: new.body, signer: None }
 //! };
 //! let mut f = DecisionFold::new();
 //! f.apply(&row(1, Verb::DecisionProposed, "lead", json!({

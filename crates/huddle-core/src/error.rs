@@ -49,6 +49,9 @@ pub enum ModelError {
         /// Why.
         reason: String,
     },
+    /// A row whose writer signature (`sig` column) is malformed or does not verify.
+    #[error("bad row signature: {0}")]
+    BadSignature(String),
     /// A position that is not `major:minor`.
     #[error("bad position {0:?} (expected MAJOR:MINOR)")]
     BadPosition(String),

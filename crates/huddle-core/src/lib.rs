@@ -7,8 +7,8 @@
 //!
 //! The modules form layers; each imports only from the layers before it:
 //!
-//! 1. the record: [`error`], [`limits`], [`id`], [`canonical`], [`verbs`], [`model`],
-//!    [`fold`], [`signing`];
+//! 1. the record: [`error`], [`limits`], [`id`], [`keys`] (Ed25519 keys, writers' row
+//!    signatures), [`canonical`], [`verbs`], [`model`], [`fold`], [`signing`];
 //! 2. the wire vocabulary: [`protocol`] (bodies, claim keys and epochs, names);
 //! 3. the folds: [`config`], [`tasks`], [`approval`], [`lease`], [`budget`], [`context`], the
 //!    coordination patterns [`decision`] and [`barrier`] (on the shared [`pattern`]),
@@ -41,6 +41,7 @@ pub mod error;
 pub mod fold;
 pub mod guards;
 pub mod id;
+pub mod keys;
 pub mod lease;
 pub mod limits;
 pub mod model;

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::canonical;
 use crate::error::ModelError;
 pub use crate::id::InteractionId;
+use crate::keys::{OwnerKey, RowSignature};
 use crate::limits::Limits;
 use crate::verbs::Verb;
 
@@ -389,6 +390,11 @@ pub struct Interaction {
     pub caused_by: Vec<InteractionId>,
     /// The payload.
     pub body: serde_json::Value,
+    /// The key of the writer that signed the row (its `sig` column, checked on read
+    /// against `relay` and `id`), if it was signed. Not content: identical content is
+    /// one row whoever stored it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signer: Option<OwnerKey>,
 }
 
 impl Interaction {
@@ -450,6 +456,8 @@ pub struct RawRow {
     pub caused_by: Vec<Vec<u8>>,
     /// Body text (canonical JSON).
     pub body: String,
+    /// The writer's row signature as stored (`ed25519:<key>:<signature>`), if any.
+    pub sig: Option<String>,
 }
 
 impl RawRow {
@@ -460,11 +468,18 @@ impl RawRow {
     }
 
     /// Decodes and checks the row: known verb and role, valid JSON body, well-formed
-    /// ids, an id equal to the hash of the content, and the same limits writers obey
-    /// (names, body size, causes, no NUL). Anything else is corrupt, foreign or
-    /// oversized and is reported, never panicked on.
+    /// ids, an id equal to the hash of the content, the same limits writers obey
+    /// (names, body size, causes, no NUL), and a row signature, when there is one,
+    /// that verifies for the row's writer (`relay`) and id. Anything else is corrupt,
+    /// foreign, oversized or forged and is reported, never panicked on.
     pub fn verify_within(self, limits: &Limits) -> Result<Interaction, ModelError> {
         let size = self.body.len();
+        let signature = self
+            .sig
+            .as_deref()
+            .map(|s| s.parse::<RowSignature>())
+            .transpose()
+            .map_err(|e| ModelError::BadSignature(e.to_string()))?;
         let id = InteractionId::from_slice(&self.id)?;
         let verb: Verb = self.verb.parse()?;
         let role: Role = self.role.parse()?;
@@ -480,7 +495,7 @@ impl RawRow {
             .iter()
             .map(|c| InteractionId::from_slice(c))
             .collect::<Result<Vec<_>, _>>()?;
-        let row = Interaction {
+        let mut row = Interaction {
             id,
             position: self.position,
             at: self.at,
@@ -493,6 +508,7 @@ impl RawRow {
             parent,
             caused_by,
             body,
+            signer: None,
         };
         let content = row.content();
         content.validate_fields(limits, size)?;
@@ -502,6 +518,16 @@ impl RawRow {
                 stored: row.id.to_hex(),
                 computed: expected.to_hex(),
             });
+        }
+        if let Some(signature) = signature {
+            signature.verify(&row.relay, &row.id).map_err(|_| {
+                ModelError::BadSignature(format!(
+                    "the signature by key {} does not verify for writer {:?} and this row",
+                    signature.key().short(),
+                    row.relay
+                ))
+            })?;
+            row.signer = Some(signature.key());
         }
         Ok(row)
     }
@@ -627,6 +653,7 @@ mod tests {
             parent: None,
             caused_by: vec![],
             body: n.body_text(),
+            sig: None,
         }
     }
 
@@ -684,6 +711,42 @@ mod tests {
         ));
         // A body within the limits, and a literal backslash-u text, are fine.
         assert!(raw(&msg("a\\u0000 is six characters")).verify().is_ok());
+    }
+
+    /// A stored row signature is checked against the row's writer and id: a valid
+    /// one is read back as the signer; a malformed one, one by another writer's name,
+    /// or one copied from other content makes the row refused.
+    #[test]
+    fn row_signatures_are_verified_on_read() {
+        let secret = crate::keys::OwnerSecret::from_seed([4; 32]);
+        let n = msg("signed");
+        let signed = RawRow {
+            sig: Some(secret.sign_row("r", &n.id()).to_text()),
+            ..raw(&n)
+        };
+        assert_eq!(
+            signed.clone().verify().unwrap().signer,
+            Some(secret.public())
+        );
+        assert_eq!(raw(&n).verify().unwrap().signer, None);
+        let other_writer = RawRow {
+            relay: "r2".into(),
+            ..signed.clone()
+        };
+        let other_content = RawRow {
+            sig: signed.sig.clone(),
+            ..raw(&msg("other"))
+        };
+        let malformed = RawRow {
+            sig: Some("ed25519:zz".into()),
+            ..signed
+        };
+        for bad in [other_writer, other_content, malformed] {
+            assert!(
+                matches!(bad.clone().verify(), Err(ModelError::BadSignature(_))),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

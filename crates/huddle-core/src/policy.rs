@@ -160,6 +160,15 @@ pub fn claim_right(
     }
 }
 
+/// When who may claim `task` (ready since `ready_since`) depends on the bids placed
+/// until a database time (the `bid` allocation: the window's close), that time. A
+/// claim decision is made only on a view that has folded every row committed before
+/// it; `None` when bids decide nothing.
+pub fn bids_decide_until(config: &RoomConfig, ready_since: Timestamp) -> Option<Timestamp> {
+    (config.allocation == Allocation::Bid)
+        .then(|| ready_since.saturating_add(ms_to_us(config.bid_window_ms)))
+}
+
 /// Whether agents bid on ready tasks when they see them (the `bid` allocation).
 pub fn bids_on_sight(config: &RoomConfig) -> bool {
     config.allocation == Allocation::Bid

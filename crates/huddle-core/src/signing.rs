@@ -30,13 +30,11 @@
 //! assert!(verify(&signed, &secret.public()).is_ok());
 //! ```
 
-use std::fmt;
-use std::str::FromStr;
-
-use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use ed25519_dalek::{Signature, Signer};
 use serde_json::{json, Value};
 
 use crate::canonical;
+pub use crate::keys::{KeyError, OwnerKey, OwnerSecret, SignatureError};
 use crate::model::NewInteraction;
 
 /// The body member that holds a signature.
@@ -46,94 +44,7 @@ pub const SIGNATURE_FIELD: &str = "sig";
 /// never be mistaken for one over anything else.
 pub const SIGNATURE_TAG: &[u8] = b"huddle.signature.v1\0";
 
-/// Why a signature was refused.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SignatureError {
-    /// The body has no `sig` member.
-    #[error("the row is not signed")]
-    Missing,
-    /// `sig` is not `{"key": <64 hex>, "ed25519": <128 hex>}`.
-    #[error("the row's signature is malformed: {0}")]
-    Malformed(String),
-    /// Signed by a key other than the room's owner key.
-    #[error("the row is signed by key {signed_by}, not by the room owner's key {expected}")]
-    OtherKey {
-        /// The key named in the signature, hex.
-        signed_by: String,
-        /// The room's owner key, hex.
-        expected: String,
-    },
-    /// The signature does not match the content.
-    #[error("the row's signature does not match its content")]
-    Invalid,
-    /// The room has no owner key to check against.
-    #[error("the room has no owner key")]
-    NoKey,
-}
-
-/// A key text that is not 64 hex digits of a valid Ed25519 public key (or secret).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("bad key: {0}")]
-pub struct KeyError(String);
-
-/// An owner's public key.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct OwnerKey(VerifyingKey);
-
-impl OwnerKey {
-    /// The 64-hex-digit text form, as recorded in `room.created`.
-    pub fn to_hex(&self) -> String {
-        hex::encode(self.0.as_bytes())
-    }
-
-    /// A short form for messages (the first 16 hex digits).
-    pub fn short(&self) -> String {
-        self.to_hex()[..16].to_string()
-    }
-}
-
-impl fmt::Debug for OwnerKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "OwnerKey({})", self.to_hex())
-    }
-}
-
-impl fmt::Display for OwnerKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_hex())
-    }
-}
-
-impl FromStr for OwnerKey {
-    type Err = KeyError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bytes = hex32(s)?;
-        VerifyingKey::from_bytes(&bytes)
-            .map(OwnerKey)
-            .map_err(|_| KeyError("not an Ed25519 public key".into()))
-    }
-}
-
-/// An owner's secret key. Its `Debug` does not show the secret.
-#[derive(Clone)]
-pub struct OwnerSecret(SigningKey);
-
 impl OwnerSecret {
-    /// The secret key from 32 random bytes.
-    pub fn from_seed(seed: [u8; 32]) -> Self {
-        OwnerSecret(SigningKey::from_bytes(&seed))
-    }
-
-    /// The 64-hex-digit text form (what a key file holds).
-    pub fn to_hex(&self) -> String {
-        hex::encode(self.0.to_bytes())
-    }
-
-    /// The public key.
-    pub fn public(&self) -> OwnerKey {
-        OwnerKey(self.0.verifying_key())
-    }
-
     /// `content` with its signature: the body (which must be a JSON object; anything
     /// else is replaced by an empty object) gets a fresh `sig` member, replacing any.
     pub fn sign(&self, mut content: NewInteraction) -> NewInteraction {
@@ -148,26 +59,6 @@ impl OwnerSecret {
         });
         content
     }
-}
-
-impl fmt::Debug for OwnerSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "OwnerSecret(public {})", self.public().to_hex())
-    }
-}
-
-impl FromStr for OwnerSecret {
-    type Err = KeyError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(OwnerSecret::from_seed(hex32(s)?))
-    }
-}
-
-fn hex32(s: &str) -> Result<[u8; 32], KeyError> {
-    let bytes = hex::decode(s.trim()).map_err(|e| KeyError(e.to_string()))?;
-    bytes
-        .try_into()
-        .map_err(|b: Vec<u8>| KeyError(format!("{} bytes, expected 32", b.len())))
 }
 
 /// The bytes a signature covers: [`SIGNATURE_TAG`], then the canonical encoding of

@@ -44,6 +44,7 @@ pub(crate) fn materialize(n: NewInteraction, position: Position, at: Timestamp) 
         parent: n.parent,
         caused_by: n.caused_by,
         body: n.body,
+        signer: None,
     }
 }
 

@@ -68,6 +68,7 @@ fn read_back(n: NewInteraction, seq: u64) -> Interaction {
         parent: n.parent,
         caused_by: n.caused_by,
         body: n.body,
+        signer: None,
     }
 }
 

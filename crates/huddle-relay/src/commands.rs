@@ -282,6 +282,7 @@ mod tests {
             parent: n.parent,
             caused_by: n.caused_by,
             body: n.body,
+            signer: None,
         }
     }
 

@@ -4,6 +4,8 @@
 //! relay = "relay-a"                 # this relay's id (claims for drives are held by it)
 //! database = "./huddle.db"          # or postgres://...; HUDDLE_DB overrides it
 //! rooms = ["lobby"]
+//! sign = true                       # sign every row written (the owner registers the key)
+//! key = "./relay-a.key"             # default: HUDDLE_RELAY_KEY, else the keys directory
 //!
 //! [[agent]]
 //! key = "ada"                       # the agent's id in rooms and claims
@@ -157,6 +159,16 @@ pub struct RelayConfig {
     /// Hosted agents.
     #[serde(default, rename = "agent")]
     pub agents: Vec<AgentConfig>,
+    /// Whether the relay signs every row it writes with its key (plan 0031). The room
+    /// owner registers the public key with `!config relay-keys`.
+    #[serde(default)]
+    pub sign: bool,
+    /// The relay's key file when it signs (relative to this file), created (mode
+    /// 0600) when absent. Default: `HUDDLE_RELAY_KEY`, else `relays/<relay>.key` in
+    /// the keys directory (`$HUDDLE_KEYS`, `$XDG_CONFIG_HOME/huddle/keys` or
+    /// `~/.config/huddle/keys`).
+    #[serde(default)]
+    pub key: Option<String>,
 }
 
 fn default_database() -> String {
@@ -208,6 +220,7 @@ impl RelayConfig {
                 self.database = under(&file);
             }
         }
+        self.key = self.key.as_deref().map(under);
         for a in &mut self.agents {
             if let Some(exec) = &mut a.exec {
                 if let Some(program) = exec.command.first_mut() {
@@ -252,6 +265,12 @@ impl RelayConfig {
         for room in &self.rooms {
             validate_name("room", room, &limits)
                 .map_err(|e| (Some(format!("\"{room}\"")), format!("rooms: {e}")))?;
+        }
+        if self.key.is_some() && !self.sign {
+            return Err((
+                Some("key".into()),
+                "key is given but sign is not true: add `sign = true` to sign with it".into(),
+            ));
         }
         let mut keys = BTreeSet::new();
         for a in &self.agents {
@@ -429,6 +448,11 @@ acp = { preset = "codex", permissions = ["read", "edit"] }
         let exec = c.agents[1].exec.as_ref().expect("exec");
         assert_eq!(exec.command, ["/etc/huddle/./bin/agent", "./arg"]);
         assert_eq!(exec.cwd.as_deref(), Some("/etc/huddle/work"));
+        let signing = GOOD.replace("rooms = [", "sign = true\nkey = \"keys/a.key\"\nrooms = [");
+        let mut c = RelayConfig::parse("f.toml", &signing).expect("good config");
+        assert!(c.sign);
+        c.resolve_paths(Path::new("/etc/huddle"));
+        assert_eq!(c.key.as_deref(), Some("/etc/huddle/keys/a.key"));
         // Absolute paths, bare program names and Postgres URLs stay as they are.
         let mut c = RelayConfig::parse(
             "f.toml",
@@ -496,6 +520,14 @@ acp = { preset = "codex", permissions = ["read", "edit"] }
                 "at least one room",
             ),
             (GOOD.replace("\"lobby\"", "\"a/b\""), "'/'"),
+            (
+                GOOD.replace("rooms = [", "key = \"a.key\"\nrooms = ["),
+                "sign is not true",
+            ),
+            (
+                GOOD.replace("rooms = [", "sign = \"yes\"\nrooms = ["),
+                "bool",
+            ),
         ];
         for (text, needle) in cases {
             let e = RelayConfig::parse("f.toml", &text).unwrap_err();

@@ -14,11 +14,20 @@
 //! waiting (their outcome comes back as an event and nothing later in the same output
 //! depends on it). A fenced append that is refused skips the turns that depended on
 //! it and reports the claim lost.
+//!
+//! Every turn gets a start deadline (plan 0029): half the lease of its claims, counted
+//! from the moment *before* the relay last asked the store for them (the acquire, or a
+//! renewal made just before the start), so it falls well inside every lease however
+//! long the store took to answer. The driver starts nothing after it (the exec
+//! driver's child checks it between fork and exec): a relay paused or starved at any
+//! point between confirming its claims and starting the agent reports the turn as
+//! not started instead of running it after its lease may have lapsed.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use huddle_core::config::binding::{signing_refusal, UnsignedWriter};
 use huddle_core::config::{refusal, BoundElsewhere, RoomConfig};
 use huddle_core::guards::TurnRequest as GuardTurn;
 use huddle_core::protocol::TurnActivity;
@@ -100,6 +109,11 @@ pub struct RelaySummary {
     pub turns_replied: u64,
     /// Turns that failed or were cancelled.
     pub turns_failed: u64,
+    /// Turns not started, and not counted in `turns_started`: their start deadline
+    /// had passed (the relay was paused or starved between confirming the claims and
+    /// starting the agent), or the claims could not be confirmed. Their work is
+    /// offered again.
+    pub turns_not_started: u64,
     /// Fenced appends refused (claims lost between decision and write).
     pub fenced_refusals: u64,
     /// Ledger rows skipped as corrupt or foreign.
@@ -119,6 +133,12 @@ pub struct RelaySummary {
     /// `room.created` / `room.key_rotated` / `config.set` rows the config fold ignored
     /// (a second creation, a forged rotation, a hand-written config).
     pub ignored_config_rows: u64,
+    /// Rows ignored because their room requires signatures and they are not signed by
+    /// a registered key of their writer (`!config require-signatures`).
+    pub unsigned_rows: u64,
+    /// Rows ignored because they name a writer with registered keys and are not signed
+    /// by one of them (`!config relay-keys`).
+    pub forged_writer_rows: u64,
 }
 
 /// Why a relay stopped with an error.
@@ -133,6 +153,11 @@ pub enum RelayError {
     /// A hosted room's owner bound a hosted agent to other writers.
     #[error("refusing to host this agent")]
     BoundElsewhere(#[from] BoundElsewhere),
+    /// A hosted room would ignore every row this relay writes (it requires
+    /// signatures, or registers keys for this writer, and the relay does not sign
+    /// with one of them).
+    #[error("refusing to write in this room")]
+    UnsignedWriter(#[from] UnsignedWriter),
 }
 
 /// A turn this relay is running.
@@ -149,6 +174,12 @@ struct LiveTurn {
 #[derive(Debug)]
 enum Feedback {
     Claim(ClaimOutcome),
+    /// The store confirmed `(key, epoch)` for a lease counted from `lease.from`.
+    Confirmed {
+        key: String,
+        epoch: ClaimEpoch,
+        lease: Lease,
+    },
     Lost {
         key: String,
         epoch: ClaimEpoch,
@@ -165,6 +196,22 @@ enum Feedback {
     WriteRetried,
     /// A result could not be written and was given up.
     ResultLost,
+}
+
+/// What the relay knows of a claim it holds: the store granted or renewed it for
+/// `ttl` in answer to a call made at `from` (this process's monotonic clock), so the
+/// lease lasts at least until `from + ttl` unless it is released.
+#[derive(Clone, Copy, Debug)]
+struct Lease {
+    from: Instant,
+    ttl: Duration,
+}
+
+impl Lease {
+    /// The latest start this lease vouches for: half-way through it.
+    fn start_by(&self) -> Instant {
+        self.from + self.ttl / 2
+    }
 }
 
 /// A relay: one process's host for its agents.
@@ -188,9 +235,18 @@ struct Loop {
     recent: HashMap<String, VecDeque<Interaction>>,
     /// Database time minus local time, µs, as of the last tick.
     clock_offset: i64,
+    /// Recent ticks: when the clock reading returned (local) and what it read.
+    ticks: VecDeque<(Instant, Timestamp)>,
+    /// The coverage last told to the synchronizer ([`Event::Covered`]), and the
+    /// coverage a fresh read was last asked for.
+    covered: Option<Timestamp>,
+    refreshed_for: Option<Timestamp>,
     clock_base: Instant,
     /// Outputs being performed (their writes may be retrying).
     inflight: tokio::task::JoinSet<()>,
+    /// The leases of claims this relay won, by key and epoch: the start deadline of
+    /// a turn is computed from them.
+    leases: HashMap<(String, ClaimEpoch), Lease>,
     /// Cancelled when the relay stops waiting for in-flight writes.
     give_up: CancellationToken,
     /// The rooms it serves.
@@ -241,8 +297,12 @@ impl Relay {
             },
             recent: HashMap::new(),
             clock_offset: 0,
+            ticks: VecDeque::new(),
+            covered: None,
+            refreshed_for: None,
             clock_base: Instant::now(),
             inflight: tokio::task::JoinSet::new(),
+            leases: HashMap::new(),
             give_up: CancellationToken::new(),
             rooms: self.rooms.clone(),
             threads: Default::default(),
@@ -259,7 +319,8 @@ impl Relay {
         let writer = self.store.writer().unwrap_or_else(|| self.relay_id.clone());
         loop {
             let hosted = lp.agents.keys().map(String::as_str);
-            match check_bindings(self.store.as_ref(), &self.rooms, hosted, &writer).await {
+            let signer = self.store.signer();
+            match check_bindings(self.store.as_ref(), &self.rooms, hosted, &writer, signer).await {
                 Err(RelayError::Store(e)) if e.is_retryable() => {
                     warn!(error = %e, "database unavailable at start; retrying");
                     tokio::time::sleep(jittered(delay)).await;
@@ -295,12 +356,22 @@ impl Relay {
         let mut next_beat = Instant::now() + self.options.heartbeat_every;
         let mut stopping = false;
         let mut stop_deadline: Option<tokio::time::Instant> = None;
+        // Ticks fall due at an absolute time, at least every `max_tick` after the
+        // last one however many other events arrive (a relative sleep re-armed on
+        // every pass would starve the tick, and with it the relay id's renewal, under
+        // a steady stream of events).
+        let mut last_tick = tokio::time::Instant::now();
         loop {
-            let sleep_for = lp.until_next_wakeup(self.options.max_tick);
+            if lp.wants_fresh_read() {
+                reader.refresh();
+            }
+            let tick_at = (tokio::time::Instant::now()
+                + lp.until_next_wakeup(self.options.max_tick))
+            .min(last_tick + self.options.max_tick);
             tokio::select! {
                 step = reader.recv(), if !stopping => {
                     match step {
-                        Ok(ReadStep { batch, caught_up }) => {
+                        Ok(ReadStep { batch, caught_up, began }) => {
                             lp.summary.skipped_rows += batch.skipped.len() as u64;
                             for s in &batch.skipped {
                                 debug!(position = %s.position, reason = %s.reason, "skipped a ledger row");
@@ -308,6 +379,9 @@ impl Relay {
                             cursor = batch.next;
                             lp.summary.cursor = cursor.to_string();
                             lp.ledger(batch.rows, caught_up).await;
+                            if caught_up {
+                                lp.covered(began);
+                            }
                         }
                         Err(e) => lp.transient(e).await?,
                     }
@@ -315,10 +389,15 @@ impl Relay {
                 Some(fb) = rx.recv() => {
                     let event = match fb {
                         Feedback::Claim(c) => Event::ClaimResult(c),
+                        Feedback::Confirmed { key, epoch, lease } => {
+                            lp.leases.insert((key, epoch), lease);
+                            continue;
+                        }
                         Feedback::Lost { key, epoch, fenced } => {
                             if fenced {
                                 lp.summary.fenced_refusals += 1;
                             }
+                            lp.leases.remove(&(key.clone(), epoch));
                             for t in lp.turns.values_mut() {
                                 if t.claims.iter().any(|c| c.key == key && c.epoch == epoch) {
                                     t.lost = true;
@@ -327,11 +406,19 @@ impl Relay {
                             Event::ClaimLost { key, epoch }
                         }
                         Feedback::TurnEnded { turn, outcome, tokens, activity } => {
-                            let lost = lp.turns.remove(&turn).is_some_and(|t| t.lost);
+                            let ended = lp.turns.remove(&turn);
+                            let lost = ended.as_ref().is_some_and(|t| t.lost);
+                            for c in ended.iter().flat_map(|t| &t.claims) {
+                                lp.leases.remove(&(c.key.clone(), c.epoch));
+                            }
                             match &outcome {
                                 // A reply under a lost claim is never written: the turn
                                 // failed, whatever the agent answered.
                                 CoreOutcome::Replied { .. } if !lost => lp.summary.turns_replied += 1,
+                                CoreOutcome::NotStarted { .. } => {
+                                    lp.summary.turns_started = lp.summary.turns_started.saturating_sub(1);
+                                    lp.summary.turns_not_started += 1;
+                                }
                                 _ => lp.summary.turns_failed += 1,
                             }
                             Event::TurnEnded { turn, outcome, tokens, activity }
@@ -354,7 +441,8 @@ impl Relay {
                     }
                 }
                 Some(_) = lp.inflight.join_next(), if !lp.inflight.is_empty() => {}
-                _ = tokio::time::sleep(sleep_for) => {
+                _ = tokio::time::sleep_until(tick_at) => {
+                    last_tick = tokio::time::Instant::now();
                     if let Err(e) = lp.tick().await {
                         warn!(error = %e, "reconcile tick failed");
                     }
@@ -445,6 +533,15 @@ impl Relay {
         lp.summary.unauthorized_rows = authority.unauthorized_rows();
         lp.summary.misbound_rows = authority.misbound_rows();
         lp.summary.ignored_config_rows = authority.config().ignored_rows();
+        lp.summary.unsigned_rows = authority.unsigned_rows();
+        lp.summary.forged_writer_rows = authority.forged_writer_rows();
+        if lp.summary.unsigned_rows + lp.summary.forged_writer_rows > 0 {
+            warn!(
+                unsigned_rows = lp.summary.unsigned_rows,
+                forged_writer_rows = lp.summary.forged_writer_rows,
+                "rows without a registered writer's signature were ignored"
+            );
+        }
         if lp.summary.misbound_rows > 0 {
             warn!(
                 misbound_rows = lp.summary.misbound_rows,
@@ -570,10 +667,52 @@ impl Loop {
     }
 
     async fn tick(&mut self) -> Result<(), StoreError> {
+        // Leases long over are of no use for a start deadline (a live turn's are
+        // renewed, so they stay fresh).
+        self.leases
+            .retain(|_, l| l.from.elapsed() < l.ttl.saturating_mul(2));
         let now = self.store.now().await?;
+        self.ticks.push_back((Instant::now(), now));
+        while self.ticks.len() > 16 {
+            self.ticks.pop_front();
+        }
         self.clock_offset = now.as_micros() - self.clock_base.elapsed().as_micros() as i64;
         self.handle(Event::Tick { now });
         Ok(())
+    }
+
+    /// A caught-up read that began at `began` has been folded: it covers every row
+    /// committed before the latest tick whose clock reading had returned by then.
+    fn covered(&mut self, began: Option<Instant>) {
+        let Some(began) = began else { return };
+        let as_of = self
+            .ticks
+            .iter()
+            .filter(|(read_at, _)| *read_at <= began)
+            .map(|(_, t)| *t)
+            .max();
+        if let Some(as_of) = as_of.filter(|t| self.covered.is_none_or(|c| *t > c)) {
+            self.covered = Some(as_of);
+            self.handle(Event::Covered { as_of });
+        }
+    }
+
+    /// Whether the synchronizer waits for a view covering a time the relay's clock
+    /// has passed, and no fresh read was asked for it yet.
+    fn wants_fresh_read(&mut self) -> bool {
+        let Some(wanted) = self.sync.awaiting_coverage() else {
+            return false;
+        };
+        let clock = self.ticks.back().map(|(_, t)| *t);
+        let due = clock.is_some_and(|t| t >= wanted)
+            && self.covered.is_none_or(|c| c < wanted)
+            && self
+                .refreshed_for
+                .is_none_or(|r| clock.is_some_and(|t| t > r));
+        if due {
+            self.refreshed_for = clock;
+        }
+        due
     }
 
     async fn ledger(&mut self, rows: Vec<Interaction>, caught_up: bool) {
@@ -765,8 +904,11 @@ impl Loop {
         }
         // Turn tokens are created now so a Cancel in a later output finds them; the
         // related context is chosen here, where the window of recent messages lives.
-        let mut starts: HashMap<TurnId, (CancellationToken, Option<String>)> = HashMap::new();
+        let mut starts: HashMap<TurnId, TurnPrep> = HashMap::new();
         for intent in &ordered {
+            if let Intent::Release { key, epoch, .. } = intent {
+                self.leases.remove(&(key.clone(), *epoch));
+            }
             if let Intent::StartTurn(start) = intent {
                 let token = CancellationToken::new();
                 self.turns.insert(
@@ -777,12 +919,24 @@ impl Loop {
                         lost: false,
                     },
                 );
+                let leases = start
+                    .claims
+                    .iter()
+                    .map(|c| self.leases.get(&(c.key.clone(), c.epoch)).copied())
+                    .collect();
                 // The prompt's context blocks: related threads, then this thread.
-                let context = [self.related_context(start), self.thread_context(start)]
+                let related = [self.related_context(start), self.thread_context(start)]
                     .into_iter()
                     .flatten()
                     .reduce(|a, b| format!("{a}{b}"));
-                starts.insert(start.turn.clone(), (token, context));
+                starts.insert(
+                    start.turn.clone(),
+                    TurnPrep {
+                        token,
+                        related,
+                        leases,
+                    },
+                );
                 self.summary.turns_started += 1;
             }
         }
@@ -803,21 +957,40 @@ const PROGRESS_DRAIN: Duration = Duration::from_secs(2);
 /// Most rows a heartbeat reads past the relay's cursor to tell how far behind it is.
 const BEHIND_PROBE: usize = 1_000;
 
-/// A turn whose claims were last confirmed longer ago than this re-checks them before
-/// it starts (see `Executor::perform`).
-const RECHECK_AFTER: Duration = Duration::from_millis(200);
+/// What the event loop hands the executor for a turn it starts: its cancellation
+/// token, its related context and what the relay knows of its claims' leases (in the
+/// order of `TurnStart::claims`).
+#[derive(Default)]
+struct TurnPrep {
+    token: CancellationToken,
+    related: Option<String>,
+    leases: Vec<Option<Lease>>,
+}
+
+/// Whether a turn may start, and until when.
+enum Vouched {
+    /// Every claim is held; the agent must start before this moment.
+    Until(Instant),
+    /// A claim is no longer held (reported as lost).
+    Lost,
+    /// The claims could not be confirmed (the store failed); nothing starts.
+    Unknown(String),
+}
 
 /// `d` plus up to a quarter of it, so relays that lost the database together do not
 /// retry in lockstep. The jitter comes from the clock's sub-microsecond noise: it needs
 /// to be uncorrelated between processes, not unpredictable.
 /// Refuses to host an agent that a hosted room's owner bound to writers other than
-/// `writer` (`!config agents`): every reader would ignore what this relay writes as
-/// it. Reads each hosted room to its end.
+/// `writer` (`!config agents`), and to join a room that would ignore every row this
+/// relay writes, signed by `signer` or unsigned (`!config relay-keys`,
+/// `require-signatures`): every reader would ignore what this relay writes. Reads each
+/// hosted room to its end.
 async fn check_bindings<'a>(
     store: &dyn Store,
     rooms: &[String],
     agents: impl Iterator<Item = &'a str> + Clone,
     writer: &str,
+    signer: Option<huddle_core::keys::WriterKey>,
 ) -> Result<(), RelayError> {
     for room in rooms {
         let mut authority = OwnerAuthority::new();
@@ -833,6 +1006,7 @@ async fn check_bindings<'a>(
             cursor = batch.next;
         }
         let config = authority.config().effective(room, None);
+        signing_refusal(&config, room, writer, signer.as_ref())?;
         for agent in agents.clone() {
             refusal(&config, room, agent, writer)?;
         }
@@ -859,16 +1033,8 @@ struct Executor {
 }
 
 impl Executor {
-    async fn perform(
-        self,
-        intents: Vec<Intent>,
-        mut starts: HashMap<TurnId, (CancellationToken, Option<String>)>,
-    ) {
+    async fn perform(self, intents: Vec<Intent>, mut starts: HashMap<TurnId, TurnPrep>) {
         let mut refused: Vec<ClaimRef> = Vec::new();
-        // When the last fenced write of this output succeeded: a turn started long
-        // after it (the relay was paused or starved in between) re-checks its claims
-        // first, so a relay resuming from a pause never starts work it lost meanwhile.
-        let mut fenced_ok_at: Option<Instant> = None;
         for intent in intents {
             match intent {
                 Intent::Acquire {
@@ -877,6 +1043,8 @@ impl Executor {
                     let store = self.store.clone();
                     let feedback = self.feedback.clone();
                     tokio::spawn(async move {
+                        // Before the call: the lease the store grants runs from later.
+                        let from = Instant::now();
                         let out = match store.acquire(&key, &holder, ttl).await {
                             Ok(a) => a,
                             Err(e) => {
@@ -894,6 +1062,13 @@ impl Executor {
                         };
                         if let Acquired::Closed { by, .. } = &out {
                             debug!(key, holder, closed_by = %by.short(), "claim is closed: the work is finished");
+                        }
+                        if let Acquired::Won(s) = &out {
+                            let _ = feedback.send(Feedback::Confirmed {
+                                key: key.clone(),
+                                epoch: s.epoch,
+                                lease: Lease { from, ttl },
+                            });
                         }
                         let answer = match out {
                             Acquired::Won(s) => ClaimAnswer::Won {
@@ -921,11 +1096,7 @@ impl Executor {
                     let actor = batch.first().map(|r| r.actor.clone());
                     let store_fences: Vec<Fence> = fences.iter().map(Fence::from).collect();
                     match self.append_retrying(&store_fences, close, batch).await {
-                        Ok(()) => {
-                            if !store_fences.is_empty() {
-                                fenced_ok_at = Some(Instant::now());
-                            }
-                        }
+                        Ok(()) => {}
                         Err(StoreError::Fenced { key, holder, epoch }) => {
                             log_lost_claim(
                                 &*self.store,
@@ -960,33 +1131,35 @@ impl Executor {
                     }
                 }
                 Intent::StartTurn(start) => {
-                    let (token, related) = starts.remove(&start.turn).unwrap_or_default();
-                    let stale = fenced_ok_at.is_none_or(|t| t.elapsed() > RECHECK_AFTER);
-                    let lost = if start.claims.iter().any(|c| refused.contains(c)) {
+                    let prep = starts.remove(&start.turn).unwrap_or_default();
+                    let vouched = if start.claims.iter().any(|c| refused.contains(c)) {
                         // Its fenced append was refused: the turn never runs.
-                        true
-                    } else if stale {
-                        self.claims_lost(&start.claims, start.agent.as_str()).await
+                        Vouched::Lost
                     } else {
-                        false
+                        self.vouch(&start.claims, &prep.leases, start.agent.as_str())
+                            .await
                     };
-                    if lost {
-                        let _ = self.feedback.send(Feedback::TurnEnded {
-                            turn: start.turn.clone(),
-                            outcome: CoreOutcome::Cancelled,
-                            tokens: 0,
-                            activity: TurnActivity::default(),
-                        });
-                        continue;
-                    }
-                    self.start_turn(*start, token, related);
+                    let outcome = match vouched {
+                        Vouched::Until(by) => {
+                            self.start_turn(*start, prep.token, prep.related, by);
+                            continue;
+                        }
+                        Vouched::Lost => CoreOutcome::Cancelled,
+                        Vouched::Unknown(reason) => CoreOutcome::NotStarted { reason },
+                    };
+                    let _ = self.feedback.send(Feedback::TurnEnded {
+                        turn: start.turn.clone(),
+                        outcome,
+                        tokens: 0,
+                        activity: TurnActivity::default(),
+                    });
                 }
                 Intent::Renew {
                     key,
                     holder,
                     epoch,
                     ttl,
-                } => match self.store.renew(&key, &holder, epoch, ttl).await {
+                } => match self.renew(&key, &holder, epoch, ttl).await {
                     Ok(Some(_)) => {}
                     Ok(None) => {
                         log_lost_claim(
@@ -1020,35 +1193,77 @@ impl Executor {
         }
     }
 
-    /// Whether any of `claims` is no longer held at its epoch (checked with an empty
-    /// append under them, which writes nothing). Reports the loss. A store error counts
-    /// as lost: starting work the relay cannot vouch for is worse than a retry.
-    async fn claims_lost(&self, claims: &[ClaimRef], agent: &str) -> bool {
-        let fences: Vec<Fence> = claims.iter().map(Fence::from).collect();
-        match self.store.append_under(&fences, false, Vec::new()).await {
-            Ok(_) => false,
-            Err(StoreError::Fenced { key, holder, epoch }) => {
-                log_lost_claim(
-                    &*self.store,
-                    "claim lost before the turn started",
-                    &key,
-                    &holder,
-                    Some(agent),
-                    epoch,
-                )
-                .await;
-                let _ = self.feedback.send(Feedback::Lost {
-                    key,
-                    epoch,
-                    fenced: true,
-                });
-                true
-            }
-            Err(e) => {
-                warn!(error = %e, agent, "could not re-check a turn's claims; not starting it");
-                true
+    /// Renews `(key, holder, epoch)` for `ttl`; when it is renewed, the event loop
+    /// learns the new lease (counted from before the call).
+    async fn renew(
+        &self,
+        key: &str,
+        holder: &str,
+        epoch: ClaimEpoch,
+        ttl: Duration,
+    ) -> Result<Option<huddle_store::ClaimState>, StoreError> {
+        let from = Instant::now();
+        let renewed = self.store.renew(key, holder, epoch, ttl).await?;
+        if renewed.is_some() {
+            let _ = self.feedback.send(Feedback::Confirmed {
+                key: key.to_string(),
+                epoch,
+                lease: Lease { from, ttl },
+            });
+        }
+        Ok(renewed)
+    }
+
+    /// Until when the relay can vouch for `claims` (with what it knows of their
+    /// `leases`): the earliest half-lease of them all, when that leaves at least a
+    /// quarter of a lease to start the agent in. Otherwise (the claims were won a
+    /// while ago: the relay was paused, starved, or the turn waited) each is renewed
+    /// first and the deadline counted from before the renewals. A claim that is no
+    /// longer held is reported lost. A store error vouches for nothing: starting work
+    /// the relay cannot vouch for is worse than offering it again.
+    async fn vouch(&self, claims: &[ClaimRef], leases: &[Option<Lease>], agent: &str) -> Vouched {
+        let known: Option<Vec<Lease>> = leases.iter().copied().collect();
+        let Some(known) = known.filter(|k| k.len() == claims.len() && !k.is_empty()) else {
+            warn!(
+                agent,
+                "a turn's claims have no known lease; not starting it"
+            );
+            return Vouched::Unknown("the relay knows no lease for its claims".into());
+        };
+        let by = known.iter().map(Lease::start_by).min();
+        let headroom = known.iter().map(|l| l.ttl / 4).min().unwrap_or_default();
+        if let Some(by) = by.filter(|by| *by >= Instant::now() + headroom) {
+            return Vouched::Until(by);
+        }
+        let from = Instant::now();
+        for (c, lease) in claims.iter().zip(&known) {
+            match self.renew(&c.key, &c.holder, c.epoch, lease.ttl).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    log_lost_claim(
+                        &*self.store,
+                        "claim lost before the turn started",
+                        &c.key,
+                        &c.holder,
+                        Some(agent),
+                        c.epoch,
+                    )
+                    .await;
+                    let _ = self.feedback.send(Feedback::Lost {
+                        key: c.key.clone(),
+                        epoch: c.epoch,
+                        fenced: false,
+                    });
+                    return Vouched::Lost;
+                }
+                Err(e) => {
+                    warn!(error = %e, agent, "could not confirm a turn's claims; not starting it");
+                    return Vouched::Unknown(format!("its claims could not be confirmed: {e}"));
+                }
             }
         }
+        let ttl = known.iter().map(|l| l.ttl).min().unwrap_or_default();
+        Vouched::Until(from + ttl / 2)
     }
 
     /// The outbox: appends `batch` (under `fence` when given), retrying with capped
@@ -1099,7 +1314,13 @@ impl Executor {
         Ok(())
     }
 
-    fn start_turn(&self, start: TurnStart, token: CancellationToken, related: Option<String>) {
+    fn start_turn(
+        &self,
+        start: TurnStart,
+        token: CancellationToken,
+        related: Option<String>,
+        start_by: Instant,
+    ) {
         let Some(agent) = self.agents.get(&start.agent) else {
             let _ = self.feedback.send(Feedback::TurnEnded {
                 turn: start.turn.clone(),
@@ -1117,6 +1338,7 @@ impl Executor {
         let (sink, notes) = crate::driver::ProgressSink::channel();
         request.progress = sink;
         let progress = tokio::spawn(write_progress(self.store.clone(), start.clone(), notes));
+        request.start_by = Some(start_by);
         tokio::spawn(async move {
             let outcome = driver.run(request, token).await;
             // Every note the turn sent is written before its outcome is (progress
@@ -1140,6 +1362,15 @@ impl Executor {
                     activity,
                 } => (CoreOutcome::Failed { reason }, tokens, activity),
                 TurnOutcome::Cancelled => (CoreOutcome::Cancelled, 0, TurnActivity::default()),
+                TurnOutcome::NotStarted => {
+                    info!(room = %start.room, agent = %start.agent, turn = %start.turn.0, epoch = start.epoch.get(), "turn not started: its start deadline had passed (the relay was paused or starved)");
+                    let reason = "its start deadline had passed (the relay was paused or starved after it last confirmed the claims)".to_string();
+                    (
+                        CoreOutcome::NotStarted { reason },
+                        0,
+                        TurnActivity::default(),
+                    )
+                }
             };
             let _ = feedback.send(Feedback::TurnEnded {
                 turn: start.turn,
@@ -1303,5 +1534,6 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
         prompt,
         effect_key,
         progress: Default::default(),
+        start_by: None,
     }
 }

@@ -86,6 +86,7 @@ fn turn(thread: &str, text: &str) -> TurnRequest {
         prompt: format!("<coordination>\n</coordination>\n<message from=\"owner\" role=\"owner\">\n{text}\n</message>\n"),
         effect_key: String::new(),
         progress: Default::default(),
+        start_by: None,
     }
 }
 
@@ -143,6 +144,34 @@ async fn a_reply_is_assembled_from_many_chunks_and_usage_is_recorded() {
     );
 }
 
+/// A prompt whose turn's start deadline has passed never reaches the agent (the
+/// relay does not write it: a `cat` checked against the deadline would), the turn
+/// reports that it did not start, and the connection stays usable for the next turns,
+/// with and without a deadline.
+#[tokio::test]
+async fn a_prompt_past_its_start_deadline_never_reaches_the_agent() {
+    let w = World::new();
+    let d = start(w.settings(&[])).await;
+    // A first turn makes the thread's session.
+    assert_eq!(reply(&d, "t", "@say first").await, "first");
+    assert_eq!(w.count("prompt "), 1, "{:?}", w.events());
+    let mut late = turn("t", "@say too late");
+    late.start_by = Some(Instant::now() - Duration::from_millis(1));
+    assert_eq!(
+        d.run(late, CancellationToken::new()).await,
+        TurnOutcome::NotStarted
+    );
+    let mut in_time = turn("t", "@say in time");
+    in_time.start_by = Some(Instant::now() + Duration::from_secs(30));
+    match d.run(in_time, CancellationToken::new()).await {
+        TurnOutcome::Replied { text, .. } => assert_eq!(text, "in time"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(reply(&d, "t", "@say and after").await, "and after");
+    // Three prompts reached the agent; the late one never did.
+    assert_eq!(w.count("prompt "), 3, "{:?}", w.events());
+}
+
 #[tokio::test]
 async fn a_thread_keeps_its_session_across_turns() {
     let w = World::new();
@@ -162,6 +191,8 @@ async fn every_session_is_offered_huddles_mcp_server_for_its_room() {
         program: "/usr/local/bin/huddle".into(),
         database: "postgres://ada:secret@db/huddle".into(),
         capabilities: vec!["rust".into()],
+        writer: None,
+        key: None,
     };
     let d = AcpDriver::start_offering("ada", w.settings(&[]), Some(launch))
         .await

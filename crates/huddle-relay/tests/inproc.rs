@@ -108,16 +108,7 @@ async fn two_relays_complete_a_delegated_dag_exactly_once() {
             text.push_str(&format!("t{i:02}: step {i}\n"));
         }
     }
-    admin
-        .append(vec![olga_key().sign(NewInteraction::new(
-            "lobby",
-            Verb::MessagePosted,
-            "olga",
-            Role::Owner,
-            json!({ "text": text }),
-        ))])
-        .await
-        .expect("delegate");
+    owner_command(&*admin, &text).await;
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
@@ -252,4 +243,315 @@ async fn reply_prompt_carries_coordination_and_related_context() {
     assert!(reply.contains("lock timeout"), "{reply}");
     // The board shows the other agent, not the reader.
     assert!(reply[coord..related].contains("ada"), "{reply}");
+}
+
+/// A steady stream of ledger rows, each waking the relay's loop sooner than its
+/// longest tick, does not starve the reconcile tick (and with it the relay id's
+/// renewal and the heartbeat): heartbeats keep coming while the stream runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_steady_stream_of_rows_does_not_starve_the_tick() {
+    let (_dir, path, admin) = lobby().await;
+    let shutdown = CancellationToken::new();
+    let relay = Relay::new(
+        store(&path, "relay-0").await,
+        "relay-0",
+        vec!["lobby".into()],
+        vec![sim_agent("ada", 10)],
+        RelayOptions {
+            max_tick: Duration::from_millis(100),
+            heartbeat_every: Duration::from_millis(100),
+            ..Default::default()
+        },
+    );
+    let handle = tokio::spawn(relay.run(shutdown.clone()));
+    let beats = |rows: &[huddle_core::Interaction]| {
+        rows.iter()
+            .filter(|r| r.verb == Verb::RelayHeartbeat && r.actor == "relay-0")
+            .count()
+    };
+    // Wait for the first heartbeat (written at start).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while beats(&fold_all(&*admin).await.1) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no first heartbeat");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Rows the relay reads but acts on nothing for (another relay's heartbeats),
+    // one every few milliseconds: each is an event for the loop.
+    let flood_stop = CancellationToken::new();
+    let flood = {
+        let stop = flood_stop.clone();
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            let mut beat = 0u64;
+            while !stop.is_cancelled() {
+                beat += 1;
+                let body = huddle_core::protocol::RelayHeartbeatBody {
+                    relay: "elsewhere".into(),
+                    instance: "x".into(),
+                    beat,
+                    version: "0".into(),
+                    agents: vec![],
+                    behind: 0,
+                };
+                admin
+                    .append(vec![NewInteraction::new(
+                        "lobby",
+                        Verb::RelayHeartbeat,
+                        "elsewhere",
+                        Role::System,
+                        body.to_body(),
+                    )])
+                    .await
+                    .expect("flood row");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            beat
+        })
+    };
+    // Ten heartbeats are due within about a second; a starved tick (the loop's
+    // sleep re-armed by every event) writes one every several seconds at best.
+    let start = beats(&fold_all(&*admin).await.1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = beats(&fold_all(&*admin).await.1);
+        if now >= start + 10 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the tick starved: {} heartbeats during the stream",
+            now - start
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    flood_stop.cancel();
+    let flooded = flood.await.expect("flood");
+    assert!(
+        flooded > 20,
+        "the stream was too thin to test anything: {flooded} rows"
+    );
+    shutdown.cancel();
+    handle.await.expect("join").expect("relay ran");
+}
+
+/// An owner command, signed with the room owner's key.
+async fn owner_command(admin: &dyn Store, text: &str) {
+    admin
+        .append(vec![olga_key().sign(NewInteraction::new(
+            "lobby",
+            Verb::MessagePosted,
+            "olga",
+            Role::Owner,
+            json!({ "text": text }),
+        ))])
+        .await
+        .expect("owner command");
+}
+
+/// Waits (bounded) until `ok` holds for the ledger.
+async fn wait_ledger(
+    admin: &dyn Store,
+    what: &str,
+    ok: impl Fn(&TaskDag, &[huddle_core::Interaction]) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (dag, rows) = fold_all(admin).await;
+        if ok(&dag, &rows) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A driver that, on its first turn, blocks the thread it runs on until `resume`
+/// is set (bounded), then runs the turn with `inner`. On a current-thread runtime
+/// that freezes the whole relay — reads, ticks, renewals — as SIGSTOP would, at the
+/// point between the relay's last claim check and the agent's start; the process
+/// spawner thread and the agent's child process are not stopped.
+struct PausedOnce {
+    inner: huddle_relay::driver::ExecDriver,
+    paused: std::sync::atomic::AtomicBool,
+    holding: Arc<std::sync::atomic::AtomicBool>,
+    resume: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl huddle_relay::driver::Driver for PausedOnce {
+    async fn run(
+        &self,
+        request: huddle_relay::driver::TurnRequest,
+        cancel: CancellationToken,
+    ) -> huddle_relay::driver::TurnOutcome {
+        use std::sync::atomic::Ordering;
+        if !self.paused.swap(true, Ordering::SeqCst) {
+            self.holding.store(true, Ordering::SeqCst);
+            let until = std::time::Instant::now() + Duration::from_secs(60);
+            while !self.resume.load(Ordering::SeqCst) && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        self.inner.run(request, cancel).await
+    }
+}
+
+/// A relay paused between confirming a turn's claims and starting its agent, for
+/// longer than the lease, while another relay re-takes the task and finishes it:
+/// once resumed it never starts the agent (its start deadline has passed), so no
+/// execution starts after the completion was committed. Counted in executions: the
+/// agents are exec scripts that log every real start.
+#[test]
+fn a_relay_paused_before_starting_its_agent_never_starts_it_late() {
+    use huddle_relay::driver::{ExecDriver, ExecSettings};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (_dir, path, admin) = rt.block_on(lobby());
+    let log = std::path::Path::new(&path).with_file_name("starts.log");
+    let recording = |agent: &str| {
+        ExecDriver::new(ExecSettings {
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                format!(
+                    "echo \"start {agent} $HUDDLE_TASK $HUDDLE_EPOCH $(date +%s%6N)\" >> {}; echo done",
+                    log.display()
+                ),
+            ],
+            timeout_ms: 30_000,
+            max_reply_bytes: 1024,
+            cwd: None,
+            stop_grace_ms: 1_000,
+        })
+    };
+    let starts = || -> Vec<(String, i64)> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() == 5).then(|| (f[1].to_string(), f[4].parse().unwrap_or(0)))
+            })
+            .collect()
+    };
+    rt.block_on(async {
+        owner_command(&*admin, "!config claim-ttl 1s").await;
+        owner_command(&*admin, "!config allocation push").await;
+    });
+
+    // Relay A, on a thread and runtime of its own, hosts ada behind the pause.
+    let holding = Arc::new(AtomicBool::new(false));
+    let resume = Arc::new(AtomicBool::new(false));
+    let ada = HostedAgent {
+        local: LocalAgent::new("ada"),
+        name: "ada".into(),
+        driver: Arc::new(PausedOnce {
+            inner: recording("ada"),
+            paused: AtomicBool::new(false),
+            holding: holding.clone(),
+            resume: resume.clone(),
+        }),
+    };
+    let stop_a = CancellationToken::new();
+    let relay_a = {
+        let path = path.clone();
+        let stop = stop_a.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let relay = Relay::new(
+                    store(&path, "relay-a").await,
+                    "relay-a",
+                    vec!["lobby".into()],
+                    vec![ada],
+                    RelayOptions::default(),
+                );
+                relay.run(stop).await
+            })
+        })
+    };
+    let bob = HostedAgent {
+        local: LocalAgent::new("bob"),
+        name: "bob".into(),
+        driver: Arc::new(recording("bob")),
+    };
+    let stop_b = CancellationToken::new();
+    let relay = Relay::new(
+        rt.block_on(store(&path, "relay-b")),
+        "relay-b",
+        vec!["lobby".into()],
+        vec![bob],
+        RelayOptions::default(),
+    );
+    let relay_b = rt.spawn(relay.run(stop_b.clone()));
+
+    rt.block_on(async {
+        wait_ledger(&*admin, "both agents registered", |_, rows| {
+            rows.iter()
+                .filter(|r| r.verb == Verb::AgentRegistered)
+                .count()
+                == 2
+        })
+        .await;
+        // The task is ada's to take first (push); relay A takes it and is paused
+        // right before starting ada.
+        owner_command(&*admin, "!delegate\nt1: the job @ada").await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !holding.load(Ordering::SeqCst) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "relay A never reached ada's start"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Meanwhile ada's lease lapses; relay B re-takes the task and bob finishes it.
+        wait_ledger(&*admin, "bob completes t1", |dag, _| {
+            dag.task("lobby", "t1")
+                .is_some_and(|t| t.status == huddle_core::TaskStatus::Done)
+        })
+        .await;
+    });
+    resume.store(true, Ordering::SeqCst);
+    // Relay A resumes; its turn ends (a late run's completion would be refused by
+    // its fence: either way the turn is recorded as failed).
+    rt.block_on(async {
+        wait_ledger(&*admin, "relay A reports ada's turn", |_, rows| {
+            rows.iter()
+                .any(|r| r.verb == Verb::TurnFailed && r.actor == "ada")
+        })
+        .await;
+    });
+    stop_a.cancel();
+    stop_b.cancel();
+    let summary_a = relay_a.join().expect("relay A thread").expect("relay A");
+    rt.block_on(relay_b).expect("join").expect("relay B");
+    let (_, rows) = rt.block_on(fold_all(&*admin));
+    let completed_at = rows
+        .iter()
+        .find(|r| r.verb == Verb::TaskCompleted)
+        .map(|r| r.at.as_micros())
+        .expect("a completion");
+    let starts = starts();
+    assert_eq!(
+        starts.iter().map(|(a, _)| a.as_str()).collect::<Vec<_>>(),
+        vec!["bob"],
+        "only bob ran t1: {starts:?}"
+    );
+    assert!(starts.iter().all(|(_, at)| *at < completed_at));
+    let reason = rows
+        .iter()
+        .find(|r| r.verb == Verb::TurnFailed && r.actor == "ada")
+        .and_then(|r| r.body["reason"].as_str())
+        .unwrap_or_default();
+    assert!(reason.starts_with("not started"), "{reason}");
+    assert_eq!(summary_a.turns_not_started, 1, "{summary_a:?}");
+    assert_eq!(summary_a.turns_started, 0, "{summary_a:?}");
 }

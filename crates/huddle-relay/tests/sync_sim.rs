@@ -183,6 +183,8 @@ impl Sim {
                 caught_up: true,
             });
         }
+        // The read began at `now`: everything committed before is folded.
+        queue.push_back(Event::Covered { as_of: now });
         let ended: Vec<TurnId> = self.relays[r]
             .turns
             .iter()
@@ -698,8 +700,30 @@ async fn a_paused_relay_never_completes_under_its_stale_epoch() {
     sim.owner_append(rows).await;
     sim.run(100 * MS, 20 * S, |s| s.now >= T0 + 2 * S).await;
     assert!(!sim.relays[0].turns.is_empty());
+    let held: Vec<String> = sim.relays[0]
+        .sync
+        .live_turns()
+        .iter()
+        .map(|(t, _, _)| t.0.split('/').nth(2).unwrap().to_string())
+        .collect();
     // Paused for three TTLs: its turns "finish" meanwhile, but its claims lapse.
+    let paused_at = sim.now;
     sim.relays[0].state = RelayState::PausedUntil(sim.now + 12 * S);
+    // The tasks it held are claimed again within TTL + one reconcile tick (+ one
+    // simulation step), long before it resumes.
+    let retaken = |s: &Sim| {
+        let dag = s.dag();
+        held.iter().all(|id| {
+            let t = dag.task(ROOM, id).unwrap();
+            t.status == TaskStatus::Done || t.claimed_at.is_some_and(|c| c > paused_at)
+        })
+    };
+    sim.run(100 * MS, 3_600 * S, retaken).await;
+    let failover = sim.now - paused_at;
+    assert!(
+        failover <= 4 * S + S + 200 * MS,
+        "failover after a pause took {failover} µs"
+    );
     sim.run(100 * MS, 3_600 * S, all_tasks_settled).await;
     check_exactly_once_and_order(&mut sim, 40, &deps).await;
     assert!(

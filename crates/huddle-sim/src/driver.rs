@@ -50,6 +50,9 @@ impl WorkloadDriver {
 #[async_trait]
 impl Driver for WorkloadDriver {
     async fn run(&self, request: TurnRequest, cancel: CancellationToken) -> TurnOutcome {
+        if request.too_late() {
+            return TurnOutcome::NotStarted;
+        }
         let (work, tokens) = request
             .task
             .as_deref()

@@ -48,6 +48,13 @@ pub trait TestBackend: Send + Sync + 'static {
     /// suite proves the doorbell rather than the poll, and its doorbell must be live
     /// when this returns: whatever any handle or process commits afterwards rings it.
     async fn reopen(&self, relay: &str) -> Result<Arc<dyn Store>>;
+    /// [`TestBackend::reopen`] with a store that signs every row it appends with
+    /// `signer`.
+    async fn reopen_signing(
+        &self,
+        relay: &str,
+        signer: huddle_core::keys::WriterSecret,
+    ) -> Result<Arc<dyn Store>>;
     /// Whether a second writer waits for a held append or commits beside it.
     fn writers(&self) -> Writers;
     /// A URL another process can open with [`crate::open`], or `None` when the
@@ -59,7 +66,8 @@ pub trait TestBackend: Send + Sync + 'static {
     /// Starts an append transaction, inserts `batch` and returns without committing.
     async fn hold_append(&self, batch: Vec<NewInteraction>) -> Result<Box<dyn HeldAppend>>;
     /// Inserts a row bypassing every check, as a foreign or broken writer would. Only
-    /// the content columns of `row` are used; the database assigns the rest.
+    /// the content columns of `row` and its `sig` are used; the database assigns the
+    /// rest (`relay` is this store's writer).
     async fn insert_raw(&self, row: RawRow) -> Result<()>;
 }
 
@@ -80,6 +88,7 @@ macro_rules! conformance_tests {
             no_gaps_when_a_lower_sequence_commits_last,
             concurrent_writers_and_readers_see_every_row_once_in_one_order,
             corrupt_rows_are_skipped_and_never_block_the_cursor,
+            signed_rows_are_verified_on_read,
             claim_has_exactly_one_winner_among_32,
             same_holder_renews_without_new_epoch,
             other_holder_wins_only_after_expiry,
@@ -91,6 +100,8 @@ macro_rules! conformance_tests {
             a_closed_claim_is_never_acquired_again,
             an_append_under_two_claims_needs_both,
             a_retried_closing_append_is_idempotent,
+            a_duplicate_under_a_lost_fence_is_refused,
+            a_refreshed_reader_reports_a_read_that_began_after_the_request,
         );
     };
     ($make:path, across_processes) => {
@@ -522,6 +533,7 @@ pub async fn corrupt_rows_are_skipped_and_never_block_the_cursor(b: &impl TestBa
         parent: None,
         caused_by: vec![],
         body: body.into(),
+        sig: None,
     };
     b.insert_raw(raw("{not json", "message.posted", vec![1; 32]))
         .await
@@ -532,18 +544,130 @@ pub async fn corrupt_rows_are_skipped_and_never_block_the_cursor(b: &impl TestBa
     b.insert_raw(raw(r#"{"text":"forged"}"#, "message.posted", vec![3; 32]))
         .await
         .expect("raw");
+    // Rows whose id matches their content but that no writer would accept: a body
+    // over the size limit, and text holding NUL (escaped, so the table takes it).
+    for text in ["x".repeat(300 * 1024), r"a\u0000b".to_string()] {
+        let body = format!(r#"{{"text":"{text}"}}"#);
+        let value: serde_json::Value = serde_json::from_str(&body).expect("json");
+        let id = NewInteraction::new("r", Verb::MessagePosted, "mallory", Role::Agent, value).id();
+        b.insert_raw(raw(&body, "message.posted", id.0.to_vec()))
+            .await
+            .expect("raw");
+    }
     s.append(vec![good.clone()]).await.expect("append");
     let (rows, skipped, _) = read_all(&*s, Position::START).await;
-    assert_eq!(skipped, 3);
+    assert_eq!(skipped, 5);
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].id, good.id());
     // One batch reports the reasons.
     let batch = s.read_forward(Position::START, 10).await.expect("read");
-    assert_eq!(batch.skipped.len(), 3);
+    assert_eq!(batch.skipped.len(), 5);
     let reasons: Vec<_> = batch.skipped.iter().map(|k| k.reason.clone()).collect();
     assert!(reasons[0].contains("JSON"), "{reasons:?}");
     assert!(reasons[1].contains("verb"), "{reasons:?}");
     assert!(reasons[2].contains("hash"), "{reasons:?}");
+    assert!(reasons[3].contains("the limit is"), "{reasons:?}");
+    assert!(reasons[4].contains("NUL"), "{reasons:?}");
+}
+
+/// A signing store's rows read back with their signer, whichever append path wrote
+/// them (one row, a batch, a batch with a duplicate, under a fence), and a stored row
+/// whose signature does not verify for its writer and content is skipped and counted
+/// like a corrupt row. A row signed by some other key that verifies is read back with
+/// that key: which keys count is the readers' folds' call (`relay-keys`). A duplicate
+/// appended by a signing store keeps the first writer's row.
+pub async fn signed_rows_are_verified_on_read(b: &impl TestBackend) {
+    use huddle_core::keys::WriterSecret;
+    let key = WriterSecret::from_seed([0x21; 32]);
+    let signing = b
+        .reopen_signing("signer", key.clone())
+        .await
+        .expect("reopen");
+    assert_eq!(signing.signer(), Some(key.public()));
+    assert_eq!(b.store().signer(), None);
+    let plain = message("r", "ana", "plain");
+    b.store().append(vec![plain.clone()]).await.expect("append");
+    let one = message("r", "ana", "one");
+    let two = [message("r", "ana", "two a"), message("r", "ana", "two b")];
+    let dup = [message("r", "ana", "dup a"), plain.clone()];
+    let fenced = message("r", "ana", "fenced");
+    signing.append(vec![one.clone()]).await.expect("append one");
+    signing.append(two.to_vec()).await.expect("append two");
+    let out = signing.append(dup.to_vec()).await.expect("append dup");
+    assert!(out[0].inserted && !out[1].inserted);
+    let Acquired::Won(c) = signing
+        .acquire("k/signed", "ada", Duration::from_secs(30))
+        .await
+        .expect("acquire")
+    else {
+        panic!("a free claim")
+    };
+    let fence = Fence {
+        key: "k/signed".into(),
+        holder: "ada".into(),
+        epoch: c.epoch,
+    };
+    signing
+        .append_fenced(&fence, vec![fenced.clone()])
+        .await
+        .expect("append fenced");
+
+    // Forgeries stored under the plain store's writer name.
+    let writer = b.store().writer().expect("the writer is known");
+    let mallory = WriterSecret::from_seed([0x66; 32]);
+    let raw = |n: &NewInteraction, sig: Option<String>| RawRow {
+        id: n.id().0.to_vec(),
+        position: Position::START,
+        at: Timestamp(0),
+        relay: String::new(),
+        room: n.room.clone(),
+        thread: None,
+        verb: n.verb.as_str().into(),
+        actor: n.actor.clone(),
+        role: n.role.as_str().into(),
+        parent: None,
+        caused_by: vec![],
+        body: n.body_text(),
+        sig,
+    };
+    let copied = message("r", "mallory", "copied signature");
+    let elsewhere = message("r", "mallory", "signed for another writer");
+    let malformed = message("r", "mallory", "malformed");
+    let other_key = message("r", "mallory", "mallory's own key");
+    for row in [
+        raw(&copied, Some(key.sign_row(&writer, &one.id()).to_text())),
+        raw(
+            &elsewhere,
+            Some(key.sign_row("signer-2", &elsewhere.id()).to_text()),
+        ),
+        raw(&malformed, Some("ed25519:00:00".into())),
+        raw(
+            &other_key,
+            Some(mallory.sign_row(&writer, &other_key.id()).to_text()),
+        ),
+    ] {
+        b.insert_raw(row).await.expect("raw");
+    }
+
+    for reader in [b.store(), signing.clone()] {
+        let (rows, skipped, _) = read_all(&*reader, Position::START).await;
+        assert_eq!(skipped, 3, "{rows:?}");
+        let signer_of = |n: &NewInteraction| {
+            rows.iter()
+                .find(|r| r.id == n.id())
+                .unwrap_or_else(|| panic!("{n:?} not read"))
+                .signer
+        };
+        assert_eq!(signer_of(&plain), None, "the first writer's row stays");
+        for n in [&one, &two[0], &two[1], &dup[0], &fenced] {
+            assert_eq!(signer_of(n), Some(key.public()), "{n:?}");
+        }
+        assert_eq!(signer_of(&other_key), Some(mallory.public()));
+        assert_eq!(rows.len(), 7);
+        let got = reader.get(one.id()).await.expect("get").expect("row");
+        assert_eq!(got.signer, Some(key.public()));
+        assert!(reader.get(copied.id()).await.expect("get").is_none());
+    }
 }
 
 /// 32 concurrent contenders on one key (on several handles): exactly one wins.
@@ -929,6 +1053,69 @@ pub async fn a_retried_closing_append_is_idempotent(b: &impl TestBackend) {
     assert_eq!(rows.len(), 1);
 }
 
+/// Re-appending rows that are already in the ledger (a relay restarted after a kill
+/// writing its turn's record again) passes its fences only while they hold: the
+/// duplicate is a no-op while the claim is still the writer's, and refused, not
+/// answered "already there", once the claim was taken over or closed.
+pub async fn a_duplicate_under_a_lost_fence_is_refused(b: &impl TestBackend) {
+    let s = b.store();
+    let other = b.reopen("second").await.expect("reopen");
+    let won = s
+        .acquire("task/r/t1", "a", Duration::from_millis(300))
+        .await
+        .expect("acquire");
+    let fence = Fence {
+        key: "task/r/t1".into(),
+        holder: "a".into(),
+        epoch: won.state().epoch,
+    };
+    let prompted = vec![message("r", "a", "turn prompted at epoch 1")];
+    let first = s
+        .append_under(std::slice::from_ref(&fence), false, prompted.clone())
+        .await
+        .expect("under a held claim");
+    assert!(first[0].inserted);
+    let again = s
+        .append_under(std::slice::from_ref(&fence), false, prompted.clone())
+        .await
+        .expect("the same rows again while the claim holds");
+    assert_eq!(again[0].id, first[0].id);
+    assert!(!again[0].inserted);
+    // The lease lapses and another holder takes the claim.
+    wait_for_db_time(&*s, won.state().expires_at).await;
+    let taken = other
+        .acquire("task/r/t1", "b", Duration::from_secs(30))
+        .await
+        .expect("acquire");
+    assert!(taken.won());
+    let err = s
+        .append_under(std::slice::from_ref(&fence), false, prompted.clone())
+        .await
+        .expect_err("a duplicate under a lost fence is refused");
+    assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
+    // The new holder finishes and closes it: the old duplicate is still refused.
+    let fence_b = Fence {
+        key: "task/r/t1".into(),
+        holder: "b".into(),
+        epoch: taken.state().epoch,
+    };
+    other
+        .append_under(
+            std::slice::from_ref(&fence_b),
+            true,
+            vec![message("r", "b", "done")],
+        )
+        .await
+        .expect("the holder's closing append");
+    let err = s
+        .append_under(std::slice::from_ref(&fence), false, prompted)
+        .await
+        .expect_err("a duplicate under a closed claim is refused");
+    assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
+    let (rows, _, _) = read_all(&*s, Position::START).await;
+    assert_eq!(rows.len(), 2);
+}
+
 /// A fenced append racing a takeover of its claim lands only while the epoch it names
 /// is still the claim's: the new holder, reading right after it won, already sees
 /// every append that landed, and a refused append leaves no row.
@@ -1127,6 +1314,59 @@ pub async fn child_role() -> bool {
     assert!(out[0].inserted);
     store.flush().await;
     true
+}
+
+/// The next step of `steps`, within a bound.
+async fn next_step(steps: &mut crate::Reader) -> crate::ReadStep {
+    tokio::time::timeout(Duration::from_secs(10), steps.recv())
+        .await
+        .expect("a step in time")
+        .expect("read")
+}
+
+/// A spawned reader that has caught up and waits for its doorbell answers
+/// [`crate::Reader::refresh`] with one more step: empty, caught up, from a read that
+/// began after the request (so its caller knows nothing committed before that moment
+/// is left unread). Rows appended meanwhile come in that step.
+pub async fn a_refreshed_reader_reports_a_read_that_began_after_the_request(b: &impl TestBackend) {
+    let s = b.store();
+    s.append(vec![message("r", "a", "before")])
+        .await
+        .expect("append");
+    let reader = b.reopen("reader").await.expect("reopen");
+    let mut steps =
+        Subscription::new(reader, Position::START, 10).spawn(4, Duration::from_millis(50));
+    let first = next_step(&mut steps).await;
+    assert_eq!(first.batch.rows.len(), 1);
+    assert!(first.caught_up);
+    // Idle and caught up: no step until asked (the fallback poll is far off).
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), steps.recv())
+            .await
+            .is_err(),
+        "an idle reader sends nothing by itself"
+    );
+    for _ in 0..2 {
+        let asked = std::time::Instant::now();
+        steps.refresh();
+        let fresh = next_step(&mut steps).await;
+        assert!(fresh.caught_up && fresh.batch.rows.is_empty(), "{fresh:?}");
+        assert!(fresh.began.is_some_and(|t| t >= asked), "{fresh:?}");
+    }
+    let asked = std::time::Instant::now();
+    s.append(vec![message("r", "a", "after")])
+        .await
+        .expect("append");
+    steps.refresh();
+    let mut rows = Vec::new();
+    let mut began = None;
+    while rows.is_empty() || began.is_none_or(|t| t < asked) {
+        let step = next_step(&mut steps).await;
+        rows.extend(step.batch.rows);
+        began = step.began;
+    }
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].body["text"], json!("after"));
 }
 
 /// A real second process (this test binary, re-run in a child role) appends a row;

@@ -59,6 +59,10 @@ pub struct StoreOptions {
     pub sqlite_change_poll: Duration,
     /// Postgres only: connection pool size.
     pub pool_size: usize,
+    /// The writer's signing key: when set, every row this store appends is signed
+    /// (its `sig` column) over the writer it records and the row's content id
+    /// (`huddle_core::keys`, plan 0031).
+    pub signer: Option<huddle_core::keys::WriterSecret>,
 }
 
 impl Default for StoreOptions {
@@ -69,6 +73,7 @@ impl Default for StoreOptions {
             poll_interval: Duration::from_secs(1),
             sqlite_change_poll: Duration::from_millis(2),
             pool_size: 8,
+            signer: None,
         }
     }
 }
@@ -94,6 +99,16 @@ pub(crate) fn checked_batch(
         bodies.push(body);
     }
     Ok((ids, bodies))
+}
+
+/// The `sig` column of a row with content id `id` written by `writer`: its signature
+/// when the store signs, else nothing.
+pub(crate) fn row_signature(
+    signer: Option<&huddle_core::keys::WriterSecret>,
+    writer: &str,
+    id: &InteractionId,
+) -> Option<String> {
+    signer.map(|s| s.sign_row(writer, id).to_text())
 }
 
 /// Which backend a URL names.

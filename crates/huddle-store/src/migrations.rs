@@ -50,6 +50,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     3 "trust" "0003_trust.sql",
     4 "directed_replies" "0004_directed_replies.sql",
     5 "agent_token" "0005_agent_token.sql",
+    6 "signed_rows" "0006_signed_rows.sql",
 );
 
 /// SQLite migrations, in order.
@@ -59,6 +60,7 @@ pub const SQLITE: &[Migration] = migrations!("sqlite":
     3 "trust" "0003_trust.sql",
     4 "directed_replies" "0004_directed_replies.sql",
     5 "agent_token" "0005_agent_token.sql",
+    6 "signed_rows" "0006_signed_rows.sql",
 );
 
 /// Checks that the applied migrations are a prefix of `known` with equal checksums,

@@ -9,12 +9,13 @@
 //! caller that waits on several things at once (`tokio::select!`) can never abort or
 //! starve a read in flight: it receives finished steps from a channel.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use huddle_core::Position;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 use crate::error::{Result, StoreError};
@@ -30,6 +31,16 @@ pub struct ReadStep {
     /// True when the read returned less than a full page: nothing committed at the
     /// time of the read is left unread.
     pub caught_up: bool,
+    /// When the read began (this process's monotonic clock): a caught-up step has
+    /// read everything committed before that moment.
+    pub began: Option<Instant>,
+}
+
+/// A request for a fresh step ([`Reader::refresh`]).
+#[derive(Default)]
+struct Refresh {
+    wanted: AtomicBool,
+    bell: Notify,
 }
 
 /// Reads forward from a cursor, waiting on the doorbell between reads.
@@ -41,6 +52,8 @@ pub struct Subscription {
     batch: usize,
     /// Whether the last step returned reported "caught up".
     reported_caught_up: bool,
+    /// Set when spawned: asks for a step even when nothing new was read.
+    refresh: Option<Arc<Refresh>>,
 }
 
 impl Subscription {
@@ -55,6 +68,7 @@ impl Subscription {
             poll,
             batch: batch.max(1),
             reported_caught_up: false,
+            refresh: None,
         }
     }
 
@@ -92,14 +106,37 @@ impl Subscription {
     /// reader caught up after a full page (so a ledger whose unread rows are an exact
     /// multiple of the page still ends in a caught-up step). An error leaves the
     /// cursor where it was; calling again resumes.
+    ///
+    /// A [`Reader::refresh`] asks for one more step: the next read that finds nothing
+    /// new is returned all the same (empty, caught up), so its caller learns that
+    /// nothing was committed before that read began.
     pub async fn next_step(&mut self) -> Result<ReadStep> {
         loop {
-            let batch = self.poll_once().await?;
+            let forced = self
+                .refresh
+                .as_ref()
+                .is_some_and(|r| r.wanted.swap(false, Ordering::SeqCst));
+            let began = Instant::now();
+            let batch = match self.poll_once().await {
+                Ok(batch) => batch,
+                Err(e) => {
+                    if forced {
+                        if let Some(r) = &self.refresh {
+                            r.wanted.store(true, Ordering::SeqCst);
+                        }
+                    }
+                    return Err(e);
+                }
+            };
             let n = batch.rows.len() + batch.skipped.len();
             let caught_up = n < self.batch;
-            if n > 0 || (caught_up && !self.reported_caught_up) {
+            if n > 0 || (caught_up && (!self.reported_caught_up || forced)) {
                 self.reported_caught_up = caught_up;
-                return Ok(ReadStep { batch, caught_up });
+                return Ok(ReadStep {
+                    batch,
+                    caught_up,
+                    began: Some(began),
+                });
             }
             self.wait().await;
         }
@@ -107,6 +144,13 @@ impl Subscription {
 
     /// Waits for the doorbell or the fallback poll interval, whichever comes first.
     async fn wait(&mut self) {
+        let refresh = self.refresh.clone();
+        let refreshed = async {
+            match &refresh {
+                Some(r) => r.bell.notified().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             changed = self.bell.changed() => {
                 if changed.is_err() {
@@ -114,6 +158,7 @@ impl Subscription {
                     tokio::time::sleep(self.poll).await;
                 }
             }
+            _ = refreshed => {}
             _ = tokio::time::sleep(self.poll) => {}
         }
     }
@@ -122,6 +167,8 @@ impl Subscription {
     /// [`ReadStep`] (or error) to the returned [`Reader`]. Errors are sent and the read is
     /// retried after `retry`; the task ends when the reader is dropped.
     pub fn spawn(mut self, capacity: usize, retry: Duration) -> Reader {
+        let refresh = Arc::new(Refresh::default());
+        self.refresh = Some(refresh.clone());
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let task = tokio::spawn(async move {
             loop {
@@ -138,7 +185,7 @@ impl Subscription {
                 }
             }
         });
-        Reader { rx, task }
+        Reader { rx, task, refresh }
     }
 }
 
@@ -147,9 +194,18 @@ impl Subscription {
 pub struct Reader {
     rx: mpsc::Receiver<Result<ReadStep>>,
     task: JoinHandle<()>,
+    refresh: Arc<Refresh>,
 }
 
 impl Reader {
+    /// Asks for a read that begins now and for its step even if it finds nothing new
+    /// (an empty, caught-up step), so the caller learns how far its view covers. A
+    /// read already waiting for the doorbell starts at once.
+    pub fn refresh(&self) {
+        self.refresh.wanted.store(true, Ordering::SeqCst);
+        self.refresh.bell.notify_one();
+    }
+
     /// The next step, in ledger order.
     pub async fn recv(&mut self) -> Result<ReadStep> {
         match self.rx.recv().await {

@@ -257,4 +257,10 @@ pub trait Store: Ledger + Claims {
     fn writer(&self) -> Option<String> {
         None
     }
+
+    /// The public key this store signs its appends with (`StoreOptions::signer`), if
+    /// it signs.
+    fn signer(&self) -> Option<huddle_core::keys::WriterKey> {
+        None
+    }
 }

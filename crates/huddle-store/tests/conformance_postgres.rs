@@ -273,6 +273,7 @@ async fn skipped_rows_are_counted_and_not_returned_by_get() {
         parent: None,
         caused_by: vec![vec![1; 32]],
         body: r#"{"text":"forged"}"#.into(),
+        sig: None,
     };
     b.insert_raw(forged).await.expect("insert raw");
     let batch = s.read_forward(Position::START, 10).await.expect("read");

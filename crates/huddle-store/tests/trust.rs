@@ -1,16 +1,24 @@
-//! The forged-row battery (plan 0017): rows and statements a malicious writer might
-//! try, on each backend where the attack applies. Each must be refused by the
-//! database with a clear error; the test prints how many were tried and refused.
+//! The forged-row battery (issue 9; plans 0016, 0017, 0028, 0031, 0032): rows and
+//! statements a malicious writer might try, on each backend where the attack applies.
+//! Each must be refused by the database with a clear error, or — where the database
+//! cannot judge it (a signature, the owner's key) — get in and then be ignored by the
+//! owner authority every reader folds through, and counted, or be skipped by every
+//! reader as corrupt. The test prints how many were tried and how each ended.
 //!
 //! Postgres runs under the roles `huddle admin` makes: two relay roles and an owner
-//! (writer) role. SQLite has no roles: there the claim checks alone apply (whoever can
-//! write the file is trusted; see docs/security.md).
+//! (writer) role. SQLite has no roles: there the claim checks apply in the database
+//! and signatures in the readers (whoever can write the file can write any `relay`;
+//! see docs/security.md).
 
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
+use huddle_core::keys::WriterSecret;
+use huddle_core::signing::OwnerSecret;
 use huddle_core::tasks::{TaskClaimedBody, TaskCompletedBody, TaskEndedBody};
 use huddle_core::ClaimEpoch;
-use huddle_core::{InteractionId, NewInteraction, Role, Verb};
+use huddle_core::{Fold, InteractionId, NewInteraction, OwnerAuthority, Position, Role, Verb};
 use huddle_store::postgres::admin::{self, LoginKind};
 use huddle_store::postgres::PgStore;
 use huddle_store::sqlite::SqliteStore;
@@ -76,13 +84,47 @@ fn human(text: &str) -> NewInteraction {
     )
 }
 
-/// The tally: every attempt is refused (with the text that says why) or it is a
-/// failure of the test.
+/// Which counter of the owner authority a row that got in must raise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ignored {
+    /// An owner command that does not verify: it stays chat, never executed.
+    UnsignedCommand,
+    /// A `task.created` no verified command derived.
+    UnauthorizedTask,
+    /// A `config.set` no verified command derived.
+    ForgedConfig,
+    /// A later `room.created` or an unverified `room.key_rotated`: read, changes
+    /// nothing.
+    BadRoomRow,
+    /// A row as a bound agent by another writer.
+    Misbound,
+    /// A row under a signing writer's name without its key.
+    ForgedWriter,
+    /// A row not signed by a registered key where signatures are required.
+    UnsignedRow,
+}
+
+impl Ignored {
+    /// Whether the row is kept from every fold (not only without effect).
+    fn kept_from_folds(self) -> bool {
+        !matches!(self, Ignored::UnsignedCommand | Ignored::BadRoomRow)
+    }
+}
+
+/// The tally: every attempt is refused by the database (with the text that says
+/// why), or gets in and is then ignored by the folds and counted, or is skipped by
+/// readers as corrupt — or it is a failure of the test.
 #[derive(Default)]
 struct Tally {
     tried: usize,
     refused: usize,
     got_in: Vec<String>,
+    /// Rows the database took that every reader's folds must ignore: what, id, counter.
+    to_ignore: Vec<(String, InteractionId, Ignored)>,
+    ignored: usize,
+    /// Rows every reader must skip as corrupt: what, id.
+    to_skip: Vec<(String, InteractionId)>,
+    skipped: usize,
 }
 
 impl Tally {
@@ -105,11 +147,113 @@ impl Tally {
         }
     }
 
+    /// Records a row the database took (it cannot judge it) that every reader's folds
+    /// must ignore, raising `counter` (checked by [`Tally::check_readers`]).
+    fn must_be_ignored(&mut self, what: &str, id: InteractionId, counter: Ignored) {
+        self.tried += 1;
+        self.to_ignore.push((what.to_string(), id, counter));
+    }
+
+    /// Records a row every reader must skip as corrupt.
+    fn must_be_skipped(&mut self, what: &str, id: InteractionId) {
+        self.tried += 1;
+        self.to_skip.push((what.to_string(), id));
+    }
+
+    /// Reads the whole ledger as every reader does — rows verified by the store, then
+    /// folded through the owner authority — and checks that each row recorded with
+    /// [`Tally::must_be_ignored`] was stored, not admitted, and counted, each counter
+    /// raised exactly as often as expected; that each row recorded with
+    /// [`Tally::must_be_skipped`] was skipped; and that every row in `honest` was
+    /// admitted.
+    async fn check_readers(&mut self, store: &dyn Store, honest: &[InteractionId]) {
+        let mut authority = OwnerAuthority::new();
+        let mut admitted = BTreeMap::new();
+        let mut cursor = Position::START;
+        let mut skipped = 0;
+        loop {
+            let batch = store.read_forward(cursor, 500).await.expect("read");
+            skipped += batch.skipped.len();
+            for row in &batch.rows {
+                authority.apply(row);
+                admitted.insert(row.id, authority.admits(row));
+            }
+            if batch.next == cursor {
+                break;
+            }
+            cursor = batch.next;
+        }
+        for id in honest {
+            assert_eq!(
+                admitted.get(id),
+                Some(&true),
+                "an honest row {id} was not admitted"
+            );
+        }
+        let mut expected: BTreeMap<Ignored, u64> = BTreeMap::new();
+        for (what, id, counter) in std::mem::take(&mut self.to_ignore) {
+            match admitted.get(&id) {
+                Some(true) if counter.kept_from_folds() => {
+                    eprintln!("GOT IN   {what}: admitted by the folds");
+                    self.got_in.push(what);
+                }
+                Some(_) => {
+                    eprintln!("ignored  {what}: stored, no effect on any fold ({counter:?})");
+                    *expected.entry(counter).or_default() += 1;
+                    self.ignored += 1;
+                }
+                None => panic!("{what}: the row is not in the ledger"),
+            }
+        }
+        let count = |c| expected.get(&c).copied().unwrap_or(0);
+        assert_eq!(
+            authority.unsigned_commands(),
+            count(Ignored::UnsignedCommand)
+        );
+        assert_eq!(
+            authority.unauthorized_rows(),
+            count(Ignored::UnauthorizedTask)
+        );
+        assert_eq!(
+            authority.config().ignored_rows(),
+            count(Ignored::ForgedConfig) + count(Ignored::BadRoomRow)
+        );
+        assert_eq!(authority.misbound_rows(), count(Ignored::Misbound));
+        assert_eq!(authority.forged_writer_rows(), count(Ignored::ForgedWriter));
+        assert_eq!(authority.unsigned_rows(), count(Ignored::UnsignedRow));
+        // And the room is as its owner made it: same owner and key, the default claim
+        // TTL, signatures still required, only the real task.
+        let config = authority.config();
+        assert_eq!(config.owner(VAULT), Some("olga"));
+        assert_eq!(config.owner_key(VAULT), Some(owner_key().public()));
+        let effective = config.effective(VAULT, None);
+        assert_eq!(effective.claim_ttl_ms, 60_000);
+        assert!(effective.require_signatures);
+        assert!(authority.task_exists(VAULT, "t1"));
+        for evil in ["evil", "evil-olga", "evil-mallory", "evil-olga-again"] {
+            assert!(!authority.task_exists(VAULT, evil), "{evil}");
+        }
+        let to_skip = std::mem::take(&mut self.to_skip);
+        assert_eq!(
+            skipped,
+            to_skip.len(),
+            "rows skipped as corrupt: {to_skip:?}"
+        );
+        for (what, id) in to_skip {
+            assert!(!admitted.contains_key(&id), "{what}: read back");
+            eprintln!("skipped  {what}: refused by every reader as corrupt");
+            self.skipped += 1;
+        }
+    }
+
     fn finish(self, backend: &str) {
         eprintln!(
-            "{backend}: {} forged rows and statements tried, {} refused by the database, {} got in",
+            "{backend}: {} forged rows and statements tried: {} refused by the database, \
+             {} ignored and counted by every fold, {} skipped by every reader, {} got in",
             self.tried,
             self.refused,
+            self.ignored,
+            self.skipped,
             self.got_in.len()
         );
         assert!(
@@ -117,8 +261,268 @@ impl Tally {
             "{backend}: these got in: {:?}",
             self.got_in
         );
-        assert_eq!(self.tried, self.refused);
+        assert!(self.to_ignore.is_empty() && self.to_skip.is_empty());
+        assert_eq!(self.tried, self.refused + self.ignored + self.skipped);
     }
+}
+
+const VAULT: &str = "vault";
+
+fn in_vault(verb: Verb, actor: &str, role: Role, body: serde_json::Value) -> NewInteraction {
+    NewInteraction::new(VAULT, verb, actor, role, body)
+}
+
+fn said(actor: &str, role: Role, text: &str) -> NewInteraction {
+    in_vault(Verb::MessagePosted, actor, role, json!({ "text": text }))
+}
+
+/// Appends one row the database must take; returns its id.
+async fn stored(store: &dyn Store, row: NewInteraction) -> InteractionId {
+    let out = store
+        .append(vec![row])
+        .await
+        .expect("the database takes the row");
+    assert!(out[0].inserted, "a new row");
+    out[0].id
+}
+
+/// The owner's key, the honest writer's signing key and the room `vault` as its
+/// owner `olga` sets it up: the honest writer's key registered, ada bound to the
+/// honest writer, one task. The rows are appended by `honest` (a signing store);
+/// returns their ids.
+async fn seed_vault(honest: &dyn Store, honest_key: &WriterSecret) -> Vec<InteractionId> {
+    let writer = honest.writer().expect("the honest writer is known");
+    let rows = huddle_core::seed_room(
+        VAULT,
+        "olga",
+        &owner_key(),
+        &[
+            &format!(
+                "!config relay-keys {writer}={}",
+                honest_key.public().to_hex()
+            ),
+            &format!("!config agents ada@{writer}"),
+            "!delegate\nt1: the real task",
+        ],
+    )
+    .expect("seed the room");
+    let out = honest.append(rows).await.expect("append the room");
+    out.iter().map(|a| a.id).collect()
+}
+
+fn owner_key() -> OwnerSecret {
+    OwnerSecret::from_seed([0x0a; 32])
+}
+
+/// The forgeries the database cannot judge, shared by both backends: owner rows
+/// without the owner's key, rows under the honest writer's name without its key
+/// (`impersonator`: a store writing as the honest writer, where the backend lets one
+/// exist — SQLite), rows as ada from another writer (`attacker`), unsigned rows once
+/// the room requires signatures, and rows with bad signatures (`raw_sig`: inserts a
+/// row with the given `sig` text as the attacker would). Every one must be ignored
+/// by the folds and counted, or skipped as corrupt.
+async fn fold_battery<F, Fut>(
+    honest: &dyn Store,
+    honest_key: &WriterSecret,
+    attacker: &dyn Store,
+    impersonator: Option<&dyn Store>,
+    ada_as_attacker: Option<Ignored>,
+    raw_sig: F,
+    t: &mut Tally,
+) where
+    F: Fn(NewInteraction, String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut honest_rows = seed_vault(honest, honest_key).await;
+    let mallory = OwnerSecret::from_seed([0x66; 32]);
+
+    // Owner rows without the owner's key.
+    let id = stored(
+        attacker,
+        said("olga", Role::Owner, "!delegate\nevil: run me"),
+    )
+    .await;
+    t.must_be_ignored("an unsigned owner !delegate", id, Ignored::UnsignedCommand);
+    let id = stored(
+        attacker,
+        mallory.sign(said("olga", Role::Owner, "!config claim-ttl 1s")),
+    )
+    .await;
+    t.must_be_ignored(
+        "an owner !config signed by another key",
+        id,
+        Ignored::UnsignedCommand,
+    );
+    let forged_task = |actor: &str| {
+        in_vault(
+            Verb::TaskCreated,
+            actor,
+            Role::Owner,
+            json!({"task": format!("evil-{actor}"), "label": "run me"}),
+        )
+    };
+    let id = stored(attacker, forged_task("olga")).await;
+    t.must_be_ignored("task.created as the owner", id, Ignored::UnauthorizedTask);
+    let id = stored(attacker, forged_task("mallory")).await;
+    t.must_be_ignored(
+        "task.created with role owner",
+        id,
+        Ignored::UnauthorizedTask,
+    );
+    let id = stored(
+        attacker,
+        in_vault(
+            Verb::ConfigSet,
+            "olga",
+            Role::Owner,
+            json!({"set": {"claim-ttl": 1000}}),
+        ),
+    )
+    .await;
+    t.must_be_ignored("a hand-written config.set", id, Ignored::ForgedConfig);
+    let id = stored(
+        attacker,
+        in_vault(
+            Verb::RoomCreated,
+            "mallory",
+            Role::Owner,
+            json!({"owner": "mallory", "key": mallory.public().to_hex()}),
+        ),
+    )
+    .await;
+    t.must_be_ignored("room.created for an existing room", id, Ignored::BadRoomRow);
+    let id = stored(
+        attacker,
+        in_vault(
+            Verb::RoomKeyRotated,
+            "olga",
+            Role::Owner,
+            json!({"key": mallory.public().to_hex()}),
+        ),
+    )
+    .await;
+    t.must_be_ignored("an unsigned owner key rotation", id, Ignored::BadRoomRow);
+
+    // Rows as ada, who is bound to the honest writer, from another writer (on
+    // Postgres the database refuses them first: see the caller).
+    if let Some(counter) = ada_as_attacker {
+        let id = stored(attacker, said("ada", Role::Agent, "I am ada")).await;
+        t.must_be_ignored("a message as ada from another writer", id, counter);
+        let id = stored(
+            attacker,
+            in_vault(
+                Verb::AgentRegistered,
+                "ada",
+                Role::Agent,
+                json!({"capabilities": []}),
+            ),
+        )
+        .await;
+        t.must_be_ignored("agent.registered as ada from another writer", id, counter);
+    }
+
+    // Rows under the honest writer's own name without its key.
+    if let Some(imp) = impersonator {
+        let id = stored(
+            imp,
+            said("ada", Role::Agent, "unsigned, under the honest name"),
+        )
+        .await;
+        t.must_be_ignored(
+            "a row under the honest writer's name, unsigned",
+            id,
+            Ignored::ForgedWriter,
+        );
+    }
+
+    // The room requires signatures from here on.
+    let owner = owner_key();
+    let mut authority = OwnerAuthority::new();
+    let mut cursor = Position::START;
+    loop {
+        let batch = honest.read_room(VAULT, cursor, 500).await.expect("read");
+        for r in &batch.rows {
+            authority.apply(r);
+        }
+        if batch.next == cursor {
+            break;
+        }
+        cursor = batch.next;
+    }
+    let command = owner.sign(said("olga", Role::Owner, "!config require-signatures on"));
+    let rows = huddle_core::command_rows(command, authority.config())
+        .expect("a command")
+        .expect("accepted");
+    // Stored by the attacker, unsigned: the owner's signed rows count anyway.
+    let out = attacker.append(rows).await.expect("append");
+    honest_rows.extend(out.iter().map(|a| a.id));
+    let honest_chat = stored(
+        honest,
+        said("bo", Role::Human, "signed by the honest writer"),
+    )
+    .await;
+    honest_rows.push(honest_chat);
+
+    let id = stored(attacker, said("bo", Role::Human, "unsigned")).await;
+    t.must_be_ignored(
+        "an unsigned message in a room that requires signatures",
+        id,
+        Ignored::UnsignedRow,
+    );
+    let id = stored(
+        attacker,
+        said("olga", Role::Owner, "!config require-signatures off"),
+    )
+    .await;
+    t.must_be_ignored(
+        "an unsigned owner command in a room that requires signatures",
+        id,
+        Ignored::UnsignedRow,
+    );
+    let id = stored(attacker, forged_task("olga-again")).await;
+    t.must_be_ignored(
+        "task.created in a room that requires signatures",
+        id,
+        Ignored::UnsignedRow,
+    );
+    if let Some(imp) = impersonator {
+        let id = stored(
+            imp,
+            said("bo", Role::Human, "under the honest name, unsigned"),
+        )
+        .await;
+        t.must_be_ignored(
+            "a row under the honest writer's name, unsigned, signatures required",
+            id,
+            Ignored::ForgedWriter,
+        );
+    }
+
+    // Bad signatures: a valid signature copied onto other content, one made for
+    // another writer's name, and a malformed one.
+    let writer = honest.writer().expect("writer");
+    let copied = said("bo", Role::Human, "a copied signature");
+    raw_sig(
+        copied.clone(),
+        honest_key.sign_row(&writer, &honest_chat).to_text(),
+    )
+    .await;
+    t.must_be_skipped(
+        "a row with a signature copied from another row",
+        copied.id(),
+    );
+    let other_writer = said("bo", Role::Human, "signed for another writer");
+    raw_sig(
+        other_writer.clone(),
+        honest_key.sign_row("nobody", &other_writer.id()).to_text(),
+    )
+    .await;
+    t.must_be_skipped("a row signed for another writer's name", other_writer.id());
+    let malformed = said("bo", Role::Human, "a malformed signature");
+    raw_sig(malformed.clone(), "ed25519:00:00".into()).await;
+    t.must_be_skipped("a row with a malformed signature", malformed.id());
+
+    t.check_readers(honest, &honest_rows).await;
 }
 
 async fn append(store: &dyn Store, row: NewInteraction) -> Result<(), String> {
@@ -374,6 +778,58 @@ async fn sqlite_refuses_forged_rows() {
         out,
         &["huddle:"],
     );
+
+    // The forgeries only the readers can judge: under the honest writer's name (any
+    // writer of the file can claim it), as a bound agent, unsigned, badly signed.
+    let honest_key = WriterSecret::from_seed([0x0b; 32]);
+    let signing = SqliteStore::open(
+        path,
+        StoreOptions {
+            relay: "honest".into(),
+            signer: Some(honest_key.clone()),
+            ..StoreOptions::default()
+        },
+    )
+    .await
+    .expect("open");
+    let impersonator = SqliteStore::open(
+        path,
+        StoreOptions {
+            relay: "honest".into(),
+            ..StoreOptions::default()
+        },
+    )
+    .await
+    .expect("open");
+    let raw_sig = |n: NewInteraction, sig: String| {
+        let conn = &conn;
+        async move {
+            conn.execute(
+                "INSERT INTO interaction (id, room, verb, actor, role, body, at, relay, sig) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, 'honest', ?7)",
+                rusqlite::params![
+                    &n.id().0[..],
+                    n.room,
+                    n.verb.as_str(),
+                    n.actor,
+                    n.role.as_str(),
+                    n.body_text(),
+                    sig
+                ],
+            )
+            .expect("the file takes a raw row");
+        }
+    };
+    fold_battery(
+        &signing,
+        &honest_key,
+        &attacker,
+        Some(&impersonator),
+        Some(Ignored::Misbound),
+        raw_sig,
+        &mut t,
+    )
+    .await;
     t.finish("sqlite");
 }
 
@@ -570,6 +1026,139 @@ async fn postgres_refuses_forged_rows_and_statements() {
         .await
         .map_err(|e| db_error(&e));
     t.attempt("owner role: task.claimed at a live epoch", out, denied);
+
+    // The administrator binds ada (in room vault) to the honest relay role: the
+    // database refuses rows as ada from any other role, however they are made.
+    assert!(admin::bind_agent(&db.url, VAULT, "ada", &honest_role)
+        .await
+        .expect("bind ada"));
+    const BOUND_ERR: &[&str] = &["may not write as agent ada in room vault"];
+    t.attempt(
+        "relay role: a message as an agent bound to another role",
+        append(&attacker, said("ada", Role::Agent, "I am ada")).await,
+        BOUND_ERR,
+    );
+    t.attempt(
+        "relay role: agent.registered as an agent bound to another role",
+        append(
+            &attacker,
+            in_vault(
+                Verb::AgentRegistered,
+                "ada",
+                Role::Agent,
+                json!({"capabilities": []}),
+            ),
+        )
+        .await,
+        BOUND_ERR,
+    );
+    let vault_key = format!("task/{VAULT}/t5");
+    let vault_epoch = won(attacker
+        .acquire(&vault_key, "ada", TTL)
+        .await
+        .expect("acquire"));
+    let out = attacker
+        .append_fenced(
+            &Fence {
+                key: vault_key.clone(),
+                holder: "ada".into(),
+                epoch: ClaimEpoch(vault_epoch),
+            },
+            vec![NewInteraction {
+                room: VAULT.into(),
+                ..claimed("t5", "ada", vault_epoch)
+            }],
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string());
+    t.attempt(
+        "relay role: task.claimed as a bound agent under a claim it acquired",
+        out,
+        BOUND_ERR,
+    );
+    let out = raw
+        .batch_execute(&format!(
+            "INSERT INTO interaction (id, room, verb, actor, role, body) \
+             VALUES (decode(repeat('ef', 32), 'hex'), '{VAULT}', 'message.posted', 'ada', \
+                     'agent', '{{\"text\":\"raw\"}}')"
+        ))
+        .await
+        .map_err(|e| db_error(&e));
+    t.attempt(
+        "relay role: a raw INSERT as a bound agent",
+        out,
+        &["may not write as agent"],
+    );
+    for (what, sql) in [
+        (
+            "binding an agent to itself",
+            format!(
+                "INSERT INTO agent_binding (room, agent, writer, bound_us) \
+                 VALUES ('{VAULT}', 'ada', '{attacker_role}', 0)"
+            ),
+        ),
+        (
+            "removing the bindings",
+            "DELETE FROM agent_binding".to_string(),
+        ),
+        (
+            "rewriting a binding",
+            format!("UPDATE agent_binding SET writer = '{attacker_role}'"),
+        ),
+    ] {
+        let out = raw.batch_execute(&sql).await.map_err(|e| db_error(&e));
+        t.attempt(&format!("relay role: {what}"), out, denied);
+        let out = owner.batch_execute(&sql).await.map_err(|e| db_error(&e));
+        t.attempt(&format!("owner role: {what}"), out, denied);
+    }
+    // The bound role itself may write as ada.
+    append(&honest, said("ada", Role::Agent, "the real ada"))
+        .await
+        .expect("the bound role writes as ada");
+
+    // The forgeries only the readers can judge, from the attacking relay role.
+    let honest_key = WriterSecret::from_seed([0x0b; 32]);
+    let signing = PgStore::connect(
+        &honest_url,
+        StoreOptions {
+            signer: Some(honest_key.clone()),
+            ..StoreOptions::default()
+        },
+    )
+    .await
+    .expect("connect as relay a, signing");
+    assert_eq!(signing.writer().as_deref(), Some(honest_role.as_str()));
+    let raw_sig = |n: NewInteraction, sig: String| {
+        let raw = &raw;
+        async move {
+            raw.execute(
+                "INSERT INTO interaction (id, room, verb, actor, role, body, sig) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                &[
+                    &&n.id().0[..],
+                    &n.room,
+                    &n.verb.as_str(),
+                    &n.actor,
+                    &n.role.as_str(),
+                    &n.body_text(),
+                    &sig,
+                ],
+            )
+            .await
+            .expect("the database takes a row it cannot check the signature of");
+        }
+    };
+    fold_battery(
+        &signing,
+        &honest_key,
+        &attacker,
+        None,
+        None,
+        raw_sig,
+        &mut t,
+    )
+    .await;
     drop(raw);
     drop(owner);
     let _ = driver.await;

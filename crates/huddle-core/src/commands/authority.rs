@@ -18,11 +18,22 @@
 //! - a verified `!approve ID` / `!deny ID` answers the room's pending approval
 //!   request `ID` ([`OwnerAuthority::approvals`]; `approval.requested` rows open
 //!   them); the first answer stands;
-//! - a row written as an agent the room owner bound to writers (the `agents` key,
-//!   [`crate::config::binding`]) by a writer it is not bound to — actor = the agent,
-//!   role `agent`, `relay` not among its writers in the effective config of the row's
-//!   room (or thread) at that point of the ledger — is not applied to any fold nor
-//!   admitted, and is counted in [`OwnerAuthority::misbound_rows`];
+//! - first of all, the row's writer must be proven where the room asks for it (the
+//!   room-wide keys `relay-keys` and `require-signatures`,
+//!   [`crate::config::binding::writer_proof`]): a row whose writer (`relay`) has
+//!   registered keys counts only when signed by one of them (else it is counted in
+//!   [`OwnerAuthority::forged_writer_rows`]); in a room that requires signatures a row
+//!   not signed by a registered key of its writer is counted in
+//!   [`OwnerAuthority::unsigned_rows`]. Neither is applied to any fold nor admitted.
+//!   Exempt, whoever stored them: rows that carry a valid owner signature by the
+//!   owner (owner commands, key rotations, signed owner messages), and the
+//!   `task.created` / `config.set` rows authorized below (their content is fixed by
+//!   an admitted command);
+//! - a row written as an agent the room owner bound to writers (the room-wide
+//!   `agents` key, [`crate::config::binding`]) by a writer it is not bound to — actor
+//!   = the agent, role `agent`, `relay` not among its writers in the room's config at
+//!   that point of the ledger — is not applied to any fold nor admitted, and is
+//!   counted in [`OwnerAuthority::misbound_rows`];
 //! - a `task.created` or `config.set` is admitted ([`OwnerAuthority::admits`]) only
 //!   when it is one of those rows. Hand-written ones, whatever their `actor` and
 //!   `role`, are not: a forged `task.created` is counted in
@@ -38,7 +49,7 @@ use super::{
     ParseContext,
 };
 use crate::approval::{ApprovalAnswer, Approvals};
-use crate::config::binding::misbound;
+use crate::config::binding::{misbound, writer_proof, WriterProof};
 use crate::config::{ConfigFold, ConfigKey, ConfigValue};
 use crate::fold::{hash_state, Fold};
 use crate::model::{Interaction, InteractionId, Role};
@@ -61,6 +72,10 @@ pub struct OwnerAuthority {
     approvals: Approvals,
     /// Rows written as a bound agent by a writer it is not bound to.
     misbound: u64,
+    /// Rows not signed by a registered writer key in a room that requires it.
+    unsigned_rows: u64,
+    /// Rows naming a writer with registered keys, not signed by one of them.
+    forged_writer: u64,
 }
 
 impl OwnerAuthority {
@@ -79,7 +94,7 @@ impl OwnerAuthority {
     /// only when a verified owner command produced exactly it; every other row is
     /// admitted (its own fold judges it).
     pub fn admits(&self, row: &Interaction) -> bool {
-        if self.misbound(row) {
+        if self.writer_refusal(row).is_some() || self.misbound(row) {
             return false;
         }
         match row.verb {
@@ -116,19 +131,58 @@ impl OwnerAuthority {
         self.misbound
     }
 
+    /// How many rows were ignored because the room requires signatures and they are
+    /// not signed by a key registered for their writer (nor signed by the owner, nor
+    /// derived from an admitted command).
+    pub fn unsigned_rows(&self) -> u64 {
+        self.unsigned_rows
+    }
+
+    /// How many rows were ignored because their writer (`relay`) has registered keys
+    /// in the room and they are not signed by one of them: rows stored under a
+    /// signing writer's name by someone else.
+    pub fn forged_writer_rows(&self) -> u64 {
+        self.forged_writer
+    }
+
     /// Whether `row` is written as a bound agent by a writer it is not bound to, by
-    /// the effective `agents` of the row's room or thread now.
+    /// the room's `agents` now.
     fn misbound(&self, row: &Interaction) -> bool {
         if row.role != Role::Agent {
             return false;
         }
-        match self
-            .config
-            .value(&row.room, row.thread.as_deref(), ConfigKey::Agents)
-        {
-            ConfigValue::Bindings(list) => misbound(&list, row),
+        match self.config.room_setting(&row.room, ConfigKey::Agents) {
+            Some(ConfigValue::Bindings(list)) => misbound(list, row),
             _ => false,
         }
+    }
+
+    /// Why `row` does not count by the room's `relay-keys` and `require-signatures`
+    /// now, if it does not: its writer is not proven and it is not exempt (see the
+    /// module documentation).
+    fn writer_refusal(&self, row: &Interaction) -> Option<WriterProof> {
+        let keys = match self.config.room_setting(&row.room, ConfigKey::RelayKeys) {
+            Some(ConfigValue::WriterKeys(keys)) => keys.as_slice(),
+            _ => &[],
+        };
+        let required = matches!(
+            self.config
+                .room_setting(&row.room, ConfigKey::RequireSignatures),
+            Some(ConfigValue::Flag(true))
+        );
+        if keys.is_empty() && !required {
+            return None;
+        }
+        let proof = writer_proof(keys, required, &row.relay, row.signer.as_ref());
+        (!proof.passes() && !self.exempt(row)).then_some(proof)
+    }
+
+    /// Rows that count whoever stored them: those a valid owner signature covers, and
+    /// the `task.created` / `config.set` rows an admitted command derived.
+    fn exempt(&self, row: &Interaction) -> bool {
+        let derived = matches!(row.verb, Verb::TaskCreated | Verb::ConfigSet)
+            && self.authorized.contains(&row.id);
+        derived || (row.role == Role::Owner && self.config.signed_by_owner(row))
     }
 
     fn message(&mut self, i: &Interaction) {
@@ -222,6 +276,17 @@ impl OwnerAuthority {
 
 impl Fold for OwnerAuthority {
     fn apply(&mut self, row: &Interaction) {
+        match self.writer_refusal(row) {
+            Some(WriterProof::ForgedWriter) => {
+                self.forged_writer += 1;
+                return;
+            }
+            Some(_) => {
+                self.unsigned_rows += 1;
+                return;
+            }
+            None => {}
+        }
         if self.misbound(row) {
             self.misbound += 1;
             return;

@@ -9,7 +9,9 @@
 //! ```
 //!
 //! Posted in a thread, `get`, `reset` and set apply to that thread; `room` forces
-//! the room. The exact grammar is in `docs/protocol/commands.md`.
+//! the room. The room-wide keys ([`ConfigKey::room_wide`]: who may write as whom,
+//! which rows count) are refused in a thread without `room`, and `reset all` there
+//! leaves them. The exact grammar is in `docs/protocol/commands.md`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -175,6 +177,15 @@ pub enum ConfigError {
     /// `!config room` alone.
     #[error("`room` must be followed by `get`, `reset` or `key value`")]
     RoomNeedsMore,
+    /// A room-wide key set or reset in a thread without `room`.
+    #[error(
+        "`{key}` applies to the whole room, not to one thread; post it outside a thread \
+         or write `!config room ...`"
+    )]
+    RoomWide {
+        /// The key.
+        key: ConfigKey,
+    },
     /// Several of the above in one command, in the order written; nothing is applied.
     #[error("{} errors:{}", .0.len(), .0.iter().map(|e| format!("\n- {e}")).collect::<String>())]
     Several(Vec<ConfigError>),
@@ -188,8 +199,16 @@ pub enum ConfigError {
     },
 }
 
-/// Parses a `!config` message (the leading `!config` word is optional).
+/// Parses a `!config` message (the leading `!config` word is optional) posted outside
+/// a thread; see [`parse_config_in`].
 pub fn parse_config(message: &str) -> Result<ConfigCommand, ConfigError> {
+    parse_config_in(message, None)
+}
+
+/// Parses a `!config` message posted in `thread` (`None`: in the room). In a thread, a
+/// change without `room` may not name a room-wide key ([`ConfigKey::room_wide`]), and
+/// `reset all` resets every other key.
+pub fn parse_config_in(message: &str, thread: Option<&str>) -> Result<ConfigCommand, ConfigError> {
     if message.len() > MAX_COMMAND_BYTES {
         return Err(ConfigError::TooLarge {
             bytes: message.len(),
@@ -222,14 +241,23 @@ pub fn parse_config(message: &str) -> Result<ConfigCommand, ConfigError> {
         return Ok(ConfigCommand::Get { target, key });
     }
     let mut body = ConfigSetBody::default();
+    // A change that lands in a thread may not touch the room-wide keys.
+    let in_thread = target.thread(thread).is_some();
     if word_is(verb, "reset") {
         let mut errors = Vec::new();
         for word in words {
             if word_is(word, "all") {
-                body.reset.extend(ConfigKey::ALL);
+                body.reset.extend(
+                    ConfigKey::ALL
+                        .into_iter()
+                        .filter(|k| !(in_thread && k.room_wide())),
+                );
                 continue;
             }
             match parse_key(word) {
+                Ok(key) if in_thread && key.room_wide() => {
+                    errors.push(ConfigError::RoomWide { key });
+                }
                 Ok(key) if !body.reset.insert(key) => {
                     errors.push(ConfigError::DuplicateKey { key });
                 }
@@ -266,6 +294,10 @@ pub fn parse_config(message: &str) -> Result<ConfigCommand, ConfigError> {
             errors.push(ConfigError::MissingValue { key });
             break;
         };
+        if in_thread && key.room_wide() {
+            errors.push(ConfigError::RoomWide { key });
+            continue;
+        }
         match key.parse_value(value) {
             Ok((value, note)) => {
                 if set.insert(key, value).is_some() {

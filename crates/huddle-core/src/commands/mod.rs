@@ -36,7 +36,8 @@ mod watch;
 pub use approve::{parse_approval, ApprovalCommand, ApprovalError};
 pub use authority::OwnerAuthority;
 pub use config_cmd::{
-    get_reply, help_text, parse_config, ConfigChange, ConfigCommand, ConfigError, ConfigTarget,
+    get_reply, help_text, parse_config, parse_config_in, ConfigChange, ConfigCommand, ConfigError,
+    ConfigTarget,
 };
 pub use delegate::{
     created_summary, parse_delegate, parse_delegate_with, DelegateError, DelegateErrorKind,
@@ -176,7 +177,7 @@ pub fn owner_command_with(
         CommandWord::Delegate => parse_delegate_with(text, ctx.task_exists)
             .map(OwnerCommand::Delegate)
             .map_err(CommandError::from),
-        CommandWord::Config => parse_config(text)
+        CommandWord::Config => parse_config_in(text, ctx.thread)
             .map(OwnerCommand::Config)
             .map_err(CommandError::from),
         word @ (CommandWord::Approve | CommandWord::Deny) => parse_approval(text, word, ctx)
@@ -221,7 +222,11 @@ pub fn command_rows(
     config: &ConfigFold,
 ) -> Option<Result<Vec<NewInteraction>, CommandError>> {
     let text = message.body.get("text")?.as_str()?.to_string();
-    let command = match owner_command(message.role, &text)? {
+    let ctx = ParseContext {
+        thread: message.thread.as_deref(),
+        ..ParseContext::default()
+    };
+    let command = match owner_command_with(message.role, &text, &ctx)? {
         Ok(c) => c,
         Err(e) => return Some(Err(e)),
     };
@@ -318,6 +323,7 @@ fn read_back(n: &NewInteraction, position: crate::model::Position) -> Interactio
         parent: n.parent,
         caused_by: n.caused_by.clone(),
         body: n.body.clone(),
+        signer: None,
     }
 }
 

@@ -1410,6 +1410,292 @@ fn agents_is_an_owner_config_list_of_bindings() {
     assert!(ConfigKey::Agents.value_from_json(&json!(["ada"])).is_err());
 }
 
+// ---- signed writers and required signatures -------------------------------------
+
+/// Folds rows as a reader sees them: written by `writer`, signed by `signer` (the
+/// store verified the signature on read). Returns how many were admitted.
+struct Reader {
+    auth: OwnerAuthority,
+    seq: u64,
+}
+
+impl Reader {
+    fn new() -> Self {
+        Reader {
+            auth: OwnerAuthority::new(),
+            seq: 0,
+        }
+    }
+
+    fn feed(
+        &mut self,
+        rows: Vec<NewInteraction>,
+        writer: &str,
+        signer: Option<&OwnerSecret>,
+    ) -> usize {
+        let mut admitted = 0;
+        for r in rows {
+            self.seq += 1;
+            let mut read = materialize(r, Position::new(0, self.seq), Timestamp(0));
+            read.relay = writer.into();
+            read.signer = signer.map(OwnerSecret::public);
+            self.auth.apply(&read);
+            admitted += usize::from(self.auth.admits(&read));
+        }
+        admitted
+    }
+}
+
+fn said(actor: &str, role: Role, text: &str) -> NewInteraction {
+    NewInteraction::new(
+        "r",
+        Verb::MessagePosted,
+        actor,
+        role,
+        json!({ "text": text }),
+    )
+}
+
+/// Registered writer keys and `require-signatures`: a registered writer's rows count
+/// only when signed by its key; once signatures are required, unsigned rows count only
+/// when the owner signed them or an admitted command derived them. Each refusal is
+/// counted once, by kind, and the rules apply from their config rows on.
+#[test]
+fn writers_keys_and_required_signatures_decide_which_rows_count() {
+    let owner = owner_secret();
+    let (k0, k1, mallory) = (
+        OwnerSecret::from_seed([0x10; 32]),
+        OwnerSecret::from_seed([0x11; 32]),
+        OwnerSecret::from_seed([0x66; 32]),
+    );
+    let mut r = Reader::new();
+    r.feed(seed_room("r", "ana", &owner, &[]).unwrap(), "cli", None);
+    let chat = |n: u32| said("bo", Role::Human, &format!("hello {n}"));
+
+    // Before any key is registered every row counts, signed or not.
+    assert_eq!(r.feed(vec![chat(1)], "r0", None), 1);
+    assert_eq!(r.feed(vec![chat(2)], "r0", Some(&mallory)), 1);
+
+    // The owner registers r0's key. Its command and config.set may be stored by an
+    // unsigned writer: they are the owner's.
+    let text = format!("!config relay-keys r0={}", k0.public().to_hex());
+    let register = owner_config(&owner, &text, &r.auth);
+    assert_eq!(r.feed(register, "cli", None), 2);
+    assert_eq!(
+        r.auth.config().effective("r", None).relay_keys,
+        vec![
+            crate::config::binding::RelayKey::parse(&text["!config relay-keys ".len()..]).unwrap()
+        ]
+    );
+    assert_eq!(r.feed(vec![chat(3)], "r0", Some(&k0)), 1);
+    // Under r0's name without its key: unsigned, signed by another key.
+    assert_eq!(r.feed(vec![chat(4)], "r0", None), 0);
+    assert_eq!(r.feed(vec![chat(5)], "r0", Some(&mallory)), 0);
+    assert_eq!(r.auth.forged_writer_rows(), 2);
+    // Writers without keys still count: signatures are not required yet.
+    assert_eq!(r.feed(vec![chat(6)], "r1", None), 1);
+    assert_eq!(r.auth.unsigned_rows(), 0);
+
+    // Require signatures (stored by an unsigned writer: the owner's rows).
+    let text = format!(
+        "!config relay-keys r0={},r1={}",
+        k0.public().to_hex(),
+        k1.public().to_hex()
+    );
+    assert_eq!(r.feed(owner_config(&owner, &text, &r.auth), "cli", None), 2);
+    let require = owner_config(&owner, "!config require-signatures on", &r.auth);
+    assert_eq!(r.feed(require, "cli", None), 2);
+    assert!(r.auth.config().effective("r", None).require_signatures);
+
+    // Unsigned, or signed by a key no writer has registered: ignored, counted.
+    assert_eq!(r.feed(vec![chat(7)], "cli", None), 0);
+    assert_eq!(r.feed(vec![chat(8)], "cli", Some(&mallory)), 0);
+    assert_eq!(
+        r.feed(
+            vec![said("ana", Role::Owner, "unsigned owner chat")],
+            "cli",
+            None
+        ),
+        0
+    );
+    let forged_task = NewInteraction::new(
+        "r",
+        Verb::TaskCreated,
+        "ana",
+        Role::Owner,
+        json!({"task": "forged", "label": "x"}),
+    );
+    assert_eq!(r.feed(vec![forged_task], "cli", None), 0);
+    assert_eq!(r.auth.unsigned_rows(), 4);
+    assert_eq!(
+        r.auth.unauthorized_rows(),
+        0,
+        "never reached the task check"
+    );
+    // Signed by the writer's registered key: counts.
+    assert_eq!(r.feed(vec![chat(9)], "r1", Some(&k1)), 1);
+    // The owner's signed rows count whoever stored them, and so do the rows a
+    // verified command derives; an owner-signed plain message counts too.
+    let delegate = owner_config(
+        &owner,
+        "!delegate
+t1: the real task",
+        &r.auth,
+    );
+    assert_eq!(delegate.len(), 2);
+    assert_eq!(r.feed(delegate, "cli", None), 2);
+    assert!(r.auth.task_exists("r", "t1"));
+    let signed_chat = owner.sign(said("ana", Role::Owner, "signed owner chat"));
+    assert_eq!(r.feed(vec![signed_chat], "cli", None), 1);
+    // A delegator agent's `!delegate` must be writer-signed; its derived rows then
+    // count whoever stored them.
+    let allow = owner_config(&owner, "!config delegators lead", &r.auth);
+    assert_eq!(r.feed(allow, "cli", None), 2);
+    let lead = said(
+        "lead",
+        Role::Agent,
+        "!delegate
+t2: the lead's task",
+    );
+    let rows = delegate_rows(lead.clone(), r.auth.config(), &ParseContext::default()).unwrap();
+    assert_eq!(r.feed(vec![lead.clone()], "cli", None), 0);
+    assert!(!r.auth.task_exists("r", "t2"));
+    assert_eq!(r.feed(vec![rows[0].clone()], "r0", Some(&k0)), 1);
+    assert_eq!(r.feed(vec![rows[1].clone()], "cli", None), 1);
+    assert!(r.auth.task_exists("r", "t2"));
+    assert_eq!(r.auth.unsigned_rows(), 5);
+    assert_eq!(r.auth.forged_writer_rows(), 2);
+
+    // The binding holds on the proven writer: ada bound to r0, written by r1 with
+    // r1's own key, is misbound.
+    let bind = owner_config(&owner, "!config agents ada@r0", &r.auth);
+    assert_eq!(r.feed(bind, "cli", None), 2);
+    assert_eq!(
+        r.feed(vec![said("ada", Role::Agent, "as ada")], "r1", Some(&k1)),
+        0
+    );
+    assert_eq!(r.auth.misbound_rows(), 1);
+    assert_eq!(
+        r.feed(vec![said("ada", Role::Agent, "as ada")], "r0", Some(&k0)),
+        1
+    );
+
+    // Off again: unsigned rows of writers without keys count; r0's still need its key.
+    let off = owner_config(&owner, "!config require-signatures off", &r.auth);
+    assert_eq!(r.feed(off, "cli", None), 2);
+    assert_eq!(r.feed(vec![chat(10)], "cli", None), 1);
+    assert_eq!(r.feed(vec![chat(11)], "r0", None), 0);
+    assert_eq!(r.auth.forged_writer_rows(), 3);
+    assert_eq!(r.auth.unsigned_rows(), 5);
+}
+
+/// The trust keys are room-wide: set or reset in a thread they are refused with a
+/// clear error (`room` forces the room), `reset all` in a thread leaves them, and a
+/// thread overlay holding one (a hand-written row) is not read.
+#[test]
+fn trust_keys_are_room_wide() {
+    let key = OwnerSecret::from_seed([0x10; 32]).public().to_hex();
+    for text in [
+        "!config agents ada@r0".to_string(),
+        format!("!config relay-keys r0={key}"),
+        "!config require-signatures on".to_string(),
+        "!config reset agents".to_string(),
+        "!config rate 5 require-signatures on".to_string(),
+    ] {
+        let err = parse_config_in(&text, Some("side")).expect_err(&text);
+        let err = CommandError::from(err).to_string();
+        assert!(
+            err.contains("applies to the whole room") && err.contains("!config room"),
+            "{text}: {err}"
+        );
+        // Outside a thread, or with `room`, it is accepted.
+        assert!(parse_config_in(&text, None).is_ok(), "{text}");
+        let forced = text.replacen("!config ", "!config room ", 1);
+        match parse_config_in(&forced, Some("side")) {
+            Ok(ConfigCommand::Change(c)) => assert_eq!(c.target, ConfigTarget::Room),
+            other => panic!("{forced}: {other:?}"),
+        }
+    }
+    match parse_config_in("!config reset all", Some("side")) {
+        Ok(ConfigCommand::Change(c)) => {
+            assert!(c.body.reset.contains(&ConfigKey::Rate));
+            assert!(!c.body.reset.iter().any(|k| k.room_wide()), "{c:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A signed command in a thread is answered with the error and derives nothing.
+    let owner = owner_secret();
+    let mut r = Reader::new();
+    r.feed(seed_room("r", "ana", &owner, &[]).unwrap(), "cli", None);
+    let msg = owner.sign(said("ana", Role::Owner, "!config agents ada@r0").in_thread("side"));
+    assert!(matches!(
+        command_rows(msg, r.auth.config()),
+        Some(Err(CommandError::Config(ConfigError::RoomWide { .. })))
+    ));
+    // A thread overlay (fed to the config fold directly) is not read for these keys.
+    let mut fold = crate::config::ConfigFold::new();
+    fold.apply(&created_with_key(1, "r", "ana", &owner));
+    fold.apply(&row(
+        2,
+        0,
+        "r",
+        Some("side"),
+        Verb::ConfigSet,
+        "ana",
+        Role::Owner,
+        json!({"set": {"agents": ["ada@r9"], "require-signatures": true, "rate": 5}}),
+    ));
+    let thread = fold.effective("r", Some("side"));
+    assert_eq!(thread.rate, 5);
+    assert!(
+        thread.agents.is_empty() && !thread.require_signatures,
+        "{thread:?}"
+    );
+    assert_eq!(
+        fold.value("r", Some("side"), ConfigKey::RequireSignatures),
+        ConfigValue::Flag(false)
+    );
+}
+
+#[test]
+fn relay_keys_is_an_owner_config_list_of_writer_keys() {
+    let a = OwnerSecret::from_seed([1; 32]).public().to_hex();
+    let b = OwnerSecret::from_seed([2; 32]).public().to_hex();
+    match config(&format!("!config relay-keys r1={b},r0={a},r1={b}")) {
+        ConfigCommand::Change(c) => {
+            let value = &c.body.set[&ConfigKey::RelayKeys];
+            assert_eq!(value.to_string(), format!("r0={a},r1={b}"));
+            assert_eq!(
+                value.to_json(),
+                json!([format!("r0={a}"), format!("r1={b}")])
+            );
+            assert_eq!(
+                ConfigKey::RelayKeys
+                    .value_from_json(&value.to_json())
+                    .as_ref(),
+                Ok(value)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    for bad in [
+        "r0",
+        "r0=abc",
+        &format!("r0={a},,r1={b}"),
+        &format!("r 0={a}"),
+    ] {
+        let err = config_err(&format!("!config relay-keys {bad}"));
+        assert!(err.contains("writer=key entries"), "{bad}: {err}");
+    }
+    assert!(ConfigKey::RelayKeys
+        .value_from_json(&json!(["r0=zz"]))
+        .is_err());
+    assert_eq!(
+        ConfigKey::RequireSignatures.parse_value("on").unwrap().0,
+        ConfigValue::Flag(true)
+    );
+}
+
 // ---- approvals ----------------------------------------------------------------------
 
 fn approval_request(pos: u64, id: &str) -> crate::model::Interaction {

@@ -15,11 +15,55 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::keys::{check_agent_name, RoomConfig};
+use crate::keys::OwnerKey;
 use crate::limits::Limits;
 use crate::model::{validate_name, Interaction, Role};
 
-/// Most entries one `agents` value may hold.
+/// Most entries one `agents` (or `relay-keys`) value may hold.
 pub const MAX_BINDINGS: usize = 64;
+
+/// One entry of the `relay-keys` key: rows whose writer (`relay`) is `writer` count
+/// only when signed by `key` (or another key listed for the same writer).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RelayKey {
+    /// The writer (a row's `relay`): a relay id, on Postgres a database role.
+    pub writer: String,
+    /// Its public key.
+    pub key: OwnerKey,
+}
+
+impl RelayKey {
+    /// Parses `writer=<64 hex digits>`.
+    pub fn parse(text: &str) -> Result<RelayKey, String> {
+        let (writer, key) = text
+            .split_once('=')
+            .ok_or_else(|| format!("{text:?} is not writer=key"))?;
+        check_writer_name(writer)?;
+        let key = key
+            .parse::<OwnerKey>()
+            .map_err(|e| format!("{writer}: {e}"))?;
+        Ok(RelayKey {
+            writer: writer.to_string(),
+            key,
+        })
+    }
+}
+
+impl fmt::Display for RelayKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.writer, self.key.to_hex())
+    }
+}
+
+/// The keys registered for `writer` in `list`; empty when it has none.
+pub fn keys_of<'a>(
+    list: &'a [RelayKey],
+    writer: &'a str,
+) -> impl Iterator<Item = &'a OwnerKey> + 'a {
+    list.iter()
+        .filter(move |k| k.writer == writer)
+        .map(|k| &k.key)
+}
 
 /// One entry of the `agents` key: `agent` may be written by `writer`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -65,8 +109,8 @@ pub fn check_writer_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Sorts and deduplicates a binding list; `None` when it is too long.
-pub(crate) fn normalized(mut list: Vec<AgentBinding>) -> Option<Vec<AgentBinding>> {
+/// Sorts and deduplicates a binding (or key) list; `None` when it is too long.
+pub(crate) fn normalized<T: Ord>(mut list: Vec<T>) -> Option<Vec<T>> {
     if list.len() > MAX_BINDINGS {
         return None;
     }
@@ -142,6 +186,136 @@ pub fn refusal(
     })
 }
 
+/// How a row's writer is proven, by the room's `relay-keys` and
+/// `require-signatures` ([`writer_proof`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriterProof {
+    /// Signed by a key registered for its writer.
+    Signed,
+    /// Its writer has no registered key and the room does not require signatures:
+    /// taken on the `relay` column's word, as before.
+    Unproven,
+    /// Its writer has no registered key (or it is signed by another key) and the room
+    /// requires signatures.
+    Unsigned,
+    /// Its writer has registered keys and the row is not signed by one of them.
+    ForgedWriter,
+}
+
+impl WriterProof {
+    /// Whether the row may count.
+    pub fn passes(self) -> bool {
+        matches!(self, WriterProof::Signed | WriterProof::Unproven)
+    }
+}
+
+/// What the room's `keys` (its `relay-keys`) and `required` (`require-signatures`)
+/// make of a row written by `writer` and signed by `signer`.
+pub fn writer_proof(
+    keys: &[RelayKey],
+    required: bool,
+    writer: &str,
+    signer: Option<&OwnerKey>,
+) -> WriterProof {
+    let mut registered = keys_of(keys, writer).peekable();
+    let has_keys = registered.peek().is_some();
+    let signed = signer.is_some_and(|s| registered.any(|k| k == s));
+    match (signed, has_keys, required) {
+        (true, _, _) => WriterProof::Signed,
+        (false, true, _) => WriterProof::ForgedWriter,
+        (false, false, true) => WriterProof::Unsigned,
+        (false, false, false) => WriterProof::Unproven,
+    }
+}
+
+/// Why a writer may not write in a room: what it writes would be ignored by every
+/// reader, because the room requires signatures or registers keys for this writer and
+/// the writer does not sign with one of them.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum UnsignedWriter {
+    /// The writer signs nothing.
+    #[error(
+        "room {room:?} {} and this writer {writer:?} signs nothing, so every reader would \
+         ignore its rows; sign with a key (relays: `sign = true` in huddle.toml; other \
+         commands: --relay-key PATH or HUDDLE_RELAY_KEY; `huddle writer-key {writer}` \
+         makes one) and ask the owner to register it with `!config relay-keys \
+         {writer}=<key>`",
+        requirement(registered)
+    )]
+    NotSigning {
+        /// The room.
+        room: String,
+        /// The writer.
+        writer: String,
+        /// Keys the room registers for this writer (empty: it requires signatures).
+        registered: Vec<String>,
+    },
+    /// The writer signs with a key the room does not register for it.
+    #[error(
+        "room {room:?} {} and this writer {writer:?} signs with key {key}, which is not \
+         registered for it, so every reader would ignore its rows; ask the owner to add \
+         {writer}={key} to `!config relay-keys`",
+        requirement(registered)
+    )]
+    OtherKey {
+        /// The room.
+        room: String,
+        /// The writer.
+        writer: String,
+        /// The key it signs with, hex.
+        key: String,
+        /// Keys the room registers for this writer, short hex.
+        registered: Vec<String>,
+    },
+}
+
+fn requirement(registered: &[String]) -> String {
+    if registered.is_empty() {
+        "requires signed rows (the owner's `!config require-signatures on`)".to_string()
+    } else {
+        format!(
+            "registers the keys {} for this writer (the owner's `!config relay-keys`)",
+            registered.join(", ")
+        )
+    }
+}
+
+/// The check writers make before writing in a room: `Err` when the room's config would
+/// make every reader ignore rows by `writer` signed by `signer` (`None`: unsigned).
+pub fn signing_refusal(
+    config: &RoomConfig,
+    room: &str,
+    writer: &str,
+    signer: Option<&OwnerKey>,
+) -> Result<(), UnsignedWriter> {
+    if writer_proof(
+        &config.relay_keys,
+        config.require_signatures,
+        writer,
+        signer,
+    )
+    .passes()
+    {
+        return Ok(());
+    }
+    let registered: Vec<String> = keys_of(&config.relay_keys, writer)
+        .map(OwnerKey::short)
+        .collect();
+    Err(match signer {
+        None => UnsignedWriter::NotSigning {
+            room: room.to_string(),
+            writer: writer.to_string(),
+            registered,
+        },
+        Some(key) => UnsignedWriter::OtherKey {
+            room: room.to_string(),
+            writer: writer.to_string(),
+            key: key.to_hex(),
+            registered,
+        },
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,5 +359,102 @@ mod tests {
              ada@r1"
         );
         assert!(refusal(&config, "lobby", "bo", "r1").is_ok());
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+    use crate::keys::OwnerSecret;
+
+    fn key(seed: u8) -> OwnerKey {
+        OwnerSecret::from_seed([seed; 32]).public()
+    }
+
+    #[test]
+    fn relay_key_entries_parse_and_bad_ones_say_why() {
+        let k = key(1);
+        let entry = RelayKey::parse(&format!("r0={}", k.to_hex())).unwrap();
+        assert_eq!(entry.writer, "r0");
+        assert_eq!(entry.key, k);
+        assert_eq!(entry.to_string(), format!("r0={}", k.to_hex()));
+        for bad in [
+            "r0".to_string(),
+            format!("={}", k.to_hex()),
+            "r0=abc".to_string(),
+            format!("r 0={}", k.to_hex()),
+            format!("r@0={}", k.to_hex()),
+        ] {
+            assert!(RelayKey::parse(&bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_writers_rows_count_only_with_its_keys_once_it_has_some() {
+        let (k0, k0b, k1, other) = (key(1), key(2), key(3), key(9));
+        let keys = vec![
+            RelayKey {
+                writer: "r0".into(),
+                key: k0,
+            },
+            RelayKey {
+                writer: "r0".into(),
+                key: k0b,
+            },
+            RelayKey {
+                writer: "r1".into(),
+                key: k1,
+            },
+        ];
+        use WriterProof::*;
+        for required in [false, true] {
+            assert_eq!(writer_proof(&keys, required, "r0", Some(&k0)), Signed);
+            assert_eq!(writer_proof(&keys, required, "r0", Some(&k0b)), Signed);
+            assert_eq!(writer_proof(&keys, required, "r0", Some(&k1)), ForgedWriter);
+            assert_eq!(writer_proof(&keys, required, "r0", None), ForgedWriter);
+            assert_eq!(
+                writer_proof(&keys, required, "r1", Some(&other)),
+                ForgedWriter
+            );
+        }
+        // A writer with no registered key: as before, unless signatures are required.
+        assert_eq!(writer_proof(&keys, false, "cli", None), Unproven);
+        assert_eq!(writer_proof(&keys, false, "cli", Some(&other)), Unproven);
+        assert_eq!(writer_proof(&keys, true, "cli", None), Unsigned);
+        assert_eq!(writer_proof(&keys, true, "cli", Some(&other)), Unsigned);
+        assert_eq!(writer_proof(&[], false, "r0", None), Unproven);
+    }
+
+    #[test]
+    fn writers_are_told_what_to_register() {
+        let k0 = key(1);
+        let config = RoomConfig {
+            relay_keys: vec![RelayKey {
+                writer: "r0".into(),
+                key: k0,
+            }],
+            require_signatures: true,
+            ..RoomConfig::default()
+        };
+        assert!(signing_refusal(&config, "lobby", "r0", Some(&k0)).is_ok());
+        let err = signing_refusal(&config, "lobby", "cli", None).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("requires signed rows")
+                && text.contains("signs nothing")
+                && text.contains("`huddle writer-key cli`")
+                && text.contains("!config relay-keys cli=<key>"),
+            "{text}"
+        );
+        let other = key(5);
+        let err = signing_refusal(&config, "lobby", "r0", Some(&other)).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("registers the keys {}", k0.short()))
+                && text.contains(&format!("add r0={}", other.to_hex())),
+            "{text}"
+        );
+        let open = RoomConfig::default();
+        assert!(signing_refusal(&open, "lobby", "cli", None).is_ok());
     }
 }

@@ -178,6 +178,8 @@ impl ConfigFold {
         ConfigKey::ALL
             .into_iter()
             .map(|key| {
+                // A room-wide key is read from the room overlay only.
+                let thread_overlay = thread_overlay.filter(|_| !key.room_wide());
                 let (value, source) = if let Some((v, t)) = layer_value(thread_overlay, key) {
                     (
                         v,
@@ -212,6 +214,7 @@ impl ConfigFold {
     /// the room overlay, then the default), clamped: [`Self::effective`] for one key.
     pub fn value(&self, room: &str, thread: Option<&str>, key: ConfigKey) -> ConfigValue {
         let entry = self.rooms.get(room);
+        let thread = thread.filter(|_| !key.room_wide());
         let overlays = [
             entry.zip(thread).and_then(|(e, t)| e.threads.get(t)),
             entry.map(|e| &e.room),
@@ -220,6 +223,13 @@ impl ConfigFold {
             .into_iter()
             .find_map(|o| layer_value(o, key).map(|(v, _)| v))
             .map_or_else(|| key.default_value(), |v| key.clamp(v))
+    }
+
+    /// The value the room overlay holds for `key`, unclamped and borrowed (`None`:
+    /// not set, or reset). For the room-wide list keys read once per row, whose stored
+    /// values are already checked ([`ConfigSetBody::from_json`]).
+    pub fn room_setting(&self, room: &str, key: ConfigKey) -> Option<&ConfigValue> {
+        self.rooms.get(room)?.room.get(key.as_str())?.value.as_ref()
     }
 
     fn apply_room_created(&mut self, i: &Interaction) {

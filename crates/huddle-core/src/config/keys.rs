@@ -8,7 +8,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::binding::{check_writer_name, normalized, AgentBinding, MAX_BINDINGS};
+use super::binding::{check_writer_name, normalized, AgentBinding, RelayKey, MAX_BINDINGS};
 use crate::limits::Limits;
 use crate::model::validate_name;
 
@@ -179,6 +179,13 @@ pub struct RoomConfig {
     /// author (default 3).
     #[serde(default = "default_max_reply_failures")]
     pub max_reply_failures: u32,
+    /// Writers' registered signing keys, sorted; none by default (see
+    /// [`super::binding::writer_proof`]).
+    #[serde(default)]
+    pub relay_keys: Vec<RelayKey>,
+    /// Whether rows must be signed by a registered writer key to count.
+    #[serde(default)]
+    pub require_signatures: bool,
 }
 
 fn default_reply_horizon() -> u64 {
@@ -225,6 +232,8 @@ impl Default for RoomConfig {
             thread_context_bytes: 4_096,
             reply_horizon_ms: 300_000,
             max_reply_failures: 3,
+            relay_keys: Vec::new(),
+            require_signatures: false,
         }
     }
 }
@@ -307,6 +316,12 @@ pub enum ConfigKey {
     ReplyHorizon,
     /// `max-reply-failures`: failed reply turns before a message is given up.
     MaxReplyFailures,
+    /// `relay-keys`: writers' signing keys; a registered writer's rows count only
+    /// when signed by one of its keys.
+    RelayKeys,
+    /// `require-signatures`: rows count only when signed by a registered writer key
+    /// (or by the owner, or derived from a verified command).
+    RequireSignatures,
 }
 
 /// The kind of value a [`ConfigKey`] takes.
@@ -335,6 +350,8 @@ pub enum ValueKind {
     GroupReply,
     /// `peer`, `orchestrator`, `pipeline` or `market`.
     Topology,
+    /// `writer=<64 hex>` entries separated by commas, or `none`.
+    WriterKeys,
 }
 
 /// The inclusive range a numeric key is clamped into. Durations are in
@@ -368,7 +385,7 @@ pub const MAX_BUDGET: u64 = 1_000_000_000_000;
 
 impl ConfigKey {
     /// Every key, in documentation order.
-    pub const ALL: [ConfigKey; 21] = [
+    pub const ALL: [ConfigKey; 23] = [
         ConfigKey::Topology,
         ConfigKey::Responder,
         ConfigKey::ResponderAgent,
@@ -390,6 +407,8 @@ impl ConfigKey {
         ConfigKey::ThreadContext,
         ConfigKey::ReplyHorizon,
         ConfigKey::MaxReplyFailures,
+        ConfigKey::RelayKeys,
+        ConfigKey::RequireSignatures,
     ];
 
     /// The key as typed in `!config` and stored in `config.set`.
@@ -416,7 +435,20 @@ impl ConfigKey {
             ConfigKey::ThreadContext => "thread-context",
             ConfigKey::ReplyHorizon => "reply-horizon",
             ConfigKey::MaxReplyFailures => "max-reply-failures",
+            ConfigKey::RelayKeys => "relay-keys",
+            ConfigKey::RequireSignatures => "require-signatures",
         }
+    }
+
+    /// Whether the key applies to the whole room only: who may write as whom and
+    /// which rows count are not a question of one conversation, and relays, agent
+    /// sessions and the database check them per room. Such a key is refused in a
+    /// thread (unless `!config room ...`) and read from the room overlay only.
+    pub fn room_wide(self) -> bool {
+        matches!(
+            self,
+            ConfigKey::Agents | ConfigKey::RelayKeys | ConfigKey::RequireSignatures
+        )
     }
 
     /// The key named exactly `name`, if any.
@@ -442,12 +474,13 @@ impl ConfigKey {
             | ConfigKey::MaxHops
             | ConfigKey::ThreadContext
             | ConfigKey::MaxReplyFailures => ValueKind::Count,
-            ConfigKey::RequireMention => ValueKind::Flag,
+            ConfigKey::RequireMention | ConfigKey::RequireSignatures => ValueKind::Flag,
             ConfigKey::Budget => ValueKind::Budget,
             ConfigKey::Delegators => ValueKind::Agents,
             ConfigKey::Agents => ValueKind::Bindings,
             ConfigKey::GroupReply => ValueKind::GroupReply,
             ConfigKey::Topology => ValueKind::Topology,
+            ConfigKey::RelayKeys => ValueKind::WriterKeys,
         }
     }
 
@@ -475,7 +508,9 @@ impl ConfigKey {
             | ConfigKey::Delegators
             | ConfigKey::Agents
             | ConfigKey::GroupReply
-            | ConfigKey::Topology => None,
+            | ConfigKey::Topology
+            | ConfigKey::RelayKeys
+            | ConfigKey::RequireSignatures => None,
         }
     }
 
@@ -520,7 +555,15 @@ impl ConfigKey {
             ConfigKey::Agents => {
                 "agents bound to the writers (relay ids; database roles on Postgres) that \
                  may write as them; rows written as a bound agent by another writer are \
-                 ignored"
+                 ignored (room-wide)"
+            }
+            ConfigKey::RelayKeys => {
+                "writers' signing keys (huddle writer-key ID shows one); a listed \
+                 writer's rows count only when signed by one of its keys (room-wide)"
+            }
+            ConfigKey::RequireSignatures => {
+                "whether rows count only when signed by a key in relay-keys (owner-signed \
+                 commands and the rows they derive always count; room-wide)"
             }
             ConfigKey::ReplyHorizon => {
                 "how old a message may be and still be answered; an older unanswered one \
@@ -567,6 +610,10 @@ impl ConfigKey {
             (ValueKind::Bindings, _) => format!(
                 "agent@writer entries separated by commas, no spaces (ada@relay-a,\
                  ada@relay-b; at most {MAX_BINDINGS}), or none"
+            ),
+            (ValueKind::WriterKeys, _) => format!(
+                "writer=key entries separated by commas, no spaces, each key 64 hex digits \
+                 (relay-a=3f2a...,relay-b=9c01...; at most {MAX_BINDINGS}), or none"
             ),
             (ValueKind::Duration, Some(b)) => format!(
                 "a duration such as 500ms, 30s, 2m or 1h, from {} to {}",
@@ -660,6 +707,15 @@ impl ConfigKey {
                 let list = list.ok().and_then(normalized).ok_or_else(bad)?;
                 Ok((ConfigValue::Bindings(list), None))
             }
+            ValueKind::WriterKeys => {
+                if lower == "none" {
+                    return Ok((ConfigValue::WriterKeys(Vec::new()), None));
+                }
+                let list: Result<Vec<RelayKey>, String> =
+                    text.split(',').map(RelayKey::parse).collect();
+                let list = list.ok().and_then(normalized).ok_or_else(bad)?;
+                Ok((ConfigValue::WriterKeys(list), None))
+            }
             ValueKind::Flag => match lower.as_str() {
                 "on" | "true" | "yes" | "1" => Ok((ConfigValue::Flag(true), None)),
                 "off" | "false" | "no" | "0" => Ok((ConfigValue::Flag(false), None)),
@@ -732,6 +788,17 @@ impl ConfigKey {
                 })
                 .map(ConfigValue::Bindings)
                 .ok_or_else(|| expect("a list of agent@writer entries")),
+            ValueKind::WriterKeys => v
+                .as_array()
+                .and_then(|entries| {
+                    let list: Option<Vec<RelayKey>> = entries
+                        .iter()
+                        .map(|e| e.as_str().and_then(|e| RelayKey::parse(e).ok()))
+                        .collect();
+                    normalized(list?)
+                })
+                .map(ConfigValue::WriterKeys)
+                .ok_or_else(|| expect("a list of writer=key entries")),
             ValueKind::Flag => v
                 .as_bool()
                 .map(ConfigValue::Flag)
@@ -869,6 +936,8 @@ pub enum ConfigValue {
     GroupReply(GroupReply),
     /// A team shape.
     Topology(Topology),
+    /// Writers' keys, sorted, without duplicates; empty is none.
+    WriterKeys(Vec<RelayKey>),
 }
 
 impl ConfigValue {
@@ -887,6 +956,9 @@ impl ConfigValue {
             ConfigValue::Agents(names) => Value::from(names.clone()),
             ConfigValue::Bindings(list) => {
                 list.iter().map(|b| Value::from(b.to_string())).collect()
+            }
+            ConfigValue::WriterKeys(list) => {
+                list.iter().map(|k| Value::from(k.to_string())).collect()
             }
         }
     }
@@ -912,6 +984,11 @@ impl fmt::Display for ConfigValue {
             ConfigValue::Bindings(list) if list.is_empty() => f.write_str("none"),
             ConfigValue::Bindings(list) => {
                 let entries: Vec<String> = list.iter().map(AgentBinding::to_string).collect();
+                f.write_str(&entries.join(","))
+            }
+            ConfigValue::WriterKeys(list) if list.is_empty() => f.write_str("none"),
+            ConfigValue::WriterKeys(list) => {
+                let entries: Vec<String> = list.iter().map(RelayKey::to_string).collect();
                 f.write_str(&entries.join(","))
             }
         }
@@ -943,6 +1020,8 @@ impl RoomConfig {
             ConfigKey::ThreadContext => ConfigValue::Count(self.thread_context_bytes.into()),
             ConfigKey::ReplyHorizon => ConfigValue::Millis(self.reply_horizon_ms),
             ConfigKey::MaxReplyFailures => ConfigValue::Count(self.max_reply_failures.into()),
+            ConfigKey::RelayKeys => ConfigValue::WriterKeys(self.relay_keys.clone()),
+            ConfigKey::RequireSignatures => ConfigValue::Flag(self.require_signatures),
         }
     }
 
@@ -1003,6 +1082,11 @@ impl RoomConfig {
                 });
                 self.agents = normalized(list).filter(|_| valid).unwrap_or_default();
             }
+            (ConfigKey::RelayKeys, ConfigValue::WriterKeys(list)) => {
+                let valid = list.iter().all(|k| check_writer_name(&k.writer).is_ok());
+                self.relay_keys = normalized(list).filter(|_| valid).unwrap_or_default();
+            }
+            (ConfigKey::RequireSignatures, ConfigValue::Flag(b)) => self.require_signatures = b,
             _ => return false,
         }
         true

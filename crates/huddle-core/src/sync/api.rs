@@ -126,6 +126,14 @@ pub enum TurnOutcome {
     },
     /// The turn was stopped after [`Intent::Cancel`].
     Cancelled,
+    /// The turn never started: the relay could no longer vouch for its claims when
+    /// the agent was to start (its start deadline passed; the relay was paused or
+    /// starved). Nothing ran, so nothing is written under its claims: they are
+    /// released and the work is taken again (as after a lapsed lease).
+    NotStarted {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// The answer to an [`Intent::Acquire`], as the store's `acquire` returned it.
@@ -190,6 +198,14 @@ pub enum Event {
     Tick {
         /// Database time.
         now: Timestamp,
+    },
+    /// Every row committed before database time `as_of` has been folded: send after
+    /// the rows of a caught-up read that began once the database clock was at
+    /// `as_of` or later (a tick's clock reading taken before the read started). A
+    /// closed bid window is decided only when this covers it.
+    Covered {
+        /// The database time the view covers.
+        as_of: Timestamp,
     },
     /// The outcome of an [`Intent::Acquire`].
     ClaimResult(ClaimOutcome),

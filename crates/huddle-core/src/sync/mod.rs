@@ -29,9 +29,15 @@
 //!    send `Config`. Rooms without one use [`RoomConfig::default`].
 //! 5. Send `Tick { now }` at [`Synchronizer::next_wakeup`] (at the latest): that is
 //!    when the next responder delay, bid window or reconcile pass falls due.
+//!    After the rows of a caught-up read that began once the database clock read `T`
+//!    (a tick taken before the read started), send `Covered { as_of: T }`: a closed
+//!    bid window is decided only on a view that covers it
+//!    ([`Synchronizer::awaiting_coverage`] names the time waited for).
 //! 6. Perform the intents **in order**. `Acquire` is answered with
 //!    `ClaimResult`; a refused renew or a refused fenced append with `ClaimLost`; a
-//!    turn that ends (replied, failed, or cancelled after `Cancel`) with `TurnEnded`.
+//!    turn that ends (replied, failed, or cancelled after `Cancel`) with `TurnEnded`;
+//!    a turn the relay could not start while it could still vouch for its claims with
+//!    `TurnEnded(NotStarted)` (its claims are then released).
 //!    When a fenced `Append` is refused, skip any later `StartTurn` in the same output
 //!    whose [`TurnStart::claims`] contain that fence, and send `ClaimLost`.
 //! 7. On shutdown send `Shutdown`, keep performing intents and feeding turn endings
@@ -79,8 +85,8 @@ use crate::config::{Allocation, RoomConfig};
 use crate::fold::Fold;
 use crate::model::{Interaction, InteractionId, NewInteraction, Role, Timestamp};
 use crate::policy::{
-    bids_on_sight, capable, claim_right, losing_bidders, responder_delay_ms, retake_right,
-    ClaimRight, ResponderCandidate,
+    bids_decide_until, bids_on_sight, capable, claim_right, losing_bidders, responder_delay_ms,
+    retake_right, ClaimRight, ResponderCandidate,
 };
 use crate::protocol::task::{
     TaskBidBody, TaskClaimedBody, TaskCompletedBody, TaskEndedBody, TaskRejectedBody,
@@ -133,21 +139,56 @@ struct OpenMessage {
     /// The hops an agent's reply to it carries when the reply addresses another
     /// agent (`None`: its own hops are malformed, so no hops are carried on).
     next_hops: Option<u64>,
+    /// Failed turns per agent (`each` messages: a named agent's part is nobody else's,
+    /// so it tries again, up to `max_failures`).
+    failed_by: BTreeMap<String, BTreeSet<String>>,
+    max_failures: u32,
 }
 
 impl OpenMessage {
-    /// Whether `agent` still owes its own answer to an `each` message.
+    /// Whether `agent` still owes its own answer to an `each` message: not answered,
+    /// and fewer failed turns on it than the limit.
     fn owed_by(&self, agent: &str) -> bool {
         self.eligible.contains(agent)
             && !self.answered.contains(agent)
-            && !self.failed.contains(agent)
+            && self
+                .failed_by
+                .get(agent)
+                .is_none_or(|t| t.len() < self.max_failures as usize)
     }
 
     fn note_failure(&mut self, agent: &str, turn: &str, epoch: ClaimEpoch) {
         self.failed.insert(agent.to_string());
         self.failed_upto = Some(self.failed_upto.map_or(epoch, |e| e.max(epoch)));
         self.failed_turns.insert(turn.to_string());
+        self.failed_by
+            .entry(agent.to_string())
+            .or_default()
+            .insert(turn.to_string());
     }
+}
+
+/// A write that finished work (a reply, a task's completion or failure), appended but
+/// not yet read back. Its claims may have lapsed before it was written (the relay was
+/// paused between the turn and the write): if the store refuses it, the work is not
+/// finished, and what this relay noted as finished is undone.
+#[derive(Clone, Debug)]
+struct Unconfirmed {
+    claims: [ClaimRef; 2],
+    undo: Undo,
+}
+
+#[derive(Clone, Debug)]
+enum Undo {
+    /// The task's lease is not to be resumed (`Synchronizer::finished`).
+    Task { key: String, epoch: ClaimEpoch },
+    /// The message was noted as answered by `agent`; `before` is its state then.
+    Reply {
+        room: String,
+        message: InteractionId,
+        agent: String,
+        before: Option<Box<OpenMessage>>,
+    },
 }
 
 /// A claim being acquired (`epoch: None`) or held by this relay.
@@ -263,9 +304,17 @@ pub struct Synchronizer {
     /// Task claims `(key, epoch)` whose turn ended here: never resumed, even while the
     /// fold has not yet caught up with the completion or failure appended for them.
     finished: BTreeSet<(String, ClaimEpoch)>,
+    /// Ending writes not yet read back (see [`Unconfirmed`]).
+    unconfirmed: Vec<Unconfirmed>,
     registered: bool,
     now: Option<Timestamp>,
     caught_up: bool,
+    /// Every row committed before this database time has been folded
+    /// ([`Event::Covered`]).
+    covered: Option<Timestamp>,
+    /// The earliest bid window that closed but cannot be decided yet: the view does
+    /// not cover it ([`Synchronizer::awaiting_coverage`]).
+    coverage_wanted: Option<Timestamp>,
     next_reconcile: Option<Timestamp>,
     shutting_down: bool,
     stopped_sent: bool,
@@ -336,9 +385,12 @@ impl Synchronizer {
             unsettled: BTreeSet::new(),
             next_settle_check: None,
             finished: BTreeSet::new(),
+            unconfirmed: Vec::new(),
             registered: false,
             now: None,
             caught_up: false,
+            covered: None,
+            coverage_wanted: None,
             next_reconcile: None,
             shutting_down: false,
             stopped_sent: false,
@@ -405,6 +457,14 @@ impl Synchronizer {
     /// The latest database time seen (from ticks and folded rows).
     pub fn now(&self) -> Option<Timestamp> {
         self.now
+    }
+
+    /// A closed bid window that waits for a read covering it (database time): who
+    /// claims the task depends on every bid placed in the window, so nobody claims
+    /// until an [`Event::Covered`] at or after this time arrives. The relay answers
+    /// with a fresh read once its clock is past it.
+    pub fn awaiting_coverage(&self) -> Option<Timestamp> {
+        self.coverage_wanted
     }
 
     /// Whether the room is quiescent: no task ready or claimed, no turn in flight in
@@ -489,6 +549,13 @@ impl Synchronizer {
                 self.now = Some(self.now.map_or(now, |n| n.max(now)));
                 if self.next_reconcile.is_none_or(|at| now >= at) {
                     self.reconcile(now, &mut out);
+                }
+            }
+            Event::Covered { as_of } => {
+                self.covered = Some(self.covered.map_or(as_of, |c| c.max(as_of)));
+                // Only a bid decision waits for coverage: nothing else to do.
+                if self.coverage_wanted.is_none_or(|w| w > as_of) {
+                    return out;
                 }
             }
             Event::ClaimResult(r) => self.on_claim_result(r, &mut out),
@@ -689,6 +756,10 @@ impl Synchronizer {
     /// `agent` answered message `id`: a message naming several agents stays open
     /// until each local one of them answered (or failed); any other is finished.
     fn answered(&mut self, room: &str, id: InteractionId, agent: &str) {
+        self.unconfirmed.retain(|u| {
+            !matches!(&u.undo, Undo::Reply { room: r, message, agent: a, .. }
+                if r == room && *message == id && a == agent)
+        });
         let key = (room.to_string(), id);
         match self.messages.get_mut(&key) {
             Some(m) if m.each => {
@@ -787,6 +858,8 @@ impl Synchronizer {
                 failed_turns: BTreeSet::new(),
                 answered: BTreeSet::new(),
                 next_hops: crate::guards::next_hops(&row.body),
+                failed_by: BTreeMap::new(),
+                max_failures: config.max_reply_failures.max(1),
             },
         );
     }
@@ -1273,6 +1346,7 @@ impl Synchronizer {
     }
 
     fn schedule_tasks(&mut self, now: Timestamp, already: usize, out: &mut Vec<Intent>) {
+        self.coverage_wanted = None;
         let cap = self.options.max_wakes_per_pass;
         let mut wakes = already;
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
@@ -1328,6 +1402,15 @@ impl Synchronizer {
                 if let ClaimRight::Bidding { .. } = right {
                     bidding.push(id.to_string());
                     continue;
+                }
+                // A closed bid window is decided on a view that holds every bid placed
+                // in it: a lagging read must not mistake "not read yet" for "no bids".
+                if let Some(closed) = bids_decide_until(&config, since) {
+                    if self.covered.is_none_or(|c| c < closed) {
+                        self.coverage_wanted =
+                            Some(self.coverage_wanted.map_or(closed, |w| w.min(closed)));
+                        continue;
+                    }
                 }
                 // The agent whose attempt just failed waits one responder window,
                 // so an idle agent elsewhere gets the retry first; alone, it retries.
@@ -1490,6 +1573,11 @@ impl Synchronizer {
         self.bids_sent.retain(|(room, task, attempt, _)| {
             dag.task(room, task)
                 .is_some_and(|t| t.next_attempt() == *attempt && t.status == TaskStatus::Open)
+        });
+        let finished = &self.finished;
+        self.unconfirmed.retain(|u| match &u.undo {
+            Undo::Task { key, epoch } => finished.contains(&(key.clone(), *epoch)),
+            Undo::Reply { .. } => true,
         });
         // Re-takes and bid-window closes happen in the pass that follows every event.
     }
@@ -2121,12 +2209,21 @@ impl Synchronizer {
         };
         self.forget_at(&lt.exclusive.key, lt.exclusive.epoch);
         self.forget_at(&lt.drive.key, lt.drive.epoch);
+        // A turn that never started (its start deadline passed): nothing ran.
+        let not_started = matches!(outcome, TurnOutcome::NotStarted { .. });
         match &lt.work {
             // A turn that ended under its claim appends its completion or failure: never
             // resume that lease, even before the fold shows the outcome.
-            LiveWork::Task { .. } if !lt.lost => {
+            LiveWork::Task { .. } if !lt.lost && !not_started => {
                 self.finished
                     .insert((lt.exclusive.key.clone(), lt.exclusive.epoch));
+                self.unconfirmed.push(Unconfirmed {
+                    claims: [lt.exclusive.clone(), lt.drive.clone()],
+                    undo: Undo::Task {
+                        key: lt.exclusive.key.clone(),
+                        epoch: lt.exclusive.epoch,
+                    },
+                });
             }
             LiveWork::Reply { message, .. }
                 if !matches!(outcome, TurnOutcome::Replied { .. }) || lt.lost =>
@@ -2196,7 +2293,20 @@ impl Synchronizer {
                 "cancelled: relay shutting down".to_string()
             }
             TurnOutcome::Cancelled => "cancelled".to_string(),
+            TurnOutcome::NotStarted { reason } => format!("not started: {reason}"),
         };
+        if not_started {
+            // Nothing is written under its claims (no task.failed: no attempt ran);
+            // both are let go (a no-op for one already lost), so the work is offered
+            // again at once, to any relay, this one included.
+            out.push(Intent::Append {
+                fences: Vec::new(),
+                close: false,
+                batch: vec![failed_row(reason)],
+            });
+            release_both(out);
+            return;
+        }
         if lt.lost {
             // Nothing may be written under a lost claim; record only that the turn failed.
             out.push(Intent::Append {
@@ -2249,7 +2359,21 @@ impl Synchronizer {
                 )
                 .with_parent(*message);
                 replied_row.thread = lt.thread.clone();
+                let before = self
+                    .messages
+                    .get(&(lt.room.clone(), *message))
+                    .cloned()
+                    .map(Box::new);
                 self.answered(&lt.room, *message, &lt.agent);
+                self.unconfirmed.push(Unconfirmed {
+                    claims: [lt.exclusive.clone(), lt.drive.clone()],
+                    undo: Undo::Reply {
+                        room: lt.room.clone(),
+                        message: *message,
+                        agent: lt.agent.clone(),
+                        before,
+                    },
+                });
                 // The reply finishes the message for this agent: fenced by the reply
                 // claim and the drive claim, and closing both, so no relay (however
                 // stale its view) can ever answer it again.
@@ -2395,6 +2519,36 @@ impl Synchronizer {
         }
         if self.claims.get(key).is_some_and(|s| s.epoch == Some(epoch)) {
             self.forget(key);
+        }
+        // An ending write under this claim was refused: the work is not finished.
+        // (A loss reported after the write did land, a renewal of the claim it closed,
+        // undoes nothing lasting: the next acquire finds the claim closed.)
+        let (undone, kept): (Vec<Unconfirmed>, Vec<Unconfirmed>) =
+            std::mem::take(&mut self.unconfirmed)
+                .into_iter()
+                .partition(|u| u.claims.iter().any(|c| c.key == key && c.epoch == epoch));
+        self.unconfirmed = kept;
+        for u in undone {
+            match u.undo {
+                Undo::Task { key, epoch } => {
+                    self.finished.remove(&(key, epoch));
+                }
+                Undo::Reply {
+                    room,
+                    message,
+                    agent,
+                    before,
+                } => match self.messages.get_mut(&(room.clone(), message)) {
+                    Some(m) => {
+                        m.answered.remove(&agent);
+                    }
+                    None => {
+                        if let Some(m) = before {
+                            self.messages.insert((room, message), *m);
+                        }
+                    }
+                },
+            }
         }
     }
 }

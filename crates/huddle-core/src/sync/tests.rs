@@ -60,14 +60,17 @@ impl H {
             .collect()
     }
 
-    /// Feeds everything not yet read as one caught-up batch.
+    /// Feeds everything not yet read as one caught-up batch, read at `now`: it
+    /// covers every row written before.
     fn read(&mut self) -> Vec<Intent> {
         let rows = self.ledger.rows[self.cursor..].to_vec();
         self.cursor = self.ledger.rows.len();
-        self.sync.handle(Event::Ledger {
+        let mut out = self.sync.handle(Event::Ledger {
             rows,
             caught_up: true,
-        })
+        });
+        out.extend(self.sync.handle(Event::Covered { as_of: self.now }));
+        out
     }
 
     /// Writes then reads.
@@ -372,6 +375,133 @@ fn a_message_naming_several_agents_gets_one_reply_from_each() {
     // Answered by each: nothing more is contended, however long we wait.
     assert!(acquires(&h.tick(h.now + 120 * S)).is_empty());
     assert!(h.sync.is_quiescent("lobby"));
+}
+
+/// A named agent whose turn on its part fails (or loses its claim, or never starts)
+/// tries again, up to the reply failure limit: nobody else can answer its part.
+#[test]
+fn a_named_agent_whose_turn_failed_tries_its_part_again() {
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "@bo and @cy: your parts")])[0].clone();
+    h.read();
+    let key = directed_reply_key("lobby", &m.id, "bo");
+    for (attempt, outcome) in [
+        TurnOutcome::Cancelled,
+        TurnOutcome::Failed {
+            reason: "exit 1".into(),
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let epoch = attempt as i64 + 1;
+        h.result(&key, "bo", true, epoch);
+        let dkey = drive_key("lobby", "bo", &m.id);
+        let out = h.result(&dkey, "r1", true, epoch);
+        let st = starts(&out)[0].clone();
+        h.apply_appends(&out);
+        h.read();
+        let mut out = h.ended(&st.turn, outcome);
+        h.apply_appends(&out);
+        out.extend(h.read());
+        assert_eq!(
+            acquires(&out),
+            vec![(key.clone(), "bo".to_string())],
+            "after failure {}: {out:?}",
+            attempt + 1
+        );
+    }
+    // The third failure is the last (max_reply_failures): bo gives its part up.
+    h.result(&key, "bo", true, 3);
+    let dkey = drive_key("lobby", "bo", &m.id);
+    let out = h.result(&dkey, "r1", true, 3);
+    let st = starts(&out)[0].clone();
+    h.apply_appends(&out);
+    h.read();
+    let mut out = h.ended(&st.turn, TurnOutcome::Cancelled);
+    h.apply_appends(&out);
+    out.extend(h.read());
+    assert!(!acquires(&out).iter().any(|(k, _)| *k == key), "{out:?}");
+}
+
+/// A reply whose write is refused by its fence (the relay was paused past the lease
+/// between the turn and the write) did not answer: the message is contended for
+/// again, by this relay too — for a message naming the agent, nobody else can.
+#[test]
+fn a_reply_refused_by_its_fence_leaves_the_message_open() {
+    // Named: only bo, hosted here, can answer its part.
+    let mut h = H::new(&["bo", "cy"]);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "@bo and @cy: your parts")])[0].clone();
+    h.read();
+    let key = directed_reply_key("lobby", &m.id, "bo");
+    let st = run_each_to_start(&mut h, &m, "bo");
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Replied {
+            text: "late".into(),
+        },
+    );
+    assert_eq!(appends(&out)[0].1, vec!["message.posted", "turn.replied"]);
+    // The write is refused: its claims lapsed meanwhile.
+    let out = h.sync.handle(Event::ClaimLost {
+        key: key.clone(),
+        epoch: ClaimEpoch(1),
+    });
+    assert_eq!(acquires(&out), vec![(key, "bo".to_string())], "{out:?}");
+
+    // Broadcast, on a relay of its own: it takes the message again.
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let m = h.write(vec![message("ana", Role::Human, "anyone?")])[0].clone();
+    h.read();
+    let rkey = reply_key("lobby", &m.id);
+    let out = h.result(&rkey, "bo", true, 1);
+    h.apply_appends(&out);
+    h.read();
+    let dkey = drive_key("lobby", "bo", &m.id);
+    let out = h.result(&dkey, "r1", true, 1);
+    h.apply_appends(&out);
+    h.read();
+    let st = starts(&out)[0].clone();
+    h.ended(
+        &st.turn,
+        TurnOutcome::Replied {
+            text: "late".into(),
+        },
+    );
+    let out = h.sync.handle(Event::ClaimLost {
+        key: dkey,
+        epoch: ClaimEpoch(1),
+    });
+    assert_eq!(acquires(&out), vec![(rkey, "bo".to_string())], "{out:?}");
+}
+
+/// A completion refused by its fence did not finish the task: a relay alone with it
+/// takes it again once the lease lapsed (it used to wait for another relay forever).
+#[test]
+fn a_completion_refused_by_its_fence_leaves_the_task_to_be_taken_again() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 1);
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Replied {
+            text: "done".into(),
+        },
+    );
+    assert_eq!(appends(&out)[0].1, vec!["task.completed", "turn.replied"]);
+    let out = h.sync.handle(Event::ClaimLost {
+        key: taskdrive_key("lobby", "a"),
+        epoch: ClaimEpoch(1),
+    });
+    assert_eq!(
+        acquires(&out),
+        vec![(task_key("lobby", "a"), "bo".to_string())],
+        "{out:?}"
+    );
 }
 
 #[test]
@@ -1050,6 +1180,43 @@ fn a_failed_task_turn_fails_the_attempt_never_completes() {
 }
 
 #[test]
+fn a_task_turn_that_never_started_writes_nothing_under_its_claims_and_is_taken_again() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 2);
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::NotStarted {
+            reason: "past its start deadline".into(),
+        },
+    );
+    // Only the turn's record, unfenced: nothing is written under the claims (no
+    // task.failed: the agent never ran), nothing closed.
+    assert_eq!(appends(&out), vec![(None, vec!["turn.failed"])]);
+    let failed: TurnFailedBody =
+        serde_json::from_value(appended_body(&out, Verb::TurnFailed)).unwrap();
+    assert!(
+        failed.reason.starts_with("not started"),
+        "{}",
+        failed.reason
+    );
+    // Both claims are let go, and the same relay takes the task again at once.
+    assert_eq!(kinds(&out)[1..3], ["release", "release"]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    h.apply_appends(&out);
+    h.read();
+    let t = h.sync.tasks().task("lobby", "a").unwrap();
+    assert_eq!((t.status, t.attempts), (TaskStatus::Claimed, 1));
+    // As after a lapsed lease, the new claim (epoch 3) is the next attempt.
+    let st = run_task_to_start(&mut h, "a", "bo", 3);
+    assert!(
+        matches!(&st.work, TurnWork::Task(t) if t.attempt == 2),
+        "{st:?}"
+    );
+}
+
+#[test]
 fn a_failed_attempt_goes_to_another_free_agent_first() {
     let mut h = H::new(&["bo", "cy"]);
     h.start();
@@ -1418,7 +1585,10 @@ fn bid_window_then_winner_claims_and_losers_are_rejected() {
     h.post(vec![bid("a", "zed", 1, &[], 3)]);
     assert_eq!(h.sync.next_wakeup(), Some(T0 + 2 * S));
     assert!(acquires(&h.tick(T0 + 2 * S - 1)).is_empty());
-    let out = h.tick(T0 + 2 * S);
+    // The window closes; it is decided on the first read that covers it.
+    assert!(acquires(&h.tick(T0 + 2 * S)).is_empty());
+    assert_eq!(h.sync.awaiting_coverage(), Some(T0 + 2 * S));
+    let out = h.read();
     // Equal load 0: the lower agent id wins.
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
     h.result(&task_key("lobby", "a"), "bo", true, 1);
@@ -1472,9 +1642,57 @@ fn no_bids_falls_back_to_pull() {
         caught_up: true,
     });
     assert_eq!(appends(&out).len(), 2, "registration and bo's bid: {out:?}");
-    // The bid never reached the ledger: at the close there are no bids, so pull.
+    // The bid never reached the ledger: once a read covers the close and there are
+    // no bids, pull.
     let out = sync.handle(Event::Tick { now: T0 + 2 * S });
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    let out = sync.handle(Event::Covered { as_of: T0 + 2 * S });
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+}
+
+/// A relay whose read lags: a remote agent bid in the window, but when the window
+/// closes this relay has not read the bid yet. It must not take "not read yet" for
+/// "no bids" and claim for its own agent (which did not bid): it waits for a read
+/// that began after the close, which holds the bid, and leaves the task to the
+/// bidder.
+#[test]
+fn a_lagging_read_does_not_turn_a_closed_bid_window_into_pull() {
+    let cfg = config(Responder::Race, None, Allocation::Bid);
+    let mut h = H::with(&["bo"], cfg);
+    h.start();
+    // bo takes a first task (its window, its bid), and is busy with it while the
+    // second task's window is open, so it does not bid on that one.
+    let out = h.post(vec![created("first", &[])]);
+    h.apply_appends(&out);
+    h.read();
+    let mut out = h.tick(T0 + 2 * S);
+    out.extend(h.read());
+    assert_eq!(
+        acquires(&out),
+        vec![(task_key("lobby", "first"), "bo".into())]
+    );
+    let st = run_task_to_start(&mut h, "first", "bo", 1);
+    h.now = T0 + 3 * S;
+    let out = h.post(vec![created("b", &[])]);
+    assert!(appends(&out).is_empty(), "busy bo does not bid: {out:?}");
+    // zed (elsewhere) bids on b; this relay's read lags behind that row.
+    h.write(vec![bid("b", "zed", 1, &[], 0)]);
+    // bo finishes after b's window closed (at T0 + 5 s).
+    let out2 = h.tick(T0 + 6 * S);
+    let out = h.ended(&st.turn, TurnOutcome::Replied { text: "ok".into() });
+    assert!(
+        acquires(&out).is_empty() && acquires(&out2).is_empty(),
+        "no claim on a view that does not cover the window: {out:?} {out2:?}"
+    );
+    assert_eq!(h.sync.awaiting_coverage(), Some(T0 + 5 * S));
+    // The read that covers the close holds zed's bid: the task is zed's to take.
+    h.apply_appends(&out);
+    let out = h.read();
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    assert_eq!(h.sync.awaiting_coverage(), None);
+    // zed stays silent a whole window more: then anyone may, bo included.
+    let out = h.tick(T0 + 7 * S);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "b"), "bo".into())]);
 }
 
 #[test]

@@ -16,6 +16,10 @@
 //! - **A turn is `session/prompt`** with the relay's prompt; agent message chunks of
 //!   `session/update` are assembled into the reply, tool calls are logged, and the
 //!   token usage the agent reports for the turn is recorded (an estimate otherwise).
+//!   The prompt reaches the agent only before the turn's start deadline: the line is
+//!   copied to the agent by a `cat` whose child checks the deadline between fork and
+//!   exec (`prompt_gate`); a late prompt is never delivered and the turn reports
+//!   [`TurnOutcome::NotStarted`].
 //! - **Cancellation** (claim lost, shutdown) and the turn timeout send
 //!   `session/cancel` and wait up to `cancel_grace_ms` for the prompt to end; an agent
 //!   that does not end it is restarted, so no later turn finds its session busy.
@@ -38,16 +42,16 @@ use agent_client_protocol::v1::schema::{
     SessionNotification, SessionUpdate, StopReason, TextContent, ToolKind,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
-use agent_client_protocol::{Agent, ByteStreams, Client};
+use agent_client_protocol::{Agent, Client, Lines};
 use async_trait::async_trait;
 use huddle_core::protocol::TurnActivity;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{mpsc, watch, Mutex};
-use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, info, warn};
 
+use super::prompt_gate::{self, PromptGate};
 use super::{AgentProcess, Driver, McpLaunch, TurnOutcome, TurnRequest};
 
 /// The ACP agents huddle knows the commands of.
@@ -279,6 +283,8 @@ struct Live {
     load_session: bool,
     /// Cancelled to have the process stopped and restarted.
     restart: CancellationToken,
+    /// Prompts written only before their turn's start deadline.
+    gate: Arc<PromptGate>,
 }
 
 /// One thread's session.
@@ -506,22 +512,24 @@ impl Inner {
             .command
             .split_first()
             .ok_or_else(|| "no command configured".to_string())?;
+        // The agent's standard input is a plain (blocking) pipe, so that a prompt's
+        // `cat` can write to it too (see `prompt_gate`).
+        let (agent_in, stdin) =
+            std::io::pipe().map_err(|e| format!("cannot make a pipe for {program:?}: {e}"))?;
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
             .current_dir(&self.cwd)
             .env("HUDDLE_AGENT", &self.agent)
-            .stdin(Stdio::piped())
+            .stdin(Stdio::from(agent_in))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut process = AgentProcess::spawn(cmd)
             .await
             .map_err(|e| format!("cannot start {program:?}: {e}"))?;
         let pid = process.child().id();
-        let (Some(stdin), Some(stdout), Some(stderr)) = (
-            process.child().stdin.take(),
-            process.child().stdout.take(),
-            process.child().stderr.take(),
-        ) else {
+        let (Some(stdout), Some(stderr)) =
+            (process.child().stdout.take(), process.child().stderr.take())
+        else {
             return Err("the agent's standard streams are not available".into());
         };
         let agent = self.agent.clone();
@@ -532,7 +540,11 @@ impl Inner {
             }
         });
         let grace = Duration::from_millis(self.settings.stop_grace_ms);
-        let transport = ByteStreams::new(stdin.compat_write(), stdout.compat());
+        let gate = Arc::new(PromptGate::default());
+        let transport = Lines::new(
+            prompt_gate::outgoing(stdin, gate.clone()),
+            prompt_gate::incoming(stdout),
+        );
         let (cx_tx, cx_rx) = tokio::sync::oneshot::channel();
         let done = CancellationToken::new();
         let done_inside = done.clone();
@@ -632,6 +644,7 @@ impl Inner {
             generation,
             load_session: response.agent_capabilities.load_session,
             restart: restart.clone(),
+            gate,
         }));
         if let Some(tx) = first.take() {
             let _ = tx.send(Ok(()));
@@ -772,7 +785,12 @@ impl Inner {
                 McpServer::Stdio(
                     McpServerStdio::new("huddle", m.program.clone())
                         .args(m.args(room, &self.agent))
-                        .env(vec![EnvVariable::new("HUDDLE_DB", m.database.clone())]),
+                        .env(
+                            m.env()
+                                .into_iter()
+                                .map(|(k, v)| EnvVariable::new(k, v))
+                                .collect(),
+                        ),
                 )
             })
             .collect()
@@ -941,6 +959,18 @@ impl Reply {
     }
 }
 
+/// Forgets a prompt's registered deadline when its turn ends first.
+struct Forget<'a> {
+    gate: &'a PromptGate,
+    session: &'a str,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.gate.forget(self.session);
+    }
+}
+
 enum End {
     Done(Box<Result<PromptResponse, agent_client_protocol::Error>>),
     Cancelled,
@@ -991,6 +1021,15 @@ impl Driver for AcpDriver {
         };
         let prompt = format!("{note}{}", request.prompt);
         let prompt_len = prompt.len();
+        // The prompt reaches the agent only before the turn's start deadline.
+        let session_key = session.to_string();
+        let mut delivery = request
+            .start_by
+            .map(|by| live.gate.expect(&session_key, by));
+        let _forget = Forget {
+            gate: &live.gate,
+            session: &session_key,
+        };
         let response = live
             .cx
             .send_request(PromptRequest::new(
@@ -1004,9 +1043,27 @@ impl Driver for AcpDriver {
             ..Reply::default()
         };
         let end = loop {
+            let delivered = async {
+                match delivery.as_mut() {
+                    Some(d) => d.await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 r = &mut response => break End::Done(Box::new(r)),
                 Some(u) = rx.recv() => reply.absorb(&inner.agent, u),
+                d = delivered => {
+                    delivery = None;
+                    match d {
+                        Ok(Ok(true)) => {}
+                        Ok(Ok(false)) => {
+                            info!(agent = %inner.agent, session = %session, "prompt not delivered: the turn's start deadline had passed");
+                            return TurnOutcome::NotStarted;
+                        }
+                        Ok(Err(e)) => return TurnOutcome::failed(format!("the prompt could not be delivered: {e}"), 0),
+                        Err(_) => return TurnOutcome::failed("the connection to the agent ended before the prompt was delivered", 0),
+                    }
+                }
                 _ = cancel.cancelled() => break End::Cancelled,
                 _ = &mut timeout => break End::TimedOut,
             }
@@ -1014,6 +1071,17 @@ impl Driver for AcpDriver {
         let response = match end {
             End::Done(r) => *r,
             End::Cancelled | End::TimedOut => {
+                // A prompt still on its way through the gate: if it never reached the
+                // agent, there is nothing to cancel there.
+                if let Some(d) = delivery.take() {
+                    let grace = Duration::from_millis(s.cancel_grace_ms);
+                    if !matches!(tokio::time::timeout(grace, d).await, Ok(Ok(Ok(true)))) {
+                        return match end {
+                            End::TimedOut => timed_out(),
+                            _ => TurnOutcome::Cancelled,
+                        };
+                    }
+                }
                 let _ = live
                     .cx
                     .send_notification(CancelNotification::new(session.clone()));

@@ -1,12 +1,16 @@
 //! The exec driver: runs a command per turn. This is how any command-line agent
 //! plugs in.
 //!
-//! - The prompt goes to the child's standard input, which is then closed.
+//! - The prompt is the child's standard input: a file holding it (already unlinked),
+//!   read to its end. It is written before the child starts, so once the child runs
+//!   nothing it reads waits for the relay (plan 0029).
 //! - Environment: `HUDDLE_ROOM`, `HUDDLE_THREAD` (empty when none), `HUDDLE_AGENT`,
 //!   `HUDDLE_TASK` (empty when none), `HUDDLE_EPOCH` (empty when none),
 //!   `HUDDLE_ATTEMPT`, `HUDDLE_EFFECT_KEY` (stable across the attempts of one task or
-//!   message answer: the idempotency key for the agent's external effects); when the agent is offered huddle's MCP tools, `HUDDLE_MCP` (a
-//!   `sh` command line starting `huddle mcp` for this agent and room) and `HUDDLE_DB`.
+//!   message answer: the idempotency key for the agent's external effects); when the
+//!   agent is offered huddle's MCP tools, `HUDDLE_MCP` (a `sh` command line starting
+//!   `huddle mcp` for this agent and room), `HUDDLE_DB`, `HUDDLE_RELAY_ID` and, when
+//!   the relay signs, `HUDDLE_RELAY_KEY` ([`McpLaunch::env`]).
 //! - Standard output is the reply (capped at `max_reply_bytes`).
 //! - A line `huddle-tokens: N` on standard error reports the tokens used; without one
 //!   the driver estimates a token per four bytes of prompt and reply.
@@ -25,9 +29,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
+use super::process::{input_file, started_too_late};
 use super::{
     AgentProcess, Driver, McpLaunch, ProgressSink, TurnOutcome, TurnRequest, PROGRESS_PREFIX,
 };
@@ -84,6 +89,10 @@ impl ExecSettings {
 pub struct ExecDriver {
     settings: ExecSettings,
     mcp: Option<McpLaunch>,
+    /// Test seam: called with the child's pid right after it started, on the relay's
+    /// own thread (a test blocks it there, as a paused relay would be).
+    #[cfg(test)]
+    after_spawn: Option<fn(u32)>,
 }
 
 impl ExecDriver {
@@ -92,11 +101,13 @@ impl ExecDriver {
         ExecDriver {
             settings,
             mcp: None,
+            #[cfg(test)]
+            after_spawn: None,
         }
     }
 
     /// Offers the agent huddle's MCP tools: each turn's process gets `HUDDLE_MCP`
-    /// (the command that starts the server for the turn's room) and `HUDDLE_DB`.
+    /// (the command that starts the server for the turn's room) and [`McpLaunch::env`].
     pub fn with_mcp(mut self, launch: McpLaunch) -> Self {
         self.mcp = Some(launch);
         self
@@ -187,7 +198,6 @@ impl Driver for ExecDriver {
             .env("HUDDLE_ATTEMPT", request.attempt.to_string())
             .env("HUDDLE_EFFECT_KEY", &request.effect_key)
             .env_remove("HUDDLE_MCP")
-            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some(dir) = &s.cwd {
@@ -198,22 +208,27 @@ impl Driver for ExecDriver {
                 "HUDDLE_MCP",
                 mcp.command_line(&request.room, &request.agent),
             )
-            .env("HUDDLE_DB", &mcp.database);
+            .envs(mcp.env());
         }
-        let mut process = match AgentProcess::spawn(cmd).await {
+        let prompt = request.prompt.clone();
+        match tokio::task::spawn_blocking(move || input_file(prompt.as_bytes())).await {
+            Ok(Ok(file)) => {
+                cmd.stdin(Stdio::from(file));
+            }
+            Ok(Err(e)) => return TurnOutcome::failed(format!("cannot hold the prompt: {e}"), 0),
+            Err(e) => return TurnOutcome::failed(format!("cannot hold the prompt: {e}"), 0),
+        }
+        // The child checks the start deadline itself, between fork and exec.
+        let mut process = match AgentProcess::spawn_by(cmd, request.start_by).await {
             Ok(p) => p,
+            Err(e) if started_too_late(&e) => return TurnOutcome::NotStarted,
             Err(e) => return TurnOutcome::failed(format!("cannot start {program:?}: {e}"), 0),
         };
+        #[cfg(test)]
+        if let (Some(hook), Some(pid)) = (self.after_spawn, process.child().id()) {
+            hook(pid);
+        }
         let child = process.child();
-        let stdin = child.stdin.take();
-        let prompt = request.prompt.clone();
-        let writer = tokio::spawn(async move {
-            if let Some(mut stdin) = stdin {
-                // A child that does not read its input is not an error.
-                let _ = stdin.write_all(prompt.as_bytes()).await;
-                let _ = stdin.shutdown().await;
-            }
-        });
         let mut stdout = child.stdout.take();
         let mut stderr = child.stderr.take();
         let max = s.max_reply_bytes;
@@ -273,7 +288,6 @@ impl Driver for ExecDriver {
             Ok(waited) => waited.and(stopped),
             Err(outcome) => return outcome,
         };
-        let _ = writer.await;
         let out = read_out.await.unwrap_or_default();
         let err = read_err.await.unwrap_or_default();
         let reply = cut(out, max);
@@ -316,6 +330,7 @@ mod tests {
             prompt: "<coordination>\n</coordination>\nhello".into(),
             effect_key: String::new(),
             progress: Default::default(),
+            start_by: None,
         }
     }
 
@@ -467,6 +482,52 @@ mod tests {
         );
         let (leader, grandchild) = started(dir.path()).await;
         assert!(!runs(leader) && !runs(grandchild));
+    }
+
+    /// The agent reads its whole prompt without the relay: a relay frozen right after
+    /// the start (its runtime blocked here, as SIGSTOP would stop it) does not keep
+    /// the agent waiting for its input, so the agent never starts work late on a
+    /// prompt handed over after a pause. The prompt is larger than a pipe holds.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_agent_reads_its_whole_prompt_while_the_relay_is_frozen() {
+        fn frozen(pid: u32) {
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            while runs(pid) && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert!(
+                !runs(pid),
+                "the agent still waits for its prompt from a frozen relay"
+            );
+        }
+        let mut d = sh("wc -c", 10_000);
+        d.after_spawn = Some(frozen);
+        let mut request = req();
+        request.prompt = "x".repeat(300 * 1024);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        match rt.block_on(d.run(request, CancellationToken::new())) {
+            TurnOutcome::Replied { text, .. } => assert_eq!(text.trim(), "307200"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A turn past its start deadline never runs its command.
+    #[tokio::test]
+    async fn a_turn_past_its_start_deadline_never_runs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("ran");
+        let d = sh(&format!("echo ran > {}", file.display()), 10_000);
+        let mut request = req();
+        request.start_by = Some(std::time::Instant::now() - Duration::from_millis(1));
+        assert_eq!(
+            d.run(request, CancellationToken::new()).await,
+            TurnOutcome::NotStarted
+        );
+        assert!(!file.exists(), "the command ran");
     }
 
     #[tokio::test]

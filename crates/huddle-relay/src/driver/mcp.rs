@@ -15,6 +15,12 @@ pub struct McpLaunch {
     pub database: String,
     /// The agent's declared capabilities.
     pub capabilities: Vec<String>,
+    /// The writer the server writes as: the relay's id (`HUDDLE_RELAY_ID`), so a
+    /// driven agent's rows are its relay's (bindings and registered keys name it).
+    pub writer: Option<String>,
+    /// The relay's key file when it signs (`HUDDLE_RELAY_KEY`): the server signs
+    /// every row with it, as its relay does.
+    pub key: Option<PathBuf>,
 }
 
 impl McpLaunch {
@@ -32,6 +38,21 @@ impl McpLaunch {
             args.push(self.capabilities.join(","));
         }
         args
+    }
+
+    /// The environment the server needs besides its arguments: the database
+    /// (`HUDDLE_DB`, kept off the command line since a Postgres URL may carry a
+    /// password), the writer id (`HUDDLE_RELAY_ID`) and, when the relay signs, its
+    /// key file (`HUDDLE_RELAY_KEY`).
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![("HUDDLE_DB", self.database.clone())];
+        if let Some(w) = &self.writer {
+            env.push(("HUDDLE_RELAY_ID", w.clone()));
+        }
+        if let Some(k) = &self.key {
+            env.push(("HUDDLE_RELAY_KEY", k.display().to_string()));
+        }
+        env
     }
 
     /// The whole command line, each word quoted for `sh`: what `HUDDLE_MCP` holds.
@@ -65,7 +86,17 @@ mod tests {
             program: PathBuf::from("/opt/my tools/huddle"),
             database: "postgres://u:p@h/db".into(),
             capabilities: vec!["rust".into(), "sql".into()],
+            writer: Some("r0".into()),
+            key: Some(PathBuf::from("/keys/r0.key")),
         };
+        assert_eq!(
+            launch.env(),
+            [
+                ("HUDDLE_DB", "postgres://u:p@h/db".to_string()),
+                ("HUDDLE_RELAY_ID", "r0".to_string()),
+                ("HUDDLE_RELAY_KEY", "/keys/r0.key".to_string()),
+            ]
+        );
         let line = launch.command_line("lobby", "o'brien");
         assert_eq!(
             line,

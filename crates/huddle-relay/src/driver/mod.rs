@@ -7,11 +7,17 @@
 //!
 //! A driver that starts processes starts them through [`AgentProcess`], which ties
 //! them to the turn and to the relay's life (plan 0013).
+//!
+//! Every request carries a start deadline ([`TurnRequest::start_by`]): the moment
+//! after which the relay can no longer vouch for the turn's claims. A driver starts
+//! nothing after it and answers [`TurnOutcome::NotStarted`] instead (plan 0029); the
+//! exec driver has the agent's child process check it between fork and exec.
 
 pub mod acp;
 mod exec;
 mod mcp;
 pub mod process;
+mod prompt_gate;
 mod sim;
 
 pub use acp::{AcpDriver, AcpPreset, AcpSettings, PermissionPolicy};
@@ -22,6 +28,8 @@ pub use process::AgentProcess;
 /// The line prefix on an exec agent's standard error that posts a progress note.
 pub const PROGRESS_PREFIX: &str = "huddle-progress:";
 pub use sim::{SimDriver, SimSettings};
+
+use std::time::Instant;
 
 use async_trait::async_trait;
 use huddle_core::protocol::TurnActivity;
@@ -55,6 +63,11 @@ pub struct TurnRequest {
     /// relay writes each as a `turn.progress` row under the turn's claims.
     #[serde(skip)]
     pub progress: ProgressSink,
+    /// The latest moment (this process's monotonic clock) at which the agent may start
+    /// working on the turn: well inside the lease of every claim the turn runs under,
+    /// measured from before the relay last confirmed them. `None`: no deadline.
+    #[serde(skip)]
+    pub start_by: Option<Instant>,
 }
 
 /// Where a driver sends a running turn's progress notes. Cloning shares it; the
@@ -99,6 +112,11 @@ impl PartialEq for ProgressSink {
 impl Eq for ProgressSink {}
 
 impl TurnRequest {
+    /// Whether the start deadline has passed: a driver then starts nothing.
+    pub fn too_late(&self) -> bool {
+        self.start_by.is_some_and(|by| Instant::now() >= by)
+    }
+
     /// A stable identity for deterministic simulation: what the turn is about.
     pub fn subject(&self) -> String {
         match &self.task {
@@ -131,6 +149,10 @@ pub enum TurnOutcome {
     },
     /// The turn was cancelled (claim lost, shutdown). Never completes a task.
     Cancelled,
+    /// Nothing ran: the start deadline ([`TurnRequest::start_by`]) had passed before
+    /// the agent could start (the relay was paused or starved after it last confirmed
+    /// the claims). The claims are released and the work is offered again.
+    NotStarted,
 }
 
 impl TurnOutcome {

@@ -18,13 +18,19 @@
 //! - [`AgentProcess::stop`] ends the group while the relay lives: SIGTERM, SIGKILL
 //!   after a grace, and a wait until no member runs. Dropping an `AgentProcess` that
 //!   was not stopped kills its group at once.
+//! - A **start deadline** ([`AgentProcess::spawn_by`]): the child itself, between
+//!   fork and exec, compares `CLOCK_MONOTONIC` with the deadline and does not exec
+//!   when it is past ([`started_too_late`]). The child is a process of its own, so a
+//!   relay stopped (SIGSTOP) or starved anywhere between its last claim check and
+//!   the fork cannot start the agent late: the check happens after the fork, in a
+//!   process the relay's pause does not stop.
 //!
 //! Without process groups (not Unix) the direct child is killed on stop and on drop,
 //! and nothing more is promised.
 
 use std::io;
 use std::process::ExitStatus;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
 
@@ -62,18 +68,83 @@ pub struct AgentProcess {
     group: Option<imp::Group>,
 }
 
+/// A temporary file holding `bytes`, already unlinked, positioned at its start: an
+/// agent's whole input, on the kernel's side before the agent is started, so that
+/// nothing the agent reads waits for the relay once it runs (a relay paused after
+/// the start cannot hand the agent its input late).
+pub(crate) fn input_file(bytes: &[u8]) -> io::Result<std::fs::File> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut tries = 0;
+    let mut file = loop {
+        let path = std::env::temp_dir().join(format!(
+            "huddle-prompt-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        match options.open(&path) {
+            Ok(file) => {
+                let _ = std::fs::remove_file(&path);
+                break file;
+            }
+            // Left by an earlier process with the same id: take the next name.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 100 => tries += 1,
+            Err(e) => return Err(e),
+        }
+    };
+    std::io::Write::write_all(&mut file, bytes)?;
+    std::io::Seek::rewind(&mut file)?;
+    Ok(file)
+}
+
+/// Why a spawn given a start deadline did not run its program: the deadline had
+/// passed when the child was about to exec.
+#[derive(Debug)]
+struct StartedTooLate;
+
+impl std::fmt::Display for StartedTooLate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("not started: its start deadline had passed")
+    }
+}
+
+impl std::error::Error for StartedTooLate {}
+
+/// Whether `e` (from [`AgentProcess::spawn_by`]) says the program was not started
+/// because its start deadline had passed. Nothing of it ran.
+pub fn started_too_late(e: &io::Error) -> bool {
+    e.get_ref()
+        .is_some_and(|inner| inner.is::<StartedTooLate>())
+}
+
 impl AgentProcess {
     /// Starts `cmd` as the leader of a new process group registered with the reaper.
     /// Fails (rather than run unguarded) when no reaper can be started.
     pub async fn spawn(cmd: Command) -> io::Result<AgentProcess> {
+        Self::spawn_by(cmd, None).await
+    }
+
+    /// Like [`AgentProcess::spawn`], but the program is started only if that happens
+    /// before `start_by`: the child checks the monotonic clock between fork and exec,
+    /// its last step before the program runs, and exits without exec'ing when it is
+    /// late. That is an error for which [`started_too_late`] is true. (Without
+    /// process groups, not Unix, the check is made just before the spawn.)
+    pub async fn spawn_by(cmd: Command, start_by: Option<Instant>) -> io::Result<AgentProcess> {
         #[cfg(unix)]
         {
-            let child = imp::spawn(cmd).await?;
+            let child = imp::spawn(cmd, start_by).await?;
             let group = child.id().and_then(imp::Group::of);
             Ok(AgentProcess { child, group })
         }
         #[cfg(not(unix))]
         {
+            if start_by.is_some_and(|by| Instant::now() >= by) {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, StartedTooLate));
+            }
             let mut cmd = cmd;
             cmd.kill_on_drop(true);
             Ok(AgentProcess {
@@ -133,13 +204,15 @@ mod imp {
     use nix::errno::Errno;
     use nix::sys::signal::{killpg, Signal};
     use nix::sys::socket::{send, MsgFlags};
+    use nix::sys::time::TimeSpec;
+    use nix::time::{clock_gettime, ClockId};
     use nix::unistd::{getpid, getppid, Pid};
     use tokio::process::{Child, Command};
     use tokio::runtime::Handle;
     use tokio::sync::oneshot;
     use tracing::{debug, warn};
 
-    use super::{KILL_WAIT, POLL, REAPER_SCRIPT};
+    use super::{StartedTooLate, KILL_WAIT, POLL, REAPER_SCRIPT};
 
     /// Writes to the reaper must never raise SIGPIPE: `huddle` restores its default
     /// action, which would end the relay if the reaper were gone. (Elsewhere a reaper
@@ -279,10 +352,27 @@ mod imp {
     enum Request {
         Spawn {
             cmd: Box<Command>,
+            start_by: Option<Instant>,
             runtime: Handle,
             reply: oneshot::Sender<io::Result<Child>>,
         },
         Forget(Pid),
+    }
+
+    /// The errno the child reports when it is past its start deadline.
+    const LATE: Errno = Errno::ETIMEDOUT;
+
+    /// `at` on the `CLOCK_MONOTONIC` scale the child reads (`Instant` is that clock on
+    /// Unix, but its value is opaque): now on that clock plus the time until `at`.
+    fn monotonic(at: Instant) -> io::Result<TimeSpec> {
+        let now = Instant::now();
+        let base = clock_gettime(ClockId::CLOCK_MONOTONIC)?;
+        let ahead = |d: Duration| TimeSpec::from_duration(d);
+        Ok(if at >= now {
+            base + ahead(at - now)
+        } else {
+            base - ahead(now - at)
+        })
     }
 
     /// The spawner thread's queue, started on first use; the thread lives as long as
@@ -302,12 +392,13 @@ mod imp {
         })
     }
 
-    pub(super) async fn spawn(mut cmd: Command) -> io::Result<Child> {
+    pub(super) async fn spawn(mut cmd: Command, start_by: Option<Instant>) -> io::Result<Child> {
         cmd.kill_on_drop(true);
         let (reply, answer) = oneshot::channel();
         spawner()
             .send(Request::Spawn {
                 cmd: Box::new(cmd),
+                start_by,
                 runtime: Handle::current(),
                 reply,
             })
@@ -339,10 +430,11 @@ mod imp {
                 match queue.recv_timeout(Duration::from_secs(1)) {
                     Ok(Request::Spawn {
                         cmd,
+                        start_by,
                         runtime,
                         reply,
                     }) => {
-                        let _ = reply.send(self.spawn(*cmd, &runtime));
+                        let _ = reply.send(self.spawn(*cmd, start_by, &runtime));
                     }
                     Ok(Request::Forget(pgid)) => {
                         self.live.remove(&pgid.as_raw());
@@ -422,19 +514,26 @@ mod imp {
             }
         }
 
-        pub(super) fn spawn(&mut self, mut cmd: Command, runtime: &Handle) -> io::Result<Child> {
+        pub(super) fn spawn(
+            &mut self,
+            mut cmd: Command,
+            start_by: Option<Instant>,
+            runtime: &Handle,
+        ) -> io::Result<Child> {
             let reaper = self.ensure_reaper()?;
             // The child reports the pid it registered, so that a spawn whose exec
             // fails is unregistered again.
             let (report_rx, report_tx) = UnixStream::pair()?;
             let report = report_tx.as_raw_fd();
             let parent = getpid();
+            let deadline = start_by.map(monotonic).transpose()?;
             cmd.process_group(0);
             // SAFETY: the hook runs between fork and exec and only makes
-            // async-signal-safe calls (prctl, getppid, getpid, send, write) on
-            // descriptors that stay open in this thread until `spawn` returns.
+            // async-signal-safe calls (prctl, getppid, getpid, send, write,
+            // clock_gettime) on descriptors that stay open in this thread until
+            // `spawn` returns.
             unsafe {
-                cmd.pre_exec(move || enter_group(parent, reaper, report));
+                cmd.pre_exec(move || enter_group(parent, reaper, report, deadline));
             }
             let spawned = {
                 let _runtime = runtime.enter();
@@ -458,6 +557,12 @@ mod imp {
                     if let Some(pid) = registered {
                         self.tell(b'-', pid);
                     }
+                    // The child's own verdict, confirmed here on the same clock.
+                    let late = e.raw_os_error() == Some(LATE as i32)
+                        && start_by.is_some_and(|by| Instant::now() >= by);
+                    if late {
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, StartedTooLate));
+                    }
                     Err(e)
                 }
             }
@@ -473,8 +578,15 @@ mod imp {
     }
 
     /// In the child, between fork and exec: parent-death signal, a check that the
-    /// relay did not die during the fork, then registration with the reaper.
-    fn enter_group(parent: Pid, reaper: RawFd, report: RawFd) -> io::Result<()> {
+    /// relay did not die during the fork, registration with the reaper, and last the
+    /// start deadline: past it, the child exits without exec'ing (reported as
+    /// [`LATE`]), so the program never runs.
+    fn enter_group(
+        parent: Pid,
+        reaper: RawFd,
+        report: RawFd,
+        deadline: Option<TimeSpec>,
+    ) -> io::Result<()> {
         #[cfg(any(target_os = "linux", target_os = "android"))]
         nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
         if getppid() != parent {
@@ -488,6 +600,11 @@ mod imp {
         let l = line(b'+', pid, &mut buf);
         if send(reaper, l, NO_SIGPIPE)? != l.len() {
             return Err(Errno::EIO.into());
+        }
+        if let Some(deadline) = deadline {
+            if clock_gettime(ClockId::CLOCK_MONOTONIC)? >= deadline {
+                return Err(LATE.into());
+            }
         }
         Ok(())
     }
@@ -698,12 +815,79 @@ pub(crate) mod tests {
         assert!(!imp::runs(leader));
     }
 
+    /// A program that records every real start in `file`.
+    fn recording(file: &std::path::Path) -> Command {
+        sh(&format!("echo started >> {}", file.display()))
+    }
+
+    fn starts(file: &std::path::Path) -> usize {
+        std::fs::read_to_string(file)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn a_spawn_past_its_start_deadline_never_execs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("starts");
+        // Already past: the child sees it between fork and exec and does not exec.
+        let past = Instant::now() - Duration::from_millis(1);
+        let err = AgentProcess::spawn_by(recording(&file), Some(past))
+            .await
+            .expect_err("a late start is refused");
+        assert!(started_too_late(&err), "{err:?}");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        // Now: the deadline passes while the spawn is on its way to the fork.
+        let err = AgentProcess::spawn_by(recording(&file), Some(Instant::now()))
+            .await
+            .expect_err("a start at its deadline is late");
+        assert!(started_too_late(&err), "{err:?}");
+        // In time: it runs, exactly once.
+        let soon = Instant::now() + Duration::from_secs(30);
+        let mut p = AgentProcess::spawn_by(recording(&file), Some(soon))
+            .await
+            .expect("in time");
+        assert!(p.child().wait().await.expect("wait").success());
+        p.stop(Duration::from_secs(1)).await.expect("stop");
+        assert_eq!(starts(&file), 1, "only the spawn in time ran");
+        // Other failures are not mistaken for lateness.
+        let err = AgentProcess::spawn_by(Command::new("/nonexistent/agent"), Some(soon))
+            .await
+            .expect_err("no such program");
+        assert!(!started_too_late(&err), "{err:?}");
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[tokio::test]
+    async fn the_deadline_is_checked_in_the_child_after_the_fork() {
+        // The spawn is asked for well before its deadline, but the child is held up
+        // after the fork (as a starved machine might) until the deadline has passed:
+        // the child's own check, its last step before exec, refuses to start.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("starts");
+        let mut cmd = recording(&file);
+        // SAFETY: nanosleep is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                std::thread::sleep(Duration::from_millis(150));
+                Ok(())
+            });
+        }
+        let by = Instant::now() + Duration::from_millis(50);
+        let err = AgentProcess::spawn_by(cmd, Some(by))
+            .await
+            .expect_err("late after the fork");
+        assert!(started_too_late(&err), "{err:?}");
+        assert_eq!(starts(&file), 0);
+    }
+
     #[tokio::test]
     async fn a_replaced_reaper_is_told_every_live_group() {
         let mut spawner = imp::Spawner::default();
         let child = spawner
             .spawn(
                 sh("sleep 30 & echo $$ $!; wait"),
+                None,
                 &tokio::runtime::Handle::current(),
             )
             .expect("spawn");

@@ -88,6 +88,10 @@ impl SimDriver {
 #[async_trait]
 impl Driver for SimDriver {
     async fn run(&self, request: TurnRequest, cancel: CancellationToken) -> TurnOutcome {
+        // The simulated work starts here, in the relay's own process.
+        if request.too_late() {
+            return TurnOutcome::NotStarted;
+        }
         let (duration, fails, tokens) = self.plan(&request);
         tokio::select! {
             _ = cancel.cancelled() => TurnOutcome::Cancelled,
@@ -118,6 +122,7 @@ mod tests {
             prompt: "do it".into(),
             effect_key: String::new(),
             progress: Default::default(),
+            start_by: None,
         }
     }
 

@@ -133,6 +133,7 @@ impl Tables {
         body: &str,
         at: Timestamp,
         relay: &str,
+        signer: Option<&huddle_core::keys::WriterSecret>,
     ) -> Appended {
         // A repeated key returns its first row, whatever that row's content; a
         // repeated content is the row itself (its key, if any, is not stored).
@@ -164,6 +165,7 @@ impl Tables {
             parent: n.parent.map(|p| p.0.to_vec()),
             caused_by: n.caused_by.iter().map(|c| c.0.to_vec()).collect(),
             body: body.to_string(),
+            sig: crate::row_signature(signer, relay, &id),
         });
         Appended { id, inserted: true }
     }
@@ -246,8 +248,9 @@ impl Shared {
         batch: &[NewInteraction],
         ids: &[InteractionId],
         bodies: &[String],
-        relay: &str,
+        writer: &StoreOptions,
     ) -> Result<Vec<Appended>> {
+        let (relay, signer) = (writer.relay.as_str(), writer.signer.as_ref());
         let now = self.clock.now();
         let out = {
             let mut tables = self.tables();
@@ -271,7 +274,7 @@ impl Shared {
             batch
                 .iter()
                 .zip(ids.iter().zip(bodies))
-                .map(|(n, (id, body))| tables.insert(n, *id, body, now, relay))
+                .map(|(n, (id, body))| tables.insert(n, *id, body, now, relay, signer))
                 .collect::<Vec<_>>()
         };
         if out.iter().any(|a| a.inserted) {
@@ -349,7 +352,7 @@ impl MemoryStore {
         }
         let _gate = self.shared.writer.lock().await;
         self.shared
-            .commit(fences, closing, batch, &ids, &bodies, &self.options.relay)
+            .commit(fences, closing, batch, &ids, &bodies, &self.options)
     }
 
     /// Runs `f` on the tables under the writer gate, at the clock's time now.
@@ -513,5 +516,9 @@ impl Store for MemoryStore {
 
     fn writer(&self) -> Option<String> {
         Some(self.relay().to_string())
+    }
+
+    fn signer(&self) -> Option<huddle_core::keys::WriterKey> {
+        self.options.signer.as_ref().map(|s| s.public())
     }
 }

@@ -59,6 +59,17 @@ impl TestBackend for MemoryTestBackend {
         Ok(Arc::new(self.store.handle(Self::options(relay))))
     }
 
+    async fn reopen_signing(
+        &self,
+        relay: &str,
+        signer: huddle_core::keys::WriterSecret,
+    ) -> Result<Arc<dyn Store>> {
+        Ok(Arc::new(self.store.handle(StoreOptions {
+            signer: Some(signer),
+            ..Self::options(relay)
+        })))
+    }
+
     fn writers(&self) -> Writers {
         Writers::Serialized
     }
@@ -77,7 +88,7 @@ impl TestBackend for MemoryTestBackend {
         let gate = Arc::clone(&self.store.shared.writer).lock_owned().await;
         Ok(Box::new(MemoryHeldAppend {
             shared: Arc::clone(&self.store.shared),
-            relay: self.store.options.relay.clone(),
+            writer: self.store.options.clone(),
             batch,
             ids,
             bodies,
@@ -110,7 +121,7 @@ impl TestBackend for MemoryTestBackend {
 /// Dropping it without [`HeldAppend::commit`] writes nothing.
 pub struct MemoryHeldAppend {
     shared: Arc<Shared>,
-    relay: String,
+    writer: StoreOptions,
     batch: Vec<NewInteraction>,
     ids: Vec<InteractionId>,
     bodies: Vec<String>,
@@ -120,8 +131,14 @@ pub struct MemoryHeldAppend {
 #[async_trait]
 impl HeldAppend for MemoryHeldAppend {
     async fn commit(self: Box<Self>) -> Result<()> {
-        self.shared
-            .commit(&[], None, &self.batch, &self.ids, &self.bodies, &self.relay)?;
+        self.shared.commit(
+            &[],
+            None,
+            &self.batch,
+            &self.ids,
+            &self.bodies,
+            &self.writer,
+        )?;
         Ok(())
     }
 }

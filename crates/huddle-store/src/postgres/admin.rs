@@ -13,6 +13,11 @@
 //! superuser) may update, delete or truncate interactions, change claims directly,
 //! alter the tables or disable their triggers.
 //!
+//! The administrator also keeps `agent_binding` (migration 0006, plan 0032): which
+//! relay roles may write as which agent of a room ([`bind_agent`], [`unbind_agent`],
+//! [`bindings`], [`set_bindings`]); the insert check refuses a role-`agent` row whose
+//! actor is bound in its room to other roles.
+//!
 //! Everything here is idempotent: running it again changes nothing that is already
 //! right. It needs a connection that may create roles and give away ownership (the
 //! cluster's superuser, or the database owner with `CREATEROLE` that is a member of
@@ -220,7 +225,7 @@ async fn init_on(client: &mut Client) -> Result<Vec<i64>> {
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
              WHERE n.nspname = 'public' AND c.relkind = 'r'
                AND c.relname IN ('interaction', 'external_claim', 'huddle_migration',
-                                 'agent_token')
+                                 'agent_token', 'agent_binding')
                AND pg_get_userbyid(c.relowner) <> $1",
             &[&OWNER_ROLE],
         )
@@ -272,7 +277,9 @@ async fn init_on(client: &mut Client) -> Result<Vec<i64>> {
          GRANT SELECT ON interaction, external_claim, huddle_migration TO {reader};
          GRANT INSERT ON interaction TO {writer};
          REVOKE ALL ON agent_token FROM PUBLIC;
-         GRANT SELECT ON agent_token TO {relay};\n",
+         GRANT SELECT ON agent_token TO {relay};
+         REVOKE ALL ON agent_binding FROM PUBLIC;
+         GRANT SELECT ON agent_binding TO {reader};\n",
         db = ident(&db),
     );
     for f in CLAIM_FUNCTIONS {
@@ -406,6 +413,172 @@ pub async fn remove_login(url: &str, name: &str) -> Result<bool> {
     drop(client);
     let _ = driver.await;
     result
+}
+
+/// One row of `agent_binding`: `agent` in `room` may be written by the role `writer`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Binding {
+    /// The room.
+    pub room: String,
+    /// The agent.
+    pub agent: String,
+    /// The relay role that may write as it.
+    pub writer: String,
+}
+
+/// Checks the names of a binding the way the ledger does (room and agent names) and
+/// the way roles are named (writer).
+fn check_binding(room: &str, agent: &str, writer: &str) -> Result<()> {
+    let limits = huddle_core::Limits::default();
+    huddle_core::validate_name("room", room, &limits)
+        .map_err(|e| StoreError::Config(e.to_string()))?;
+    huddle_core::config::check_agent_name(agent).map_err(StoreError::Config)?;
+    valid_login_name(writer).map_err(StoreError::Config)
+}
+
+/// Runs `f` on an administrator's session and closes it.
+async fn with_admin<T>(
+    url: &str,
+    f: impl for<'c> FnOnce(
+        &'c mut Client,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<T>> + Send + 'c>,
+    >,
+) -> Result<T> {
+    let (mut client, driver) = connect(url).await?;
+    let result = f(&mut client).await;
+    drop(client);
+    let _ = driver.await;
+    result
+}
+
+/// `huddle admin bind-agent ROOM AGENT ROLE`: from now on the database accepts rows
+/// as `agent` (role `agent`) in `room` only from the roles bound to it, `writer` among
+/// them. Returns whether the binding is new.
+pub async fn bind_agent(url: &str, room: &str, agent: &str, writer: &str) -> Result<bool> {
+    check_binding(room, agent, writer)?;
+    let (room, agent, writer) = (room.to_string(), agent.to_string(), writer.to_string());
+    with_admin(url, move |client| {
+        Box::pin(async move {
+            let n = client
+                .execute(
+                    "INSERT INTO agent_binding (room, agent, writer, bound_us)
+                     VALUES ($1, $2, $3, (extract(epoch FROM now()) * 1000000)::int8)
+                     ON CONFLICT DO NOTHING",
+                    &[&room, &agent, &writer],
+                )
+                .await
+                .map_err(|e| admin_err("binding the agent", e))?;
+            Ok(n > 0)
+        })
+    })
+    .await
+}
+
+/// `huddle admin unbind-agent ROOM AGENT [ROLE]`: removes the binding of `agent` to
+/// `writer`, or every binding of the agent in the room when `writer` is `None`.
+/// Returns how many were removed. An agent with no binding left is anyone's again.
+pub async fn unbind_agent(url: &str, room: &str, agent: &str, writer: Option<&str>) -> Result<u64> {
+    check_binding(room, agent, writer.unwrap_or("x"))?;
+    let (room, agent) = (room.to_string(), agent.to_string());
+    let writer = writer.map(str::to_string);
+    with_admin(url, move |client| {
+        Box::pin(async move {
+            client
+                .execute(
+                    "DELETE FROM agent_binding
+                     WHERE room = $1 AND agent = $2 AND ($3::text IS NULL OR writer = $3)",
+                    &[&room, &agent, &writer],
+                )
+                .await
+                .map_err(|e| admin_err("unbinding the agent", e))
+        })
+    })
+    .await
+}
+
+/// `huddle admin bindings [ROOM]`: the bindings, by room, agent and writer.
+pub async fn bindings(url: &str, room: Option<&str>) -> Result<Vec<Binding>> {
+    let room = room.map(str::to_string);
+    with_admin(url, move |client| {
+        Box::pin(async move {
+            let rows = client
+                .query(
+                    "SELECT room, agent, writer FROM agent_binding
+                     WHERE $1::text IS NULL OR room = $1
+                     ORDER BY room COLLATE \"C\", agent COLLATE \"C\", writer COLLATE \"C\"",
+                    &[&room],
+                )
+                .await
+                .map_err(|e| admin_err("listing the bindings", e))?;
+            rows.iter()
+                .map(|r| {
+                    Ok(Binding {
+                        room: r.try_get(0).map_err(map_pg)?,
+                        agent: r.try_get(1).map_err(map_pg)?,
+                        writer: r.try_get(2).map_err(map_pg)?,
+                    })
+                })
+                .collect()
+        })
+    })
+    .await
+}
+
+/// `huddle admin sync-agents ROOM`: makes the room's bindings exactly `wanted`
+/// (agent, writer) pairs, in one transaction. Returns the bindings added and removed.
+pub async fn set_bindings(
+    url: &str,
+    room: &str,
+    wanted: &[(String, String)],
+) -> Result<(Vec<Binding>, Vec<Binding>)> {
+    for (agent, writer) in wanted {
+        check_binding(room, agent, writer)?;
+    }
+    let room = room.to_string();
+    let wanted: std::collections::BTreeSet<(String, String)> = wanted.iter().cloned().collect();
+    with_admin(url, move |client| {
+        Box::pin(async move {
+            let tx = client.transaction().await.map_err(map_pg)?;
+            let have: std::collections::BTreeSet<(String, String)> = tx
+                .query(
+                    "SELECT agent, writer FROM agent_binding WHERE room = $1 FOR UPDATE",
+                    &[&room],
+                )
+                .await
+                .map_err(|e| admin_err("reading the bindings", e))?
+                .iter()
+                .map(|r| Ok((r.try_get(0).map_err(map_pg)?, r.try_get(1).map_err(map_pg)?)))
+                .collect::<Result<_>>()?;
+            let binding = |(agent, writer): &(String, String)| Binding {
+                room: room.clone(),
+                agent: agent.clone(),
+                writer: writer.clone(),
+            };
+            let added: Vec<Binding> = wanted.difference(&have).map(binding).collect();
+            let removed: Vec<Binding> = have.difference(&wanted).map(binding).collect();
+            for b in &added {
+                tx.execute(
+                    "INSERT INTO agent_binding (room, agent, writer, bound_us)
+                     VALUES ($1, $2, $3, (extract(epoch FROM now()) * 1000000)::int8)",
+                    &[&b.room, &b.agent, &b.writer],
+                )
+                .await
+                .map_err(|e| admin_err("binding the agent", e))?;
+            }
+            for b in &removed {
+                tx.execute(
+                    "DELETE FROM agent_binding WHERE room = $1 AND agent = $2 AND writer = $3",
+                    &[&b.room, &b.agent, &b.writer],
+                )
+                .await
+                .map_err(|e| admin_err("unbinding the agent", e))?;
+            }
+            tx.commit().await.map_err(map_pg)?;
+            Ok((added, removed))
+        })
+    })
+    .await
 }
 
 /// 32 characters of `[A-Za-z0-9]` from the operating system's random source.

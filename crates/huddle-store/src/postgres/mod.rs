@@ -111,6 +111,9 @@ pub struct PgStore {
     listening: watch::Receiver<bool>,
     skipped: AtomicU64,
     tasks: Vec<JoinHandle<()>>,
+    /// The role this store writes as (`session_user`), asked once at connect when it
+    /// signs: the writer its row signatures name.
+    signing_as: Option<String>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -144,6 +147,10 @@ impl PgStore {
             .map_err(|e| StoreError::Config(format!("bad Postgres URL: {e}")))?;
         let session = session_config(&base, &pg, &pg.application_name, &[]);
         migrate::migrate(&session).await?;
+        let signing_as = match options.signer {
+            Some(_) => Some(session_user(&session).await?),
+            None => None,
+        };
 
         let manager = Manager::from_config(
             session.clone(),
@@ -206,6 +213,7 @@ impl PgStore {
             listening,
             skipped: AtomicU64::new(0),
             tasks,
+            signing_as,
         })
     }
 
@@ -251,6 +259,15 @@ impl PgStore {
     /// text (each body encoded once).
     fn validate(&self, batch: &[NewInteraction]) -> Result<(Vec<InteractionId>, Vec<String>)> {
         crate::checked_batch(&self.options.limits, batch)
+    }
+
+    /// The `sig` column of each row with these ids: signed as this store's role when
+    /// it signs.
+    fn signatures(&self, ids: &[InteractionId]) -> Vec<Option<String>> {
+        let writer = self.signing_as.as_deref().unwrap_or_default();
+        ids.iter()
+            .map(|id| crate::row_signature(self.options.signer.as_ref(), writer, id))
+            .collect()
     }
 
     /// Rings the local bell and asks for one (coalesced) NOTIFY.
@@ -337,6 +354,24 @@ impl PgStore {
     }
 }
 
+/// The role a session with `config` logs in as (`session_user`).
+async fn session_user(config: &Config) -> Result<String> {
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(map_pg)?;
+    let driver = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let row = client
+        .query_one("SELECT session_user::text", &[])
+        .await
+        .map_err(map_pg);
+    drop(client);
+    let _ = driver.await;
+    row?.try_get(0).map_err(map_pg)
+}
+
 /// The pool's per-session settings on top of the URL's.
 fn session_config(base: &Config, pg: &PgOptions, app: &str, extra: &[&str]) -> Config {
     let mut cfg = base.clone();
@@ -420,6 +455,7 @@ fn decode_row(row: &Row) -> Result<(Position, std::result::Result<RawRow, String
             body: col(row, 10, "body")?,
             at: Timestamp(col(row, 11, "at")?),
             relay: col(row, 12, "relay")?,
+            sig: col(row, 13, "sig")?,
         })
     })();
     Ok((position, raw))
@@ -489,8 +525,9 @@ async fn insert_plain(
     batch: &[NewInteraction],
     ids: &[InteractionId],
     bodies: &[String],
+    sigs: &[Option<String>],
 ) -> std::result::Result<(), tokio_postgres::Error> {
-    if let ([n], [id], [body]) = (batch, ids, bodies) {
+    if let ([n], [id], [body], [sig]) = (batch, ids, bodies, sigs) {
         let causes: Vec<&[u8]> = n.caused_by.iter().map(|c| &c.0[..]).collect();
         let parent = n.parent.as_ref().map(|p| &p.0[..]);
         let statement = client.prepare_cached(sql::APPEND_ONE).await?;
@@ -508,12 +545,13 @@ async fn insert_plain(
                     &causes,
                     &body.as_str(),
                     &n.idempotency_key,
+                    sig,
                 ],
             )
             .await?;
         return Ok(());
     }
-    let columns = Columns::new(batch, ids, bodies);
+    let columns = Columns::new(batch, ids, bodies, sigs);
     let statement = client.prepare_cached(sql::APPEND_PLAIN).await?;
     client.execute(&statement, &columns.params()).await?;
     Ok(())
@@ -531,10 +569,16 @@ struct Columns<'a> {
     causes: Vec<Vec<u8>>,
     bodies: Vec<&'a str>,
     keys: Vec<Option<&'a str>>,
+    sigs: &'a [Option<String>],
 }
 
 impl<'a> Columns<'a> {
-    fn new(batch: &'a [NewInteraction], ids: &'a [InteractionId], bodies: &'a [String]) -> Self {
+    fn new(
+        batch: &'a [NewInteraction],
+        ids: &'a [InteractionId],
+        bodies: &'a [String],
+        sigs: &'a [Option<String>],
+    ) -> Self {
         Columns {
             ids: ids.iter().map(|i| &i.0[..]).collect(),
             rooms: batch.iter().map(|n| n.room.as_str()).collect(),
@@ -552,10 +596,11 @@ impl<'a> Columns<'a> {
                 .collect(),
             bodies: bodies.iter().map(String::as_str).collect(),
             keys: batch.iter().map(|n| n.idempotency_key.as_deref()).collect(),
+            sigs,
         }
     }
 
-    fn params(&self) -> [&(dyn ToSql + Sync); 10] {
+    fn params(&self) -> [&(dyn ToSql + Sync); 11] {
         [
             &self.ids,
             &self.rooms,
@@ -567,6 +612,7 @@ impl<'a> Columns<'a> {
             &self.causes,
             &self.bodies,
             &self.keys,
+            &self.sigs,
         ]
     }
 }
@@ -576,8 +622,9 @@ async fn insert_batch<C: Session>(
     batch: &[NewInteraction],
     ids: &[InteractionId],
     bodies: &[String],
+    sigs: &[Option<String>],
 ) -> std::result::Result<Vec<Appended>, tokio_postgres::Error> {
-    let columns = Columns::new(batch, ids, bodies);
+    let columns = Columns::new(batch, ids, bodies, sigs);
     let params = columns.params();
     let statement = client.statement(sql::APPEND).await?;
     let rows = client.rows(&statement, &params).await?;
@@ -665,11 +712,12 @@ impl Ledger for PgStore {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
+        let sigs = self.signatures(&ids);
         let client = self.client().await?;
         // One statement is its own transaction: the whole batch or nothing. Plain
         // insert first; a duplicate in the batch (rare) falls back to the statement
         // that skips duplicates and reports them.
-        let out = match insert_plain(&client, &batch, &ids, &bodies).await {
+        let out = match insert_plain(&client, &batch, &ids, &bodies, &sigs).await {
             Ok(()) => ids
                 .iter()
                 .map(|id| Appended {
@@ -678,7 +726,7 @@ impl Ledger for PgStore {
                 })
                 .collect(),
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
-                insert_batch(&client, &batch, &ids, &bodies)
+                insert_batch(&client, &batch, &ids, &bodies, &sigs)
                     .await
                     .map_err(map_pg)?
             }
@@ -733,7 +781,7 @@ impl Ledger for PgStore {
         let out = if batch.is_empty() {
             Vec::new()
         } else {
-            insert_batch(&tx, &batch, &ids, &bodies)
+            insert_batch(&tx, &batch, &ids, &bodies, &self.signatures(&ids))
                 .await
                 .map_err(map_pg)?
         };
@@ -871,7 +919,13 @@ impl Store for PgStore {
 
     /// The URL's user: the session's role, which the database records as `relay`.
     fn writer(&self) -> Option<String> {
-        self.session.get_user().map(str::to_string)
+        self.signing_as
+            .clone()
+            .or_else(|| self.session.get_user().map(str::to_string))
+    }
+
+    fn signer(&self) -> Option<huddle_core::keys::WriterKey> {
+        self.options.signer.as_ref().map(|s| s.public())
     }
 }
 

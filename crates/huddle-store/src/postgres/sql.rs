@@ -12,17 +12,18 @@ pub(crate) const CHANNEL: &str = "huddle";
 macro_rules! insert_rows {
     () => {
         "INSERT INTO interaction
-    (id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key)
+    (id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key, sig)
 SELECT t.id, t.room, t.thread, t.verb, t.actor, t.role, t.parent,
        CASE WHEN octet_length(t.causes) = 0 THEN '{}'::bytea[]
             ELSE ARRAY(SELECT substring(t.causes FROM g * 32 + 1 FOR 32)
                        FROM generate_series(0, octet_length(t.causes) / 32 - 1) AS g
                        ORDER BY g)
        END,
-       t.body, t.ikey
+       t.body, t.ikey, t.sig
 FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-            $7::bytea[], $8::bytea[], $9::text[], $10::text[])
-     WITH ORDINALITY AS t(id, room, thread, verb, actor, role, parent, causes, body, ikey, ord)
+            $7::bytea[], $8::bytea[], $9::text[], $10::text[], $11::text[])
+     WITH ORDINALITY AS t(id, room, thread, verb, actor, role, parent, causes, body, ikey, sig,
+                          ord)
 ORDER BY t.ord"
     };
 }
@@ -42,8 +43,8 @@ pub(crate) const APPEND: &str = concat!(
 /// 2-core bench machine it is what closes most of the gap to a plain insert.
 pub(crate) const APPEND_ONE: &str = "\
 INSERT INTO interaction
-    (id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+    (id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key, sig)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 
 /// The common case of [`APPEND`]: the same rows with no conflict handling and
 /// nothing returned. Speculative insertion (`ON CONFLICT`) costs measurably more per
@@ -71,7 +72,7 @@ pub(crate) const FENCE_CLOSE: &str = "SELECT huddle_claim_fence_close($1, $2, $3
 macro_rules! row_columns {
     () => {
         "txid::text, seq, id, room, thread, verb, actor, role, parent, caused_by, body,
-(extract(epoch FROM at) * 1000000)::int8, relay"
+(extract(epoch FROM at) * 1000000)::int8, relay, sig"
     };
 }
 

@@ -22,8 +22,8 @@ use crate::{Result, StoreError, StoreOptions};
 /// Inserts a row's content columns verbatim, bypassing every check (foreign or broken
 /// rows for [`TestBackend::insert_raw`]).
 const INSERT_RAW: &str = "\
-INSERT INTO interaction (id, room, thread, verb, actor, role, parent, caused_by, body)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+INSERT INTO interaction (id, room, thread, verb, actor, role, parent, caused_by, body, sig)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 
 /// The least fallback poll of stores opened by [`TestBackend::reopen`].
 const REOPEN_POLL: Duration = Duration::from_secs(60);
@@ -39,6 +39,28 @@ pub struct PgTestBackend {
 }
 
 impl PgTestBackend {
+    /// A second store on the database, signing with `signer` when given.
+    async fn reopen_as(
+        &self,
+        relay: &str,
+        signer: Option<huddle_core::keys::WriterSecret>,
+    ) -> Result<Arc<dyn Store>> {
+        // A long fallback poll, so a prompt wake-up proves the doorbell.
+        let options = StoreOptions {
+            relay: relay.to_string(),
+            poll_interval: self.options.poll_interval.max(REOPEN_POLL),
+            signer,
+            ..self.options.clone()
+        };
+        let store = PgStore::connect_with(&self.url, options, self.pg.clone()).await?;
+        if !store.wait_listening(self.pg.connect_timeout * 2).await {
+            return Err(StoreError::Unavailable(
+                "the reopened store's LISTEN connection did not come up".into(),
+            ));
+        }
+        Ok(Arc::new(store))
+    }
+
     /// Connects (and migrates) a store on `url` with default options.
     pub async fn new(url: &str) -> Result<Self> {
         Self::with_options(url, StoreOptions::default(), PgOptions::default()).await
@@ -133,19 +155,15 @@ impl TestBackend for PgTestBackend {
     }
 
     async fn reopen(&self, relay: &str) -> Result<Arc<dyn Store>> {
-        // A long fallback poll, so a prompt wake-up proves the doorbell.
-        let options = StoreOptions {
-            relay: relay.to_string(),
-            poll_interval: self.options.poll_interval.max(REOPEN_POLL),
-            ..self.options.clone()
-        };
-        let store = PgStore::connect_with(&self.url, options, self.pg.clone()).await?;
-        if !store.wait_listening(self.pg.connect_timeout * 2).await {
-            return Err(StoreError::Unavailable(
-                "the reopened store's LISTEN connection did not come up".into(),
-            ));
-        }
-        Ok(Arc::new(store))
+        self.reopen_as(relay, None).await
+    }
+
+    async fn reopen_signing(
+        &self,
+        relay: &str,
+        signer: huddle_core::keys::WriterSecret,
+    ) -> Result<Arc<dyn Store>> {
+        self.reopen_as(relay, Some(signer)).await
     }
 
     fn writers(&self) -> Writers {
@@ -170,7 +188,8 @@ impl TestBackend for PgTestBackend {
         let (ids, bodies) = self.store.validate(&batch)?;
         let (client, driver) = self.session().await?;
         client.batch_execute("BEGIN").await.map_err(map_pg)?;
-        insert_batch(&client, &batch, &ids, &bodies)
+        let sigs = self.store.signatures(&ids);
+        insert_batch(&client, &batch, &ids, &bodies, &sigs)
             .await
             .map_err(map_pg)?;
         Ok(Box::new(PgHeldAppend { client, driver }))
@@ -191,6 +210,7 @@ impl TestBackend for PgTestBackend {
                     &row.parent,
                     &row.caused_by,
                     &row.body,
+                    &row.sig,
                 ],
             )
             .await

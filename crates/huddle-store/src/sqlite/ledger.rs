@@ -12,7 +12,7 @@ use crate::traits::{Appended, Fence};
 /// Columns read back for every row, in the order [`decode_row`] expects.
 macro_rules! row_columns {
     () => {
-        "seq, id, at, relay, room, thread, verb, actor, role, parent, caused_by, body"
+        "seq, id, at, relay, room, thread, verb, actor, role, parent, caused_by, body, sig"
     };
 }
 pub(crate) use row_columns;
@@ -20,10 +20,10 @@ pub(crate) use row_columns;
 /// Inserts a content row; a duplicate id or idempotency key inserts nothing.
 const INSERT: &str = concat!(
     "INSERT INTO interaction ",
-    "(id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key, at, relay) ",
-    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ",
+    "(id, room, thread, verb, actor, role, parent, caused_by, body, idempotency_key, at, relay, ",
+    "sig) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ",
     now_us!(),
-    ", ?11) ON CONFLICT DO NOTHING"
+    ", ?11, ?12) ON CONFLICT DO NOTHING"
 );
 
 /// Checks a batch against the limits before anything is written: its size, then
@@ -41,12 +41,14 @@ pub(crate) fn validate_batch(limits: &Limits, batch: &[NewInteraction]) -> Resul
     Ok(())
 }
 
-/// Inserts `batch` on `conn`, which must already be inside a write transaction.
-/// Duplicates (same idempotency key, or same content id, including earlier in the
-/// same batch) insert nothing and report the existing row's id.
+/// Inserts `batch` on `conn`, which must already be inside a write transaction, as
+/// written by `relay` (and signed by `signer`, when given). Duplicates (same
+/// idempotency key, or same content id, including earlier in the same batch) insert
+/// nothing and report the existing row's id.
 pub(crate) fn insert_batch(
     conn: &Connection,
     relay: &str,
+    signer: Option<&huddle_core::keys::WriterSecret>,
     batch: &[NewInteraction],
 ) -> Result<Vec<Appended>> {
     let mut insert = conn.prepare_cached(INSERT)?;
@@ -66,6 +68,7 @@ pub(crate) fn insert_batch(
             body,
             n.idempotency_key,
             relay,
+            crate::row_signature(signer, relay, &id),
         ])?;
         if changed > 0 {
             out.push(Appended { id, inserted: true });
@@ -205,5 +208,6 @@ fn decode_row(row: &Row<'_>, position: Position) -> std::result::Result<RawRow, 
         // `RawRow::verify` refuses.
         caused_by: caused_by.chunks(32).map(<[u8]>::to_vec).collect(),
         body: col(row, 11, "body")?,
+        sig: col(row, 12, "sig")?,
     })
 }

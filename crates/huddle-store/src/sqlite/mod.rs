@@ -135,7 +135,12 @@ impl Inner {
             for fence in fences {
                 ledger::check_fence(&tx, fence, closing.as_ref())?;
             }
-            let out = ledger::insert_batch(&tx, &self.options.relay, batch)?;
+            let out = ledger::insert_batch(
+                &tx,
+                &self.options.relay,
+                self.options.signer.as_ref(),
+                batch,
+            )?;
             tx.commit()?;
             Ok(out)
         })?;
@@ -381,5 +386,9 @@ impl Store for SqliteStore {
 
     fn writer(&self) -> Option<String> {
         Some(self.relay().to_string())
+    }
+
+    fn signer(&self) -> Option<huddle_core::keys::WriterKey> {
+        self.inner.options.signer.as_ref().map(|s| s.public())
     }
 }

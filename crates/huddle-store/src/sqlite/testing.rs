@@ -95,6 +95,21 @@ impl TestBackend for SqliteTestBackend {
         ))
     }
 
+    async fn reopen_signing(
+        &self,
+        relay: &str,
+        signer: huddle_core::keys::WriterSecret,
+    ) -> Result<Arc<dyn Store>> {
+        let options = StoreOptions {
+            relay: relay.to_string(),
+            signer: Some(signer),
+            ..self.options.clone()
+        };
+        Ok(Arc::new(
+            SqliteStore::open(path_str(&self.path)?, options).await?,
+        ))
+    }
+
     fn writers(&self) -> Writers {
         // `BEGIN IMMEDIATE`: one writer at a time.
         Writers::Serialized
@@ -112,12 +127,13 @@ impl TestBackend for SqliteTestBackend {
         ledger::validate_batch(&self.options.limits, &batch)?;
         let path = self.raw_path()?;
         let relay = self.options.relay.clone();
+        let signer = self.options.signer.clone();
         let conn = tokio::task::spawn_blocking(move || -> Result<Connection> {
             // A raw connection on the same file, as another program would open it.
             let conn = open_connection(&path, ConnKind::Writer)?;
             // Other writers now wait on the busy timeout until `commit`.
             conn.execute_batch("BEGIN IMMEDIATE")?;
-            ledger::insert_batch(&conn, &relay, &batch)?;
+            ledger::insert_batch(&conn, &relay, signer.as_ref(), &batch)?;
             Ok(conn)
         })
         .await
@@ -136,14 +152,14 @@ impl TestBackend for SqliteTestBackend {
             conn.execute(
                 concat!(
                     "INSERT INTO interaction ",
-                    "(id, room, thread, verb, actor, role, parent, caused_by, body, at, relay) ",
-                    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ",
+                    "(id, room, thread, verb, actor, role, parent, caused_by, body, at, relay, ",
+                    "sig) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ",
                     now_us!(),
-                    ", ?10)"
+                    ", ?10, ?11)"
                 ),
                 params![
                     row.id, row.room, row.thread, row.verb, row.actor, row.role, row.parent,
-                    caused_by, row.body, relay,
+                    caused_by, row.body, relay, row.sig,
                 ],
             )?;
             Ok(())
