@@ -28,6 +28,7 @@ mod owner_signatures;
 mod pattern_cli;
 mod presence;
 mod relay_e2e;
+mod resources;
 mod signed_writers;
 mod task_annotations;
 mod task_cli;

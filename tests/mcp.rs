@@ -191,6 +191,41 @@ async fn eight_mcp_agents_work_a_200_task_dag_exactly_once(backend: Backend) {
     assert!(total >= 201, "{total} executions");
 }
 
+/// Shared resources and shared state through two `huddle mcp` processes
+/// (`tests/mcp/shared.py`): a held resource blocks the other agent until the holder's
+/// server ends and gives it back; a stale put is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn python_clients_share_resources_and_state() {
+    let (_dir, db) = tempdb();
+    seed_tasks(&db, "shared", &[], 1000).await;
+    let out = script("shared.py", &db, "shared")
+        .output()
+        .expect("run shared.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("OK"),
+        "shared.py failed\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let store = huddle_store::open(&db, StoreOptions::default())
+        .await
+        .unwrap();
+    let rows = store
+        .read_room("shared", Position::START, 10_000)
+        .await
+        .unwrap()
+        .rows;
+    let count = |v: Verb| rows.iter().filter(|r| r.verb == v).count();
+    assert_eq!(count(Verb::ResourceAcquired), 2);
+    assert_eq!(
+        count(Verb::ResourceReleased),
+        2,
+        "ava's server gave hers back at its end"
+    );
+    assert!(count(Verb::ResourceRenewed) >= 1);
+    assert_eq!(count(Verb::StatePut), 1);
+}
+
 /// Decisions, barriers and the lease through three `huddle mcp` processes
 /// (`tests/mcp/patterns.py`); the ledger holds what the folds need.
 #[tokio::test(flavor = "multi_thread")]

@@ -150,6 +150,30 @@ pub enum AgentError {
         /// The lease.
         name: String,
     },
+    /// Resources are held by others; nothing was taken.
+    #[error("resources are held by others, so nothing was taken: {held}; wait for them (wait_ms), or take fewer")]
+    ResourcesBusy {
+        /// What blocks what: each holding with its holder, mode and expiry.
+        held: String,
+    },
+    /// This agent holds no live holding of the resource.
+    #[error("you do not hold resource {name:?} (it lapsed, or was never taken); take it with resource_acquire")]
+    NotResourceHolder {
+        /// The resource.
+        name: String,
+    },
+    /// A put on a version that is no longer current; nothing was written.
+    #[error("key {key:?} is at version {current}, not {read}: nothing was written; its value is {value}. Apply your change to that value and put again with if_version {current}")]
+    StaleVersion {
+        /// The key.
+        key: String,
+        /// The version the put was based on.
+        read: u64,
+        /// The current version.
+        current: u64,
+        /// The current value, as JSON text.
+        value: String,
+    },
 }
 
 impl AgentError {
@@ -179,6 +203,9 @@ impl AgentError {
             AgentError::NoApproval(_) => "no_approval",
             AgentError::BoundElsewhere(_) => "bound_elsewhere",
             AgentError::UnsignedWriter(_) => "unsigned_writer",
+            AgentError::ResourcesBusy { .. } => "resources_busy",
+            AgentError::NotResourceHolder { .. } => "not_resource_holder",
+            AgentError::StaleVersion { .. } => "stale_version",
         }
     }
 }

@@ -39,7 +39,10 @@ pub mod error;
 pub mod pattern_views;
 mod patterns;
 mod progress;
+pub mod resource_views;
+pub mod resources;
 mod session;
+mod shared_state;
 mod tasks;
 pub mod views;
 
@@ -48,3 +51,4 @@ pub use delegate::{DelegateArgs, DelegateResult};
 pub use error::{AgentError, Result};
 pub use patterns::{lease_key, Patterns, MAX_WINDOW_MS};
 pub use session::{AgentSession, MAX_WAIT_MS};
+pub use shared_state::view_of as state_view_of;

@@ -31,6 +31,8 @@ use huddle_core::lease::{
     LeaseDirectiveBody, LeaseHeartbeatBody, DEFAULT_LEASE, DEFAULT_TTL_MS, MAX_TTL_MS, MIN_TTL_MS,
 };
 use huddle_core::protocol::{truncate_text, PPM};
+use huddle_core::resources::ResourceFold;
+use huddle_core::shared_state::SharedStateFold;
 use huddle_core::{
     validate_name, BarrierFold, BarrierRules, BarrierStatus, ClaimEpoch, DecisionFold,
     DecisionRules, DecisionStatus, DirectiveCheck, Fold, Interaction, LeaseFold, LeaseStatus,
@@ -70,6 +72,10 @@ pub struct Patterns {
     directives: BTreeMap<(String, String), VecDeque<DirectiveView>>,
     /// `(room, lease, actor)` to the highest epoch that actor heartbeated at.
     heartbeats: BTreeMap<(String, String, String), u64>,
+    /// Shared resources as their holders recorded them.
+    resources: ResourceFold,
+    /// Versioned shared state.
+    state: SharedStateFold,
 }
 
 impl Fold for Patterns {
@@ -88,6 +94,8 @@ impl Fold for Patterns {
         self.decisions.apply(row);
         self.barriers.apply(row);
         self.leases.apply(row);
+        self.resources.apply(row);
+        self.state.apply(row);
     }
 
     fn state_hash(&self) -> [u8; 32] {
@@ -95,6 +103,8 @@ impl Fold for Patterns {
             self.decisions.state_hash(),
             self.barriers.state_hash(),
             self.leases.state_hash(),
+            self.resources.state_hash(),
+            self.state.state_hash(),
         ];
         huddle_core::hash_state(&parts)
     }
@@ -104,6 +114,16 @@ impl Patterns {
     /// Nothing folded yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Shared resources as their holders recorded them (`resource.*` rows).
+    pub fn resources(&self) -> &ResourceFold {
+        &self.resources
+    }
+
+    /// Versioned shared state (`state.put` rows).
+    pub fn shared_state(&self) -> &SharedStateFold {
+        &self.state
     }
 
     /// What the `<coordination>` block shows of the room's patterns at `now`: open
@@ -154,11 +174,13 @@ impl Patterns {
                 action: a.action.clone(),
             })
             .collect();
+        let resources = huddle_core::board::resource_lines(&self.resources, room, Some(now));
         PatternLines {
             decisions,
             barriers,
             coordinator: held.into_iter().next(),
             approvals,
+            resources,
         }
     }
 

@@ -71,6 +71,8 @@ pub struct AgentSession {
     pub(crate) state: Mutex<Folded>,
     /// Progress notes this session wrote (their `seq`).
     pub(crate) progress_notes: std::sync::atomic::AtomicU32,
+    /// Resources this session acquired and keeps alive ([`crate::resources`]).
+    pub(crate) kept: crate::resources::Kept,
 }
 
 impl AgentSession {
@@ -114,6 +116,7 @@ impl AgentSession {
                 threads: Default::default(),
             }),
             progress_notes: std::sync::atomic::AtomicU32::new(0),
+            kept: Default::default(),
         };
         {
             let st = session.synced().await?;

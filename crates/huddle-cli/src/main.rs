@@ -16,7 +16,9 @@ mod mcp_resources;
 mod output;
 mod pattern_cmds;
 mod relay_cmd;
+mod resource_cmds;
 mod scratch;
+mod shared_state_cmds;
 mod state_cmds;
 mod status_cmds;
 mod task_cmds;
@@ -271,6 +273,23 @@ pub enum Command {
         #[command(subcommand)]
         command: admin::AdminCommand,
     },
+    /// Shared resources (files by path glob, APIs, build slots): take, renew,
+    /// release as an agent (the `resource_*` MCP tools), or list who holds what.
+    Resource {
+        #[command(subcommand)]
+        command: resource_cmds::ResourceCommand,
+    },
+    /// The git pre-commit guard: refuse a commit touching a path another agent holds
+    /// exclusively (`install` it in a repository; `check` is what it runs).
+    Guard {
+        #[command(subcommand)]
+        command: resource_cmds::GuardCommand,
+    },
+    /// A room's versioned shared state: get, put (with --if-version), list.
+    State {
+        #[command(subcommand)]
+        command: shared_state_cmds::StateCommand,
+    },
     /// List claims.
     Claims {
         /// Only keys starting with this prefix.
@@ -424,6 +443,10 @@ fn main() -> ExitCode {
         Err(e) if e.is::<ledger_cmds::NotSigned>() => {
             eprintln!("huddle: {e}");
             ExitCode::from(ledger_cmds::EXIT_NOT_SIGNED)
+        }
+        Err(e) if e.is::<shared_state_cmds::Stale>() => {
+            eprintln!("huddle: {e}");
+            ExitCode::from(shared_state_cmds::EXIT_STALE)
         }
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -649,5 +672,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Admin { command } => admin::run(&db, options, command).await,
         Command::Claims { prefix, json } => ledger_cmds::claims(&db, options, &prefix, json).await,
         Command::WriterKey { id } => writer_key(&id, cli.relay_key.as_deref()),
+        Command::Resource { command } => resource_cmds::run(&db, options, command).await,
+        Command::Guard { command } => resource_cmds::guard(&db, options, command).await,
+        Command::State { command } => shared_state_cmds::run(&db, options, command).await,
     }
 }

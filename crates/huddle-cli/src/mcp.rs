@@ -28,6 +28,8 @@ use crate::mcp_resources;
 mod gates;
 #[path = "mcp_patterns.rs"]
 mod patterns;
+#[path = "mcp_shared.rs"]
+mod shared;
 
 /// What a tool returns: structured content, or an error an agent can act on.
 pub(crate) type Answer<T> = Result<Json<T>, String>;
@@ -48,8 +50,10 @@ send, delete) ask the owner with `approval_request` and act only once `approval`
 approved. Decide together with `propose`, `vote` and `decision`; meet at phase barriers \
 with `barrier_open`, `barrier_arrive` and `barrier`; coordinate under the lease with \
 `lease_acquire`, `lease_renew`, `lease_release`, `lease_directive` and `lease` (act only on \
-directives that apply). A write after your lease lapsed is refused and recorded nowhere. \
-Pass an `idempotency_key` to make a retried write safe. Resources (timeline, board, \
+directives that apply). Take shared files, APIs and build slots with `resource_acquire` \
+before using them (and `resource_release` after); share small facts through `state_get` and \
+`state_put` with `if_version`. A write after your lease lapsed is refused and recorded nowhere. \
+Pass an `idempotency_key` to make a retried write safe. The MCP resources (timeline, board, \
 tasks) can be subscribed to, but `read` with `wait_ms` is the dependable way to follow \
 the room.";
 
@@ -71,7 +75,8 @@ impl AgentTools {
             tool_router: Self::tool_router()
                 + Self::more_router()
                 + Self::patterns_router()
-                + Self::gates_router(),
+                + Self::gates_router()
+                + Self::shared_router(),
             subscriptions: Default::default(),
         }
     }
@@ -265,11 +270,39 @@ pub async fn serve_stdio(
     capabilities: Vec<String>,
 ) -> anyhow::Result<()> {
     let store = huddle_store::open(db, options).await?;
-    let session = AgentSession::open(store, room, agent, capabilities).await?;
+    let session = Arc::new(AgentSession::open(store, room, agent, capabilities).await?);
     tracing::info!(room, agent, "mcp server on stdio");
-    let service = AgentTools::new(Arc::new(session))
-        .serve(rmcp::transport::stdio())
-        .await?;
-    service.waiting().await?;
-    Ok(())
+    // Resources the agent takes stay renewed while the server (for a driven agent:
+    // its turn) runs, and are given back when it ends.
+    let keeper = huddle_agent::resources::spawn_keeper(session.clone());
+    let serve = async {
+        AgentTools::new(session.clone())
+            .serve(rmcp::transport::stdio())
+            .await?
+            .waiting()
+            .await?;
+        anyhow::Ok(())
+    };
+    // A relay ends a driven agent's turn with SIGTERM to its process group: give the
+    // holdings back then too, rather than leaving them to lapse.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let served = tokio::select! {
+        r = serve => r,
+        _ = terminate.recv() => {
+            tracing::info!(room, agent, "terminated: giving back held resources");
+            keeper.abort();
+            if let Err(e) = session.release_kept().await {
+                tracing::warn!(room, agent, error = %e, "giving back held resources failed; they lapse after their lease");
+            }
+            session.store().flush().await;
+            // The stdio reader blocks its thread until the client closes stdin; the
+            // process ends now instead of waiting for that.
+            std::process::exit(0);
+        }
+    };
+    keeper.abort();
+    if let Err(e) = session.release_kept().await {
+        tracing::warn!(room, agent, error = %e, "giving back held resources failed; they lapse after their lease");
+    }
+    served
 }

@@ -81,7 +81,10 @@ impl HttpState {
                 room = token.room,
                 "agent session opened"
             );
-            Ok(Arc::new(session))
+            let session = Arc::new(session);
+            // Its resources stay renewed while the server runs.
+            huddle_agent::resources::spawn_keeper(session.clone());
+            Ok(session)
         })
         .await
         .cloned()

@@ -137,6 +137,12 @@ pub struct BoardView {
     pub open_turns: Vec<(String, String, String)>,
     /// Messages whose named agents owe an answer but no live relay hosts them.
     pub waiting_on_absent: Vec<crate::status_cmds::AbsentWait>,
+    /// Shared resources held now (the database's view), by resource.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<huddle_agent::resource_views::HoldingView>,
+    /// Shared state: every key with its current version, by key.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub state: Vec<huddle_agent::resource_views::StateView>,
 }
 
 fn board_view(t: &Tally) -> BoardView {
@@ -216,6 +222,8 @@ fn board_view(t: &Tally) -> BoardView {
             })
             .unwrap_or_default(),
         waiting_on_absent: Vec::new(),
+        resources: Vec::new(),
+        state: Vec::new(),
     }
 }
 
@@ -265,6 +273,7 @@ pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> a
             config.effective(room, None).group_reply == huddle_core::config::GroupReply::One;
         view.waiting_on_absent = crate::status_cmds::absent_waits(rr, &live, group_one);
     }
+    shared_view(&*store, room, &mut view).await?;
     if json {
         return emit(&format!("{}\n", serde_json::to_string_pretty(&view)?));
     }
@@ -365,7 +374,51 @@ pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> a
             let _ = writeln!(out, "  {a} on {s}");
         }
     }
+    if !view.resources.is_empty() {
+        let _ = writeln!(out, "\nresources held ({}):", view.resources.len());
+        for h in &view.resources {
+            let _ = writeln!(
+                out,
+                "  {} {} by {} (epoch {}) until {}",
+                h.name,
+                h.mode,
+                h.holder,
+                h.epoch,
+                format_time(h.expires_at)
+            );
+        }
+    }
+    if !view.state.is_empty() {
+        let _ = writeln!(out, "\nshared state ({} keys):", view.state.len());
+        for v in &view.state {
+            let value = v.value.to_string();
+            let value: String = value.chars().take(80).collect();
+            let _ = writeln!(
+                out,
+                "  {} = {} (version {} by {})",
+                v.key,
+                value,
+                v.version,
+                v.by.as_deref().unwrap_or("?")
+            );
+        }
+    }
     emit(&out)
+}
+
+/// Adds the room's held resources (the claims table) and shared state (its fold).
+async fn shared_view(store: &dyn Store, room: &str, view: &mut BoardView) -> anyhow::Result<()> {
+    let mut held = huddle_store::resources::live_holdings(store, room).await?;
+    held.sort_by(|a, b| (&a.name, &a.holder).cmp(&(&b.name, &b.holder)));
+    view.resources = held.iter().map(Into::into).collect();
+    let mut state = huddle_core::shared_state::SharedStateFold::new();
+    fold_admitted(store, room, |r| huddle_core::Fold::apply(&mut state, r)).await?;
+    view.state = state
+        .list(room)
+        .into_iter()
+        .map(|(k, _)| huddle_agent::state_view_of(&state, room, k, false))
+        .collect();
+    Ok(())
 }
 
 /// One task as `huddle tasks` shows it.

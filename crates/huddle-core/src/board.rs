@@ -458,7 +458,12 @@ pub struct PatternLines {
     pub coordinator: Option<LeaseLine>,
     /// Approval requests the owner has not answered.
     pub approvals: Vec<ApprovalLine>,
+    /// Shared resources held (files, APIs, build slots), by resource.
+    pub resources: Vec<ResourceLine>,
 }
+
+/// Resource holdings the block shows at most (the rest are counted).
+pub const RENDER_RESOURCE_LINES: usize = 12;
 
 impl PatternLines {
     fn cut(mut self) -> Self {
@@ -473,7 +478,39 @@ impl PatternLines {
             && self.barriers.is_empty()
             && self.coordinator.is_none()
             && self.approvals.is_empty()
+            && self.resources.is_empty()
     }
+}
+
+/// What the block shows of `room`'s held resources at `now` (every recorded holding
+/// when the time is not known yet), by resource then holder.
+pub fn resource_lines(
+    fold: &crate::resources::ResourceFold,
+    room: &str,
+    now: Option<Timestamp>,
+) -> Vec<ResourceLine> {
+    fold.held(room, now.unwrap_or(Timestamp::MIN))
+        .into_iter()
+        .map(|h| ResourceLine {
+            name: h.name.to_string(),
+            holder: h.holder,
+            mode: h.mode.as_text(),
+            until: h.expires_at,
+        })
+        .collect()
+}
+
+/// A held resource in the block.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ResourceLine {
+    /// The resource (`file:src/**`, `api:github`, ...).
+    pub name: String,
+    /// Who holds it.
+    pub holder: String,
+    /// `exclusive`, `shared` or `permits-N`.
+    pub mode: String,
+    /// Until when, unless renewed.
+    pub until: Timestamp,
 }
 
 /// A decision in the block.
@@ -691,6 +728,22 @@ impl CoordinationView {
                 l.epoch,
                 format_timestamp(l.until)
             );
+        }
+        if !p.resources.is_empty() {
+            out.push_str("resources held:\n");
+            for r in p.resources.iter().take(RENDER_RESOURCE_LINES) {
+                let _ = writeln!(
+                    out,
+                    "- {} {} by {} until {}",
+                    clean(&r.name, 200),
+                    clean(&r.mode, 24),
+                    clean(&r.holder, 256),
+                    format_timestamp(r.until)
+                );
+            }
+            if p.resources.len() > RENDER_RESOURCE_LINES {
+                let _ = writeln!(out, "- +{} more", p.resources.len() - RENDER_RESOURCE_LINES);
+            }
         }
         if !p.approvals.is_empty() {
             out.push_str("approvals pending:\n");

@@ -10,7 +10,9 @@
 //! 1. the record: [`error`], [`limits`], [`id`], [`keys`] (Ed25519 keys, writers' row
 //!    signatures), [`canonical`], [`verbs`], [`model`], [`fold`], [`signing`];
 //! 2. the wire vocabulary: [`protocol`] (bodies, claim keys and epochs, names);
-//! 3. the folds: [`config`], [`tasks`], [`approval`], [`lease`], [`budget`], [`context`], the
+//! 3. the folds: [`config`], [`tasks`], [`approval`], [`lease`], [`budget`], [`context`],
+//!    shared [`resources`] (names, the conflict rule, path [`glob`]s) and versioned
+//!    [`shared_state`], the
 //!    coordination patterns [`decision`] and [`barrier`] (on the shared [`pattern`]),
 //!    then [`board`] (which shows the task summary) and [`guards`] (which read the
 //!    config); [`thread`] (the `<thread>` block's window);
@@ -39,6 +41,7 @@ pub mod context;
 pub mod decision;
 pub mod error;
 pub mod fold;
+pub mod glob;
 pub mod guards;
 pub mod id;
 pub mod keys;
@@ -49,8 +52,10 @@ pub mod pattern;
 pub mod policy;
 pub mod protocol;
 pub mod relays;
+pub mod resources;
 #[cfg(test)]
 mod robustness;
+pub mod shared_state;
 pub mod signing;
 pub mod sync;
 pub mod tasks;

@@ -1,5 +1,6 @@
-//! Every coordination-pattern fold and decision function, fed arbitrary and
-//! near-valid bodies under every pattern verb: nothing may panic.
+//! Every coordination-pattern fold and decision function (with the resource and
+//! shared-state folds), fed arbitrary and near-valid bodies under every pattern verb:
+//! nothing may panic.
 
 use crate::barrier::{BarrierFold, BarrierRules};
 use crate::budget::BudgetFold;
@@ -8,6 +9,8 @@ use crate::decision::{DecisionFold, DecisionRules};
 use crate::fold::Fold;
 use crate::lease::{LeaseFold, LeaseRules, DEFAULT_LEASE};
 use crate::model::{Interaction, Role, Timestamp};
+use crate::resources::ResourceFold;
+use crate::shared_state::SharedStateFold;
 use crate::testing::*;
 use crate::verbs::Verb;
 use proptest::prelude::*;
@@ -75,6 +78,12 @@ fn body() -> impl Strategy<Value = Value> {
         "name",
         "directive",
         "question",
+        "resources",
+        "mode",
+        "expires_at",
+        "key",
+        "version",
+        "value",
     ]);
     prop_oneof![
         value(),
@@ -99,6 +108,10 @@ fn rows() -> impl Strategy<Value = Vec<Interaction>> {
         Verb::TurnReplied,
         Verb::TurnFailed,
         Verb::MessagePosted,
+        Verb::ResourceAcquired,
+        Verb::ResourceRenewed,
+        Verb::ResourceReleased,
+        Verb::StatePut,
     ]);
     let role = prop::sample::select(vec![Role::Agent, Role::System, Role::Owner]);
     let who = prop::sample::select(vec!["a", "b", "p"]);
@@ -120,13 +133,18 @@ proptest! {
         let mut b = BarrierFold::new();
         let mut l = LeaseFold::new();
         let mut t = BudgetFold::new();
+        let mut res = ResourceFold::new();
+        let mut st = SharedStateFold::new();
         for r in &rows {
             let _ = l.check_directive(r);
             d.apply(r);
             b.apply(r);
             l.apply(r);
             t.apply(r);
+            res.apply(r);
+            st.apply(r);
         }
+        let _ = st.list("r");
         for now in nows {
             let _ = d.due(now, &DecisionRules::default(), "relay");
             let _ = d.due(now, &DecisionRules { min_margin_ppm: u64::MAX, grace_us: i64::MAX }, "relay");
@@ -138,6 +156,7 @@ proptest! {
                     &LeaseRules { active_window_us: i64::MAX, ttl_ms: u64::MAX });
             }
             let _ = t.status("r", Some(now.as_micros().unsigned_abs()));
+            let _ = crate::board::resource_lines(&res, "r", Some(now));
         }
         let rules = ContextRules { half_life_us: now, ..ContextRules::default() };
         for target in &rows {

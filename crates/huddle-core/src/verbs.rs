@@ -106,6 +106,14 @@ verbs! {
     RelayHeartbeat => "relay.heartbeat",
     /// A room settled: nothing ready, claimed or running; body has the task counts.
     RoomSettled => "room.settled",
+    /// An agent took shared resources (names, modes, claim epochs, expiry).
+    ResourceAcquired => "resource.acquired",
+    /// An agent renewed resources it holds.
+    ResourceRenewed => "resource.renewed",
+    /// An agent gave resources back.
+    ResourceReleased => "resource.released",
+    /// A new version of a shared-state key (the version it makes, the value).
+    StatePut => "state.put",
 }
 
 impl fmt::Display for Verb {

@@ -223,6 +223,19 @@ impl Claims for MeteredStore {
     async fn list_claims(&self, prefix: &str) -> huddle_store::Result<Vec<ClaimRow>> {
         self.inner.list_claims(prefix).await
     }
+
+    async fn acquire_resources(
+        &self,
+        room: &str,
+        holder: &str,
+        wanted: &[huddle_core::resources::Wanted],
+        ttl: Duration,
+    ) -> huddle_store::Result<huddle_store::ResourcesAcquired> {
+        self.meter.other_acquires.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .acquire_resources(room, holder, wanted, ttl)
+            .await
+    }
 }
 
 impl Store for MeteredStore {

@@ -19,6 +19,9 @@ use crate::subscribe::Subscription;
 use crate::traits::{Acquired, Epoch, Fence, Store};
 use crate::StoreOptions;
 
+#[path = "conformance_resources.rs"]
+pub mod resources;
+
 /// An append transaction that has inserted its rows (they hold their sequence
 /// numbers) but has not committed yet.
 #[async_trait]
@@ -103,6 +106,16 @@ macro_rules! conformance_tests {
             a_duplicate_under_a_lost_fence_is_refused,
             a_refreshed_reader_reports_a_read_that_began_after_the_request,
         );
+        $crate::conformance_tests!(@each $make; resources::
+            resources_exclusive_and_shared_by_glob_overlap,
+            resources_permits_never_exceed_their_count,
+            resources_are_taken_all_or_nothing,
+            resources_lapse_by_the_database_clock,
+            resources_retaken_keep_the_epoch_and_change_mode,
+            resources_have_one_exclusive_winner_among_16,
+            resources_bad_requests_are_refused,
+            state_versions_are_decided_by_the_database,
+        );
     };
     ($make:path, across_processes) => {
         $crate::conformance_tests!($make);
@@ -122,6 +135,15 @@ macro_rules! conformance_tests {
             async fn $name() {
                 let backend = $make().await;
                 $crate::conformance::$name(&backend).await;
+            }
+        )*
+    };
+    (@each $make:path; $module:ident:: $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let backend = $make().await;
+                $crate::conformance::$module::$name(&backend).await;
             }
         )*
     };

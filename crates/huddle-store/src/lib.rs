@@ -30,6 +30,7 @@ pub mod error;
 pub mod memory;
 pub mod migrations;
 pub mod postgres;
+pub mod resources;
 pub mod sqlite;
 pub mod subscribe;
 pub mod tokens;
@@ -39,6 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use error::{Result, StoreError};
+pub use resources::ResourcesAcquired;
 pub use subscribe::{ReadStep, Reader, Subscription};
 pub use traits::*;
 

@@ -51,6 +51,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     4 "directed_replies" "0004_directed_replies.sql",
     5 "agent_token" "0005_agent_token.sql",
     6 "signed_rows" "0006_signed_rows.sql",
+    7 "resources" "0007_resources.sql",
 );
 
 /// SQLite migrations, in order.
@@ -61,6 +62,7 @@ pub const SQLITE: &[Migration] = migrations!("sqlite":
     4 "directed_replies" "0004_directed_replies.sql",
     5 "agent_token" "0005_agent_token.sql",
     6 "signed_rows" "0006_signed_rows.sql",
+    7 "resources" "0007_resources.sql",
 );
 
 /// Checks that the applied migrations are a prefix of `known` with equal checksums,

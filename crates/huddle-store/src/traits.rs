@@ -244,6 +244,24 @@ pub trait Claims: Send + Sync + 'static {
 
     /// Lists claims whose key starts with `prefix` (all when empty), by key.
     async fn list_claims(&self, prefix: &str) -> Result<Vec<ClaimRow>>;
+
+    /// Takes every resource of `wanted` for `holder` in `room` for `ttl`, all or
+    /// nothing, in one transaction under the room's lock, judged by the database
+    /// clock: [`crate::resources::ResourcesAcquired::Won`] with one holding per
+    /// resource in the global order (each a claim `resource/<room>/<holder>/<mode>/
+    /// <name>`, its epoch kept when the holder already held it live, bumped
+    /// otherwise; a holding of the same resource in another mode is given back), or
+    /// [`crate::resources::ResourcesAcquired::Blocked`] naming every holding of
+    /// another holder in the way and changing nothing. The rule is
+    /// [`huddle_core::resources::blockers`]. Renew and release each holding with
+    /// [`Claims::renew`] and [`Claims::release`].
+    async fn acquire_resources(
+        &self,
+        room: &str,
+        holder: &str,
+        wanted: &[huddle_core::resources::Wanted],
+        ttl: Duration,
+    ) -> Result<crate::resources::ResourcesAcquired>;
 }
 
 /// A complete store: ledger plus claims.

@@ -355,3 +355,72 @@ async fn dropping_a_store_closes_its_listen_and_notify_sessions() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The SQL overlap of migration 0007 decides exactly as huddle-core's: thousands of
+/// generated glob pairs (over a small alphabet, so that they often meet), each asked
+/// of both, agree.
+#[tokio::test]
+async fn sql_glob_overlap_agrees_with_the_core() {
+    use huddle_core::glob::Glob;
+    let b = make_backend().await;
+    let (client, conn) = tokio_postgres::connect(b.url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    // xorshift: deterministic, no dependency.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let mut glob = || {
+        let segs = 1 + next(3);
+        let parts: Vec<String> = (0..segs)
+            .map(|_| match next(4) {
+                0 => "**".to_string(),
+                _ => (0..1 + next(3))
+                    .map(|_| ["a", "b", "?", "*", "é"][next(5) as usize])
+                    .collect(),
+            })
+            .collect();
+        Glob::parse(&parts.join("/")).expect("generated globs are valid")
+    };
+    let pairs: Vec<(Glob, Glob)> = (0..3000).map(|_| (glob(), glob())).collect();
+    let left: Vec<String> = pairs.iter().map(|p| p.0.as_str().to_string()).collect();
+    let right: Vec<String> = pairs.iter().map(|p| p.1.as_str().to_string()).collect();
+    let rows = client
+        .query(
+            "SELECT huddle_glob_overlap(l, r) FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(l, r, o) ORDER BY o",
+            &[&left, &right],
+        )
+        .await
+        .expect("ask the database");
+    let mut overlapping = 0;
+    for ((a, b), row) in pairs.iter().zip(&rows) {
+        let sql: bool = row.get(0);
+        assert_eq!(sql, a.overlaps(b), "{a} vs {b}");
+        overlapping += usize::from(sql);
+    }
+    assert!(
+        overlapping > 300 && overlapping < 2700,
+        "a mix: {overlapping} of 3000 overlap"
+    );
+    // And resource names: kinds, equal names, file globs.
+    let touches = |a: &str, b: &str| {
+        let client = &client;
+        let (a, b) = (a.to_string(), b.to_string());
+        async move {
+            let row = client
+                .query_one("SELECT huddle_resource_touches($1, $2)", &[&a, &b])
+                .await
+                .expect("touches");
+            row.get::<_, bool>(0)
+        }
+    };
+    assert!(touches("file:src/**", "file:src/a.rs").await);
+    assert!(!touches("file:src/**", "api:src/a.rs").await);
+    assert!(!touches("api:a*", "api:ab").await);
+    assert!(touches("api:ab", "api:ab").await);
+}

@@ -263,6 +263,8 @@ pub struct Synchronizer {
     default_config: RoomConfig,
     configs: BTreeMap<(String, Option<String>), RoomConfig>,
     board: Board,
+    /// Shared resources as their holders recorded them, for the `<coordination>` block.
+    resources: crate::resources::ResourceFold,
     dag: TaskDag,
     /// Each room's ready tasks in this relay's walk order, kept in step with the DAG
     /// fold's changes (see [`WalkKey`]).
@@ -358,6 +360,7 @@ impl Synchronizer {
             default_config: RoomConfig::default(),
             configs: BTreeMap::new(),
             board: Board::new(),
+            resources: Default::default(),
             dag: {
                 let mut dag = TaskDag::new();
                 dag.track_changes();
@@ -634,6 +637,7 @@ impl Synchronizer {
             return;
         }
         self.board.apply(row);
+        self.resources.apply(row);
         self.dag.apply(row);
         self.budget.apply(row);
         if let Some(now) = self.now {
@@ -2160,9 +2164,16 @@ impl Synchronizer {
         drive: ClaimRef,
         out: &mut Vec<Intent>,
     ) {
-        let block = self
-            .board
-            .coordination(&room, &agent, Some(self.dag.summary(&room)));
+        let held = crate::board::resource_lines(&self.resources, &room, self.now);
+        let block = self.board.coordination_with(
+            &room,
+            &agent,
+            Some(self.dag.summary(&room)),
+            crate::board::PatternLines {
+                resources: held,
+                ..Default::default()
+            },
+        );
         let coordination = self.delivery.take_fresh(&room, &agent, block.as_ref());
         out.push(Intent::StartTurn(Box::new(TurnStart {
             turn: turn.clone(),

@@ -2188,6 +2188,31 @@ fn a_spent_room_budget_stops_new_task_claims() {
     );
 }
 
+#[test]
+fn the_coordination_block_shows_held_resources() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let held = NewInteraction::new(
+        "lobby",
+        Verb::ResourceAcquired,
+        "ada",
+        Role::Agent,
+        serde_json::json!({
+            "resources": [{"name": "file:src/**", "mode": "exclusive", "epoch": 2}],
+            "ttl_ms": 60000,
+            "expires_at": i64::MAX / 2,
+        }),
+    );
+    let out = h.post(vec![held, created("a", &[])]);
+    assert!(!acquires(&out).is_empty());
+    let start = run_task_to_start(&mut h, "a", "bo", 1);
+    let block = start.coordination.expect("a block");
+    assert!(
+        block.contains("resources held:\n- file:src/** exclusive by ada until "),
+        "{block}"
+    );
+}
+
 /// The `message.posted` notices (role system, `unanswered`) in an output.
 fn unanswered_notices(out: &[Intent]) -> Vec<(Option<InteractionId>, String)> {
     out.iter()

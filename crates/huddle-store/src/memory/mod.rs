@@ -170,6 +170,49 @@ impl Tables {
         Appended { id, inserted: true }
     }
 
+    /// What both databases check of `state.put` rows (migration 0007): each carries
+    /// the idempotency key of its version, and its predecessor is in the ledger (or
+    /// earlier in the batch).
+    fn check_state_puts(&self, batch: &[NewInteraction]) -> Result<()> {
+        use huddle_core::shared_state::{state_idempotency_key, StatePutBody};
+        let mut earlier: Vec<String> = Vec::new();
+        for n in batch {
+            if n.verb == huddle_core::Verb::StatePut {
+                let body = serde_json::from_value::<StatePutBody>(n.body.clone())
+                    .ok()
+                    .filter(|b| b.version >= 1);
+                let Some(body) = body else {
+                    return Err(StoreError::Backend(
+                        "huddle: state.put refused: its body names no key and version".into(),
+                    ));
+                };
+                let own = state_idempotency_key(&n.room, body.version, &body.key);
+                if n.idempotency_key.as_deref() != Some(own.as_str()) {
+                    return Err(StoreError::Backend(format!(
+                        "huddle: state.put refused: version {} of {} must carry the idempotency key {own}",
+                        body.version, body.key
+                    )));
+                }
+                let before = state_idempotency_key(&n.room, body.version - 1, &body.key);
+                let found = body.version == 1
+                    || earlier.contains(&before)
+                    || self.by_key.get(&before).is_some_and(|id| {
+                        self.by_id
+                            .get(&id.0[..])
+                            .is_some_and(|&i| self.rows[i].verb == "state.put")
+                    });
+                if !found {
+                    return Err(StoreError::Backend(format!(
+                        "huddle: state.put refused: version {} of {} has no version before it",
+                        body.version, body.key
+                    )));
+                }
+                earlier.push(own);
+            }
+        }
+        Ok(())
+    }
+
     /// Stores `row` at the next position.
     fn push(&mut self, mut row: RawRow) {
         row.position = Position::new(0, self.rows.len() as u64 + 1);
@@ -263,6 +306,7 @@ impl Shared {
                     });
                 }
             }
+            tables.check_state_puts(batch)?;
             if let Some(id) = closing {
                 for fence in fences {
                     tables.closed.insert(fence.key.clone(), id);
@@ -491,6 +535,67 @@ impl Claims for MemoryStore {
                     None => false,
                 },
             )
+            .await)
+    }
+
+    async fn acquire_resources(
+        &self,
+        room: &str,
+        holder: &str,
+        wanted: &[huddle_core::resources::Wanted],
+        ttl: Duration,
+    ) -> Result<crate::ResourcesAcquired> {
+        use huddle_core::resources::{blockers, resource_key, room_prefix};
+        let wanted = crate::resources::checked_request(&self.options.limits, room, holder, wanted)?;
+        let ttl = micros(ttl);
+        Ok(self
+            .claims(|tables, now| {
+                let prefix = room_prefix(room);
+                let live: Vec<_> = tables
+                    .claims
+                    .range(prefix.clone()..)
+                    .take_while(|(key, _)| key.starts_with(&prefix))
+                    .filter(|(key, c)| c.expires_at > now && !tables.closed.contains_key(*key))
+                    .filter_map(|(_, c)| {
+                        crate::resources::holding(&ClaimRow {
+                            state: c.clone(),
+                            live: true,
+                        })
+                    })
+                    .collect();
+                let blocked = blockers(holder, &wanted, &live);
+                if !blocked.is_empty() {
+                    return crate::ResourcesAcquired::Blocked(blocked);
+                }
+                let mut won = Vec::with_capacity(wanted.len());
+                for w in &wanted {
+                    for other in live
+                        .iter()
+                        .filter(|h| h.holder == holder && h.name == w.name && h.mode != w.mode)
+                    {
+                        if let Some(c) = tables.claims.get_mut(&other.key) {
+                            c.expires_at = now;
+                        }
+                    }
+                    let key = resource_key(room, holder, w.mode, &w.name);
+                    let epoch = match tables.claims.get(&key) {
+                        None => Epoch::FIRST,
+                        Some(c) if c.expires_at > now && c.holder == holder => c.epoch,
+                        Some(c) => c.epoch.next(),
+                    };
+                    let state = ClaimState {
+                        key: key.clone(),
+                        holder: holder.to_string(),
+                        epoch,
+                        expires_at: now.saturating_add(ttl),
+                    };
+                    tables.claims.insert(key, state.clone());
+                    won.push(crate::resources::won_holding(
+                        holder, &w.name, w.mode, state,
+                    ));
+                }
+                crate::ResourcesAcquired::Won(won)
+            })
             .await)
     }
 

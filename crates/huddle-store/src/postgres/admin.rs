@@ -44,6 +44,7 @@ const CLAIM_FUNCTIONS: &[&str] = &[
     "huddle_claim_release(text, text, bigint)",
     "huddle_claim_fence(text, text, bigint)",
     "huddle_claim_fence_close(text, text, bigint, bytea)",
+    "huddle_resource_acquire(text, text, text[], text[], bigint)",
 ];
 
 /// The kinds of login role [`add_login`] makes.

@@ -29,6 +29,7 @@ pub mod admin;
 mod doorbell;
 pub(crate) mod errors;
 pub(crate) mod migrate;
+mod resources;
 mod sql;
 #[cfg(feature = "testing")]
 mod test_backend;
@@ -909,6 +910,17 @@ impl Claims for PgStore {
                 })
             })
             .collect()
+    }
+
+    async fn acquire_resources(
+        &self,
+        room: &str,
+        holder: &str,
+        wanted: &[huddle_core::resources::Wanted],
+        ttl: Duration,
+    ) -> Result<crate::ResourcesAcquired> {
+        let wanted = crate::resources::checked_request(&self.options.limits, room, holder, wanted)?;
+        resources::acquire(self, room, holder, &wanted, ttl).await
     }
 }
 

@@ -20,7 +20,7 @@ const MAX_TTL_US: i64 = 100 * 365 * 24 * 3600 * 1_000_000;
 /// unexpired lease; a new holder or a re-take after expiry bumps it. When the row is
 /// someone else's live claim, or closed, the `WHERE` leaves it alone and nothing is
 /// returned.
-const ACQUIRE: &str = concat!(
+pub(super) const ACQUIRE: &str = concat!(
     "INSERT INTO external_claim (key, holder, epoch, expires_at, acquired_at, renewed_at) ",
     "VALUES (?1, ?2, 1, ",
     now_us!(),
@@ -81,7 +81,7 @@ const LIST_UNBOUNDED: &str = concat!(
 /// with its last character replaced by the next one. Text compares as UTF-8 bytes,
 /// which orders like code points, so `[prefix, bound)` is exactly the strings that
 /// start with `prefix`. `None` when no such string exists.
-fn prefix_upper_bound(prefix: &str) -> Option<String> {
+pub(super) fn prefix_upper_bound(prefix: &str) -> Option<String> {
     let mut chars: Vec<char> = prefix.chars().collect();
     while let Some(last) = chars.pop() {
         let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
@@ -94,14 +94,16 @@ fn prefix_upper_bound(prefix: &str) -> Option<String> {
 }
 
 /// A lease length in µs, clamped to [`MAX_TTL_US`].
-fn ttl_us(ttl: Duration) -> i64 {
+pub(super) fn ttl_us(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_micros())
         .unwrap_or(i64::MAX)
         .min(MAX_TTL_US)
 }
 
 /// Decodes `key, holder, epoch, expires_at` without trusting the column types.
-fn claim_state(row: &Row<'_>) -> rusqlite::Result<std::result::Result<ClaimState, String>> {
+pub(super) fn claim_state(
+    row: &Row<'_>,
+) -> rusqlite::Result<std::result::Result<ClaimState, String>> {
     let decoded = (|| {
         Ok::<_, rusqlite::Error>(ClaimState {
             key: row.get(0)?,
@@ -113,7 +115,7 @@ fn claim_state(row: &Row<'_>) -> rusqlite::Result<std::result::Result<ClaimState
     Ok(decoded.map_err(|e| format!("corrupt claim row: {e}")))
 }
 
-fn corrupt(key: &str, reason: String) -> StoreError {
+pub(super) fn corrupt(key: &str, reason: String) -> StoreError {
     StoreError::Backend(format!("claim {key:?}: {reason}"))
 }
 

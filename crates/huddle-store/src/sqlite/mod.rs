@@ -25,6 +25,7 @@
 mod claims;
 pub(crate) mod conn;
 mod ledger;
+mod resources;
 #[cfg(feature = "testing")]
 mod testing;
 mod watcher;
@@ -376,6 +377,22 @@ impl Claims for SqliteStore {
         let prefix = prefix.to_string();
         self.blocking(move |inner| inner.read(|conn| claims::list(conn, &prefix)))
             .await
+    }
+
+    async fn acquire_resources(
+        &self,
+        room: &str,
+        holder: &str,
+        wanted: &[huddle_core::resources::Wanted],
+        ttl: Duration,
+    ) -> Result<crate::ResourcesAcquired> {
+        let wanted =
+            crate::resources::checked_request(&self.inner.options.limits, room, holder, wanted)?;
+        let (room, holder) = (room.to_string(), holder.to_string());
+        self.blocking(move |inner| {
+            inner.write(|conn| resources::acquire(conn, &room, &holder, &wanted, ttl))
+        })
+        .await
     }
 }
 
