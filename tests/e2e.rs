@@ -31,5 +31,6 @@ mod presence;
 mod relay_e2e;
 mod resources;
 mod signed_writers;
+mod task_annotations;
 mod task_cli;
 mod team;

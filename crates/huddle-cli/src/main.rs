@@ -22,6 +22,7 @@ mod shared_state_cmds;
 mod state_cmds;
 mod status_cmds;
 mod task_cmds;
+mod task_show;
 mod trace_cmds;
 
 use std::process::ExitCode;
@@ -285,7 +286,8 @@ pub enum Command {
         allow_remote: bool,
     },
     /// An agent's task operations without MCP (the same calls as `huddle mcp`'s
-    /// tools): claim, renew, complete, fail, release, bid, delegate.
+    /// tools): claim, renew, complete, fail, release, bid, delegate; and `show`, one
+    /// task's attempts and result.
     Task {
         #[command(subcommand)]
         command: task_cmds::TaskCommand,

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use anyhow::bail;
 use huddle_core::board::Subject;
-use huddle_core::tasks::TaskSummary;
+use huddle_core::tasks::{BlockedBy, TaskSummary};
 use huddle_core::{ClaimEpoch, Position, TaskStatus, Timestamp};
 use huddle_sim::render::clip;
 use huddle_sim::Tally;
@@ -444,10 +444,24 @@ pub struct TaskLine {
     pub deps: Vec<String>,
     /// The `push` assignee.
     pub assignee: Option<String>,
+    /// Capabilities an agent must declare to take it.
+    pub needs: Vec<String>,
+    /// Scheduling priority, lower first.
+    pub priority: u32,
+    /// Relative cost.
+    pub size: u32,
+    /// Its critical path (its size plus the longest chain of sizes of the tasks of its
+    /// `!delegate` that wait for it).
+    pub path: u64,
     /// Completions accepted by the fold (1 when done).
     pub completions: u32,
     /// Last failure reason.
     pub last_reason: Option<String>,
+    /// What its completion reported.
+    pub result: Option<String>,
+    /// For a task that can never run: each dependency that cannot finish, and why
+    /// (`missing`, `abandoned`, `blocked`). Empty otherwise.
+    pub blocked_by: Vec<BlockedBy>,
 }
 
 /// `huddle tasks --json`.
@@ -457,7 +471,8 @@ pub struct TasksView {
     pub room: String,
     /// Counts.
     pub summary: TaskSummary,
-    /// The ready frontier, sorted by id.
+    /// The ready frontier in the order it is handed out: priority (lower first),
+    /// critical path (longer first), id.
     pub ready: Vec<String>,
     /// Every task, sorted by id.
     pub tasks: Vec<TaskLine>,
@@ -493,8 +508,14 @@ fn tasks_view(t: &Tally) -> TasksView {
                     max_attempts: x.max_attempts,
                     deps: x.deps.clone(),
                     assignee: x.assignee.clone(),
+                    needs: x.needs.clone(),
+                    priority: x.priority,
+                    size: x.size,
+                    path: x.path,
                     completions: completions.get(x.id.as_str()).copied().unwrap_or(0),
                     last_reason: x.last_reason.clone(),
+                    result: x.result.clone(),
+                    blocked_by: t.dag.blocked_by(room, &x.id),
                 })
                 .collect()
         })
@@ -511,6 +532,35 @@ fn tasks_view(t: &Tally) -> TasksView {
         refused,
         malformed,
     }
+}
+
+/// What a task's line says after its label: the `!delegate` clauses that differ from
+/// the defaults (` [needs rust] [priority 5] [size 3]`), what blocks it
+/// (` (blocked by: a abandoned)`), and a done task's result on one line (` => ...`).
+fn annotations(t: &TaskLine) -> String {
+    let mut s = String::new();
+    if !t.needs.is_empty() {
+        let _ = write!(s, " [needs {}]", t.needs.join(", "));
+    }
+    if t.priority != huddle_core::tasks::DEFAULT_TASK_PRIORITY {
+        let _ = write!(s, " [priority {}]", t.priority);
+    }
+    if t.size != 1 {
+        let _ = write!(s, " [size {}]", t.size);
+    }
+    if !t.blocked_by.is_empty() {
+        let why: Vec<String> = t
+            .blocked_by
+            .iter()
+            .map(|b| format!("{} {}", b.task, b.reason.as_str()))
+            .collect();
+        let _ = write!(s, " (blocked by: {})", why.join(", "));
+    }
+    if let (TaskStatus::Done, Some(result)) = (t.status, &t.result) {
+        let line = result.split_whitespace().collect::<Vec<_>>().join(" ");
+        let _ = write!(s, " => {}", clip(&line, 60));
+    }
+    s
 }
 
 /// `huddle tasks --room R [--json]`
@@ -549,6 +599,7 @@ pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> a
     for t in &view.tasks {
         let status = match (t.status, t.ready) {
             (TaskStatus::Open, true) => "ready",
+            (TaskStatus::Open, false) if !t.blocked_by.is_empty() => "blocked",
             (TaskStatus::Open, false) => "waiting",
             (TaskStatus::Claimed, _) => "claimed",
             (TaskStatus::Done, _) => "done",
@@ -556,14 +607,15 @@ pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> a
         };
         let _ = writeln!(
             out,
-            "{:<16} {:<9} {:<12} {:>5} {:>4}/{:<3}  {}",
+            "{:<16} {:<9} {:<12} {:>5} {:>4}/{:<3}  {}{}",
             t.id,
             status,
             t.owner.as_deref().unwrap_or("-"),
             t.epoch.map_or("-".to_string(), |e| e.to_string()),
             t.attempts,
             t.max_attempts,
-            clip(&t.label, 60)
+            clip(&t.label, 60),
+            annotations(t)
         );
     }
     emit(&out)
