@@ -179,3 +179,63 @@ async fn trace_tail_and_claims_show_a_retaken_task() {
 
     h.stop_all_unchecked().await;
 }
+
+/// `tasks --watch` draws the table again as the DAG moves, from nothing done to all
+/// done, in a process of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_watch_redraws_as_the_dag_moves() {
+    use std::io::BufRead as _;
+    let mut h = Huddle::new(Backend::Sqlite).await;
+    let err = fails(cli(&h, &["tasks", "--room", "nowhere", "--watch"]));
+    assert!(err.contains("does not exist"), "{err}");
+    let err = fails(cli(&h, &["tasks", "--room", "lobby", "--watch", "--json"]));
+    assert!(err.contains("--json") && err.contains("--watch"), "{err}");
+
+    let mut watch = cli(&h, &["tasks", "--room", "lobby", "--watch"]);
+    watch
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = watch.spawn().expect("huddle tasks --watch");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = child.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen: Vec<String> = Vec::new();
+    let mut wait_line = |what: &str, ok: &dyn Fn(&str) -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    let hit = ok(&line);
+                    seen.push(line);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(_) => panic!("no {what} within 60 s:\n{}", seen.join("\n")),
+            }
+        }
+    };
+    wait_line("first drawing", &|l| l.starts_with("room lobby — 0 tasks"));
+
+    // Turns of a second: longer than a redraw, so a drawing falls between a and b.
+    h.spawn_relay("r0", vec![AgentSpec::sim("ada", 1000)]);
+    h.wait_registered(&["ada"]).await;
+    h.delegate("a: first\nb: second [after a]").await;
+    wait_line("a drawing with a done", &|l| {
+        l.starts_with("room lobby — 2 tasks: 1 done")
+    });
+    wait_line("a drawing with both done", &|l| {
+        l.starts_with("room lobby — 2 tasks: 2 done")
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    h.stop_all_unchecked().await;
+}

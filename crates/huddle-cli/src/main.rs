@@ -206,8 +206,11 @@ pub enum Command {
         #[arg(long)]
         room: String,
         /// JSON output.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "watch")]
         json: bool,
+        /// Draw the table again whenever the DAG changes, until Ctrl-C.
+        #[arg(long)]
+        watch: bool,
     },
     /// A room's quorum decisions: status, outcome, votes and who has not voted.
     Decisions {
@@ -614,7 +617,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => relay_cmd::run(&config, cli.db.clone(), cli.poll_ms).await,
         Command::Demo(args) => demo::run(args, cli.db.clone(), options).await,
         Command::Board { room, json } => state_cmds::board(&db, options, &room, json).await,
-        Command::Tasks { room, json } => state_cmds::tasks(&db, options, &room, json).await,
+        Command::Tasks {
+            room, watch: true, ..
+        } => state_cmds::tasks_watch(&db, options, &room).await,
+        Command::Tasks { room, json, .. } => state_cmds::tasks(&db, options, &room, json).await,
         Command::Trace { room, id, json } => {
             trace_cmds::trace(&db, options, &room, &id, json).await
         }

@@ -2,6 +2,7 @@
 //! can read the ledger.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use anyhow::bail;
 use huddle_core::board::Subject;
@@ -9,7 +10,7 @@ use huddle_core::tasks::{BlockedBy, TaskSummary};
 use huddle_core::{ClaimEpoch, Position, TaskStatus, Timestamp};
 use huddle_sim::render::clip;
 use huddle_sim::Tally;
-use huddle_store::{Store, StoreOptions};
+use huddle_store::{Store, StoreOptions, Subscription};
 use serde::Serialize;
 
 use crate::ledger_cmds;
@@ -570,6 +571,107 @@ pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> a
     if json {
         return emit(&format!("{}\n", serde_json::to_string_pretty(&view)?));
     }
+    emit(&tasks_text(&view))
+}
+
+/// Shortest time between two redraws of `tasks --watch`.
+const WATCH_REDRAW: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// `huddle tasks --room R --watch`: the table, drawn again whenever the room's rows
+/// change it (at most every [`WATCH_REDRAW`]), until Ctrl-C. On a terminal each
+/// drawing replaces the last; otherwise drawings follow one another, each after a
+/// blank line. New rows are folded as they arrive (woken like `tail --follow`), not
+/// re-read from the start.
+pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    let store = ledger_cmds::open(db, options).await?;
+    let mut w = Watched {
+        room,
+        authority: huddle_core::OwnerAuthority::new(),
+        tally: Tally::new(room),
+        created: false,
+    };
+    let mut cursor = Position::START;
+    loop {
+        let batch = store.read_room(room, cursor, 5000).await?;
+        w.fold(&batch.rows);
+        if batch.next == cursor {
+            break;
+        }
+        cursor = batch.next;
+    }
+    if !w.created {
+        bail!("room {room:?} does not exist in this database (create it with `huddle room create {room} --owner NAME`)");
+    }
+    let terminal = std::io::stdout().is_terminal();
+    let mut last = String::new();
+    let mut draw = |tally: &Tally| -> anyhow::Result<()> {
+        let text = tasks_text(&tasks_view(tally));
+        if text == last {
+            return Ok(());
+        }
+        if terminal {
+            emit(&format!("\x1b[2J\x1b[H{text}"))?;
+        } else {
+            emit(&format!(
+                "{}{text}",
+                if last.is_empty() { "" } else { "\n" }
+            ))?;
+        }
+        last = text;
+        Ok(())
+    };
+    draw(&w.tally)?;
+    let ledger: Arc<dyn huddle_store::Ledger> = store;
+    let mut sub = Subscription::new(ledger, cursor, 1000);
+    let mut dirty = false;
+    let mut next_draw = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            batch = sub.next() => match batch {
+                Ok(batch) => dirty |= w.fold(&batch.rows),
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(error = %e, "database unavailable; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e.into()),
+            },
+            _ = tokio::time::sleep_until(next_draw), if dirty => {
+                draw(&w.tally)?;
+                dirty = false;
+                next_draw = tokio::time::Instant::now() + WATCH_REDRAW;
+            }
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+}
+
+/// What `tasks --watch` keeps folded.
+struct Watched<'a> {
+    room: &'a str,
+    authority: huddle_core::OwnerAuthority,
+    tally: Tally,
+    created: bool,
+}
+
+impl Watched<'_> {
+    /// Folds the room's rows the relays would act on; whether any was.
+    fn fold(&mut self, rows: &[huddle_core::Interaction]) -> bool {
+        let mut moved = false;
+        for r in rows.iter().filter(|r| r.room == self.room) {
+            self.created |= r.verb == huddle_core::Verb::RoomCreated;
+            huddle_core::Fold::apply(&mut self.authority, r);
+            if self.authority.admits(r) {
+                self.tally.apply(r);
+                moved = true;
+            }
+        }
+        moved
+    }
+}
+
+/// The text of `huddle tasks`.
+fn tasks_text(view: &TasksView) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "room {} — {}", view.room, summary_line(&view.summary));
     let frontier = if view.ready.is_empty() {
@@ -618,5 +720,5 @@ pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> a
             annotations(t)
         );
     }
-    emit(&out)
+    out
 }
