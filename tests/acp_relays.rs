@@ -117,6 +117,7 @@ fn relay_check_reports_every_agent_and_fails_when_one_cannot_run() {
             timeout_ms: 1000,
         },
         capabilities: Vec::new(),
+        priority: None,
     };
     let database = "sqlite:///nonexistent/huddle.db";
     let check = |name: &str, agents: &[AgentSpec]| {

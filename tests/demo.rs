@@ -194,3 +194,40 @@ fn bad_flags_are_refused_with_the_reason() {
     });
     assert!(err.contains("at least 1"), "{err}");
 }
+
+/// The text report's first line is the verdict, in plain words.
+#[test]
+fn the_text_report_starts_with_the_verdict() {
+    let (_dir, db) = db();
+    let out = ok({
+        let mut c = huddle(&db);
+        c.args([
+            "demo",
+            "--tasks",
+            "12",
+            "--agents",
+            "3",
+            "--relays",
+            "2",
+            "--turn-ms",
+            "5",
+        ]);
+        c
+    });
+    let first = out.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("12/12 tasks done once each, 0 missed; ")
+            && first.ends_with(" x the best possible schedule"),
+        "{out}"
+    );
+    let ratio: f64 = first
+        .trim_end_matches(" x the best possible schedule")
+        .rsplit(' ')
+        .next()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("no ratio: {first}"));
+    assert!(
+        ratio >= 1.0,
+        "a makespan shorter than its lower bound: {first}"
+    );
+}

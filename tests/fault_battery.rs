@@ -86,6 +86,9 @@ impl Rows {
             assignee: None,
             needs: Vec::new(),
             max_attempts: None,
+            priority: None,
+            size: None,
+            path: None,
         };
         self.push(
             Verb::TaskCreated,
@@ -733,6 +736,7 @@ impl Battery {
                             timeout_ms: 30_000,
                         },
                         capabilities: Vec::new(),
+                        priority: None,
                     }
                 })
                 .collect();

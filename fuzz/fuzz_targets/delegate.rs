@@ -20,6 +20,12 @@ fuzz_target!(|data: &[u8]| {
     for task in &plan.tasks {
         assert!(!task.label.is_empty());
         assert!(!task.id.is_empty() && task.id.len() <= 64);
+        // Annotations are in range, and the critical path covers the task's size.
+        assert!(task.priority.is_none_or(|p| p <= 1_000));
+        assert!(task.size.is_none_or(|s| (1..=1_000_000).contains(&s)));
+        assert!(task.attempts.is_none_or(|a| (1..=100).contains(&a)));
+        assert!(task.path >= u64::from(task.size.unwrap_or(1)));
+        assert!(task.needs.iter().all(|n| !n.is_empty() && !n.contains([',', ']'])));
         for dep in &task.deps {
             assert!(
                 placed.contains(dep),

@@ -203,6 +203,8 @@ pub struct AgentSpec {
     pub driver: DriverSpec,
     /// Declared capabilities.
     pub capabilities: Vec<String>,
+    /// `priority` in `huddle.toml` (rank under `responder role-priority`).
+    pub priority: Option<u32>,
 }
 
 impl AgentSpec {
@@ -217,6 +219,7 @@ impl AgentSpec {
                 seed: 1,
             },
             capabilities: Vec::new(),
+            priority: None,
         }
     }
 
@@ -231,6 +234,7 @@ impl AgentSpec {
                 seed,
             },
             capabilities: Vec::new(),
+            priority: None,
         }
     }
 
@@ -243,6 +247,7 @@ impl AgentSpec {
                 timeout_ms: 30_000,
             },
             capabilities: Vec::new(),
+            priority: None,
         }
     }
 }
@@ -257,6 +262,7 @@ impl AgentSpec {
                 cwd: cwd.to_path_buf(),
             },
             capabilities: Vec::new(),
+            priority: None,
         }
     }
 }
@@ -277,6 +283,9 @@ pub fn relay_toml(id: &str, database: &str, rooms: &[&str], agents: &[AgentSpec]
         let _ = writeln!(t, "\n[[agent]]\nkey = {}", toml_str(&a.key));
         let caps: Vec<String> = a.capabilities.iter().map(|c| toml_str(c)).collect();
         let _ = writeln!(t, "capabilities = [{}]", caps.join(", "));
+        if let Some(p) = a.priority {
+            let _ = writeln!(t, "priority = {p}");
+        }
         match &a.driver {
             DriverSpec::Sim {
                 turn_ms,

@@ -404,6 +404,9 @@ async fn tasks_no_signed_owner_command_created_do_not_exist_for_agents() {
         assignee: None,
         needs: vec![],
         max_attempts: Some(3),
+        priority: None,
+        size: None,
+        path: None,
     };
     room.store
         .append(vec![NewInteraction::new(

@@ -474,6 +474,82 @@ pub async fn post(
     }
 }
 
+/// Which rows `huddle tail` prints.
+#[derive(Debug, Default)]
+pub struct TailFilter {
+    /// `Some(None)`: the room's top level only; `Some(Some(t))`: thread `t` only.
+    thread: Option<Option<String>>,
+    /// Exact verbs, or families (`task.`); empty: every verb.
+    verbs: Vec<String>,
+    /// Rows at or after this time only (µs since the Unix epoch, this machine's clock).
+    since_us: Option<i64>,
+}
+
+impl TailFilter {
+    /// From `--thread`, `--verb` and `--since`; an unknown verb or a bad duration is an
+    /// error naming it (and, for verbs, what there is).
+    pub fn new(
+        thread: Option<String>,
+        verbs: Vec<String>,
+        since: Option<&str>,
+    ) -> anyhow::Result<TailFilter> {
+        let known: Vec<&str> = Verb::ALL.iter().map(|v| v.as_str()).collect();
+        for v in &verbs {
+            let ok = if v.ends_with('.') {
+                known.iter().any(|k| k.starts_with(v.as_str()))
+            } else {
+                known.contains(&v.as_str())
+            };
+            if !ok {
+                anyhow::bail!(
+                    "--verb {v}: no such verb (verbs: {}; `task.` means every task.* verb)",
+                    known.join(", ")
+                );
+            }
+        }
+        let since_us = match since {
+            None => None,
+            Some(text) => {
+                let ms = huddle_core::config::parse_duration(text)
+                    .map_err(|e| anyhow::anyhow!("--since {text}: {e} (e.g. 30s, 10m, 1h30m)"))?;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_micros() as i64)
+                    .unwrap_or(0);
+                Some(now.saturating_sub((ms as i64).saturating_mul(1000)))
+            }
+        };
+        Ok(TailFilter {
+            thread: thread.map(|t| (t != "-").then_some(t)),
+            verbs,
+            since_us,
+        })
+    }
+
+    /// Whether `row` is printed.
+    pub fn admits(&self, row: &huddle_core::Interaction) -> bool {
+        if let Some(thread) = &self.thread {
+            if row.thread != *thread {
+                return false;
+            }
+        }
+        if !self.verbs.is_empty() {
+            let verb = row.verb.as_str();
+            let hit = self.verbs.iter().any(|v| {
+                if v.ends_with('.') {
+                    verb.starts_with(v.as_str())
+                } else {
+                    verb == v
+                }
+            });
+            if !hit {
+                return false;
+            }
+        }
+        self.since_us.is_none_or(|t| row.at.as_micros() >= t)
+    }
+}
+
 /// `huddle tail`
 pub async fn tail(
     url: &str,
@@ -481,6 +557,7 @@ pub async fn tail(
     room: &str,
     follow: bool,
     json_out: bool,
+    filter: &TailFilter,
 ) -> anyhow::Result<()> {
     let store = open(url, options).await?;
     existing_room(&*store, room).await?;
@@ -488,7 +565,7 @@ pub async fn tail(
         use std::io::Write;
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
-        for row in rows.iter().filter(|r| r.room == room) {
+        for row in rows.iter().filter(|r| r.room == room && filter.admits(r)) {
             if json_out {
                 writeln!(out, "{}", serde_json::to_string(row)?)?;
             } else {
@@ -532,10 +609,22 @@ pub async fn claims(
     url: &str,
     options: StoreOptions,
     prefix: &str,
+    room: Option<&str>,
+    live: bool,
     json_out: bool,
 ) -> anyhow::Result<()> {
     let store = open(url, options).await?;
-    let rows = store.list_claims(prefix).await?;
+    if let Some(room) = room {
+        existing_room(&*store, room).await?;
+    }
+    let rows: Vec<_> = store
+        .list_claims(prefix)
+        .await?
+        .into_iter()
+        .filter(|r| !live || r.live)
+        // Every room-scoped key is `<kind>/<room>/...` (names hold no `/`).
+        .filter(|r| room.is_none_or(|room| r.state.key.split('/').nth(1) == Some(room)))
+        .collect();
     if json_out {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());

@@ -22,6 +22,8 @@ mod shared_state_cmds;
 mod state_cmds;
 mod status_cmds;
 mod task_cmds;
+mod task_show;
+mod trace_cmds;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -114,6 +116,16 @@ pub enum Command {
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
+        /// Only this thread's interactions (`-` for the room's top level).
+        #[arg(long)]
+        thread: Option<String>,
+        /// Only these verbs, comma-separated; `task.` (ending in a dot) means every
+        /// `task.*` verb.
+        #[arg(long, value_delimiter = ',')]
+        verb: Vec<String>,
+        /// Only interactions newer than this long ago (`30s`, `10m`, `1h30m`).
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
     },
     /// Host agents (from a huddle.toml) until interrupted; prints a JSON summary on
     /// exit. `--db` / `HUDDLE_DB` override the file's database.
@@ -174,14 +186,31 @@ pub enum Command {
         #[arg(long)]
         timeout: Option<u64>,
     },
+    /// The causal tree of a message, owner command or task: every row it caused, with
+    /// time, actor, writer and epoch, each created task's life (ready, claimed,
+    /// turns, completion, failures, re-takes) and where it stopped and why.
+    Trace {
+        /// The room.
+        #[arg(long)]
+        room: String,
+        /// A task id of the room, or an interaction id (a prefix of at least 6 hex
+        /// digits will do).
+        id: String,
+        /// JSON output (a tree of nodes).
+        #[arg(long)]
+        json: bool,
+    },
     /// A room's task DAG: counts, the ready frontier, every task's status and owner.
     Tasks {
         /// Room to show.
         #[arg(long)]
         room: String,
         /// JSON output.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "watch")]
         json: bool,
+        /// Draw the table again whenever the DAG changes, until Ctrl-C.
+        #[arg(long)]
+        watch: bool,
     },
     /// A room's quorum decisions: status, outcome, votes and who has not voted.
     Decisions {
@@ -260,7 +289,8 @@ pub enum Command {
         allow_remote: bool,
     },
     /// An agent's task operations without MCP (the same calls as `huddle mcp`'s
-    /// tools): claim, renew, complete, fail, release, bid, delegate.
+    /// tools): claim, renew, complete, fail, release, bid, delegate; and `show`, one
+    /// task's attempts and result.
     Task {
         #[command(subcommand)]
         command: task_cmds::TaskCommand,
@@ -288,11 +318,17 @@ pub enum Command {
         #[command(subcommand)]
         command: shared_state_cmds::StateCommand,
     },
-    /// List claims.
+    /// List claims: key, holder, epoch and expiry (by the database clock).
     Claims {
         /// Only keys starting with this prefix.
         #[arg(long, default_value = "")]
         prefix: String,
+        /// Only this room's claims (replies, tasks, leases, resources).
+        #[arg(long)]
+        room: Option<String>,
+        /// Only live claims: unexpired (released and finished ones are expired).
+        #[arg(long)]
+        live: bool,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -533,8 +569,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             ledger_cmds::post(&db, options, &room, to, &text).await
         }
-        Command::Tail { room, follow, json } => {
-            ledger_cmds::tail(&db, options, &room, follow, json).await
+        Command::Tail {
+            room,
+            follow,
+            json,
+            thread,
+            verb,
+            since,
+        } => {
+            let filter = ledger_cmds::TailFilter::new(thread, verb, since.as_deref())?;
+            ledger_cmds::tail(&db, options, &room, follow, json, &filter).await
         }
         Command::Bench {
             command:
@@ -573,7 +617,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => relay_cmd::run(&config, cli.db.clone(), cli.poll_ms).await,
         Command::Demo(args) => demo::run(args, cli.db.clone(), options).await,
         Command::Board { room, json } => state_cmds::board(&db, options, &room, json).await,
-        Command::Tasks { room, json } => state_cmds::tasks(&db, options, &room, json).await,
+        Command::Tasks {
+            room, watch: true, ..
+        } => state_cmds::tasks_watch(&db, options, &room).await,
+        Command::Tasks { room, json, .. } => state_cmds::tasks(&db, options, &room, json).await,
+        Command::Trace { room, id, json } => {
+            trace_cmds::trace(&db, options, &room, &id, json).await
+        }
         Command::Wait { room, timeout } => status_cmds::wait(&db, options, &room, timeout).await,
         Command::Status { room, json } => {
             status_cmds::status(&db, options, room.as_deref(), json).await
@@ -668,7 +718,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => mcp::serve_stdio(&db, options, &who.room, &who.agent, who.capabilities).await,
         Command::Task { command } => task_cmds::run(&db, options, command).await,
         Command::Admin { command } => admin::run(&db, options, command).await,
-        Command::Claims { prefix, json } => ledger_cmds::claims(&db, options, &prefix, json).await,
+        Command::Claims {
+            prefix,
+            room,
+            live,
+            json,
+        } => ledger_cmds::claims(&db, options, &prefix, room.as_deref(), live, json).await,
         Command::WriterKey { id } => writer_key(&id, cli.relay_key.as_deref()),
         Command::Resource { command } => resource_cmds::run(&db, options, command).await,
         Command::Guard { command } => resource_cmds::guard(&db, options, command).await,

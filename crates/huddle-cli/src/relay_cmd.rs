@@ -32,7 +32,12 @@ pub async fn hosted_agents(cfg: &RelayConfig) -> anyhow::Result<Vec<HostedAgent>
         };
         tracing::info!(agent = %a.key, capabilities = ?a.capabilities, "hosting agent: {what}");
         agents.push(HostedAgent {
-            local: LocalAgent::new(a.key.clone()).with_capabilities(a.capabilities.clone()),
+            local: LocalAgent::new(a.key.clone())
+                .with_capabilities(a.capabilities.clone())
+                .with_priority(
+                    a.priority
+                        .unwrap_or(huddle_core::protocol::DEFAULT_PRIORITY),
+                ),
             name: a.name.clone().unwrap_or_else(|| a.key.clone()),
             driver,
         });

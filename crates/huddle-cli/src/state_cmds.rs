@@ -2,14 +2,15 @@
 //! can read the ledger.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use anyhow::bail;
 use huddle_core::board::Subject;
-use huddle_core::tasks::TaskSummary;
+use huddle_core::tasks::{BlockedBy, TaskSummary};
 use huddle_core::{ClaimEpoch, Position, TaskStatus, Timestamp};
 use huddle_sim::render::clip;
 use huddle_sim::Tally;
-use huddle_store::{Store, StoreOptions};
+use huddle_store::{Store, StoreOptions, Subscription};
 use serde::Serialize;
 
 use crate::ledger_cmds;
@@ -444,10 +445,24 @@ pub struct TaskLine {
     pub deps: Vec<String>,
     /// The `push` assignee.
     pub assignee: Option<String>,
+    /// Capabilities an agent must declare to take it.
+    pub needs: Vec<String>,
+    /// Scheduling priority, lower first.
+    pub priority: u32,
+    /// Relative cost.
+    pub size: u32,
+    /// Its critical path (its size plus the longest chain of sizes of the tasks of its
+    /// `!delegate` that wait for it).
+    pub path: u64,
     /// Completions accepted by the fold (1 when done).
     pub completions: u32,
     /// Last failure reason.
     pub last_reason: Option<String>,
+    /// What its completion reported.
+    pub result: Option<String>,
+    /// For a task that can never run: each dependency that cannot finish, and why
+    /// (`missing`, `abandoned`, `blocked`). Empty otherwise.
+    pub blocked_by: Vec<BlockedBy>,
 }
 
 /// `huddle tasks --json`.
@@ -457,7 +472,8 @@ pub struct TasksView {
     pub room: String,
     /// Counts.
     pub summary: TaskSummary,
-    /// The ready frontier, sorted by id.
+    /// The ready frontier in the order it is handed out: priority (lower first),
+    /// critical path (longer first), id.
     pub ready: Vec<String>,
     /// Every task, sorted by id.
     pub tasks: Vec<TaskLine>,
@@ -493,8 +509,14 @@ fn tasks_view(t: &Tally) -> TasksView {
                     max_attempts: x.max_attempts,
                     deps: x.deps.clone(),
                     assignee: x.assignee.clone(),
+                    needs: x.needs.clone(),
+                    priority: x.priority,
+                    size: x.size,
+                    path: x.path,
                     completions: completions.get(x.id.as_str()).copied().unwrap_or(0),
                     last_reason: x.last_reason.clone(),
+                    result: x.result.clone(),
+                    blocked_by: t.dag.blocked_by(room, &x.id),
                 })
                 .collect()
         })
@@ -513,6 +535,35 @@ fn tasks_view(t: &Tally) -> TasksView {
     }
 }
 
+/// What a task's line says after its label: the `!delegate` clauses that differ from
+/// the defaults (` [needs rust] [priority 5] [size 3]`), what blocks it
+/// (` (blocked by: a abandoned)`), and a done task's result on one line (` => ...`).
+fn annotations(t: &TaskLine) -> String {
+    let mut s = String::new();
+    if !t.needs.is_empty() {
+        let _ = write!(s, " [needs {}]", t.needs.join(", "));
+    }
+    if t.priority != huddle_core::tasks::DEFAULT_TASK_PRIORITY {
+        let _ = write!(s, " [priority {}]", t.priority);
+    }
+    if t.size != 1 {
+        let _ = write!(s, " [size {}]", t.size);
+    }
+    if !t.blocked_by.is_empty() {
+        let why: Vec<String> = t
+            .blocked_by
+            .iter()
+            .map(|b| format!("{} {}", b.task, b.reason.as_str()))
+            .collect();
+        let _ = write!(s, " (blocked by: {})", why.join(", "));
+    }
+    if let (TaskStatus::Done, Some(result)) = (t.status, &t.result) {
+        let line = result.split_whitespace().collect::<Vec<_>>().join(" ");
+        let _ = write!(s, " => {}", clip(&line, 60));
+    }
+    s
+}
+
 /// `huddle tasks --room R [--json]`
 pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> anyhow::Result<()> {
     let store = ledger_cmds::open(db, options).await?;
@@ -520,6 +571,107 @@ pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> a
     if json {
         return emit(&format!("{}\n", serde_json::to_string_pretty(&view)?));
     }
+    emit(&tasks_text(&view))
+}
+
+/// Shortest time between two redraws of `tasks --watch`.
+const WATCH_REDRAW: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// `huddle tasks --room R --watch`: the table, drawn again whenever the room's rows
+/// change it (at most every [`WATCH_REDRAW`]), until Ctrl-C. On a terminal each
+/// drawing replaces the last; otherwise drawings follow one another, each after a
+/// blank line. New rows are folded as they arrive (woken like `tail --follow`), not
+/// re-read from the start.
+pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    let store = ledger_cmds::open(db, options).await?;
+    let mut w = Watched {
+        room,
+        authority: huddle_core::OwnerAuthority::new(),
+        tally: Tally::new(room),
+        created: false,
+    };
+    let mut cursor = Position::START;
+    loop {
+        let batch = store.read_room(room, cursor, 5000).await?;
+        w.fold(&batch.rows);
+        if batch.next == cursor {
+            break;
+        }
+        cursor = batch.next;
+    }
+    if !w.created {
+        bail!("room {room:?} does not exist in this database (create it with `huddle room create {room} --owner NAME`)");
+    }
+    let terminal = std::io::stdout().is_terminal();
+    let mut last = String::new();
+    let mut draw = |tally: &Tally| -> anyhow::Result<()> {
+        let text = tasks_text(&tasks_view(tally));
+        if text == last {
+            return Ok(());
+        }
+        if terminal {
+            emit(&format!("\x1b[2J\x1b[H{text}"))?;
+        } else {
+            emit(&format!(
+                "{}{text}",
+                if last.is_empty() { "" } else { "\n" }
+            ))?;
+        }
+        last = text;
+        Ok(())
+    };
+    draw(&w.tally)?;
+    let ledger: Arc<dyn huddle_store::Ledger> = store;
+    let mut sub = Subscription::new(ledger, cursor, 1000);
+    let mut dirty = false;
+    let mut next_draw = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            batch = sub.next() => match batch {
+                Ok(batch) => dirty |= w.fold(&batch.rows),
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(error = %e, "database unavailable; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e.into()),
+            },
+            _ = tokio::time::sleep_until(next_draw), if dirty => {
+                draw(&w.tally)?;
+                dirty = false;
+                next_draw = tokio::time::Instant::now() + WATCH_REDRAW;
+            }
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+}
+
+/// What `tasks --watch` keeps folded.
+struct Watched<'a> {
+    room: &'a str,
+    authority: huddle_core::OwnerAuthority,
+    tally: Tally,
+    created: bool,
+}
+
+impl Watched<'_> {
+    /// Folds the room's rows the relays would act on; whether any was.
+    fn fold(&mut self, rows: &[huddle_core::Interaction]) -> bool {
+        let mut moved = false;
+        for r in rows.iter().filter(|r| r.room == self.room) {
+            self.created |= r.verb == huddle_core::Verb::RoomCreated;
+            huddle_core::Fold::apply(&mut self.authority, r);
+            if self.authority.admits(r) {
+                self.tally.apply(r);
+                moved = true;
+            }
+        }
+        moved
+    }
+}
+
+/// The text of `huddle tasks`.
+fn tasks_text(view: &TasksView) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "room {} — {}", view.room, summary_line(&view.summary));
     let frontier = if view.ready.is_empty() {
@@ -549,6 +701,7 @@ pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> a
     for t in &view.tasks {
         let status = match (t.status, t.ready) {
             (TaskStatus::Open, true) => "ready",
+            (TaskStatus::Open, false) if !t.blocked_by.is_empty() => "blocked",
             (TaskStatus::Open, false) => "waiting",
             (TaskStatus::Claimed, _) => "claimed",
             (TaskStatus::Done, _) => "done",
@@ -556,15 +709,16 @@ pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> a
         };
         let _ = writeln!(
             out,
-            "{:<16} {:<9} {:<12} {:>5} {:>4}/{:<3}  {}",
+            "{:<16} {:<9} {:<12} {:>5} {:>4}/{:<3}  {}{}",
             t.id,
             status,
             t.owner.as_deref().unwrap_or("-"),
             t.epoch.map_or("-".to_string(), |e| e.to_string()),
             t.attempts,
             t.max_attempts,
-            clip(&t.label, 60)
+            clip(&t.label, 60),
+            annotations(t)
         );
     }
-    emit(&out)
+    out
 }

@@ -158,6 +158,18 @@ pub enum TaskCommand {
         #[arg(long)]
         idempotency_key: Option<String>,
     },
+    /// One task's story, for anyone who can read the room: status, annotations, what
+    /// blocks it, every attempt (agent, relay, epoch, outcome, reason, duration) and
+    /// the result.
+    Show {
+        /// The room.
+        room: String,
+        /// The task id.
+        id: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Bid on a ready task while its bid window is open (allocation bid).
     Bid {
         #[command(flatten)]
@@ -183,6 +195,9 @@ pub async fn run(db: &str, options: StoreOptions, command: TaskCommand) -> anyho
         | TaskCommand::Release { who, .. }
         | TaskCommand::Bid { who, .. }
         | TaskCommand::Delegate { who, .. } => who,
+        TaskCommand::Show { room, id, json } => {
+            return crate::task_show::show(db, options, room, id, *json).await;
+        }
     };
     let me = who.open(db, options).await?;
     let json = who.json;
@@ -279,6 +294,8 @@ pub async fn run(db: &str, options: StoreOptions, command: TaskCommand) -> anyho
                 }
             })
         }
+        // Answered above, before an agent session is opened.
+        TaskCommand::Show { .. } => Ok(()),
         TaskCommand::Fail { args, .. } => give_back(&me, json, true, args.into()).await,
         TaskCommand::Release { args, .. } => give_back(&me, json, false, args.into()).await,
         TaskCommand::Bid {

@@ -46,9 +46,9 @@ pub use index::{FrontierKey, FrontierRank, RoomIndex};
 
 pub use crate::protocol::task::{
     valid_capability, valid_task_id, TaskBidBody, TaskClaimedBody, TaskCompletedBody,
-    TaskCreatedBody, TaskEndedBody, TaskRejectedBody, DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_CAP,
-    MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_DEPS, MAX_LABEL_BYTES, MAX_RESULT_BYTES,
-    MAX_TASK_ID_BYTES,
+    TaskCreatedBody, TaskEndedBody, TaskRejectedBody, DEFAULT_MAX_ATTEMPTS, DEFAULT_TASK_PRIORITY,
+    MAX_ATTEMPTS_CAP, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_DEPS, MAX_LABEL_BYTES,
+    MAX_RESULT_BYTES, MAX_TASK_ID_BYTES, MAX_TASK_PRIORITY, MAX_TASK_SIZE,
 };
 pub use crate::protocol::{truncate_text, SYSTEM_ACTOR};
 
@@ -101,6 +101,18 @@ pub struct TaskBid {
     pub at: Timestamp,
 }
 
+fn default_priority() -> u32 {
+    DEFAULT_TASK_PRIORITY
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn one_u64() -> u64 {
+    1
+}
+
 /// One task of a room.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Task {
@@ -116,6 +128,16 @@ pub struct Task {
     pub needs: Vec<String>,
     /// Attempts before the task fails for good.
     pub max_attempts: u32,
+    /// Scheduling priority, lower first (default 100).
+    #[serde(default = "default_priority")]
+    pub priority: u32,
+    /// Relative cost, at least 1.
+    #[serde(default = "one")]
+    pub size: u32,
+    /// Its critical path: the longest chain of sizes from it through the tasks of its
+    /// `!delegate` that wait for it, its own size included (at least `size`).
+    #[serde(default = "one_u64")]
+    pub path: u64,
     /// Who created it.
     pub created_by: String,
     /// When it was created (database time).
@@ -157,6 +179,39 @@ impl Task {
         self.status == TaskStatus::Claimed
             && self.owner.as_deref() == Some(agent)
             && self.epoch == Some(epoch)
+    }
+}
+
+/// A dependency that keeps a task from ever running ([`TaskDag::blocked_by`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockedBy {
+    /// The dependency.
+    pub task: String,
+    /// Why it cannot finish.
+    pub reason: BlockReason,
+}
+
+/// Why a dependency cannot finish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockReason {
+    /// No task of the room has that id.
+    Missing,
+    /// It failed for good.
+    Abandoned,
+    /// It cannot run itself: one of its own dependencies cannot finish, or it is part
+    /// of a dependency cycle (its own `blocked_by` says which).
+    Blocked,
+}
+
+impl BlockReason {
+    /// `missing`, `abandoned` or `blocked`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlockReason::Missing => "missing",
+            BlockReason::Abandoned => "abandoned",
+            BlockReason::Blocked => "blocked",
+        }
     }
 }
 
@@ -289,7 +344,8 @@ impl TaskDag {
     }
 
     /// The ready frontier of a room: open tasks whose dependencies are all done and
-    /// that nobody holds, in frontier order ([`FrontierKey`]: today by id).
+    /// that nobody holds, in frontier order ([`FrontierKey`]: priority, critical path,
+    /// id).
     pub fn ready_frontier(&self, room: &str) -> Vec<&Task> {
         self.frontier(room).collect()
     }
@@ -305,6 +361,32 @@ impl TaskDag {
     /// How many tasks of the room are ready.
     pub fn frontier_len(&self, room: &str) -> usize {
         self.rooms.get(room).map_or(0, |r| r.index.frontier_len())
+    }
+
+    /// Why an open `task` can never run: each of its dependencies that cannot finish,
+    /// with the reason. Empty unless the task is blocked. Costs its dependencies.
+    pub fn blocked_by(&self, room: &str, task: &str) -> Vec<BlockedBy> {
+        let Some(r) = self.rooms.get(room) else {
+            return Vec::new();
+        };
+        let Some(t) = r.tasks.get(task).filter(|_| r.index.is_blocked(task)) else {
+            return Vec::new();
+        };
+        t.deps
+            .iter()
+            .filter_map(|d| {
+                let reason = match r.tasks.get(d) {
+                    None => BlockReason::Missing,
+                    Some(dep) if dep.status == TaskStatus::Abandoned => BlockReason::Abandoned,
+                    Some(_) if r.index.can_finish(d) == Some(false) => BlockReason::Blocked,
+                    Some(_) => return None,
+                };
+                Some(BlockedBy {
+                    task: d.clone(),
+                    reason,
+                })
+            })
+            .collect()
     }
 
     /// The frontier key of `task` while it is ready.
@@ -452,6 +534,7 @@ impl RoomTasks {
             .max_attempts
             .unwrap_or(DEFAULT_MAX_ATTEMPTS)
             .clamp(1, MAX_ATTEMPTS_CAP);
+        let size = b.size.unwrap_or(1).clamp(1, MAX_TASK_SIZE);
         let task = Task {
             id: b.task.clone(),
             label: b.label,
@@ -459,6 +542,12 @@ impl RoomTasks {
             assignee: b.assignee,
             needs: sorted_unique(b.needs),
             max_attempts,
+            priority: b
+                .priority
+                .unwrap_or(DEFAULT_TASK_PRIORITY)
+                .min(MAX_TASK_PRIORITY),
+            size,
+            path: b.path.unwrap_or(0).max(u64::from(size)),
             created_by: i.actor.clone(),
             created_at: i.at,
             status: TaskStatus::Open,
@@ -711,6 +800,73 @@ mod tests {
             let dag = fold(rows);
             assert_eq!(frontier(&dag), want, "case {i}");
         }
+    }
+
+    #[test]
+    fn frontier_goes_by_priority_then_critical_path_then_id() {
+        let task = |id: &str, extra: serde_json::Value| {
+            let mut body = json!({"task": id, "label": "x"});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            ix(Verb::TaskCreated, "ana", Role::Owner, body)
+        };
+        let dag = fold(vec![
+            task("a", json!({})),
+            task("b", json!({"path": 5, "size": 1})),
+            task("c", json!({"size": 3})),
+            task("d", json!({"priority": 7})),
+            task("e", json!({"priority": 7, "path": 2})),
+            task("f", json!({"priority": 100_000, "size": 9})),
+        ]);
+        // Priority 7 first (the longer path of e before d), then the default 100 by
+        // path (b 5, c 3, a 1); f's priority is clamped to 1000 and goes last.
+        assert_eq!(frontier(&dag), ["e", "d", "b", "c", "a", "f"]);
+        let f = dag.task("lobby", "f").unwrap();
+        assert_eq!((f.priority, f.size, f.path), (MAX_TASK_PRIORITY, 9, 9));
+        // A path hint below the size is the size.
+        let a = dag.task("lobby", "a").unwrap();
+        assert_eq!((a.priority, a.size, a.path), (DEFAULT_TASK_PRIORITY, 1, 1));
+    }
+
+    #[test]
+    fn blocked_tasks_name_what_blocks_them() {
+        let dag = fold(vec![
+            ix(
+                Verb::TaskCreated,
+                "ana",
+                Role::Owner,
+                json!({"task": "a", "label": "x", "max_attempts": 1}),
+            ),
+            claimed("a", "bo", 1),
+            failed("a", "bo", 1),
+            created("b", &["a"]),
+            created("c", &["b", "x", "ok"]),
+            created("ok", &[]),
+            created("d", &["e"]),
+            created("e", &["d"]),
+            created("w", &["ok"]),
+        ]);
+        let by = |id: &str| -> Vec<(String, &str)> {
+            dag.blocked_by("lobby", id)
+                .into_iter()
+                .map(|b| (b.task, b.reason.as_str()))
+                .collect()
+        };
+        let pairs = |v: &[(&str, &'static str)]| -> Vec<(String, &'static str)> {
+            v.iter().map(|(t, r)| (t.to_string(), *r)).collect()
+        };
+        assert_eq!(status(&dag, "a"), Some(TaskStatus::Abandoned));
+        assert_eq!(by("b"), pairs(&[("a", "abandoned")]));
+        assert_eq!(by("c"), pairs(&[("b", "blocked"), ("x", "missing")]));
+        // A cycle: each waits for one that cannot finish.
+        assert_eq!(by("d"), pairs(&[("e", "blocked")]));
+        assert_eq!(by("e"), pairs(&[("d", "blocked")]));
+        // Waiting, ready, abandoned or unknown tasks are not blocked.
+        for id in ["w", "ok", "a", "nope"] {
+            assert!(by(id).is_empty(), "{id}");
+        }
+        assert_eq!(dag.summary("lobby").blocked, 4);
     }
 
     #[test]
@@ -1004,11 +1160,9 @@ mod tests {
         }
 
         pub fn frontier(r: &RoomTasks) -> Vec<String> {
-            r.tasks
-                .values()
-                .filter(|t| is_ready(r, t))
-                .map(|t| t.id.clone())
-                .collect()
+            let mut ready: Vec<&Task> = r.tasks.values().filter(|t| is_ready(r, t)).collect();
+            ready.sort_by_key(|t| (t.priority, std::cmp::Reverse(t.path), t.id.clone()));
+            ready.into_iter().map(|t| t.id.clone()).collect()
         }
 
         pub fn ready_since(r: &RoomTasks, t: &Task) -> Option<Timestamp> {
@@ -1070,6 +1224,13 @@ mod tests {
         prop_assert_eq!(ids(dag.ready_frontier("lobby")), naive::frontier(r));
         prop_assert_eq!(dag.frontier_len("lobby"), naive::frontier(r).len());
         prop_assert_eq!(dag.summary("lobby"), naive::summary(r));
+        // Exactly the blocked tasks name what blocks them.
+        let blocked = r
+            .tasks
+            .keys()
+            .filter(|id| !dag.blocked_by("lobby", id).is_empty())
+            .count();
+        prop_assert_eq!(blocked, naive::summary(r).blocked);
         let claimed: Vec<String> = r
             .tasks
             .values()
@@ -1112,13 +1273,15 @@ mod tests {
         let id = || (0u8..6).prop_map(|n| format!("t{n}"));
         let agent = || (0u8..3).prop_map(|n| format!("a{n}"));
         let row = prop_oneof![
-            3 => (id(), prop::collection::vec(id(), 0..3), 1u32..4).prop_map(|(t, deps, max)| {
+            3 => (id(), prop::collection::vec(id(), 0..3), 1u32..4, 0u32..3, 0u64..4)
+                .prop_map(|(t, deps, max, priority, path)| {
                 let deps: Vec<String> = deps.into_iter().filter(|d| *d != t).collect();
                 ix(
                     Verb::TaskCreated,
                     "ana",
                     Role::Owner,
-                    json!({"task": t, "label": "x", "deps": deps, "max_attempts": max}),
+                    json!({"task": t, "label": "x", "deps": deps, "max_attempts": max,
+                           "priority": priority, "size": 1 + path % 2, "path": path}),
                 )
             }),
             4 => (id(), agent(), 1i64..8).prop_map(|(t, a, e)| claimed(&t, &a, e)),

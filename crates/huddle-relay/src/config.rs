@@ -11,6 +11,7 @@
 //! key = "ada"                       # the agent's id in rooms and claims
 //! name = "Ada"
 //! capabilities = ["rust", "sql"]
+//! priority = 10                     # rank under `responder role-priority`, lower first
 //! driver = "sim"                    # "sim", "exec" or "acp"
 //! sim = { turn_ms = 300, failure_rate = 0.0, tokens = 120, seed = 7 }
 //!
@@ -88,6 +89,9 @@ pub struct AgentConfig {
     /// Declared capabilities, matched against tasks' needs when bidding.
     #[serde(default)]
     pub capabilities: Vec<String>,
+    /// Rank under `responder role-priority`: lower answers first (default 100).
+    #[serde(default)]
+    pub priority: Option<u32>,
     /// Driver kind.
     pub driver: DriverKind,
     /// Simulator settings (for `driver = "sim"`).
@@ -460,6 +464,22 @@ acp = { preset = "codex", permissions = ["read", "edit"] }
         assert_eq!(
             c.agents[1].exec.as_ref().map(|e| e.command.clone()),
             Some(vec!["cat".to_string()])
+        );
+    }
+
+    #[test]
+    fn an_agent_may_have_a_priority() {
+        let text = GOOD.replace("key = \"bob\"", "key = \"bob\"\npriority = 5");
+        let c = RelayConfig::parse("huddle.toml", &text).expect("good config");
+        assert_eq!(
+            (c.agents[0].priority, c.agents[1].priority),
+            (None, Some(5))
+        );
+        let bad = GOOD.replace("key = \"bob\"", "key = \"bob\"\npriority = -1");
+        let e = RelayConfig::parse("huddle.toml", &bad).unwrap_err();
+        assert!(
+            e.reason.contains("priority") || e.reason.contains("invalid value"),
+            "{e}"
         );
     }
 

@@ -14,9 +14,30 @@ pub fn secs(ms: f64) -> String {
     format!("{:.2} s", ms / 1000.0)
 }
 
+/// The report's first line: whether every task was done exactly once, and how close
+/// the run came to the best possible schedule (its makespan over the lower bound).
+pub fn verdict(r: &ScenarioReport) -> String {
+    let twice = r.duplicated_tasks();
+    let worked_twice = r.duplicates.worked_twice;
+    let outcome = if r.missed == 0 && twice == 0 && worked_twice == 0 && r.done == r.tasks {
+        format!("{}/{} tasks done once each, 0 missed", r.done, r.tasks)
+    } else {
+        format!(
+            "{}/{} tasks done, {} missed, {twice} completed more than once, \
+             {worked_twice} worked twice",
+            r.done, r.tasks, r.missed
+        )
+    };
+    format!(
+        "{outcome}; {:.2} x the best possible schedule",
+        r.makespan.ratio
+    )
+}
+
 /// The human form of a report.
 pub fn scenario(r: &ScenarioReport) -> String {
     let mut s = String::new();
+    let _ = writeln!(s, "{}", verdict(r));
     let config = if r.config.is_empty() {
         "defaults".to_string()
     } else {

@@ -9,9 +9,16 @@
 //! ```
 //!
 //! The exact grammar is in `docs/protocol/commands.md`. In short: `id: label`, then
-//! optionally a bracketed `[after dep1, dep2]` clause and an `@assignee` at the very
-//! end of the line (in either order). Only the bracketed form names dependencies, so
-//! a label that merely ends in the word "after" ("clean up after") is just a label.
+//! at the very end of the line, in any order and each at most once, the bracketed
+//! clauses `[after dep1, dep2]`, `[needs cap1, cap2]`, `[priority N]`, `[size N]`,
+//! `[attempts N]` (a `:` may follow the keyword) and an `@assignee`. Only the
+//! bracketed forms are clauses, so a label that merely ends in the word "after"
+//! ("clean up after") is just a label; a bracket whose first word is no keyword
+//! (`[WIP]`) stays in the label, and a clause anywhere else is an error, so a label is
+//! never silently misread.
+//!
+//! The parser also gives each task its critical path within the plan (`path`): its
+//! size plus the longest path among the plan's tasks that wait for it.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -20,6 +27,10 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::config::{check_agent_name, shorten};
+use crate::protocol::task::{
+    valid_capability, MAX_ATTEMPTS_CAP, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_TASK_PRIORITY,
+    MAX_TASK_SIZE,
+};
 
 /// Most tasks one `!delegate` may create.
 pub const MAX_TASKS: usize = 1_000;
@@ -43,6 +54,19 @@ pub struct TaskSpec {
     pub deps: Vec<String>,
     /// The agent the task is pushed to (without the `@`), if any.
     pub assignee: Option<String>,
+    /// Capabilities an agent must declare to take it (`[needs a, b]`): sorted, without
+    /// duplicates.
+    pub needs: Vec<String>,
+    /// `[priority N]`: lower goes first (absent: the default, 100).
+    pub priority: Option<u32>,
+    /// `[size N]`: relative cost (absent: 1).
+    pub size: Option<u32>,
+    /// `[attempts N]`: attempts before it fails for good (absent: the room's
+    /// `max-attempts`).
+    pub attempts: Option<u32>,
+    /// Its critical path in the plan: its size plus the longest path among the plan's
+    /// tasks that wait for it.
+    pub path: u64,
     /// The line of the message the task was written on (1-based).
     pub line: usize,
 }
@@ -115,10 +139,20 @@ pub enum DelegateErrorKind {
         /// The task.
         id: String,
     },
-    /// An `[after ...]` clause that is not at the end of the line.
-    MisplacedAfter {
+    /// A bracketed clause (`[after ...]`, `[needs ...]`, ...) that is not at the end
+    /// of the line, or given twice.
+    MisplacedClause {
         /// The task.
         id: String,
+        /// The clause's keyword.
+        keyword: &'static str,
+    },
+    /// A malformed `[needs ...]`, `[priority N]`, `[size N]` or `[attempts N]`.
+    BadClause {
+        /// The task.
+        id: String,
+        /// Why.
+        reason: String,
     },
     /// A malformed `[after ...]` clause.
     BadDeps {
@@ -187,11 +221,12 @@ impl fmt::Display for DelegateErrorKind {
             BadId { id, reason } => write!(f, "bad task id `{id}`: {reason}"),
             EmptyLabel { id } => write!(f, "task `{id}` has an empty label"),
             BadLabel { id } => write!(f, "task `{id}`: the label contains a control character"),
-            MisplacedAfter { id } => write!(
+            MisplacedClause { id, keyword } => write!(
                 f,
-                "task `{id}`: `[after ...]` must come at the end of the line (only \
-                 `@agent` may follow it), and only once"
+                "task `{id}`: `[{keyword} ...]` must come at the end of the line (only \
+                 other clauses and `@agent` may follow it), and only once"
             ),
+            BadClause { id, reason } => write!(f, "task `{id}`: {reason}"),
             BadDeps { id, reason } => write!(f, "task `{id}`: {reason}"),
             BadAssignee { id, reason } => write!(f, "task `{id}`: {reason}"),
             DuplicateId { id, first_line } => write!(
@@ -371,7 +406,10 @@ pub fn parse_delegate_with(
 
     if errors.is_empty() {
         match order_tasks(tasks) {
-            Ok(ordered) => return Ok(DelegatePlan { tasks: ordered }),
+            Ok(mut ordered) => {
+                critical_paths(&mut ordered);
+                return Ok(DelegatePlan { tasks: ordered });
+            }
             Err(cycles) => errors = cycles,
         }
     }
@@ -438,9 +476,10 @@ fn parse_task_line(line: &str) -> (Option<String>, Result<TaskSpec, DelegateErro
 fn parse_task_rest(id: &str, rest: &str) -> Result<TaskSpec, DelegateErrorKind> {
     let mut label = rest;
     let mut assignee: Option<&str> = None;
-    let mut deps: Option<Vec<String>> = None;
-    // The clauses sit at the end of the line, in either order.
-    for _ in 0..2 {
+    let mut clauses = Clauses::default();
+    let mut seen: BTreeSet<Keyword> = BTreeSet::new();
+    // The clauses sit at the end of the line, in any order, each at most once.
+    loop {
         if assignee.is_none() {
             if let Some((head, who)) = trailing_assignee(label) {
                 assignee = Some(who);
@@ -448,17 +487,24 @@ fn parse_task_rest(id: &str, rest: &str) -> Result<TaskSpec, DelegateErrorKind> 
                 continue;
             }
         }
-        if deps.is_none() {
-            if let Some((head, inner)) = trailing_after_clause(label) {
-                deps = Some(parse_deps(id, inner)?);
-                label = head;
-                continue;
+        if let Some((head, keyword, inner)) = trailing_clause(label) {
+            if !seen.insert(keyword) {
+                return Err(DelegateErrorKind::MisplacedClause {
+                    id: id.to_string(),
+                    keyword: keyword.word(),
+                });
             }
+            clauses.read(id, keyword, inner)?;
+            label = head;
+            continue;
         }
         break;
     }
-    if contains_after_clause(label) {
-        return Err(DelegateErrorKind::MisplacedAfter { id: id.to_string() });
+    if let Some(keyword) = contained_clause(label) {
+        return Err(DelegateErrorKind::MisplacedClause {
+            id: id.to_string(),
+            keyword: keyword.word(),
+        });
     }
     if assignee.is_some() && trailing_assignee(label).is_some() {
         return Err(DelegateErrorKind::BadAssignee {
@@ -484,13 +530,173 @@ fn parse_task_rest(id: &str, rest: &str) -> Result<TaskSpec, DelegateErrorKind> 
     if label.chars().any(|c| c.is_control() && c != '\t') {
         return Err(DelegateErrorKind::BadLabel { id: id.to_string() });
     }
+    let size = clauses.size.unwrap_or(1);
     Ok(TaskSpec {
         id: id.to_string(),
         label: label.to_string(),
-        deps: deps.unwrap_or_default(),
+        deps: clauses.deps,
         assignee,
+        needs: clauses.needs,
+        priority: clauses.priority,
+        size: clauses.size,
+        attempts: clauses.attempts,
+        path: u64::from(size),
         line: 0,
     })
+}
+
+/// The keyword of a bracketed clause.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Keyword {
+    After,
+    Needs,
+    Priority,
+    Size,
+    Attempts,
+}
+
+impl Keyword {
+    const ALL: [Keyword; 5] = [
+        Keyword::After,
+        Keyword::Needs,
+        Keyword::Priority,
+        Keyword::Size,
+        Keyword::Attempts,
+    ];
+
+    fn word(self) -> &'static str {
+        match self {
+            Keyword::After => "after",
+            Keyword::Needs => "needs",
+            Keyword::Priority => "priority",
+            Keyword::Size => "size",
+            Keyword::Attempts => "attempts",
+        }
+    }
+}
+
+/// What the bracketed clauses of a line said.
+#[derive(Default)]
+struct Clauses {
+    deps: Vec<String>,
+    needs: Vec<String>,
+    priority: Option<u32>,
+    size: Option<u32>,
+    attempts: Option<u32>,
+}
+
+impl Clauses {
+    /// Reads the text after `keyword` of one clause.
+    fn read(&mut self, id: &str, keyword: Keyword, inner: &str) -> Result<(), DelegateErrorKind> {
+        match keyword {
+            Keyword::After => self.deps = parse_deps(id, inner)?,
+            Keyword::Needs => self.needs = parse_needs(id, inner)?,
+            Keyword::Priority => {
+                self.priority = Some(parse_number(id, keyword, inner, 0, MAX_TASK_PRIORITY)?)
+            }
+            Keyword::Size => self.size = Some(parse_number(id, keyword, inner, 1, MAX_TASK_SIZE)?),
+            Keyword::Attempts => {
+                self.attempts = Some(parse_number(id, keyword, inner, 1, MAX_ATTEMPTS_CAP)?)
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `label [kw ...]` -> (`label`, the keyword, what follows it) when the line ends
+/// with a bracketed clause whose first word is a keyword.
+fn trailing_clause(s: &str) -> Option<(&str, Keyword, &str)> {
+    let body = s.strip_suffix(']')?;
+    let open = body.rfind('[')?;
+    let (keyword, rest) = keyword_word(&body[open + 1..])?;
+    Some((s[..open].trim_end(), keyword, rest))
+}
+
+/// If `inner` starts with a clause keyword (any case, then `:`, white space, a comma
+/// or the end), the keyword and what follows it (after the `:`).
+fn keyword_word(inner: &str) -> Option<(Keyword, &str)> {
+    let t = inner.trim_start();
+    Keyword::ALL.into_iter().find_map(|k| {
+        let w = k.word();
+        let head = t.get(..w.len())?;
+        if !head.eq_ignore_ascii_case(w) {
+            return None;
+        }
+        let rest = &t[w.len()..];
+        if let Some(after_colon) = rest.strip_prefix(':') {
+            return Some((k, after_colon));
+        }
+        (rest.is_empty() || rest.starts_with(|c: char| c.is_whitespace() || c == ','))
+            .then_some((k, rest))
+    })
+}
+
+/// The keyword of a clause that appears anywhere in `s`.
+fn contained_clause(s: &str) -> Option<Keyword> {
+    s.match_indices('[')
+        .find_map(|(i, _)| keyword_word(&s[i + 1..]).map(|(k, _)| k))
+}
+
+fn parse_needs(id: &str, inner: &str) -> Result<Vec<String>, DelegateErrorKind> {
+    let mut needs = BTreeSet::new();
+    for cap in inner.split(|c: char| c == ',' || c.is_whitespace()) {
+        if cap.is_empty() {
+            continue;
+        }
+        if !valid_capability(cap) || cap.contains(['[', ']']) {
+            return Err(DelegateErrorKind::BadClause {
+                id: id.to_string(),
+                reason: format!(
+                    "bad capability `{}` in `[needs ...]`: at most {MAX_CAPABILITY_BYTES} \
+                     bytes, no brackets or control characters",
+                    shorten(cap)
+                ),
+            });
+        }
+        needs.insert(cap.to_string());
+    }
+    if needs.is_empty() {
+        return Err(DelegateErrorKind::BadClause {
+            id: id.to_string(),
+            reason: "`[needs]` names no capability; write `[needs rust, sql]` or drop the \
+                     clause"
+                .into(),
+        });
+    }
+    if needs.len() > MAX_CAPABILITIES {
+        return Err(DelegateErrorKind::BadClause {
+            id: id.to_string(),
+            reason: format!("more than {MAX_CAPABILITIES} capabilities in `[needs ...]`"),
+        });
+    }
+    Ok(needs.into_iter().collect())
+}
+
+/// A whole number in `lo..=hi` (the only word of a `[priority N]`, `[size N]` or
+/// `[attempts N]` clause).
+fn parse_number(
+    id: &str,
+    keyword: Keyword,
+    inner: &str,
+    lo: u32,
+    hi: u32,
+) -> Result<u32, DelegateErrorKind> {
+    let text = inner.trim();
+    let bad = || DelegateErrorKind::BadClause {
+        id: id.to_string(),
+        reason: format!(
+            "`[{} {}]`: expected a whole number from {lo} to {hi}",
+            keyword.word(),
+            shorten(text)
+        ),
+    };
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    match text.parse::<u32>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ => Err(bad()),
+    }
 }
 
 /// `label @who` -> (`label`, `who`) when the last white-space separated token
@@ -502,34 +708,6 @@ fn trailing_assignee(s: &str) -> Option<(&str, &str)> {
     };
     let who = last.trim().strip_prefix('@')?;
     Some((head.trim_end(), who))
-}
-
-/// `label [after a, b]` -> (`label`, ` a, b`) when the line ends with a bracketed
-/// clause whose first word is `after` (any case).
-fn trailing_after_clause(s: &str) -> Option<(&str, &str)> {
-    let body = s.strip_suffix(']')?;
-    let open = body.rfind('[')?;
-    let inner = &body[open + 1..];
-    let after = after_word(inner)?;
-    Some((s[..open].trim_end(), after))
-}
-
-/// If `inner` starts with the word `after` (any case, then white space, a comma or
-/// the end), what follows it.
-fn after_word(inner: &str) -> Option<&str> {
-    let t = inner.trim_start();
-    let head = t.get(..5)?;
-    if !head.eq_ignore_ascii_case("after") {
-        return None;
-    }
-    let rest = &t[5..];
-    (rest.is_empty() || rest.starts_with(|c: char| c.is_whitespace() || c == ',')).then_some(rest)
-}
-
-/// Whether an `[after ...]` clause appears anywhere in `s`.
-fn contains_after_clause(s: &str) -> bool {
-    s.match_indices('[')
-        .any(|(i, _)| after_word(&s[i + 1..]).is_some())
 }
 
 fn parse_deps(id: &str, inner: &str) -> Result<Vec<String>, DelegateErrorKind> {
@@ -553,6 +731,29 @@ fn parse_deps(id: &str, inner: &str) -> Result<Vec<String>, DelegateErrorKind> {
         });
     }
     Ok(deps.into_iter().collect())
+}
+
+/// Sets each task's `path`: its size plus the longest `path` among the plan's tasks
+/// that wait for it. `tasks` is in dependency order, so one pass from the end sees
+/// every dependant before the task it waits for.
+fn critical_paths(tasks: &mut [TaskSpec]) {
+    let index: BTreeMap<String, usize> = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.id.clone(), i))
+        .collect();
+    // longest[i]: the longest path among the dependants of task i seen so far.
+    let mut longest = vec![0u64; tasks.len()];
+    for i in (0..tasks.len()).rev() {
+        let t = &mut tasks[i];
+        t.path = u64::from(t.size.unwrap_or(1)).saturating_add(longest[i]);
+        let path = t.path;
+        for d in &t.deps {
+            if let Some(&j) = index.get(d) {
+                longest[j] = longest[j].max(path);
+            }
+        }
+    }
 }
 
 /// Orders the tasks so every task comes after the tasks of the plan it waits for

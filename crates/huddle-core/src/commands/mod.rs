@@ -328,7 +328,8 @@ fn read_back(n: &NewInteraction, position: crate::model::Position) -> Interactio
 }
 
 /// The rows an accepted owner command produces besides its reply: one `task.created`
-/// per task of a `!delegate` (with the room's effective `max-attempts`), one
+/// per task of a `!delegate` (with its annotations, and the room's effective
+/// `max-attempts` unless the line says `[attempts N]`), one
 /// `config.set` for a `!config` change; each has the command as parent. Their
 /// content is deterministic, so every relay appends the same rows and the config fold
 /// authorizes exactly these ids.
@@ -349,8 +350,13 @@ pub fn derived_rows(
                         label: t.label.clone(),
                         deps: t.deps.clone(),
                         assignee: t.assignee.clone(),
-                        needs: Vec::new(),
-                        max_attempts: Some(max_attempts),
+                        needs: t.needs.clone(),
+                        max_attempts: Some(t.attempts.unwrap_or(max_attempts)),
+                        priority: t.priority,
+                        size: t.size,
+                        // Only when dependants lengthen it: a lone task's path is its
+                        // size, and its row stays what it was before paths existed.
+                        path: (t.path > u64::from(t.size.unwrap_or(1))).then_some(t.path),
                     };
                     // The command's role: owner, or agent for a delegator's
                     // `!delegate` ([`delegate_rows`]).

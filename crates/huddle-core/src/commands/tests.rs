@@ -94,6 +94,110 @@ fn a_label_that_ends_in_after_is_only_a_label() {
     );
 }
 
+/// The accepted plan's annotations as `(id, needs, priority, size, attempts, path)`.
+type Notes = (
+    String,
+    Vec<String>,
+    Option<u32>,
+    Option<u32>,
+    Option<u32>,
+    u64,
+);
+
+fn notes(text: &str) -> Vec<Notes> {
+    match parse_delegate(text) {
+        Ok(p) => p
+            .tasks
+            .into_iter()
+            .map(|t| (t.id, t.needs, t.priority, t.size, t.attempts, t.path))
+            .collect(),
+        Err(e) => panic!("rejected:\n{e}"),
+    }
+}
+
+#[test]
+fn delegate_reads_annotations_in_any_order_with_or_without_colons() {
+    let text = "!delegate\n\
+                a: fetch data [needs: sql, rust,sql] [priority 5] @ana\n\
+                b: crunch [SIZE: 10] [after a] [Attempts 1]\n\
+                c: report [after b] @bo [needs rust]\n\
+                d: free [WIP] [priority:0]";
+    let caps = |c: &[&str]| c.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        notes(text),
+        vec![
+            ("a".into(), caps(&["rust", "sql"]), Some(5), None, None, 12),
+            ("b".into(), caps(&[]), None, Some(10), Some(1), 11),
+            ("c".into(), caps(&["rust"]), None, None, None, 1),
+            ("d".into(), caps(&[]), Some(0), None, None, 1),
+        ]
+    );
+    assert_eq!(
+        plan(text),
+        vec![
+            t("a", "fetch data", &[], Some("ana")),
+            t("b", "crunch", &["a"], None),
+            t("c", "report", &["b"], Some("bo")),
+            t("d", "free [WIP]", &[], None),
+        ]
+    );
+}
+
+#[test]
+fn critical_paths_take_the_longest_chain_of_sizes() {
+    // a -> b (size 5) -> d, and a -> c -> d: a's path goes through b.
+    let text = "!delegate\nd: last [after b, c]\nb: big [after a] [size 5]\n\
+                c: small [after a]\na: first [size 2]\ne: alone [size 3]";
+    let paths: Vec<(String, u64)> = notes(text).into_iter().map(|n| (n.0, n.5)).collect();
+    assert_eq!(
+        paths,
+        [("a", 8), ("b", 6), ("c", 2), ("d", 1), ("e", 3)]
+            .map(|(id, p)| (id.to_string(), p))
+            .to_vec()
+    );
+}
+
+#[test]
+fn annotations_become_fields_of_task_created() {
+    let key = owner_secret();
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &key));
+    let text =
+        "!delegate\na: one [needs rust] [priority 3] [size 4]\nb: two [after a] [attempts 7]";
+    let command = signed_post(2, "lobby", None, "olga", text, &key);
+    auth.apply(&command);
+    let Some(Ok(parsed)) = owner_command_in(&command, auth.config(), &ParseContext::default())
+    else {
+        panic!("the signed command parses");
+    };
+    let rows = derived_rows(&command, &parsed, auth.config());
+    let bodies: Vec<crate::protocol::task::TaskCreatedBody> = rows
+        .iter()
+        .map(|r| crate::protocol::task::TaskCreatedBody::parse(&r.body).expect("a body"))
+        .collect();
+    assert_eq!(bodies[0].needs, ["rust"]);
+    assert_eq!(
+        (
+            bodies[0].priority,
+            bodies[0].size,
+            bodies[0].path,
+            bodies[0].max_attempts
+        ),
+        (Some(3), Some(4), Some(5), Some(3))
+    );
+    // No dependants in the plan: no path written; the room's max-attempts unless the
+    // line says otherwise.
+    assert_eq!(
+        (
+            bodies[1].priority,
+            bodies[1].size,
+            bodies[1].path,
+            bodies[1].max_attempts
+        ),
+        (None, None, None, Some(7))
+    );
+}
+
 #[test]
 fn delegate_orders_dependencies_first_then_by_line() {
     let text = "!delegate\nc: third [after b]\nb: second [after a]\na: first\nz: free";
@@ -181,14 +285,52 @@ fn delegate_errors_name_the_line_and_the_problem() {
         (
             "!delegate\na: x\nb: y [after a] then z",
             3,
-            "line 3: task `b`: `[after ...]` must come at the end of the line (only `@agent` \
-             may follow it), and only once",
+            "line 3: task `b`: `[after ...]` must come at the end of the line (only other \
+             clauses and `@agent` may follow it), and only once",
         ),
         (
             "!delegate\na: x\nb: y [after a] [after a]",
             3,
-            "line 3: task `b`: `[after ...]` must come at the end of the line (only `@agent` \
-             may follow it), and only once",
+            "line 3: task `b`: `[after ...]` must come at the end of the line (only other \
+             clauses and `@agent` may follow it), and only once",
+        ),
+        (
+            "!delegate\na: x [size 3] then more",
+            2,
+            "line 2: task `a`: `[size ...]` must come at the end of the line (only other \
+             clauses and `@agent` may follow it), and only once",
+        ),
+        (
+            "!delegate\na: x [needs a] [priority 1] [needs b]",
+            2,
+            "line 2: task `a`: `[needs ...]` must come at the end of the line (only other \
+             clauses and `@agent` may follow it), and only once",
+        ),
+        (
+            "!delegate\na: x [priority high]",
+            2,
+            "line 2: task `a`: `[priority high]`: expected a whole number from 0 to 1000",
+        ),
+        (
+            "!delegate\na: x [size 0]",
+            2,
+            "line 2: task `a`: `[size 0]`: expected a whole number from 1 to 1000000",
+        ),
+        (
+            "!delegate\na: x [attempts: 101]",
+            2,
+            "line 2: task `a`: `[attempts 101]`: expected a whole number from 1 to 100",
+        ),
+        (
+            "!delegate\na: x [priority -1]",
+            2,
+            "line 2: task `a`: `[priority -1]`: expected a whole number from 0 to 1000",
+        ),
+        (
+            "!delegate\na: x [needs ,]",
+            2,
+            "line 2: task `a`: `[needs]` names no capability; write `[needs rust, sql]` or \
+             drop the clause",
         ),
         (
             "!delegate\na: x [after]",

@@ -22,6 +22,13 @@ pub const MAX_CAPABILITIES: usize = 64;
 pub const MAX_CAPABILITY_BYTES: usize = 64;
 /// Longest `result` or `reason` text kept in the fold, in bytes (longer is truncated).
 pub const MAX_RESULT_BYTES: usize = 16 * 1024;
+/// A task's priority when `task.created` does not say (lower goes first).
+pub const DEFAULT_TASK_PRIORITY: u32 = 100;
+/// The largest task priority (larger values are clamped).
+pub const MAX_TASK_PRIORITY: u32 = 1_000;
+/// The largest relative size of a task (larger values are clamped; the default is 1).
+pub const MAX_TASK_SIZE: u32 = 1_000_000;
+
 /// Whether `id` is a valid task id: 1..=128 bytes of `[A-Za-z0-9_-]`.
 pub fn valid_task_id(id: &str) -> bool {
     !id.is_empty()
@@ -62,6 +69,18 @@ pub struct TaskCreatedBody {
     /// config that changes later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
+    /// Scheduling priority, lower first (default 100, clamped to 0..=1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
+    /// Relative cost (default 1, clamped to 1..=1,000,000): the task's weight on the
+    /// critical path of its chain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u32>,
+    /// The longest chain of sizes from this task through the tasks of its command
+    /// that wait for it (its own size included), as the command's parser computed it:
+    /// the critical-path part of its frontier rank. Absent: its size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<u64>,
 }
 
 impl TaskCreatedBody {

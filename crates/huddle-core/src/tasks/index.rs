@@ -26,31 +26,44 @@
 //! rebuilds it ([`RoomIndex::from_scratch`]). The property tests of the module check
 //! that the incrementally kept index equals the from-scratch one after every row.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Task, TaskStatus, TaskSummary};
+use super::{Task, TaskStatus, TaskSummary, DEFAULT_TASK_PRIORITY};
 use crate::model::Timestamp;
 
 /// The rank of a ready task in the frontier, compared before its id. Lower ranks go
-/// first.
+/// first: the lower `priority`, then the longer critical path (`path`, the longest
+/// chain of sizes from the task through the tasks of its `!delegate` that wait for
+/// it), so the start of a long chain is handed out before short independent work.
 ///
-/// It has no fields yet: every ready task ranks the same and the frontier is in id
-/// order. It is the place to add per-task scheduling order — for example
-/// `priority: std::cmp::Reverse<u32>` then `critical_path: std::cmp::Reverse<u32>` —
-/// computed from the task (and the DAG) in [`FrontierRank::of`]. Whatever it holds must
-/// be a deterministic function of folded state. When a rank can change while a task is
-/// ready (a critical path that grows as dependents are created), re-[`touch`] the task:
-/// the index keeps each ready task's current key, so re-keying is one remove and one
-/// insert.
-///
-/// [`touch`]: RoomIndex::touch
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FrontierRank {}
+/// It is a function of the task's own `task.created` row, which never changes, so a
+/// ready task is never re-keyed. (A task created later that waits for an earlier one
+/// does not lengthen the earlier task's path: see plan 0039.)
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FrontierRank {
+    /// The task's priority (lower first).
+    pub priority: u32,
+    /// Its critical path, longest first.
+    pub path: Reverse<u64>,
+}
+
+impl Default for FrontierRank {
+    fn default() -> Self {
+        FrontierRank {
+            priority: DEFAULT_TASK_PRIORITY,
+            path: Reverse(1),
+        }
+    }
+}
 
 impl FrontierRank {
-    /// The rank of `task` in `room`'s frontier.
-    pub fn of(_task: &Task) -> FrontierRank {
-        FrontierRank {}
+    /// The rank of `task` in its room's frontier.
+    pub fn of(task: &Task) -> FrontierRank {
+        FrontierRank {
+            priority: task.priority,
+            path: Reverse(task.path),
+        }
     }
 }
 
@@ -372,6 +385,19 @@ impl RoomIndex {
     /// How many tasks are ready.
     pub fn frontier_len(&self) -> usize {
         self.frontier.len()
+    }
+
+    /// Whether task `id` can still finish (or has): `None` when there is no such task.
+    pub fn can_finish(&self, id: &str) -> Option<bool> {
+        self.derived.get(id).map(|x| x.finishable)
+    }
+
+    /// Whether task `id` is open but can never run: a dependency is missing,
+    /// abandoned, or cannot finish itself (blocked, or in a cycle).
+    pub fn is_blocked(&self, id: &str) -> bool {
+        self.derived
+            .get(id)
+            .is_some_and(|x| x.class == Class::Blocked)
     }
 
     /// Whether task `id` is ready.
