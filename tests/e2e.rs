@@ -10,6 +10,7 @@ mod acp_relays;
 mod admin_setup;
 mod agent_binding;
 mod agent_lifetime;
+mod assignees;
 mod bench_cmds;
 mod board_tasks;
 mod cli_errors;

@@ -8,8 +8,9 @@
 //!   claim of a message (`race`: nobody waits; `designated` / `role-priority`: the
 //!   preferred agent goes at once, everyone else after the fallback window, so a
 //!   silent preferred agent degrades to a race and the claim still picks exactly one).
-//! - [`claim_right`]: who may claim a ready task now (`pull`: any capable agent;
-//!   `push`: the assignee, or anyone capable when there is none; `bid`: nobody while
+//! - [`claim_right`]: who may claim a ready task now (an `@agent` assignee first, for
+//!   one claim lease, under every allocation; then `pull` and `push`: any capable
+//!   agent; `bid`: nobody while
 //!   the bid window is open, then the winning bidder, then anyone capable if the
 //!   winner has not claimed within one more window; no bids falls back to pull).
 //! - [`winning_bid`] / [`bid_score`]: the deterministic contract-net award.
@@ -90,7 +91,7 @@ pub fn capable(needs: &[String], capabilities: &[String]) -> bool {
 pub enum ClaimRight {
     /// Any capable agent.
     Anyone,
-    /// Only this agent (the `push` assignee, or the winning bidder).
+    /// Only this agent (the assignee, or the winning bidder).
     Only(String),
     /// The bid window is open until `closes_at` (µs): capable agents bid, nobody
     /// claims.
@@ -131,17 +132,17 @@ pub fn claim_right(
     ready_since: Timestamp,
     now: Timestamp,
 ) -> ClaimRight {
+    // `@agent` means that agent under every allocation: the assignee has one claim
+    // lease to take its ready task; after that the allocation decides (anyone capable
+    // under pull and push; under bid the window has long closed), so an assignee that
+    // is absent (a typo, a relay that died) never strands the task.
+    if let Some(a) = &task.assignee {
+        if now < ready_since.saturating_add(ms_to_us(config.claim_ttl_ms)) {
+            return ClaimRight::Only(a.clone());
+        }
+    }
     match config.allocation {
-        Allocation::Pull => ClaimRight::Anyone,
-        // The assignee has one claim lease to take its ready task; after that anyone
-        // capable may, so an assignee that is absent (a typo, a relay that died)
-        // never strands the task.
-        Allocation::Push => match &task.assignee {
-            Some(a) if now < ready_since.saturating_add(ms_to_us(config.claim_ttl_ms)) => {
-                ClaimRight::Only(a.clone())
-            }
-            _ => ClaimRight::Anyone,
-        },
+        Allocation::Pull | Allocation::Push => ClaimRight::Anyone,
         Allocation::Bid => {
             let window = ms_to_us(config.bid_window_ms);
             let closes_at = ready_since.saturating_add(window);
@@ -228,7 +229,7 @@ pub fn losing_bidders<'a>(task: &'a Task, winner: &str) -> Vec<&'a str> {
 
 /// Who may re-take a task whose owner's claim may have lapsed (the reconcile pass):
 /// any capable agent, whatever the allocation. A lapsed lease means the owner's relay
-/// stopped renewing it; under `push` the owner was the assignee, so keeping the task
+/// stopped renewing it; for an assigned task the owner was the assignee, so keeping the task
 /// for it would strand the task with its relay. Bidding is not repeated for a re-take:
 /// the attempt was already allocated once.
 pub fn retake_right(_config: &RoomConfig, _task: &Task) -> ClaimRight {
@@ -348,8 +349,24 @@ mod tests {
         unassigned.assignee = None;
         let s = 1_000_000; // ready since 1 s; window 2 s
                            // (allocation, task, now, expected)
+        let mut bids_unassigned = with_bids.clone();
+        bids_unassigned.assignee = None;
+        let lease = 60_000_000; // the default claim TTL
         let cases: Vec<(Allocation, &Task, i64, ClaimRight)> = vec![
-            (Pull, &with_bids, s, ClaimRight::Anyone),
+            (Pull, &bids_unassigned, s, ClaimRight::Anyone),
+            (Pull, &unassigned, s, ClaimRight::Anyone),
+            // @cy means cy under every allocation, for one claim lease.
+            (Pull, &no_bids, s, ClaimRight::Only("cy".into())),
+            (Pull, &no_bids, s + lease - 1, ClaimRight::Only("cy".into())),
+            (Pull, &no_bids, s + lease, ClaimRight::Anyone),
+            (Bid, &with_bids, s, ClaimRight::Only("cy".into())),
+            (
+                Bid,
+                &with_bids,
+                s + lease - 1,
+                ClaimRight::Only("cy".into()),
+            ),
+            (Bid, &with_bids, s + lease, ClaimRight::Anyone),
             (Push, &no_bids, s, ClaimRight::Only("cy".into())),
             (
                 Push,
@@ -362,7 +379,7 @@ mod tests {
             (Push, &unassigned, s, ClaimRight::Anyone),
             (
                 Bid,
-                &with_bids,
+                &bids_unassigned,
                 s,
                 ClaimRight::Bidding {
                     closes_at: Timestamp(s + 2_000_000),
@@ -370,7 +387,7 @@ mod tests {
             ),
             (
                 Bid,
-                &with_bids,
+                &bids_unassigned,
                 s + 1_999_999,
                 ClaimRight::Bidding {
                     closes_at: Timestamp(s + 2_000_000),
@@ -378,12 +395,12 @@ mod tests {
             ),
             (
                 Bid,
-                &with_bids,
+                &bids_unassigned,
                 s + 2_000_000,
                 ClaimRight::Only("dee".into()),
             ),
-            (Bid, &with_bids, s + 4_000_000, ClaimRight::Anyone),
-            (Bid, &no_bids, s + 2_000_000, ClaimRight::Anyone),
+            (Bid, &bids_unassigned, s + 4_000_000, ClaimRight::Anyone),
+            (Bid, &unassigned, s + 2_000_000, ClaimRight::Anyone),
         ];
         for (i, (alloc, task, now, want)) in cases.into_iter().enumerate() {
             let c = cfg(Responder::Race, None, alloc);

@@ -28,7 +28,8 @@ pub enum Responder {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Allocation {
-    /// Any eligible agent may claim a ready task.
+    /// Any eligible agent may claim a ready task (under every allocation a task's
+    /// `@agent` assignee goes first, for one claim lease).
     Pull,
     /// The task's assignee claims it (anyone when it has none).
     Push,
@@ -528,7 +529,8 @@ impl ConfigKey {
             }
             ConfigKey::Allocation => {
                 "how ready tasks are allocated: pull (any eligible agent), push (the \
-                 assignee), bid (best bid at the end of the bid window)"
+                 assignee), bid (best bid at the end of the bid window); under all three \
+                 a task's @agent goes first for one claim lease"
             }
             ConfigKey::ClaimTtl => {
                 "lease of every claim; failover after a crash takes about this long"
