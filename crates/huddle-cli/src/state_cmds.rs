@@ -42,15 +42,12 @@ pub async fn fold_admitted(
     room: &str,
     mut apply: impl FnMut(&huddle_core::Interaction),
 ) -> anyhow::Result<()> {
-    let mut authority = huddle_core::OwnerAuthority::new();
+    let mut admitted = Admitted::new(room);
     let mut cursor = Position::START;
-    let mut created = false;
     loop {
         let batch = store.read_room(room, cursor, 5000).await?;
         for r in &batch.rows {
-            created |= r.verb == huddle_core::Verb::RoomCreated;
-            huddle_core::Fold::apply(&mut authority, r);
-            if authority.admits(r) {
+            if admitted.admits(r) {
                 apply(r);
             }
         }
@@ -59,10 +56,44 @@ pub async fn fold_admitted(
         }
         cursor = batch.next;
     }
-    if !created {
-        bail!("room {room:?} does not exist in this database (create it with `huddle room create {room} --owner NAME`)");
+    admitted.created()
+}
+
+/// Which rows of a room the relays act on, row by row in ledger order: the owner
+/// authority's judgement, and whether the room was ever created.
+struct Admitted<'a> {
+    room: &'a str,
+    authority: huddle_core::OwnerAuthority,
+    created: bool,
+}
+
+impl<'a> Admitted<'a> {
+    fn new(room: &'a str) -> Self {
+        Admitted {
+            room,
+            authority: huddle_core::OwnerAuthority::new(),
+            created: false,
+        }
     }
-    Ok(())
+
+    /// Folds `r` into the authority; whether it is a row of the room the relays act on.
+    fn admits(&mut self, r: &huddle_core::Interaction) -> bool {
+        if r.room != self.room {
+            return false;
+        }
+        self.created |= r.verb == huddle_core::Verb::RoomCreated;
+        huddle_core::Fold::apply(&mut self.authority, r);
+        self.authority.admits(r)
+    }
+
+    /// Fails when the room was never created.
+    fn created(&self) -> anyhow::Result<()> {
+        let room = self.room;
+        if !self.created {
+            bail!("room {room:?} does not exist in this database (create it with `huddle room create {room} --owner NAME`)");
+        }
+        Ok(())
+    }
 }
 
 /// One agent on the board.
@@ -586,10 +617,8 @@ pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow:
     use std::io::IsTerminal as _;
     let store = ledger_cmds::open(db, options).await?;
     let mut w = Watched {
-        room,
-        authority: huddle_core::OwnerAuthority::new(),
+        admitted: Admitted::new(room),
         tally: Tally::new(room),
-        created: false,
     };
     let mut cursor = Position::START;
     loop {
@@ -600,9 +629,7 @@ pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow:
         }
         cursor = batch.next;
     }
-    if !w.created {
-        bail!("room {room:?} does not exist in this database (create it with `huddle room create {room} --owner NAME`)");
-    }
+    w.admitted.created()?;
     let terminal = std::io::stdout().is_terminal();
     let mut last = String::new();
     let mut draw = |tally: &Tally| -> anyhow::Result<()> {
@@ -648,20 +675,16 @@ pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow:
 
 /// What `tasks --watch` keeps folded.
 struct Watched<'a> {
-    room: &'a str,
-    authority: huddle_core::OwnerAuthority,
+    admitted: Admitted<'a>,
     tally: Tally,
-    created: bool,
 }
 
 impl Watched<'_> {
     /// Folds the room's rows the relays would act on; whether any was.
     fn fold(&mut self, rows: &[huddle_core::Interaction]) -> bool {
         let mut moved = false;
-        for r in rows.iter().filter(|r| r.room == self.room) {
-            self.created |= r.verb == huddle_core::Verb::RoomCreated;
-            huddle_core::Fold::apply(&mut self.authority, r);
-            if self.authority.admits(r) {
+        for r in rows {
+            if self.admitted.admits(r) {
                 self.tally.apply(r);
                 moved = true;
             }
