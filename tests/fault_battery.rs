@@ -89,6 +89,7 @@ impl Rows {
             priority: None,
             size: None,
             path: None,
+            uses: Vec::new(),
         };
         self.push(
             Verb::TaskCreated,

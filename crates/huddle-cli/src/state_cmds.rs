@@ -485,6 +485,9 @@ pub struct TaskLine {
     /// Its critical path (its size plus the longest chain of sizes of the tasks of its
     /// `!delegate` that wait for it).
     pub path: u64,
+    /// Resources its turn holds while it runs (`[uses ...]`), as `name mode`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub uses: Vec<String>,
     /// Completions accepted by the fold (1 when done).
     pub completions: u32,
     /// Last failure reason.
@@ -544,6 +547,7 @@ fn tasks_view(t: &Tally) -> TasksView {
                     priority: x.priority,
                     size: x.size,
                     path: x.path,
+                    uses: uses_text(&x.uses),
                     completions: completions.get(x.id.as_str()).copied().unwrap_or(0),
                     last_reason: x.last_reason.clone(),
                     result: x.result.clone(),
@@ -566,6 +570,13 @@ fn tasks_view(t: &Tally) -> TasksView {
     }
 }
 
+/// A task's `[uses ...]` as `name mode` each (`file:src/** exclusive`).
+pub fn uses_text(uses: &[huddle_core::resources::Wanted]) -> Vec<String> {
+    uses.iter()
+        .map(|w| format!("{} {}", w.name, w.mode))
+        .collect()
+}
+
 /// What a task's line says after its label: the `!delegate` clauses that differ from
 /// the defaults (` [needs rust] [priority 5] [size 3]`), what blocks it
 /// (` (blocked by: a abandoned)`), and a done task's result on one line (` => ...`).
@@ -579,6 +590,9 @@ fn annotations(t: &TaskLine) -> String {
     }
     if t.size != 1 {
         let _ = write!(s, " [size {}]", t.size);
+    }
+    if !t.uses.is_empty() {
+        let _ = write!(s, " [uses {}]", t.uses.join(", "));
     }
     if !t.blocked_by.is_empty() {
         let why: Vec<String> = t

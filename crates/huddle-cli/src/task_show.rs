@@ -203,6 +203,13 @@ fn render(s: &TaskShow) -> String {
         "priority: {}   size: {}   critical path: {}",
         t.priority, t.size, t.path
     );
+    if !t.uses.is_empty() {
+        let _ = writeln!(
+            out,
+            "uses:     {}",
+            crate::state_cmds::uses_text(&t.uses).join(", ")
+        );
+    }
     if !s.blocked_by.is_empty() {
         let why: Vec<String> = s
             .blocked_by

@@ -46,9 +46,9 @@ pub use index::{FrontierKey, FrontierRank, RoomIndex};
 
 pub use crate::protocol::task::{
     valid_capability, valid_task_id, TaskBidBody, TaskClaimedBody, TaskCompletedBody,
-    TaskCreatedBody, TaskEndedBody, TaskRejectedBody, DEFAULT_MAX_ATTEMPTS, DEFAULT_TASK_PRIORITY,
-    MAX_ATTEMPTS_CAP, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_DEPS, MAX_LABEL_BYTES,
-    MAX_RESULT_BYTES, MAX_TASK_ID_BYTES, MAX_TASK_PRIORITY, MAX_TASK_SIZE,
+    TaskCreatedBody, TaskEndedBody, TaskRejectedBody, TaskUse, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_TASK_PRIORITY, MAX_ATTEMPTS_CAP, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_DEPS,
+    MAX_LABEL_BYTES, MAX_RESULT_BYTES, MAX_TASK_ID_BYTES, MAX_TASK_PRIORITY, MAX_TASK_SIZE,
 };
 pub use crate::protocol::{truncate_text, SYSTEM_ACTOR};
 
@@ -138,6 +138,9 @@ pub struct Task {
     /// `!delegate` that wait for it, its own size included (at least `size`).
     #[serde(default = "one_u64")]
     pub path: u64,
+    /// Resources its turn holds while it runs (`[uses ...]`), in the global order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uses: Vec<crate::resources::Wanted>,
     /// Who created it.
     pub created_by: String,
     /// When it was created (database time).
@@ -523,6 +526,9 @@ impl RoomTasks {
         let Some(b) = TaskCreatedBody::parse(&i.body) else {
             return self.malformed();
         };
+        let Some(uses) = wanted_uses(&b.uses) else {
+            return self.malformed();
+        };
         // Agents' rows are a delegator's `!delegate`: which rows count is the owner
         // authority's call (`commands::OwnerAuthority`), before this fold sees them.
         if !matches!(i.role, Role::Owner | Role::System | Role::Agent)
@@ -548,6 +554,7 @@ impl RoomTasks {
                 .min(MAX_TASK_PRIORITY),
             size,
             path: b.path.unwrap_or(0).max(u64::from(size)),
+            uses,
             created_by: i.actor.clone(),
             created_at: i.at,
             status: TaskStatus::Open,
@@ -692,6 +699,25 @@ impl RoomTasks {
             }
         }
     }
+}
+
+/// A task's `uses` as resources in the global order; `None` when a name or mode is
+/// malformed, one is named twice, or there are too many.
+pub fn wanted_uses(uses: &[TaskUse]) -> Option<Vec<crate::resources::Wanted>> {
+    use crate::resources::{ordered, Mode, ResourceName, Wanted};
+    if uses.is_empty() {
+        return Some(Vec::new());
+    }
+    let wanted = uses
+        .iter()
+        .map(|u| {
+            Some(Wanted {
+                name: ResourceName::parse(&u.name).ok()?,
+                mode: Mode::parse(&u.mode).ok()?,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    ordered(wanted).ok()
 }
 
 impl Fold for TaskDag {

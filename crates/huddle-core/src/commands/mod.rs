@@ -50,7 +50,7 @@ pub use watch::{parse_watch, WatchCommand, WatchError};
 
 use crate::config::ConfigFold;
 use crate::model::{Interaction, NewInteraction, Role};
-use crate::protocol::task::TaskCreatedBody;
+use crate::protocol::task::{TaskCreatedBody, TaskUse};
 use crate::verbs::Verb;
 
 /// A parsed owner command.
@@ -357,6 +357,14 @@ pub fn derived_rows(
                         // Only when dependants lengthen it: a lone task's path is its
                         // size, and its row stays what it was before paths existed.
                         path: (t.path > u64::from(t.size.unwrap_or(1))).then_some(t.path),
+                        uses: t
+                            .uses
+                            .iter()
+                            .map(|w| TaskUse {
+                                name: w.name.to_string(),
+                                mode: w.mode.as_text(),
+                            })
+                            .collect(),
                     };
                     // The command's role: owner, or agent for a delegator's
                     // `!delegate` ([`delegate_rows`]).

@@ -1874,3 +1874,112 @@ proptest! {
         prop_assert!(parse_approval("!x", word, &ctx).is_err());
     }
 }
+
+#[test]
+fn uses_clauses_name_resources_and_modes_in_the_global_order() {
+    let text = "!delegate\n\
+                a: edit docs [uses file:docs/**]\n\
+                b: build [USES: slot:build permits 2, file:src/** shared] [after a]\n\
+                c: call [uses api:github Exclusive, slot:ci permits-3]";
+    let plan = parse_delegate(text).expect("accepted");
+    let uses: Vec<(String, Vec<String>)> = plan
+        .tasks
+        .iter()
+        .map(|t| {
+            (
+                t.id.clone(),
+                t.uses
+                    .iter()
+                    .map(|w| format!("{} {}", w.name, w.mode))
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        uses,
+        vec![
+            ("a".into(), vec!["file:docs/** exclusive".into()]),
+            (
+                "b".into(),
+                vec!["file:src/** shared".into(), "slot:build permits-2".into()]
+            ),
+            (
+                "c".into(),
+                vec!["api:github exclusive".into(), "slot:ci permits-3".into()]
+            ),
+        ]
+    );
+    assert_eq!(plan.tasks[1].label, "build");
+    assert_eq!(plan.tasks[1].deps, ["a"]);
+}
+
+#[test]
+fn bad_uses_clauses_are_refused_with_what_to_write() {
+    for (text, want) in [
+        ("!delegate\na: x [uses]", "`[uses]` names no resource"),
+        (
+            "!delegate\na: x [uses docs]",
+            "needs a kind: write kind:name",
+        ),
+        ("!delegate\na: x [uses file:a//b]", "has an empty segment"),
+        (
+            "!delegate\na: x [uses slot:b permits]",
+            "`permits` needs a number",
+        ),
+        (
+            "!delegate\na: x [uses slot:b permits 0]",
+            "use exclusive, shared or permits-N",
+        ),
+        (
+            "!delegate\na: x [uses slot:b sometimes]",
+            "use exclusive, shared or permits-N",
+        ),
+        (
+            "!delegate\na: x [uses slot:b shared now]",
+            "separate resources with commas",
+        ),
+        ("!delegate\na: x [uses api:x, api:x shared]", "named twice"),
+        (
+            "!delegate\na: x [uses api:x] [uses api:y]",
+            "`[uses ...]` must come at the end",
+        ),
+    ] {
+        let e = parse_delegate(text).expect_err(text).to_string();
+        assert!(e.contains(want), "{text}: {e}");
+    }
+}
+
+#[test]
+fn uses_become_the_task_created_body_and_the_folded_task() {
+    let key = owner_secret();
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &key));
+    let text = "!delegate\na: one [uses slot:build permits 2, file:src/**]";
+    let command = signed_post(2, "lobby", None, "olga", text, &key);
+    auth.apply(&command);
+    let Some(Ok(parsed)) = owner_command_in(&command, auth.config(), &ParseContext::default())
+    else {
+        panic!("the signed command parses");
+    };
+    let rows = derived_rows(&command, &parsed, auth.config());
+    assert_eq!(
+        rows[0].body["uses"],
+        serde_json::json!([
+            {"name": "file:src/**", "mode": "exclusive"},
+            {"name": "slot:build", "mode": "permits-2"}
+        ])
+    );
+    let mut dag = crate::tasks::TaskDag::new();
+    let mut ledger = crate::testing::Ledger::default();
+    let row = ledger.push(rows[0].clone(), crate::model::Timestamp(3));
+    crate::fold::Fold::apply(&mut dag, &row);
+    let task = dag.task("lobby", "a").expect("folded");
+    assert_eq!(task.uses.len(), 2);
+    // A body naming a malformed resource is no task.
+    let mut bad = rows[0].clone();
+    bad.body["task"] = "b".into();
+    bad.body["uses"] = serde_json::json!([{"name": "nokind", "mode": "exclusive"}]);
+    let bad = ledger.push(bad, crate::model::Timestamp(4));
+    crate::fold::Fold::apply(&mut dag, &bad);
+    assert!(dag.task("lobby", "b").is_none());
+}

@@ -81,6 +81,22 @@ pub struct TaskCreatedBody {
     /// the critical-path part of its frontier rank. Absent: its size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<u64>,
+    /// Shared resources the task's turn holds while it runs (`[uses ...]`): taken all
+    /// together, as the agent, before the task is claimed; renewed with the turn and
+    /// released when it ends. Checked by the task fold (a bad name or mode makes the
+    /// whole row malformed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uses: Vec<TaskUse>,
+}
+
+/// One resource of a task's `uses`: `{"name":"file:docs/**","mode":"exclusive"}`
+/// (`mode`: `exclusive`, `shared` or `permits-N`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskUse {
+    /// The resource name, `kind:rest`.
+    pub name: String,
+    /// How it is taken.
+    pub mode: String,
 }
 
 impl TaskCreatedBody {

@@ -109,8 +109,8 @@ pub use crate::protocol::claims::{
 pub use addressing::{Addressing, Eligible};
 pub use api::{
     AdmitAll, ChainedAcquire, ClaimAnswer, ClaimOutcome, ClaimPurpose, DepResult, Event, Intent,
-    LocalAgent, MessageBrief, ReplyGate, SyncOptions, TaskBrief, TurnId, TurnOutcome, TurnStart,
-    TurnWork,
+    LocalAgent, MessageBrief, ReplyGate, ResourcesAnswer, SyncOptions, TaskBrief, TurnId,
+    TurnOutcome, TurnStart, TurnWork,
 };
 
 // ---------------------------------------------------------------------------------
@@ -221,10 +221,24 @@ struct LiveTurn {
     work: LiveWork,
     exclusive: ClaimRef,
     drive: ClaimRef,
+    /// The resources of a task's `[uses ...]` its turn holds (renewed with it,
+    /// released when it ends).
+    uses: Vec<ClaimRef>,
     lost: bool,
     cancel_sent: bool,
     /// Why the owner stopped it (`!stop`), if it was.
     stopped: Option<String>,
+}
+
+/// A task whose claims are won and whose `[uses ...]` resources are being taken
+/// ([`Intent::AcquireResources`]), by task claim key.
+#[derive(Clone, Debug)]
+struct PendingUses {
+    room: String,
+    task: String,
+    agent: String,
+    task_epoch: ClaimEpoch,
+    drive_epoch: ClaimEpoch,
 }
 
 /// A relay's own rank for a task id (FNV-1a of both): deterministic per relay,
@@ -280,6 +294,13 @@ pub struct Synchronizer {
     claims: BTreeMap<String, Slot>,
     turns: BTreeMap<TurnId, LiveTurn>,
     held_elsewhere: BTreeMap<String, Timestamp>,
+    /// Tasks whose resources are being taken, by task claim key.
+    pending_uses: BTreeMap<String, PendingUses>,
+    /// Resources won for a task claim `(key, epoch)` whose turn has not started yet.
+    uses_won: BTreeMap<(String, ClaimEpoch), Vec<crate::resources::Holding>>,
+    /// Task claim keys backing off because their resources were taken, by room: a
+    /// `resource.released` row in the room ends the back-off early.
+    resource_waits: BTreeMap<String, BTreeSet<String>>,
     /// Agents following a thread (`!watch`), by (room, thread).
     watchers: BTreeMap<(String, String), BTreeSet<String>>,
     /// Claims an acquire found closed: their work is finished, so they are never
@@ -377,6 +398,9 @@ impl Synchronizer {
             claims: BTreeMap::new(),
             turns: BTreeMap::new(),
             held_elsewhere: BTreeMap::new(),
+            pending_uses: BTreeMap::new(),
+            uses_won: BTreeMap::new(),
+            resource_waits: BTreeMap::new(),
             watchers: BTreeMap::new(),
             closed: BTreeSet::new(),
             returned: BTreeMap::new(),
@@ -570,6 +594,9 @@ impl Synchronizer {
                 activity,
             } => self.on_turn_ended(&turn, outcome, tokens, activity, &mut out),
             Event::ClaimLost { key, epoch } => self.on_claim_lost(&key, epoch, &mut out),
+            Event::ResourcesResult { key, epoch, answer } => {
+                self.on_resources(&key, epoch, answer, &mut out)
+            }
             Event::Stop {
                 room,
                 agent,
@@ -622,7 +649,11 @@ impl Synchronizer {
             }
         }
         self.pass(&mut out);
-        if self.shutting_down && self.turns.is_empty() && !self.stopped_sent {
+        if self.shutting_down
+            && self.turns.is_empty()
+            && self.pending_uses.is_empty()
+            && !self.stopped_sent
+        {
             self.stopped_sent = true;
             out.push(Intent::Stopped);
         }
@@ -639,6 +670,12 @@ impl Synchronizer {
         }
         self.board.apply(row);
         self.resources.apply(row);
+        if row.verb == Verb::ResourceReleased {
+            // Resources given back: the tasks that waited for them may try again.
+            for key in self.resource_waits.remove(&row.room).unwrap_or_default() {
+                self.held_elsewhere.remove(&key);
+            }
+        }
         self.dag.apply(row);
         self.budget.apply(row);
         if let Some(now) = self.now {
@@ -1458,6 +1495,7 @@ impl Synchronizer {
                     .find(|a| {
                         right.allows(&a.key, &a.capabilities, task)
                             && !busy.contains(&a.key)
+                            && self.uses_free(&room, task, &a.key)
                             && !self.outstanding_bid(&a.key, Some((&room, id)))
                             && benched != Some(a.key.as_str())
                     })
@@ -1576,7 +1614,7 @@ impl Synchronizer {
                 continue;
             }
             let ttl = Duration::from_millis(self.config(&t.room, None).claim_ttl_ms.max(1));
-            for c in [&t.exclusive, &t.drive] {
+            for c in [&t.exclusive, &t.drive].into_iter().chain(&t.uses) {
                 out.push(Intent::Renew {
                     key: c.key.clone(),
                     holder: c.holder.clone(),
@@ -1991,6 +2029,7 @@ impl Synchronizer {
             },
             exclusive,
             drive,
+            Vec::new(),
             out,
         );
     }
@@ -2069,6 +2108,7 @@ impl Synchronizer {
             .filter(|_| self.held_at(&tkey, task_epoch))
             .cloned()
         else {
+            self.drop_uses_won(&room, &agent, &tkey, task_epoch, out);
             self.forget_at(&tkey, task_epoch);
             self.forget(&dkey);
             return;
@@ -2091,10 +2131,48 @@ impl Synchronizer {
             && t.epoch.is_none_or(|e| task_epoch > e)
             && (t.status == TaskStatus::Claimed || self.dag.is_ready(&room, &task));
         if !resuming && !fresh {
+            self.drop_uses_won(&room, &agent, &tkey, task_epoch, out);
             self.forget_at(&tkey, task_epoch);
             self.forget(&dkey);
             return;
         }
+        // A task with `[uses ...]` takes its resources, all or nothing, before anything
+        // is written under its claims: a task that cannot have them uses no attempt.
+        let abandoning = fresh && t.status == TaskStatus::Claimed && t.attempts >= t.max_attempts;
+        let uses = if t.uses.is_empty() || abandoning {
+            Vec::new()
+        } else if let Some(held) = self.uses_won.remove(&(tkey.clone(), task_epoch)) {
+            held
+        } else {
+            let ttl = Duration::from_millis(self.config(&room, None).claim_ttl_ms.max(1));
+            out.push(Intent::AcquireResources {
+                room: room.clone(),
+                holder: agent.clone(),
+                wanted: t.uses.clone(),
+                ttl,
+                key: tkey.clone(),
+                epoch: task_epoch,
+            });
+            self.pending_uses.insert(
+                tkey,
+                PendingUses {
+                    room,
+                    task,
+                    agent,
+                    task_epoch,
+                    drive_epoch,
+                },
+            );
+            return;
+        };
+        let use_refs: Vec<ClaimRef> = uses
+            .iter()
+            .map(|h| ClaimRef {
+                key: h.key.clone(),
+                holder: h.holder.clone(),
+                epoch: h.epoch,
+            })
+            .collect();
         let attempt = if resuming {
             t.attempts
         } else {
@@ -2145,6 +2223,17 @@ impl Synchronizer {
                 }
             }
         }
+        if !uses.is_empty() {
+            batch.push(uses_row(
+                &room,
+                &agent,
+                Verb::ResourceAcquired,
+                &use_refs,
+                Some(&uses),
+                &task,
+                Duration::from_millis(self.config(&room, None).claim_ttl_ms.max(1)),
+            ));
+        }
         let turn = TurnId(format!(
             "t/{room}/{task}/{agent}/{task_epoch}.{drive_epoch}"
         ));
@@ -2163,7 +2252,10 @@ impl Synchronizer {
             serde_json::to_value(&prompted).unwrap_or_default(),
         ));
         out.push(Intent::Append {
-            fences: vec![exclusive.clone(), drive.clone()],
+            fences: [exclusive.clone(), drive.clone()]
+                .into_iter()
+                .chain(use_refs.iter().cloned())
+                .collect(),
             close: false,
             batch,
         });
@@ -2197,6 +2289,7 @@ impl Synchronizer {
             LiveWork::Task { task },
             exclusive,
             drive,
+            use_refs,
             out,
         );
     }
@@ -2213,6 +2306,7 @@ impl Synchronizer {
         live: LiveWork,
         exclusive: ClaimRef,
         drive: ClaimRef,
+        uses: Vec<ClaimRef>,
         out: &mut Vec<Intent>,
     ) {
         let held = crate::board::resource_lines(&self.resources, &room, self.now);
@@ -2234,7 +2328,10 @@ impl Synchronizer {
             subject: subject.clone(),
             work,
             epoch: exclusive.epoch,
-            claims: vec![exclusive.clone(), drive.clone()],
+            claims: [exclusive.clone(), drive.clone()]
+                .into_iter()
+                .chain(uses.iter().cloned())
+                .collect(),
             coordination,
         })));
         self.turns.insert(
@@ -2247,6 +2344,7 @@ impl Synchronizer {
                 work: live,
                 exclusive,
                 drive,
+                uses,
                 lost: false,
                 cancel_sent: false,
                 stopped: None,
@@ -2269,6 +2367,8 @@ impl Synchronizer {
         let Some(lt) = self.turns.remove(turn) else {
             return;
         };
+        // Its agent has stopped: the resources it held for the task go back first.
+        self.give_back_uses(&lt.room, &lt.agent, &lt.uses, out);
         self.forget_at(&lt.exclusive.key, lt.exclusive.epoch);
         self.forget_at(&lt.drive.key, lt.drive.epoch);
         // A turn that never started (its start deadline passed): nothing ran.
@@ -2566,10 +2666,145 @@ impl Synchronizer {
         }
     }
 
+    /// The answer to the resources of a task whose claims were won (`key`, `epoch`:
+    /// the task claim). Won: the task goes on to its claim row and turn. Blocked or
+    /// failed: both claims are let go with nothing written (no attempt used), and a
+    /// blocked task waits until the first blocking holding would lapse or a
+    /// `resource.released` row arrives in the room.
+    fn on_resources(
+        &mut self,
+        key: &str,
+        epoch: ClaimEpoch,
+        answer: ResourcesAnswer,
+        out: &mut Vec<Intent>,
+    ) {
+        let Some(p) = self
+            .pending_uses
+            .get(key)
+            .filter(|p| p.task_epoch == epoch)
+            .cloned()
+        else {
+            // Nobody waits for these any more: give back whatever was taken.
+            if let ResourcesAnswer::Won(held) = answer {
+                if let Some((room, holder)) = held.first().and_then(|h| {
+                    crate::resources::parse_resource_key(&h.key)
+                        .map(|(r, _, _, _)| (r.to_string(), h.holder.clone()))
+                }) {
+                    let refs = holding_refs(&held);
+                    self.give_back_uses(&room, &holder, &refs, out);
+                }
+            }
+            return;
+        };
+        self.pending_uses.remove(key);
+        let tkey = task_key(&p.room, &p.task);
+        let dkey = taskdrive_key(&p.room, &p.task);
+        match answer {
+            ResourcesAnswer::Won(held) if !self.shutting_down => {
+                self.uses_won.insert((tkey, epoch), held);
+                self.drive_task_won(p.room, p.task, p.agent, p.task_epoch, p.drive_epoch, out);
+                return;
+            }
+            ResourcesAnswer::Won(held) => {
+                let refs = holding_refs(&held);
+                self.give_back_uses(&p.room, &p.agent, &refs, out);
+            }
+            ResourcesAnswer::Blocked { until, .. } => {
+                self.held_elsewhere.insert(tkey.clone(), until);
+                self.resource_waits
+                    .entry(p.room.clone())
+                    .or_default()
+                    .insert(tkey.clone());
+            }
+            ResourcesAnswer::Failed => {}
+        }
+        for (k, holder, e) in [
+            (dkey.clone(), self.relay.clone(), p.drive_epoch),
+            (tkey.clone(), p.agent.clone(), p.task_epoch),
+        ] {
+            out.push(Intent::Release {
+                key: k,
+                holder,
+                epoch: e,
+            });
+        }
+        self.forget_at(&tkey, p.task_epoch);
+        self.forget(&dkey);
+    }
+
+    /// Gives back resources won for a task claim whose turn will not start.
+    fn drop_uses_won(
+        &mut self,
+        room: &str,
+        agent: &str,
+        tkey: &str,
+        epoch: ClaimEpoch,
+        out: &mut Vec<Intent>,
+    ) {
+        if let Some(held) = self.uses_won.remove(&(tkey.to_string(), epoch)) {
+            let refs = holding_refs(&held);
+            self.give_back_uses(room, agent, &refs, out);
+        }
+    }
+
+    /// Releases `uses` (resource claims held by `agent`), then records
+    /// `resource.released`.
+    fn give_back_uses(&self, room: &str, agent: &str, uses: &[ClaimRef], out: &mut Vec<Intent>) {
+        if uses.is_empty() {
+            return;
+        }
+        for c in uses {
+            out.push(Intent::Release {
+                key: c.key.clone(),
+                holder: c.holder.clone(),
+                epoch: c.epoch,
+            });
+        }
+        out.push(Intent::Append {
+            fences: Vec::new(),
+            close: false,
+            batch: vec![uses_row(
+                room,
+                agent,
+                Verb::ResourceReleased,
+                uses,
+                None,
+                "",
+                Duration::ZERO,
+            )],
+        });
+    }
+
+    /// Whether the resources `task` uses are free for `agent`, as the ledger's
+    /// `resource.*` rows show them (the store decides for real when they are taken).
+    fn uses_free(&self, room: &str, task: &crate::tasks::Task, agent: &str) -> bool {
+        if task.uses.is_empty() {
+            return true;
+        }
+        let Some(now) = self.now else {
+            return true;
+        };
+        let live: Vec<crate::resources::Holding> = self
+            .resources
+            .held(room, now)
+            .into_iter()
+            .map(|h| crate::resources::Holding {
+                key: crate::resources::resource_key(room, &h.holder, h.mode, &h.name),
+                holder: h.holder,
+                name: h.name,
+                mode: h.mode,
+                epoch: h.epoch,
+                expires_at: h.expires_at,
+            })
+            .collect();
+        crate::resources::blockers(agent, &task.uses, &live).is_empty()
+    }
+
     fn on_claim_lost(&mut self, key: &str, epoch: ClaimEpoch, out: &mut Vec<Intent>) {
         for (id, t) in self.turns.iter_mut() {
             let uses = [&t.exclusive, &t.drive]
-                .iter()
+                .into_iter()
+                .chain(&t.uses)
                 .any(|c| c.key == key && c.epoch == epoch);
             if uses {
                 t.lost = true;
@@ -2613,6 +2848,54 @@ impl Synchronizer {
             }
         }
     }
+}
+
+fn holding_refs(held: &[crate::resources::Holding]) -> Vec<ClaimRef> {
+    held.iter()
+        .map(|h| ClaimRef {
+            key: h.key.clone(),
+            holder: h.holder.clone(),
+            epoch: h.epoch,
+        })
+        .collect()
+}
+
+/// The `resource.acquired` (with `held`: the holdings won) or `resource.released` row
+/// of a task's `[uses ...]`, written by `agent`.
+fn uses_row(
+    room: &str,
+    agent: &str,
+    verb: Verb,
+    uses: &[ClaimRef],
+    held: Option<&[crate::resources::Holding]>,
+    task: &str,
+    ttl: Duration,
+) -> NewInteraction {
+    use crate::resources::{parse_resource_key, HeldBody, ResourceRowBody};
+    let resources = uses
+        .iter()
+        .filter_map(|c| {
+            let (_, _, mode, name) = parse_resource_key(&c.key)?;
+            Some(HeldBody {
+                name,
+                mode,
+                epoch: c.epoch,
+            })
+        })
+        .collect();
+    let body = ResourceRowBody {
+        resources,
+        ttl_ms: held.map(|_| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+        expires_at: held.and_then(|h| h.iter().map(|h| h.expires_at).min()),
+        reason: held.map(|_| format!("task {task}")),
+    };
+    NewInteraction::new(
+        room,
+        verb,
+        agent,
+        Role::Agent,
+        serde_json::to_value(&body).unwrap_or_default(),
+    )
 }
 
 /// The notice a failed reply turn of `agent` on `m` calls for, if any: for a message
