@@ -106,6 +106,7 @@ impl Rows {
             task: task.into(),
             epoch: ClaimEpoch(epoch),
             attempt: 1,
+            generation: 0,
         };
         self.push(Verb::TaskClaimed, agent, Role::Agent, b.to_body(), at, None);
     }
@@ -116,6 +117,7 @@ impl Rows {
             epoch: ClaimEpoch(epoch),
             result: Some(format!("done by {agent}")),
             tokens: Some(1),
+            generation: 0,
         };
         self.push(
             Verb::TaskCompleted,

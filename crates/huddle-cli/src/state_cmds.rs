@@ -261,8 +261,19 @@ fn board_view(t: &Tally) -> BoardView {
 
 fn summary_line(s: &TaskSummary) -> String {
     format!(
-        "{} tasks: {} done, {} claimed, {} ready, {} waiting, {} blocked, {} abandoned",
-        s.total, s.done, s.claimed, s.ready, s.waiting, s.blocked, s.abandoned
+        "{} tasks: {} done, {} claimed, {} ready, {} waiting, {} blocked, {} abandoned{}",
+        s.total,
+        s.done,
+        s.claimed,
+        s.ready,
+        s.waiting,
+        s.blocked,
+        s.abandoned,
+        if s.cancelled > 0 {
+            format!(", {} cancelled", s.cancelled)
+        } else {
+            String::new()
+        }
     )
 }
 
@@ -460,7 +471,7 @@ pub struct TaskLine {
     pub id: String,
     /// Label.
     pub label: String,
-    /// `open`, `claimed`, `done`, `abandoned`.
+    /// `open`, `claimed`, `done`, `abandoned`, `cancelled`.
     pub status: TaskStatus,
     /// Open with every dependency done.
     pub ready: bool,
@@ -495,7 +506,7 @@ pub struct TaskLine {
     /// What its completion reported.
     pub result: Option<String>,
     /// For a task that can never run: each dependency that cannot finish, and why
-    /// (`missing`, `abandoned`, `blocked`). Empty otherwise.
+    /// (`missing`, `abandoned`, `cancelled`, `blocked`). Empty otherwise.
     pub blocked_by: Vec<BlockedBy>,
 }
 
@@ -743,6 +754,7 @@ fn tasks_text(view: &TasksView) -> String {
             (TaskStatus::Claimed, _) => "claimed",
             (TaskStatus::Done, _) => "done",
             (TaskStatus::Abandoned, _) => "abandoned",
+            (TaskStatus::Cancelled, _) => "cancelled",
         };
         let _ = writeln!(
             out,

@@ -168,6 +168,7 @@ fn status_word(s: &TaskShow) -> &'static str {
         TaskStatus::Claimed => "claimed",
         TaskStatus::Done => "done",
         TaskStatus::Abandoned => "abandoned",
+        TaskStatus::Cancelled => "cancelled",
     }
 }
 

@@ -1983,3 +1983,81 @@ fn uses_become_the_task_created_body_and_the_folded_task() {
     crate::fold::Fold::apply(&mut dag, &bad);
     assert!(dag.task("lobby", "b").is_none());
 }
+
+/// A signed `!retry` / `!cancel` derives one admitted row per task; the same rows
+/// hand-written are not admitted.
+#[test]
+fn retry_and_cancel_derive_admitted_rows_for_existing_tasks() {
+    let key = owner_secret();
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &key));
+    let delegate = signed_post(
+        2,
+        "lobby",
+        None,
+        "olga",
+        "!delegate\na: x\nb: y [after a]",
+        &key,
+    );
+    auth.apply(&delegate);
+    let Some(Ok(parsed)) = owner_command_in(&delegate, auth.config(), &ParseContext::default())
+    else {
+        panic!("the !delegate parses");
+    };
+    for (n, d) in derived_rows(&delegate, &parsed, auth.config())
+        .into_iter()
+        .enumerate()
+    {
+        auth.apply(&materialize(
+            d,
+            Position::new(0, 3 + n as u64),
+            Timestamp(0),
+        ));
+    }
+    let task_exists = |id: &str| auth.task_exists("lobby", id);
+    let ctx = ParseContext {
+        task_exists: &task_exists,
+        ..ParseContext::default()
+    };
+    let retry = signed_post(10, "lobby", None, "olga", "!retry a, b", &key);
+    let cancel = signed_post(11, "lobby", None, "olga", "!cancel a with dependants", &key);
+    let unknown = signed_post(12, "lobby", None, "olga", "!cancel nope", &key);
+    let Some(Err(e)) = owner_command_in(&unknown, auth.config(), &ctx) else {
+        panic!("an unknown task is refused");
+    };
+    assert_eq!(
+        e.to_string(),
+        "nothing changed: room has no task `nope` (`huddle tasks` lists them)"
+    );
+    let mut derived = Vec::new();
+    for c in [&retry, &cancel] {
+        let Some(Ok(parsed)) = owner_command_in(c, auth.config(), &ctx) else {
+            panic!("parses");
+        };
+        derived.extend(derived_rows(c, &parsed, auth.config()));
+    }
+    let verbs: Vec<(Verb, serde_json::Value)> =
+        derived.iter().map(|d| (d.verb, d.body.clone())).collect();
+    assert_eq!(
+        verbs,
+        vec![
+            (Verb::TaskRetried, json!({"task": "a", "attempts": 3})),
+            (Verb::TaskRetried, json!({"task": "b", "attempts": 3})),
+            (
+                Verb::TaskCancelled,
+                json!({"task": "a", "dependants": true})
+            ),
+        ]
+    );
+    for c in [&retry, &cancel] {
+        auth.apply(c);
+    }
+    for (n, d) in derived.iter().enumerate() {
+        let r = materialize(d.clone(), Position::new(0, 20 + n as u64), Timestamp(0));
+        assert!(auth.admits(&r), "{r:?}");
+    }
+    let mut forged = derived[2].clone();
+    forged.parent = None;
+    let r = materialize(forged, Position::new(0, 30), Timestamp(0));
+    assert!(!auth.admits(&r), "a hand-written cancel is not admitted");
+}

@@ -367,6 +367,9 @@ pub enum ClaimPurpose {
         task: String,
         /// The contending agent.
         agent: String,
+        /// The task's generation (its claim keys: `protocol::task_key_at`).
+        #[serde(default)]
+        generation: u32,
     },
     /// `taskdrive/..` for this relay; when won: append `task.claimed` (+ rejections) and
     /// `turn.prompted` fenced by the task claim, and start the task turn.
@@ -379,6 +382,9 @@ pub enum ClaimPurpose {
         agent: String,
         /// The epoch of the task claim won.
         task_epoch: ClaimEpoch,
+        /// The task's generation.
+        #[serde(default)]
+        generation: u32,
     },
 }
 
@@ -421,9 +427,18 @@ impl ClaimPurpose {
                 each,
                 ..
             } => crate::protocol::reply_key_for(room, message, agent, *each),
-            ClaimPurpose::Task { room, task, .. } | ClaimPurpose::DriveTask { room, task, .. } => {
-                crate::protocol::task_key(room, task)
+            ClaimPurpose::Task {
+                room,
+                task,
+                generation,
+                ..
             }
+            | ClaimPurpose::DriveTask {
+                room,
+                task,
+                generation,
+                ..
+            } => crate::protocol::task_key_at(room, task, *generation),
         }
     }
 }

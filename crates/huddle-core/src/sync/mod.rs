@@ -103,8 +103,8 @@ use crate::verbs::Verb;
 /// Claim keys and epochs are protocol vocabulary; re-exported here, where the relay
 /// meets them.
 pub use crate::protocol::claims::{
-    directed_reply_key, drive_key, reply_key, reply_key_for, task_key, taskdrive_key, ClaimEpoch,
-    ClaimKey, ClaimRef,
+    directed_reply_key, drive_key, reply_key, reply_key_for, task_key, task_key_at, taskdrive_key,
+    taskdrive_key_at, ClaimEpoch, ClaimKey, ClaimRef,
 };
 pub use addressing::{Addressing, Eligible};
 pub use api::{
@@ -236,6 +236,7 @@ struct LiveTurn {
 struct PendingUses {
     room: String,
     task: String,
+    generation: u32,
     agent: String,
     task_epoch: ClaimEpoch,
     drive_epoch: ClaimEpoch,
@@ -758,7 +759,7 @@ impl Synchronizer {
             }
             Verb::TaskFailed | Verb::TaskReleased => {
                 if let Some(b) = TaskEndedBody::parse(&row.body) {
-                    let key = task_key(&row.room, &b.task);
+                    let key = task_key_at(&row.room, &b.task, b.generation);
                     // Its holder releases the claim right after this row: a back-off
                     // taken while it held the claim no longer applies.
                     self.held_elsewhere.remove(&key);
@@ -767,6 +768,7 @@ impl Synchronizer {
                 }
             }
             Verb::TaskBid => self.reject_late_bid(row, out),
+            Verb::TaskCancelled => self.stop_cancelled(&row.room, &row.actor, out),
             _ => {}
         }
     }
@@ -939,7 +941,7 @@ impl Synchronizer {
         }
         out.push(Intent::Append {
             fences: vec![ClaimRef {
-                key: task_key(&row.room, &b.task),
+                key: self.tkey(&row.room, &b.task),
                 holder: owner.clone(),
                 epoch,
             }],
@@ -952,11 +954,49 @@ impl Synchronizer {
     // Passes
     // -----------------------------------------------------------------------------
 
+    /// Stops this relay's running turns of tasks of `room` the owner cancelled: each
+    /// ends without a completion (the fold refuses one now anyway) and its
+    /// `turn.failed` says why.
+    fn stop_cancelled(&mut self, room: &str, by: &str, out: &mut Vec<Intent>) {
+        for (id, t) in self.turns.iter_mut() {
+            let LiveWork::Task { task } = &t.work else {
+                continue;
+            };
+            let cancelled = t.room == room
+                && self
+                    .dag
+                    .task(room, task)
+                    .is_some_and(|x| x.status == TaskStatus::Cancelled);
+            if cancelled && !t.cancel_sent {
+                t.cancel_sent = true;
+                t.stopped = Some(format!(
+                    "cancelled: the owner {by} cancelled task {task} (!cancel)"
+                ));
+                out.push(Intent::Cancel { turn: id.clone() });
+            }
+        }
+    }
+
     /// Whether this relay is already acquiring or holding the task's claim or its
     /// drive claim (the drive key is per task, so a second acquisition could not be
     /// told apart from the first).
     fn task_busy(&self, room: &str, task: &str, key: &str) -> bool {
-        self.claims.contains_key(key) || self.claims.contains_key(&taskdrive_key(room, task))
+        self.claims.contains_key(key) || self.claims.contains_key(&self.dkey(room, task))
+    }
+
+    /// The generation of `task` in `room` (0 for an unknown task).
+    fn generation(&self, room: &str, task: &str) -> u32 {
+        self.dag.task(room, task).map_or(0, |t| t.generation)
+    }
+
+    /// The task claim key of `task`'s current generation.
+    fn tkey(&self, room: &str, task: &str) -> String {
+        task_key_at(room, task, self.generation(room, task))
+    }
+
+    /// The drive claim key of `task`'s current generation.
+    fn dkey(&self, room: &str, task: &str) -> String {
+        taskdrive_key_at(room, task, self.generation(room, task))
     }
 
     /// Every local agent with a live turn or a claim in flight or held: computed once
@@ -1085,8 +1125,9 @@ impl Synchronizer {
     /// Acquires a task claim for `agent` with this relay's drive claim of the task
     /// chained after it: one store call takes both when the first is won.
     fn acquire_task(&mut self, room: &str, task: &str, agent: String, out: &mut Vec<Intent>) {
+        let generation = self.generation(room, task);
         let then = ChainedAcquire {
-            key: taskdrive_key(room, task),
+            key: taskdrive_key_at(room, task, generation),
             holder: self.relay.clone(),
             ttl: self.ttl(room),
         };
@@ -1094,8 +1135,15 @@ impl Synchronizer {
             room: room.to_string(),
             task: task.to_string(),
             agent: agent.clone(),
+            generation,
         };
-        self.acquire_then(task_key(room, task), agent, purpose, Some(then), out);
+        self.acquire_then(
+            task_key_at(room, task, generation),
+            agent,
+            purpose,
+            Some(then),
+            out,
+        );
     }
 
     fn acquire_then(
@@ -1459,7 +1507,7 @@ impl Synchronizer {
                     // only for bids (none from busy agents either).
                     break;
                 }
-                let key = task_key(&room, id);
+                let key = self.tkey(&room, id);
                 if self.task_busy(&room, id, &key) || self.held_elsewhere(&key, now) {
                     continue;
                 }
@@ -1582,8 +1630,10 @@ impl Synchronizer {
                     .iter()
                     .filter(|t| t.owner.as_deref() == Some(agent))
                     .filter(|t| {
-                        !t.epoch
-                            .is_some_and(|e| self.finished.contains(&(task_key(r, &t.id), e)))
+                        !t.epoch.is_some_and(|e| {
+                            self.finished
+                                .contains(&(task_key_at(r, &t.id, t.generation), e))
+                        })
                     })
                     .count()
             })
@@ -1631,9 +1681,15 @@ impl Synchronizer {
         });
         self.finished
             .retain(|(key, epoch)| match ClaimKey::parse(key) {
-                Some(ClaimKey::Task { room, task }) => dag
-                    .task(&room, &task)
-                    .is_some_and(|t| t.status == TaskStatus::Claimed && t.epoch == Some(*epoch)),
+                Some(ClaimKey::Task {
+                    room,
+                    task,
+                    generation,
+                }) => dag.task(&room, &task).is_some_and(|t| {
+                    t.status == TaskStatus::Claimed
+                        && t.generation == generation
+                        && t.epoch == Some(*epoch)
+                }),
                 _ => false,
             });
         self.bids_sent.retain(|(room, task, attempt, _)| {
@@ -1669,7 +1725,7 @@ impl Synchronizer {
                 let running = self.turns.values().any(|lt| {
                     lt.room == room && matches!(&lt.work, LiveWork::Task { task } if *task == id)
                 });
-                let key = task_key(&room, &id);
+                let key = self.tkey(&room, &id);
                 if running || self.task_busy(&room, &id, &key) || self.held_elsewhere(&key, now) {
                     continue;
                 }
@@ -1876,15 +1932,19 @@ impl Synchronizer {
                 (reply_epoch, epoch),
                 out,
             ),
-            ClaimPurpose::Task { room, task, agent } => {
-                self.task_won(room, task, agent, r.then, out)
-            }
+            ClaimPurpose::Task {
+                room,
+                task,
+                agent,
+                generation,
+            } => self.task_won(room, (task, generation), agent, r.then, out),
             ClaimPurpose::DriveTask {
                 room,
                 task,
                 agent,
                 task_epoch,
-            } => self.drive_task_won(room, task, agent, task_epoch, epoch, out),
+                generation,
+            } => self.drive_task_won(room, (task, generation), agent, task_epoch, epoch, out),
         }
     }
 
@@ -2039,17 +2099,16 @@ impl Synchronizer {
     fn task_won(
         &mut self,
         room: String,
-        task: String,
+        (task, generation): (String, u32),
         agent: String,
         drive: Option<ClaimAnswer>,
         out: &mut Vec<Intent>,
     ) {
-        let key = task_key(&room, &task);
-        let dkey = taskdrive_key(&room, &task);
-        let alive = self
-            .dag
-            .task(&room, &task)
-            .is_some_and(|t| matches!(t.status, TaskStatus::Open | TaskStatus::Claimed));
+        let key = task_key_at(&room, &task, generation);
+        let dkey = taskdrive_key_at(&room, &task, generation);
+        let alive = self.dag.task(&room, &task).is_some_and(|t| {
+            matches!(t.status, TaskStatus::Open | TaskStatus::Claimed) && t.generation == generation
+        });
         let task_epoch = self.claims.get(&key).and_then(|s| s.epoch);
         let (true, Some(task_epoch)) = (alive, task_epoch) else {
             if !alive {
@@ -2071,6 +2130,7 @@ impl Synchronizer {
             task: task.clone(),
             agent,
             task_epoch,
+            generation,
         };
         match drive {
             Some(answer) => {
@@ -2094,18 +2154,18 @@ impl Synchronizer {
     fn drive_task_won(
         &mut self,
         room: String,
-        task: String,
+        (task, generation): (String, u32),
         agent: String,
         task_epoch: ClaimEpoch,
         drive_epoch: ClaimEpoch,
         out: &mut Vec<Intent>,
     ) {
-        let tkey = task_key(&room, &task);
-        let dkey = taskdrive_key(&room, &task);
+        let tkey = task_key_at(&room, &task, generation);
+        let dkey = taskdrive_key_at(&room, &task, generation);
         let Some(t) = self
             .dag
             .task(&room, &task)
-            .filter(|_| self.held_at(&tkey, task_epoch))
+            .filter(|t| t.generation == generation && self.held_at(&tkey, task_epoch))
             .cloned()
         else {
             self.drop_uses_won(&room, &agent, &tkey, task_epoch, out);
@@ -2158,6 +2218,7 @@ impl Synchronizer {
                 PendingUses {
                     room,
                     task,
+                    generation,
                     agent,
                     task_epoch,
                     drive_epoch,
@@ -2184,6 +2245,7 @@ impl Synchronizer {
                 task: task.clone(),
                 epoch: task_epoch,
                 attempt,
+                generation,
             };
             batch.push(NewInteraction::new(
                 room.as_str(),
@@ -2234,9 +2296,13 @@ impl Synchronizer {
                 Duration::from_millis(self.config(&room, None).claim_ttl_ms.max(1)),
             ));
         }
-        let turn = TurnId(format!(
-            "t/{room}/{task}/{agent}/{task_epoch}.{drive_epoch}"
-        ));
+        // A retried task's epochs start again under its fresh keys: its generation
+        // keeps turn ids apart.
+        let turn = TurnId(if generation == 0 {
+            format!("t/{room}/{task}/{agent}/{task_epoch}.{drive_epoch}")
+        } else {
+            format!("t/{room}/{task}/{agent}/{task_epoch}.{drive_epoch}.g{generation}")
+        });
         let subject = Subject::task(task.clone(), Some(truncate_text(&t.label, 200)));
         let prompted = TurnPromptedBody {
             turn: turn.0.clone(),
@@ -2574,6 +2640,7 @@ impl Synchronizer {
                     epoch,
                     result: Some(truncate_text(text.trim_end(), MAX_RESULT_BYTES)),
                     tokens: Some(tokens),
+                    generation: key_generation(&lt.exclusive.key),
                 };
                 let replied = TurnRepliedBody {
                     turn: turn.0.clone(),
@@ -2617,6 +2684,7 @@ impl Synchronizer {
                     task: task.clone(),
                     epoch,
                     reason: truncate_text(&reason, MAX_RESULT_BYTES),
+                    generation: key_generation(&lt.exclusive.key),
                 };
                 // The last allowed attempt failing abandons the task: that closes it.
                 let last = verb == Verb::TaskFailed
@@ -2697,12 +2765,19 @@ impl Synchronizer {
             return;
         };
         self.pending_uses.remove(key);
-        let tkey = task_key(&p.room, &p.task);
-        let dkey = taskdrive_key(&p.room, &p.task);
+        let tkey = task_key_at(&p.room, &p.task, p.generation);
+        let dkey = taskdrive_key_at(&p.room, &p.task, p.generation);
         match answer {
             ResourcesAnswer::Won(held) if !self.shutting_down => {
                 self.uses_won.insert((tkey, epoch), held);
-                self.drive_task_won(p.room, p.task, p.agent, p.task_epoch, p.drive_epoch, out);
+                self.drive_task_won(
+                    p.room,
+                    (p.task, p.generation),
+                    p.agent,
+                    p.task_epoch,
+                    p.drive_epoch,
+                    out,
+                );
                 return;
             }
             ResourcesAnswer::Won(held) => {
@@ -2847,6 +2922,16 @@ impl Synchronizer {
                 },
             }
         }
+    }
+}
+
+/// The generation a task claim key is for (0 for any other key).
+fn key_generation(key: &str) -> u32 {
+    match ClaimKey::parse(key) {
+        Some(ClaimKey::Task { generation, .. } | ClaimKey::TaskDrive { generation, .. }) => {
+            generation
+        }
+        _ => 0,
     }
 }
 

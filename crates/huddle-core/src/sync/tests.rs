@@ -2653,3 +2653,81 @@ fn a_task_waits_while_the_ledger_shows_its_resources_held_by_another() {
     // a's file is under ada's exclusive glob; b's is not.
     assert_eq!(acquires(&out), vec![(task_key("lobby", "b"), "bo".into())]);
 }
+
+#[test]
+fn a_cancelled_task_stops_its_turn_and_a_retried_one_is_claimed_under_fresh_keys() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 1);
+    // The owner cancels it: the running turn is stopped, with the reason.
+    let out = h.post(vec![NewInteraction::new(
+        "lobby",
+        Verb::TaskCancelled,
+        "ana",
+        Role::Owner,
+        json!({"task": "a"}),
+    )]);
+    assert!(
+        out.iter()
+            .any(|i| matches!(i, Intent::Cancel { turn } if *turn == st.turn)),
+        "{out:?}"
+    );
+    let out = h.ended(&st.turn, TurnOutcome::Cancelled);
+    let failed = appended_body(&out, Verb::TurnFailed);
+    assert!(
+        failed["reason"]
+            .as_str()
+            .unwrap()
+            .contains("cancelled task a (!cancel)"),
+        "{failed}"
+    );
+    h.apply_appends(&out);
+    let out = h.read();
+    assert!(acquires(&out).is_empty(), "a cancelled task is not offered");
+    // Retried: offered again under generation 1's keys.
+    let out = h.post(vec![NewInteraction::new(
+        "lobby",
+        Verb::TaskRetried,
+        "ana",
+        Role::Owner,
+        json!({"task": "a", "attempts": 2}),
+    )]);
+    assert_eq!(
+        acquires(&out),
+        vec![(task_key_at("lobby", "a", 1), "bo".into())]
+    );
+    let out = h.sync.handle(Event::ClaimResult(ClaimOutcome {
+        key: task_key_at("lobby", "a", 1),
+        holder: "bo".into(),
+        answer: ClaimAnswer::Won {
+            epoch: ClaimEpoch(1),
+            expires_at: h.now + 60 * S,
+        },
+        then: Some(ClaimAnswer::Won {
+            epoch: ClaimEpoch(1),
+            expires_at: h.now + 60 * S,
+        }),
+    }));
+    let claimed = appended_body(&out, Verb::TaskClaimed);
+    assert_eq!(
+        (claimed["generation"].as_u64(), claimed["attempt"].as_u64()),
+        (Some(1), Some(2))
+    );
+    let st = starts(&out)[0].clone();
+    assert!(st.turn.0.ends_with(".g1"), "{}", st.turn);
+    assert_eq!(st.claims[1].key, taskdrive_key_at("lobby", "a", 1));
+    h.apply_appends(&out);
+    h.read();
+    let out = h.ended(&st.turn, TurnOutcome::Replied { text: "ok".into() });
+    assert_eq!(
+        appended_body(&out, Verb::TaskCompleted)["generation"].as_u64(),
+        Some(1)
+    );
+    h.apply_appends(&out);
+    h.read();
+    assert_eq!(
+        h.sync.tasks().task("lobby", "a").unwrap().status,
+        TaskStatus::Done
+    );
+}
