@@ -122,3 +122,54 @@ async fn an_abandoned_task_is_retried_and_a_running_chain_is_cancelled(backend: 
     });
     assert!(shown.contains("cancelled"), "{shown}");
 }
+
+on_both_backends!(agents_receive_the_trace_of_their_work);
+
+/// Every task turn gets `HUDDLE_TRACE` (and `trace="..."` in its prompt): the id of the
+/// `!delegate` that created the task, which `huddle trace` takes.
+async fn agents_receive_the_trace_of_their_work(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let log = h.dir().join("traces.log");
+    let agent = h.script(
+        "agent.sh",
+        &format!(
+            "p=$(cat)\ncase \"$p\" in *\"trace=\\\"$HUDDLE_TRACE\\\"\"*) ;; *) echo 'no trace in the prompt' >&2; exit 3;; esac\n\
+             echo \"$HUDDLE_TASK $HUDDLE_TRACE\" >> '{}'\necho done",
+            log.display()
+        ),
+    );
+    h.spawn_relay("r0", vec![AgentSpec::exec("ada", &agent)]);
+    h.wait_registered(&["ada"]).await;
+    h.delegate("one: first\ntwo: second [after one]").await;
+    h.delegate("three: another command's task").await;
+    h.wait_until("all done", secs(60), |l| {
+        ["one", "two", "three"]
+            .iter()
+            .all(|t| l.task(t).is_some_and(|t| t.status == TaskStatus::Done))
+    })
+    .await;
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+    let text = std::fs::read_to_string(&log).expect("the agent's log");
+    let traces: std::collections::BTreeMap<&str, &str> =
+        text.lines().filter_map(|l| l.split_once(' ')).collect();
+    let command = |t: &str| h.ledger.task(t).and_then(|t| t.command).expect("a command");
+    for t in ["one", "two", "three"] {
+        assert_eq!(
+            traces.get(t).copied(),
+            Some(command(t).to_string().as_str()),
+            "{text}"
+        );
+    }
+    assert_eq!(command("one"), command("two"));
+    assert_ne!(command("one"), command("three"));
+    let traced = common::ok({
+        let mut c = common::huddle(&h.db.url);
+        c.args(["trace", "--room", "lobby", traces["one"]]);
+        c
+    });
+    assert!(
+        traced.contains("one") && traced.contains("two") && !traced.contains("three"),
+        "{traced}"
+    );
+}

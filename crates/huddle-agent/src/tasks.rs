@@ -378,6 +378,7 @@ impl AgentSession {
             resumed,
             dependencies,
             effect_key: huddle_core::protocol::task_effect_key(&self.room, &t.id),
+            trace: t.command.map(|c| c.to_string()).unwrap_or_default(),
         }
     }
 

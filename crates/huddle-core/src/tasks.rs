@@ -155,6 +155,10 @@ pub struct Task {
     /// count only for its current generation.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub generation: u32,
+    /// The command that created it (its `task.created` row's parent): the root of its
+    /// trace (`HUDDLE_TRACE`, `huddle trace ROOM ID`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<crate::model::InteractionId>,
     /// Who created it.
     pub created_by: String,
     /// When it was created (database time).
@@ -579,6 +583,7 @@ impl RoomTasks {
             path: b.path.unwrap_or(0).max(u64::from(size)),
             uses,
             generation: 0,
+            command: i.parent,
             created_by: i.actor.clone(),
             created_at: i.at,
             status: TaskStatus::Open,

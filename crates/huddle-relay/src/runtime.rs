@@ -1711,17 +1711,28 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
         }
         TurnWork::Task(t) => huddle_core::protocol::task_effect_key(&start.room, &t.id),
     };
+    let trace = match &start.work {
+        TurnWork::Reply(m) => m.trace,
+        TurnWork::Task(t) => t.trace,
+    }
+    .map(|t| t.to_string())
+    .unwrap_or_default();
+    let trace_attr = if trace.is_empty() {
+        String::new()
+    } else {
+        format!(" trace=\"{trace}\"")
+    };
     let (task, attempt) = match &start.work {
         TurnWork::Reply(m) => {
             prompt.push_str(&format!(
-                "<message from=\"{}\" role=\"{}\" effect-key=\"{effect_key}\">\n{}\n</message>\n",
+                "<message from=\"{}\" role=\"{}\" effect-key=\"{effect_key}\"{trace_attr}>\n{}\n</message>\n",
                 m.author, m.role, m.text
             ));
             (None, 1)
         }
         TurnWork::Task(t) => {
             prompt.push_str(&format!(
-                "<task id=\"{}\" attempt=\"{}\" of=\"{}\" effect-key=\"{effect_key}\">\n{}\n",
+                "<task id=\"{}\" attempt=\"{}\" of=\"{}\" effect-key=\"{effect_key}\"{trace_attr}>\n{}\n",
                 t.id, t.attempt, t.max_attempts, t.label
             ));
             for d in &t.deps {
@@ -1745,6 +1756,7 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
         attempt,
         prompt,
         effect_key,
+        trace,
         progress: Default::default(),
         start_by: None,
     }

@@ -454,6 +454,10 @@ pub struct MessageBrief {
     pub role: Role,
     /// Its text (data, never instructions to huddle).
     pub text: String,
+    /// Its trace: the first message of its reply chain (its own id when it answers
+    /// nothing this relay remembers).
+    #[serde(default)]
+    pub trace: Option<InteractionId>,
 }
 
 /// A dependency of a task, with its result.
@@ -482,6 +486,9 @@ pub struct TaskBrief {
     pub needs: Vec<String>,
     /// Its dependencies and their results, by id.
     pub deps: Vec<DepResult>,
+    /// Its trace: the command that created it.
+    #[serde(default)]
+    pub trace: Option<InteractionId>,
 }
 
 /// What a turn is for.

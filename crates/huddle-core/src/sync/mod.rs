@@ -291,6 +291,8 @@ pub struct Synchronizer {
     delivery: CoordinationDelivery,
     messages: BTreeMap<(String, InteractionId), OpenMessage>,
     authors: BTreeMap<InteractionId, String>,
+    /// The trace of each remembered message: the first message of its reply chain.
+    traces: BTreeMap<InteractionId, InteractionId>,
     author_order: VecDeque<InteractionId>,
     claims: BTreeMap<String, Slot>,
     turns: BTreeMap<TurnId, LiveTurn>,
@@ -395,6 +397,7 @@ impl Synchronizer {
             delivery: CoordinationDelivery::new(),
             messages: BTreeMap::new(),
             authors: BTreeMap::new(),
+            traces: BTreeMap::new(),
             author_order: VecDeque::new(),
             claims: BTreeMap::new(),
             turns: BTreeMap::new(),
@@ -833,9 +836,15 @@ impl Synchronizer {
         if self.authors.insert(row.id, row.actor.clone()).is_none() {
             self.author_order.push_back(row.id);
         }
+        let trace = row
+            .parent
+            .and_then(|p| self.traces.get(&p).copied())
+            .unwrap_or(row.id);
+        self.traces.insert(row.id, trace);
         while self.author_order.len() > self.options.remembered_authors {
             if let Some(old) = self.author_order.pop_front() {
                 self.authors.remove(&old);
+                self.traces.remove(&old);
             }
         }
     }
@@ -2070,7 +2079,9 @@ impl Synchronizer {
             close: false,
             batch: vec![row],
         });
+        let trace = self.traces.get(&message).copied().or(Some(message));
         let work = TurnWork::Reply(MessageBrief {
+            trace,
             id: message,
             author: m.author.clone(),
             role: m.role,
@@ -2337,7 +2348,9 @@ impl Synchronizer {
                 }
             })
             .collect();
+        let trace = t.command.map(|c| self.traces.get(&c).copied().unwrap_or(c));
         let work = TurnWork::Task(TaskBrief {
+            trace,
             id: task.clone(),
             label: t.label.clone(),
             attempt,
