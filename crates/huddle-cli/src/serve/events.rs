@@ -1,0 +1,178 @@
+//! `GET /api/rooms/{room}/events`: the room's new interactions as server-sent events.
+//!
+//! Each event is one row, `event: interaction`, `id:` its cursor, `data:` the row as
+//! `huddle tail --json` prints it. A stream starts after `Last-Event-ID` (a
+//! reconnecting client), else after `?after=`, else at the end of the room; it reads
+//! the room forward from there, then waits for the store's doorbell — the one relays
+//! wait on: NOTIFY on Postgres, the `data_version` watcher on SQLite — or the bounded
+//! fallback poll, and reads again. The ledger's read-forward never skips a committed
+//! row, so a client that resumes from the last id it received misses nothing and
+//! receives nothing twice. Corrupt rows are sent as `event: skipped` (with their
+//! cursor as id), so the cursor moves past them and the stream goes on.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use huddle_core::Position;
+use huddle_store::Doorbell;
+
+use super::api::{existing_room, parse_cursor, read_page, ReadQuery};
+use super::{ApiError, Shared};
+
+/// Rows read per step of a stream.
+const PAGE: usize = 500;
+/// How long a stream waits before reading again after a database error.
+const RETRY: Duration = Duration::from_millis(500);
+/// Interval of the comment lines that keep an idle connection open.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// `GET /api/rooms/{room}/events[?after=CURSOR]`, honouring `Last-Event-ID`.
+pub async fn events(
+    State(state): State<Shared>,
+    room: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let q = ReadQuery::parse(query.as_deref())?;
+    if q.limit.is_some() {
+        return Err(ApiError::BadRequest(
+            "an event stream takes no limit (it sends every row as it comes)".into(),
+        ));
+    }
+    let resume = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => {
+            let text = v.to_str().map_err(|_| {
+                ApiError::BadRequest("Last-Event-ID is not text: give an event id".into())
+            })?;
+            Some(parse_cursor("Last-Event-ID", text.trim())?)
+        }
+    };
+    let room = existing_room(&state, room).await?;
+    // Subscribe before the first read, so a ring during it is not lost.
+    let bell = state.store.doorbell();
+    let cursor = match resume.or(q.after) {
+        Some(c) => c,
+        None => end_of_room(&state, &room).await?,
+    };
+    let stream = RoomStream {
+        state: state.clone(),
+        room,
+        cursor,
+        bell,
+        pending: VecDeque::new(),
+        _client: state.counters.sse_client(),
+    };
+    let events = futures::stream::unfold(stream, |mut s| async move {
+        let event = s.next_event().await;
+        Some((Ok::<_, Infallible>(event), s))
+    });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response())
+}
+
+/// The cursor after the room's last row now.
+async fn end_of_room(state: &Shared, room: &str) -> Result<Position, ApiError> {
+    let mut cursor = Position::START;
+    loop {
+        let page = read_page(state, room, cursor, super::api::MAX_LIMIT).await?;
+        let next: Position = page
+            .next
+            .parse()
+            .map_err(|_| ApiError::Unavailable("the store returned a bad cursor".into()))?;
+        cursor = next;
+        if page.caught_up {
+            return Ok(cursor);
+        }
+    }
+}
+
+/// One client's stream.
+struct RoomStream {
+    state: Shared,
+    room: String,
+    cursor: Position,
+    bell: Doorbell,
+    pending: VecDeque<Event>,
+    /// Counts the client while the stream lives.
+    _client: super::metrics::ClientGuard,
+}
+
+impl RoomStream {
+    /// The next event: a row already read, else a read forward, else a wait for the
+    /// doorbell or the fallback poll.
+    async fn next_event(&mut self) -> Event {
+        loop {
+            if let Some(e) = self.pending.pop_front() {
+                self.state.counters.sse_event();
+                return e;
+            }
+            // Mark the bell seen before reading: a ring during the read is kept.
+            self.bell.borrow_and_update();
+            match self
+                .state
+                .store
+                .read_room(&self.room, self.cursor, PAGE)
+                .await
+            {
+                Ok(batch) => {
+                    let mut items: Vec<(Position, Event)> = Vec::new();
+                    for row in &batch.rows {
+                        match serde_json::to_string(row) {
+                            Ok(data) => items.push((
+                                row.position,
+                                Event::default()
+                                    .event("interaction")
+                                    .id(row.position.to_string())
+                                    .data(data),
+                            )),
+                            Err(e) => tracing::warn!(error = %e, "cannot encode a row"),
+                        }
+                    }
+                    for s in &batch.skipped {
+                        let data = serde_json::json!({
+                            "position": s.position.to_string(),
+                            "reason": s.reason,
+                        });
+                        items.push((
+                            s.position,
+                            Event::default()
+                                .event("skipped")
+                                .id(s.position.to_string())
+                                .data(data.to_string()),
+                        ));
+                    }
+                    // Ledger order, so the last id a client saw is its resume point.
+                    items.sort_by_key(|(p, _)| *p);
+                    self.pending.extend(items.into_iter().map(|(_, e)| e));
+                    let moved = batch.next != self.cursor;
+                    self.cursor = batch.next;
+                    if moved {
+                        continue;
+                    }
+                    let fallback = self.state.fallback;
+                    tokio::select! {
+                        rang = self.bell.changed() => {
+                            // A store whose doorbell is gone: poll only.
+                            if rang.is_err() {
+                                tokio::time::sleep(fallback).await;
+                            }
+                        }
+                        _ = tokio::time::sleep(fallback) => {}
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, room = %self.room, "event stream read failed; retrying");
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        }
+    }
+}

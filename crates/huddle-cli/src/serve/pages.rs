@@ -1,0 +1,497 @@
+//! The HTML pages: `/` (every room) and `/rooms/{room}` (timeline, board, relays,
+//! the task DAG, claims), and `/rooms/{room}/live`, the board/DAG/claims fragment the
+//! page script fetches again when the room's event stream says something changed.
+//! Every piece of ledger text goes through [`esc`].
+
+use std::fmt::Write as _;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use huddle_core::{Fold, Interaction, Position, Role, Timestamp, Verb};
+
+use super::api::{existing_room, read_page};
+use super::{dag, ApiError, Shared};
+use crate::output::{format_time, summary};
+use crate::state_cmds::{BoardView, TasksView};
+use crate::{ledger_cmds, state_cmds, status_cmds};
+
+/// Rows the timeline starts with (the newest).
+const TIMELINE_ROWS: usize = 300;
+
+/// `text` escaped for HTML text and attribute values.
+pub fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `text` as one percent-encoded path segment.
+fn path_segment(text: &str) -> String {
+    let mut out = String::new();
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+const STYLE: &str = include_str!("style.css");
+const SCRIPT: &str = include_str!("room.js");
+
+fn html(body: String) -> Response {
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            ),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(
+                    "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; \
+                     connect-src 'self'; img-src 'self'",
+                ),
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn page(title: &str, body: &str) -> Response {
+    html(format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{} · huddle</title><style>{STYLE}</style></head><body>{body}</body></html>\n",
+        esc(title)
+    ))
+}
+
+/// `GET /assets/room.js`: the page script (no library, no CDN).
+pub async fn script() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/javascript; charset=utf-8"),
+        )],
+        SCRIPT,
+    )
+        .into_response()
+}
+
+/// Online and offline agents of a board (by their relays' leases).
+fn agents_online(board: &BoardView) -> (usize, usize) {
+    let online = board
+        .agents
+        .iter()
+        .filter(|a| a.hosting.as_deref() == Some("online"))
+        .count();
+    let offline = board
+        .agents
+        .iter()
+        .filter(|a| {
+            a.hosting
+                .as_deref()
+                .is_some_and(|h| h.starts_with("offline"))
+        })
+        .count();
+    (online, offline)
+}
+
+/// `GET /`: every room with its owner, agents online/offline, tasks done/total and
+/// last activity.
+pub async fn index(State(state): State<Shared>) -> Result<Response, ApiError> {
+    let rooms = ledger_cmds::room_rows(&*state.store)
+        .await
+        .map_err(ApiError::from_build)?;
+    let mut rows = String::new();
+    for r in &rooms {
+        let Some(owner) = &r.owner else {
+            let _ = write!(
+                rows,
+                "<tr class=\"uncreated\"><td>{}</td><td colspan=\"4\">never created ({} rows)</td></tr>",
+                esc(&r.room),
+                r.rows
+            );
+            continue;
+        };
+        let board = state_cmds::board_view_of(&*state.store, &r.room)
+            .await
+            .map_err(ApiError::from_build)?;
+        let (online, offline) = agents_online(&board);
+        let _ = write!(
+            rows,
+            "<tr data-room=\"{room}\"><td><a href=\"/rooms/{href}\">{room}</a></td><td>{owner}</td>\
+             <td><span class=\"online\">{online} online</span> · <span class=\"offline\">{offline} offline</span> \
+             · {agents} agents</td><td class=\"tasks\">{done}/{total} done</td><td>{last}</td></tr>",
+            room = esc(&r.room),
+            href = path_segment(&r.room),
+            owner = esc(owner),
+            agents = board.agents.len(),
+            done = board.tasks.done,
+            total = board.tasks.total,
+            last = r.last_at.map_or_else(|| "-".to_string(), format_time),
+        );
+    }
+    if rooms.is_empty() {
+        rows.push_str("<tr><td colspan=\"5\">no rooms yet (create one with <code>huddle room create ROOM --owner ID</code>)</td></tr>");
+    }
+    let body = format!(
+        "<header><h1>huddle</h1><span class=\"sub\">rooms</span></header><main>\
+         <table id=\"rooms\"><thead><tr><th>room</th><th>owner</th><th>agents</th>\
+         <th>tasks</th><th>last activity (UTC)</th></tr></thead><tbody>{rows}</tbody></table>\
+         <p class=\"foot\"><a href=\"/metrics\">metrics</a> · <a href=\"/api/rooms\">api</a></p></main>"
+    );
+    Ok(page("rooms", &body))
+}
+
+/// `GET /rooms/{room}`
+pub async fn room(
+    State(state): State<Shared>,
+    room: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let room = existing_room(&state, room).await?;
+    let (timeline, cursor) = timeline(&state, &room).await?;
+    let live = live_html(&state, &room).await?;
+    let body = format!(
+        "<header><h1><a href=\"/\">huddle</a> / {name}</h1><span id=\"conn\" class=\"conn\">connecting…</span></header>\
+         <main id=\"room\" data-room=\"{name}\" data-cursor=\"{cursor}\">\
+         <div id=\"live\">{live}</div>\
+         <section id=\"timeline\"><h2>Timeline <small>(newest first)</small></h2><ol id=\"timeline-list\">{timeline}</ol></section>\
+         </main><script src=\"/assets/room.js\"></script>",
+        name = esc(&room),
+    );
+    Ok(page(&room, &body))
+}
+
+/// `GET /rooms/{room}/live`: the fragment the page swaps in.
+pub async fn live(
+    State(state): State<Shared>,
+    room: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let room = existing_room(&state, room).await?;
+    Ok(html(live_html(&state, &room).await?))
+}
+
+/// The newest rows of the room as timeline items (newest first), consecutive
+/// bookkeeping rows folded into one line, and the cursor after the last row.
+async fn timeline(state: &Shared, room: &str) -> Result<(String, Position), ApiError> {
+    let mut rows: std::collections::VecDeque<Interaction> = Default::default();
+    let mut cursor = Position::START;
+    loop {
+        let page = read_page(state, room, cursor, super::api::MAX_LIMIT).await?;
+        for r in page.interactions {
+            if rows.len() == TIMELINE_ROWS {
+                rows.pop_front();
+            }
+            rows.push_back(r);
+        }
+        cursor = page
+            .next
+            .parse()
+            .map_err(|_| ApiError::Unavailable("the store returned a bad cursor".into()))?;
+        if page.caught_up {
+            break;
+        }
+    }
+    let mut out = String::new();
+    let mut group: Vec<&Interaction> = Vec::new();
+    let flush = |group: &mut Vec<&Interaction>, out: &mut String| {
+        if !group.is_empty() {
+            out.push_str(&bookkeeping_item(group));
+            group.clear();
+        }
+    };
+    for r in rows.iter().rev() {
+        if kind(r) == "bookkeeping" {
+            group.push(r);
+            continue;
+        }
+        flush(&mut group, &mut out);
+        out.push_str(&row_item(r));
+    }
+    flush(&mut group, &mut out);
+    Ok((out, cursor))
+}
+
+/// How the timeline shows a row: `command` (an owner's `!` message), `answer`
+/// (huddle's reply to one), `message`, `progress` or `bookkeeping`.
+fn kind(r: &Interaction) -> &'static str {
+    let text = r.body.get("text").and_then(|t| t.as_str());
+    match (r.verb, text) {
+        (Verb::MessagePosted, Some(t))
+            if r.role == Role::Owner && t.trim_start().starts_with('!') =>
+        {
+            "command"
+        }
+        (Verb::MessagePosted, _) if r.role == Role::System => "answer",
+        (Verb::MessagePosted, _) => "message",
+        (Verb::TurnProgress, _) => "progress",
+        _ => "bookkeeping",
+    }
+}
+
+fn row_item(r: &Interaction) -> String {
+    let text = r
+        .body
+        .get("text")
+        .and_then(|t| t.as_str())
+        .map_or_else(|| summary(&r.body), str::to_string);
+    let thread = r
+        .thread
+        .as_deref()
+        .map(|t| format!("<span class=\"thread\">#{}</span> ", esc(t)))
+        .unwrap_or_default();
+    format!(
+        "<li class=\"row {kind}\" data-cursor=\"{pos}\"><time>{at}</time> {thread}\
+         <span class=\"actor\">{actor}</span> <span class=\"role\">({role})</span> \
+         <span class=\"text\">{text}</span></li>",
+        kind = kind(r),
+        pos = r.position,
+        at = esc(&format_time(r.at)),
+        actor = esc(&r.actor),
+        role = r.role,
+        text = esc(&text),
+    )
+}
+
+/// Consecutive bookkeeping rows (newest first) as one line: how many of each verb,
+/// the details on hover.
+fn bookkeeping_item(group: &[&Interaction]) -> String {
+    let mut verbs: std::collections::BTreeMap<&str, usize> = Default::default();
+    for r in group {
+        *verbs.entry(r.verb.as_str()).or_default() += 1;
+    }
+    let counts: Vec<String> = verbs
+        .iter()
+        .map(|(v, n)| {
+            if *n == 1 {
+                v.to_string()
+            } else {
+                format!("{v} ×{n}")
+            }
+        })
+        .collect();
+    let detail: Vec<String> = group
+        .iter()
+        .take(20)
+        .map(|r| format!("{} {} {}", r.actor, r.verb, summary(&r.body)))
+        .collect();
+    format!(
+        "<li class=\"row bookkeeping\" data-cursor=\"{pos}\" title=\"{detail}\"><time>{at}</time> \
+         <span class=\"text\">{n} bookkeeping: {counts}</span></li>",
+        pos = group[0].position,
+        at = esc(&format_time(group[0].at)),
+        n = group.len(),
+        counts = esc(&counts.join(", ")),
+        detail = esc(&detail.join("\n")),
+    )
+}
+
+/// What an agent is on, in words.
+fn on_text(on: &Option<huddle_core::board::Subject>) -> String {
+    match on {
+        None => String::new(),
+        Some(s) => match &s.label {
+            Some(l) => format!("{} {} \"{}\"", s.kind.as_str(), s.id, l),
+            None => format!("{} {}", s.kind.as_str(), s.id),
+        },
+    }
+}
+
+/// The board, relays, DAG and claims of the room.
+async fn live_html(state: &Shared, room: &str) -> Result<String, ApiError> {
+    let store = &*state.store;
+    let board = state_cmds::board_view_of(store, room)
+        .await
+        .map_err(ApiError::from_build)?;
+    let tasks = state_cmds::tasks_view_of(store, room)
+        .await
+        .map_err(ApiError::from_build)?;
+    let claims = ledger_cmds::claim_rows(store, "", Some(room), true)
+        .await
+        .map_err(ApiError::from_build)?;
+    let mut relays = huddle_core::relays::RelayFold::new();
+    state_cmds::fold_admitted(store, room, |r| relays.apply(r))
+        .await
+        .map_err(ApiError::from_build)?;
+    let live = status_cmds::live_relays(store)
+        .await
+        .map_err(ApiError::from_build)?;
+    let now = store
+        .now()
+        .await
+        .map_err(|e| ApiError::from_build(e.into()))?;
+    let mut out = String::new();
+    summary_html(&mut out, &board, &tasks);
+    board_html(&mut out, &board);
+    out.push_str("<section id=\"relays\"><h2>Relays</h2><ul>");
+    match relays.room(room) {
+        Some(rr) if !rr.relays.is_empty() => {
+            for (id, seen) in &rr.relays {
+                let word = if live.contains(id) {
+                    "online"
+                } else {
+                    "offline"
+                };
+                let _ = write!(
+                    out,
+                    "<li class=\"relay {word}\" data-relay=\"{id}\">{id} <b>{word}</b> · hosts {agents} · last heartbeat {at}</li>",
+                    id = esc(id),
+                    agents = esc(&seen.heartbeat.agents.join(", ")),
+                    at = esc(&format_time(seen.at)),
+                );
+            }
+        }
+        _ => out.push_str("<li>no relay has written a heartbeat in this room</li>"),
+    }
+    out.push_str("</ul></section>");
+    out.push_str(
+        "<section id=\"dag-box\"><h2>Task DAG <small>(wheel: zoom, drag: pan; thick: critical path)</small></h2>\
+         <div class=\"legend\"><span class=\"waiting\">waiting</span><span class=\"ready\">ready</span>\
+         <span class=\"claimed\">claimed</span><span class=\"done\">done</span><span class=\"retrying\">retrying</span>\
+         <span class=\"blocked\">blocked</span><span class=\"abandoned\">abandoned</span></div>",
+    );
+    out.push_str(&dag::svg(&tasks));
+    out.push_str("</section>");
+    claims_html(&mut out, &claims, now);
+    Ok(out)
+}
+
+fn summary_html(out: &mut String, board: &BoardView, tasks: &TasksView) {
+    let s = &tasks.summary;
+    let _ = write!(
+        out,
+        "<section id=\"summary\"><span class=\"owner\">owner {owner}</span> \
+         <span id=\"counts\" data-done=\"{done}\" data-total=\"{total}\">{done}/{total} done</span> · \
+         {claimed} claimed · {ready} ready · {waiting} waiting · {blocked} blocked · {abandoned} abandoned{refused}</section>",
+        owner = esc(board.owner.as_deref().unwrap_or("?")),
+        done = s.done,
+        total = s.total,
+        claimed = s.claimed,
+        ready = s.ready,
+        waiting = s.waiting,
+        blocked = s.blocked,
+        abandoned = s.abandoned,
+        refused = if tasks.refused + tasks.malformed > 0 {
+            format!(" · {} task rows refused", tasks.refused + tasks.malformed)
+        } else {
+            String::new()
+        },
+    );
+}
+
+fn board_html(out: &mut String, board: &BoardView) {
+    out.push_str(
+        "<section id=\"board\"><h2>Board</h2><table><thead><tr><th>agent</th><th>state</th>\
+         <th>on</th><th>done</th><th>turns</th><th>failed</th><th>tokens</th></tr></thead><tbody>",
+    );
+    if board.agents.is_empty() {
+        out.push_str("<tr><td colspan=\"7\">no agents yet</td></tr>");
+    }
+    for a in &board.agents {
+        let offline = a
+            .hosting
+            .as_deref()
+            .is_some_and(|h| h.starts_with("offline"));
+        let state = if offline { "offline" } else { a.state.as_str() };
+        let mut on = on_text(&a.on);
+        if let Some(n) = &a.note {
+            on = format!("{on} — {n}");
+        }
+        let _ = write!(
+            out,
+            "<tr class=\"agent {state}\" data-agent=\"{agent}\" data-state=\"{state}\"><td>{agent}</td>\
+             <td>{state}{hosting}</td><td>{on}</td><td>{done}</td><td>{turns}</td><td>{failed}</td><td>{tokens}</td></tr>",
+            agent = esc(&a.agent),
+            state = esc(state),
+            hosting = a
+                .hosting
+                .as_deref()
+                .filter(|_| offline)
+                .map(|h| format!(" <small>{}</small>", esc(h)))
+                .unwrap_or_default(),
+            on = esc(on.trim_start_matches(" — ")),
+            done = a.tasks_done,
+            turns = a.turns,
+            failed = a.failed_turns,
+            tokens = a.tokens,
+        );
+    }
+    out.push_str("</tbody></table>");
+    if !board.waiting_on_absent.is_empty() {
+        let _ = write!(
+            out,
+            "<p class=\"warn\">{} messages wait on absent agents</p>",
+            board.waiting_on_absent.len()
+        );
+    }
+    if !board.notices.is_empty() {
+        out.push_str("<ul class=\"notices\">");
+        for n in board.notices.iter().rev().take(10) {
+            let _ = write!(
+                out,
+                "<li>{} {}: {}</li>",
+                esc(&format_time(n.at)),
+                esc(&n.about),
+                esc(&n.text)
+            );
+        }
+        out.push_str("</ul>");
+    }
+    out.push_str("</section>");
+}
+
+fn claims_html(out: &mut String, claims: &[huddle_store::ClaimRow], now: Timestamp) {
+    let _ = write!(
+        out,
+        "<section id=\"claims\" data-now=\"{}\"><h2>Live claims ({})</h2><table><thead><tr><th>key</th>\
+         <th>holder</th><th>epoch</th><th>time left</th></tr></thead><tbody>",
+        now.as_micros(),
+        claims.len()
+    );
+    if claims.is_empty() {
+        out.push_str("<tr><td colspan=\"4\">none</td></tr>");
+    }
+    for c in claims {
+        let left = c.state.expires_at.micros_since(now).max(0) as f64 / 1e6;
+        let _ = write!(
+            out,
+            "<tr class=\"claim\"><td>{key}</td><td>{holder}</td><td>{epoch}</td>\
+             <td class=\"left\" data-expires=\"{exp}\">{left:.1} s</td></tr>",
+            key = esc(&c.state.key),
+            holder = esc(&c.state.holder),
+            epoch = c.state.epoch,
+            exp = c.state.expires_at.as_micros(),
+        );
+    }
+    out.push_str("</tbody></table></section>");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_and_paths_are_escaped() {
+        assert_eq!(
+            esc("<script>alert('x')</script>&\""),
+            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;&quot;"
+        );
+        assert_eq!(path_segment("a b/é?"), "a%20b%2F%C3%A9%3F");
+    }
+}
