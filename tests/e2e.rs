@@ -17,6 +17,7 @@ mod cli_errors;
 mod cli_postgres;
 mod cli_sqlite;
 mod conversation;
+mod dashboard;
 mod demo;
 mod exactly_once;
 mod fault_battery;
