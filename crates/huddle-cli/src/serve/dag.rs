@@ -170,7 +170,7 @@ pub fn svg(view: &TasksView) -> String {
     let mut out = String::new();
     let _ = write!(
         out,
-        "<svg id=\"dag\" xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {width:.0} {height:.0}\" \
+        "<svg id=\"dag\" xmlns=\"http://www.w3.org/2000/svg\" preserveAspectRatio=\"xMinYMin meet\" viewBox=\"0 0 {width:.0} {height:.0}\" \
          data-width=\"{width:.0}\" data-height=\"{height:.0}\" role=\"img\" \
          aria-label=\"task DAG: {} tasks\">",
         view.tasks.len()

@@ -15,7 +15,7 @@ use super::api::{existing_room, read_page};
 use super::{dag, ApiError, Shared};
 use crate::output::{format_time, summary};
 use crate::state_cmds::{BoardView, TasksView};
-use crate::{ledger_cmds, state_cmds, status_cmds};
+use crate::{ledger_cmds, state_cmds};
 
 /// Rows the timeline starts with (the newest).
 const TIMELINE_ROWS: usize = 300;
@@ -63,7 +63,7 @@ fn html(body: String) -> Response {
                 header::CONTENT_SECURITY_POLICY,
                 HeaderValue::from_static(
                     "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; \
-                     connect-src 'self'; img-src 'self'",
+                     connect-src 'self'; img-src 'self' data:",
                 ),
             ),
         ],
@@ -76,7 +76,7 @@ fn page(title: &str, body: &str) -> Response {
     html(format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{} · huddle</title><style>{STYLE}</style></head><body>{body}</body></html>\n",
+         <title>{} · huddle</title><link rel=\"icon\" href=\"data:,\"><style>{STYLE}</style></head><body>{body}</body></html>\n",
         esc(title)
     ))
 }
@@ -329,9 +329,18 @@ async fn live_html(state: &Shared, room: &str) -> Result<String, ApiError> {
     state_cmds::fold_admitted(store, room, |r| relays.apply(r))
         .await
         .map_err(ApiError::from_build)?;
-    let live = status_cmds::live_relays(store)
+    // Each relay's liveness lease: online while live; the page refreshes when one
+    // it shows would lapse.
+    let leases: std::collections::BTreeMap<String, (bool, Timestamp)> = store
+        .list_claims("relay/")
         .await
-        .map_err(ApiError::from_build)?;
+        .map_err(|e| ApiError::from_build(e.into()))?
+        .into_iter()
+        .filter_map(|c| {
+            let id = c.state.key.strip_prefix("relay/")?.to_string();
+            Some((id, (c.live, c.state.expires_at)))
+        })
+        .collect();
     let now = store
         .now()
         .await
@@ -343,14 +352,14 @@ async fn live_html(state: &Shared, room: &str) -> Result<String, ApiError> {
     match relays.room(room) {
         Some(rr) if !rr.relays.is_empty() => {
             for (id, seen) in &rr.relays {
-                let word = if live.contains(id) {
-                    "online"
-                } else {
-                    "offline"
-                };
+                let lease = leases.get(id).filter(|(live, _)| *live);
+                let word = if lease.is_some() { "online" } else { "offline" };
+                let expires = lease
+                    .map(|(_, at)| format!(" data-expires=\"{}\"", at.as_micros()))
+                    .unwrap_or_default();
                 let _ = write!(
                     out,
-                    "<li class=\"relay {word}\" data-relay=\"{id}\">{id} <b>{word}</b> · hosts {agents} · last heartbeat {at}</li>",
+                    "<li class=\"relay {word}\" data-relay=\"{id}\"{expires}>{id} <b>{word}</b> · hosts {agents} · last heartbeat {at}</li>",
                     id = esc(id),
                     agents = esc(&seen.heartbeat.agents.join(", ")),
                     at = esc(&format_time(seen.at)),

@@ -102,6 +102,7 @@
       document.getElementById("live").innerHTML = html;
       setupDag();
       stamp = Date.now();
+      watchLeases();
     }).catch(function () {}).then(function () {
       fetching = false;
       if (again) { again = false; schedule(); }
@@ -152,7 +153,27 @@
     });
   }, 1000);
 
+  // A lapsing lease changes no row (so sends no event) but changes the page: an
+  // agent goes offline, a claim is up for grabs. Fetch the fragment again when the
+  // first lease it shows would lapse.
+  var leaseTimer = null;
+  function watchLeases() {
+    if (leaseTimer !== null) clearTimeout(leaseTimer);
+    leaseTimer = null;
+    var box = document.getElementById("claims");
+    if (!box) return;
+    var now = +box.dataset.now, first = Infinity;
+    document.querySelectorAll("#live [data-expires]").forEach(function (el) {
+      var at = +el.dataset.expires;
+      if (at > now && at < first) first = at;
+    });
+    if (first === Infinity) return;
+    var wait = Math.min(60000, Math.max(1000, (first - now) / 1000 + 300));
+    leaseTimer = setTimeout(schedule, wait);
+  }
+
   setupDag();
+  watchLeases();
   var es = new EventSource("/api/rooms/" + encodeURIComponent(room) + "/events?after=" +
     encodeURIComponent(root.dataset.cursor));
   es.onopen = function () {
