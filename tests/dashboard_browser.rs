@@ -165,7 +165,7 @@ impl Browser {
             "--disable-component-update".into(),
             "--disable-sync".into(),
             "--disable-dev-shm-usage".into(),
-            "--window-size=1500,1100".into(),
+            "--window-size=1600,1200".into(),
             format!("--user-data-dir={}", profile.path().display()),
         ];
         let caps = json!({"capabilities": {"alwaysMatch": {
@@ -481,6 +481,54 @@ async fn the_room_page_follows_the_room_live_in_a_real_browser() {
          return !!r && r.dataset.state === 'offline' && \
          !!document.querySelector('#relays li.relay.offline[data-relay=\"r0\"]');",
     );
+
+    // The demo's 300-task DAG on the same server, mid-run and finished.
+    let mut demo = huddle(&db)
+        .args(["demo", "--tasks", "300"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start huddle demo");
+    let deadline = Instant::now() + secs(60);
+    loop {
+        let (status, body) = server.get("/api/rooms/demo/tasks");
+        if status == 200 {
+            let v: Value = serde_json::from_str(&body).unwrap();
+            if v["summary"]["total"] == 300 {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the demo never delegated its DAG"
+        );
+        std::thread::sleep(ms(50));
+    }
+    browser.goto(&format!("http://{}/rooms/demo", server.addr));
+    browser.wait_for(
+        "the demo's event stream connects",
+        secs(20),
+        "return document.body.dataset.sse === 'open';",
+    );
+    assert_eq!(
+        browser.js("return document.querySelectorAll('#dag g.node').length;"),
+        json!(300)
+    );
+    browser.wait_for(
+        "the demo is under way",
+        secs(60),
+        "return document.querySelectorAll('#dag g.node.done').length >= 60;",
+    );
+    browser.screenshot("dashboard-demo-300-running.png");
+    browser.wait_for(
+        "the demo's 300 tasks are done on the page",
+        secs(120),
+        "return document.querySelectorAll('#dag g.node.done').length === 300;",
+    );
+    let status = demo.wait().expect("wait for the demo");
+    assert!(status.success(), "huddle demo failed: {status}");
+    browser.screenshot("dashboard-demo-300-finished.png");
+
     let errors = browser.console_errors();
     assert!(errors.is_empty(), "console errors: {errors:?}");
 }
