@@ -503,6 +503,15 @@ async fn pages_escape_ledger_text_draw_every_task_and_metrics_count_them(backend
     let database = TestDatabase::new(backend).await;
     let db = database.url.clone();
     seeded(&db).await;
+    // A barrier, so the room has a pattern to show.
+    ok({
+        let mut c = huddle(&db);
+        c.args([
+            "barrier", "open", "--room", "dash", "--agent", "bo", "build",
+        ])
+        .args(["--roster", "bo,cy", "--timeout-ms", "600000"]);
+        c
+    });
     let server = Server::start(&db);
 
     let (status, index) = server.get("/");
@@ -544,6 +553,12 @@ async fn pages_escape_ledger_text_draw_every_task_and_metrics_count_them(backend
     // Claims with time left; the board's agents.
     assert!(room.contains("task/dash/c"), "{room}");
     assert!(room.contains("data-agent=\"bo\""), "{room}");
+    assert!(
+        room.contains("<section id=\"patterns\">")
+            && room.contains("build [")
+            && room.contains("missing: bo, cy"),
+        "the barrier, in the words of `huddle barriers`: {room}"
+    );
     let (status, script) = server.get("/assets/room.js");
     assert_eq!(status, 200);
     assert!(script.contains("EventSource") && !script.contains("innerHTML = row"));
@@ -573,6 +588,10 @@ async fn pages_escape_ledger_text_draw_every_task_and_metrics_count_them(backend
     }
     assert!(
         metrics.contains("huddle_claims{kind=\"task\",state=\"live\"} 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("huddle_agent_tasks_done{room=\"dash\",agent=\"bo\"} 1\n"),
         "{metrics}"
     );
     let rows = tail_rows(&db, "dash").len();

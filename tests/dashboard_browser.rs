@@ -422,19 +422,13 @@ async fn the_room_page_follows_the_room_live_in_a_real_browser() {
 
     // The owner posts: the message appears as text (its markup escaped, never
     // parsed); an owner command gets huddle's answer, highlighted.
-    let posted = Instant::now();
-    ok({
+    let owner_posts = |text: &str| {
         let mut c = huddle(&db);
-        c.args([
-            "post",
-            "--room",
-            room,
-            "--as",
-            "ana",
-            "ship it <b>now</b> & thanks",
-        ]);
-        c
-    });
+        c.args(["post", "--room", room, "--as", "ana", text]);
+        ok(c)
+    };
+    let posted = Instant::now();
+    owner_posts("ship it <b>now</b> & thanks");
     browser.wait_for(
         "the owner's message appears",
         secs(3),
@@ -449,18 +443,7 @@ async fn the_room_page_follows_the_room_live_in_a_real_browser() {
         browser.js("return document.querySelectorAll('#timeline-list b').length;"),
         json!(0)
     );
-    ok({
-        let mut c = huddle(&db);
-        c.args([
-            "post",
-            "--room",
-            room,
-            "--as",
-            "ana",
-            "!config get claim-ttl",
-        ]);
-        c
-    });
+    owner_posts("!config get claim-ttl");
     browser.wait_for(
         "the owner's command and huddle's answer appear, highlighted",
         secs(10),

@@ -167,7 +167,9 @@ async fn scrape(state: &Shared) -> anyhow::Result<String> {
         "Tasks by room and status, as `huddle tasks` folds them.",
     );
     let mut refused: Vec<(String, u64, u64)> = Vec::new();
+    let mut boards = Vec::new();
     for r in rooms.iter().filter(|r| r.owner.is_some()) {
+        boards.push(state_cmds::board_view_of(store, &r.room).await?);
         let view = state_cmds::tasks_view_of(store, &r.room).await?;
         let s = &view.summary;
         for (status, n) in [
@@ -198,6 +200,59 @@ async fn scrape(state: &Shared) -> anyhow::Result<String> {
             &[("room", room), ("why", "malformed")],
             malformed,
         );
+    }
+
+    m.family(
+        "huddle_agents",
+        "gauge",
+        "Agents on each room's board by hosting: online, offline (every relay hosting it is down) or unknown (no heartbeat lists it).",
+    );
+    for b in &boards {
+        let mut by_state: BTreeMap<&str, usize> = [("online", 0), ("offline", 0), ("unknown", 0)]
+            .into_iter()
+            .collect();
+        for a in &b.agents {
+            let state = match a.hosting.as_deref() {
+                Some("online") => "online",
+                Some(h) if h.starts_with("offline") => "offline",
+                _ => "unknown",
+            };
+            *by_state.entry(state).or_default() += 1;
+        }
+        for (state, n) in by_state {
+            m.sample("huddle_agents", &[("room", &b.room), ("state", state)], n);
+        }
+    }
+    type Count = fn(&state_cmds::BoardAgent) -> u64;
+    let per_agent: [(&str, &str, Count); 4] = [
+        (
+            "huddle_agent_tasks_done",
+            "Completions accepted from each agent.",
+            |a| a.tasks_done,
+        ),
+        (
+            "huddle_agent_turns",
+            "Turns each agent was prompted for.",
+            |a| a.turns,
+        ),
+        (
+            "huddle_agent_failed_turns",
+            "Each agent's failed turns.",
+            |a| a.failed_turns,
+        ),
+        (
+            "huddle_agent_tokens",
+            "Tokens each agent's turns reported.",
+            |a| a.tokens,
+        ),
+    ];
+    for (name, help, count) in per_agent {
+        m.family(name, "gauge", help);
+        for b in &boards {
+            for a in &b.agents {
+                m.sample(name, &[("room", &b.room), ("agent", &a.agent)], count(a));
+            }
+        }
     }
 
     let claims = store.list_claims("").await?;

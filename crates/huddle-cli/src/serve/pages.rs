@@ -326,9 +326,13 @@ async fn live_html(state: &Shared, room: &str) -> Result<String, ApiError> {
         .await
         .map_err(ApiError::from_build)?;
     let mut relays = huddle_core::relays::RelayFold::new();
-    state_cmds::fold_admitted(store, room, |r| relays.apply(r))
-        .await
-        .map_err(ApiError::from_build)?;
+    let mut patterns = huddle_agent::Patterns::new();
+    state_cmds::fold_admitted(store, room, |r| {
+        relays.apply(r);
+        patterns.apply(r);
+    })
+    .await
+    .map_err(ApiError::from_build)?;
     // Each relay's liveness lease: online while live; the page refreshes when one
     // it shows would lapse.
     let leases: std::collections::BTreeMap<String, (bool, Timestamp)> = store
@@ -378,6 +382,7 @@ async fn live_html(state: &Shared, room: &str) -> Result<String, ApiError> {
     out.push_str(&dag::svg(&tasks));
     out.push_str("</section>");
     claims_html(&mut out, &claims, now);
+    patterns_html(&mut out, &patterns, room, now);
     Ok(out)
 }
 
@@ -463,6 +468,35 @@ fn board_html(out: &mut String, board: &BoardView) {
         out.push_str("</ul>");
     }
     out.push_str("</section>");
+}
+
+/// The room's decisions, barriers and leases, where it has them, in the words of
+/// `huddle decisions`, `huddle barriers` and `huddle lease`.
+fn patterns_html(out: &mut String, patterns: &huddle_agent::Patterns, room: &str, now: Timestamp) {
+    use crate::pattern_cmds::{barrier_lines, decision_lines, lease_lines};
+    let mut text = String::new();
+    let decisions = patterns.decisions(room, now, None);
+    let barriers = patterns.barriers(room, now, None);
+    let leases = patterns.leases(room, now, None);
+    if !decisions.is_empty() {
+        text.push_str("decisions:\n");
+        decisions.iter().for_each(|d| decision_lines(&mut text, d));
+    }
+    if !barriers.is_empty() {
+        text.push_str("barriers:\n");
+        barriers.iter().for_each(|b| barrier_lines(&mut text, b));
+    }
+    if !leases.is_empty() {
+        text.push_str("leases:\n");
+        leases.iter().for_each(|l| lease_lines(&mut text, l));
+    }
+    if !text.is_empty() {
+        let _ = write!(
+            out,
+            "<section id=\"patterns\"><h2>Decisions, barriers, leases</h2><pre>{}</pre></section>",
+            esc(&text)
+        );
+    }
 }
 
 fn claims_html(out: &mut String, claims: &[huddle_store::ClaimRow], now: Timestamp) {
