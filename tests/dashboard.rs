@@ -19,7 +19,7 @@ use serde_json::Value;
 
 /// A running `huddle serve` and its base URL (`http://127.0.0.1:PORT`).
 pub struct Server {
-    _child: LineChild,
+    child: LineChild,
     /// `127.0.0.1:PORT`.
     pub addr: String,
 }
@@ -39,9 +39,28 @@ impl Server {
             .trim_start_matches("http://")
             .trim_end_matches('/')
             .to_string();
-        Server {
-            _child: child,
-            addr,
+        Server { child, addr }
+    }
+
+    /// Sends SIGINT (Ctrl-C) and waits up to `limit` for the server to exit; its
+    /// status.
+    pub fn interrupt(mut self, limit: Duration) -> std::process::ExitStatus {
+        let pid = self.child.child.id().to_string();
+        let status = std::process::Command::new("sh")
+            .args(["-c", "kill -s INT \"$0\"", &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.child.try_wait().expect("wait for the server") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server did not stop within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -342,11 +361,13 @@ async fn events_resume_across_a_server_restart_losing_and_repeating_nothing(back
     assert!(sse.next(ms(300)).is_none(), "nothing else was written");
     let last = seen.last().unwrap().id.clone();
 
-    // The server goes away; rows are written while it is down; a new server, and the
-    // client resumes from the last id it received.
+    // The server goes away (Ctrl-C ends it promptly, open streams and all); rows are
+    // written while it is down; a new server, and the client resumes from the last id
+    // it received.
+    let status = server.interrupt(secs(10));
+    assert!(status.success(), "huddle serve exited with {status}");
     drop(sse);
     drop(fresh);
-    drop(server);
     post(&db, "dash", "pat", "while the server was down");
     task(&db, "dash", "bo", &["claim", "b"]);
     task(&db, "dash", "bo", &["complete", "b", "--result", "B"]);

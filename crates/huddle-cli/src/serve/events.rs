@@ -70,8 +70,11 @@ pub async fn events(
         _client: state.counters.sse_client(),
     };
     let events = futures::stream::unfold(stream, |mut s| async move {
-        let event = s.next_event().await;
-        Some((Ok::<_, Infallible>(event), s))
+        let shutdown = s.state.shutdown.clone();
+        tokio::select! {
+            event = s.next_event() => Some((Ok::<_, Infallible>(event), s)),
+            () = shutdown.cancelled() => None,
+        }
     });
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))

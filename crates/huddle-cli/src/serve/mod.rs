@@ -54,6 +54,8 @@ pub(crate) struct AppState {
     counters: metrics::Counters,
     /// Requests must name a loopback host (DNS-rebinding guard of a loopback server).
     loopback_hosts_only: bool,
+    /// Cancelled at shutdown: ends every event stream, so the server can stop.
+    shutdown: tokio_util::sync::CancellationToken,
 }
 
 type Shared = Arc<AppState>;
@@ -76,7 +78,9 @@ pub async fn run(db: &str, options: StoreOptions, args: ServeArgs) -> anyhow::Re
         fallback,
         counters: metrics::Counters::default(),
         loopback_hosts_only: loopback,
+        shutdown: tokio_util::sync::CancellationToken::new(),
     });
+    let shutdown = state.shutdown.clone();
     let app = router(state);
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
@@ -84,12 +88,32 @@ pub async fn run(db: &str, options: StoreOptions, args: ServeArgs) -> anyhow::Re
     let local = listener.local_addr()?;
     tracing::info!(%local, "dashboard on http");
     println!("http://{local}/");
+    // On Ctrl-C (SIGINT) or SIGTERM: stop accepting, end the event streams (they
+    // never end by themselves), let requests in flight finish.
     axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
+        .with_graceful_shutdown(async move {
+            interrupted().await;
+            tracing::info!("shutting down");
+            shutdown.cancel();
         })
         .await?;
     Ok(())
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+async fn interrupted() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 fn router(state: Shared) -> axum::Router {
