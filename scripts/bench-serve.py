@@ -9,6 +9,7 @@ once, in ledger order (against `huddle tail --json`).
 
     scripts/bench-serve.py [DB]          default: a fresh SQLite file
     CLIENTS=50 RATE=1000 DURATION=60 HUDDLE=target/release/huddle scripts/bench-serve.py
+    FRAGMENTS=0 ...                      event streams only (no fragment fetches)
 
 The writer is one `huddle post` process per message, on the same machine: its cost is
 the machine's, not the server's, and is not counted in the server's CPU.
@@ -27,6 +28,7 @@ HUDDLE = os.environ.get("HUDDLE", "target/release/huddle")
 CLIENTS = int(os.environ.get("CLIENTS", "50"))
 RATE = int(os.environ.get("RATE", "1000"))
 DURATION = float(os.environ.get("DURATION", "60"))
+FRAGMENTS = os.environ.get("FRAGMENTS", "1") != "0"
 ROOM = "bench"
 
 
@@ -51,12 +53,30 @@ def peak_rss_mib(pid):
 
 
 class Client(threading.Thread):
+    """One browser's worth: the room's event stream and, like the page script, a
+    fetch of the room's live fragment 200 ms after events arrive (one at a time)."""
+
     def __init__(self, port):
         super().__init__(daemon=True)
         self.port = port
         self.ids = []
         self.delays = []
         self.connected = threading.Event()
+        self.changed = threading.Event()
+        self.fetches = 0
+        threading.Thread(target=self.refresher, daemon=True).start()
+
+    def refresher(self):
+        while True:
+            self.changed.wait()
+            time.sleep(0.2)
+            self.changed.clear()
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+            conn.request("GET", f"/rooms/{ROOM}/live")
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == 200, resp.status
+            self.fetches += 1
 
     def run(self):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
@@ -74,6 +94,8 @@ class Client(threading.Thread):
             if line == "":
                 if data and event == "interaction":
                     self.ids.append(ident)
+                    if FRAGMENTS:
+                        self.changed.set()
                     row = json.loads("\n".join(data))
                     text = (row.get("body") or {}).get("text") or ""
                     if text.startswith("bench "):
@@ -140,5 +162,6 @@ print(f"server CPU {cpu:.2f} s over {elapsed:.1f} s = {100 * cpu / elapsed:.1f}%
 print(f"delivery delay (post start to arrival) p50 {1000 * pct(delays, 50):.0f} ms, "
       f"p99 {1000 * pct(delays, 99):.0f} ms, max {1000 * max(delays, default=0):.0f} ms "
       f"({len(delays)} deliveries)")
-print(f"clients with every row once, in ledger order: {exact}/{CLIENTS}")
+print(f"clients with every row once, in ledger order: {exact}/{CLIENTS}; "
+      f"live-fragment fetches {sum(c.fetches for c in clients)}")
 sys.exit(0 if exact == CLIENTS else 1)

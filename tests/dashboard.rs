@@ -622,4 +622,37 @@ async fn pages_escape_ledger_text_draw_every_task_and_metrics_count_them(backend
         .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
         .sum();
     assert_eq!(counted as usize, rows);
+
+    // The live fragment is rendered once for pages asking together, but never served
+    // stale: a row appended after a render makes the next request render again.
+    let renders = |server: &Server| -> u64 {
+        let (_, m) = server.get("/metrics");
+        m.lines()
+            .find_map(|l| l.strip_prefix("huddle_fragment_renders_total "))
+            .and_then(|v| v.parse().ok())
+            .expect("huddle_fragment_renders_total")
+    };
+    let before = renders(&server);
+    let together: Vec<_> = (0..10)
+        .map(|_| {
+            let addr = server.addr.clone();
+            std::thread::spawn(move || get_with(&addr, "/rooms/dash/live", &[]))
+        })
+        .collect();
+    for t in together {
+        let (status, body) = t.join().unwrap();
+        assert_eq!(status, 200);
+        assert!(
+            body.contains("data-task=\"c\" data-status=\"claimed\""),
+            "{body}"
+        );
+    }
+    let rendered = renders(&server) - before;
+    assert!(rendered < 10, "10 requests together, {rendered} renders");
+    task(&db, "dash", "cy", &["complete", "c", "--result", "C"]);
+    let (_, fragment) = server.get("/rooms/dash/live");
+    assert!(
+        fragment.contains("data-task=\"c\" data-status=\"done\""),
+        "a fragment older than the last row was served: {fragment}"
+    );
 }

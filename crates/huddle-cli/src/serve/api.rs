@@ -200,6 +200,9 @@ pub struct InteractionsPage {
     pub skipped: Vec<huddle_store::SkippedRow>,
     /// Whether every row committed when this was read is in it (no more to read now).
     pub caught_up: bool,
+    /// `next` as a position.
+    #[serde(skip)]
+    pub end: Position,
 }
 
 /// Up to `limit` rows of `room` after `after`, read forward (several reads when a
@@ -245,7 +248,24 @@ pub(crate) async fn read_page(
         interactions: rows,
         skipped,
         caught_up,
+        end: cursor,
     })
+}
+
+/// The cursor after the room's last row now, reading forward from `since`.
+pub(crate) async fn end_of_room(
+    state: &Shared,
+    room: &str,
+    since: Position,
+) -> Result<Position, ApiError> {
+    let mut cursor = since;
+    loop {
+        let page = read_page(state, room, cursor, MAX_LIMIT).await?;
+        cursor = page.end;
+        if page.caught_up {
+            return Ok(cursor);
+        }
+    }
 }
 
 /// `GET /api/rooms/{room}/interactions?after=CURSOR&limit=N`: the room's rows after

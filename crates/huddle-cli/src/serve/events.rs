@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use huddle_core::Position;
 use huddle_store::Doorbell;
 
-use super::api::{existing_room, parse_cursor, read_page, ReadQuery};
+use super::api::{end_of_room, existing_room, parse_cursor, ReadQuery};
 use super::{ApiError, Shared};
 
 /// Rows read per step of a stream.
@@ -59,7 +59,7 @@ pub async fn events(
     let bell = state.store.doorbell();
     let cursor = match resume.or(q.after) {
         Some(c) => c,
-        None => end_of_room(&state, &room).await?,
+        None => end_of_room(&state, &room, Position::START).await?,
     };
     let stream = RoomStream {
         state: state.clone(),
@@ -79,22 +79,6 @@ pub async fn events(
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response())
-}
-
-/// The cursor after the room's last row now.
-async fn end_of_room(state: &Shared, room: &str) -> Result<Position, ApiError> {
-    let mut cursor = Position::START;
-    loop {
-        let page = read_page(state, room, cursor, super::api::MAX_LIMIT).await?;
-        let next: Position = page
-            .next
-            .parse()
-            .map_err(|_| ApiError::Unavailable("the store returned a bad cursor".into()))?;
-        cursor = next;
-        if page.caught_up {
-            return Ok(cursor);
-        }
-    }
 }
 
 /// One client's stream.

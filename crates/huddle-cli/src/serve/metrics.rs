@@ -24,6 +24,7 @@ pub(crate) struct Counters {
     requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
     sse_clients: Arc<AtomicU64>,
     sse_events: AtomicU64,
+    fragment_renders: AtomicU64,
 }
 
 /// Counts one open event stream while it lives.
@@ -47,6 +48,11 @@ impl Counters {
     pub(crate) fn sse_client(&self) -> ClientGuard {
         self.sse_clients.fetch_add(1, Ordering::Relaxed);
         ClientGuard(Arc::clone(&self.sse_clients))
+    }
+
+    /// One live fragment rendered (not served from the cache).
+    pub(crate) fn fragment_render(&self) {
+        self.fragment_renders.fetch_add(1, Ordering::Relaxed);
     }
 
     /// One event sent.
@@ -318,6 +324,16 @@ async fn scrape(state: &Shared) -> anyhow::Result<String> {
         "huddle_sse_events_total",
         &[],
         state.counters.sse_events.load(Ordering::Relaxed),
+    );
+    m.family(
+        "huddle_fragment_renders_total",
+        "counter",
+        "Room fragments rendered for pages (the rest were served from the last render).",
+    );
+    m.sample(
+        "huddle_fragment_renders_total",
+        &[],
+        state.counters.fragment_renders.load(Ordering::Relaxed),
     );
     Ok(m.0)
 }

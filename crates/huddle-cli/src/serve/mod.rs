@@ -54,6 +54,8 @@ pub(crate) struct AppState {
     counters: metrics::Counters,
     /// Requests must name a loopback host (DNS-rebinding guard of a loopback server).
     loopback_hosts_only: bool,
+    /// Each room's live fragment, rendered once for the pages that ask together.
+    fragments: pages::Fragments,
     /// Cancelled at shutdown: ends every event stream, so the server can stop.
     shutdown: tokio_util::sync::CancellationToken,
 }
@@ -78,6 +80,7 @@ pub async fn run(db: &str, options: StoreOptions, args: ServeArgs) -> anyhow::Re
         fallback,
         counters: metrics::Counters::default(),
         loopback_hosts_only: loopback,
+        fragments: pages::Fragments::default(),
         shutdown: tokio_util::sync::CancellationToken::new(),
     });
     let shutdown = state.shutdown.clone();

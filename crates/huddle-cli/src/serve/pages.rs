@@ -11,7 +11,7 @@ use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use huddle_core::{Fold, Interaction, Position, Role, Timestamp, Verb};
 
-use super::api::{existing_room, read_page};
+use super::api::{end_of_room, existing_room, read_page};
 use super::{dag, ApiError, Shared};
 use crate::output::{format_time, summary};
 use crate::state_cmds::{BoardView, TasksView};
@@ -166,7 +166,7 @@ pub async fn room(
 ) -> Result<Response, ApiError> {
     let room = existing_room(&state, room).await?;
     let (timeline, cursor) = timeline(&state, &room).await?;
-    let live = live_html(&state, &room).await?;
+    let live = state.fragments.get(&state, &room).await?;
     let body = format!(
         "<header><h1><a href=\"/\">huddle</a> / {name}</h1><span id=\"conn\" class=\"conn\">connecting…</span></header>\
          <main id=\"room\" data-room=\"{name}\" data-cursor=\"{cursor}\">\
@@ -184,7 +184,53 @@ pub async fn live(
     room: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let room = existing_room(&state, room).await?;
-    Ok(html(live_html(&state, &room).await?))
+    let fragment = state.fragments.get(&state, &room).await?;
+    Ok(html(fragment.as_str().to_string()))
+}
+
+/// How long a rendered fragment may be served again while the room has no new row.
+/// Shorter than the page script's margin after a lease lapses (300 ms), so a refresh
+/// for a lapsed lease always gets a fragment rendered after the lapse.
+const FRAGMENT_FRESH: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// One room's last rendered fragment: when, at which end of the room, the HTML.
+type Rendered = Option<(std::time::Instant, Position, std::sync::Arc<String>)>;
+
+/// Renders each room's live fragment once for all the pages that ask at the same time:
+/// every open page fetches it after the same events, so 50 pages cost one render, not
+/// 50. A fragment is served again only while it is younger than [`FRAGMENT_FRESH`]
+/// and no row was appended to the room after the end it was rendered at (checked
+/// with one read), so no page is left showing a state older than its last event.
+#[derive(Default)]
+pub(crate) struct Fragments {
+    rooms: std::sync::Mutex<
+        std::collections::HashMap<String, std::sync::Arc<tokio::sync::Mutex<Rendered>>>,
+    >,
+}
+
+impl Fragments {
+    async fn get(&self, state: &Shared, room: &str) -> Result<std::sync::Arc<String>, ApiError> {
+        let slot = {
+            let mut rooms = self
+                .rooms
+                .lock()
+                .map_err(|_| ApiError::Unavailable("the fragment cache is poisoned".into()))?;
+            rooms.entry(room.to_string()).or_default().clone()
+        };
+        // Requests for the same room wait here for one render.
+        let mut rendered = slot.lock().await;
+        let since = rendered.as_ref().map_or(Position::START, |r| r.1);
+        let end = end_of_room(state, room, since).await?;
+        if let Some((at, at_end, html)) = rendered.as_ref() {
+            if at.elapsed() < FRAGMENT_FRESH && *at_end == end {
+                return Ok(html.clone());
+            }
+        }
+        state.counters.fragment_render();
+        let html = std::sync::Arc::new(live_html(state, room).await?);
+        *rendered = Some((std::time::Instant::now(), end, html.clone()));
+        Ok(html)
+    }
 }
 
 /// The newest rows of the room as timeline items (newest first), consecutive
@@ -200,10 +246,7 @@ async fn timeline(state: &Shared, room: &str) -> Result<(String, Position), ApiE
             }
             rows.push_back(r);
         }
-        cursor = page
-            .next
-            .parse()
-            .map_err(|_| ApiError::Unavailable("the store returned a bad cursor".into()))?;
+        cursor = page.end;
         if page.caught_up {
             break;
         }
