@@ -46,7 +46,9 @@ pub async fn events(
         ));
     }
     let resume = match headers.get("last-event-id") {
+        // An empty id is no id (what a stream that never saw one would resume from).
         None => None,
+        Some(v) if v.as_bytes().iter().all(u8::is_ascii_whitespace) => None,
         Some(v) => {
             let text = v.to_str().map_err(|_| {
                 ApiError::BadRequest("Last-Event-ID is not text: give an event id".into())
