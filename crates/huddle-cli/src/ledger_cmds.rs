@@ -666,7 +666,8 @@ pub struct RoomRow {
     pub owner: Option<String>,
     /// How many rows the room has.
     pub rows: u64,
-    /// Database time of its latest row.
+    /// Database time of its latest row (for the dashboard; not in `--json`).
+    #[serde(skip)]
     pub last_at: Option<huddle_core::Timestamp>,
 }
 
