@@ -36,4 +36,5 @@ mod resources;
 mod signed_writers;
 mod task_annotations;
 mod task_cli;
+mod task_uses;
 mod team;

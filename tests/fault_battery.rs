@@ -89,6 +89,7 @@ impl Rows {
             priority: None,
             size: None,
             path: None,
+            uses: Vec::new(),
         };
         self.push(
             Verb::TaskCreated,
@@ -105,6 +106,7 @@ impl Rows {
             task: task.into(),
             epoch: ClaimEpoch(epoch),
             attempt: 1,
+            generation: 0,
         };
         self.push(Verb::TaskClaimed, agent, Role::Agent, b.to_body(), at, None);
     }
@@ -115,6 +117,7 @@ impl Rows {
             epoch: ClaimEpoch(epoch),
             result: Some(format!("done by {agent}")),
             tokens: Some(1),
+            generation: 0,
         };
         self.push(
             Verb::TaskCompleted,

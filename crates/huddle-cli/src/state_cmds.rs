@@ -261,8 +261,19 @@ fn board_view(t: &Tally) -> BoardView {
 
 fn summary_line(s: &TaskSummary) -> String {
     format!(
-        "{} tasks: {} done, {} claimed, {} ready, {} waiting, {} blocked, {} abandoned",
-        s.total, s.done, s.claimed, s.ready, s.waiting, s.blocked, s.abandoned
+        "{} tasks: {} done, {} claimed, {} ready, {} waiting, {} blocked, {} abandoned{}",
+        s.total,
+        s.done,
+        s.claimed,
+        s.ready,
+        s.waiting,
+        s.blocked,
+        s.abandoned,
+        if s.cancelled > 0 {
+            format!(", {} cancelled", s.cancelled)
+        } else {
+            String::new()
+        }
     )
 }
 
@@ -472,7 +483,7 @@ pub struct TaskLine {
     pub id: String,
     /// Label.
     pub label: String,
-    /// `open`, `claimed`, `done`, `abandoned`.
+    /// `open`, `claimed`, `done`, `abandoned`, `cancelled`.
     pub status: TaskStatus,
     /// Open with every dependency done.
     pub ready: bool,
@@ -497,6 +508,9 @@ pub struct TaskLine {
     /// Its critical path (its size plus the longest chain of sizes of the tasks of its
     /// `!delegate` that wait for it).
     pub path: u64,
+    /// Resources its turn holds while it runs (`[uses ...]`), as `name mode`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub uses: Vec<String>,
     /// Completions accepted by the fold (1 when done).
     pub completions: u32,
     /// Last failure reason.
@@ -504,7 +518,7 @@ pub struct TaskLine {
     /// What its completion reported.
     pub result: Option<String>,
     /// For a task that can never run: each dependency that cannot finish, and why
-    /// (`missing`, `abandoned`, `blocked`). Empty otherwise.
+    /// (`missing`, `abandoned`, `cancelled`, `blocked`). Empty otherwise.
     pub blocked_by: Vec<BlockedBy>,
 }
 
@@ -556,6 +570,7 @@ fn tasks_view(t: &Tally) -> TasksView {
                     priority: x.priority,
                     size: x.size,
                     path: x.path,
+                    uses: uses_text(&x.uses),
                     completions: completions.get(x.id.as_str()).copied().unwrap_or(0),
                     last_reason: x.last_reason.clone(),
                     result: x.result.clone(),
@@ -578,6 +593,13 @@ fn tasks_view(t: &Tally) -> TasksView {
     }
 }
 
+/// A task's `[uses ...]` as `name mode` each (`file:src/** exclusive`).
+pub fn uses_text(uses: &[huddle_core::resources::Wanted]) -> Vec<String> {
+    uses.iter()
+        .map(|w| format!("{} {}", w.name, w.mode))
+        .collect()
+}
+
 /// What a task's line says after its label: the `!delegate` clauses that differ from
 /// the defaults (` [needs rust] [priority 5] [size 3]`), what blocks it
 /// (` (blocked by: a abandoned)`), and a done task's result on one line (` => ...`).
@@ -591,6 +613,9 @@ fn annotations(t: &TaskLine) -> String {
     }
     if t.size != 1 {
         let _ = write!(s, " [size {}]", t.size);
+    }
+    if !t.uses.is_empty() {
+        let _ = write!(s, " [uses {}]", t.uses.join(", "));
     }
     if !t.blocked_by.is_empty() {
         let why: Vec<String> = t
@@ -747,6 +772,7 @@ fn tasks_text(view: &TasksView) -> String {
             (TaskStatus::Claimed, _) => "claimed",
             (TaskStatus::Done, _) => "done",
             (TaskStatus::Abandoned, _) => "abandoned",
+            (TaskStatus::Cancelled, _) => "cancelled",
         };
         let _ = writeln!(
             out,

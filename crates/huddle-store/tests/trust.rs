@@ -34,6 +34,7 @@ fn claimed(task: &str, agent: &str, epoch: i64) -> NewInteraction {
         task: task.into(),
         epoch: ClaimEpoch(epoch),
         attempt: 1,
+        generation: 0,
     };
     NewInteraction::new(ROOM, Verb::TaskClaimed, agent, Role::Agent, body.to_body())
 }
@@ -44,6 +45,7 @@ fn completed(task: &str, agent: &str, epoch: i64, note: &str) -> NewInteraction 
         epoch: ClaimEpoch(epoch),
         result: Some(format!("forged: {note}")),
         tokens: None,
+        generation: 0,
     };
     NewInteraction::new(
         ROOM,
@@ -59,6 +61,7 @@ fn ended(verb: Verb, task: &str, agent: &str, epoch: i64) -> NewInteraction {
         task: task.into(),
         epoch: ClaimEpoch(epoch),
         reason: "forged".into(),
+        generation: 0,
     };
     NewInteraction::new(ROOM, verb, agent, Role::Agent, body.to_body())
 }
@@ -598,6 +601,7 @@ async fn claim_battery(honest: &dyn Store, attacker: &dyn Store, t: &mut Tally) 
                     epoch: ClaimEpoch(epoch),
                     result: Some("forged".into()),
                     tokens: None,
+                    generation: 0,
                 }
                 .to_body(),
             ),
