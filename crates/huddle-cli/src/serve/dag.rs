@@ -18,13 +18,14 @@ const GAP_Y: f64 = 14.0;
 const MARGIN: f64 = 20.0;
 
 /// The status word a task is drawn with (its CSS class): `waiting`, `ready`,
-/// `claimed`, `done`, `blocked`, `abandoned`, or `retrying` (open again after a failed
-/// attempt).
+/// `claimed`, `done`, `blocked`, `abandoned`, `cancelled` (by the owner's `!cancel`),
+/// or `retrying` (open again after a failed attempt).
 pub fn status_word(t: &TaskLine) -> &'static str {
     match (t.status, t.ready) {
         (TaskStatus::Done, _) => "done",
         (TaskStatus::Claimed, _) => "claimed",
         (TaskStatus::Abandoned, _) => "abandoned",
+        (TaskStatus::Cancelled, _) => "cancelled",
         (TaskStatus::Open, _) if !t.blocked_by.is_empty() => "blocked",
         (TaskStatus::Open, true) if t.attempts > 0 => "retrying",
         (TaskStatus::Open, true) => "ready",
@@ -267,6 +268,7 @@ mod tests {
             priority: 0,
             size,
             path: 0,
+            uses: vec![],
             completions: 0,
             last_reason: None,
             result: None,

@@ -185,6 +185,7 @@ async fn scrape(state: &Shared) -> anyhow::Result<String> {
             ("waiting", s.waiting),
             ("blocked", s.blocked),
             ("abandoned", s.abandoned),
+            ("cancelled", s.cancelled),
         ] {
             m.sample("huddle_tasks", &[("room", &r.room), ("status", status)], n);
         }

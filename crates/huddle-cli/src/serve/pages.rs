@@ -420,7 +420,8 @@ async fn live_html(state: &Shared, room: &str) -> Result<String, ApiError> {
         "<section id=\"dag-box\"><h2>Task DAG <small>(wheel: zoom, drag: pan; thick: critical path)</small></h2>\
          <div class=\"legend\"><span class=\"waiting\">waiting</span><span class=\"ready\">ready</span>\
          <span class=\"claimed\">claimed</span><span class=\"done\">done</span><span class=\"retrying\">retrying</span>\
-         <span class=\"blocked\">blocked</span><span class=\"abandoned\">abandoned</span></div>",
+         <span class=\"blocked\">blocked</span><span class=\"abandoned\">abandoned</span>\
+         <span class=\"cancelled\">cancelled</span></div>",
     );
     out.push_str(&dag::svg(&tasks));
     out.push_str("</section>");
@@ -435,7 +436,7 @@ fn summary_html(out: &mut String, board: &BoardView, tasks: &TasksView) {
         out,
         "<section id=\"summary\"><span class=\"owner\">owner {owner}</span> \
          <span id=\"counts\" data-done=\"{done}\" data-total=\"{total}\">{done}/{total} done</span> · \
-         {claimed} claimed · {ready} ready · {waiting} waiting · {blocked} blocked · {abandoned} abandoned{refused}</section>",
+         {claimed} claimed · {ready} ready · {waiting} waiting · {blocked} blocked · {abandoned} abandoned · {cancelled} cancelled{refused}</section>",
         owner = esc(board.owner.as_deref().unwrap_or("?")),
         done = s.done,
         total = s.total,
@@ -444,6 +445,7 @@ fn summary_html(out: &mut String, board: &BoardView, tasks: &TasksView) {
         waiting = s.waiting,
         blocked = s.blocked,
         abandoned = s.abandoned,
+        cancelled = s.cancelled,
         refused = if tasks.refused + tasks.malformed > 0 {
             format!(" · {} task rows refused", tasks.refused + tasks.malformed)
         } else {
