@@ -482,7 +482,7 @@ fn board_html(out: &mut String, board: &BoardView) {
                 .hosting
                 .as_deref()
                 .filter(|_| offline)
-                .map(|h| format!(" <small>{}</small>", esc(h)))
+                .map(|h| format!(" <small>{}</small>", esc(h.strip_prefix("offline ").unwrap_or(h))))
                 .unwrap_or_default(),
             on = esc(on.trim_start_matches(" — ")),
             done = a.tasks_done,
