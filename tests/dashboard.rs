@@ -478,6 +478,27 @@ async fn hostile_input_gets_400s_and_a_corrupt_row_breaks_nothing(backend: Backe
         assert_eq!(status, 404, "GET {path}: {body}");
         assert!(body.contains("\"error\""), "{body}");
     }
+    // An unusual but valid name (a space, non-ASCII, markup) works everywhere, linked
+    // percent-encoded and shown escaped.
+    ok({
+        let mut c = huddle(&db);
+        c.args(["room", "create", "r ü<i>", "--owner", "ana"]);
+        c
+    });
+    let (status, index) = server.get("/");
+    assert_eq!(status, 200);
+    assert!(
+        index.contains("href=\"/rooms/r%20%C3%BC%3Ci%3E\">r ü&lt;i&gt;</a>"),
+        "{index}"
+    );
+    for path in [
+        "/rooms/r%20%C3%BC%3Ci%3E",
+        "/api/rooms/r%20%C3%BC%3Ci%3E/tasks",
+        "/api/rooms/r%20%C3%BC%3Ci%3E/interactions",
+    ] {
+        let (status, body) = server.get(path);
+        assert_eq!(status, 200, "GET {path}: {body}");
+    }
     // Another host name on a loopback server (DNS rebinding) is refused.
     let (status, _) = get_with(&server.addr, "/api/rooms", &[("Host", "evil.example")]);
     assert_eq!(status, 403);
