@@ -452,6 +452,39 @@ async fn the_room_page_follows_the_room_live_in_a_real_browser() {
              .some(function (t) { return t.textContent.indexOf(text) >= 0; }); } \
          return has('command', '!config get claim-ttl') && has('answer', 'claim-ttl');",
     );
+    // The timeline by thread: a message in thread `design` adds the thread to the
+    // filter; filtering shows that thread's messages only.
+    ok({
+        let mut c = huddle(&db);
+        c.args(["post", "--room", room, "--as", "ana", "--thread", "design"])
+            .arg("a note on the design");
+        c
+    });
+    browser.wait_for(
+        "the thread appears in the filter",
+        secs(5),
+        "return !!document.querySelector('#thread-filter option[value=\"design\"]');",
+    );
+    let shown = browser.js(
+        "var f = document.getElementById('thread-filter'); f.value = 'design'; \
+         f.dispatchEvent(new Event('change')); \
+         return Array.from(document.querySelectorAll('#timeline-list li')) \
+           .filter(function (li) { return !li.hidden; }) \
+           .map(function (li) { return li.dataset.thread + '|' + li.querySelector('.text').textContent; });",
+    );
+    let shown = shown.as_array().expect("rows").clone();
+    assert!(
+        !shown.is_empty()
+            && shown
+                .iter()
+                .all(|r| r.as_str().unwrap().starts_with("design|"))
+            && shown.contains(&json!("design|a note on the design")),
+        "{shown:?}"
+    );
+    browser.js(
+        "var f = document.getElementById('thread-filter'); f.value = '*'; \
+         f.dispatchEvent(new Event('change')); return true;",
+    );
     browser.screenshot("dashboard-room-finished.png");
 
     // A killed relay: once its liveness lease lapses (10 s) its agents are offline,

@@ -171,7 +171,7 @@ pub async fn room(
         "<header><h1><a href=\"/\">huddle</a> / {name}</h1><span id=\"conn\" class=\"conn\">connecting…</span></header>\
          <main id=\"room\" data-room=\"{name}\" data-cursor=\"{cursor}\">\
          <div id=\"live\">{live}</div>\
-         <section id=\"timeline\"><h2>Timeline <small>(newest first)</small></h2><ol id=\"timeline-list\">{timeline}</ol></section>\
+         <section id=\"timeline\"><h2>Timeline <small>(newest first)</small></h2>{timeline}</section>\
          </main><script src=\"/assets/room.js\"></script>",
         name = esc(&room),
     );
@@ -268,7 +268,21 @@ async fn timeline(state: &Shared, room: &str) -> Result<(String, Position), ApiE
         out.push_str(&row_item(r));
     }
     flush(&mut group, &mut out);
-    Ok((out, cursor))
+    // The thread filter: every thread of the rows shown.
+    let threads: std::collections::BTreeSet<&str> =
+        rows.iter().filter_map(|r| r.thread.as_deref()).collect();
+    let mut filter = String::from(
+        "<select id=\"thread-filter\" aria-label=\"thread\"><option value=\"*\">every thread</option>\
+         <option value=\"\">the room's top level</option>",
+    );
+    for t in threads {
+        let _ = write!(filter, "<option value=\"{t}\">#{t}</option>", t = esc(t));
+    }
+    filter.push_str("</select>");
+    Ok((
+        format!("{filter}<ol id=\"timeline-list\">{out}</ol>"),
+        cursor,
+    ))
 }
 
 /// How the timeline shows a row: `command` (an owner's `!` message), `answer`
@@ -300,10 +314,11 @@ fn row_item(r: &Interaction) -> String {
         .map(|t| format!("<span class=\"thread\">#{}</span> ", esc(t)))
         .unwrap_or_default();
     format!(
-        "<li class=\"row {kind}\" data-cursor=\"{pos}\"><time>{at}</time> {thread}\
+        "<li class=\"row {kind}\" data-cursor=\"{pos}\" data-thread=\"{in_thread}\"><time>{at}</time> {thread}\
          <span class=\"actor\">{actor}</span> <span class=\"role\">({role})</span> \
          <span class=\"text\">{text}</span></li>",
         kind = kind(r),
+        in_thread = esc(r.thread.as_deref().unwrap_or("")),
         pos = r.position,
         at = esc(&format_time(r.at)),
         actor = esc(&r.actor),

@@ -59,6 +59,10 @@
     var li = document.createElement("li");
     li.className = "row " + k;
     li.dataset.cursor = cursorOf(row);
+    if (k !== "bookkeeping") {
+      li.dataset.thread = row.thread || "";
+      if (row.thread) addThread(row.thread);
+    }
     var t = document.createElement("time");
     t.textContent = time(row.at);
     li.appendChild(t);
@@ -82,7 +86,27 @@
       li.appendChild(span("text", text));
     }
     list.insertBefore(li, list.firstChild);
+    show(li);
   }
+
+  // The thread filter: every thread, the room's top level, or one thread (its
+  // messages and replies; bookkeeping lines only under "every thread").
+  var filter = document.getElementById("thread-filter");
+  function show(li) {
+    var want = filter ? filter.value : "*";
+    li.hidden = !(want === "*" || li.dataset.thread === want);
+  }
+  function addThread(t) {
+    if (!filter) return;
+    for (var i = 0; i < filter.options.length; i++) if (filter.options[i].value === t) return;
+    var o = document.createElement("option");
+    o.value = t;
+    o.textContent = "#" + t;
+    filter.appendChild(o);
+  }
+  if (filter) filter.addEventListener("change", function () {
+    Array.prototype.forEach.call(list.children, show);
+  });
 
   // The board/DAG/claims fragment, fetched again (at most one fetch at a time, and
   // once more if something changed during it) when events arrive.
