@@ -15,7 +15,6 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::context::{escape, escape_upto};
 use crate::model::{Interaction, InteractionId};
-use crate::protocol::{parse_body, MessageBody};
 use crate::verbs::Verb;
 
 /// Messages kept per thread.
@@ -93,12 +92,17 @@ impl ThreadWindow {
             if Some(row.id) == answering {
                 continue;
             }
-            let body: MessageBody = parse_body(&row.body).unwrap_or_default();
+            // Borrowed, not decoded: a message body may be a long `!delegate`.
+            let text = row
+                .body
+                .get("text")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default();
             let mut line = format!(
                 "[{} ({})] {}",
                 escape(&row.actor),
                 row.role,
-                escape_upto(body.text.trim(), MAX_LINE)
+                escape_upto(text.trim(), MAX_LINE)
             );
             if line.len() > MAX_LINE {
                 let mut cut = MAX_LINE;
