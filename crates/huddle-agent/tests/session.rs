@@ -407,6 +407,7 @@ async fn tasks_no_signed_owner_command_created_do_not_exist_for_agents() {
         priority: None,
         size: None,
         path: None,
+        due_ms: None,
     };
     room.store
         .append(vec![NewInteraction::new(

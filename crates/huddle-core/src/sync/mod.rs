@@ -223,8 +223,10 @@ struct LiveTurn {
     drive: ClaimRef,
     lost: bool,
     cancel_sent: bool,
-    /// Why the owner stopped it (`!stop`), if it was.
+    /// Why the owner stopped it (`!stop`), or why its deadline did, if one did.
     stopped: Option<String>,
+    /// Its attempt ran past the task's deadline (`stopped` says so).
+    overdue: bool,
 }
 
 /// A relay's own rank for a task id (FNV-1a of both): deterministic per relay,
@@ -267,6 +269,10 @@ pub struct Synchronizer {
     /// Shared resources as their holders recorded them, for the `<coordination>` block.
     resources: crate::resources::ResourceFold,
     dag: TaskDag,
+    /// Ready tasks given back at least once: they may be waiting out a back-off
+    /// ([`crate::pacing::retry_at`]), whose end is a wakeup. Kept in step with the DAG
+    /// fold's changes; an entry whose back-off is over is dropped by the next pass.
+    backing_off: BTreeSet<(String, String)>,
     /// Each room's ready tasks in this relay's walk order, kept in step with the DAG
     /// fold's changes (see [`WalkKey`]).
     walk: BTreeMap<String, BTreeSet<WalkKey>>,
@@ -367,6 +373,7 @@ impl Synchronizer {
                 dag.track_changes();
                 dag
             },
+            backing_off: BTreeSet::new(),
             walk: BTreeMap::new(),
             walk_keys: BTreeMap::new(),
             budget: BudgetFold::new(),
@@ -506,6 +513,31 @@ impl Synchronizer {
                 }
                 for (due, _) in self.reply_dues(room, m) {
                     consider(due);
+                }
+            }
+            // The ends of back-offs, benches and attempt deadlines.
+            for (room, task) in &self.backing_off {
+                if let Some(t) = self.dag.task(room, task) {
+                    if let Some(at) = crate::pacing::retry_at(self.config(room, None), room, t) {
+                        consider(at);
+                    }
+                }
+            }
+            for room in &self.rooms {
+                let config = self.config(room, None);
+                if let Some(b) = self.board.room(room) {
+                    for a in self.agents.keys() {
+                        if let Some(until) =
+                            b.failing.get(a).and_then(|s| crate::pacing::benched_until(config, s))
+                        {
+                            consider(until);
+                        }
+                    }
+                }
+            }
+            for t in self.turns.values() {
+                if let Some(at) = self.attempt_due(t) {
+                    consider(at);
                 }
             }
             for room in &self.rooms {
@@ -738,6 +770,16 @@ impl Synchronizer {
     fn follow_frontier(&mut self) {
         for (room, task) in self.dag.take_changes() {
             let key = (room, task);
+            let returned = self.dag.is_ready(&key.0, &key.1)
+                && self
+                    .dag
+                    .task(&key.0, &key.1)
+                    .is_some_and(|t| t.returned_at.is_some());
+            if returned {
+                self.backing_off.insert(key.clone());
+            } else {
+                self.backing_off.remove(&key);
+            }
             if let Some(old) = self.walk_keys.remove(&key) {
                 if let Some(w) = self.walk.get_mut(&key.0) {
                     w.remove(&old);
@@ -940,6 +982,68 @@ impl Synchronizer {
     /// How long to leave a claim found held at `epoch` alone: until its lease lapses,
     /// unless that epoch's attempt already failed in the ledger (its holder is
     /// releasing it), then only a moment.
+    /// Whether the circuit breaker benched `agent` in `room` now
+    /// ([`crate::pacing::is_benched`]).
+    fn benched(&self, room: &str, agent: &str) -> bool {
+        self.now.is_some_and(|now| {
+            crate::pacing::is_benched(self.board.room(room), self.config(room, None), agent, now)
+        })
+    }
+
+    /// The room's benched agents now, for the `<coordination>` block.
+    fn benched_lines(&self, room: &str) -> Vec<crate::board::BenchedLine> {
+        match self.now {
+            Some(now) => crate::pacing::benched(self.board.room(room), self.config(room, None), now),
+            None => Vec::new(),
+        }
+    }
+
+    /// When a live task turn's attempt is overdue (its task's `[due ...]`).
+    fn attempt_due(&self, t: &LiveTurn) -> Option<Timestamp> {
+        let LiveWork::Task { task } = &t.work else {
+            return None;
+        };
+        let task = self.dag.task(&t.room, task)?;
+        // Only the attempt this turn runs: a re-taken claim is another attempt.
+        if task.epoch != Some(t.exclusive.epoch) {
+            return None;
+        }
+        crate::pacing::attempt_due(task)
+    }
+
+    /// Cancels every live task turn whose attempt is past its deadline; the turn's end
+    /// fails the attempt with an `overdue` reason (and a notice to the owner), and the
+    /// task follows its retry policy.
+    fn cancel_overdue(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
+        let overdue: Vec<(TurnId, String)> = self
+            .turns
+            .iter()
+            .filter(|(_, t)| t.stopped.is_none() && !t.cancel_sent && !t.lost)
+            .filter_map(|(id, t)| {
+                self.attempt_due(t).filter(|d| now >= *d)?;
+                let LiveWork::Task { task } = &t.work else {
+                    return None;
+                };
+                let ms = self.dag.task(&t.room, task).and_then(|x| x.due_ms).unwrap_or(0);
+                Some((
+                    id.clone(),
+                    format!(
+                        "overdue: attempt not finished within its deadline ({} from its claim)",
+                        crate::config::format_duration(ms)
+                    ),
+                ))
+            })
+            .collect();
+        for (id, why) in overdue {
+            if let Some(t) = self.turns.get_mut(&id) {
+                t.stopped = Some(why);
+                t.overdue = true;
+                t.cancel_sent = true;
+                out.push(Intent::Cancel { turn: id });
+            }
+        }
+    }
+
     fn back_off_until(&self, key: &str, epoch: ClaimEpoch, expires_at: Timestamp) -> Timestamp {
         match (self.returned.get(key), self.now) {
             (Some((_, failed_epoch, _)), Some(now)) if *failed_epoch >= epoch => {
@@ -1007,7 +1111,12 @@ impl Synchronizer {
         };
         self.agents
             .keys()
-            .filter(|a| m.eligible.contains(a) && !m.failed.contains(*a) && !self.busy(a))
+            .filter(|a| {
+                m.eligible.contains(a)
+                    && !m.failed.contains(*a)
+                    && !self.busy(a)
+                    && !self.benched(room, a)
+            })
             .map(|a| {
                 let delay = if watchers.is_empty() {
                     responder_delay_ms(config, a, &candidates)
@@ -1097,6 +1206,13 @@ impl Synchronizer {
         };
         self.register(out);
         self.notify_owners(out);
+        self.cancel_overdue(now, out);
+        let config = |r: &str| self.configs.get(&(r.to_string(), None)).unwrap_or(&self.default_config);
+        let dag = &self.dag;
+        self.backing_off.retain(|(room, task)| {
+            dag.task(room, task)
+                .is_some_and(|t| crate::pacing::backing_off(config(room), room, t, now))
+        });
         // Re-takes first: those tasks and messages have waited longest.
         self.retake_replies(now, out);
         self.elect_replies(now, out);
@@ -1345,7 +1461,7 @@ impl Synchronizer {
         let owing: Vec<String> = self
             .agents
             .keys()
-            .filter(|a| m.owed_by(a) && !self.busy(a))
+            .filter(|a| m.owed_by(a) && !self.busy(a) && !self.benched(room, a))
             .filter(|a| {
                 let key = directed_reply_key(room, &id, a);
                 !self.claims.contains_key(&key) && !self.held_elsewhere(&key, now)
@@ -1431,6 +1547,10 @@ impl Synchronizer {
                 else {
                     continue;
                 };
+                // A given-back task waits out its back-off, on every relay alike.
+                if crate::pacing::backing_off(&config, &room, task, now) {
+                    continue;
+                }
                 let right = claim_right(&config, task, since, now);
                 if let ClaimRight::Bidding { .. } = right {
                     bidding.push(id.to_string());
@@ -1460,6 +1580,7 @@ impl Synchronizer {
                             && !busy.contains(&a.key)
                             && !self.outstanding_bid(&a.key, Some((&room, id)))
                             && benched != Some(a.key.as_str())
+                            && !self.benched(&room, &a.key)
                     })
                     .map(|a| a.key.clone());
                 if let Some(agent) = pick {
@@ -1484,7 +1605,10 @@ impl Synchronizer {
                 if wakes >= cap {
                     return;
                 }
-                if busy.contains(&a.key) || self.outstanding_bid(&a.key, None) {
+                if busy.contains(&a.key)
+                    || self.outstanding_bid(&a.key, None)
+                    || self.benched(&room, &a.key)
+                {
                     continue;
                 }
                 let pick = bidding
@@ -1663,7 +1787,9 @@ impl Synchronizer {
                 }
                 let right = retake_right(&config, task);
                 let owner_here = owner
-                    .filter(|o| self.agents.contains_key(o) && !self.busy(o))
+                    .filter(|o| {
+                        self.agents.contains_key(o) && !self.busy(o) && !self.benched(&room, o)
+                    })
                     .filter(|o| {
                         self.agents
                             .get(o)
@@ -1672,7 +1798,11 @@ impl Synchronizer {
                 let chosen = owner_here.or_else(|| {
                     self.agents
                         .values()
-                        .find(|a| right.allows(&a.key, &a.capabilities, task) && !self.busy(&a.key))
+                        .find(|a| {
+                            right.allows(&a.key, &a.capabilities, task)
+                                && !self.busy(&a.key)
+                                && !self.benched(&room, &a.key)
+                        })
                         .map(|a| a.key.clone())
                 });
                 if let Some(agent) = chosen {
@@ -2222,6 +2352,7 @@ impl Synchronizer {
             Some(self.dag.summary(&room)),
             crate::board::PatternLines {
                 resources: held,
+                benched: self.benched_lines(&room),
                 ..Default::default()
             },
         );
@@ -2236,6 +2367,7 @@ impl Synchronizer {
             epoch: exclusive.epoch,
             claims: vec![exclusive.clone(), drive.clone()],
             coordination,
+            stall_timeout_ms: self.config(&room, thread.as_deref()).stall_timeout_ms,
         })));
         self.turns.insert(
             turn,
@@ -2250,6 +2382,7 @@ impl Synchronizer {
                 lost: false,
                 cancel_sent: false,
                 stopped: None,
+                overdue: false,
             },
         );
     }
@@ -2539,6 +2672,32 @@ impl Synchronizer {
                     ],
                 });
                 release_both(out);
+                if lt.overdue {
+                    // The owner hears of it (one row, whichever relay writes it: the
+                    // text depends only on the task and the attempt).
+                    let attempt = self.dag.task(&lt.room, task).map_or(0, |t| t.attempts);
+                    let body = CoordNoteBody::Notice(crate::protocol::NoticeBody {
+                        about: crate::protocol::NoticeBody::TASK_OVERDUE.to_string(),
+                        to: Some("owner".to_string()),
+                        task: Some(task.clone()),
+                        text: format!(
+                            "task {task}: attempt {attempt} by {} was cancelled and failed: {}",
+                            lt.agent,
+                            lt.stopped.as_deref().unwrap_or("overdue")
+                        ),
+                    });
+                    out.push(Intent::Append {
+                        fences: Vec::new(),
+                        close: false,
+                        batch: vec![NewInteraction::new(
+                            lt.room.as_str(),
+                            Verb::CoordNote,
+                            crate::protocol::SYSTEM_ACTOR,
+                            Role::System,
+                            body.to_body(),
+                        )],
+                    });
+                }
             }
         }
     }
