@@ -92,8 +92,11 @@ pub fn attempt_due(task: &Task) -> Option<Timestamp> {
 /// failure, once `breaker` turns in a row failed. `None`: not benched (or the breaker
 /// is off).
 pub fn benched_until(config: &RoomConfig, streak: &FailStreak) -> Option<Timestamp> {
-    (config.breaker > 0 && streak.failed >= config.breaker)
-        .then(|| streak.last.saturating_add(ms_to_us(config.breaker_cooldown_ms)))
+    (config.breaker > 0 && streak.failed >= config.breaker).then(|| {
+        streak
+            .last
+            .saturating_add(ms_to_us(config.breaker_cooldown_ms))
+    })
 }
 
 /// Whether `agent` is benched in this room at `now`.

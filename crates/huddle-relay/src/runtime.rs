@@ -1344,8 +1344,8 @@ impl Executor {
         request.progress = sink;
         let progress = tokio::spawn(write_progress(self.store.clone(), start.clone(), notes));
         request.start_by = Some(start_by);
-        let stall = (start.stall_timeout_ms > 0)
-            .then(|| Duration::from_millis(start.stall_timeout_ms));
+        let stall =
+            (start.stall_timeout_ms > 0).then(|| Duration::from_millis(start.stall_timeout_ms));
         tokio::spawn(async move {
             let outcome = run_watched(driver, request, token, stall).await;
             // Every note the turn sent is written before its outcome is (progress

@@ -527,8 +527,10 @@ impl Synchronizer {
                 let config = self.config(room, None);
                 if let Some(b) = self.board.room(room) {
                     for a in self.agents.keys() {
-                        if let Some(until) =
-                            b.failing.get(a).and_then(|s| crate::pacing::benched_until(config, s))
+                        if let Some(until) = b
+                            .failing
+                            .get(a)
+                            .and_then(|s| crate::pacing::benched_until(config, s))
                         {
                             consider(until);
                         }
@@ -993,7 +995,9 @@ impl Synchronizer {
     /// The room's benched agents now, for the `<coordination>` block.
     fn benched_lines(&self, room: &str) -> Vec<crate::board::BenchedLine> {
         match self.now {
-            Some(now) => crate::pacing::benched(self.board.room(room), self.config(room, None), now),
+            Some(now) => {
+                crate::pacing::benched(self.board.room(room), self.config(room, None), now)
+            }
             None => Vec::new(),
         }
     }
@@ -1024,7 +1028,11 @@ impl Synchronizer {
                 let LiveWork::Task { task } = &t.work else {
                     return None;
                 };
-                let ms = self.dag.task(&t.room, task).and_then(|x| x.due_ms).unwrap_or(0);
+                let ms = self
+                    .dag
+                    .task(&t.room, task)
+                    .and_then(|x| x.due_ms)
+                    .unwrap_or(0);
                 Some((
                     id.clone(),
                     format!(
@@ -1207,7 +1215,11 @@ impl Synchronizer {
         self.register(out);
         self.notify_owners(out);
         self.cancel_overdue(now, out);
-        let config = |r: &str| self.configs.get(&(r.to_string(), None)).unwrap_or(&self.default_config);
+        let config = |r: &str| {
+            self.configs
+                .get(&(r.to_string(), None))
+                .unwrap_or(&self.default_config)
+        };
         let dag = &self.dag;
         self.backing_off.retain(|(room, task)| {
             dag.task(room, task)
