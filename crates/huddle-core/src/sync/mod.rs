@@ -273,6 +273,11 @@ pub struct Synchronizer {
     /// ([`crate::pacing::retry_at`]), whose end is a wakeup. Kept in step with the DAG
     /// fold's changes; an entry whose back-off is over is dropped by the next pass.
     backing_off: BTreeSet<(String, String)>,
+    /// Failed turns of local agents that ended here and count for the circuit
+    /// breaker, not yet read back: `(room, agent)` → turn → when it ended. Added to
+    /// the board's streak, so an agent is benched at its Nth failure, not one turn
+    /// later; dropped as each row is folded (or, never read back, after a lease).
+    unfolded_failures: BTreeMap<(String, String), BTreeMap<String, Timestamp>>,
     /// Each room's ready tasks in this relay's walk order, kept in step with the DAG
     /// fold's changes (see [`WalkKey`]).
     walk: BTreeMap<String, BTreeSet<WalkKey>>,
@@ -374,6 +379,7 @@ impl Synchronizer {
                 dag
             },
             backing_off: BTreeSet::new(),
+            unfolded_failures: BTreeMap::new(),
             walk: BTreeMap::new(),
             walk_keys: BTreeMap::new(),
             budget: BudgetFold::new(),
@@ -524,16 +530,9 @@ impl Synchronizer {
                 }
             }
             for room in &self.rooms {
-                let config = self.config(room, None);
-                if let Some(b) = self.board.room(room) {
-                    for a in self.agents.keys() {
-                        if let Some(until) = b
-                            .failing
-                            .get(a)
-                            .and_then(|s| crate::pacing::benched_until(config, s))
-                        {
-                            consider(until);
-                        }
+                for a in self.agents.keys() {
+                    if let Some(until) = self.benched_until(room, a) {
+                        consider(until);
                     }
                 }
             }
@@ -690,6 +689,9 @@ impl Synchronizer {
                 | Verb::TurnFailed
         ) {
             self.unsettled.insert(row.room.clone());
+        }
+        if matches!(row.verb, Verb::TurnReplied | Verb::TurnFailed) && row.role == Role::Agent {
+            self.fold_turn_end(row);
         }
         match row.verb {
             Verb::RoomSettled if row.role == Role::System => {
@@ -981,15 +983,53 @@ impl Synchronizer {
             || self.claims.values().any(|s| s.purpose.agent() == agent)
     }
 
-    /// How long to leave a claim found held at `epoch` alone: until its lease lapses,
-    /// unless that epoch's attempt already failed in the ledger (its holder is
-    /// releasing it), then only a moment.
+    /// A turn ending of an agent read back: it is in the board's streak now.
+    fn fold_turn_end(&mut self, row: &Interaction) {
+        let key = (row.room.clone(), row.actor.clone());
+        let Some(pending) = self.unfolded_failures.get_mut(&key) else {
+            return;
+        };
+        if let Some(turn) = row.body.get("turn").and_then(serde_json::Value::as_str) {
+            pending.remove(turn);
+        }
+        if pending.is_empty() {
+            self.unfolded_failures.remove(&key);
+        }
+    }
+
+    /// `agent`'s failed turns in a row in `room`: the board's streak plus its failures
+    /// that ended here and are not read back yet.
+    fn streak(&self, room: &str, agent: &str) -> Option<crate::board::FailStreak> {
+        let folded = self
+            .board
+            .room(room)
+            .and_then(|b| b.failing.get(agent))
+            .copied();
+        let Some(p) = self
+            .unfolded_failures
+            .get(&(room.to_string(), agent.to_string()))
+        else {
+            return folded;
+        };
+        let last = p.values().max().copied().unwrap_or(Timestamp::MIN);
+        let mut s = folded.unwrap_or(crate::board::FailStreak { failed: 0, last });
+        s.failed = s
+            .failed
+            .saturating_add(u32::try_from(p.len()).unwrap_or(u32::MAX));
+        s.last = s.last.max(last);
+        Some(s)
+    }
+
+    /// Until when the circuit breaker benches `agent` in `room`, if it does.
+    fn benched_until(&self, room: &str, agent: &str) -> Option<Timestamp> {
+        let s = self.streak(room, agent)?;
+        crate::pacing::benched_until(self.config(room, None), &s)
+    }
+
     /// Whether the circuit breaker benched `agent` in `room` now
-    /// ([`crate::pacing::is_benched`]).
+    /// ([`crate::pacing::benched_until`]).
     fn benched(&self, room: &str, agent: &str) -> bool {
-        self.now.is_some_and(|now| {
-            crate::pacing::is_benched(self.board.room(room), self.config(room, None), agent, now)
-        })
+        matches!((self.now, self.benched_until(room, agent)), (Some(now), Some(until)) if now < until)
     }
 
     /// The room's benched agents now, for the `<coordination>` block.
@@ -1052,6 +1092,9 @@ impl Synchronizer {
         }
     }
 
+    /// How long to leave a claim found held at `epoch` alone: until its lease lapses,
+    /// unless that epoch's attempt already failed in the ledger (its holder is
+    /// releasing it), then only a moment.
     fn back_off_until(&self, key: &str, epoch: ClaimEpoch, expires_at: Timestamp) -> Timestamp {
         match (self.returned.get(key), self.now) {
             (Some((_, failed_epoch, _)), Some(now)) if *failed_epoch >= epoch => {
@@ -1722,6 +1765,13 @@ impl Synchronizer {
             }
         }
         self.held_elsewhere.retain(|_, until| *until > now);
+        // A failure whose row never came back (its write was refused) is forgotten
+        // after a lease.
+        let lease_us = ms_to_us(self.default_config.claim_ttl_ms.max(interval * 4));
+        self.unfolded_failures.retain(|_, turns| {
+            turns.retain(|_, at| now.micros_since(*at) < lease_us);
+            !turns.is_empty()
+        });
         let dag = &self.dag;
         self.rejections_sent.retain(|(room, task, attempt, _)| {
             dag.task(room, task)
@@ -2502,6 +2552,18 @@ impl Synchronizer {
             TurnOutcome::Cancelled => "cancelled".to_string(),
             TurnOutcome::NotStarted { reason } => format!("not started: {reason}"),
         };
+        // The circuit breaker counts this ending at once, before its row is read back.
+        let streak_key = (lt.room.clone(), lt.agent.clone());
+        if matches!(outcome, TurnOutcome::Replied { .. }) && !lt.lost {
+            self.unfolded_failures.remove(&streak_key);
+        } else if crate::board::counts_against_agent(&reason) {
+            if let Some(now) = self.now {
+                self.unfolded_failures
+                    .entry(streak_key)
+                    .or_default()
+                    .insert(turn.0.clone(), now);
+            }
+        }
         if not_started {
             // Nothing is written under its claims (no task.failed: no attempt ran);
             // both are let go (a no-op for one already lost), so the work is offered

@@ -2644,3 +2644,30 @@ fn turn_starts_carry_the_stall_timeout() {
     let st = run_task_to_start(&mut h, "a", "bo", 1);
     assert_eq!(st.stall_timeout_ms, 2_000);
 }
+
+#[test]
+fn a_local_failure_benches_at_once_before_its_row_is_read_back() {
+    let config = RoomConfig {
+        breaker: 1,
+        retry_backoff_ms: 0,
+        ..RoomConfig::default()
+    };
+    let mut h = H::with(&["bo"], config);
+    h.start();
+    h.post(vec![created("a", &[]), created("b", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 1);
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Failed {
+            reason: "exit 1".into(),
+        },
+    );
+    // b is ready and bo is free, but its failure already benches it.
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    h.apply_appends(&out);
+    assert!(acquires(&h.read()).is_empty());
+    // Read back, the failure is counted once, not twice.
+    let streak = h.sync.board().room("lobby").unwrap().failing["bo"];
+    assert_eq!(streak.failed, 1);
+    assert_eq!(h.sync.streak("lobby", "bo").map(|s| s.failed), Some(1));
+}
