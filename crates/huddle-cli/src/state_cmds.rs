@@ -182,6 +182,8 @@ pub struct BoardView {
     pub state: Vec<huddle_agent::resource_views::StateView>,
     /// Agents the circuit breaker benched now (`breaker`), and until when.
     pub benched: Vec<huddle_core::board::BenchedLine>,
+    /// Tasks that cannot make progress as things stand, and why.
+    pub stuck: Vec<huddle_core::pacing::StuckTask>,
 }
 
 fn board_view(t: &Tally) -> BoardView {
@@ -264,6 +266,7 @@ fn board_view(t: &Tally) -> BoardView {
         resources: Vec::new(),
         state: Vec::new(),
         benched: Vec::new(),
+        stuck: huddle_core::pacing::stuck_tasks(&t.dag, room, b),
     }
 }
 
@@ -362,6 +365,15 @@ pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> a
             a.since.map_or_else(|| "-".to_string(), format_time),
             on.trim_start_matches(" — ")
         );
+    }
+    if !view.stuck.is_empty() {
+        let _ = writeln!(out, "\nstuck tasks ({}):", view.stuck.len());
+        for t in view.stuck.iter().take(20) {
+            let _ = writeln!(out, "  {}: {}", t.task, t.reason);
+        }
+        if view.stuck.len() > 20 {
+            let _ = writeln!(out, "  … and {} more", view.stuck.len() - 20);
+        }
     }
     if !view.benched.is_empty() {
         let _ = writeln!(

@@ -21,7 +21,7 @@
 use crate::board::{BenchedLine, FailStreak, RoomBoard};
 use crate::config::RoomConfig;
 use crate::model::Timestamp;
-use crate::tasks::{Task, TaskStatus};
+use crate::tasks::{Task, TaskDag, TaskStatus};
 
 fn ms_to_us(ms: u64) -> i64 {
     i64::try_from(ms)
@@ -131,6 +131,60 @@ pub fn benched(board: Option<&RoomBoard>, config: &RoomConfig, now: Timestamp) -
         .collect()
 }
 
+/// A task that cannot make progress as things stand, and why (for the board).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct StuckTask {
+    /// The task.
+    pub task: String,
+    /// Why, in words: `blocked by research (abandoned)`, `needs sql: no agent in the
+    /// room declares it`.
+    pub reason: String,
+}
+
+/// The room's stuck tasks, by id: open tasks that can never run (a dependency
+/// abandoned, missing or itself blocked — [`TaskDag::blocked_by`]) and ready tasks
+/// whose `needs` no registered agent of the room declares. Costs the room's tasks: a
+/// reader's view (`huddle board`), not a relay's per-event work.
+pub fn stuck_tasks(dag: &TaskDag, room: &str, board: Option<&RoomBoard>) -> Vec<StuckTask> {
+    let Some(r) = dag.room(room) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for t in r.tasks.values().filter(|t| t.status == TaskStatus::Open) {
+        let blocked = dag.blocked_by(room, &t.id);
+        if !blocked.is_empty() {
+            let why: Vec<String> = blocked
+                .iter()
+                .map(|b| format!("{} ({})", b.task, b.reason.as_str()))
+                .collect();
+            out.push(StuckTask {
+                task: t.id.clone(),
+                reason: format!("blocked by {}", why.join(", ")),
+            });
+            continue;
+        }
+        if t.needs.is_empty() || !dag.is_ready(room, &t.id) {
+            continue;
+        }
+        let capable = board.is_some_and(|b| {
+            b.agents
+                .values()
+                .any(|a| t.needs.iter().all(|n| a.capabilities.contains(n)))
+        });
+        if !capable {
+            out.push(StuckTask {
+                task: t.id.clone(),
+                reason: format!(
+                    "needs {}: no agent in the room declares {}",
+                    t.needs.join(", "),
+                    if t.needs.len() == 1 { "it" } else { "them all" }
+                ),
+            });
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,6 +220,63 @@ mod tests {
         assert_eq!(retry_backoff_ms(&config(0, 10_000), "lobby", "t", 3), 0);
         // Huge attempt counts saturate at the cap instead of overflowing.
         assert!(retry_backoff_ms(&c, "lobby", "t", u32::MAX) <= 10_000);
+    }
+
+    #[test]
+    fn stuck_tasks_name_their_blockers_and_missing_capabilities() {
+        use crate::fold::Fold;
+        use crate::model::Role;
+        use crate::testing::{claimed, created, failed, ix, Ledger};
+        use crate::verbs::Verb;
+        use serde_json::json;
+        let rows = vec![
+            ix(
+                Verb::TaskCreated,
+                "ana",
+                Role::Owner,
+                json!({"task": "a", "label": "x", "max_attempts": 1}),
+            ),
+            claimed("a", "bo", 1),
+            failed("a", "bo", 1),
+            created("b", &["a"]),
+            ix(
+                Verb::TaskCreated,
+                "ana",
+                Role::Owner,
+                json!({"task": "c", "label": "x", "needs": ["sql"]}),
+            ),
+            ix(
+                Verb::TaskCreated,
+                "ana",
+                Role::Owner,
+                json!({"task": "d", "label": "x", "needs": ["rust"]}),
+            ),
+            created("e", &[]),
+            ix(
+                Verb::AgentRegistered,
+                "bo",
+                Role::Agent,
+                json!({"capabilities": ["rust"]}),
+            ),
+        ];
+        let mut l = Ledger::default();
+        for (n, r) in rows.into_iter().enumerate() {
+            l.push(r, Timestamp((n as i64 + 1) * 1_000_000));
+        }
+        let dag = TaskDag::rebuild(&l.rows);
+        let board = crate::board::Board::rebuild(&l.rows);
+        let stuck = stuck_tasks(&dag, "lobby", board.room("lobby"));
+        let got: Vec<(&str, &str)> = stuck
+            .iter()
+            .map(|s| (s.task.as_str(), s.reason.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("b", "blocked by a (abandoned)"),
+                ("c", "needs sql: no agent in the room declares it"),
+            ]
+        );
     }
 
     #[test]
