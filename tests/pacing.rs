@@ -13,7 +13,8 @@ on_both_backends!(
     a_retry_waits_out_its_back_off,
     an_always_failing_agent_is_benched_while_a_healthy_one_works,
     an_overdue_attempt_is_failed_with_a_notice_and_retried,
-    a_hung_agent_is_cancelled_after_the_stall_timeout_and_retried
+    a_hung_agent_is_cancelled_after_the_stall_timeout_and_retried,
+    the_board_names_stuck_tasks
 );
 
 /// Lines of a side-effect log (one per real execution).
@@ -238,4 +239,35 @@ async fn a_hung_agent_is_cancelled_after_the_stall_timeout_and_retried(backend: 
         "attempt 1 ran {ran_ms} ms"
     );
     assert_eq!(runs(&log), ["crawl 1", "crawl 2"], "two real executions");
+}
+
+/// `huddle board` lists the tasks that cannot make progress and why: one waiting for
+/// a task that failed for good, one whose `needs` no agent of the room declares.
+async fn the_board_names_stuck_tasks(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let agent = h.script(
+        "agent.sh",
+        "cat >/dev/null\n[ \"$HUDDLE_TASK\" = fetch ] && exit 1\necho ok",
+    );
+    h.spawn_relay("r0", vec![AgentSpec::exec("ada", &agent)]);
+    h.wait_registered(&["ada"]).await;
+    h.delegate("fetch: get the data [attempts 1]\nparse: parse it [after fetch]\nquery: run the query [needs sql]")
+        .await;
+    h.wait_until("fetch abandoned", secs(60), |l| {
+        l.task("fetch")
+            .is_some_and(|t| t.status == TaskStatus::Abandoned)
+    })
+    .await;
+    let board = common::ok({
+        let mut c = common::huddle(&h.db.url);
+        c.args(["board", "--room", &h.room]);
+        c
+    });
+    h.stop_all().await;
+    assert!(
+        board.contains("stuck tasks (2):")
+            && board.contains("  parse: blocked by fetch (abandoned)")
+            && board.contains("  query: needs sql: no agent in the room declares it"),
+        "{board}"
+    );
 }
