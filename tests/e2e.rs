@@ -35,4 +35,6 @@ mod resources;
 mod signed_writers;
 mod task_annotations;
 mod task_cli;
+mod task_lifecycle;
+mod task_uses;
 mod team;

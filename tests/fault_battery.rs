@@ -90,6 +90,7 @@ impl Rows {
             size: None,
             path: None,
             due_ms: None,
+            uses: Vec::new(),
         };
         self.push(
             Verb::TaskCreated,
@@ -106,6 +107,7 @@ impl Rows {
             task: task.into(),
             epoch: ClaimEpoch(epoch),
             attempt: 1,
+            generation: 0,
         };
         self.push(Verb::TaskClaimed, agent, Role::Agent, b.to_body(), at, None);
     }
@@ -116,6 +118,7 @@ impl Rows {
             epoch: ClaimEpoch(epoch),
             result: Some(format!("done by {agent}")),
             tokens: Some(1),
+            generation: 0,
         };
         self.push(
             Verb::TaskCompleted,

@@ -762,6 +762,7 @@ async fn forged_completions_change_nothing(backend: Backend) {
                 epoch: huddle_core::ClaimEpoch(epoch),
                 result: Some(format!("forged: {note}")),
                 tokens: None,
+                generation: 0,
             }
             .to_body(),
         )

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use huddle_core::policy::{claim_right, losing_bidders, retake_right, ClaimRight};
-use huddle_core::protocol::task_key;
+use huddle_core::protocol::task_key_at;
 use huddle_core::tasks::{
     truncate_text, Task, TaskClaimedBody, TaskCompletedBody, TaskEndedBody, TaskRejectedBody,
     MAX_RESULT_BYTES,
@@ -109,7 +109,7 @@ impl AgentSession {
             let now = self.store.now().await?;
             let t = self.task(&st, id)?;
             match t.status {
-                TaskStatus::Done | TaskStatus::Abandoned => {
+                TaskStatus::Done | TaskStatus::Abandoned | TaskStatus::Cancelled => {
                     return Err(AgentError::NotClaimable {
                         task: id.to_string(),
                         why: format!("it is {} already; nothing to do", status_name(t)),
@@ -245,7 +245,8 @@ impl AgentSession {
     /// Acquires `task/<room>/<id>` and, once the fold has read up to the acquisition,
     /// records the claim as the relay would.
     async fn try_claim(&self, st: &mut Folded, id: &str) -> Result<Try> {
-        let key = task_key(&self.room, id);
+        let generation = st.dag.task(&self.room, id).map_or(0, |t| t.generation);
+        let key = task_key_at(&self.room, id, generation);
         let lease_ms = self.lease_ms(st);
         let won = match self
             .store
@@ -307,6 +308,7 @@ impl AgentSession {
                 task: id.to_string(),
                 epoch,
                 attempt,
+                generation,
             }
             .to_body(),
         );
@@ -394,6 +396,7 @@ impl AgentSession {
             resumed,
             dependencies,
             effect_key: huddle_core::protocol::task_effect_key(&self.room, &t.id),
+            trace: t.command.map(|c| c.to_string()).unwrap_or_default(),
         }
     }
 
@@ -462,7 +465,7 @@ impl AgentSession {
         row: NewInteraction,
     ) -> Result<Written> {
         let fence = Fence {
-            key: task_key(&self.room, id),
+            key: self.key_of(st, id),
             holder: self.agent.clone(),
             epoch,
         };
@@ -501,7 +504,7 @@ impl AgentSession {
         let mut st = self.synced().await?;
         let epoch = self.epoch_of(&st, &args.task, args.epoch)?;
         let lease_ms = self.lease_ms(&st);
-        let key = task_key(&self.room, &args.task);
+        let key = self.key_of(&st, &args.task);
         match self
             .store
             .renew(&key, &self.agent, epoch, Duration::from_millis(lease_ms))
@@ -543,6 +546,7 @@ impl AgentSession {
                 .as_deref()
                 .map(|r| truncate_text(r, MAX_RESULT_BYTES)),
             tokens: None,
+            generation: self.generation_of(&st, &args.task),
         };
         let key = self.idempotency(args.idempotency_key.as_deref())?;
         let row = self.row(Verb::TaskCompleted, body.to_body(), key);
@@ -581,6 +585,7 @@ impl AgentSession {
             task: args.task.clone(),
             epoch,
             reason: truncate_text(&reason, MAX_RESULT_BYTES),
+            generation: t.generation,
         };
         let key = self.idempotency(args.idempotency_key.as_deref())?;
         let row = self.row(verb, body.to_body(), key);
@@ -589,11 +594,21 @@ impl AgentSession {
             .await?;
         st.mine.remove(&args.task);
         if !last {
-            let key = task_key(&self.room, &args.task);
+            let key = self.key_of(&st, &args.task);
             self.store.release(&key, &self.agent, epoch).await?;
         }
         tracing::info!(room = %self.room, agent = %self.agent, task = %args.task, epoch = epoch.get(), verb = %verb, "task given back");
         self.task_written(&st, args.task, epoch, written)
+    }
+
+    /// The generation of task `id` in the folded view (0 when unknown).
+    fn generation_of(&self, st: &Folded, id: &str) -> u32 {
+        st.dag.task(&self.room, id).map_or(0, |t| t.generation)
+    }
+
+    /// The claim key of task `id`'s current generation in the folded view.
+    fn key_of(&self, st: &Folded, id: &str) -> String {
+        task_key_at(&self.room, id, self.generation_of(st, id))
     }
 
     fn task_written(

@@ -293,6 +293,10 @@ pub struct ClaimedTask {
     /// different for every other task. Pass it to external systems as the
     /// idempotency key of the task's side effects.
     pub effect_key: String,
+    /// The task's trace: the id of the command that created it (`huddle trace ROOM
+    /// ID` prints what it caused). Empty when unknown.
+    #[serde(default)]
+    pub trace: String,
 }
 
 /// Result of `task_claim`.

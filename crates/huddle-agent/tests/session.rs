@@ -416,6 +416,7 @@ async fn tasks_no_signed_owner_command_created_do_not_exist_for_agents() {
         size: None,
         path: None,
         due_ms: None,
+        uses: Vec::new(),
     };
     room.store
         .append(vec![NewInteraction::new(

@@ -272,8 +272,19 @@ fn board_view(t: &Tally) -> BoardView {
 
 fn summary_line(s: &TaskSummary) -> String {
     format!(
-        "{} tasks: {} done, {} claimed, {} ready, {} waiting, {} blocked, {} abandoned",
-        s.total, s.done, s.claimed, s.ready, s.waiting, s.blocked, s.abandoned
+        "{} tasks: {} done, {} claimed, {} ready, {} waiting, {} blocked, {} abandoned{}",
+        s.total,
+        s.done,
+        s.claimed,
+        s.ready,
+        s.waiting,
+        s.blocked,
+        s.abandoned,
+        if s.cancelled > 0 {
+            format!(", {} cancelled", s.cancelled)
+        } else {
+            String::new()
+        }
     )
 }
 
@@ -499,7 +510,7 @@ pub struct TaskLine {
     pub id: String,
     /// Label.
     pub label: String,
-    /// `open`, `claimed`, `done`, `abandoned`.
+    /// `open`, `claimed`, `done`, `abandoned`, `cancelled`.
     pub status: TaskStatus,
     /// Open with every dependency done.
     pub ready: bool,
@@ -524,6 +535,9 @@ pub struct TaskLine {
     /// Its critical path (its size plus the longest chain of sizes of the tasks of its
     /// `!delegate` that wait for it).
     pub path: u64,
+    /// Resources its turn holds while it runs (`[uses ...]`), as `name mode`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub uses: Vec<String>,
     /// Completions accepted by the fold (1 when done).
     pub completions: u32,
     /// Last failure reason.
@@ -531,7 +545,7 @@ pub struct TaskLine {
     /// What its completion reported.
     pub result: Option<String>,
     /// For a task that can never run: each dependency that cannot finish, and why
-    /// (`missing`, `abandoned`, `blocked`). Empty otherwise.
+    /// (`missing`, `abandoned`, `cancelled`, `blocked`). Empty otherwise.
     pub blocked_by: Vec<BlockedBy>,
     /// `[due D]`: how long each attempt may run from its claim, ms.
     pub due_ms: Option<u64>,
@@ -591,6 +605,7 @@ fn tasks_view(t: &Tally, config: &ConfigFold) -> TasksView {
                     priority: x.priority,
                     size: x.size,
                     path: x.path,
+                    uses: uses_text(&x.uses),
                     completions: completions.get(x.id.as_str()).copied().unwrap_or(0),
                     last_reason: x.last_reason.clone(),
                     result: x.result.clone(),
@@ -616,6 +631,13 @@ fn tasks_view(t: &Tally, config: &ConfigFold) -> TasksView {
     }
 }
 
+/// A task's `[uses ...]` as `name mode` each (`file:src/** exclusive`).
+pub fn uses_text(uses: &[huddle_core::resources::Wanted]) -> Vec<String> {
+    uses.iter()
+        .map(|w| format!("{} {}", w.name, w.mode))
+        .collect()
+}
+
 /// What a task's line says after its label: the `!delegate` clauses that differ from
 /// the defaults (` [needs rust] [priority 5] [size 3]`), what blocks it
 /// (` (blocked by: a abandoned)`), and a done task's result on one line (` => ...`).
@@ -632,6 +654,9 @@ fn annotations(t: &TaskLine) -> String {
     }
     if let Some(ms) = t.due_ms {
         let _ = write!(s, " [due {}]", huddle_core::config::format_duration(ms));
+    }
+    if !t.uses.is_empty() {
+        let _ = write!(s, " [uses {}]", t.uses.join(", "));
     }
     if let Some(at) = t.due_at {
         let _ = write!(s, " (attempt due by {})", format_time(at));
@@ -797,6 +822,7 @@ fn tasks_text(view: &TasksView) -> String {
             (TaskStatus::Claimed, _) => "claimed",
             (TaskStatus::Done, _) => "done",
             (TaskStatus::Abandoned, _) => "abandoned",
+            (TaskStatus::Cancelled, _) => "cancelled",
         };
         let _ = writeln!(
             out,

@@ -177,6 +177,7 @@ fn status_word(s: &TaskShow) -> &'static str {
         TaskStatus::Claimed => "claimed",
         TaskStatus::Done => "done",
         TaskStatus::Abandoned => "abandoned",
+        TaskStatus::Cancelled => "cancelled",
     }
 }
 
@@ -212,6 +213,13 @@ fn render(s: &TaskShow) -> String {
         "priority: {}   size: {}   critical path: {}",
         t.priority, t.size, t.path
     );
+    if !t.uses.is_empty() {
+        let _ = writeln!(
+            out,
+            "uses:     {}",
+            crate::state_cmds::uses_text(&t.uses).join(", ")
+        );
+    }
     if !s.blocked_by.is_empty() {
         let why: Vec<String> = s
             .blocked_by

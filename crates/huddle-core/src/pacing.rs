@@ -64,9 +64,11 @@ pub fn retry_backoff_ms(config: &RoomConfig, room: &str, task: &str, attempts: u
 
 /// When a task that was given back may be claimed again: its last give-back plus
 /// its back-off. `None` unless it is open with a give-back (the first attempt never
-/// waits, and a claimed, done or abandoned task has no next attempt to pace).
+/// waits, and a claimed, done or abandoned task has no next attempt to pace), and
+/// `None` for the first attempt of a generation the owner's `!retry` opened (no claim
+/// of it yet: the owner asked for it now).
 pub fn retry_at(config: &RoomConfig, room: &str, task: &Task) -> Option<Timestamp> {
-    if task.status != TaskStatus::Open || task.attempts == 0 {
+    if task.status != TaskStatus::Open || task.attempts == 0 || task.epoch.is_none() {
         return None;
     }
     let back = task.returned_at?;

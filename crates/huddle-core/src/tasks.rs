@@ -45,11 +45,11 @@ use crate::verbs::Verb;
 pub use index::{FrontierKey, FrontierRank, RoomIndex};
 
 pub use crate::protocol::task::{
-    valid_capability, valid_task_id, TaskBidBody, TaskClaimedBody, TaskCompletedBody,
-    TaskCreatedBody, TaskEndedBody, TaskRejectedBody, DEFAULT_MAX_ATTEMPTS, DEFAULT_TASK_PRIORITY,
-    MAX_ATTEMPTS_CAP, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_DEPS, MAX_LABEL_BYTES,
-    MAX_RESULT_BYTES, MAX_TASK_DUE_MS, MAX_TASK_ID_BYTES, MAX_TASK_PRIORITY, MAX_TASK_SIZE,
-    MIN_TASK_DUE_MS,
+    valid_capability, valid_task_id, TaskBidBody, TaskCancelledBody, TaskClaimedBody,
+    TaskCompletedBody, TaskCreatedBody, TaskEndedBody, TaskRejectedBody, TaskRetriedBody, TaskUse,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_TASK_PRIORITY, MAX_ATTEMPTS_CAP, MAX_CAPABILITIES,
+    MAX_CAPABILITY_BYTES, MAX_DEPS, MAX_LABEL_BYTES, MAX_RESULT_BYTES, MAX_TASK_DUE_MS,
+    MAX_TASK_ID_BYTES, MAX_TASK_PRIORITY, MAX_TASK_SIZE, MIN_TASK_DUE_MS,
 };
 pub use crate::protocol::{truncate_text, SYSTEM_ACTOR};
 
@@ -63,7 +63,13 @@ const FOLDED: &[Verb] = &[
     Verb::TaskCompleted,
     Verb::TaskFailed,
     Verb::TaskReleased,
+    Verb::TaskRetried,
+    Verb::TaskCancelled,
 ];
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
 
 fn sorted_unique(mut v: Vec<String>) -> Vec<String> {
     v.sort();
@@ -87,6 +93,8 @@ pub enum TaskStatus {
     Done,
     /// Failed for good after `max_attempts` attempts.
     Abandoned,
+    /// Cancelled by the owner (`!cancel`); `!retry` opens it again.
+    Cancelled,
 }
 
 /// A bid as the fold keeps it.
@@ -143,6 +151,18 @@ pub struct Task {
     /// deadline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub due_ms: Option<u64>,
+    /// Resources its turn holds while it runs (`[uses ...]`), in the global order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uses: Vec<crate::resources::Wanted>,
+    /// Its generation: 0, and one more at every owner's `!retry`. A generation is
+    /// claimed under its own keys (`protocol::task_key_at`), and rows about the task
+    /// count only for its current generation.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u32,
+    /// The command that created it (its `task.created` row's parent): the root of its
+    /// trace (`HUDDLE_TRACE`, `huddle trace ROOM ID`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<crate::model::InteractionId>,
     /// Who created it.
     pub created_by: String,
     /// When it was created (database time).
@@ -204,17 +224,20 @@ pub enum BlockReason {
     Missing,
     /// It failed for good.
     Abandoned,
+    /// The owner cancelled it.
+    Cancelled,
     /// It cannot run itself: one of its own dependencies cannot finish, or it is part
     /// of a dependency cycle (its own `blocked_by` says which).
     Blocked,
 }
 
 impl BlockReason {
-    /// `missing`, `abandoned` or `blocked`.
+    /// `missing`, `abandoned`, `cancelled` or `blocked`.
     pub fn as_str(self) -> &'static str {
         match self {
             BlockReason::Missing => "missing",
             BlockReason::Abandoned => "abandoned",
+            BlockReason::Cancelled => "cancelled",
             BlockReason::Blocked => "blocked",
         }
     }
@@ -281,6 +304,9 @@ pub struct TaskSummary {
     pub blocked: usize,
     /// Failed for good.
     pub abandoned: usize,
+    /// Cancelled by the owner.
+    #[serde(default)]
+    pub cancelled: usize,
 }
 
 /// The task DAG fold over every room.
@@ -383,6 +409,7 @@ impl TaskDag {
                 let reason = match r.tasks.get(d) {
                     None => BlockReason::Missing,
                     Some(dep) if dep.status == TaskStatus::Abandoned => BlockReason::Abandoned,
+                    Some(dep) if dep.status == TaskStatus::Cancelled => BlockReason::Cancelled,
                     Some(_) if r.index.can_finish(d) == Some(false) => BlockReason::Blocked,
                     Some(_) => return None,
                 };
@@ -519,6 +546,8 @@ impl RoomTasks {
             Verb::TaskClaimed => self.claimed(i),
             Verb::TaskCompleted => self.completed(i),
             Verb::TaskFailed | Verb::TaskReleased => self.given_back(i),
+            Verb::TaskRetried => self.retried(i),
+            Verb::TaskCancelled => self.cancelled(i),
             Verb::CoordNote => self.note(i),
             _ => {}
         }
@@ -526,6 +555,9 @@ impl RoomTasks {
 
     fn created(&mut self, i: &Interaction) {
         let Some(b) = TaskCreatedBody::parse(&i.body) else {
+            return self.malformed();
+        };
+        let Some(uses) = wanted_uses(&b.uses) else {
             return self.malformed();
         };
         // Agents' rows are a delegator's `!delegate`: which rows count is the owner
@@ -554,6 +586,9 @@ impl RoomTasks {
             size,
             path: b.path.unwrap_or(0).max(u64::from(size)),
             due_ms: b.due_ms.map(|d| d.clamp(MIN_TASK_DUE_MS, MAX_TASK_DUE_MS)),
+            uses,
+            generation: 0,
+            command: i.parent,
             created_by: i.actor.clone(),
             created_at: i.at,
             status: TaskStatus::Open,
@@ -620,6 +655,7 @@ impl RoomTasks {
         let acceptable = match self.tasks.get(&b.task) {
             Some(t) => {
                 matches!(t.status, TaskStatus::Open | TaskStatus::Claimed)
+                    && b.generation == t.generation
                     && t.epoch.is_none_or(|e| b.epoch > e)
                     && self.deps_done(t)
             }
@@ -653,7 +689,7 @@ impl RoomTasks {
             return self.malformed();
         };
         match self.tasks.get_mut(&b.task) {
-            Some(t) if t.is_held_by(&i.actor, b.epoch) => {
+            Some(t) if t.is_held_by(&i.actor, b.epoch) && b.generation == t.generation => {
                 t.status = TaskStatus::Done;
                 t.done_at = Some(i.at);
                 t.result = b.result.map(|r| truncate_text(&r, MAX_RESULT_BYTES));
@@ -668,7 +704,7 @@ impl RoomTasks {
             return self.malformed();
         };
         match self.tasks.get_mut(&b.task) {
-            Some(t) if t.is_held_by(&i.actor, b.epoch) => {
+            Some(t) if t.is_held_by(&i.actor, b.epoch) && b.generation == t.generation => {
                 t.returned_at = Some(i.at);
                 t.last_reason = Some(truncate_text(&b.reason, MAX_RESULT_BYTES));
                 t.status = if t.attempts >= t.max_attempts {
@@ -680,6 +716,79 @@ impl RoomTasks {
                 self.touch(&b.task);
             }
             _ => self.refuse(),
+        }
+    }
+
+    /// The owner's `!retry`: an abandoned or cancelled task is open again, with
+    /// `attempts` more attempts and a new generation (fresh claim keys: the old ones
+    /// are closed or stale). Anything else is refused.
+    fn retried(&mut self, i: &Interaction) {
+        let Some(b) = TaskRetriedBody::parse(&i.body) else {
+            return self.malformed();
+        };
+        if !matches!(i.role, Role::Owner | Role::System) {
+            return self.refuse();
+        }
+        match self.tasks.get_mut(&b.task) {
+            Some(t) if matches!(t.status, TaskStatus::Abandoned | TaskStatus::Cancelled) => {
+                t.status = TaskStatus::Open;
+                t.generation = t.generation.saturating_add(1);
+                t.max_attempts = t.attempts.saturating_add(b.attempts);
+                t.epoch = None;
+                t.owner = None;
+                t.claimed_at = None;
+                t.bids.clear();
+                t.notified = false;
+                t.returned_at = Some(t.returned_at.map_or(i.at, |r| r.max(i.at)));
+                t.last_reason = Some(format!("retried by {} (!retry)", i.actor));
+                self.touch(&b.task);
+            }
+            _ => self.refuse(),
+        }
+    }
+
+    /// The owner's `!cancel`: the task (and with `dependants` every task that waits
+    /// for it, directly or not) is cancelled unless done. A task claimed at the time
+    /// is cancelled too: its relay stops the turn, and its ending rows are refused.
+    fn cancelled(&mut self, i: &Interaction) {
+        let Some(b) = TaskCancelledBody::parse(&i.body) else {
+            return self.malformed();
+        };
+        if !matches!(i.role, Role::Owner | Role::System) || !self.tasks.contains_key(&b.task) {
+            return self.refuse();
+        }
+        let mut todo = vec![b.task.clone()];
+        let mut seen: BTreeSet<String> = BTreeSet::new();
+        let mut changed = false;
+        while let Some(id) = todo.pop() {
+            if !seen.insert(id.clone()) {
+                continue;
+            }
+            if b.dependants {
+                todo.extend(self.index.dependents_of(&id));
+            }
+            let Some(t) = self.tasks.get_mut(&id) else {
+                continue;
+            };
+            if matches!(t.status, TaskStatus::Done | TaskStatus::Cancelled) {
+                continue;
+            }
+            t.status = TaskStatus::Cancelled;
+            t.owner = None;
+            t.bids.clear();
+            t.last_reason = Some(if id == b.task {
+                format!("cancelled by {} (!cancel)", i.actor)
+            } else {
+                format!(
+                    "cancelled by {} with {} (!cancel ... with dependants)",
+                    i.actor, b.task
+                )
+            });
+            changed = true;
+            self.touch(&id);
+        }
+        if !changed {
+            self.refuse();
         }
     }
 
@@ -698,6 +807,25 @@ impl RoomTasks {
             }
         }
     }
+}
+
+/// A task's `uses` as resources in the global order; `None` when a name or mode is
+/// malformed, one is named twice, or there are too many.
+pub fn wanted_uses(uses: &[TaskUse]) -> Option<Vec<crate::resources::Wanted>> {
+    use crate::resources::{ordered, Mode, ResourceName, Wanted};
+    if uses.is_empty() {
+        return Some(Vec::new());
+    }
+    let wanted = uses
+        .iter()
+        .map(|u| {
+            Some(Wanted {
+                name: ResourceName::parse(&u.name).ok()?,
+                mode: Mode::parse(&u.mode).ok()?,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    ordered(wanted).ok()
 }
 
 impl Fold for TaskDag {
@@ -1102,6 +1230,7 @@ mod tests {
                 waiting: 0,
                 blocked: 2,
                 abandoned: 1,
+                cancelled: 0,
             }
         );
         assert_eq!(dag.ready_since("lobby", "b"), Some(Timestamp(50)));
@@ -1191,7 +1320,7 @@ mod tests {
             loop {
                 let before = ok.len();
                 for t in r.tasks.values() {
-                    if t.status != TaskStatus::Abandoned
+                    if !matches!(t.status, TaskStatus::Abandoned | TaskStatus::Cancelled)
                         && t.deps.iter().all(|d| ok.contains(d.as_str()))
                     {
                         ok.insert(t.id.as_str());
@@ -1210,6 +1339,7 @@ mod tests {
                     TaskStatus::Done => s.done += 1,
                     TaskStatus::Claimed => s.claimed += 1,
                     TaskStatus::Abandoned => s.abandoned += 1,
+                    TaskStatus::Cancelled => s.cancelled += 1,
                     TaskStatus::Open if is_ready(r, t) => s.ready += 1,
                     TaskStatus::Open if ok.contains(t.id.as_str()) => s.waiting += 1,
                     TaskStatus::Open => s.blocked += 1,
@@ -1299,6 +1429,24 @@ mod tests {
                 Role::Agent,
                 json!({"task": t, "epoch": e, "reason": "shutdown"}),
             )),
+            1 => (id(), 1u32..3).prop_map(|(t, n)| ix(
+                Verb::TaskRetried,
+                "ana",
+                Role::Owner,
+                json!({"task": t, "attempts": n}),
+            )),
+            1 => (id(), any::<bool>()).prop_map(|(t, d)| ix(
+                Verb::TaskCancelled,
+                "ana",
+                Role::Owner,
+                json!({"task": t, "dependants": d}),
+            )),
+            1 => (id(), agent(), 1i64..8, 1u32..3).prop_map(|(t, a, e, g)| ix(
+                Verb::TaskClaimed,
+                &a,
+                Role::Agent,
+                json!({"task": t, "epoch": e, "attempt": 1, "generation": g}),
+            )),
             1 => id().prop_map(|t| ix(
                 Verb::CoordNote,
                 "huddle",
@@ -1307,6 +1455,128 @@ mod tests {
             )),
         ];
         prop::collection::vec(row, 0..80)
+    }
+
+    fn retried(task: &str, attempts: u32) -> NewInteraction {
+        ix(
+            Verb::TaskRetried,
+            "ana",
+            Role::Owner,
+            json!({"task": task, "attempts": attempts}),
+        )
+    }
+
+    fn cancelled(task: &str, dependants: bool) -> NewInteraction {
+        ix(
+            Verb::TaskCancelled,
+            "ana",
+            Role::Owner,
+            json!({"task": task, "dependants": dependants}),
+        )
+    }
+
+    fn of_generation(mut n: NewInteraction, generation: u32) -> NewInteraction {
+        n.body["generation"] = generation.into();
+        n
+    }
+
+    #[test]
+    fn a_retried_task_runs_again_as_a_new_generation() {
+        let dag = fold(vec![
+            ix(
+                Verb::TaskCreated,
+                "ana",
+                Role::Owner,
+                json!({"task": "a", "label": "x", "max_attempts": 1}),
+            ),
+            created("b", &["a"]),
+            claimed("a", "bo", 4),
+            failed("a", "bo", 4),
+        ]);
+        assert_eq!(status(&dag, "a"), Some(TaskStatus::Abandoned));
+        let mut rows = vec![
+            ix(
+                Verb::TaskCreated,
+                "ana",
+                Role::Owner,
+                json!({"task": "a", "label": "x", "max_attempts": 1}),
+            ),
+            created("b", &["a"]),
+            claimed("a", "bo", 4),
+            failed("a", "bo", 4),
+            // An agent cannot retry; a retry of a task that is not abandoned does nothing.
+            ix(
+                Verb::TaskRetried,
+                "bo",
+                Role::Agent,
+                json!({"task": "a", "attempts": 2}),
+            ),
+            retried("b", 2),
+            retried("a", 2),
+        ];
+        let dag = fold(rows.clone());
+        let t = dag.task("lobby", "a").unwrap();
+        assert_eq!(
+            (t.status, t.generation, t.max_attempts, t.attempts, t.epoch),
+            (TaskStatus::Open, 1, 3, 1, None)
+        );
+        assert_eq!(frontier(&dag), vec!["a"]);
+        assert!(dag.blocked_by("lobby", "b").is_empty(), "b waits again");
+        assert_eq!(dag.room("lobby").unwrap().refusals.refused, 2);
+        // A row of the old generation is refused; the new generation's claims count,
+        // from epoch 1 again (its claim key is new).
+        rows.push(claimed("a", "cy", 1));
+        rows.push(of_generation(claimed("a", "cy", 1), 1));
+        rows.push(completed("a", "cy", 1));
+        rows.push(of_generation(completed("a", "cy", 1), 1));
+        let dag = fold(rows);
+        let t = dag.task("lobby", "a").unwrap();
+        assert_eq!((t.status, t.attempts), (TaskStatus::Done, 2));
+        assert_eq!(frontier(&dag), vec!["b"]);
+    }
+
+    #[test]
+    fn cancelling_stops_a_task_and_with_dependants_its_chain() {
+        let base = vec![
+            created("a", &[]),
+            created("b", &["a"]),
+            created("c", &["b"]),
+            created("d", &[]),
+            claimed("d", "bo", 1),
+            completed("d", "bo", 1),
+        ];
+        let mut rows = base.clone();
+        rows.push(cancelled("a", false));
+        let dag = fold(rows);
+        assert_eq!(status(&dag, "a"), Some(TaskStatus::Cancelled));
+        assert_eq!(
+            dag.blocked_by("lobby", "b"),
+            vec![BlockedBy {
+                task: "a".into(),
+                reason: BlockReason::Cancelled
+            }]
+        );
+        assert_eq!(dag.summary("lobby").cancelled, 1);
+        let mut rows = base.clone();
+        rows.push(claimed("a", "bo", 1));
+        rows.push(cancelled("a", true));
+        // A done task stays done; a second cancel changes nothing.
+        rows.push(cancelled("d", true));
+        rows.push(cancelled("a", true));
+        // The running attempt's ending is refused.
+        rows.push(completed("a", "bo", 1));
+        let dag = fold(rows.clone());
+        for id in ["a", "b", "c"] {
+            assert_eq!(status(&dag, id), Some(TaskStatus::Cancelled), "{id}");
+        }
+        assert_eq!(status(&dag, "d"), Some(TaskStatus::Done));
+        assert_eq!(dag.room("lobby").unwrap().refusals.refused, 3);
+        assert!(dag.is_settled("lobby"));
+        // Retrying the head opens it; its dependants stay cancelled until retried.
+        rows.push(retried("a", 1));
+        let dag = fold(rows);
+        assert_eq!(frontier(&dag), vec!["a"]);
+        assert_eq!(status(&dag, "b"), Some(TaskStatus::Cancelled));
     }
 
     #[test]

@@ -69,6 +69,10 @@ verbs! {
     TaskFailed => "task.failed",
     /// A task attempt was given back.
     TaskReleased => "task.released",
+    /// The owner's `!retry`: an abandoned or cancelled task gets a fresh attempt budget.
+    TaskRetried => "task.retried",
+    /// The owner's `!cancel`: a task (and, when asked, its dependants) will not run.
+    TaskCancelled => "task.cancelled",
     /// A room or thread config change from the owner.
     ConfigSet => "config.set",
     /// A quorum decision was proposed.

@@ -239,6 +239,10 @@ impl CommandHandler {
                     OwnerCommand::Approval(answer) => answer.reply_text(),
                     OwnerCommand::Stop(stop) => stop.reply_text(&row.room),
                     OwnerCommand::Watch(watch) => watch.reply_text(),
+                    OwnerCommand::Retry(retry) => {
+                        retry.reply_text(self.config().effective(&row.room, thread).max_attempts)
+                    }
+                    OwnerCommand::Cancel(cancel) => cancel.reply_text(),
                 };
                 (derived_rows(row, command, self.config()), reply)
             }

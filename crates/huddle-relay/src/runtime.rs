@@ -175,6 +175,12 @@ struct LiveTurn {
 #[derive(Debug)]
 enum Feedback {
     Claim(ClaimOutcome),
+    /// The answer to the resources of a task claim `(key, epoch)`.
+    Resources {
+        key: String,
+        epoch: ClaimEpoch,
+        answer: huddle_core::sync::ResourcesAnswer,
+    },
     /// The store confirmed `(key, epoch)` for a lease counted from `lease.from`.
     Confirmed {
         key: String,
@@ -390,6 +396,9 @@ impl Relay {
                 Some(fb) = rx.recv() => {
                     let event = match fb {
                         Feedback::Claim(c) => Event::ClaimResult(c),
+                        Feedback::Resources { key, epoch, answer } => {
+                            Event::ResourcesResult { key, epoch, answer }
+                        }
                         Feedback::Confirmed { key, epoch, lease } => {
                             lp.leases.insert((key, epoch), lease);
                             continue;
@@ -1159,6 +1168,19 @@ impl Executor {
                         warn!(key, error = %e, "release failed; the lease will lapse");
                     }
                 }
+                Intent::AcquireResources {
+                    room,
+                    holder,
+                    wanted,
+                    ttl,
+                    key,
+                    epoch,
+                } => {
+                    let answer = self.acquire_uses(&room, &holder, &wanted, ttl).await;
+                    let _ = self
+                        .feedback
+                        .send(Feedback::Resources { key, epoch, answer });
+                }
                 Intent::Cancel { .. } | Intent::Stopped => {}
             }
         }
@@ -1196,6 +1218,54 @@ impl Executor {
                 }
             }
         });
+    }
+
+    /// Takes a task's `[uses ...]` resources in one store call that does not wait;
+    /// the event loop learns each won holding's lease (counted from before the call).
+    async fn acquire_uses(
+        &self,
+        room: &str,
+        holder: &str,
+        wanted: &[huddle_core::resources::Wanted],
+        ttl: Duration,
+    ) -> huddle_core::sync::ResourcesAnswer {
+        use huddle_core::sync::ResourcesAnswer;
+        let from = Instant::now();
+        match self
+            .store
+            .acquire_resources(room, holder, wanted, ttl)
+            .await
+        {
+            Ok(huddle_store::ResourcesAcquired::Won(held)) => {
+                for h in &held {
+                    let _ = self.feedback.send(Feedback::Confirmed {
+                        key: h.key.clone(),
+                        epoch: h.epoch,
+                        lease: Lease { from, ttl },
+                    });
+                }
+                ResourcesAnswer::Won(held)
+            }
+            Ok(huddle_store::ResourcesAcquired::Blocked(blocked)) => {
+                let until = blocked
+                    .iter()
+                    .map(|b| b.by.expires_at)
+                    .min()
+                    .unwrap_or(huddle_core::Timestamp(0));
+                let by = blocked
+                    .iter()
+                    .map(|b| format!("{} held by {} ({})", b.by.name, b.by.holder, b.by.mode))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                debug!(room, holder, by, "a task's resources are taken; it waits");
+                ResourcesAnswer::Blocked { until, by }
+            }
+            Err(e) => {
+                warn!(room, holder, error = %e, "taking a task's resources failed");
+                let _ = self.feedback.send(Feedback::Failed(e));
+                ResourcesAnswer::Failed
+            }
+        }
     }
 
     /// Renews `(key, holder, epoch)` for `ttl`; when it is renewed, the event loop
@@ -1684,17 +1754,28 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
         }
         TurnWork::Task(t) => huddle_core::protocol::task_effect_key(&start.room, &t.id),
     };
+    let trace = match &start.work {
+        TurnWork::Reply(m) => m.trace,
+        TurnWork::Task(t) => t.trace,
+    }
+    .map(|t| t.to_string())
+    .unwrap_or_default();
+    let trace_attr = if trace.is_empty() {
+        String::new()
+    } else {
+        format!(" trace=\"{trace}\"")
+    };
     let (task, attempt) = match &start.work {
         TurnWork::Reply(m) => {
             prompt.push_str(&format!(
-                "<message from=\"{}\" role=\"{}\" effect-key=\"{effect_key}\">\n{}\n</message>\n",
+                "<message from=\"{}\" role=\"{}\" effect-key=\"{effect_key}\"{trace_attr}>\n{}\n</message>\n",
                 m.author, m.role, m.text
             ));
             (None, 1)
         }
         TurnWork::Task(t) => {
             prompt.push_str(&format!(
-                "<task id=\"{}\" attempt=\"{}\" of=\"{}\" effect-key=\"{effect_key}\">\n{}\n",
+                "<task id=\"{}\" attempt=\"{}\" of=\"{}\" effect-key=\"{effect_key}\"{trace_attr}>\n{}\n",
                 t.id, t.attempt, t.max_attempts, t.label
             ));
             for d in &t.deps {
@@ -1718,6 +1799,7 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
         attempt,
         prompt,
         effect_key,
+        trace,
         progress: Default::default(),
         start_by: None,
     }

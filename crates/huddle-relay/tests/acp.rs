@@ -85,6 +85,7 @@ fn turn(thread: &str, text: &str) -> TurnRequest {
         attempt: 1,
         prompt: format!("<coordination>\n</coordination>\n<message from=\"owner\" role=\"owner\">\n{text}\n</message>\n"),
         effect_key: String::new(),
+        trace: String::new(),
         progress: Default::default(),
         start_by: None,
     }

@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use huddle_core::config::{Allocation, Responder, RoomConfig};
-use huddle_core::sync::{ClaimAnswer, ClaimOutcome, TurnId, TurnOutcome, TurnStart, TurnWork};
+use huddle_core::sync::{
+    ClaimAnswer, ClaimOutcome, ResourcesAnswer, TurnId, TurnOutcome, TurnStart, TurnWork,
+};
 use huddle_core::{
     ClaimEpoch, Event, Fold, Intent, Interaction, LocalAgent, NewInteraction, Position, Role,
     Synchronizer, TaskDag, TaskStatus, Timestamp, Verb,
@@ -302,6 +304,27 @@ impl Sim {
                             activity: Default::default(),
                         });
                     }
+                }
+                Intent::AcquireResources {
+                    room,
+                    holder,
+                    wanted,
+                    ttl,
+                    key,
+                    epoch,
+                } => {
+                    let answer = match store
+                        .acquire_resources(&room, &holder, &wanted, ttl)
+                        .await
+                        .expect("acquire resources")
+                    {
+                        huddle_store::ResourcesAcquired::Won(held) => ResourcesAnswer::Won(held),
+                        huddle_store::ResourcesAcquired::Blocked(b) => ResourcesAnswer::Blocked {
+                            until: b.iter().map(|b| b.by.expires_at).min().expect("a blocker"),
+                            by: String::new(),
+                        },
+                    };
+                    queue.push_back(Event::ResourcesResult { key, epoch, answer });
                 }
                 Intent::Stopped => self.relays[r].stopped = true,
             }

@@ -53,6 +53,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     6 "signed_rows" "0006_signed_rows.sql",
     7 "resources" "0007_resources.sql",
     8 "handoff" "0008_handoff.sql",
+    9 "task_generations" "0009_task_generations.sql",
 );
 
 /// SQLite migrations, in order.
@@ -64,6 +65,7 @@ pub const SQLITE: &[Migration] = migrations!("sqlite":
     5 "agent_token" "0005_agent_token.sql",
     6 "signed_rows" "0006_signed_rows.sql",
     7 "resources" "0007_resources.sql",
+    8 "task_generations" "0008_task_generations.sql",
 );
 
 /// Checks that the applied migrations are a prefix of `known` with equal checksums,

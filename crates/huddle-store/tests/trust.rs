@@ -34,6 +34,7 @@ fn claimed(task: &str, agent: &str, epoch: i64) -> NewInteraction {
         task: task.into(),
         epoch: ClaimEpoch(epoch),
         attempt: 1,
+        generation: 0,
     };
     NewInteraction::new(ROOM, Verb::TaskClaimed, agent, Role::Agent, body.to_body())
 }
@@ -44,6 +45,7 @@ fn completed(task: &str, agent: &str, epoch: i64, note: &str) -> NewInteraction 
         epoch: ClaimEpoch(epoch),
         result: Some(format!("forged: {note}")),
         tokens: None,
+        generation: 0,
     };
     NewInteraction::new(
         ROOM,
@@ -59,6 +61,7 @@ fn ended(verb: Verb, task: &str, agent: &str, epoch: i64) -> NewInteraction {
         task: task.into(),
         epoch: ClaimEpoch(epoch),
         reason: "forged".into(),
+        generation: 0,
     };
     NewInteraction::new(ROOM, verb, agent, Role::Agent, body.to_body())
 }
@@ -559,8 +562,34 @@ async fn claim_battery(honest: &dyn Store, attacker: &dyn Store, t: &mut Tally) 
         .append_fenced(&fence, vec![claimed("t1", "ada", epoch)])
         .await
         .expect("the honest task.claimed is accepted");
+    // A retried task's generation is fenced by its own claim (plan 0052).
+    let gen_key = format!("task/{ROOM}/t1/1");
+    let gen_epoch = won(honest.acquire(&gen_key, "ada", TTL).await.expect("acquire"));
+    let of_generation = |mut row: NewInteraction, g: u32| {
+        row.body["generation"] = g.into();
+        row
+    };
+    honest
+        .append_fenced(
+            &Fence {
+                key: gen_key,
+                holder: "ada".into(),
+                epoch: ClaimEpoch(gen_epoch),
+            },
+            vec![of_generation(claimed("t1", "ada", gen_epoch), 1)],
+        )
+        .await
+        .expect("generation 1's task.claimed is accepted under its own claim");
 
     for (what, row) in [
+        (
+            "task.claimed of a generation nobody holds",
+            of_generation(claimed("t1", "ada", epoch), 2),
+        ),
+        (
+            "task.completed of generation 1 at generation 0's epoch + 7",
+            of_generation(completed("t1", "ada", gen_epoch + 7, "wrong epoch"), 1),
+        ),
         (
             "task.claimed at epoch i64::MAX",
             claimed("t1", "ada", i64::MAX),
@@ -598,6 +627,7 @@ async fn claim_battery(honest: &dyn Store, attacker: &dyn Store, t: &mut Tally) 
                     epoch: ClaimEpoch(epoch),
                     result: Some("forged".into()),
                     tokens: None,
+                    generation: 0,
                 }
                 .to_body(),
             ),

@@ -98,7 +98,9 @@ impl OwnerAuthority {
             return false;
         }
         match row.verb {
-            Verb::TaskCreated | Verb::ConfigSet => self.authorized.contains(&row.id),
+            Verb::TaskCreated | Verb::ConfigSet | Verb::TaskRetried | Verb::TaskCancelled => {
+                self.authorized.contains(&row.id)
+            }
             _ => true,
         }
     }
@@ -180,8 +182,10 @@ impl OwnerAuthority {
     /// Rows that count whoever stored them: those a valid owner signature covers, and
     /// the `task.created` / `config.set` rows an admitted command derived.
     fn exempt(&self, row: &Interaction) -> bool {
-        let derived = matches!(row.verb, Verb::TaskCreated | Verb::ConfigSet)
-            && self.authorized.contains(&row.id);
+        let derived = matches!(
+            row.verb,
+            Verb::TaskCreated | Verb::ConfigSet | Verb::TaskRetried | Verb::TaskCancelled
+        ) && self.authorized.contains(&row.id);
         derived || (row.role == Role::Owner && self.config.signed_by_owner(row))
     }
 

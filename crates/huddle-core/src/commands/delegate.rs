@@ -11,7 +11,8 @@
 //! The exact grammar is in `docs/protocol/commands.md`. In short: `id: label`, then
 //! at the very end of the line, in any order and each at most once, the bracketed
 //! clauses `[after dep1, dep2]`, `[needs cap1, cap2]`, `[priority N]`, `[size N]`,
-//! `[attempts N]`, `[due 30m]` (a `:` may follow the keyword) and an `@assignee`. Only the
+//! `[attempts N]`, `[due 30m]`, `[uses RESOURCE [MODE], ...]` (a `:` may follow the
+//! keyword) and an `@assignee`. Only the
 //! bracketed forms are clauses, so a label that merely ends in the word "after"
 //! ("clean up after") is just a label; a bracket whose first word is no keyword
 //! (`[WIP]`) stays in the label, and a clause anywhere else is an error, so a label is
@@ -31,6 +32,7 @@ use crate::protocol::task::{
     valid_capability, MAX_ATTEMPTS_CAP, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_TASK_DUE_MS,
     MAX_TASK_PRIORITY, MAX_TASK_SIZE, MIN_TASK_DUE_MS,
 };
+use crate::resources::{ordered, Mode, ResourceName, Wanted};
 
 /// Most tasks one `!delegate` may create.
 pub const MAX_TASKS: usize = 1_000;
@@ -67,6 +69,9 @@ pub struct TaskSpec {
     /// `[due 30m]`: how long each attempt may run, ms, from its claim (absent: no
     /// deadline).
     pub due_ms: Option<u64>,
+    /// `[uses file:docs/**, slot:build permits-2]`: resources its turn holds while it
+    /// runs, in the global order (the mode defaults to exclusive).
+    pub uses: Vec<Wanted>,
     /// Its critical path in the plan: its size plus the longest path among the plan's
     /// tasks that wait for it.
     pub path: u64,
@@ -544,6 +549,7 @@ fn parse_task_rest(id: &str, rest: &str) -> Result<TaskSpec, DelegateErrorKind> 
         size: clauses.size,
         attempts: clauses.attempts,
         due_ms: clauses.due_ms,
+        uses: clauses.uses,
         path: u64::from(size),
         line: 0,
     })
@@ -558,16 +564,18 @@ enum Keyword {
     Size,
     Attempts,
     Due,
+    Uses,
 }
 
 impl Keyword {
-    const ALL: [Keyword; 6] = [
+    const ALL: [Keyword; 7] = [
         Keyword::After,
         Keyword::Needs,
         Keyword::Priority,
         Keyword::Size,
         Keyword::Attempts,
         Keyword::Due,
+        Keyword::Uses,
     ];
 
     fn word(self) -> &'static str {
@@ -578,6 +586,7 @@ impl Keyword {
             Keyword::Size => "size",
             Keyword::Attempts => "attempts",
             Keyword::Due => "due",
+            Keyword::Uses => "uses",
         }
     }
 }
@@ -591,6 +600,7 @@ struct Clauses {
     size: Option<u32>,
     attempts: Option<u32>,
     due_ms: Option<u64>,
+    uses: Vec<Wanted>,
 }
 
 impl Clauses {
@@ -607,6 +617,7 @@ impl Clauses {
                 self.attempts = Some(parse_number(id, keyword, inner, 1, MAX_ATTEMPTS_CAP)?)
             }
             Keyword::Due => self.due_ms = Some(parse_due(id, inner)?),
+            Keyword::Uses => self.uses = parse_uses(id, inner)?,
         }
         Ok(())
     }
@@ -679,6 +690,56 @@ fn parse_needs(id: &str, inner: &str) -> Result<Vec<String>, DelegateErrorKind> 
         });
     }
     Ok(needs.into_iter().collect())
+}
+
+/// `file:docs/**, api:github shared, slot:build permits 2`: comma-separated resources,
+/// each a name and an optional mode (`exclusive`, the default; `shared`; `permits N`
+/// or `permits-N`), checked and put in the global order.
+fn parse_uses(id: &str, inner: &str) -> Result<Vec<Wanted>, DelegateErrorKind> {
+    let bad = |reason: String| DelegateErrorKind::BadClause {
+        id: id.to_string(),
+        reason,
+    };
+    let mut wanted = Vec::new();
+    for item in inner.split(',') {
+        let words: Vec<&str> = item.split_whitespace().collect();
+        let Some((name, mode_words)) = words.split_first() else {
+            continue;
+        };
+        if name.contains(['[', ']']) {
+            return Err(bad(format!(
+                "bad resource `{}` in `[uses ...]`: no brackets in a resource name",
+                shorten(name)
+            )));
+        }
+        let name = ResourceName::parse(name).map_err(|e| bad(format!("`[uses ...]`: {e}")))?;
+        let mode = match mode_words {
+            [] => Mode::Exclusive,
+            [m] if m.eq_ignore_ascii_case("permits") => {
+                return Err(bad(format!(
+                    "`[uses ...]`: resource {name}: `permits` needs a number, e.g. `{name} \
+                     permits 2`"
+                )))
+            }
+            [m, n] if m.eq_ignore_ascii_case("permits") => Mode::parse(&format!("permits-{n}"))
+                .map_err(|e| bad(format!("`[uses ...]`: resource {name}: {e}")))?,
+            [m] => Mode::parse(&m.to_ascii_lowercase())
+                .map_err(|e| bad(format!("`[uses ...]`: resource {name}: {e}")))?,
+            _ => {
+                return Err(bad(format!(
+                    "`[uses ...]`: resource {name}: write at most a mode after the name \
+                     (exclusive, shared or permits N), and separate resources with commas"
+                )))
+            }
+        };
+        wanted.push(Wanted { name, mode });
+    }
+    if wanted.is_empty() {
+        return Err(bad(
+            "`[uses]` names no resource; write `[uses file:docs/**]` or drop the clause".into(),
+        ));
+    }
+    ordered(wanted).map_err(|e| bad(format!("`[uses ...]`: {e}")))
 }
 
 /// A whole number in `lo..=hi` (the only word of a `[priority N]`, `[size N]` or

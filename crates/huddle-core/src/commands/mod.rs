@@ -27,6 +27,7 @@ mod approve;
 mod authority;
 mod config_cmd;
 mod delegate;
+mod lifecycle;
 mod stop;
 mod target;
 #[cfg(test)]
@@ -44,13 +45,16 @@ pub use delegate::{
     DelegateErrors, DelegatePlan, TaskSpec, MAX_COMMAND_BYTES, MAX_ID_BYTES, MAX_REPORTED_ERRORS,
     MAX_TASKS,
 };
+pub use lifecycle::{
+    parse_cancel, parse_retry, CancelCommand, LifecycleError, RetryCommand, MAX_LIFECYCLE_TASKS,
+};
 pub use stop::{parse_stop, StopCommand, StopError};
 pub use target::TargetError;
 pub use watch::{parse_watch, WatchCommand, WatchError};
 
 use crate::config::ConfigFold;
 use crate::model::{Interaction, NewInteraction, Role};
-use crate::protocol::task::TaskCreatedBody;
+use crate::protocol::task::{TaskCancelledBody, TaskCreatedBody, TaskRetriedBody, TaskUse};
 use crate::verbs::Verb;
 
 /// A parsed owner command.
@@ -66,6 +70,10 @@ pub enum OwnerCommand {
     Stop(StopCommand),
     /// `!watch` / `!unwatch`: an agent follows a thread, or stops.
     Watch(WatchCommand),
+    /// `!retry`: abandoned or cancelled tasks run again.
+    Retry(RetryCommand),
+    /// `!cancel`: tasks (and their dependants) will not run.
+    Cancel(CancelCommand),
 }
 
 /// Why an owner command was rejected. Its `Display` is the reply to post; nothing
@@ -87,6 +95,9 @@ pub enum CommandError {
     /// A rejected `!watch` / `!unwatch`.
     #[error("nothing changed: {0}")]
     Watch(#[from] WatchError),
+    /// A rejected `!retry` / `!cancel`.
+    #[error("nothing changed: {0}")]
+    Lifecycle(#[from] LifecycleError),
 }
 
 /// Which command a message starts with.
@@ -106,10 +117,15 @@ pub enum CommandWord {
     Watch,
     /// `!unwatch`.
     Unwatch,
+    /// `!retry`.
+    Retry,
+    /// `!cancel`.
+    Cancel,
 }
 
 /// The command word a message starts with (after leading white space), if any:
-/// exactly `!delegate`, `!config`, `!approve`, `!deny`, `!stop`, `!watch` or `!unwatch`,
+/// exactly `!delegate`, `!config`, `!approve`, `!deny`, `!stop`, `!watch`, `!unwatch`,
+/// `!retry` or `!cancel`,
 /// followed by white space or the end. Anything
 /// else (`!configure`, `!Config`, `hello !config`) is not a command.
 pub fn command_word(text: &str) -> Option<CommandWord> {
@@ -123,6 +139,8 @@ pub fn command_word(text: &str) -> Option<CommandWord> {
         "!stop" => Some(CommandWord::Stop),
         "!watch" => Some(CommandWord::Watch),
         "!unwatch" => Some(CommandWord::Unwatch),
+        "!retry" => Some(CommandWord::Retry),
+        "!cancel" => Some(CommandWord::Cancel),
         _ => None,
     }
 }
@@ -188,6 +206,12 @@ pub fn owner_command_with(
             .map_err(CommandError::from),
         word @ (CommandWord::Watch | CommandWord::Unwatch) => parse_watch(text, word, ctx.thread)
             .map(OwnerCommand::Watch)
+            .map_err(CommandError::from),
+        CommandWord::Retry => parse_retry(text, ctx.task_exists)
+            .map(OwnerCommand::Retry)
+            .map_err(CommandError::from),
+        CommandWord::Cancel => parse_cancel(text, ctx.task_exists)
+            .map(OwnerCommand::Cancel)
             .map_err(CommandError::from),
     })
 }
@@ -307,6 +331,21 @@ pub fn seed_room(
     Ok(rows)
 }
 
+/// A row derived from the owner command `message`: its actor and role, the command
+/// as parent, in its thread.
+fn lifecycle_row(message: &Interaction, verb: Verb, body: serde_json::Value) -> NewInteraction {
+    let mut row = NewInteraction::new(
+        message.room.clone(),
+        verb,
+        message.actor.clone(),
+        message.role,
+        body,
+    )
+    .with_parent(message.id);
+    row.thread = message.thread.clone();
+    row
+}
+
 /// `n` as a reader sees it at `position`, for folding rows before they are in a
 /// ledger (time unknown: zero).
 fn read_back(n: &NewInteraction, position: crate::model::Position) -> Interaction {
@@ -358,6 +397,14 @@ pub fn derived_rows(
                         // size, and its row stays what it was before paths existed.
                         path: (t.path > u64::from(t.size.unwrap_or(1))).then_some(t.path),
                         due_ms: t.due_ms,
+                        uses: t
+                            .uses
+                            .iter()
+                            .map(|w| TaskUse {
+                                name: w.name.to_string(),
+                                mode: w.mode.as_text(),
+                            })
+                            .collect(),
                     };
                     // The command's role: owner, or agent for a delegator's
                     // `!delegate` ([`delegate_rows`]).
@@ -382,5 +429,29 @@ pub fn derived_rows(
         | OwnerCommand::Approval(_)
         | OwnerCommand::Stop(_)
         | OwnerCommand::Watch(_) => Vec::new(),
+        OwnerCommand::Retry(r) => {
+            let attempts = config.effective(&message.room, thread).max_attempts;
+            r.tasks
+                .iter()
+                .map(|t| {
+                    let body = TaskRetriedBody {
+                        task: t.clone(),
+                        attempts,
+                    };
+                    lifecycle_row(message, Verb::TaskRetried, body.to_body())
+                })
+                .collect()
+        }
+        OwnerCommand::Cancel(c) => c
+            .tasks
+            .iter()
+            .map(|t| {
+                let body = TaskCancelledBody {
+                    task: t.clone(),
+                    dependants: c.dependants,
+                };
+                lifecycle_row(message, Verb::TaskCancelled, body.to_body())
+            })
+            .collect(),
     }
 }

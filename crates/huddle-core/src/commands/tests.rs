@@ -1890,3 +1890,190 @@ proptest! {
         prop_assert!(parse_approval("!x", word, &ctx).is_err());
     }
 }
+
+#[test]
+fn uses_clauses_name_resources_and_modes_in_the_global_order() {
+    let text = "!delegate\n\
+                a: edit docs [uses file:docs/**]\n\
+                b: build [USES: slot:build permits 2, file:src/** shared] [after a]\n\
+                c: call [uses api:github Exclusive, slot:ci permits-3]";
+    let plan = parse_delegate(text).expect("accepted");
+    let uses: Vec<(String, Vec<String>)> = plan
+        .tasks
+        .iter()
+        .map(|t| {
+            (
+                t.id.clone(),
+                t.uses
+                    .iter()
+                    .map(|w| format!("{} {}", w.name, w.mode))
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        uses,
+        vec![
+            ("a".into(), vec!["file:docs/** exclusive".into()]),
+            (
+                "b".into(),
+                vec!["file:src/** shared".into(), "slot:build permits-2".into()]
+            ),
+            (
+                "c".into(),
+                vec!["api:github exclusive".into(), "slot:ci permits-3".into()]
+            ),
+        ]
+    );
+    assert_eq!(plan.tasks[1].label, "build");
+    assert_eq!(plan.tasks[1].deps, ["a"]);
+}
+
+#[test]
+fn bad_uses_clauses_are_refused_with_what_to_write() {
+    for (text, want) in [
+        ("!delegate\na: x [uses]", "`[uses]` names no resource"),
+        (
+            "!delegate\na: x [uses docs]",
+            "needs a kind: write kind:name",
+        ),
+        ("!delegate\na: x [uses file:a//b]", "has an empty segment"),
+        (
+            "!delegate\na: x [uses slot:b permits]",
+            "`permits` needs a number",
+        ),
+        (
+            "!delegate\na: x [uses slot:b permits 0]",
+            "use exclusive, shared or permits-N",
+        ),
+        (
+            "!delegate\na: x [uses slot:b sometimes]",
+            "use exclusive, shared or permits-N",
+        ),
+        (
+            "!delegate\na: x [uses slot:b shared now]",
+            "separate resources with commas",
+        ),
+        ("!delegate\na: x [uses api:x, api:x shared]", "named twice"),
+        (
+            "!delegate\na: x [uses api:x] [uses api:y]",
+            "`[uses ...]` must come at the end",
+        ),
+    ] {
+        let e = parse_delegate(text).expect_err(text).to_string();
+        assert!(e.contains(want), "{text}: {e}");
+    }
+}
+
+#[test]
+fn uses_become_the_task_created_body_and_the_folded_task() {
+    let key = owner_secret();
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &key));
+    let text = "!delegate\na: one [uses slot:build permits 2, file:src/**]";
+    let command = signed_post(2, "lobby", None, "olga", text, &key);
+    auth.apply(&command);
+    let Some(Ok(parsed)) = owner_command_in(&command, auth.config(), &ParseContext::default())
+    else {
+        panic!("the signed command parses");
+    };
+    let rows = derived_rows(&command, &parsed, auth.config());
+    assert_eq!(
+        rows[0].body["uses"],
+        serde_json::json!([
+            {"name": "file:src/**", "mode": "exclusive"},
+            {"name": "slot:build", "mode": "permits-2"}
+        ])
+    );
+    let mut dag = crate::tasks::TaskDag::new();
+    let mut ledger = crate::testing::Ledger::default();
+    let row = ledger.push(rows[0].clone(), crate::model::Timestamp(3));
+    crate::fold::Fold::apply(&mut dag, &row);
+    let task = dag.task("lobby", "a").expect("folded");
+    assert_eq!(task.uses.len(), 2);
+    // A body naming a malformed resource is no task.
+    let mut bad = rows[0].clone();
+    bad.body["task"] = "b".into();
+    bad.body["uses"] = serde_json::json!([{"name": "nokind", "mode": "exclusive"}]);
+    let bad = ledger.push(bad, crate::model::Timestamp(4));
+    crate::fold::Fold::apply(&mut dag, &bad);
+    assert!(dag.task("lobby", "b").is_none());
+}
+
+/// A signed `!retry` / `!cancel` derives one admitted row per task; the same rows
+/// hand-written are not admitted.
+#[test]
+fn retry_and_cancel_derive_admitted_rows_for_existing_tasks() {
+    let key = owner_secret();
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &key));
+    let delegate = signed_post(
+        2,
+        "lobby",
+        None,
+        "olga",
+        "!delegate\na: x\nb: y [after a]",
+        &key,
+    );
+    auth.apply(&delegate);
+    let Some(Ok(parsed)) = owner_command_in(&delegate, auth.config(), &ParseContext::default())
+    else {
+        panic!("the !delegate parses");
+    };
+    for (n, d) in derived_rows(&delegate, &parsed, auth.config())
+        .into_iter()
+        .enumerate()
+    {
+        auth.apply(&materialize(
+            d,
+            Position::new(0, 3 + n as u64),
+            Timestamp(0),
+        ));
+    }
+    let task_exists = |id: &str| auth.task_exists("lobby", id);
+    let ctx = ParseContext {
+        task_exists: &task_exists,
+        ..ParseContext::default()
+    };
+    let retry = signed_post(10, "lobby", None, "olga", "!retry a, b", &key);
+    let cancel = signed_post(11, "lobby", None, "olga", "!cancel a with dependants", &key);
+    let unknown = signed_post(12, "lobby", None, "olga", "!cancel nope", &key);
+    let Some(Err(e)) = owner_command_in(&unknown, auth.config(), &ctx) else {
+        panic!("an unknown task is refused");
+    };
+    assert_eq!(
+        e.to_string(),
+        "nothing changed: room has no task `nope` (`huddle tasks` lists them)"
+    );
+    let mut derived = Vec::new();
+    for c in [&retry, &cancel] {
+        let Some(Ok(parsed)) = owner_command_in(c, auth.config(), &ctx) else {
+            panic!("parses");
+        };
+        derived.extend(derived_rows(c, &parsed, auth.config()));
+    }
+    let verbs: Vec<(Verb, serde_json::Value)> =
+        derived.iter().map(|d| (d.verb, d.body.clone())).collect();
+    assert_eq!(
+        verbs,
+        vec![
+            (Verb::TaskRetried, json!({"task": "a", "attempts": 3})),
+            (Verb::TaskRetried, json!({"task": "b", "attempts": 3})),
+            (
+                Verb::TaskCancelled,
+                json!({"task": "a", "dependants": true})
+            ),
+        ]
+    );
+    for c in [&retry, &cancel] {
+        auth.apply(c);
+    }
+    for (n, d) in derived.iter().enumerate() {
+        let r = materialize(d.clone(), Position::new(0, 20 + n as u64), Timestamp(0));
+        assert!(auth.admits(&r), "{r:?}");
+    }
+    let mut forged = derived[2].clone();
+    forged.parent = None;
+    let r = materialize(forged, Position::new(0, 30), Timestamp(0));
+    assert!(!auth.admits(&r), "a hand-written cancel is not admitted");
+}

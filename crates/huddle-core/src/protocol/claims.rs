@@ -97,14 +97,25 @@ pub enum ClaimKey {
         room: String,
         /// Task id.
         task: String,
+        /// The task's generation (0 until the owner retries it).
+        generation: u32,
     },
-    /// `taskdrive/<room>/<task>`.
+    /// `taskdrive/<room>/<task>` (`/<generation>` after an owner's `!retry`).
     TaskDrive {
         /// Room.
         room: String,
         /// Task id.
         task: String,
+        /// The task's generation (0 until the owner retries it).
+        generation: u32,
     },
+}
+
+/// A generation in a task claim key: a whole number from 1, without leading zeros.
+fn parse_generation(text: &str) -> Option<u32> {
+    (!text.starts_with('0') && text.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| text.parse().ok())
+        .flatten()
 }
 
 impl ClaimKey {
@@ -133,10 +144,22 @@ impl ClaimKey {
             ["task", room, task] => Some(ClaimKey::Task {
                 room: room.to_string(),
                 task: task.to_string(),
+                generation: 0,
+            }),
+            ["task", room, task, g] => Some(ClaimKey::Task {
+                room: room.to_string(),
+                task: task.to_string(),
+                generation: parse_generation(g)?,
             }),
             ["taskdrive", room, task] => Some(ClaimKey::TaskDrive {
                 room: room.to_string(),
                 task: task.to_string(),
+                generation: 0,
+            }),
+            ["taskdrive", room, task, g] => Some(ClaimKey::TaskDrive {
+                room: room.to_string(),
+                task: task.to_string(),
+                generation: parse_generation(g)?,
             }),
             _ => None,
         }
@@ -157,8 +180,16 @@ impl fmt::Display for ClaimKey {
                 agent,
                 message,
             } => write!(f, "drive/{room}/{agent}/{message}"),
-            ClaimKey::Task { room, task } => write!(f, "task/{room}/{task}"),
-            ClaimKey::TaskDrive { room, task } => write!(f, "taskdrive/{room}/{task}"),
+            ClaimKey::Task {
+                room,
+                task,
+                generation,
+            } => f.write_str(&task_key_at(room, task, *generation)),
+            ClaimKey::TaskDrive {
+                room,
+                task,
+                generation,
+            } => f.write_str(&taskdrive_key_at(room, task, *generation)),
         }
     }
 }
@@ -199,6 +230,26 @@ pub fn taskdrive_key(room: &str, task: &str) -> String {
     format!("taskdrive/{room}/{task}")
 }
 
+/// The task claim of a task's `generation`: `task/<room>/<task>` for generation 0,
+/// `task/<room>/<task>/<generation>` after the owner's `!retry` (a retried task is
+/// claimed under a fresh key: the old one is closed).
+pub fn task_key_at(room: &str, task: &str, generation: u32) -> String {
+    if generation == 0 {
+        task_key(room, task)
+    } else {
+        format!("task/{room}/{task}/{generation}")
+    }
+}
+
+/// The drive claim of a task's `generation` (see [`task_key_at`]).
+pub fn taskdrive_key_at(room: &str, task: &str, generation: u32) -> String {
+    if generation == 0 {
+        taskdrive_key(room, task)
+    } else {
+        format!("taskdrive/{room}/{task}/{generation}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,6 +264,8 @@ mod tests {
             drive_key("lobby", "bo", &m),
             task_key("lobby", "api-1"),
             taskdrive_key("lobby", "api-1"),
+            task_key_at("lobby", "api-1", 2),
+            taskdrive_key_at("lobby", "api-1", 12),
         ] {
             let parsed = ClaimKey::parse(&key).expect(&key);
             assert_eq!(parsed.to_string(), key);

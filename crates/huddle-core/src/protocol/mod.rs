@@ -23,7 +23,7 @@ pub mod turn;
 
 pub use claims::{
     directed_reply_key, drive_key, message_effect_key, reply_key, reply_key_for, task_effect_key,
-    task_key, taskdrive_key, ClaimEpoch, ClaimKey, ClaimRef,
+    task_key, task_key_at, taskdrive_key, taskdrive_key_at, ClaimEpoch, ClaimKey, ClaimRef,
 };
 pub use coord::{
     CoordNoteBody, DesignationBody, NoticeBody, PresenceBody, PresenceState, Subject, SubjectKind,

@@ -91,6 +91,22 @@ pub struct TaskCreatedBody {
     /// failed. Absent: no deadline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub due_ms: Option<u64>,
+    /// Shared resources the task's turn holds while it runs (`[uses ...]`): taken all
+    /// together, as the agent, before the task is claimed; renewed with the turn and
+    /// released when it ends. Checked by the task fold (a bad name or mode makes the
+    /// whole row malformed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uses: Vec<TaskUse>,
+}
+
+/// One resource of a task's `uses`: `{"name":"file:docs/**","mode":"exclusive"}`
+/// (`mode`: `exclusive`, `shared` or `permits-N`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskUse {
+    /// The resource name, `kind:rest`.
+    pub name: String,
+    /// How it is taken.
+    pub mode: String,
 }
 
 impl TaskCreatedBody {
@@ -194,6 +210,10 @@ pub struct TaskClaimedBody {
     /// The attempt this claim starts, as the claimant computed it (informational: the
     /// fold counts attempts itself).
     pub attempt: u32,
+    /// The task's generation the claim was for (0, absent, until the owner's `!retry`;
+    /// the fold refuses a row of another generation).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u32,
 }
 
 impl TaskClaimedBody {
@@ -224,6 +244,10 @@ pub struct TaskCompletedBody {
     /// Tokens the turn used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<u64>,
+    /// The task's generation the claim was for (0, absent, until the owner's `!retry`;
+    /// the fold refuses a row of another generation).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u32,
 }
 
 impl TaskCompletedBody {
@@ -253,9 +277,70 @@ pub struct TaskEndedBody {
     /// Why (kept up to 16 KiB).
     #[serde(default)]
     pub reason: String,
+    /// The task's generation the claim was for (0, absent, until the owner's `!retry`;
+    /// the fold refuses a row of another generation).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u32,
 }
 
 impl TaskEndedBody {
+    /// Decodes and checks a body.
+    pub fn parse(body: &Value) -> Option<Self> {
+        let b: Self = parse_body(body)?;
+        valid_task_id(&b.task).then_some(b)
+    }
+
+    /// The JSON body.
+    pub fn to_body(&self) -> Value {
+        to_value(self)
+    }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Body of `task.retried` (the owner's `!retry`; role owner, derived from the signed
+/// command, parent = the command): an abandoned or cancelled task gets `attempts` more
+/// attempts and a new generation (claimed under fresh keys).
+///
+/// `{"task":"api","attempts":3}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRetriedBody {
+    /// Task id.
+    pub task: String,
+    /// The fresh budget: attempts it may use from now (1..=100).
+    pub attempts: u32,
+}
+
+impl TaskRetriedBody {
+    /// Decodes and checks a body.
+    pub fn parse(body: &Value) -> Option<Self> {
+        let b: Self = parse_body(body)?;
+        (valid_task_id(&b.task) && (1..=MAX_ATTEMPTS_CAP).contains(&b.attempts)).then_some(b)
+    }
+
+    /// The JSON body.
+    pub fn to_body(&self) -> Value {
+        to_value(self)
+    }
+}
+
+/// Body of `task.cancelled` (the owner's `!cancel`; role owner, derived from the
+/// signed command, parent = the command): the task will not run; with `dependants`,
+/// neither will any task that waits for it, directly or not.
+///
+/// `{"task":"api","dependants":true}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskCancelledBody {
+    /// Task id.
+    pub task: String,
+    /// Whether every task that waits for it is cancelled too.
+    #[serde(default)]
+    pub dependants: bool,
+}
+
+impl TaskCancelledBody {
     /// Decodes and checks a body.
     pub fn parse(body: &Value) -> Option<Self> {
         let b: Self = parse_body(body)?;

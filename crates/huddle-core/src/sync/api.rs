@@ -213,6 +213,23 @@ impl ClaimAnswer {
     }
 }
 
+/// What the store answered an [`Intent::AcquireResources`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResourcesAnswer {
+    /// Every resource is held now: one holding per wanted resource, in order.
+    Won(Vec<crate::resources::Holding>),
+    /// Nothing was taken: another holder's holdings are in the way; the first of them
+    /// lapses at `until` (database time) unless renewed.
+    Blocked {
+        /// The earliest expiry among the blocking holdings.
+        until: Timestamp,
+        /// Who and what is in the way, for people.
+        by: String,
+    },
+    /// The call failed without an answer (the store was away).
+    Failed,
+}
+
 /// What the relay tells the synchronizer.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
@@ -284,6 +301,15 @@ pub enum Event {
         /// The epoch that was lost.
         epoch: ClaimEpoch,
     },
+    /// The answer to an [`Intent::AcquireResources`] for the task claim `(key, epoch)`.
+    ResourcesResult {
+        /// The task claim key the resources were for.
+        key: String,
+        /// Its epoch.
+        epoch: ClaimEpoch,
+        /// What the store answered.
+        answer: ResourcesAnswer,
+    },
     /// The effective config of a room (`thread: None`) or a thread changed.
     Config {
         /// Room.
@@ -341,6 +367,9 @@ pub enum ClaimPurpose {
         task: String,
         /// The contending agent.
         agent: String,
+        /// The task's generation (its claim keys: `protocol::task_key_at`).
+        #[serde(default)]
+        generation: u32,
     },
     /// `taskdrive/..` for this relay; when won: append `task.claimed` (+ rejections) and
     /// `turn.prompted` fenced by the task claim, and start the task turn.
@@ -353,6 +382,9 @@ pub enum ClaimPurpose {
         agent: String,
         /// The epoch of the task claim won.
         task_epoch: ClaimEpoch,
+        /// The task's generation.
+        #[serde(default)]
+        generation: u32,
     },
 }
 
@@ -395,9 +427,18 @@ impl ClaimPurpose {
                 each,
                 ..
             } => crate::protocol::reply_key_for(room, message, agent, *each),
-            ClaimPurpose::Task { room, task, .. } | ClaimPurpose::DriveTask { room, task, .. } => {
-                crate::protocol::task_key(room, task)
+            ClaimPurpose::Task {
+                room,
+                task,
+                generation,
+                ..
             }
+            | ClaimPurpose::DriveTask {
+                room,
+                task,
+                generation,
+                ..
+            } => crate::protocol::task_key_at(room, task, *generation),
         }
     }
 }
@@ -413,6 +454,10 @@ pub struct MessageBrief {
     pub role: Role,
     /// Its text (data, never instructions to huddle).
     pub text: String,
+    /// Its trace: the first message of its reply chain (its own id when it answers
+    /// nothing this relay remembers).
+    #[serde(default)]
+    pub trace: Option<InteractionId>,
 }
 
 /// A dependency of a task, with its result.
@@ -441,6 +486,9 @@ pub struct TaskBrief {
     pub needs: Vec<String>,
     /// Its dependencies and their results, by id.
     pub deps: Vec<DepResult>,
+    /// Its trace: the command that created it.
+    #[serde(default)]
+    pub trace: Option<InteractionId>,
 }
 
 /// What a turn is for.
@@ -532,6 +580,24 @@ pub enum Intent {
         /// Holder.
         holder: String,
         /// Epoch held.
+        epoch: ClaimEpoch,
+    },
+    /// Take every resource of `wanted` for `holder` in `room`, all or nothing, in one
+    /// store call that does not wait (`Claims::acquire_resources`); answer with
+    /// [`Event::ResourcesResult`] for `(key, epoch)`, the task claim the resources are
+    /// for. A task with `[uses ...]` is started only once they are won.
+    AcquireResources {
+        /// The room.
+        room: String,
+        /// Who takes them (the agent).
+        holder: String,
+        /// What, in the global order.
+        wanted: Vec<crate::resources::Wanted>,
+        /// Lease length.
+        ttl: Duration,
+        /// The task claim they are for.
+        key: String,
+        /// Its epoch.
         epoch: ClaimEpoch,
     },
     /// Stop the turn; it then ends with [`TurnOutcome::Cancelled`].

@@ -103,14 +103,14 @@ use crate::verbs::Verb;
 /// Claim keys and epochs are protocol vocabulary; re-exported here, where the relay
 /// meets them.
 pub use crate::protocol::claims::{
-    directed_reply_key, drive_key, reply_key, reply_key_for, task_key, taskdrive_key, ClaimEpoch,
-    ClaimKey, ClaimRef,
+    directed_reply_key, drive_key, reply_key, reply_key_for, task_key, task_key_at, taskdrive_key,
+    taskdrive_key_at, ClaimEpoch, ClaimKey, ClaimRef,
 };
 pub use addressing::{Addressing, Eligible};
 pub use api::{
     AdmitAll, ChainedAcquire, ClaimAnswer, ClaimOutcome, ClaimPurpose, DepResult, Event, Intent,
-    LocalAgent, MessageBrief, ReplyGate, SyncOptions, TaskBrief, TurnId, TurnOutcome, TurnStart,
-    TurnWork,
+    LocalAgent, MessageBrief, ReplyGate, ResourcesAnswer, SyncOptions, TaskBrief, TurnId,
+    TurnOutcome, TurnStart, TurnWork,
 };
 
 // ---------------------------------------------------------------------------------
@@ -221,12 +221,27 @@ struct LiveTurn {
     work: LiveWork,
     exclusive: ClaimRef,
     drive: ClaimRef,
+    /// The resources of a task's `[uses ...]` its turn holds (renewed with it,
+    /// released when it ends).
+    uses: Vec<ClaimRef>,
     lost: bool,
     cancel_sent: bool,
     /// Why the owner stopped it (`!stop`), or why its deadline did, if one did.
     stopped: Option<String>,
     /// Its attempt ran past the task's deadline (`stopped` says so).
     overdue: bool,
+}
+
+/// A task whose claims are won and whose `[uses ...]` resources are being taken
+/// ([`Intent::AcquireResources`]), by task claim key.
+#[derive(Clone, Debug)]
+struct PendingUses {
+    room: String,
+    task: String,
+    generation: u32,
+    agent: String,
+    task_epoch: ClaimEpoch,
+    drive_epoch: ClaimEpoch,
 }
 
 /// A relay's own rank for a task id (FNV-1a of both): deterministic per relay,
@@ -287,10 +302,19 @@ pub struct Synchronizer {
     delivery: CoordinationDelivery,
     messages: BTreeMap<(String, InteractionId), OpenMessage>,
     authors: BTreeMap<InteractionId, String>,
+    /// The trace of each remembered message: the first message of its reply chain.
+    traces: BTreeMap<InteractionId, InteractionId>,
     author_order: VecDeque<InteractionId>,
     claims: BTreeMap<String, Slot>,
     turns: BTreeMap<TurnId, LiveTurn>,
     held_elsewhere: BTreeMap<String, Timestamp>,
+    /// Tasks whose resources are being taken, by task claim key.
+    pending_uses: BTreeMap<String, PendingUses>,
+    /// Resources won for a task claim `(key, epoch)` whose turn has not started yet.
+    uses_won: BTreeMap<(String, ClaimEpoch), Vec<crate::resources::Holding>>,
+    /// Task claim keys backing off because their resources were taken, by room: a
+    /// `resource.released` row in the room ends the back-off early.
+    resource_waits: BTreeMap<String, BTreeSet<String>>,
     /// Agents following a thread (`!watch`), by (room, thread).
     watchers: BTreeMap<(String, String), BTreeSet<String>>,
     /// Claims an acquire found closed: their work is finished, so they are never
@@ -386,10 +410,14 @@ impl Synchronizer {
             delivery: CoordinationDelivery::new(),
             messages: BTreeMap::new(),
             authors: BTreeMap::new(),
+            traces: BTreeMap::new(),
             author_order: VecDeque::new(),
             claims: BTreeMap::new(),
             turns: BTreeMap::new(),
             held_elsewhere: BTreeMap::new(),
+            pending_uses: BTreeMap::new(),
+            uses_won: BTreeMap::new(),
+            resource_waits: BTreeMap::new(),
             watchers: BTreeMap::new(),
             closed: BTreeSet::new(),
             returned: BTreeMap::new(),
@@ -603,6 +631,9 @@ impl Synchronizer {
                 activity,
             } => self.on_turn_ended(&turn, outcome, tokens, activity, &mut out),
             Event::ClaimLost { key, epoch } => self.on_claim_lost(&key, epoch, &mut out),
+            Event::ResourcesResult { key, epoch, answer } => {
+                self.on_resources(&key, epoch, answer, &mut out)
+            }
             Event::Stop {
                 room,
                 agent,
@@ -655,7 +686,11 @@ impl Synchronizer {
             }
         }
         self.pass(&mut out);
-        if self.shutting_down && self.turns.is_empty() && !self.stopped_sent {
+        if self.shutting_down
+            && self.turns.is_empty()
+            && self.pending_uses.is_empty()
+            && !self.stopped_sent
+        {
             self.stopped_sent = true;
             out.push(Intent::Stopped);
         }
@@ -672,6 +707,12 @@ impl Synchronizer {
         }
         self.board.apply(row);
         self.resources.apply(row);
+        if row.verb == Verb::ResourceReleased {
+            // Resources given back: the tasks that waited for them may try again.
+            for key in self.resource_waits.remove(&row.room).unwrap_or_default() {
+                self.held_elsewhere.remove(&key);
+            }
+        }
         self.dag.apply(row);
         self.budget.apply(row);
         if let Some(now) = self.now {
@@ -757,7 +798,7 @@ impl Synchronizer {
             }
             Verb::TaskFailed | Verb::TaskReleased => {
                 if let Some(b) = TaskEndedBody::parse(&row.body) {
-                    let key = task_key(&row.room, &b.task);
+                    let key = task_key_at(&row.room, &b.task, b.generation);
                     // Its holder releases the claim right after this row: a back-off
                     // taken while it held the claim no longer applies.
                     self.held_elsewhere.remove(&key);
@@ -766,6 +807,7 @@ impl Synchronizer {
                 }
             }
             Verb::TaskBid => self.reject_late_bid(row, out),
+            Verb::TaskCancelled => self.stop_cancelled(&row.room, &row.actor, out),
             _ => {}
         }
     }
@@ -840,9 +882,15 @@ impl Synchronizer {
         if self.authors.insert(row.id, row.actor.clone()).is_none() {
             self.author_order.push_back(row.id);
         }
+        let trace = row
+            .parent
+            .and_then(|p| self.traces.get(&p).copied())
+            .unwrap_or(row.id);
+        self.traces.insert(row.id, trace);
         while self.author_order.len() > self.options.remembered_authors {
             if let Some(old) = self.author_order.pop_front() {
                 self.authors.remove(&old);
+                self.traces.remove(&old);
             }
         }
     }
@@ -948,7 +996,7 @@ impl Synchronizer {
         }
         out.push(Intent::Append {
             fences: vec![ClaimRef {
-                key: task_key(&row.room, &b.task),
+                key: self.tkey(&row.room, &b.task),
                 holder: owner.clone(),
                 epoch,
             }],
@@ -961,11 +1009,49 @@ impl Synchronizer {
     // Passes
     // -----------------------------------------------------------------------------
 
+    /// Stops this relay's running turns of tasks of `room` the owner cancelled: each
+    /// ends without a completion (the fold refuses one now anyway) and its
+    /// `turn.failed` says why.
+    fn stop_cancelled(&mut self, room: &str, by: &str, out: &mut Vec<Intent>) {
+        for (id, t) in self.turns.iter_mut() {
+            let LiveWork::Task { task } = &t.work else {
+                continue;
+            };
+            let cancelled = t.room == room
+                && self
+                    .dag
+                    .task(room, task)
+                    .is_some_and(|x| x.status == TaskStatus::Cancelled);
+            if cancelled && !t.cancel_sent {
+                t.cancel_sent = true;
+                t.stopped = Some(format!(
+                    "cancelled: the owner {by} cancelled task {task} (!cancel)"
+                ));
+                out.push(Intent::Cancel { turn: id.clone() });
+            }
+        }
+    }
+
     /// Whether this relay is already acquiring or holding the task's claim or its
     /// drive claim (the drive key is per task, so a second acquisition could not be
     /// told apart from the first).
     fn task_busy(&self, room: &str, task: &str, key: &str) -> bool {
-        self.claims.contains_key(key) || self.claims.contains_key(&taskdrive_key(room, task))
+        self.claims.contains_key(key) || self.claims.contains_key(&self.dkey(room, task))
+    }
+
+    /// The generation of `task` in `room` (0 for an unknown task).
+    fn generation(&self, room: &str, task: &str) -> u32 {
+        self.dag.task(room, task).map_or(0, |t| t.generation)
+    }
+
+    /// The task claim key of `task`'s current generation.
+    fn tkey(&self, room: &str, task: &str) -> String {
+        task_key_at(room, task, self.generation(room, task))
+    }
+
+    /// The drive claim key of `task`'s current generation.
+    fn dkey(&self, room: &str, task: &str) -> String {
+        taskdrive_key_at(room, task, self.generation(room, task))
     }
 
     /// Every local agent with a live turn or a claim in flight or held: computed once
@@ -1208,8 +1294,9 @@ impl Synchronizer {
     /// Acquires a task claim for `agent` with this relay's drive claim of the task
     /// chained after it: one store call takes both when the first is won.
     fn acquire_task(&mut self, room: &str, task: &str, agent: String, out: &mut Vec<Intent>) {
+        let generation = self.generation(room, task);
         let then = ChainedAcquire {
-            key: taskdrive_key(room, task),
+            key: taskdrive_key_at(room, task, generation),
             holder: self.relay.clone(),
             ttl: self.ttl(room),
         };
@@ -1217,8 +1304,15 @@ impl Synchronizer {
             room: room.to_string(),
             task: task.to_string(),
             agent: agent.clone(),
+            generation,
         };
-        self.acquire_then(task_key(room, task), agent, purpose, Some(then), out);
+        self.acquire_then(
+            task_key_at(room, task, generation),
+            agent,
+            purpose,
+            Some(then),
+            out,
+        );
     }
 
     fn acquire_then(
@@ -1593,7 +1687,7 @@ impl Synchronizer {
                     // only for bids (none from busy agents either).
                     break;
                 }
-                let key = task_key(&room, id);
+                let key = self.tkey(&room, id);
                 if self.task_busy(&room, id, &key) || self.held_elsewhere(&key, now) {
                     continue;
                 }
@@ -1633,6 +1727,7 @@ impl Synchronizer {
                     .find(|a| {
                         right.allows(&a.key, &a.capabilities, task)
                             && !busy.contains(&a.key)
+                            && self.uses_free(&room, task, &a.key)
                             && !self.outstanding_bid(&a.key, Some((&room, id)))
                             && benched != Some(a.key.as_str())
                             && !self.benched(&room, &a.key)
@@ -1723,8 +1818,10 @@ impl Synchronizer {
                     .iter()
                     .filter(|t| t.owner.as_deref() == Some(agent))
                     .filter(|t| {
-                        !t.epoch
-                            .is_some_and(|e| self.finished.contains(&(task_key(r, &t.id), e)))
+                        !t.epoch.is_some_and(|e| {
+                            self.finished
+                                .contains(&(task_key_at(r, &t.id, t.generation), e))
+                        })
                     })
                     .count()
             })
@@ -1755,7 +1852,7 @@ impl Synchronizer {
                 continue;
             }
             let ttl = Duration::from_millis(self.config(&t.room, None).claim_ttl_ms.max(1));
-            for c in [&t.exclusive, &t.drive] {
+            for c in [&t.exclusive, &t.drive].into_iter().chain(&t.uses) {
                 out.push(Intent::Renew {
                     key: c.key.clone(),
                     holder: c.holder.clone(),
@@ -1779,9 +1876,15 @@ impl Synchronizer {
         });
         self.finished
             .retain(|(key, epoch)| match ClaimKey::parse(key) {
-                Some(ClaimKey::Task { room, task }) => dag
-                    .task(&room, &task)
-                    .is_some_and(|t| t.status == TaskStatus::Claimed && t.epoch == Some(*epoch)),
+                Some(ClaimKey::Task {
+                    room,
+                    task,
+                    generation,
+                }) => dag.task(&room, &task).is_some_and(|t| {
+                    t.status == TaskStatus::Claimed
+                        && t.generation == generation
+                        && t.epoch == Some(*epoch)
+                }),
                 _ => false,
             });
         self.bids_sent.retain(|(room, task, attempt, _)| {
@@ -1817,7 +1920,7 @@ impl Synchronizer {
                 let running = self.turns.values().any(|lt| {
                     lt.room == room && matches!(&lt.work, LiveWork::Task { task } if *task == id)
                 });
-                let key = task_key(&room, &id);
+                let key = self.tkey(&room, &id);
                 if running || self.task_busy(&room, &id, &key) || self.held_elsewhere(&key, now) {
                     continue;
                 }
@@ -2030,15 +2133,19 @@ impl Synchronizer {
                 (reply_epoch, epoch),
                 out,
             ),
-            ClaimPurpose::Task { room, task, agent } => {
-                self.task_won(room, task, agent, r.then, out)
-            }
+            ClaimPurpose::Task {
+                room,
+                task,
+                agent,
+                generation,
+            } => self.task_won(room, (task, generation), agent, r.then, out),
             ClaimPurpose::DriveTask {
                 room,
                 task,
                 agent,
                 task_epoch,
-            } => self.drive_task_won(room, task, agent, task_epoch, epoch, out),
+                generation,
+            } => self.drive_task_won(room, (task, generation), agent, task_epoch, epoch, out),
         }
     }
 
@@ -2164,7 +2271,9 @@ impl Synchronizer {
             close: false,
             batch: vec![row],
         });
+        let trace = self.traces.get(&message).copied().or(Some(message));
         let work = TurnWork::Reply(MessageBrief {
+            trace,
             id: message,
             author: m.author.clone(),
             role: m.role,
@@ -2183,6 +2292,7 @@ impl Synchronizer {
             },
             exclusive,
             drive,
+            Vec::new(),
             out,
         );
     }
@@ -2192,17 +2302,16 @@ impl Synchronizer {
     fn task_won(
         &mut self,
         room: String,
-        task: String,
+        (task, generation): (String, u32),
         agent: String,
         drive: Option<ClaimAnswer>,
         out: &mut Vec<Intent>,
     ) {
-        let key = task_key(&room, &task);
-        let dkey = taskdrive_key(&room, &task);
-        let alive = self
-            .dag
-            .task(&room, &task)
-            .is_some_and(|t| matches!(t.status, TaskStatus::Open | TaskStatus::Claimed));
+        let key = task_key_at(&room, &task, generation);
+        let dkey = taskdrive_key_at(&room, &task, generation);
+        let alive = self.dag.task(&room, &task).is_some_and(|t| {
+            matches!(t.status, TaskStatus::Open | TaskStatus::Claimed) && t.generation == generation
+        });
         let task_epoch = self.claims.get(&key).and_then(|s| s.epoch);
         let (true, Some(task_epoch)) = (alive, task_epoch) else {
             if !alive {
@@ -2224,6 +2333,7 @@ impl Synchronizer {
             task: task.clone(),
             agent,
             task_epoch,
+            generation,
         };
         match drive {
             Some(answer) => {
@@ -2247,20 +2357,21 @@ impl Synchronizer {
     fn drive_task_won(
         &mut self,
         room: String,
-        task: String,
+        (task, generation): (String, u32),
         agent: String,
         task_epoch: ClaimEpoch,
         drive_epoch: ClaimEpoch,
         out: &mut Vec<Intent>,
     ) {
-        let tkey = task_key(&room, &task);
-        let dkey = taskdrive_key(&room, &task);
+        let tkey = task_key_at(&room, &task, generation);
+        let dkey = taskdrive_key_at(&room, &task, generation);
         let Some(t) = self
             .dag
             .task(&room, &task)
-            .filter(|_| self.held_at(&tkey, task_epoch))
+            .filter(|t| t.generation == generation && self.held_at(&tkey, task_epoch))
             .cloned()
         else {
+            self.drop_uses_won(&room, &agent, &tkey, task_epoch, out);
             self.forget_at(&tkey, task_epoch);
             self.forget(&dkey);
             return;
@@ -2283,10 +2394,49 @@ impl Synchronizer {
             && t.epoch.is_none_or(|e| task_epoch > e)
             && (t.status == TaskStatus::Claimed || self.dag.is_ready(&room, &task));
         if !resuming && !fresh {
+            self.drop_uses_won(&room, &agent, &tkey, task_epoch, out);
             self.forget_at(&tkey, task_epoch);
             self.forget(&dkey);
             return;
         }
+        // A task with `[uses ...]` takes its resources, all or nothing, before anything
+        // is written under its claims: a task that cannot have them uses no attempt.
+        let abandoning = fresh && t.status == TaskStatus::Claimed && t.attempts >= t.max_attempts;
+        let uses = if t.uses.is_empty() || abandoning {
+            Vec::new()
+        } else if let Some(held) = self.uses_won.remove(&(tkey.clone(), task_epoch)) {
+            held
+        } else {
+            let ttl = Duration::from_millis(self.config(&room, None).claim_ttl_ms.max(1));
+            out.push(Intent::AcquireResources {
+                room: room.clone(),
+                holder: agent.clone(),
+                wanted: t.uses.clone(),
+                ttl,
+                key: tkey.clone(),
+                epoch: task_epoch,
+            });
+            self.pending_uses.insert(
+                tkey,
+                PendingUses {
+                    room,
+                    task,
+                    generation,
+                    agent,
+                    task_epoch,
+                    drive_epoch,
+                },
+            );
+            return;
+        };
+        let use_refs: Vec<ClaimRef> = uses
+            .iter()
+            .map(|h| ClaimRef {
+                key: h.key.clone(),
+                holder: h.holder.clone(),
+                epoch: h.epoch,
+            })
+            .collect();
         let attempt = if resuming {
             t.attempts
         } else {
@@ -2298,6 +2448,7 @@ impl Synchronizer {
                 task: task.clone(),
                 epoch: task_epoch,
                 attempt,
+                generation,
             };
             batch.push(NewInteraction::new(
                 room.as_str(),
@@ -2337,9 +2488,24 @@ impl Synchronizer {
                 }
             }
         }
-        let turn = TurnId(format!(
-            "t/{room}/{task}/{agent}/{task_epoch}.{drive_epoch}"
-        ));
+        if !uses.is_empty() {
+            batch.push(uses_row(
+                &room,
+                &agent,
+                Verb::ResourceAcquired,
+                &use_refs,
+                Some(&uses),
+                &task,
+                Duration::from_millis(self.config(&room, None).claim_ttl_ms.max(1)),
+            ));
+        }
+        // A retried task's epochs start again under its fresh keys: its generation
+        // keeps turn ids apart.
+        let turn = TurnId(if generation == 0 {
+            format!("t/{room}/{task}/{agent}/{task_epoch}.{drive_epoch}")
+        } else {
+            format!("t/{room}/{task}/{agent}/{task_epoch}.{drive_epoch}.g{generation}")
+        });
         let subject = Subject::task(task.clone(), Some(truncate_text(&t.label, 200)));
         let prompted = TurnPromptedBody {
             turn: turn.0.clone(),
@@ -2355,7 +2521,10 @@ impl Synchronizer {
             serde_json::to_value(&prompted).unwrap_or_default(),
         ));
         out.push(Intent::Append {
-            fences: vec![exclusive.clone(), drive.clone()],
+            fences: [exclusive.clone(), drive.clone()]
+                .into_iter()
+                .chain(use_refs.iter().cloned())
+                .collect(),
             close: false,
             batch,
         });
@@ -2371,7 +2540,9 @@ impl Synchronizer {
                 }
             })
             .collect();
+        let trace = t.command.map(|c| self.traces.get(&c).copied().unwrap_or(c));
         let work = TurnWork::Task(TaskBrief {
+            trace,
             id: task.clone(),
             label: t.label.clone(),
             attempt,
@@ -2389,6 +2560,7 @@ impl Synchronizer {
             LiveWork::Task { task },
             exclusive,
             drive,
+            use_refs,
             out,
         );
     }
@@ -2405,6 +2577,7 @@ impl Synchronizer {
         live: LiveWork,
         exclusive: ClaimRef,
         drive: ClaimRef,
+        uses: Vec<ClaimRef>,
         out: &mut Vec<Intent>,
     ) {
         let held = crate::board::resource_lines(&self.resources, &room, self.now);
@@ -2427,7 +2600,10 @@ impl Synchronizer {
             subject: subject.clone(),
             work,
             epoch: exclusive.epoch,
-            claims: vec![exclusive.clone(), drive.clone()],
+            claims: [exclusive.clone(), drive.clone()]
+                .into_iter()
+                .chain(uses.iter().cloned())
+                .collect(),
             coordination,
             stall_timeout_ms: self.config(&room, thread.as_deref()).stall_timeout_ms,
         })));
@@ -2441,6 +2617,7 @@ impl Synchronizer {
                 work: live,
                 exclusive,
                 drive,
+                uses,
                 lost: false,
                 cancel_sent: false,
                 stopped: None,
@@ -2464,6 +2641,8 @@ impl Synchronizer {
         let Some(lt) = self.turns.remove(turn) else {
             return;
         };
+        // Its agent has stopped: the resources it held for the task go back first.
+        self.give_back_uses(&lt.room, &lt.agent, &lt.uses, out);
         self.forget_at(&lt.exclusive.key, lt.exclusive.epoch);
         self.forget_at(&lt.drive.key, lt.drive.epoch);
         // A turn that never started (its start deadline passed): nothing ran.
@@ -2681,6 +2860,7 @@ impl Synchronizer {
                     epoch,
                     result: Some(truncate_text(text.trim_end(), MAX_RESULT_BYTES)),
                     tokens: Some(tokens),
+                    generation: key_generation(&lt.exclusive.key),
                 };
                 let replied = TurnRepliedBody {
                     turn: turn.0.clone(),
@@ -2724,6 +2904,7 @@ impl Synchronizer {
                     task: task.clone(),
                     epoch,
                     reason: truncate_text(&reason, MAX_RESULT_BYTES),
+                    generation: key_generation(&lt.exclusive.key),
                 };
                 // The last allowed attempt failing abandons the task: that closes it.
                 let last = verb == Verb::TaskFailed
@@ -2799,10 +2980,152 @@ impl Synchronizer {
         }
     }
 
+    /// The answer to the resources of a task whose claims were won (`key`, `epoch`:
+    /// the task claim). Won: the task goes on to its claim row and turn. Blocked or
+    /// failed: both claims are let go with nothing written (no attempt used), and a
+    /// blocked task waits until the first blocking holding would lapse or a
+    /// `resource.released` row arrives in the room.
+    fn on_resources(
+        &mut self,
+        key: &str,
+        epoch: ClaimEpoch,
+        answer: ResourcesAnswer,
+        out: &mut Vec<Intent>,
+    ) {
+        let Some(p) = self
+            .pending_uses
+            .get(key)
+            .filter(|p| p.task_epoch == epoch)
+            .cloned()
+        else {
+            // Nobody waits for these any more: give back whatever was taken.
+            if let ResourcesAnswer::Won(held) = answer {
+                if let Some((room, holder)) = held.first().and_then(|h| {
+                    crate::resources::parse_resource_key(&h.key)
+                        .map(|(r, _, _, _)| (r.to_string(), h.holder.clone()))
+                }) {
+                    let refs = holding_refs(&held);
+                    self.give_back_uses(&room, &holder, &refs, out);
+                }
+            }
+            return;
+        };
+        self.pending_uses.remove(key);
+        let tkey = task_key_at(&p.room, &p.task, p.generation);
+        let dkey = taskdrive_key_at(&p.room, &p.task, p.generation);
+        match answer {
+            ResourcesAnswer::Won(held) if !self.shutting_down => {
+                self.uses_won.insert((tkey, epoch), held);
+                self.drive_task_won(
+                    p.room,
+                    (p.task, p.generation),
+                    p.agent,
+                    p.task_epoch,
+                    p.drive_epoch,
+                    out,
+                );
+                return;
+            }
+            ResourcesAnswer::Won(held) => {
+                let refs = holding_refs(&held);
+                self.give_back_uses(&p.room, &p.agent, &refs, out);
+            }
+            ResourcesAnswer::Blocked { until, .. } => {
+                self.held_elsewhere.insert(tkey.clone(), until);
+                self.resource_waits
+                    .entry(p.room.clone())
+                    .or_default()
+                    .insert(tkey.clone());
+            }
+            ResourcesAnswer::Failed => {}
+        }
+        for (k, holder, e) in [
+            (dkey.clone(), self.relay.clone(), p.drive_epoch),
+            (tkey.clone(), p.agent.clone(), p.task_epoch),
+        ] {
+            out.push(Intent::Release {
+                key: k,
+                holder,
+                epoch: e,
+            });
+        }
+        self.forget_at(&tkey, p.task_epoch);
+        self.forget(&dkey);
+    }
+
+    /// Gives back resources won for a task claim whose turn will not start.
+    fn drop_uses_won(
+        &mut self,
+        room: &str,
+        agent: &str,
+        tkey: &str,
+        epoch: ClaimEpoch,
+        out: &mut Vec<Intent>,
+    ) {
+        if let Some(held) = self.uses_won.remove(&(tkey.to_string(), epoch)) {
+            let refs = holding_refs(&held);
+            self.give_back_uses(room, agent, &refs, out);
+        }
+    }
+
+    /// Releases `uses` (resource claims held by `agent`), then records
+    /// `resource.released`.
+    fn give_back_uses(&self, room: &str, agent: &str, uses: &[ClaimRef], out: &mut Vec<Intent>) {
+        if uses.is_empty() {
+            return;
+        }
+        for c in uses {
+            out.push(Intent::Release {
+                key: c.key.clone(),
+                holder: c.holder.clone(),
+                epoch: c.epoch,
+            });
+        }
+        out.push(Intent::Append {
+            fences: Vec::new(),
+            close: false,
+            batch: vec![uses_row(
+                room,
+                agent,
+                Verb::ResourceReleased,
+                uses,
+                None,
+                "",
+                Duration::ZERO,
+            )],
+        });
+    }
+
+    /// Whether the resources `task` uses are free for `agent`, as the ledger's
+    /// `resource.*` rows show them (the store decides for real when they are taken).
+    fn uses_free(&self, room: &str, task: &crate::tasks::Task, agent: &str) -> bool {
+        if task.uses.is_empty() {
+            return true;
+        }
+        let Some(now) = self.now else {
+            return true;
+        };
+        let live: Vec<crate::resources::Holding> = self
+            .resources
+            .held(room, now)
+            .into_iter()
+            .map(|h| crate::resources::Holding {
+                key: crate::resources::resource_key(room, &h.holder, h.mode, &h.name),
+                holder: h.holder,
+                name: h.name,
+                mode: h.mode,
+                epoch: h.epoch,
+                expires_at: h.expires_at,
+            })
+            .collect();
+        crate::resources::blockers(agent, &task.uses, &live).is_empty()
+    }
+
     fn on_claim_lost(&mut self, key: &str, epoch: ClaimEpoch, out: &mut Vec<Intent>) {
         for (id, t) in self.turns.iter_mut() {
             let uses = [&t.exclusive, &t.drive]
-                .iter()
+                .into_iter()
+                .chain(&t.uses)
                 .any(|c| c.key == key && c.epoch == epoch);
             if uses {
                 t.lost = true;
@@ -2846,6 +3169,64 @@ impl Synchronizer {
             }
         }
     }
+}
+
+/// The generation a task claim key is for (0 for any other key).
+fn key_generation(key: &str) -> u32 {
+    match ClaimKey::parse(key) {
+        Some(ClaimKey::Task { generation, .. } | ClaimKey::TaskDrive { generation, .. }) => {
+            generation
+        }
+        _ => 0,
+    }
+}
+
+fn holding_refs(held: &[crate::resources::Holding]) -> Vec<ClaimRef> {
+    held.iter()
+        .map(|h| ClaimRef {
+            key: h.key.clone(),
+            holder: h.holder.clone(),
+            epoch: h.epoch,
+        })
+        .collect()
+}
+
+/// The `resource.acquired` (with `held`: the holdings won) or `resource.released` row
+/// of a task's `[uses ...]`, written by `agent`.
+fn uses_row(
+    room: &str,
+    agent: &str,
+    verb: Verb,
+    uses: &[ClaimRef],
+    held: Option<&[crate::resources::Holding]>,
+    task: &str,
+    ttl: Duration,
+) -> NewInteraction {
+    use crate::resources::{parse_resource_key, HeldBody, ResourceRowBody};
+    let resources = uses
+        .iter()
+        .filter_map(|c| {
+            let (_, _, mode, name) = parse_resource_key(&c.key)?;
+            Some(HeldBody {
+                name,
+                mode,
+                epoch: c.epoch,
+            })
+        })
+        .collect();
+    let body = ResourceRowBody {
+        resources,
+        ttl_ms: held.map(|_| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+        expires_at: held.and_then(|h| h.iter().map(|h| h.expires_at).min()),
+        reason: held.map(|_| format!("task {task}")),
+    };
+    NewInteraction::new(
+        room,
+        verb,
+        agent,
+        Role::Agent,
+        serde_json::to_value(&body).unwrap_or_default(),
+    )
 }
 
 /// The notice a failed reply turn of `agent` on `m` calls for, if any: for a message

@@ -178,6 +178,7 @@ fn kinds(out: &[Intent]) -> Vec<&'static str> {
             Intent::Renew { .. } => "renew",
             Intent::Release { .. } => "release",
             Intent::Cancel { .. } => "cancel",
+            Intent::AcquireResources { .. } => "resources",
             Intent::Stopped => "stopped",
         })
         .collect()
@@ -2670,4 +2671,277 @@ fn a_local_failure_benches_at_once_before_its_row_is_read_back() {
     let streak = h.sync.board().room("lobby").unwrap().failing["bo"];
     assert_eq!(streak.failed, 1);
     assert_eq!(h.sync.streak("lobby", "bo").map(|s| s.failed), Some(1));
+}
+
+/// A `task.created` row whose task uses `uses` (`(name, mode)`).
+fn created_using(task: &str, uses: &[(&str, &str)]) -> NewInteraction {
+    let uses: Vec<serde_json::Value> = uses
+        .iter()
+        .map(|(n, m)| serde_json::json!({"name": n, "mode": m}))
+        .collect();
+    NewInteraction::new(
+        "lobby",
+        Verb::TaskCreated,
+        "ana",
+        Role::Owner,
+        serde_json::json!({"task": task, "label": "x", "uses": uses}),
+    )
+}
+
+fn resources_asked(out: &[Intent]) -> Vec<(String, String, Vec<String>)> {
+    out.iter()
+        .filter_map(|i| match i {
+            Intent::AcquireResources {
+                holder,
+                wanted,
+                key,
+                ..
+            } => Some((
+                key.clone(),
+                holder.clone(),
+                wanted
+                    .iter()
+                    .map(|w| format!("{} {}", w.name, w.mode))
+                    .collect(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn won_holding(name: &str, mode: crate::resources::Mode, epoch: i64) -> crate::resources::Holding {
+    let name = crate::resources::ResourceName::parse(name).unwrap();
+    crate::resources::Holding {
+        key: crate::resources::resource_key("lobby", "bo", mode, &name),
+        holder: "bo".into(),
+        name,
+        mode,
+        epoch: ClaimEpoch(epoch),
+        expires_at: T0.saturating_add(120 * S),
+    }
+}
+
+#[test]
+fn a_task_that_uses_resources_takes_them_before_its_claim_row_and_gives_them_back() {
+    use crate::resources::Mode;
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let out = h.post(vec![created_using(
+        "a",
+        &[("file:src/**", "exclusive"), ("slot:build", "permits-2")],
+    )]);
+    let tkey = task_key("lobby", "a");
+    assert_eq!(acquires(&out), vec![(tkey.clone(), "bo".into())]);
+    // Both claims won: the resources are asked for, nothing is written yet.
+    let out = chained(&mut h, "a", "bo", 3, Some((true, 2)));
+    assert_eq!(
+        resources_asked(&out),
+        vec![(
+            tkey.clone(),
+            "bo".into(),
+            vec![
+                "file:src/** exclusive".into(),
+                "slot:build permits-2".into()
+            ]
+        )]
+    );
+    assert!(appends(&out).is_empty(), "{out:?}");
+    assert!(starts(&out).is_empty());
+    // Taken: the claim row, the acquisition and the prompt go under all four claims,
+    // and the turn holds the resources too.
+    let held = vec![
+        won_holding("file:src/**", Mode::Exclusive, 7),
+        won_holding("slot:build", Mode::Permits(2), 8),
+    ];
+    let out = h.sync.handle(Event::ResourcesResult {
+        key: tkey.clone(),
+        epoch: ClaimEpoch(3),
+        answer: ResourcesAnswer::Won(held.clone()),
+    });
+    let written = appends(&out);
+    assert_eq!(written.len(), 1, "{out:?}");
+    assert_eq!(
+        written[0].1,
+        vec!["task.claimed", "resource.acquired", "turn.prompted"]
+    );
+    let fences = written[0].0.clone().unwrap();
+    assert!(
+        fences.contains(&format!("{}@bo#7", held[0].key)),
+        "{fences}"
+    );
+    assert!(
+        fences.contains(&format!("{}@bo#8", held[1].key)),
+        "{fences}"
+    );
+    let acquired = appended_body(&out, Verb::ResourceAcquired);
+    assert_eq!(acquired["reason"], "task a");
+    let st = starts(&out)[0].clone();
+    assert_eq!(st.claims.len(), 4);
+    h.apply_appends(&out);
+    h.read();
+    // Reconcile renews the resources with the turn's claims.
+    let out = h.tick(h.now.saturating_add(60 * S));
+    let renewed: Vec<String> = out
+        .iter()
+        .filter_map(|i| match i {
+            Intent::Renew { key, .. } => Some(key.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        renewed.contains(&held[0].key) && renewed.contains(&held[1].key),
+        "{renewed:?}"
+    );
+    // The turn ends: the resources are released and the release recorded.
+    let out = h.ended(&st.turn, TurnOutcome::Replied { text: "ok".into() });
+    let released: Vec<String> = out
+        .iter()
+        .filter_map(|i| match i {
+            Intent::Release { key, .. } => Some(key.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(released, vec![held[0].key.clone(), held[1].key.clone()]);
+    let body = appended_body(&out, Verb::ResourceReleased);
+    assert_eq!(body["resources"].as_array().map(Vec::len), Some(2));
+    assert!(appends(&out)
+        .iter()
+        .any(|(_, verbs)| verbs.contains(&"task.completed")));
+}
+
+#[test]
+fn a_task_whose_resources_are_taken_uses_no_attempt_and_waits_for_a_release() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created_using("a", &[("file:src/**", "exclusive")])]);
+    let tkey = task_key("lobby", "a");
+    chained(&mut h, "a", "bo", 3, Some((true, 2)));
+    let until = h.now.saturating_add(600 * S);
+    let out = h.sync.handle(Event::ResourcesResult {
+        key: tkey.clone(),
+        epoch: ClaimEpoch(3),
+        answer: ResourcesAnswer::Blocked {
+            until,
+            by: "file:src/** held by ada".into(),
+        },
+    });
+    // Both claims go back with nothing written: no attempt is used.
+    assert_eq!(kinds(&out), vec!["release", "release"], "{out:?}");
+    assert!(appends(&out).is_empty());
+    assert_eq!(h.sync.tasks().task("lobby", "a").unwrap().attempts, 0);
+    // It is not tried again while the holding is live ...
+    let out = h.tick(h.now.saturating_add(S));
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    // ... until a release is recorded in the room.
+    let released = NewInteraction::new(
+        "lobby",
+        Verb::ResourceReleased,
+        "ada",
+        Role::Agent,
+        serde_json::json!({"resources": [{"name": "file:src/**", "mode": "exclusive", "epoch": 1}]}),
+    );
+    let out = h.post(vec![released]);
+    assert_eq!(acquires(&out), vec![(tkey, "bo".into())]);
+}
+
+#[test]
+fn a_task_waits_while_the_ledger_shows_its_resources_held_by_another() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let held = NewInteraction::new(
+        "lobby",
+        Verb::ResourceAcquired,
+        "ada",
+        Role::Agent,
+        serde_json::json!({
+            "resources": [{"name": "file:src/**", "mode": "exclusive", "epoch": 2}],
+            "ttl_ms": 60000,
+            "expires_at": T0.saturating_add(3600 * S).0,
+        }),
+    );
+    let out = h.post(vec![
+        held,
+        created_using("a", &[("file:src/lib.rs", "shared")]),
+        created_using("b", &[("file:docs/**", "exclusive")]),
+    ]);
+    // a's file is under ada's exclusive glob; b's is not.
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "b"), "bo".into())]);
+}
+
+#[test]
+fn a_cancelled_task_stops_its_turn_and_a_retried_one_is_claimed_under_fresh_keys() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 1);
+    // The owner cancels it: the running turn is stopped, with the reason.
+    let out = h.post(vec![NewInteraction::new(
+        "lobby",
+        Verb::TaskCancelled,
+        "ana",
+        Role::Owner,
+        json!({"task": "a"}),
+    )]);
+    assert!(
+        out.iter()
+            .any(|i| matches!(i, Intent::Cancel { turn } if *turn == st.turn)),
+        "{out:?}"
+    );
+    let out = h.ended(&st.turn, TurnOutcome::Cancelled);
+    let failed = appended_body(&out, Verb::TurnFailed);
+    assert!(
+        failed["reason"]
+            .as_str()
+            .unwrap()
+            .contains("cancelled task a (!cancel)"),
+        "{failed}"
+    );
+    h.apply_appends(&out);
+    let out = h.read();
+    assert!(acquires(&out).is_empty(), "a cancelled task is not offered");
+    // Retried: offered again under generation 1's keys.
+    let out = h.post(vec![NewInteraction::new(
+        "lobby",
+        Verb::TaskRetried,
+        "ana",
+        Role::Owner,
+        json!({"task": "a", "attempts": 2}),
+    )]);
+    assert_eq!(
+        acquires(&out),
+        vec![(task_key_at("lobby", "a", 1), "bo".into())]
+    );
+    let out = h.sync.handle(Event::ClaimResult(ClaimOutcome {
+        key: task_key_at("lobby", "a", 1),
+        holder: "bo".into(),
+        answer: ClaimAnswer::Won {
+            epoch: ClaimEpoch(1),
+            expires_at: h.now + 60 * S,
+        },
+        then: Some(ClaimAnswer::Won {
+            epoch: ClaimEpoch(1),
+            expires_at: h.now + 60 * S,
+        }),
+    }));
+    let claimed = appended_body(&out, Verb::TaskClaimed);
+    assert_eq!(
+        (claimed["generation"].as_u64(), claimed["attempt"].as_u64()),
+        (Some(1), Some(2))
+    );
+    let st = starts(&out)[0].clone();
+    assert!(st.turn.0.ends_with(".g1"), "{}", st.turn);
+    assert_eq!(st.claims[1].key, taskdrive_key_at("lobby", "a", 1));
+    h.apply_appends(&out);
+    h.read();
+    let out = h.ended(&st.turn, TurnOutcome::Replied { text: "ok".into() });
+    assert_eq!(
+        appended_body(&out, Verb::TaskCompleted)["generation"].as_u64(),
+        Some(1)
+    );
+    h.apply_appends(&out);
+    h.read();
+    assert_eq!(
+        h.sync.tasks().task("lobby", "a").unwrap().status,
+        TaskStatus::Done
+    );
 }

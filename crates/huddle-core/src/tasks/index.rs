@@ -83,6 +83,7 @@ enum Class {
     Done,
     Claimed,
     Abandoned,
+    Cancelled,
     Ready,
     Waiting,
     Blocked,
@@ -131,9 +132,10 @@ impl PartialEq for RoomIndex {
 
 impl Eq for RoomIndex {}
 
-/// Whether `t` can never finish by itself: abandoned.
+/// Whether `t` cannot finish by itself: abandoned or cancelled (until the owner's
+/// `!retry` opens it again).
 fn abandoned(t: &Task) -> bool {
-    t.status == TaskStatus::Abandoned
+    matches!(t.status, TaskStatus::Abandoned | TaskStatus::Cancelled)
 }
 
 impl RoomIndex {
@@ -303,6 +305,7 @@ impl RoomIndex {
             TaskStatus::Done => Class::Done,
             TaskStatus::Claimed => Class::Claimed,
             TaskStatus::Abandoned => Class::Abandoned,
+            TaskStatus::Cancelled => Class::Cancelled,
             TaskStatus::Open if x.undone == 0 => Class::Ready,
             TaskStatus::Open if x.finishable => Class::Waiting,
             TaskStatus::Open => Class::Blocked,
@@ -358,10 +361,19 @@ impl RoomIndex {
             Class::Done => &mut s.done,
             Class::Claimed => &mut s.claimed,
             Class::Abandoned => &mut s.abandoned,
+            Class::Cancelled => &mut s.cancelled,
             Class::Ready => &mut s.ready,
             Class::Waiting => &mut s.waiting,
             Class::Blocked => &mut s.blocked,
         }
+    }
+
+    /// The ids of the tasks that name `id` as a dependency.
+    pub(super) fn dependents_of(&self, id: &str) -> Vec<String> {
+        self.dependents
+            .get(id)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Starts keeping a journal of the tasks whose class or frontier entry changes.

@@ -197,6 +197,7 @@ impl Driver for ExecDriver {
             )
             .env("HUDDLE_ATTEMPT", request.attempt.to_string())
             .env("HUDDLE_EFFECT_KEY", &request.effect_key)
+            .env("HUDDLE_TRACE", &request.trace)
             .env_remove("HUDDLE_MCP")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -332,6 +333,7 @@ mod tests {
             attempt: 2,
             prompt: "<coordination>\n</coordination>\nhello".into(),
             effect_key: String::new(),
+            trace: String::new(),
             progress: Default::default(),
             start_by: None,
         }

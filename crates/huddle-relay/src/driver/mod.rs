@@ -59,6 +59,10 @@ pub struct TurnRequest {
     /// every other; agents pass it to external systems to make effects idempotent.
     #[serde(default)]
     pub effect_key: String,
+    /// The turn's trace (`HUDDLE_TRACE`): the id of the owner command or first message
+    /// its work comes from, as `huddle trace ROOM ID` takes it; empty when unknown.
+    #[serde(default)]
+    pub trace: String,
     /// Where the driver sends the turn's interim progress notes (not its reply); the
     /// relay writes each as a `turn.progress` row under the turn's claims.
     #[serde(skip)]

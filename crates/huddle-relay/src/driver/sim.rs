@@ -121,6 +121,7 @@ mod tests {
             attempt,
             prompt: "do it".into(),
             effect_key: String::new(),
+            trace: String::new(),
             progress: Default::default(),
             start_by: None,
         }
