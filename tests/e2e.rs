@@ -17,6 +17,8 @@ mod cli_errors;
 mod cli_postgres;
 mod cli_sqlite;
 mod conversation;
+mod dashboard;
+mod dashboard_browser;
 mod demo;
 mod exactly_once;
 mod fault_battery;

@@ -617,14 +617,7 @@ pub async fn claims(
     if let Some(room) = room {
         existing_room(&*store, room).await?;
     }
-    let rows: Vec<_> = store
-        .list_claims(prefix)
-        .await?
-        .into_iter()
-        .filter(|r| !live || r.live)
-        // Every room-scoped key is `<kind>/<room>/...` (names hold no `/`).
-        .filter(|r| room.is_none_or(|room| r.state.key.split('/').nth(1) == Some(room)))
-        .collect();
+    let rows = claim_rows(&*store, prefix, room, live).await?;
     if json_out {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
@@ -645,6 +638,24 @@ pub async fn claims(
     Ok(())
 }
 
+/// The claims `huddle claims --json` prints (and `huddle serve` answers): keys
+/// starting with `prefix`, only `room`'s when given, only live ones with `live`.
+pub async fn claim_rows(
+    store: &dyn Store,
+    prefix: &str,
+    room: Option<&str>,
+    live: bool,
+) -> anyhow::Result<Vec<huddle_store::ClaimRow>> {
+    Ok(store
+        .list_claims(prefix)
+        .await?
+        .into_iter()
+        .filter(|r| !live || r.live)
+        // Every room-scoped key is `<kind>/<room>/...` (names hold no `/`).
+        .filter(|r| room.is_none_or(|room| r.state.key.split('/').nth(1) == Some(room)))
+        .collect())
+}
+
 /// One room of `huddle room list`.
 #[derive(Debug, serde::Serialize)]
 pub struct RoomRow {
@@ -655,36 +666,15 @@ pub struct RoomRow {
     pub owner: Option<String>,
     /// How many rows the room has.
     pub rows: u64,
+    /// Database time of its latest row (for the dashboard; not in `--json`).
+    #[serde(skip)]
+    pub last_at: Option<huddle_core::Timestamp>,
 }
 
 /// `huddle room list`: every room in the ledger with its owner and row count.
 pub async fn room_list(url: &str, options: StoreOptions, json_out: bool) -> anyhow::Result<()> {
     let store = open(url, options).await?;
-    let mut rooms: std::collections::BTreeMap<String, RoomRow> = Default::default();
-    let mut cursor = Position::START;
-    loop {
-        let batch = store.read_forward(cursor, 1000).await?;
-        for row in &batch.rows {
-            let entry = rooms.entry(row.room.clone()).or_insert_with(|| RoomRow {
-                room: row.room.clone(),
-                owner: None,
-                rows: 0,
-            });
-            entry.rows += 1;
-            if entry.owner.is_none() && row.verb == Verb::RoomCreated {
-                entry.owner = row
-                    .body
-                    .get("owner")
-                    .and_then(|o| o.as_str())
-                    .map(String::from);
-            }
-        }
-        if batch.next == cursor {
-            break;
-        }
-        cursor = batch.next;
-    }
-    let rooms: Vec<RoomRow> = rooms.into_values().collect();
+    let rooms = room_rows(&*store).await?;
     if json_out {
         println!("{}", serde_json::to_string_pretty(&rooms)?);
         return Ok(());
@@ -701,4 +691,36 @@ pub async fn room_list(url: &str, options: StoreOptions, json_out: bool) -> anyh
         );
     }
     Ok(())
+}
+
+/// Every room in the ledger with its owner and row count, by name: what `huddle room
+/// list --json` prints (and `huddle serve` answers).
+pub async fn room_rows(store: &dyn Store) -> anyhow::Result<Vec<RoomRow>> {
+    let mut rooms: std::collections::BTreeMap<String, RoomRow> = Default::default();
+    let mut cursor = Position::START;
+    loop {
+        let batch = store.read_forward(cursor, 1000).await?;
+        for row in &batch.rows {
+            let entry = rooms.entry(row.room.clone()).or_insert_with(|| RoomRow {
+                room: row.room.clone(),
+                owner: None,
+                rows: 0,
+                last_at: None,
+            });
+            entry.rows += 1;
+            entry.last_at = entry.last_at.max(Some(row.at));
+            if entry.owner.is_none() && row.verb == Verb::RoomCreated {
+                entry.owner = row
+                    .body
+                    .get("owner")
+                    .and_then(|o| o.as_str())
+                    .map(String::from);
+            }
+        }
+        if batch.next == cursor {
+            break;
+        }
+        cursor = batch.next;
+    }
+    Ok(rooms.into_values().collect())
 }

@@ -18,6 +18,7 @@ mod pattern_cmds;
 mod relay_cmd;
 mod resource_cmds;
 mod scratch;
+mod serve;
 mod shared_state_cmds;
 mod state_cmds;
 mod status_cmds;
@@ -318,6 +319,9 @@ pub enum Command {
         #[command(subcommand)]
         command: shared_state_cmds::StateCommand,
     },
+    /// A read-only web dashboard, HTTP API and Prometheus metrics for every room of
+    /// the database (docs/http.md); prints the URL, serves until interrupted.
+    Serve(serve::ServeArgs),
     /// List claims: key, holder, epoch and expiry (by the database clock).
     Claims {
         /// Only keys starting with this prefix.
@@ -725,6 +729,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             json,
         } => ledger_cmds::claims(&db, options, &prefix, room.as_deref(), live, json).await,
         Command::WriterKey { id } => writer_key(&id, cli.relay_key.as_deref()),
+        Command::Serve(args) => serve::run(&db, options, args).await,
         Command::Resource { command } => resource_cmds::run(&db, options, command).await,
         Command::Guard { command } => resource_cmds::guard(&db, options, command).await,
         Command::State { command } => shared_state_cmds::run(&db, options, command).await,

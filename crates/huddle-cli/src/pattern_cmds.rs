@@ -129,7 +129,7 @@ fn list(names: &[String]) -> String {
     }
 }
 
-fn decision_lines(out: &mut String, d: &DecisionView) {
+pub(crate) fn decision_lines(out: &mut String, d: &DecisionView) {
     let outcome = match (&d.option, &d.reason) {
         (Some(o), Some(r)) => format!(" {o} ({r})"),
         (Some(o), None) => format!(" {o}"),
@@ -155,7 +155,7 @@ fn decision_lines(out: &mut String, d: &DecisionView) {
     );
 }
 
-fn barrier_lines(out: &mut String, b: &BarrierView) {
+pub(crate) fn barrier_lines(out: &mut String, b: &BarrierView) {
     let reason = b
         .reason
         .as_deref()
@@ -172,7 +172,7 @@ fn barrier_lines(out: &mut String, b: &BarrierView) {
     );
 }
 
-fn lease_lines(out: &mut String, l: &CoordinatorLease) {
+pub(crate) fn lease_lines(out: &mut String, l: &CoordinatorLease) {
     let holder = match (&l.holder, l.epoch, l.expires_at) {
         (Some(h), Some(e), Some(at)) => {
             format!(" {h} at epoch {e}, until {}", format_time(at))

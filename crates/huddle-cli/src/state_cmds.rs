@@ -308,17 +308,27 @@ fn describe(on: &Option<Subject>) -> String {
 /// `huddle board --room R [--json]`
 pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> anyhow::Result<()> {
     let store = ledger_cmds::open(db, options).await?;
+    let view = board_view_of(&*store, room).await?;
+    if json {
+        return emit(&format!("{}\n", serde_json::to_string_pretty(&view)?));
+    }
+    emit(&board_text(&view))
+}
+
+/// The board of `room` as `huddle board --json` prints it (and `huddle serve`
+/// answers it); fails when the room was never created.
+pub async fn board_view_of(store: &dyn Store, room: &str) -> anyhow::Result<BoardView> {
     let mut tally = Tally::new(room);
     let mut relays = huddle_core::relays::RelayFold::new();
     let mut config = huddle_core::ConfigFold::new();
-    fold_admitted(&*store, room, |r| {
+    fold_admitted(store, room, |r| {
         tally.apply(r);
         huddle_core::Fold::apply(&mut relays, r);
         huddle_core::Fold::apply(&mut config, r);
     })
     .await?;
     let mut view = board_view(&tally);
-    let live = crate::status_cmds::live_relays(&*store).await?;
+    let live = crate::status_cmds::live_relays(store).await?;
     if let Some(rr) = relays.room(room) {
         for a in &mut view.agents {
             a.hosting = crate::status_cmds::hosting_word(&rr.hosting(&a.agent, &live));
@@ -327,13 +337,15 @@ pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> a
             config.effective(room, None).group_reply == huddle_core::config::GroupReply::One;
         view.waiting_on_absent = crate::status_cmds::absent_waits(rr, &live, group_one);
     }
-    shared_view(&*store, room, &mut view).await?;
+    shared_view(store, room, &mut view).await?;
     let now = store.now().await?;
     view.benched =
         huddle_core::pacing::benched(tally.board.room(room), &config.effective(room, None), now);
-    if json {
-        return emit(&format!("{}\n", serde_json::to_string_pretty(&view)?));
-    }
+    Ok(view)
+}
+
+/// The text of `huddle board`.
+fn board_text(view: &BoardView) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -485,7 +497,7 @@ pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> a
             );
         }
     }
-    emit(&out)
+    out
 }
 
 /// Adds the room's held resources (the claims table) and shared state (its fold).
@@ -687,12 +699,18 @@ fn annotations(t: &TaskLine) -> String {
 /// `huddle tasks --room R [--json]`
 pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> anyhow::Result<()> {
     let store = ledger_cmds::open(db, options).await?;
-    let (tally, config) = fold_room(&*store, room).await?;
-    let view = tasks_view(&tally, &config);
+    let view = tasks_view_of(&*store, room).await?;
     if json {
         return emit(&format!("{}\n", serde_json::to_string_pretty(&view)?));
     }
     emit(&tasks_text(&view))
+}
+
+/// The task DAG of `room` as `huddle tasks --json` prints it (and `huddle serve`
+/// answers it); fails when the room was never created.
+pub async fn tasks_view_of(store: &dyn Store, room: &str) -> anyhow::Result<TasksView> {
+    let (tally, config) = fold_room(store, room).await?;
+    Ok(tasks_view(&tally, &config))
 }
 
 /// Shortest time between two redraws of `tasks --watch`.

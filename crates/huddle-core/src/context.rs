@@ -281,8 +281,18 @@ pub fn select_related<'a>(
 }
 
 pub(crate) fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
+    escape_upto(s, usize::MAX)
+}
+
+/// [`escape`] of `s`, stopping once the result passes `max_bytes` (callers clip it):
+/// the cost of escaping a long text is what is kept of it, not its length (a
+/// `!delegate` of thousands of lines is in every thread window).
+pub(crate) fn escape_upto(s: &str, max_bytes: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max_bytes.saturating_add(8)));
     for c in s.chars() {
+        if out.len() > max_bytes {
+            break;
+        }
         match c {
             '&' => out.push_str("&amp;"),
             '<' => out.push_str("&lt;"),
@@ -326,7 +336,10 @@ pub fn render_related_context(ctx: &RelatedContext<'_>, rules: &ContextRules) ->
             "- [{place}] {} ({}): {}\n",
             escape(&i.actor),
             i.id.short(),
-            clip(&escape(&r.text), rules.max_item_chars),
+            clip(
+                &escape_upto(&r.text, rules.max_item_chars.saturating_mul(4)),
+                rules.max_item_chars
+            ),
         ));
     }
     out.push_str("</related-context>\n");

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::context::escape;
+use crate::context::{escape, escape_upto};
 use crate::model::{Interaction, InteractionId};
 use crate::protocol::{parse_body, MessageBody};
 use crate::verbs::Verb;
@@ -98,7 +98,7 @@ impl ThreadWindow {
                 "[{} ({})] {}",
                 escape(&row.actor),
                 row.role,
-                escape(body.text.trim())
+                escape_upto(body.text.trim(), MAX_LINE)
             );
             if line.len() > MAX_LINE {
                 let mut cut = MAX_LINE;
