@@ -29,6 +29,7 @@ mod mcp_gates;
 mod mcp_http;
 mod operator_cli;
 mod owner_signatures;
+mod pacing;
 mod pattern_cli;
 mod presence;
 mod relay_e2e;

@@ -89,6 +89,7 @@ impl Rows {
             priority: None,
             size: None,
             path: None,
+            due_ms: None,
             uses: Vec::new(),
         };
         self.push(

@@ -107,7 +107,22 @@ async fn task_commands_claim_renew_complete_and_refuse_a_stale_completion() {
     );
     let failed = ok(task(&db, "bo", &["fail", "b", "--reason", "flaky"]));
     assert!(failed.starts_with("b: open"), "{failed}");
-    ok(task(&db, "bo", &["claim", "b"]));
+    // The retry waits out the task's back-off (`retry-backoff`, 1 s by default).
+    let early = fails(task(&db, "bo", &["claim", "b"]));
+    assert!(early.contains("backs off until"), "{early}");
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = run(task(&db, "bo", &["claim", "b"]));
+        if out.status.success() {
+            break;
+        }
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            err.contains("backs off until") && Instant::now() < until,
+            "{err}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let released = json(&ok(task(&db, "bo", &["release", "b", "--json"])));
     assert_eq!(released["status"], "open", "{released}");
     let missing = fails(task(&db, "bo", &["claim", "zz"]));

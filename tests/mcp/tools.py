@@ -69,7 +69,16 @@ async def main():
         assert b["dependencies"] == [{"id": "a", "label": "do a", "result": "A!"}], b
         failed = await call(cy, "task_fail", {"task": "b", "reason": "flaky"})
         assert failed["status"] == "open", failed
-        b2 = (await call(cy, "task_claim", {"task": "b"}))["claimed"]
+        # The retry waits out the task's back-off (retry-backoff, 1 s by default).
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                b2 = (await call(cy, "task_claim", {"task": "b"}))["claimed"]
+                break
+            except ToolError as e:
+                assert "backs off until" in str(e), e
+                assert time.monotonic() < deadline, e
+                await asyncio.sleep(0.1)
         assert b2["attempt"] == 2, b2
         released = await call(cy, "task_release", {"task": "b", "reason": "later"})
         assert released["status"] == "open", released

@@ -181,6 +181,7 @@ impl Patterns {
             coordinator: held.into_iter().next(),
             approvals,
             resources,
+            benched: Vec::new(),
         }
     }
 

@@ -480,7 +480,12 @@ impl AgentSession {
         let now = self.store.now().await?;
         let st = self.synced().await?;
         let summary = st.dag.summary(&self.room);
-        let patterns = st.patterns.lines(&self.room, now, st.authority.approvals());
+        let mut patterns = st.patterns.lines(&self.room, now, st.authority.approvals());
+        patterns.benched = huddle_core::pacing::benched(
+            st.board.room(&self.room),
+            &st.config().effective(&self.room, None),
+            now,
+        );
         let block = st
             .board
             .coordination_with(&self.room, &self.agent, Some(summary), patterns);

@@ -58,12 +58,16 @@ impl AgentSession {
 
     /// Ready tasks this agent may claim now (policy and capabilities), by id.
     fn ready_for_me(&self, st: &Folded, now: Timestamp) -> Vec<String> {
+        let config = st.config().effective(&self.room, None);
         st.dag
             .ready_frontier(&self.room)
             .into_iter()
             .filter(|t| {
-                self.right(st, t, now)
-                    .is_some_and(|r| r.allows(&self.agent, &self.capabilities, t))
+                // A task waiting out its back-off is nobody's yet, as on every relay.
+                !huddle_core::pacing::backing_off(&config, &self.room, t, now)
+                    && self
+                        .right(st, t, now)
+                        .is_some_and(|r| r.allows(&self.agent, &self.capabilities, t))
             })
             .map(|t| t.id.clone())
             .collect()
@@ -127,7 +131,21 @@ impl AgentSession {
                             why: refusal(&r, t),
                         })
                     }
-                    Some(_) => {}
+                    Some(_) => {
+                        let config = st.config().effective(&self.room, None);
+                        if let Some(at) = huddle_core::pacing::retry_at(&config, &self.room, t)
+                            .filter(|at| now < *at)
+                        {
+                            return Err(AgentError::NotClaimable {
+                                task: id.to_string(),
+                                why: format!(
+                                    "its last attempt failed and it backs off until {} \
+                                     (retry-backoff); claim it then",
+                                    huddle_core::board::format_timestamp(at)
+                                ),
+                            });
+                        }
+                    }
                 },
                 // Held: the store grants it only once the lease lapsed (or to us).
                 TaskStatus::Claimed => {

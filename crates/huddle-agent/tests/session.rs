@@ -222,6 +222,13 @@ async fn failures_retry_until_the_last_attempt_abandons_and_closes() {
     bo.task_claim(claim("a")).await.unwrap();
     let out = bo.task_fail(fail()).await.unwrap();
     assert_eq!(out.status, "open");
+    // The retry waits out its back-off (`retry-backoff`, 1 s by default, jittered
+    // down to no less than half), as it would on any relay.
+    let err = bo.task_claim(claim("a")).await.unwrap_err();
+    assert!(err.to_string().contains("backs off until"), "{err}");
+    let best = bo.task_claim(ClaimArgs::default()).await.unwrap();
+    assert!(best.claimed.is_none() && !best.settled, "{:?}", best.reason);
+    room.clock.advance(std::time::Duration::from_secs(1));
     bo.task_claim(claim("a")).await.unwrap();
     let out = bo.task_fail(fail()).await.unwrap();
     assert_eq!(out.status, "abandoned");
@@ -262,6 +269,7 @@ async fn release_gives_the_task_back_for_another_agent() {
         .await
         .unwrap();
     assert_eq!(out.status, "open");
+    room.clock.advance(std::time::Duration::from_secs(1));
     let c = cy.task_claim(claim("a")).await.unwrap().claimed.unwrap();
     assert_eq!(c.attempt, 2);
     // bo no longer holds it: its writes are refused.
@@ -407,6 +415,7 @@ async fn tasks_no_signed_owner_command_created_do_not_exist_for_agents() {
         priority: None,
         size: None,
         path: None,
+        due_ms: None,
         uses: Vec::new(),
     };
     room.store

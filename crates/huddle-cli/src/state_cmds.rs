@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::bail;
 use huddle_core::board::Subject;
 use huddle_core::tasks::{BlockedBy, TaskSummary};
-use huddle_core::{ClaimEpoch, Position, TaskStatus, Timestamp};
+use huddle_core::{ClaimEpoch, ConfigFold, Position, TaskStatus, Timestamp};
 use huddle_sim::render::clip;
 use huddle_sim::Tally;
 use huddle_store::{Store, StoreOptions, Subscription};
@@ -29,10 +29,15 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
 /// Folds every row of `room` that the relays would act on (a `task.created` or
 /// `config.set` no signed owner command produced is left out, as the relays leave it
 /// out); fails when the room was never created.
-async fn fold_room(store: &dyn Store, room: &str) -> anyhow::Result<Tally> {
+async fn fold_room(store: &dyn Store, room: &str) -> anyhow::Result<(Tally, ConfigFold)> {
     let mut tally = Tally::new(room);
-    fold_admitted(store, room, |r| tally.apply(r)).await?;
-    Ok(tally)
+    let mut config = ConfigFold::new();
+    fold_admitted(store, room, |r| {
+        tally.apply(r);
+        huddle_core::Fold::apply(&mut config, r);
+    })
+    .await?;
+    Ok((tally, config))
 }
 
 /// Passes every row of `room` the relays would act on to `apply`, in ledger order;
@@ -175,6 +180,10 @@ pub struct BoardView {
     /// Shared state: every key with its current version, by key.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub state: Vec<huddle_agent::resource_views::StateView>,
+    /// Agents the circuit breaker benched now (`breaker`), and until when.
+    pub benched: Vec<huddle_core::board::BenchedLine>,
+    /// Tasks that cannot make progress as things stand, and why.
+    pub stuck: Vec<huddle_core::pacing::StuckTask>,
 }
 
 fn board_view(t: &Tally) -> BoardView {
@@ -256,6 +265,8 @@ fn board_view(t: &Tally) -> BoardView {
         waiting_on_absent: Vec::new(),
         resources: Vec::new(),
         state: Vec::new(),
+        benched: Vec::new(),
+        stuck: huddle_core::pacing::stuck_tasks(&t.dag, room, b),
     }
 }
 
@@ -327,6 +338,9 @@ pub async fn board_view_of(store: &dyn Store, room: &str) -> anyhow::Result<Boar
         view.waiting_on_absent = crate::status_cmds::absent_waits(rr, &live, group_one);
     }
     shared_view(store, room, &mut view).await?;
+    let now = store.now().await?;
+    view.benched =
+        huddle_core::pacing::benched(tally.board.room(room), &config.effective(room, None), now);
     Ok(view)
 }
 
@@ -374,6 +388,31 @@ fn board_text(view: &BoardView) -> String {
             a.since.map_or_else(|| "-".to_string(), format_time),
             on.trim_start_matches(" — ")
         );
+    }
+    if !view.stuck.is_empty() {
+        let _ = writeln!(out, "\nstuck tasks ({}):", view.stuck.len());
+        for t in view.stuck.iter().take(20) {
+            let _ = writeln!(out, "  {}: {}", t.task, t.reason);
+        }
+        if view.stuck.len() > 20 {
+            let _ = writeln!(out, "  … and {} more", view.stuck.len() - 20);
+        }
+    }
+    if !view.benched.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nbenched by the circuit breaker ({}):",
+            view.benched.len()
+        );
+        for b in &view.benched {
+            let _ = writeln!(
+                out,
+                "  {} ({} failed turns in a row) until {}",
+                b.agent,
+                b.failed,
+                format_time(b.until)
+            );
+        }
     }
     if !view.waiting_on_absent.is_empty() {
         let _ = writeln!(
@@ -520,6 +559,13 @@ pub struct TaskLine {
     /// For a task that can never run: each dependency that cannot finish, and why
     /// (`missing`, `abandoned`, `cancelled`, `blocked`). Empty otherwise.
     pub blocked_by: Vec<BlockedBy>,
+    /// `[due D]`: how long each attempt may run from its claim, ms.
+    pub due_ms: Option<u64>,
+    /// A claimed task with a deadline: when its current attempt is overdue.
+    pub due_at: Option<Timestamp>,
+    /// A task given back: the earliest time its next attempt may start (its back-off,
+    /// `retry-backoff`), the same on every relay.
+    pub retry_at: Option<Timestamp>,
 }
 
 /// `huddle tasks --json`.
@@ -540,8 +586,9 @@ pub struct TasksView {
     pub malformed: u64,
 }
 
-fn tasks_view(t: &Tally) -> TasksView {
+fn tasks_view(t: &Tally, config: &ConfigFold) -> TasksView {
     let room = &t.room;
+    let config = config.effective(room, None);
     let completions = t.completions_per_task(true);
     let ready: Vec<String> = t
         .dag
@@ -575,6 +622,9 @@ fn tasks_view(t: &Tally) -> TasksView {
                     last_reason: x.last_reason.clone(),
                     result: x.result.clone(),
                     blocked_by: t.dag.blocked_by(room, &x.id),
+                    due_ms: x.due_ms,
+                    due_at: huddle_core::pacing::attempt_due(x),
+                    retry_at: huddle_core::pacing::retry_at(&config, room, x),
                 })
                 .collect()
         })
@@ -614,8 +664,22 @@ fn annotations(t: &TaskLine) -> String {
     if t.size != 1 {
         let _ = write!(s, " [size {}]", t.size);
     }
+    if let Some(ms) = t.due_ms {
+        let _ = write!(s, " [due {}]", huddle_core::config::format_duration(ms));
+    }
     if !t.uses.is_empty() {
         let _ = write!(s, " [uses {}]", t.uses.join(", "));
+    }
+    if let Some(at) = t.due_at {
+        let _ = write!(s, " (attempt due by {})", format_time(at));
+    }
+    if let Some(at) = t.retry_at {
+        let _ = write!(
+            s,
+            " (back-off: attempt {} not before {})",
+            t.attempts + 1,
+            format_time(at)
+        );
     }
     if !t.blocked_by.is_empty() {
         let why: Vec<String> = t
@@ -645,7 +709,8 @@ pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> a
 /// The task DAG of `room` as `huddle tasks --json` prints it (and `huddle serve`
 /// answers it); fails when the room was never created.
 pub async fn tasks_view_of(store: &dyn Store, room: &str) -> anyhow::Result<TasksView> {
-    Ok(tasks_view(&fold_room(store, room).await?))
+    let (tally, config) = fold_room(store, room).await?;
+    Ok(tasks_view(&tally, &config))
 }
 
 /// Shortest time between two redraws of `tasks --watch`.
@@ -662,6 +727,7 @@ pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow:
     let mut w = Watched {
         admitted: Admitted::new(room),
         tally: Tally::new(room),
+        config: ConfigFold::new(),
     };
     let mut cursor = Position::START;
     loop {
@@ -675,8 +741,8 @@ pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow:
     w.admitted.created()?;
     let terminal = std::io::stdout().is_terminal();
     let mut last = String::new();
-    let mut draw = |tally: &Tally| -> anyhow::Result<()> {
-        let text = tasks_text(&tasks_view(tally));
+    let mut draw = |w: &Watched<'_>| -> anyhow::Result<()> {
+        let text = tasks_text(&tasks_view(&w.tally, &w.config));
         if text == last {
             return Ok(());
         }
@@ -691,7 +757,7 @@ pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow:
         last = text;
         Ok(())
     };
-    draw(&w.tally)?;
+    draw(&w)?;
     let ledger: Arc<dyn huddle_store::Ledger> = store;
     let mut sub = Subscription::new(ledger, cursor, 1000);
     let mut dirty = false;
@@ -707,7 +773,7 @@ pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow:
                 Err(e) => return Err(e.into()),
             },
             _ = tokio::time::sleep_until(next_draw), if dirty => {
-                draw(&w.tally)?;
+                draw(&w)?;
                 dirty = false;
                 next_draw = tokio::time::Instant::now() + WATCH_REDRAW;
             }
@@ -720,6 +786,7 @@ pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow:
 struct Watched<'a> {
     admitted: Admitted<'a>,
     tally: Tally,
+    config: ConfigFold,
 }
 
 impl Watched<'_> {
@@ -729,6 +796,7 @@ impl Watched<'_> {
         for r in rows {
             if self.admitted.admits(r) {
                 self.tally.apply(r);
+                huddle_core::Fold::apply(&mut self.config, r);
                 moved = true;
             }
         }

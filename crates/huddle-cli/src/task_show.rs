@@ -67,6 +67,11 @@ pub struct TaskShow {
     pub blocked_by: Vec<BlockedBy>,
     /// Every accepted claim, in ledger order.
     pub attempts: Vec<Attempt>,
+    /// A task given back: the earliest time its next attempt may start (its
+    /// back-off, `retry-backoff`).
+    pub retry_at: Option<huddle_core::Timestamp>,
+    /// A claimed task with a deadline (`[due D]`): when its current attempt is overdue.
+    pub due_at: Option<huddle_core::Timestamp>,
 }
 
 /// Folds `room` and follows every row about `id` that changed the task.
@@ -78,10 +83,12 @@ async fn collect(
 ) -> anyhow::Result<TaskShow> {
     let store = ledger_cmds::open(db, options).await?;
     let mut tally = Tally::new(room);
+    let mut config = huddle_core::ConfigFold::new();
     let mut attempts: Vec<Attempt> = Vec::new();
     fold_admitted(&*store, room, |r| {
         let before = tally.dag.task(room, id).cloned();
         tally.apply(r);
+        huddle_core::Fold::apply(&mut config, r);
         let after = tally.dag.task(room, id);
         if before.as_ref() != after {
             follow(&mut attempts, r, id);
@@ -95,6 +102,8 @@ async fn collect(
         room: room.to_string(),
         ready: tally.dag.is_ready(room, id),
         blocked_by: tally.dag.blocked_by(room, id),
+        retry_at: huddle_core::pacing::retry_at(&config.effective(room, None), room, &task),
+        due_at: huddle_core::pacing::attempt_due(&task),
         task,
         attempts,
     })
@@ -218,6 +227,25 @@ fn render(s: &TaskShow) -> String {
             .map(|b| format!("{} {}", b.task, b.reason.as_str()))
             .collect();
         let _ = writeln!(out, "blocked by: {}", why.join(", "));
+    }
+    if let Some(ms) = t.due_ms {
+        let _ = write!(
+            out,
+            "due:      {} per attempt, from its claim",
+            huddle_core::config::format_duration(ms)
+        );
+        if let Some(at) = s.due_at {
+            let _ = write!(out, " (this attempt by {})", format_time(at));
+        }
+        out.push('\n');
+    }
+    if let Some(at) = s.retry_at {
+        let _ = writeln!(
+            out,
+            "back-off: attempt {} not before {}",
+            t.attempts + 1,
+            format_time(at)
+        );
     }
     let _ = writeln!(out, "attempts: {} of {}", t.attempts, t.max_attempts);
     for a in &s.attempts {

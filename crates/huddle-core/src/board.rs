@@ -142,6 +142,31 @@ pub struct RoomBoard {
     pub turns: BTreeMap<String, SubjectTurns>,
     /// Coordination bodies that did not fit their schema.
     pub malformed: u64,
+    /// Per agent, its failed turns since its last successful one (the circuit
+    /// breaker's input, [`crate::pacing`]); agents with none are absent.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failing: BTreeMap<String, FailStreak>,
+}
+
+/// An agent's failed turns in a row: counted from its own `turn.failed` rows (those
+/// [`counts_against_agent`]), reset by its next `turn.replied`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailStreak {
+    /// Failed turns in a row.
+    pub failed: u32,
+    /// When the last of them was written (database time).
+    pub last: Timestamp,
+}
+
+/// Whether a failed turn with this reason counts against its agent for the circuit
+/// breaker: not a turn that never started (the relay was late), not one cut short by
+/// a lost claim, a relay shutting down or the owner's `!stop` — those say nothing of
+/// the agent. The reasons are the relay's own texts, so every reader agrees.
+pub fn counts_against_agent(reason: &str) -> bool {
+    !(reason.starts_with("not started")
+        || reason.starts_with("cancelled")
+        || reason.starts_with("stopped by the owner")
+        || reason == "the claim was lost before the turn ended")
 }
 
 impl RoomBoard {
@@ -156,6 +181,27 @@ impl RoomBoard {
                     .map(|(_, turn, agent)| (k.as_str(), turn.as_str(), agent.as_str()))
             })
             .collect()
+    }
+
+    /// Moves the agent's [`FailStreak`] by one of its own turn endings.
+    fn note_streak(&mut self, i: &Interaction) {
+        if i.verb == Verb::TurnReplied {
+            self.failing.remove(&i.actor);
+            return;
+        }
+        let counts = i
+            .body
+            .get("reason")
+            .and_then(Value::as_str)
+            .is_none_or(counts_against_agent);
+        if counts {
+            let s = self.failing.entry(i.actor.clone()).or_insert(FailStreak {
+                failed: 0,
+                last: i.at,
+            });
+            s.failed = s.failed.saturating_add(1);
+            s.last = s.last.max(i.at);
+        }
     }
 
     fn set_presence(
@@ -227,6 +273,7 @@ impl RoomBoard {
                     self.malformed += 1;
                     return;
                 };
+                self.note_streak(i);
                 let entry = self.turns.entry(subject.key()).or_default();
                 entry.ended = Some(entry.ended.map_or(epoch, |e| e.max(epoch)));
                 let state = if i.verb == Verb::TurnReplied {
@@ -460,6 +507,19 @@ pub struct PatternLines {
     pub approvals: Vec<ApprovalLine>,
     /// Shared resources held (files, APIs, build slots), by resource.
     pub resources: Vec<ResourceLine>,
+    /// Agents the circuit breaker benched, until when ([`crate::pacing::benched`]).
+    pub benched: Vec<BenchedLine>,
+}
+
+/// An agent benched by the circuit breaker: offered no work until `until`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BenchedLine {
+    /// The agent.
+    pub agent: String,
+    /// Its failed turns in a row.
+    pub failed: u32,
+    /// Until when it is benched.
+    pub until: Timestamp,
 }
 
 /// Resource holdings the block shows at most (the rest are counted).
@@ -479,6 +539,7 @@ impl PatternLines {
             && self.coordinator.is_none()
             && self.approvals.is_empty()
             && self.resources.is_empty()
+            && self.benched.is_empty()
     }
 }
 
@@ -646,6 +707,18 @@ impl CoordinationView {
                     let _ = write!(out, " ({})", clean(n, 200));
                 }
                 out.push('\n');
+            }
+        }
+        if !self.patterns.benched.is_empty() {
+            out.push_str("benched:\n");
+            for b in &self.patterns.benched {
+                let _ = writeln!(
+                    out,
+                    "- {}: {} failed turns in a row; offered no work until {}",
+                    clean(&b.agent, 256),
+                    b.failed,
+                    format_timestamp(b.until)
+                );
             }
         }
         if !self.taken.is_empty() {

@@ -48,6 +48,7 @@ pub mod keys;
 pub mod lease;
 pub mod limits;
 pub mod model;
+pub mod pacing;
 pub mod pattern;
 pub mod policy;
 pub mod protocol;

@@ -48,8 +48,8 @@ pub use crate::protocol::task::{
     valid_capability, valid_task_id, TaskBidBody, TaskCancelledBody, TaskClaimedBody,
     TaskCompletedBody, TaskCreatedBody, TaskEndedBody, TaskRejectedBody, TaskRetriedBody, TaskUse,
     DEFAULT_MAX_ATTEMPTS, DEFAULT_TASK_PRIORITY, MAX_ATTEMPTS_CAP, MAX_CAPABILITIES,
-    MAX_CAPABILITY_BYTES, MAX_DEPS, MAX_LABEL_BYTES, MAX_RESULT_BYTES, MAX_TASK_ID_BYTES,
-    MAX_TASK_PRIORITY, MAX_TASK_SIZE,
+    MAX_CAPABILITY_BYTES, MAX_DEPS, MAX_LABEL_BYTES, MAX_RESULT_BYTES, MAX_TASK_DUE_MS,
+    MAX_TASK_ID_BYTES, MAX_TASK_PRIORITY, MAX_TASK_SIZE, MIN_TASK_DUE_MS,
 };
 pub use crate::protocol::{truncate_text, SYSTEM_ACTOR};
 
@@ -147,6 +147,10 @@ pub struct Task {
     /// `!delegate` that wait for it, its own size included (at least `size`).
     #[serde(default = "one_u64")]
     pub path: u64,
+    /// How long each attempt may run, ms, from its claim (`[due ...]`); `None`: no
+    /// deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_ms: Option<u64>,
     /// Resources its turn holds while it runs (`[uses ...]`), in the global order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub uses: Vec<crate::resources::Wanted>,
@@ -581,6 +585,7 @@ impl RoomTasks {
                 .min(MAX_TASK_PRIORITY),
             size,
             path: b.path.unwrap_or(0).max(u64::from(size)),
+            due_ms: b.due_ms.map(|d| d.clamp(MIN_TASK_DUE_MS, MAX_TASK_DUE_MS)),
             uses,
             generation: 0,
             command: i.parent,

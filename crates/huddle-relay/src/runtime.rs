@@ -1414,8 +1414,10 @@ impl Executor {
         request.progress = sink;
         let progress = tokio::spawn(write_progress(self.store.clone(), start.clone(), notes));
         request.start_by = Some(start_by);
+        let stall =
+            (start.stall_timeout_ms > 0).then(|| Duration::from_millis(start.stall_timeout_ms));
         tokio::spawn(async move {
-            let outcome = driver.run(request, token).await;
+            let outcome = run_watched(driver, request, token, stall).await;
             // Every note the turn sent is written before its outcome is (progress
             // never lands after the reply), unless writing them hangs.
             let abort = progress.abort_handle();
@@ -1454,6 +1456,47 @@ impl Executor {
                 activity,
             });
         });
+    }
+}
+
+/// Runs a turn under the stall watchdog: with a `stall` timeout, a turn whose driver
+/// reports no activity ([`ProgressSink::beat`](crate::driver::ProgressSink::beat))
+/// for that long is cancelled, and once the driver has stopped it is reported failed
+/// (`stalled: ...`), so its work is retried like any failed turn.
+async fn run_watched(
+    driver: Arc<dyn crate::driver::Driver>,
+    request: crate::driver::TurnRequest,
+    token: CancellationToken,
+    stall: Option<Duration>,
+) -> TurnOutcome {
+    let Some(stall) = stall else {
+        return driver.run(request, token).await;
+    };
+    let sink = request.progress.clone();
+    let watched = token.child_token();
+    let mut run = std::pin::pin!(driver.run(request, watched.clone()));
+    let step = (stall / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            outcome = &mut run => return outcome,
+            _ = tokio::time::sleep(step) => {
+                if sink.idle_for().is_some_and(|idle| idle >= stall) && !token.is_cancelled() {
+                    watched.cancel();
+                    let outcome = run.await;
+                    if matches!(outcome, TurnOutcome::Cancelled) {
+                        info!(stall_ms = stall.as_millis() as u64, "turn stalled: cancelled");
+                        return TurnOutcome::failed(
+                            format!(
+                                "stalled: no activity for {}",
+                                huddle_core::config::format_duration(stall.as_millis() as u64)
+                            ),
+                            0,
+                        );
+                    }
+                    return outcome;
+                }
+            }
+        }
     }
 }
 

@@ -273,6 +273,9 @@ mod tests {
             last_reason: None,
             result: None,
             blocked_by: vec![],
+            due_ms: None,
+            due_at: None,
+            retry_at: None,
         }
     }
 

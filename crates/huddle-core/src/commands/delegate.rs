@@ -11,8 +11,8 @@
 //! The exact grammar is in `docs/protocol/commands.md`. In short: `id: label`, then
 //! at the very end of the line, in any order and each at most once, the bracketed
 //! clauses `[after dep1, dep2]`, `[needs cap1, cap2]`, `[priority N]`, `[size N]`,
-//! `[attempts N]`, `[uses RESOURCE [MODE], ...]` (a `:` may follow the keyword) and an
-//! `@assignee`. Only the
+//! `[attempts N]`, `[due 30m]`, `[uses RESOURCE [MODE], ...]` (a `:` may follow the
+//! keyword) and an `@assignee`. Only the
 //! bracketed forms are clauses, so a label that merely ends in the word "after"
 //! ("clean up after") is just a label; a bracket whose first word is no keyword
 //! (`[WIP]`) stays in the label, and a clause anywhere else is an error, so a label is
@@ -27,10 +27,10 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::config::{check_agent_name, shorten};
+use crate::config::{check_agent_name, parse_duration, shorten};
 use crate::protocol::task::{
-    valid_capability, MAX_ATTEMPTS_CAP, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_TASK_PRIORITY,
-    MAX_TASK_SIZE,
+    valid_capability, MAX_ATTEMPTS_CAP, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_TASK_DUE_MS,
+    MAX_TASK_PRIORITY, MAX_TASK_SIZE, MIN_TASK_DUE_MS,
 };
 use crate::resources::{ordered, Mode, ResourceName, Wanted};
 
@@ -66,6 +66,9 @@ pub struct TaskSpec {
     /// `[attempts N]`: attempts before it fails for good (absent: the room's
     /// `max-attempts`).
     pub attempts: Option<u32>,
+    /// `[due 30m]`: how long each attempt may run, ms, from its claim (absent: no
+    /// deadline).
+    pub due_ms: Option<u64>,
     /// `[uses file:docs/**, slot:build permits-2]`: resources its turn holds while it
     /// runs, in the global order (the mode defaults to exclusive).
     pub uses: Vec<Wanted>,
@@ -545,6 +548,7 @@ fn parse_task_rest(id: &str, rest: &str) -> Result<TaskSpec, DelegateErrorKind> 
         priority: clauses.priority,
         size: clauses.size,
         attempts: clauses.attempts,
+        due_ms: clauses.due_ms,
         uses: clauses.uses,
         path: u64::from(size),
         line: 0,
@@ -559,16 +563,18 @@ enum Keyword {
     Priority,
     Size,
     Attempts,
+    Due,
     Uses,
 }
 
 impl Keyword {
-    const ALL: [Keyword; 6] = [
+    const ALL: [Keyword; 7] = [
         Keyword::After,
         Keyword::Needs,
         Keyword::Priority,
         Keyword::Size,
         Keyword::Attempts,
+        Keyword::Due,
         Keyword::Uses,
     ];
 
@@ -579,6 +585,7 @@ impl Keyword {
             Keyword::Priority => "priority",
             Keyword::Size => "size",
             Keyword::Attempts => "attempts",
+            Keyword::Due => "due",
             Keyword::Uses => "uses",
         }
     }
@@ -592,6 +599,7 @@ struct Clauses {
     priority: Option<u32>,
     size: Option<u32>,
     attempts: Option<u32>,
+    due_ms: Option<u64>,
     uses: Vec<Wanted>,
 }
 
@@ -608,6 +616,7 @@ impl Clauses {
             Keyword::Attempts => {
                 self.attempts = Some(parse_number(id, keyword, inner, 1, MAX_ATTEMPTS_CAP)?)
             }
+            Keyword::Due => self.due_ms = Some(parse_due(id, inner)?),
             Keyword::Uses => self.uses = parse_uses(id, inner)?,
         }
         Ok(())
@@ -756,6 +765,23 @@ fn parse_number(
     }
     match text.parse::<u32>() {
         Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ => Err(bad()),
+    }
+}
+
+/// The duration of a `[due ...]` clause, ms: `90s`, `30m`, `2h`, `1h30m` (the
+/// `!config` duration grammar), from 1 s to 7 days.
+fn parse_due(id: &str, inner: &str) -> Result<u64, DelegateErrorKind> {
+    let text = inner.trim();
+    let bad = || DelegateErrorKind::BadClause {
+        id: id.to_string(),
+        reason: format!(
+            "`[due {}]`: expected a duration such as 90s, 30m or 2h, from 1s to 7 days",
+            shorten(text)
+        ),
+    };
+    match parse_duration(text) {
+        Ok(ms) if (MIN_TASK_DUE_MS..=MAX_TASK_DUE_MS).contains(&ms) => Ok(ms),
         _ => Err(bad()),
     }
 }

@@ -396,6 +396,7 @@ pub fn derived_rows(
                         // Only when dependants lengthen it: a lone task's path is its
                         // size, and its row stays what it was before paths existed.
                         path: (t.path > u64::from(t.size.unwrap_or(1))).then_some(t.path),
+                        due_ms: t.due_ms,
                         uses: t
                             .uses
                             .iter()

@@ -163,7 +163,7 @@ fn annotations_become_fields_of_task_created() {
     let mut auth = OwnerAuthority::new();
     auth.apply(&created_with_key(1, "lobby", "olga", &key));
     let text =
-        "!delegate\na: one [needs rust] [priority 3] [size 4]\nb: two [after a] [attempts 7]";
+        "!delegate\na: one [needs rust] [priority 3] [size 4]\nb: two [after a] [attempts 7] [due 1h30m]";
     let command = signed_post(2, "lobby", None, "olga", text, &key);
     auth.apply(&command);
     let Some(Ok(parsed)) = owner_command_in(&command, auth.config(), &ParseContext::default())
@@ -195,6 +195,10 @@ fn annotations_become_fields_of_task_created() {
             bodies[1].max_attempts
         ),
         (None, None, None, Some(7))
+    );
+    assert_eq!(
+        (bodies[0].due_ms, bodies[1].due_ms),
+        (None, Some(5_400_000))
     );
 }
 
@@ -320,6 +324,18 @@ fn delegate_errors_name_the_line_and_the_problem() {
             "!delegate\na: x [attempts: 101]",
             2,
             "line 2: task `a`: `[attempts 101]`: expected a whole number from 1 to 100",
+        ),
+        (
+            "!delegate\na: x [due soon]",
+            2,
+            "line 2: task `a`: `[due soon]`: expected a duration such as 90s, 30m or 2h, \
+             from 1s to 7 days",
+        ),
+        (
+            "!delegate\na: x [due: 500ms]",
+            2,
+            "line 2: task `a`: `[due 500ms]`: expected a duration such as 90s, 30m or 2h, \
+             from 1s to 7 days",
         ),
         (
             "!delegate\na: x [priority -1]",

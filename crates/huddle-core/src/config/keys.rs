@@ -187,6 +187,40 @@ pub struct RoomConfig {
     /// Whether rows must be signed by a registered writer key to count.
     #[serde(default)]
     pub require_signatures: bool,
+    /// The back-off before a failed task's second attempt, ms (default 1,000; 0: none);
+    /// it doubles with every further attempt, up to `retry_backoff_max_ms`, jittered
+    /// (see [`crate::pacing`]).
+    #[serde(default = "default_retry_backoff")]
+    pub retry_backoff_ms: u64,
+    /// The longest back-off between attempts, ms (default 60,000).
+    #[serde(default = "default_retry_backoff_max")]
+    pub retry_backoff_max_ms: u64,
+    /// Failed turns in a row after which an agent is benched (default 5; 0: never).
+    #[serde(default = "default_breaker")]
+    pub breaker: u32,
+    /// How long a benched agent gets no work, ms (default 60,000).
+    #[serde(default = "default_breaker_cooldown")]
+    pub breaker_cooldown_ms: u64,
+    /// A turn with no activity for this long is cancelled and failed, ms (default 0:
+    /// never).
+    #[serde(default)]
+    pub stall_timeout_ms: u64,
+}
+
+fn default_retry_backoff() -> u64 {
+    1_000
+}
+
+fn default_retry_backoff_max() -> u64 {
+    60_000
+}
+
+fn default_breaker() -> u32 {
+    5
+}
+
+fn default_breaker_cooldown() -> u64 {
+    60_000
 }
 
 fn default_reply_horizon() -> u64 {
@@ -235,6 +269,11 @@ impl Default for RoomConfig {
             max_reply_failures: 3,
             relay_keys: Vec::new(),
             require_signatures: false,
+            retry_backoff_ms: default_retry_backoff(),
+            retry_backoff_max_ms: default_retry_backoff_max(),
+            breaker: default_breaker(),
+            breaker_cooldown_ms: default_breaker_cooldown(),
+            stall_timeout_ms: 0,
         }
     }
 }
@@ -323,6 +362,16 @@ pub enum ConfigKey {
     /// `require-signatures`: rows count only when signed by a registered writer key
     /// (or by the owner, or derived from a verified command).
     RequireSignatures,
+    /// `retry-backoff`: the back-off before a failed task's next attempt.
+    RetryBackoff,
+    /// `retry-backoff-max`: the longest back-off between attempts.
+    RetryBackoffMax,
+    /// `breaker`: failed turns in a row after which an agent is benched.
+    Breaker,
+    /// `breaker-cooldown`: how long a benched agent gets no work.
+    BreakerCooldown,
+    /// `stall-timeout`: a turn with no activity for this long is cancelled.
+    StallTimeout,
 }
 
 /// The kind of value a [`ConfigKey`] takes.
@@ -386,7 +435,7 @@ pub const MAX_BUDGET: u64 = 1_000_000_000_000;
 
 impl ConfigKey {
     /// Every key, in documentation order.
-    pub const ALL: [ConfigKey; 23] = [
+    pub const ALL: [ConfigKey; 28] = [
         ConfigKey::Topology,
         ConfigKey::Responder,
         ConfigKey::ResponderAgent,
@@ -410,6 +459,11 @@ impl ConfigKey {
         ConfigKey::MaxReplyFailures,
         ConfigKey::RelayKeys,
         ConfigKey::RequireSignatures,
+        ConfigKey::RetryBackoff,
+        ConfigKey::RetryBackoffMax,
+        ConfigKey::Breaker,
+        ConfigKey::BreakerCooldown,
+        ConfigKey::StallTimeout,
     ];
 
     /// The key as typed in `!config` and stored in `config.set`.
@@ -438,6 +492,11 @@ impl ConfigKey {
             ConfigKey::MaxReplyFailures => "max-reply-failures",
             ConfigKey::RelayKeys => "relay-keys",
             ConfigKey::RequireSignatures => "require-signatures",
+            ConfigKey::RetryBackoff => "retry-backoff",
+            ConfigKey::RetryBackoffMax => "retry-backoff-max",
+            ConfigKey::Breaker => "breaker",
+            ConfigKey::BreakerCooldown => "breaker-cooldown",
+            ConfigKey::StallTimeout => "stall-timeout",
         }
     }
 
@@ -468,13 +527,18 @@ impl ConfigKey {
             | ConfigKey::BidWindow
             | ConfigKey::LoopCooldown
             | ConfigKey::RateWindow
-            | ConfigKey::ReplyHorizon => ValueKind::Duration,
+            | ConfigKey::ReplyHorizon
+            | ConfigKey::RetryBackoff
+            | ConfigKey::RetryBackoffMax
+            | ConfigKey::BreakerCooldown
+            | ConfigKey::StallTimeout => ValueKind::Duration,
             ConfigKey::MaxAttempts
             | ConfigKey::LoopMax
             | ConfigKey::Rate
             | ConfigKey::MaxHops
             | ConfigKey::ThreadContext
-            | ConfigKey::MaxReplyFailures => ValueKind::Count,
+            | ConfigKey::MaxReplyFailures
+            | ConfigKey::Breaker => ValueKind::Count,
             ConfigKey::RequireMention | ConfigKey::RequireSignatures => ValueKind::Flag,
             ConfigKey::Budget => ValueKind::Budget,
             ConfigKey::Delegators => ValueKind::Agents,
@@ -502,6 +566,11 @@ impl ConfigKey {
             ConfigKey::ThreadContext => b(0, 65_536),
             ConfigKey::ReplyHorizon => b(10 * SECOND, 24 * HOUR),
             ConfigKey::MaxReplyFailures => b(1, 20),
+            ConfigKey::RetryBackoff => b(0, HOUR),
+            ConfigKey::RetryBackoffMax => b(SECOND, 24 * HOUR),
+            ConfigKey::Breaker => b(0, 100),
+            ConfigKey::BreakerCooldown => b(SECOND, 24 * HOUR),
+            ConfigKey::StallTimeout => b(0, 24 * HOUR),
             ConfigKey::Responder
             | ConfigKey::ResponderAgent
             | ConfigKey::Allocation
@@ -587,6 +656,22 @@ impl ConfigKey {
             ConfigKey::GroupReply => {
                 "how a message addressed only to @@cap groups is answered: each (every \
                  member once) or one (one member, chosen by the responder policy)"
+            }
+            ConfigKey::RetryBackoff => {
+                "how long a failed task waits before its next attempt; doubles with every \
+                 attempt up to retry-backoff-max, jittered (0: retry at once)"
+            }
+            ConfigKey::RetryBackoffMax => "the longest back-off between attempts of a task",
+            ConfigKey::Breaker => {
+                "failed turns in a row after which an agent is benched for breaker-cooldown \
+                 (0: never)"
+            }
+            ConfigKey::BreakerCooldown => {
+                "how long a benched agent is offered no work; then one trial turn decides"
+            }
+            ConfigKey::StallTimeout => {
+                "a turn with no activity (exec: no output; ACP: no update) for this long is \
+                 cancelled and failed, so its work is retried (0: never)"
             }
         }
     }
@@ -1024,6 +1109,11 @@ impl RoomConfig {
             ConfigKey::MaxReplyFailures => ConfigValue::Count(self.max_reply_failures.into()),
             ConfigKey::RelayKeys => ConfigValue::WriterKeys(self.relay_keys.clone()),
             ConfigKey::RequireSignatures => ConfigValue::Flag(self.require_signatures),
+            ConfigKey::RetryBackoff => ConfigValue::Millis(self.retry_backoff_ms),
+            ConfigKey::RetryBackoffMax => ConfigValue::Millis(self.retry_backoff_max_ms),
+            ConfigKey::Breaker => ConfigValue::Count(self.breaker.into()),
+            ConfigKey::BreakerCooldown => ConfigValue::Millis(self.breaker_cooldown_ms),
+            ConfigKey::StallTimeout => ConfigValue::Millis(self.stall_timeout_ms),
         }
     }
 
@@ -1089,6 +1179,19 @@ impl RoomConfig {
                 self.relay_keys = normalized(list).filter(|_| valid).unwrap_or_default();
             }
             (ConfigKey::RequireSignatures, ConfigValue::Flag(b)) => self.require_signatures = b,
+            (ConfigKey::RetryBackoff, ConfigValue::Millis(n)) => {
+                self.retry_backoff_ms = bounds.clamp(n)
+            }
+            (ConfigKey::RetryBackoffMax, ConfigValue::Millis(n)) => {
+                self.retry_backoff_max_ms = bounds.clamp(n)
+            }
+            (ConfigKey::Breaker, ConfigValue::Count(n)) => self.breaker = count(n),
+            (ConfigKey::BreakerCooldown, ConfigValue::Millis(n)) => {
+                self.breaker_cooldown_ms = bounds.clamp(n)
+            }
+            (ConfigKey::StallTimeout, ConfigValue::Millis(n)) => {
+                self.stall_timeout_ms = bounds.clamp(n)
+            }
             _ => return false,
         }
         true

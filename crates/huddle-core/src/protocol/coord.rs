@@ -169,4 +169,6 @@ pub struct NoticeBody {
 impl NoticeBody {
     /// `about` of the notice that a task failed for good.
     pub const TASK_ABANDONED: &'static str = "task-abandoned";
+    /// An attempt ran past its task's deadline (`[due ...]`) and was failed.
+    pub const TASK_OVERDUE: &'static str = "task-overdue";
 }

@@ -28,6 +28,11 @@ pub const DEFAULT_TASK_PRIORITY: u32 = 100;
 pub const MAX_TASK_PRIORITY: u32 = 1_000;
 /// The largest relative size of a task (larger values are clamped; the default is 1).
 pub const MAX_TASK_SIZE: u32 = 1_000_000;
+/// The longest time an attempt may be given (`[due ...]`), ms: 7 days (longer values
+/// are clamped).
+pub const MAX_TASK_DUE_MS: u64 = 7 * 24 * 3_600_000;
+/// The shortest time an attempt may be given (`[due ...]`), ms: 1 s.
+pub const MIN_TASK_DUE_MS: u64 = 1_000;
 
 /// Whether `id` is a valid task id: 1..=128 bytes of `[A-Za-z0-9_-]`.
 pub fn valid_task_id(id: &str) -> bool {
@@ -81,6 +86,11 @@ pub struct TaskCreatedBody {
     /// the critical-path part of its frontier rank. Absent: its size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<u64>,
+    /// How long each attempt may take, ms, counted from its claim (`[due 30m]`,
+    /// clamped to 1 s..=7 days); an attempt still running then is cancelled and
+    /// failed. Absent: no deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_ms: Option<u64>,
     /// Shared resources the task's turn holds while it runs (`[uses ...]`): taken all
     /// together, as the agent, before the task is claimed; renewed with the turn and
     /// released when it ends. Checked by the task fold (a bad name or mode makes the

@@ -522,6 +522,11 @@ pub struct TurnStart {
     /// The `<coordination>` block to put first in the prompt, when it changed since it
     /// was last delivered to this agent in this room.
     pub coordination: Option<String>,
+    /// The room's `stall-timeout`, ms (0: none): the relay cancels the turn and
+    /// reports it failed (`stalled: ...`) once its driver reports no activity for
+    /// that long.
+    #[serde(default)]
+    pub stall_timeout_ms: u64,
 }
 
 /// What the synchronizer asks the relay to do. Perform them in order.

@@ -226,8 +226,10 @@ struct LiveTurn {
     uses: Vec<ClaimRef>,
     lost: bool,
     cancel_sent: bool,
-    /// Why the owner stopped it (`!stop`), if it was.
+    /// Why the owner stopped it (`!stop`), or why its deadline did, if one did.
     stopped: Option<String>,
+    /// Its attempt ran past the task's deadline (`stopped` says so).
+    overdue: bool,
 }
 
 /// A task whose claims are won and whose `[uses ...]` resources are being taken
@@ -282,6 +284,15 @@ pub struct Synchronizer {
     /// Shared resources as their holders recorded them, for the `<coordination>` block.
     resources: crate::resources::ResourceFold,
     dag: TaskDag,
+    /// Ready tasks given back at least once: they may be waiting out a back-off
+    /// ([`crate::pacing::retry_at`]), whose end is a wakeup. Kept in step with the DAG
+    /// fold's changes; an entry whose back-off is over is dropped by the next pass.
+    backing_off: BTreeSet<(String, String)>,
+    /// Failed turns of local agents that ended here and count for the circuit
+    /// breaker, not yet read back: `(room, agent)` → turn → when it ended. Added to
+    /// the board's streak, so an agent is benched at its Nth failure, not one turn
+    /// later; dropped as each row is folded (or, never read back, after a lease).
+    unfolded_failures: BTreeMap<(String, String), BTreeMap<String, Timestamp>>,
     /// Each room's ready tasks in this relay's walk order, kept in step with the DAG
     /// fold's changes (see [`WalkKey`]).
     walk: BTreeMap<String, BTreeSet<WalkKey>>,
@@ -391,6 +402,8 @@ impl Synchronizer {
                 dag.track_changes();
                 dag
             },
+            backing_off: BTreeSet::new(),
+            unfolded_failures: BTreeMap::new(),
             walk: BTreeMap::new(),
             walk_keys: BTreeMap::new(),
             budget: BudgetFold::new(),
@@ -534,6 +547,26 @@ impl Synchronizer {
                 }
                 for (due, _) in self.reply_dues(room, m) {
                     consider(due);
+                }
+            }
+            // The ends of back-offs, benches and attempt deadlines.
+            for (room, task) in &self.backing_off {
+                if let Some(t) = self.dag.task(room, task) {
+                    if let Some(at) = crate::pacing::retry_at(self.config(room, None), room, t) {
+                        consider(at);
+                    }
+                }
+            }
+            for room in &self.rooms {
+                for a in self.agents.keys() {
+                    if let Some(until) = self.benched_until(room, a) {
+                        consider(until);
+                    }
+                }
+            }
+            for t in self.turns.values() {
+                if let Some(at) = self.attempt_due(t) {
+                    consider(at);
                 }
             }
             for room in &self.rooms {
@@ -698,6 +731,9 @@ impl Synchronizer {
         ) {
             self.unsettled.insert(row.room.clone());
         }
+        if matches!(row.verb, Verb::TurnReplied | Verb::TurnFailed) && row.role == Role::Agent {
+            self.fold_turn_end(row);
+        }
         match row.verb {
             Verb::RoomSettled if row.role == Role::System => {
                 if let Some(b) = parse_body::<crate::protocol::RoomSettledBody>(&row.body) {
@@ -780,6 +816,16 @@ impl Synchronizer {
     fn follow_frontier(&mut self) {
         for (room, task) in self.dag.take_changes() {
             let key = (room, task);
+            let returned = self.dag.is_ready(&key.0, &key.1)
+                && self
+                    .dag
+                    .task(&key.0, &key.1)
+                    .is_some_and(|t| t.returned_at.is_some());
+            if returned {
+                self.backing_off.insert(key.clone());
+            } else {
+                self.backing_off.remove(&key);
+            }
             if let Some(old) = self.walk_keys.remove(&key) {
                 if let Some(w) = self.walk.get_mut(&key.0) {
                     w.remove(&old);
@@ -1023,6 +1069,115 @@ impl Synchronizer {
             || self.claims.values().any(|s| s.purpose.agent() == agent)
     }
 
+    /// A turn ending of an agent read back: it is in the board's streak now.
+    fn fold_turn_end(&mut self, row: &Interaction) {
+        let key = (row.room.clone(), row.actor.clone());
+        let Some(pending) = self.unfolded_failures.get_mut(&key) else {
+            return;
+        };
+        if let Some(turn) = row.body.get("turn").and_then(serde_json::Value::as_str) {
+            pending.remove(turn);
+        }
+        if pending.is_empty() {
+            self.unfolded_failures.remove(&key);
+        }
+    }
+
+    /// `agent`'s failed turns in a row in `room`: the board's streak plus its failures
+    /// that ended here and are not read back yet.
+    fn streak(&self, room: &str, agent: &str) -> Option<crate::board::FailStreak> {
+        let folded = self
+            .board
+            .room(room)
+            .and_then(|b| b.failing.get(agent))
+            .copied();
+        let Some(p) = self
+            .unfolded_failures
+            .get(&(room.to_string(), agent.to_string()))
+        else {
+            return folded;
+        };
+        let last = p.values().max().copied().unwrap_or(Timestamp::MIN);
+        let mut s = folded.unwrap_or(crate::board::FailStreak { failed: 0, last });
+        s.failed = s
+            .failed
+            .saturating_add(u32::try_from(p.len()).unwrap_or(u32::MAX));
+        s.last = s.last.max(last);
+        Some(s)
+    }
+
+    /// Until when the circuit breaker benches `agent` in `room`, if it does.
+    fn benched_until(&self, room: &str, agent: &str) -> Option<Timestamp> {
+        let s = self.streak(room, agent)?;
+        crate::pacing::benched_until(self.config(room, None), &s)
+    }
+
+    /// Whether the circuit breaker benched `agent` in `room` now
+    /// ([`crate::pacing::benched_until`]).
+    fn benched(&self, room: &str, agent: &str) -> bool {
+        matches!((self.now, self.benched_until(room, agent)), (Some(now), Some(until)) if now < until)
+    }
+
+    /// The room's benched agents now, for the `<coordination>` block.
+    fn benched_lines(&self, room: &str) -> Vec<crate::board::BenchedLine> {
+        match self.now {
+            Some(now) => {
+                crate::pacing::benched(self.board.room(room), self.config(room, None), now)
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// When a live task turn's attempt is overdue (its task's `[due ...]`).
+    fn attempt_due(&self, t: &LiveTurn) -> Option<Timestamp> {
+        let LiveWork::Task { task } = &t.work else {
+            return None;
+        };
+        let task = self.dag.task(&t.room, task)?;
+        // Only the attempt this turn runs: a re-taken claim is another attempt.
+        if task.epoch != Some(t.exclusive.epoch) {
+            return None;
+        }
+        crate::pacing::attempt_due(task)
+    }
+
+    /// Cancels every live task turn whose attempt is past its deadline; the turn's end
+    /// fails the attempt with an `overdue` reason (and a notice to the owner), and the
+    /// task follows its retry policy.
+    fn cancel_overdue(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
+        let overdue: Vec<(TurnId, String)> = self
+            .turns
+            .iter()
+            .filter(|(_, t)| t.stopped.is_none() && !t.cancel_sent && !t.lost)
+            .filter_map(|(id, t)| {
+                self.attempt_due(t).filter(|d| now >= *d)?;
+                let LiveWork::Task { task } = &t.work else {
+                    return None;
+                };
+                let ms = self
+                    .dag
+                    .task(&t.room, task)
+                    .and_then(|x| x.due_ms)
+                    .unwrap_or(0);
+                Some((
+                    id.clone(),
+                    format!(
+                        "overdue: attempt not finished within its deadline ({} from its claim)",
+                        crate::config::format_duration(ms)
+                    ),
+                ))
+            })
+            .collect();
+        for (id, why) in overdue {
+            if let Some(t) = self.turns.get_mut(&id) {
+                t.stopped = Some(why);
+                t.overdue = true;
+                t.cancel_sent = true;
+                out.push(Intent::Cancel { turn: id });
+            }
+        }
+    }
+
     /// How long to leave a claim found held at `epoch` alone: until its lease lapses,
     /// unless that epoch's attempt already failed in the ledger (its holder is
     /// releasing it), then only a moment.
@@ -1093,7 +1248,12 @@ impl Synchronizer {
         };
         self.agents
             .keys()
-            .filter(|a| m.eligible.contains(a) && !m.failed.contains(*a) && !self.busy(a))
+            .filter(|a| {
+                m.eligible.contains(a)
+                    && !m.failed.contains(*a)
+                    && !self.busy(a)
+                    && !self.benched(room, a)
+            })
             .map(|a| {
                 let delay = if watchers.is_empty() {
                     responder_delay_ms(config, a, &candidates)
@@ -1191,6 +1351,17 @@ impl Synchronizer {
         };
         self.register(out);
         self.notify_owners(out);
+        self.cancel_overdue(now, out);
+        let config = |r: &str| {
+            self.configs
+                .get(&(r.to_string(), None))
+                .unwrap_or(&self.default_config)
+        };
+        let dag = &self.dag;
+        self.backing_off.retain(|(room, task)| {
+            dag.task(room, task)
+                .is_some_and(|t| crate::pacing::backing_off(config(room), room, t, now))
+        });
         // Re-takes first: those tasks and messages have waited longest.
         self.retake_replies(now, out);
         self.elect_replies(now, out);
@@ -1439,7 +1610,7 @@ impl Synchronizer {
         let owing: Vec<String> = self
             .agents
             .keys()
-            .filter(|a| m.owed_by(a) && !self.busy(a))
+            .filter(|a| m.owed_by(a) && !self.busy(a) && !self.benched(room, a))
             .filter(|a| {
                 let key = directed_reply_key(room, &id, a);
                 !self.claims.contains_key(&key) && !self.held_elsewhere(&key, now)
@@ -1525,6 +1696,10 @@ impl Synchronizer {
                 else {
                     continue;
                 };
+                // A given-back task waits out its back-off, on every relay alike.
+                if crate::pacing::backing_off(&config, &room, task, now) {
+                    continue;
+                }
                 let right = claim_right(&config, task, since, now);
                 if let ClaimRight::Bidding { .. } = right {
                     bidding.push(id.to_string());
@@ -1555,6 +1730,7 @@ impl Synchronizer {
                             && self.uses_free(&room, task, &a.key)
                             && !self.outstanding_bid(&a.key, Some((&room, id)))
                             && benched != Some(a.key.as_str())
+                            && !self.benched(&room, &a.key)
                     })
                     .map(|a| a.key.clone());
                 if let Some(agent) = pick {
@@ -1579,7 +1755,10 @@ impl Synchronizer {
                 if wakes >= cap {
                     return;
                 }
-                if busy.contains(&a.key) || self.outstanding_bid(&a.key, None) {
+                if busy.contains(&a.key)
+                    || self.outstanding_bid(&a.key, None)
+                    || self.benched(&room, &a.key)
+                {
                     continue;
                 }
                 let pick = bidding
@@ -1683,6 +1862,13 @@ impl Synchronizer {
             }
         }
         self.held_elsewhere.retain(|_, until| *until > now);
+        // A failure whose row never came back (its write was refused) is forgotten
+        // after a lease.
+        let lease_us = ms_to_us(self.default_config.claim_ttl_ms.max(interval * 4));
+        self.unfolded_failures.retain(|_, turns| {
+            turns.retain(|_, at| now.micros_since(*at) < lease_us);
+            !turns.is_empty()
+        });
         let dag = &self.dag;
         self.rejections_sent.retain(|(room, task, attempt, _)| {
             dag.task(room, task)
@@ -1766,7 +1952,9 @@ impl Synchronizer {
                 }
                 let right = retake_right(&config, task);
                 let owner_here = owner
-                    .filter(|o| self.agents.contains_key(o) && !self.busy(o))
+                    .filter(|o| {
+                        self.agents.contains_key(o) && !self.busy(o) && !self.benched(&room, o)
+                    })
                     .filter(|o| {
                         self.agents
                             .get(o)
@@ -1775,7 +1963,11 @@ impl Synchronizer {
                 let chosen = owner_here.or_else(|| {
                     self.agents
                         .values()
-                        .find(|a| right.allows(&a.key, &a.capabilities, task) && !self.busy(&a.key))
+                        .find(|a| {
+                            right.allows(&a.key, &a.capabilities, task)
+                                && !self.busy(&a.key)
+                                && !self.benched(&room, &a.key)
+                        })
                         .map(|a| a.key.clone())
                 });
                 if let Some(agent) = chosen {
@@ -2395,6 +2587,7 @@ impl Synchronizer {
             Some(self.dag.summary(&room)),
             crate::board::PatternLines {
                 resources: held,
+                benched: self.benched_lines(&room),
                 ..Default::default()
             },
         );
@@ -2412,6 +2605,7 @@ impl Synchronizer {
                 .chain(uses.iter().cloned())
                 .collect(),
             coordination,
+            stall_timeout_ms: self.config(&room, thread.as_deref()).stall_timeout_ms,
         })));
         self.turns.insert(
             turn,
@@ -2427,6 +2621,7 @@ impl Synchronizer {
                 lost: false,
                 cancel_sent: false,
                 stopped: None,
+                overdue: false,
             },
         );
     }
@@ -2536,6 +2731,18 @@ impl Synchronizer {
             TurnOutcome::Cancelled => "cancelled".to_string(),
             TurnOutcome::NotStarted { reason } => format!("not started: {reason}"),
         };
+        // The circuit breaker counts this ending at once, before its row is read back.
+        let streak_key = (lt.room.clone(), lt.agent.clone());
+        if matches!(outcome, TurnOutcome::Replied { .. }) && !lt.lost {
+            self.unfolded_failures.remove(&streak_key);
+        } else if crate::board::counts_against_agent(&reason) {
+            if let Some(now) = self.now {
+                self.unfolded_failures
+                    .entry(streak_key)
+                    .or_default()
+                    .insert(turn.0.clone(), now);
+            }
+        }
         if not_started {
             // Nothing is written under its claims (no task.failed: no attempt ran);
             // both are let go (a no-op for one already lost), so the work is offered
@@ -2720,6 +2927,32 @@ impl Synchronizer {
                     ],
                 });
                 release_both(out);
+                if lt.overdue {
+                    // The owner hears of it (one row, whichever relay writes it: the
+                    // text depends only on the task and the attempt).
+                    let attempt = self.dag.task(&lt.room, task).map_or(0, |t| t.attempts);
+                    let body = CoordNoteBody::Notice(crate::protocol::NoticeBody {
+                        about: crate::protocol::NoticeBody::TASK_OVERDUE.to_string(),
+                        to: Some("owner".to_string()),
+                        task: Some(task.clone()),
+                        text: format!(
+                            "task {task}: attempt {attempt} by {} was cancelled and failed: {}",
+                            lt.agent,
+                            lt.stopped.as_deref().unwrap_or("overdue")
+                        ),
+                    });
+                    out.push(Intent::Append {
+                        fences: Vec::new(),
+                        close: false,
+                        batch: vec![NewInteraction::new(
+                            lt.room.as_str(),
+                            Verb::CoordNote,
+                            crate::protocol::SYSTEM_ACTOR,
+                            Role::System,
+                            body.to_body(),
+                        )],
+                    });
+                }
             }
         }
     }

@@ -903,6 +903,14 @@ fn a_failed_reply_turn_releases_and_another_agent_answers() {
     assert!(acquires(&h.read()).is_empty(), "no second acquire");
 }
 
+/// The default config without a back-off between attempts.
+fn no_backoff() -> RoomConfig {
+    RoomConfig {
+        retry_backoff_ms: 0,
+        ..RoomConfig::default()
+    }
+}
+
 fn run_task_to_start(h: &mut H, task: &str, agent: &str, epoch: i64) -> TurnStart {
     let tkey = task_key("lobby", task);
     let out = h.result(&tkey, agent, true, epoch);
@@ -1220,7 +1228,8 @@ fn a_task_turn_that_never_started_writes_nothing_under_its_claims_and_is_taken_a
 
 #[test]
 fn a_failed_attempt_goes_to_another_free_agent_first() {
-    let mut h = H::new(&["bo", "cy"]);
+    // Without a back-off (`retry-backoff 0`): the retry is offered at once.
+    let mut h = H::with(&["bo", "cy"], no_backoff());
     h.start();
     h.post(vec![created("a", &[])]);
     let st = run_task_to_start(&mut h, "a", "bo", 2);
@@ -1256,8 +1265,8 @@ fn a_remote_claim_is_probed_only_once_its_lease_can_have_lapsed() {
 #[test]
 fn a_claim_still_held_at_a_failed_epoch_is_retried_soon() {
     // Another relay's agent failed task a at epoch 4; this relay folds the failure
-    // before that relay released the claim.
-    let mut h = H::new(&["cy"]);
+    // before that relay released the claim. (No back-off: `retry-backoff 0`.)
+    let mut h = H::with(&["cy"], no_backoff());
     h.start();
     let out = h.post(vec![created("a", &[]), claimed("a", "bo", 4)]);
     // Seen claimed by a remote agent less than a lease ago: its lease cannot have
@@ -2457,6 +2466,211 @@ fn a_room_that_settles_gets_one_settled_row() {
     assert!(settled_rows(&out).is_empty());
     let out = h.tick(h.now + 60 * S);
     assert!(settled_rows(&out).is_empty());
+}
+
+// ---------------------------------------------------------------------------------
+// Pacing: back-off, circuit breaker, deadlines, stall timeout (plan 0049)
+// ---------------------------------------------------------------------------------
+
+/// A `turn.failed` row of `agent` on task `task` with `reason`.
+fn turn_failed(agent: &str, task: &str, epoch: i64, reason: &str) -> NewInteraction {
+    let body = TurnFailedBody {
+        turn: format!("{agent}-{task}-{epoch}"),
+        subject: Subject::task(task, None),
+        epoch: ClaimEpoch(epoch),
+        reason: reason.into(),
+        tokens: 0,
+        activity: TurnActivity::default(),
+    };
+    ix(
+        Verb::TurnFailed,
+        agent,
+        Role::Agent,
+        serde_json::to_value(body).unwrap(),
+    )
+}
+
+#[test]
+fn a_failed_task_waits_out_its_back_off_before_the_next_attempt() {
+    let config = RoomConfig {
+        retry_backoff_ms: 5_000,
+        retry_backoff_max_ms: 60_000,
+        ..RoomConfig::default()
+    };
+    let mut h = H::with(&["bo"], config.clone());
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 2);
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Failed {
+            reason: "exit 2".into(),
+        },
+    );
+    h.apply_appends(&out);
+    let failed_at = h.now;
+    assert!(acquires(&h.read()).is_empty(), "not retried at once");
+    let back = crate::pacing::retry_backoff_ms(&config, "lobby", "a", 1);
+    assert!((2_500..=5_000).contains(&back), "{back}");
+    let retry_at = failed_at.saturating_add(back as i64 * 1_000);
+    let task = h.sync.tasks().task("lobby", "a").unwrap().clone();
+    assert_eq!(
+        crate::pacing::retry_at(&config, "lobby", &task),
+        Some(retry_at)
+    );
+    // The relay is woken for it (not at the next reconcile pass, 15 s away).
+    assert_eq!(h.sync.next_wakeup(), Some(retry_at));
+    assert!(acquires(&h.tick(retry_at.saturating_add(-1))).is_empty());
+    let out = h.tick(retry_at);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    // Attempt 2 failing doubles the back-off (before jitter).
+    let second = crate::pacing::retry_backoff_ms(&config, "lobby", "a", 2);
+    assert!((5_000..=10_000).contains(&second), "{second}");
+}
+
+#[test]
+fn an_agent_failing_n_turns_in_a_row_is_benched_for_the_cooldown() {
+    let config = RoomConfig {
+        breaker: 2,
+        breaker_cooldown_ms: 30_000,
+        retry_backoff_ms: 0,
+        ..RoomConfig::default()
+    };
+    let mut h = H::with(&["bo"], config);
+    h.start();
+    // Two failed turns of bo, one that never started (not bo's fault, not counted).
+    h.post(vec![
+        turn_failed("bo", "x", 1, "exit status 1"),
+        turn_failed("bo", "x", 2, "not started: the relay was paused"),
+        turn_failed("bo", "x", 3, "stalled: no activity for 2s"),
+    ]);
+    let streak = h.sync.board().room("lobby").unwrap().failing["bo"];
+    assert_eq!(streak.failed, 2);
+    let benched_from = h.now;
+    // bo is benched: a new task is not offered to it.
+    let out = h.post(vec![created("a", &[])]);
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    // Not at the next reconcile pass either; the bench's end is a wakeup.
+    assert!(acquires(&h.tick(benched_from + 15 * S)).is_empty());
+    assert_eq!(h.sync.next_wakeup(), Some(benched_from + 30 * S));
+    assert!(acquires(&h.tick(benched_from + 30 * S - 1)).is_empty());
+    // After the cool-down, one trial.
+    let out = h.tick(benched_from + 30 * S);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    // A success resets the run.
+    h.post(vec![ix(
+        Verb::TurnReplied,
+        "bo",
+        Role::Agent,
+        json!({"turn": "t", "subject": Subject::task("a", None), "epoch": 9}),
+    )]);
+    assert!(!h
+        .sync
+        .board()
+        .room("lobby")
+        .unwrap()
+        .failing
+        .contains_key("bo"));
+}
+
+#[test]
+fn a_benched_agent_leaves_the_work_to_a_healthy_one_and_shows_on_the_block() {
+    let config = RoomConfig {
+        breaker: 1,
+        breaker_cooldown_ms: 60_000,
+        ..RoomConfig::default()
+    };
+    let mut h = H::with(&["bo", "cy"], config);
+    h.start();
+    h.post(vec![turn_failed("bo", "x", 1, "exit status 1")]);
+    let out = h.post(vec![created("a", &[])]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "cy".into())]);
+    let st = run_task_to_start(&mut h, "a", "cy", 1);
+    let block = st.coordination.expect("a coordination block");
+    assert!(
+        block.contains("benched:\n- bo: 1 failed turns in a row; offered no work until"),
+        "{block}"
+    );
+}
+
+#[test]
+fn an_overdue_attempt_is_cancelled_failed_with_a_notice_and_retried() {
+    let config = RoomConfig {
+        retry_backoff_ms: 0,
+        ..RoomConfig::default()
+    };
+    let mut h = H::with(&["bo"], config);
+    h.start();
+    h.post(vec![ix(
+        Verb::TaskCreated,
+        "ana",
+        Role::Owner,
+        json!({"task": "a", "label": "slow", "due_ms": 10_000}),
+    )]);
+    let claimed_at = h.now;
+    let st = run_task_to_start(&mut h, "a", "bo", 2);
+    // Woken at the deadline; nothing happens before it.
+    assert_eq!(h.sync.next_wakeup(), Some(claimed_at + 10 * S));
+    assert!(!kinds(&h.tick(claimed_at + 10 * S - 1)).contains(&"cancel"));
+    let out = h.tick(claimed_at + 10 * S);
+    assert!(
+        matches!(&out[..], [.., Intent::Cancel { turn }] if *turn == st.turn),
+        "{out:?}"
+    );
+    let out = h.ended(&st.turn, TurnOutcome::Cancelled);
+    let ended: TaskEndedBody =
+        serde_json::from_value(appended_body(&out, Verb::TaskFailed)).unwrap();
+    assert!(ended.reason.starts_with("overdue:"), "{}", ended.reason);
+    let note = appended_body(&out, Verb::CoordNote);
+    assert_eq!(note["about"], "task-overdue", "{note}");
+    h.apply_appends(&out);
+    h.read();
+    let t = h.sync.tasks().task("lobby", "a").unwrap();
+    assert_eq!((t.status, t.attempts), (TaskStatus::Open, 1));
+    // The retry is offered (after the responder window in which another agent would
+    // have gone first).
+    let out = h.tick(h.now + 2 * S);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+}
+
+#[test]
+fn turn_starts_carry_the_stall_timeout() {
+    let config = RoomConfig {
+        stall_timeout_ms: 2_000,
+        ..RoomConfig::default()
+    };
+    let mut h = H::with(&["bo"], config);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 1);
+    assert_eq!(st.stall_timeout_ms, 2_000);
+}
+
+#[test]
+fn a_local_failure_benches_at_once_before_its_row_is_read_back() {
+    let config = RoomConfig {
+        breaker: 1,
+        retry_backoff_ms: 0,
+        ..RoomConfig::default()
+    };
+    let mut h = H::with(&["bo"], config);
+    h.start();
+    h.post(vec![created("a", &[]), created("b", &[])]);
+    let st = run_task_to_start(&mut h, "a", "bo", 1);
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Failed {
+            reason: "exit 1".into(),
+        },
+    );
+    // b is ready and bo is free, but its failure already benches it.
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    h.apply_appends(&out);
+    assert!(acquires(&h.read()).is_empty());
+    // Read back, the failure is counted once, not twice.
+    let streak = h.sync.board().room("lobby").unwrap().failing["bo"];
+    assert_eq!(streak.failed, 1);
+    assert_eq!(h.sync.streak("lobby", "bo").map(|s| s.failed), Some(1));
 }
 
 /// A `task.created` row whose task uses `uses` (`(name, mode)`).

@@ -902,6 +902,8 @@ fn wire_name<T: serde::Serialize>(value: &T) -> String {
 
 impl Reply {
     fn absorb(&mut self, agent: &str, routed: Routed) {
+        // Any update or permission request is the agent showing life.
+        self.progress.beat();
         let update = match routed {
             Routed::Update(update) => *update,
             Routed::Permission { tool, kind, answer } => {

@@ -233,6 +233,7 @@ impl Driver for ExecDriver {
         let mut stdout = child.stdout.take();
         let mut stderr = child.stderr.take();
         let max = s.max_reply_bytes;
+        let out_beat = request.progress.clone();
         let read_out = tokio::spawn(async move {
             let mut buf = Vec::new();
             if let Some(out) = stdout.as_mut() {
@@ -242,6 +243,7 @@ impl Driver for ExecDriver {
                     if n == 0 {
                         break;
                     }
+                    out_beat.beat();
                     if buf.len() < max {
                         buf.extend_from_slice(&chunk[..n.min(max - buf.len())]);
                     }
@@ -259,6 +261,7 @@ impl Driver for ExecDriver {
                     if n == 0 {
                         break;
                     }
+                    progress.beat();
                     for b in &chunk[..n] {
                         if *b == b'\n' {
                             progress_line(&line, &progress);

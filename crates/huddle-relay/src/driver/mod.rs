@@ -74,20 +74,44 @@ pub struct TurnRequest {
     pub start_by: Option<Instant>,
 }
 
-/// Where a driver sends a running turn's progress notes. Cloning shares it; the
-/// default sink drops every note (a turn nobody records progress for).
+/// Where a driver sends a running turn's progress notes and its activity beats (any
+/// sign of life: output, a session update), which the relay's stall watchdog reads
+/// (`stall-timeout`). Cloning shares it; the default sink drops every note and beat
+/// (a turn nobody records progress for).
 #[derive(Clone, Default)]
-pub struct ProgressSink(Option<tokio::sync::mpsc::UnboundedSender<String>>);
+pub struct ProgressSink(
+    Option<tokio::sync::mpsc::UnboundedSender<String>>,
+    Option<std::sync::Arc<std::sync::Mutex<Instant>>>,
+);
 
 impl ProgressSink {
     /// A sink and the receiving end the relay writes notes from.
     pub fn channel() -> (ProgressSink, tokio::sync::mpsc::UnboundedReceiver<String>) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        (ProgressSink(Some(tx)), rx)
+        let beat = std::sync::Arc::new(std::sync::Mutex::new(Instant::now()));
+        (ProgressSink(Some(tx), Some(beat)), rx)
+    }
+
+    /// Records that the agent showed activity now (output, an update, a note).
+    pub fn beat(&self) {
+        if let Some(b) = &self.1 {
+            if let Ok(mut at) = b.lock() {
+                *at = Instant::now();
+            }
+        }
+    }
+
+    /// How long since the last beat (or since the sink was made). `None` for a sink
+    /// that records none.
+    pub fn idle_for(&self) -> Option<std::time::Duration> {
+        let b = self.1.as_ref()?;
+        let at = *b.lock().ok()?;
+        Some(at.elapsed())
     }
 
     /// Sends one note (blank notes are dropped). Returns whether anyone receives it.
     pub fn note(&self, text: &str) -> bool {
+        self.beat();
         let text = text.trim();
         match &self.0 {
             Some(tx) if !text.is_empty() => tx.send(text.to_string()).is_ok(),
