@@ -157,7 +157,8 @@ async fn an_overdue_attempt_is_failed_with_a_notice_and_retried(backend: Backend
     let agent = h.script(
         "agent.sh",
         &format!(
-            "cat >/dev/null\necho \"$HUDDLE_TASK $HUDDLE_ATTEMPT\" >> {log}\n\
+            "p=$(cat)\ncase \"$p\" in *'due-ms=\"2000\"'*) ;; *) echo 'no deadline in the prompt' >&2; exit 3;; esac\n\
+             echo \"$HUDDLE_TASK $HUDDLE_ATTEMPT\" >> {log}\n\
              [ \"$HUDDLE_ATTEMPT\" = 1 ] && sleep 30\necho done",
             log = log.display(),
         ),

@@ -1774,8 +1774,13 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
             (None, 1)
         }
         TurnWork::Task(t) => {
+            // The attempt's deadline, counted from its claim (`[due ...]`).
+            let due = t
+                .due_ms
+                .map(|ms| format!(" due-ms=\"{ms}\""))
+                .unwrap_or_default();
             prompt.push_str(&format!(
-                "<task id=\"{}\" attempt=\"{}\" of=\"{}\" effect-key=\"{effect_key}\"{trace_attr}>\n{}\n",
+                "<task id=\"{}\" attempt=\"{}\" of=\"{}\" effect-key=\"{effect_key}\"{trace_attr}{due}>\n{}\n",
                 t.id, t.attempt, t.max_attempts, t.label
             ));
             for d in &t.deps {

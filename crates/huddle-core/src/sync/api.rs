@@ -489,6 +489,9 @@ pub struct TaskBrief {
     /// Its trace: the command that created it.
     #[serde(default)]
     pub trace: Option<InteractionId>,
+    /// How long this attempt may run from its claim, ms (`[due ...]`), if limited.
+    #[serde(default)]
+    pub due_ms: Option<u64>,
 }
 
 /// What a turn is for.

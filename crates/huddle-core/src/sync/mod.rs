@@ -2549,6 +2549,7 @@ impl Synchronizer {
             max_attempts: t.max_attempts,
             needs: t.needs.clone(),
             deps,
+            due_ms: t.due_ms,
         });
         self.start_turn(
             turn,
