@@ -245,7 +245,7 @@ impl AgentSession {
     /// Acquires `task/<room>/<id>` and, once the fold has read up to the acquisition,
     /// records the claim as the relay would.
     async fn try_claim(&self, st: &mut Folded, id: &str) -> Result<Try> {
-        let generation = st.dag.task(&self.room, id).map_or(0, |t| t.generation);
+        let generation = self.generation_of(st, id);
         let key = task_key_at(&self.room, id, generation);
         let lease_ms = self.lease_ms(st);
         let won = match self

@@ -1252,13 +1252,10 @@ impl Executor {
                     .map(|b| b.by.expires_at)
                     .min()
                     .unwrap_or(huddle_core::Timestamp(0));
-                let by = blocked
-                    .iter()
-                    .map(|b| format!("{} held by {} ({})", b.by.name, b.by.holder, b.by.mode))
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                debug!(room, holder, by, "a task's resources are taken; it waits");
-                ResourcesAnswer::Blocked { until, by }
+                if let Some(b) = blocked.first() {
+                    debug!(room, holder, resource = %b.by.name, held_by = %b.by.holder, mode = %b.by.mode, "a task's resources are taken; it waits");
+                }
+                ResourcesAnswer::Blocked { until }
             }
             Err(e) => {
                 warn!(room, holder, error = %e, "taking a task's resources failed");

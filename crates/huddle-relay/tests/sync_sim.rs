@@ -321,7 +321,6 @@ impl Sim {
                         huddle_store::ResourcesAcquired::Won(held) => ResourcesAnswer::Won(held),
                         huddle_store::ResourcesAcquired::Blocked(b) => ResourcesAnswer::Blocked {
                             until: b.iter().map(|b| b.by.expires_at).min().expect("a blocker"),
-                            by: String::new(),
                         },
                     };
                     queue.push_back(Event::ResourcesResult { key, epoch, answer });

@@ -333,7 +333,7 @@ pub fn seed_room(
 
 /// A row derived from the owner command `message`: its actor and role, the command
 /// as parent, in its thread.
-fn lifecycle_row(message: &Interaction, verb: Verb, body: serde_json::Value) -> NewInteraction {
+fn derived_row(message: &Interaction, verb: Verb, body: serde_json::Value) -> NewInteraction {
     let mut row = NewInteraction::new(
         message.room.clone(),
         verb,
@@ -408,16 +408,7 @@ pub fn derived_rows(
                     };
                     // The command's role: owner, or agent for a delegator's
                     // `!delegate` ([`delegate_rows`]).
-                    let mut created = NewInteraction::new(
-                        message.room.clone(),
-                        Verb::TaskCreated,
-                        message.actor.clone(),
-                        message.role,
-                        body.to_body(),
-                    )
-                    .with_parent(message.id);
-                    created.thread = message.thread.clone();
-                    created
+                    derived_row(message, Verb::TaskCreated, body.to_body())
                 })
                 .collect()
         }
@@ -438,7 +429,7 @@ pub fn derived_rows(
                         task: t.clone(),
                         attempts,
                     };
-                    lifecycle_row(message, Verb::TaskRetried, body.to_body())
+                    derived_row(message, Verb::TaskRetried, body.to_body())
                 })
                 .collect()
         }
@@ -450,7 +441,7 @@ pub fn derived_rows(
                     task: t.clone(),
                     dependants: c.dependants,
                 };
-                lifecycle_row(message, Verb::TaskCancelled, body.to_body())
+                derived_row(message, Verb::TaskCancelled, body.to_body())
             })
             .collect(),
     }

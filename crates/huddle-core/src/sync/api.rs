@@ -223,8 +223,6 @@ pub enum ResourcesAnswer {
     Blocked {
         /// The earliest expiry among the blocking holdings.
         until: Timestamp,
-        /// Who and what is in the way, for people.
-        by: String,
     },
     /// The call failed without an answer (the store was away).
     Failed,

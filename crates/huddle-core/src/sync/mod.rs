@@ -1677,6 +1677,9 @@ impl Synchronizer {
             let mut bidding: Vec<String> = Vec::new();
             let mut chosen: Vec<(String, String)> = Vec::new();
             let mut capped = false;
+            // The room's resource holdings as the ledger shows them, built once per
+            // pass, when a task that uses resources first asks.
+            let mut holdings: Option<Vec<crate::resources::Holding>> = None;
             for id in order {
                 if wakes >= cap {
                     capped = true;
@@ -1721,13 +1724,18 @@ impl Synchronizer {
                     .get(&key)
                     .filter(|(_, _, at)| now < at.saturating_add(grace_us))
                     .map(|(agent, _, _)| agent.as_str());
+                let live: &[crate::resources::Holding] = if task.uses.is_empty() {
+                    &[]
+                } else {
+                    holdings.get_or_insert_with(|| self.live_holdings(&room, now))
+                };
                 let pick = self
                     .agents
                     .values()
                     .find(|a| {
                         right.allows(&a.key, &a.capabilities, task)
                             && !busy.contains(&a.key)
-                            && self.uses_free(&room, task, &a.key)
+                            && crate::resources::blockers(&a.key, &task.uses, live).is_empty()
                             && !self.outstanding_bid(&a.key, Some((&room, id)))
                             && benched != Some(a.key.as_str())
                             && !self.benched(&room, &a.key)
@@ -3031,7 +3039,7 @@ impl Synchronizer {
                 let refs = holding_refs(&held);
                 self.give_back_uses(&p.room, &p.agent, &refs, out);
             }
-            ResourcesAnswer::Blocked { until, .. } => {
+            ResourcesAnswer::Blocked { until } => {
                 self.held_elsewhere.insert(tkey.clone(), until);
                 self.resource_waits
                     .entry(p.room.clone())
@@ -3097,17 +3105,11 @@ impl Synchronizer {
         });
     }
 
-    /// Whether the resources `task` uses are free for `agent`, as the ledger's
-    /// `resource.*` rows show them (the store decides for real when they are taken).
-    fn uses_free(&self, room: &str, task: &crate::tasks::Task, agent: &str) -> bool {
-        if task.uses.is_empty() {
-            return true;
-        }
-        let Some(now) = self.now else {
-            return true;
-        };
-        let live: Vec<crate::resources::Holding> = self
-            .resources
+    /// The resource holdings of `room` live at `now`, as the ledger's `resource.*` rows
+    /// show them: a pass contends only for tasks whose `uses` they leave free for the
+    /// agent (the store decides for real when the resources are taken).
+    fn live_holdings(&self, room: &str, now: Timestamp) -> Vec<crate::resources::Holding> {
+        self.resources
             .held(room, now)
             .into_iter()
             .map(|h| crate::resources::Holding {
@@ -3118,8 +3120,7 @@ impl Synchronizer {
                 epoch: h.epoch,
                 expires_at: h.expires_at,
             })
-            .collect();
-        crate::resources::blockers(agent, &task.uses, &live).is_empty()
+            .collect()
     }
 
     fn on_claim_lost(&mut self, key: &str, epoch: ClaimEpoch, out: &mut Vec<Intent>) {

@@ -2820,10 +2820,7 @@ fn a_task_whose_resources_are_taken_uses_no_attempt_and_waits_for_a_release() {
     let out = h.sync.handle(Event::ResourcesResult {
         key: tkey.clone(),
         epoch: ClaimEpoch(3),
-        answer: ResourcesAnswer::Blocked {
-            until,
-            by: "file:src/** held by ada".into(),
-        },
+        answer: ResourcesAnswer::Blocked { until },
     });
     // Both claims go back with nothing written: no attempt is used.
     assert_eq!(kinds(&out), vec!["release", "release"], "{out:?}");
