@@ -91,6 +91,7 @@ impl Rows {
             path: None,
             due_ms: None,
             uses: Vec::new(),
+            review: None,
         };
         self.push(
             Verb::TaskCreated,

@@ -44,6 +44,15 @@ pub enum AgentError {
         /// When its lease lapses unless renewed.
         expires_at: Timestamp,
     },
+    /// The task is not waiting for this agent's review (another reviewer, no review
+    /// gate, or no submission in review).
+    #[error("task {task:?} cannot be reviewed by you: {why}")]
+    NotReviewable {
+        /// Task id.
+        task: String,
+        /// Why, with what to do.
+        why: String,
+    },
     /// This agent does not hold the task (never claimed it, or lost it).
     #[error("you do not hold task {task:?}: {why}")]
     NotHolder {
@@ -187,6 +196,7 @@ impl AgentError {
             AgentError::NotBiddable { .. } => "not_biddable",
             AgentError::HeldBy { .. } => "held_by_other",
             AgentError::NotHolder { .. } => "not_holder",
+            AgentError::NotReviewable { .. } => "not_reviewable",
             AgentError::ReplyTaken { .. } => "reply_taken",
             AgentError::LeaseLost(_) => "stale_claim",
             AgentError::Store(_) => "store",

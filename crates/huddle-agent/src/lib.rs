@@ -41,6 +41,7 @@ mod patterns;
 mod progress;
 pub mod resource_views;
 pub mod resources;
+mod reviews;
 mod session;
 mod shared_state;
 mod tasks;

@@ -21,7 +21,7 @@ use crate::error::{AgentError, Result};
 use crate::session::{AgentSession, Folded, MAX_WAIT_MS};
 use crate::views::{
     status_name, written, ClaimArgs, ClaimResult, ClaimedTask, CompleteArgs, DependencyView,
-    GiveBackArgs, LeaseView, RenewArgs, TaskView, TaskWritten, TasksResult, Written,
+    FeedbackView, GiveBackArgs, LeaseView, RenewArgs, TaskView, TaskWritten, TasksResult, Written,
 };
 
 /// Most claims one best-next call tries before it reports nothing claimable.
@@ -82,6 +82,7 @@ impl AgentSession {
                 summary: Default::default(),
                 ready_for_you: Vec::new(),
                 yours: Vec::new(),
+                to_review: Vec::new(),
                 tasks: Vec::new(),
             });
         };
@@ -93,10 +94,17 @@ impl AgentSession {
             .filter(|t| t.owner.as_deref() == Some(self.agent.as_str()))
             .map(|t| t.id.clone())
             .collect();
+        let to_review = st
+            .dag
+            .in_review(&self.room)
+            .filter(|t| t.review.as_ref().is_some_and(|r| r.agent == self.agent))
+            .map(|t| t.id.clone())
+            .collect();
         Ok(TasksResult {
             summary: st.dag.summary(&self.room).into(),
             ready_for_you,
             yours,
+            to_review,
             tasks: room.tasks.values().map(|t| self.view(&st, t)).collect(),
         })
     }
@@ -113,6 +121,18 @@ impl AgentSession {
                     return Err(AgentError::NotClaimable {
                         task: id.to_string(),
                         why: format!("it is {} already; nothing to do", status_name(t)),
+                    })
+                }
+                TaskStatus::Submitted => {
+                    return Err(AgentError::NotClaimable {
+                        task: id.to_string(),
+                        why: format!(
+                            "its work was submitted for review by {}; it is claimable again \
+                             only if the reviewer rejects it",
+                            t.review
+                                .as_ref()
+                                .map_or("its reviewer", |r| r.agent.as_str())
+                        ),
                     })
                 }
                 TaskStatus::Open => match self.right(&st, t, now) {
@@ -395,8 +415,21 @@ impl AgentSession {
             lease_ms: self.lease_ms(st),
             resumed,
             dependencies,
-            effect_key: huddle_core::protocol::task_effect_key(&self.room, &t.id),
+            effect_key: huddle_core::protocol::task_round_effect_key(
+                &self.room,
+                &t.id,
+                t.rejections,
+            ),
             trace: t.command.map(|c| c.to_string()).unwrap_or_default(),
+            review_feedback: match (&t.review, &t.feedback) {
+                (Some(r), Some(f)) if t.rejections > 0 => Some(FeedbackView {
+                    reviewer: r.agent.clone(),
+                    round: t.rejections,
+                    feedback: f.clone(),
+                    rejected_result: t.rejected_result.clone(),
+                }),
+                _ => None,
+            },
         }
     }
 
@@ -526,10 +559,11 @@ impl AgentSession {
         let mut st = self.synced().await?;
         let epoch = match self.epoch_of(&st, &args.task, args.epoch) {
             Ok(e) => e,
-            // A retry of a completion that already committed: the fold says done by us.
+            // A retry of a completion that already committed: the fold says done (or
+            // submitted for review) by us.
             Err(e) => match st.dag.task(&self.room, &args.task) {
                 Some(t)
-                    if t.status == TaskStatus::Done
+                    if matches!(t.status, TaskStatus::Done | TaskStatus::Submitted)
                         && t.owner.as_deref() == Some(self.agent.as_str())
                         && t.epoch.is_some() =>
                 {

@@ -168,7 +168,8 @@ pub struct TaskView {
     pub id: String,
     /// What to do.
     pub label: String,
-    /// `open`, `claimed`, `done` or `abandoned`.
+    /// `open`, `claimed`, `submitted` (in review), `done`, `abandoned` or
+    /// `cancelled`.
     pub status: String,
     /// Open with every dependency done.
     pub ready: bool,
@@ -191,6 +192,16 @@ pub struct TaskView {
     pub result: Option<String>,
     /// Reason of the last failure or release.
     pub last_reason: Option<String>,
+    /// Its reviewer (`[review @agent]`): a completion is a submission the reviewer
+    /// accepts or rejects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reviewer: Option<String>,
+    /// Rejections so far, and the most allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review_rounds: Option<(u32, u32)>,
+    /// The reviewer's feedback on the last rejected submission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feedback: Option<String>,
 }
 
 impl TaskView {
@@ -210,6 +221,9 @@ impl TaskView {
             needs: t.needs.clone(),
             result: t.result.clone(),
             last_reason: t.last_reason.clone(),
+            reviewer: t.review.as_ref().map(|r| r.agent.clone()),
+            review_rounds: t.review.as_ref().map(|r| (t.rejections, r.rounds)),
+            feedback: t.feedback.clone(),
         }
     }
 }
@@ -242,6 +256,9 @@ pub struct TasksResult {
     pub ready_for_you: Vec<String>,
     /// Tasks you hold.
     pub yours: Vec<String>,
+    /// Submissions waiting for your verdict (`task_review`), by id.
+    #[serde(default)]
+    pub to_review: Vec<String>,
     /// Every task, by id.
     pub tasks: Vec<TaskView>,
 }
@@ -297,6 +314,49 @@ pub struct ClaimedTask {
     /// ID` prints what it caused). Empty when unknown.
     #[serde(default)]
     pub trace: String,
+    /// When its reviewer sent the last submission back: what the reviewer said and the
+    /// rejected result. Address it in this attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review_feedback: Option<FeedbackView>,
+}
+
+/// A reviewer's feedback on a rejected submission.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct FeedbackView {
+    /// The reviewer.
+    pub reviewer: String,
+    /// The review round that rejected it (1-based).
+    pub round: u32,
+    /// What must change.
+    pub feedback: String,
+    /// The rejected result.
+    pub rejected_result: Option<String>,
+}
+
+/// Arguments of `task_review`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ReviewArgs {
+    /// Task id: a task submitted for your review.
+    pub task: String,
+    /// `accept` (the task is done) or `reject` (it goes back with your feedback).
+    pub verdict: String,
+    /// What must change (for a rejection) or a comment; kept up to 16 KiB.
+    #[serde(default)]
+    pub feedback: Option<String>,
+}
+
+/// Result of `task_review`.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ReviewWritten {
+    /// Task id.
+    pub task: String,
+    /// The verdict written.
+    pub verdict: String,
+    /// The row now in the ledger.
+    pub written: Written,
+    /// The task's status afterwards (`done`, `open` for another attempt with your
+    /// feedback, `abandoned` when that was the last round).
+    pub status: String,
 }
 
 /// Result of `task_claim`.

@@ -417,6 +417,7 @@ async fn tasks_no_signed_owner_command_created_do_not_exist_for_agents() {
         path: None,
         due_ms: None,
         uses: Vec::new(),
+        review: None,
     };
     room.store
         .append(vec![NewInteraction::new(

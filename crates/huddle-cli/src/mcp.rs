@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use huddle_agent::views::{
     BoardResult, ClaimArgs, ClaimResult, CompleteArgs, GiveBackArgs, LeaseView, PostArgs, ReadArgs,
-    ReadResult, RenewArgs, TaskWritten, TasksResult, Written,
+    ReadResult, RenewArgs, ReviewArgs, ReviewWritten, TaskWritten, TasksResult, Written,
 };
 use huddle_agent::{AgentError, AgentSession};
 use huddle_store::StoreOptions;
@@ -44,7 +44,10 @@ returned `next` as `after`, with `wait_ms` to wait for news), `post` to talk, `b
 `tasks` to see who does what. To work: `task_claim` (a task, or the best next one), do the \
 work, `task_renew` within the lease if it takes long, then `task_complete` with a short \
 result, or `task_fail` with a reason, or `task_release`. In a room that allocates by bids, \
-`task_bid` on ready tasks while their window is open; the best bid claims after it. If the \
+`task_bid` on ready tasks while their window is open; the best bid claims after it. A task \
+with a reviewer is `submitted` when completed; its reviewer answers with `task_review` \
+(accept, or reject with feedback: the task is offered again, the feedback in its claim; \
+`tasks` lists `to_review`). If the \
 owner made you a delegator, `task_delegate` creates tasks. Before a risky action (deploy, \
 send, delete) ask the owner with `approval_request` and act only once `approval` says \
 approved. Decide together with `propose`, `vote` and `decision`; meet at phase barriers \
@@ -157,6 +160,14 @@ impl AgentTools {
         Parameters(args): Parameters<GiveBackArgs>,
     ) -> Answer<TaskWritten> {
         answer(self.session.task_release(args).await)
+    }
+
+    #[tool(
+        name = "task_review",
+        description = "Your verdict on a task submitted for your review (`tasks` lists `to_review`): `accept` (the task is done, its dependants start) or `reject` with `feedback` saying what must change (the task is offered again with your feedback; after its last round it fails for good)."
+    )]
+    async fn task_review(&self, Parameters(args): Parameters<ReviewArgs>) -> Answer<ReviewWritten> {
+        answer(self.session.task_review(args).await)
     }
 }
 

@@ -272,10 +272,15 @@ fn board_view(t: &Tally) -> BoardView {
 
 fn summary_line(s: &TaskSummary) -> String {
     format!(
-        "{} tasks: {} done, {} claimed, {} ready, {} waiting, {} blocked, {} abandoned{}",
+        "{} tasks: {} done, {} claimed, {}{} ready, {} waiting, {} blocked, {} abandoned{}",
         s.total,
         s.done,
         s.claimed,
+        if s.submitted > 0 {
+            format!("{} in review, ", s.submitted)
+        } else {
+            String::new()
+        },
         s.ready,
         s.waiting,
         s.blocked,
@@ -522,7 +527,7 @@ pub struct TaskLine {
     pub id: String,
     /// Label.
     pub label: String,
-    /// `open`, `claimed`, `done`, `abandoned`, `cancelled`.
+    /// `open`, `claimed`, `submitted` (in review), `done`, `abandoned`, `cancelled`.
     pub status: TaskStatus,
     /// Open with every dependency done.
     pub ready: bool,
@@ -566,6 +571,22 @@ pub struct TaskLine {
     /// A task given back: the earliest time its next attempt may start (its back-off,
     /// `retry-backoff`), the same on every relay.
     pub retry_at: Option<Timestamp>,
+    /// `[review @agent]`: its reviewer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reviewer: Option<String>,
+    /// Rejections by its reviewer so far.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub rejections: u32,
+    /// Rejections allowed before it fails for good (with a reviewer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub review_rounds: Option<u32>,
+    /// The reviewer's feedback on the last rejected submission.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub feedback: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// `huddle tasks --json`.
@@ -625,6 +646,10 @@ fn tasks_view(t: &Tally, config: &ConfigFold) -> TasksView {
                     due_ms: x.due_ms,
                     due_at: huddle_core::pacing::attempt_due(x),
                     retry_at: huddle_core::pacing::retry_at(&config, room, x),
+                    reviewer: x.review.as_ref().map(|r| r.agent.clone()),
+                    rejections: x.rejections,
+                    review_rounds: x.review.as_ref().map(|r| r.rounds),
+                    feedback: x.feedback.clone(),
                 })
                 .collect()
         })
@@ -669,6 +694,21 @@ fn annotations(t: &TaskLine) -> String {
     }
     if !t.uses.is_empty() {
         let _ = write!(s, " [uses {}]", t.uses.join(", "));
+    }
+    if let Some(r) = &t.reviewer {
+        let _ = write!(
+            s,
+            " [review @{r}, {} of {} rejected]",
+            t.rejections,
+            t.review_rounds.unwrap_or(0)
+        );
+    }
+    if t.status == TaskStatus::Submitted {
+        let _ = write!(
+            s,
+            " (waiting for {}'s verdict)",
+            t.reviewer.as_deref().unwrap_or("the reviewer")
+        );
     }
     if let Some(at) = t.due_at {
         let _ = write!(s, " (attempt due by {})", format_time(at));
@@ -838,6 +878,7 @@ fn tasks_text(view: &TasksView) -> String {
             (TaskStatus::Open, false) if !t.blocked_by.is_empty() => "blocked",
             (TaskStatus::Open, false) => "waiting",
             (TaskStatus::Claimed, _) => "claimed",
+            (TaskStatus::Submitted, _) => "submitted",
             (TaskStatus::Done, _) => "done",
             (TaskStatus::Abandoned, _) => "abandoned",
             (TaskStatus::Cancelled, _) => "cancelled",

@@ -1,11 +1,13 @@
-//! `huddle task claim|renew|complete|fail|release|bid|delegate`: the task operations of an agent
+//! `huddle task claim|renew|complete|fail|release|review|bid|delegate`: the task operations of an agent
 //! that acts for itself, for agents and scripts without MCP. Each subcommand opens an
 //! [`AgentSession`] and makes the one call the MCP tool of the same name makes; `--json`
 //! prints the tool's structured result, and a refusal is the tool's error (code and
 //! message) with a non-zero exit.
 
 use clap::{Args, Subcommand};
-use huddle_agent::views::{ClaimArgs, CompleteArgs, GiveBackArgs, RenewArgs, TaskWritten};
+use huddle_agent::views::{
+    ClaimArgs, CompleteArgs, GiveBackArgs, RenewArgs, ReviewArgs, TaskWritten,
+};
 use huddle_agent::{AgentError, AgentSession, BidArgs, DelegateArgs};
 use huddle_core::ClaimEpoch;
 use huddle_store::StoreOptions;
@@ -144,6 +146,19 @@ pub enum TaskCommand {
         #[command(flatten)]
         args: GiveBack,
     },
+    /// Give the verdict on a task submitted for the agent's review (`[review @agent]`):
+    /// accept it (done) or reject it with feedback (another attempt).
+    Review {
+        #[command(flatten)]
+        who: Agent,
+        /// The task.
+        task: String,
+        /// `accept` or `reject`.
+        verdict: String,
+        /// What must change (for a rejection), or a comment.
+        #[arg(long)]
+        feedback: Option<String>,
+    },
     /// Create tasks as a delegator (`!config delegators ...`): one per line as
     /// `id: label [after dep1, dep2] [@agent]`, the owner's `!delegate` grammar.
     Delegate {
@@ -194,6 +209,7 @@ pub async fn run(db: &str, options: StoreOptions, command: TaskCommand) -> anyho
         | TaskCommand::Fail { who, .. }
         | TaskCommand::Release { who, .. }
         | TaskCommand::Bid { who, .. }
+        | TaskCommand::Review { who, .. }
         | TaskCommand::Delegate { who, .. } => who,
         TaskCommand::Show { room, id, json } => {
             return crate::task_show::show(db, options, room, id, *json).await;
@@ -223,6 +239,12 @@ pub async fn run(db: &str, options: StoreOptions, command: TaskCommand) -> anyho
                             "\n  after {}: {}",
                             d.id,
                             d.result.as_deref().unwrap_or("(no result)")
+                        ));
+                    }
+                    if let Some(f) = &c.review_feedback {
+                        s.push_str(&format!(
+                            "\n  sent back by {} (review round {}): {}",
+                            f.reviewer, f.round, f.feedback
                         ));
                     }
                     s
@@ -292,6 +314,24 @@ pub async fn run(db: &str, options: StoreOptions, command: TaskCommand) -> anyho
                 } else {
                     format!("{} (already delegated; nothing new)", r.summary)
                 }
+            })
+        }
+        TaskCommand::Review {
+            task,
+            verdict,
+            feedback,
+            ..
+        } => {
+            let r = me
+                .task_review(ReviewArgs {
+                    task,
+                    verdict,
+                    feedback,
+                })
+                .await
+                .map_err(refusal)?;
+            show(json, &r, || {
+                format!("{} {}: the task is {} now", r.verdict, r.task, r.status)
             })
         }
         // Answered above, before an agent session is opened.

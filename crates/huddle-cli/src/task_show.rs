@@ -5,7 +5,9 @@
 use std::fmt::Write as _;
 
 use anyhow::bail;
-use huddle_core::tasks::{BlockedBy, TaskClaimedBody, TaskCompletedBody, TaskEndedBody};
+use huddle_core::tasks::{
+    BlockedBy, TaskClaimedBody, TaskCompletedBody, TaskEndedBody, TaskReviewedBody, Verdict,
+};
 use huddle_core::{ClaimEpoch, Interaction, Task, TaskStatus, Timestamp, Verb};
 use huddle_sim::Tally;
 use huddle_store::StoreOptions;
@@ -23,6 +25,12 @@ pub enum Outcome {
     Running,
     /// Completed (the task is done).
     Completed,
+    /// Completed and submitted for review (`[review @agent]`); waiting for the verdict.
+    Submitted,
+    /// Submitted and accepted by the reviewer (the task is done).
+    Accepted,
+    /// Submitted and rejected by the reviewer (`reason` holds the feedback).
+    Rejected,
     /// Reported failed.
     Failed,
     /// Given back without failing.
@@ -91,7 +99,8 @@ async fn collect(
         huddle_core::Fold::apply(&mut config, r);
         let after = tally.dag.task(room, id);
         if before.as_ref() != after {
-            follow(&mut attempts, r, id);
+            let submitted = after.is_some_and(|t| t.status == TaskStatus::Submitted);
+            follow(&mut attempts, r, id, submitted);
         }
     })
     .await?;
@@ -110,7 +119,8 @@ async fn collect(
 }
 
 /// Records what an accepted row `r` about task `id` did to its attempts.
-fn follow(attempts: &mut Vec<Attempt>, r: &Interaction, id: &str) {
+/// `submitted`: the task is in review after the row.
+fn follow(attempts: &mut Vec<Attempt>, r: &Interaction, id: &str, submitted: bool) {
     let end = |attempts: &mut Vec<Attempt>, epoch: ClaimEpoch, outcome, reason| {
         if let Some(a) = attempts
             .iter_mut()
@@ -152,7 +162,32 @@ fn follow(attempts: &mut Vec<Attempt>, r: &Interaction, id: &str) {
         }
         Verb::TaskCompleted => {
             if let Some(b) = TaskCompletedBody::parse(&r.body).filter(|b| b.task == id) {
-                end(attempts, b.epoch, Outcome::Completed, None);
+                let outcome = if submitted {
+                    Outcome::Submitted
+                } else {
+                    Outcome::Completed
+                };
+                end(attempts, b.epoch, outcome, None);
+            }
+        }
+        Verb::TaskReviewed => {
+            if let Some(b) = TaskReviewedBody::parse(&r.body).filter(|b| b.task == id) {
+                if let Some(a) = attempts
+                    .iter_mut()
+                    .rev()
+                    .find(|a| a.outcome == Outcome::Submitted)
+                {
+                    a.outcome = match b.verdict {
+                        Verdict::Accept => Outcome::Accepted,
+                        Verdict::Reject => Outcome::Rejected,
+                    };
+                    let said = if b.feedback.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", b.feedback)
+                    };
+                    a.reason = Some(format!("{} by {}{said}", b.verdict, r.actor));
+                }
             }
         }
         Verb::TaskFailed | Verb::TaskReleased => {
@@ -175,6 +210,7 @@ fn status_word(s: &TaskShow) -> &'static str {
         TaskStatus::Open if !s.blocked_by.is_empty() => "blocked",
         TaskStatus::Open => "waiting",
         TaskStatus::Claimed => "claimed",
+        TaskStatus::Submitted => "submitted",
         TaskStatus::Done => "done",
         TaskStatus::Abandoned => "abandoned",
         TaskStatus::Cancelled => "cancelled",
@@ -252,6 +288,9 @@ fn render(s: &TaskShow) -> String {
         let outcome = match a.outcome {
             Outcome::Running => "running",
             Outcome::Completed => "completed",
+            Outcome::Submitted => "submitted (waiting for the review)",
+            Outcome::Accepted => "accepted",
+            Outcome::Rejected => "rejected",
             Outcome::Failed => "failed",
             Outcome::Released => "released",
             Outcome::Superseded => "superseded (its claim lapsed)",

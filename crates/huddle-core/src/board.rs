@@ -888,6 +888,14 @@ fn describe(subject: &Subject) -> String {
             Some(l) => format!("task {} \"{}\"", clean(&subject.id, 128), clean(l, 80)),
             None => format!("task {}", clean(&subject.id, 128)),
         },
+        SubjectKind::Review => match &subject.label {
+            Some(l) => format!(
+                "review of task {} \"{}\"",
+                clean(&subject.id, 128),
+                clean(l, 80)
+            ),
+            None => format!("review of task {}", clean(&subject.id, 128)),
+        },
     }
 }
 

@@ -46,10 +46,11 @@ pub use index::{FrontierKey, FrontierRank, RoomIndex};
 
 pub use crate::protocol::task::{
     valid_capability, valid_task_id, TaskBidBody, TaskCancelledBody, TaskClaimedBody,
-    TaskCompletedBody, TaskCreatedBody, TaskEndedBody, TaskRejectedBody, TaskRetriedBody, TaskUse,
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_TASK_PRIORITY, MAX_ATTEMPTS_CAP, MAX_CAPABILITIES,
-    MAX_CAPABILITY_BYTES, MAX_DEPS, MAX_LABEL_BYTES, MAX_RESULT_BYTES, MAX_TASK_DUE_MS,
-    MAX_TASK_ID_BYTES, MAX_TASK_PRIORITY, MAX_TASK_SIZE, MIN_TASK_DUE_MS,
+    TaskCompletedBody, TaskCreatedBody, TaskEndedBody, TaskRejectedBody, TaskRetriedBody,
+    TaskReview, TaskReviewedBody, TaskUse, Verdict, DEFAULT_MAX_ATTEMPTS, DEFAULT_REVIEW_ROUNDS,
+    DEFAULT_TASK_PRIORITY, MAX_ATTEMPTS_CAP, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_DEPS,
+    MAX_LABEL_BYTES, MAX_RESULT_BYTES, MAX_REVIEW_ROUNDS, MAX_TASK_DUE_MS, MAX_TASK_ID_BYTES,
+    MAX_TASK_PRIORITY, MAX_TASK_SIZE, MIN_TASK_DUE_MS,
 };
 pub use crate::protocol::{truncate_text, SYSTEM_ACTOR};
 
@@ -65,6 +66,7 @@ const FOLDED: &[Verb] = &[
     Verb::TaskReleased,
     Verb::TaskRetried,
     Verb::TaskCancelled,
+    Verb::TaskReviewed,
 ];
 
 fn is_zero(n: &u32) -> bool {
@@ -95,6 +97,24 @@ pub enum TaskStatus {
     Abandoned,
     /// Cancelled by the owner (`!cancel`); `!retry` opens it again.
     Cancelled,
+    /// Completed by its owner and waiting for its reviewer's verdict
+    /// (`[review @agent]`): accepted, it is done; rejected, it is open again.
+    Submitted,
+}
+
+impl TaskStatus {
+    /// The lowercase name (`open`, `claimed`, `done`, `abandoned`, `cancelled`,
+    /// `submitted`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Open => "open",
+            TaskStatus::Claimed => "claimed",
+            TaskStatus::Done => "done",
+            TaskStatus::Abandoned => "abandoned",
+            TaskStatus::Cancelled => "cancelled",
+            TaskStatus::Submitted => "submitted",
+        }
+    }
 }
 
 /// A bid as the fold keeps it.
@@ -159,6 +179,22 @@ pub struct Task {
     /// count only for its current generation.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub generation: u32,
+    /// Its review gate (`[review @agent]`), if any: a completion is then a submission
+    /// its reviewer accepts or rejects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review: Option<TaskReview>,
+    /// Rejections by its reviewer so far (review rounds used).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rejections: u32,
+    /// The reviewer's feedback on the last rejected submission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feedback: Option<String>,
+    /// The result of the last rejected submission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejected_result: Option<String>,
+    /// When the current submission was made (status `submitted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_at: Option<Timestamp>,
     /// The command that created it (its `task.created` row's parent): the root of its
     /// trace (`HUDDLE_TRACE`, `huddle trace ROOM ID`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -307,6 +343,9 @@ pub struct TaskSummary {
     /// Cancelled by the owner.
     #[serde(default)]
     pub cancelled: usize,
+    /// Submitted, waiting for their reviewer's verdict.
+    #[serde(default)]
+    pub submitted: usize,
 }
 
 /// The task DAG fold over every room.
@@ -467,10 +506,19 @@ impl TaskDag {
             .unwrap_or_default()
     }
 
-    /// Whether no task of the room is ready or claimed (the task half of quiescence).
+    /// Whether no task of the room is ready, claimed or in review (the task half of
+    /// quiescence).
     pub fn is_settled(&self, room: &str) -> bool {
         let s = self.summary(room);
-        s.ready == 0 && s.claimed == 0
+        s.ready == 0 && s.claimed == 0 && s.submitted == 0
+    }
+
+    /// Submitted tasks waiting for their reviewer's verdict, sorted by id.
+    pub fn in_review(&self, room: &str) -> impl Iterator<Item = &Task> + '_ {
+        self.rooms
+            .get(room)
+            .into_iter()
+            .flat_map(|r| r.index.in_review().filter_map(move |id| r.tasks.get(id)))
     }
 
     /// Counts of the room's tasks by derived state.
@@ -548,6 +596,7 @@ impl RoomTasks {
             Verb::TaskFailed | Verb::TaskReleased => self.given_back(i),
             Verb::TaskRetried => self.retried(i),
             Verb::TaskCancelled => self.cancelled(i),
+            Verb::TaskReviewed => self.reviewed(i),
             Verb::CoordNote => self.note(i),
             _ => {}
         }
@@ -588,6 +637,14 @@ impl RoomTasks {
             due_ms: b.due_ms.map(|d| d.clamp(MIN_TASK_DUE_MS, MAX_TASK_DUE_MS)),
             uses,
             generation: 0,
+            review: b.review.map(|r| TaskReview {
+                agent: r.agent,
+                rounds: r.rounds.clamp(1, MAX_REVIEW_ROUNDS),
+            }),
+            rejections: 0,
+            feedback: None,
+            rejected_result: None,
+            submitted_at: None,
             command: i.parent,
             created_by: i.actor.clone(),
             created_at: i.at,
@@ -690,9 +747,16 @@ impl RoomTasks {
         };
         match self.tasks.get_mut(&b.task) {
             Some(t) if t.is_held_by(&i.actor, b.epoch) && b.generation == t.generation => {
-                t.status = TaskStatus::Done;
-                t.done_at = Some(i.at);
                 t.result = b.result.map(|r| truncate_text(&r, MAX_RESULT_BYTES));
+                if t.review.is_some() {
+                    // A submission: its reviewer decides (the owner stays the
+                    // submitter).
+                    t.status = TaskStatus::Submitted;
+                    t.submitted_at = Some(i.at);
+                } else {
+                    t.status = TaskStatus::Done;
+                    t.done_at = Some(i.at);
+                }
                 self.touch(&b.task);
             }
             _ => self.refuse(),
@@ -745,6 +809,64 @@ impl RoomTasks {
             }
             _ => self.refuse(),
         }
+    }
+
+    /// The reviewer's verdict on a submission: accepted, the task is done with the
+    /// submitted result; rejected, it is open again as a new generation (fresh claim
+    /// keys: the submission closed the old ones) with one more attempt allowed, unless
+    /// that was the last round: then it is abandoned. Only from the task's reviewer,
+    /// while it is submitted, at its generation.
+    fn reviewed(&mut self, i: &Interaction) {
+        let Some(b) = TaskReviewedBody::parse(&i.body) else {
+            return self.malformed();
+        };
+        let Some(t) = self.tasks.get_mut(&b.task) else {
+            return self.refuse();
+        };
+        let from_reviewer = t
+            .review
+            .as_ref()
+            .is_some_and(|r| r.agent == i.actor && i.role == Role::Agent);
+        if !from_reviewer || t.status != TaskStatus::Submitted || b.generation != t.generation {
+            return self.refuse();
+        }
+        let feedback = truncate_text(b.feedback.trim(), MAX_RESULT_BYTES);
+        match b.verdict {
+            Verdict::Accept => {
+                t.status = TaskStatus::Done;
+                t.done_at = Some(i.at);
+            }
+            Verdict::Reject => {
+                t.rejections = t.rejections.saturating_add(1);
+                let rounds = t.review.as_ref().map_or(1, |r| r.rounds);
+                let said = if feedback.is_empty() {
+                    "no feedback".to_string()
+                } else {
+                    truncate_text(&feedback, 500)
+                };
+                t.rejected_result = t.result.take();
+                t.feedback = Some(feedback);
+                t.submitted_at = None;
+                t.last_reason = Some(format!(
+                    "rejected by {} (review round {} of {rounds}): {said}",
+                    i.actor, t.rejections
+                ));
+                if t.rejections >= rounds {
+                    t.status = TaskStatus::Abandoned;
+                } else {
+                    t.status = TaskStatus::Open;
+                    t.generation = t.generation.saturating_add(1);
+                    // A rejection does not use the failure budget.
+                    t.max_attempts = t.max_attempts.saturating_add(1);
+                    t.epoch = None;
+                    t.owner = None;
+                    t.claimed_at = None;
+                    t.bids.clear();
+                    t.returned_at = Some(t.returned_at.map_or(i.at, |r| r.max(i.at)));
+                }
+            }
+        }
+        self.touch(&b.task);
     }
 
     /// The owner's `!cancel`: the task (and with `dependants` every task that waits
@@ -1231,6 +1353,7 @@ mod tests {
                 blocked: 2,
                 abandoned: 1,
                 cancelled: 0,
+                submitted: 0,
             }
         );
         assert_eq!(dag.ready_since("lobby", "b"), Some(Timestamp(50)));
@@ -1338,6 +1461,7 @@ mod tests {
                 match t.status {
                     TaskStatus::Done => s.done += 1,
                     TaskStatus::Claimed => s.claimed += 1,
+                    TaskStatus::Submitted => s.submitted += 1,
                     TaskStatus::Abandoned => s.abandoned += 1,
                     TaskStatus::Cancelled => s.cancelled += 1,
                     TaskStatus::Open if is_ready(r, t) => s.ready += 1,
@@ -1381,6 +1505,18 @@ mod tests {
             .map(|t| t.id.clone())
             .collect();
         prop_assert_eq!(ids(dag.notices_due("lobby")), due);
+        let in_review: Vec<String> = r
+            .tasks
+            .values()
+            .filter(|t| t.status == TaskStatus::Submitted)
+            .map(|t| t.id.clone())
+            .collect();
+        prop_assert_eq!(
+            dag.in_review("lobby")
+                .map(|t| t.id.clone())
+                .collect::<Vec<_>>(),
+            in_review
+        );
         let mut by_since: Vec<(Timestamp, String)> = Vec::new();
         for t in r.tasks.values() {
             let since = naive::ready_since(r, t);
@@ -1397,7 +1533,10 @@ mod tests {
             .collect();
         prop_assert_eq!(indexed, by_since);
         let s = naive::summary(r);
-        prop_assert_eq!(dag.is_settled("lobby"), s.ready == 0 && s.claimed == 0);
+        prop_assert_eq!(
+            dag.is_settled("lobby"),
+            s.ready == 0 && s.claimed == 0 && s.submitted == 0
+        );
         Ok(())
     }
 
@@ -1409,17 +1548,23 @@ mod tests {
         let id = || (0u8..6).prop_map(|n| format!("t{n}"));
         let agent = || (0u8..3).prop_map(|n| format!("a{n}"));
         let row = prop_oneof![
-            3 => (id(), prop::collection::vec(id(), 0..3), 1u32..4, 0u32..3, 0u64..4)
-                .prop_map(|(t, deps, max, priority, path)| {
+            3 => (id(), prop::collection::vec(id(), 0..3), 1u32..4, 0u32..3, 0u64..4, 0u32..3)
+                .prop_map(|(t, deps, max, priority, path, review)| {
                 let deps: Vec<String> = deps.into_iter().filter(|d| *d != t).collect();
-                ix(
-                    Verb::TaskCreated,
-                    "ana",
-                    Role::Owner,
-                    json!({"task": t, "label": "x", "deps": deps, "max_attempts": max,
-                           "priority": priority, "size": 1 + path % 2, "path": path}),
-                )
+                let mut body = json!({"task": t, "label": "x", "deps": deps, "max_attempts": max,
+                           "priority": priority, "size": 1 + path % 2, "path": path});
+                if review > 0 {
+                    body["review"] = json!({"agent": "a0", "rounds": review});
+                }
+                ix(Verb::TaskCreated, "ana", Role::Owner, body)
             }),
+            2 => (id(), agent(), 1i64..4, any::<bool>(), 0u32..3).prop_map(|(t, a, e, ok, g)| ix(
+                Verb::TaskReviewed,
+                &a,
+                Role::Agent,
+                json!({"task": t, "epoch": e, "verdict": if ok { "accept" } else { "reject" },
+                       "feedback": "f", "generation": g}),
+            )),
             4 => (id(), agent(), 1i64..8).prop_map(|(t, a, e)| claimed(&t, &a, e)),
             3 => (id(), agent(), 1i64..8).prop_map(|(t, a, e)| completed(&t, &a, e)),
             2 => (id(), agent(), 1i64..8).prop_map(|(t, a, e)| failed(&t, &a, e)),
@@ -1446,6 +1591,12 @@ mod tests {
                 &a,
                 Role::Agent,
                 json!({"task": t, "epoch": e, "attempt": 1, "generation": g}),
+            )),
+            1 => (id(), agent(), 1i64..8, 1u32..3).prop_map(|(t, a, e, g)| ix(
+                Verb::TaskCompleted,
+                &a,
+                Role::Agent,
+                json!({"task": t, "epoch": e, "result": "r", "generation": g}),
             )),
             1 => id().prop_map(|t| ix(
                 Verb::CoordNote,
@@ -1533,6 +1684,134 @@ mod tests {
         let t = dag.task("lobby", "a").unwrap();
         assert_eq!((t.status, t.attempts), (TaskStatus::Done, 2));
         assert_eq!(frontier(&dag), vec!["b"]);
+    }
+
+    fn reviewed_task(id: &str, reviewer: &str, rounds: u32) -> NewInteraction {
+        ix(
+            Verb::TaskCreated,
+            "ana",
+            Role::Owner,
+            json!({"task": id, "label": "write it", "max_attempts": 2,
+                   "review": {"agent": reviewer, "rounds": rounds}}),
+        )
+    }
+
+    fn verdict(task: &str, by: &str, ok: bool, feedback: &str, generation: u32) -> NewInteraction {
+        ix(
+            Verb::TaskReviewed,
+            by,
+            Role::Agent,
+            json!({"task": task, "epoch": 1, "verdict": if ok { "accept" } else { "reject" },
+                   "feedback": feedback, "generation": generation}),
+        )
+    }
+
+    #[test]
+    fn a_submission_waits_for_its_reviewer_and_acceptance_makes_it_done() {
+        let rows = vec![
+            reviewed_task("a", "lead", 3),
+            created("b", &["a"]),
+            claimed("a", "bo", 1),
+            completed("a", "bo", 1),
+        ];
+        let dag = fold(rows.clone());
+        let t = dag.task("lobby", "a").unwrap();
+        assert_eq!(t.status, TaskStatus::Submitted);
+        assert_eq!(t.result.as_deref(), Some("ok"));
+        assert!(frontier(&dag).is_empty(), "b waits for the verdict");
+        assert_eq!(dag.summary("lobby").submitted, 1);
+        assert!(
+            !dag.is_settled("lobby"),
+            "a room with a task in review is busy"
+        );
+        assert_eq!(
+            dag.in_review("lobby")
+                .map(|t| t.id.as_str())
+                .collect::<Vec<_>>(),
+            vec!["a"]
+        );
+        // Only the reviewer, only at the task's generation, only once.
+        let mut more = rows.clone();
+        more.push(verdict("a", "bo", true, "", 0));
+        more.push(verdict("a", "lead", true, "", 3));
+        more.push(ix(
+            Verb::TaskReviewed,
+            "lead",
+            Role::Owner,
+            json!({"task": "a", "epoch": 1, "verdict": "accept"}),
+        ));
+        let dag = fold(more.clone());
+        assert_eq!(status(&dag, "a"), Some(TaskStatus::Submitted));
+        assert_eq!(refused(&dag), 3);
+        more.push(verdict("a", "lead", true, "fine", 0));
+        more.push(verdict("a", "lead", false, "no, wait", 0));
+        let dag = fold(more);
+        let t = dag.task("lobby", "a").unwrap();
+        assert_eq!(
+            (t.status, t.result.as_deref()),
+            (TaskStatus::Done, Some("ok"))
+        );
+        assert_eq!(frontier(&dag), vec!["b"]);
+        assert_eq!(refused(&dag), 4, "the late second verdict is refused");
+        // A task without a review gate is done at its completion; a verdict is refused.
+        let dag = fold(vec![
+            created("c", &[]),
+            claimed("c", "bo", 1),
+            completed("c", "bo", 1),
+            verdict("c", "lead", false, "x", 0),
+        ]);
+        assert_eq!(status(&dag, "c"), Some(TaskStatus::Done));
+        assert_eq!(refused(&dag), 1);
+    }
+
+    #[test]
+    fn a_rejection_opens_a_new_generation_and_the_last_round_abandons() {
+        let mut rows = vec![
+            reviewed_task("a", "lead", 2),
+            claimed("a", "bo", 1),
+            completed("a", "bo", 1),
+            verdict("a", "lead", false, "add tests", 0),
+        ];
+        let dag = fold(rows.clone());
+        let t = dag.task("lobby", "a").unwrap();
+        assert_eq!(
+            (
+                t.status,
+                t.generation,
+                t.rejections,
+                t.attempts,
+                t.max_attempts,
+                t.epoch
+            ),
+            (TaskStatus::Open, 1, 1, 1, 3, None),
+            "open again as generation 1, the rejection costing no failure budget"
+        );
+        assert_eq!(t.feedback.as_deref(), Some("add tests"));
+        assert_eq!(t.rejected_result.as_deref(), Some("ok"));
+        assert_eq!(t.result, None);
+        assert_eq!(frontier(&dag), vec!["a"]);
+        // Generation 0's rows no longer count; generation 1's do, from epoch 1.
+        rows.push(completed("a", "bo", 1));
+        rows.push(of_generation(claimed("a", "cy", 1), 1));
+        rows.push(of_generation(completed("a", "cy", 1), 1));
+        let dag = fold(rows.clone());
+        let t = dag.task("lobby", "a").unwrap();
+        assert_eq!(
+            (t.status, t.attempts, t.owner.as_deref()),
+            (TaskStatus::Submitted, 2, Some("cy"))
+        );
+        // The second rejection is the last round: the task fails for good, and the
+        // owner's notice names the reviewer and the feedback.
+        rows.push(verdict("a", "lead", false, "still no tests", 1));
+        let dag = fold(rows);
+        let t = dag.task("lobby", "a").unwrap();
+        assert_eq!((t.status, t.rejections), (TaskStatus::Abandoned, 2));
+        let notice = dag.abandon_notice("lobby", "a").expect("a notice is due");
+        let text = notice.body["text"].as_str().unwrap_or_default().to_string();
+        assert!(
+            text.contains("rejected by lead") && text.contains("still no tests"),
+            "{text}"
+        );
     }
 
     #[test]

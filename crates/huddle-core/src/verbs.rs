@@ -73,6 +73,9 @@ verbs! {
     TaskRetried => "task.retried",
     /// The owner's `!cancel`: a task (and, when asked, its dependants) will not run.
     TaskCancelled => "task.cancelled",
+    /// A reviewer's verdict on a task submitted for review (`[review @agent]`):
+    /// accept (done) or reject with feedback (another attempt).
+    TaskReviewed => "task.reviewed",
     /// A room or thread config change from the owner.
     ConfigSet => "config.set",
     /// A quorum decision was proposed.

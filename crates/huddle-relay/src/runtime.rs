@@ -876,7 +876,7 @@ impl Loop {
     fn thread_context(&self, start: &TurnStart) -> Option<String> {
         let answering = match &start.work {
             TurnWork::Reply(m) => Some(m.id),
-            TurnWork::Task(_) => None,
+            TurnWork::Task(_) | TurnWork::Review(_) => None,
         };
         let budget = self
             .sync
@@ -1706,8 +1706,12 @@ async fn log_lost_claim(
     // message's names the agent in its key).
     let held_by_agent = agent.or(Some(holder)).map(str::to_string);
     let (task, message, agent) = match ClaimKey::parse(key) {
-        Some(ClaimKey::Task { task, .. }) => (Some(task), None, held_by_agent),
-        Some(ClaimKey::TaskDrive { task, .. }) => (Some(task), None, agent.map(str::to_string)),
+        Some(ClaimKey::Task { task, .. } | ClaimKey::Review { task, .. }) => {
+            (Some(task), None, held_by_agent)
+        }
+        Some(ClaimKey::TaskDrive { task, .. } | ClaimKey::ReviewDrive { task, .. }) => {
+            (Some(task), None, agent.map(str::to_string))
+        }
         Some(ClaimKey::Reply { message, .. }) => (None, Some(message.short()), held_by_agent),
         Some(ClaimKey::DirectedReply { message, agent, .. }) => {
             (None, Some(message.short()), Some(agent))
@@ -1749,11 +1753,19 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
         TurnWork::Reply(m) => {
             huddle_core::protocol::message_effect_key(&start.room, &m.id, &start.agent)
         }
-        TurnWork::Task(t) => huddle_core::protocol::task_effect_key(&start.room, &t.id),
+        TurnWork::Task(t) => {
+            huddle_core::protocol::task_round_effect_key(&start.room, &t.id, t.rejections)
+        }
+        // The review's own effects (a comment, an approval) are its reviewer's, once
+        // per round.
+        TurnWork::Review(r) => {
+            huddle_core::protocol::review_effect_key(&start.room, &r.id, r.round)
+        }
     };
     let trace = match &start.work {
         TurnWork::Reply(m) => m.trace,
         TurnWork::Task(t) => t.trace,
+        TurnWork::Review(r) => r.trace,
     }
     .map(|t| t.to_string())
     .unwrap_or_default();
@@ -1762,13 +1774,13 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
     } else {
         format!(" trace=\"{trace}\"")
     };
-    let (task, attempt) = match &start.work {
+    let (task, attempt, review) = match &start.work {
         TurnWork::Reply(m) => {
             prompt.push_str(&format!(
                 "<message from=\"{}\" role=\"{}\" effect-key=\"{effect_key}\"{trace_attr}>\n{}\n</message>\n",
                 m.author, m.role, m.text
             ));
-            (None, 1)
+            (None, 1, false)
         }
         TurnWork::Task(t) => {
             // The attempt's deadline, counted from its claim (`[due ...]`).
@@ -1780,16 +1792,39 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
                 "<task id=\"{}\" attempt=\"{}\" of=\"{}\" effect-key=\"{effect_key}\"{trace_attr}{due}>\n{}\n",
                 t.id, t.attempt, t.max_attempts, t.label
             ));
-            for d in &t.deps {
+            push_deps(&mut prompt, &t.deps);
+            if let Some(f) = &t.feedback {
+                // The work was sent back: what the reviewer said, and what it judged.
                 prompt.push_str(&format!(
-                    "<dependency id=\"{}\" label=\"{}\">{}</dependency>\n",
-                    d.id,
-                    d.label,
-                    d.result.as_deref().unwrap_or("")
+                    "<review-feedback from=\"{}\" round=\"{}\">\n{}\n",
+                    f.reviewer, t.rejections, f.text
                 ));
+                if let Some(r) = &f.rejected_result {
+                    prompt.push_str(&format!("<rejected-result>{r}</rejected-result>\n"));
+                }
+                prompt.push_str("</review-feedback>\n");
             }
             prompt.push_str("</task>\n");
-            (Some(t.id.clone()), t.attempt)
+            (Some(t.id.clone()), t.attempt, false)
+        }
+        TurnWork::Review(r) => {
+            prompt.push_str(&format!(
+                "<review task=\"{}\" round=\"{}\" of=\"{}\" submitted-by=\"{}\" effect-key=\"{effect_key}\"{trace_attr}>\n\
+                 <task-label>{}</task-label>\n",
+                r.id, r.round, r.rounds, r.submitted_by, r.label
+            ));
+            push_deps(&mut prompt, &r.deps);
+            if let Some(f) = &r.feedback {
+                prompt.push_str(&format!("<previous-feedback>{f}</previous-feedback>\n"));
+            }
+            prompt.push_str(&format!(
+                "<result>{}</result>\n\
+                 Review this work. Answer ACCEPT on the first line to accept it, or REJECT \
+                 followed by what must change (the feedback goes back to the worker).\n\
+                 </review>\n",
+                r.result.as_deref().unwrap_or("")
+            ));
+            (Some(r.id.clone()), r.round, true)
         }
     };
     TurnRequest {
@@ -1802,7 +1837,20 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
         prompt,
         effect_key,
         trace,
+        review,
         progress: Default::default(),
         start_by: None,
+    }
+}
+
+/// The `<dependency>` lines of a task or review prompt.
+fn push_deps(prompt: &mut String, deps: &[huddle_core::sync::DepResult]) {
+    for d in deps {
+        prompt.push_str(&format!(
+            "<dependency id=\"{}\" label=\"{}\">{}</dependency>\n",
+            d.id,
+            d.label,
+            d.result.as_deref().unwrap_or("")
+        ));
     }
 }

@@ -86,6 +86,7 @@ fn turn(thread: &str, text: &str) -> TurnRequest {
         prompt: format!("<coordination>\n</coordination>\n<message from=\"owner\" role=\"owner\">\n{text}\n</message>\n"),
         effect_key: String::new(),
         trace: String::new(),
+        review: false,
         progress: Default::default(),
         start_by: None,
     }

@@ -67,6 +67,8 @@ struct AgentModel {
     reply_time: i64,
     /// Fail the first attempt of every task whose index is divisible by this.
     fail_every: Option<usize>,
+    /// Reviewers reject every task's first submission (and accept the next).
+    reject_first: bool,
 }
 
 struct Sim {
@@ -355,6 +357,16 @@ impl Sim {
                     text: format!("{} answers {}", start.agent, m.id.short()),
                 },
             ),
+            TurnWork::Review(v) => (
+                self.model.reply_time,
+                TurnOutcome::Replied {
+                    text: if self.model.reject_first && v.round == 1 {
+                        format!("REJECT: {} needs another pass", v.id)
+                    } else {
+                        format!("ACCEPT {} looks right", v.id)
+                    },
+                },
+            ),
         };
         self.relays[r].turns.insert(
             start.turn.clone(),
@@ -527,6 +539,7 @@ fn model(task_ms: i64) -> AgentModel {
         task_time: task_ms * MS,
         reply_time: 500 * MS,
         fail_every: None,
+        reject_first: false,
     }
 }
 
@@ -608,6 +621,95 @@ async fn three_hundred_tasks_pull_thirty_agents_three_relays() {
         took * 100 <= ideal * 110,
         "makespan {took} vs ideal {ideal}"
     );
+}
+
+/// Review gates across relays: every task is reviewed by `rev`, hosted on two relays,
+/// which rejects each first submission and accepts the second. Each task is then
+/// worked exactly twice (generations 0 and 1), each submission judged exactly once,
+/// and no dependant is claimed before its dependency was accepted.
+#[tokio::test]
+async fn reviews_run_once_per_round_and_gate_dependants() {
+    let m = AgentModel {
+        reject_first: true,
+        ..model(1_000)
+    };
+    let names = vec![
+        vec!["w0".to_string(), "w1".into(), "rev".into()],
+        vec!["w2".to_string(), "rev".into()],
+        vec!["w3".to_string()],
+    ];
+    let l = layout(&names);
+    let refs: Vec<&[&str]> = l.iter().map(Vec::as_slice).collect();
+    let mut sim = Sim::new(&refs, RoomConfig::default(), m);
+    let n = 40;
+    let (mut rows, deps) = delegate(n, &[]);
+    for r in &mut rows {
+        r.body["review"] = json!({"agent": "rev", "rounds": 3});
+        r.body["needs"] = json!([]);
+    }
+    sim.owner_append(rows).await;
+    sim.run(100 * MS, 3_600 * S, all_tasks_settled).await;
+    for _ in 0..2 {
+        sim.now += 100 * MS;
+        for r in 0..sim.relays.len() {
+            sim.step_relay(r).await;
+        }
+    }
+    sim.refresh().await;
+    let dag = sim.dag();
+    let mut accepted_at: BTreeMap<String, Position> = BTreeMap::new();
+    let mut verdicts: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in sim.rows(Verb::TaskReviewed) {
+        let task = r.body["task"].as_str().unwrap().to_string();
+        let verdict = r.body["verdict"].as_str().unwrap().to_string();
+        if verdict == "accept" {
+            accepted_at.insert(task.clone(), r.position);
+        }
+        verdicts.entry(task).or_default().push(verdict);
+    }
+    for i in 0..n {
+        let id = format!("t{i:03}");
+        let t = dag.task(ROOM, &id).unwrap();
+        assert_eq!(
+            (t.status, t.generation, t.rejections),
+            (TaskStatus::Done, 1, 1),
+            "{id}"
+        );
+        assert_eq!(
+            verdicts[&id],
+            ["reject", "accept"],
+            "{id}: one verdict per round"
+        );
+        assert_eq!(
+            sim.started[&format!("task:{id}")],
+            2,
+            "{id}: worked once per round"
+        );
+        assert_eq!(
+            sim.started[&format!("review:{id}")],
+            2,
+            "{id}: reviewed once per round"
+        );
+    }
+    let completions = sim.rows(Verb::TaskCompleted).count();
+    assert_eq!(completions, 2 * n, "one submission per round");
+    for r in sim.rows(Verb::TaskClaimed) {
+        let task = r.body["task"].as_str().unwrap();
+        let i: usize = task[1..].parse().unwrap();
+        for d in &deps[i] {
+            let dep = format!("t{d:03}");
+            assert!(
+                accepted_at[&dep] < r.position,
+                "{task} claimed before {dep} was accepted"
+            );
+        }
+    }
+    let hashes: BTreeSet<[u8; 32]> = sim
+        .relays
+        .iter()
+        .map(|r| r.sync.tasks().state_hash())
+        .collect();
+    assert_eq!(hashes.len(), 1, "relays disagree on the task DAG");
 }
 
 #[tokio::test]

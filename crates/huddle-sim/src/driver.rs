@@ -53,9 +53,11 @@ impl Driver for WorkloadDriver {
         if request.too_late() {
             return TurnOutcome::NotStarted;
         }
+        // A review takes what a message takes, not the task's work.
         let (work, tokens) = request
             .task
             .as_deref()
+            .filter(|_| !request.review)
             .and_then(|t| self.work.get(t).copied())
             .unwrap_or((self.other, 100));
         let mut rng = SplitMix64::new(
@@ -76,6 +78,12 @@ impl Driver for WorkloadDriver {
                     TurnOutcome::failed("simulated failure", tokens / 2)
                 } else {
                     let what = request.task.as_deref().unwrap_or("the message");
+                    if request.review {
+                        return TurnOutcome::replied(
+                            format!("ACCEPT: {} reviewed {what}", request.agent),
+                            tokens,
+                        );
+                    }
                     TurnOutcome::replied(format!("{} finished {what}", request.agent), tokens)
                 }
             }

@@ -54,6 +54,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     7 "resources" "0007_resources.sql",
     8 "handoff" "0008_handoff.sql",
     9 "task_generations" "0009_task_generations.sql",
+    10 "review_gates" "0010_review_gates.sql",
 );
 
 /// SQLite migrations, in order.
@@ -66,6 +67,7 @@ pub const SQLITE: &[Migration] = migrations!("sqlite":
     6 "signed_rows" "0006_signed_rows.sql",
     7 "resources" "0007_resources.sql",
     8 "task_generations" "0008_task_generations.sql",
+    9 "review_gates" "0009_review_gates.sql",
 );
 
 /// Checks that the applied migrations are a prefix of `known` with equal checksums,

@@ -16,7 +16,9 @@ use std::collections::BTreeMap;
 
 use huddle_core::keys::WriterSecret;
 use huddle_core::signing::OwnerSecret;
-use huddle_core::tasks::{TaskClaimedBody, TaskCompletedBody, TaskEndedBody};
+use huddle_core::tasks::{
+    TaskClaimedBody, TaskCompletedBody, TaskEndedBody, TaskReviewedBody, Verdict,
+};
 use huddle_core::ClaimEpoch;
 use huddle_core::{Fold, InteractionId, NewInteraction, OwnerAuthority, Position, Role, Verb};
 use huddle_store::postgres::admin::{self, LoginKind};
@@ -667,6 +669,63 @@ async fn claim_battery(honest: &dyn Store, attacker: &dyn Store, t: &mut Tally) 
     ] {
         t.attempt(what, append(attacker, row).await, FENCE_ERR);
     }
+
+    // A reviewer's verdict is fenced by its review claim (plan 0053).
+    let review = |agent: &str, epoch: i64, generation: u32| {
+        let body = TaskReviewedBody {
+            task: "t1".into(),
+            epoch: ClaimEpoch(epoch),
+            verdict: Verdict::Accept,
+            feedback: String::new(),
+            generation,
+        };
+        NewInteraction::new(ROOM, Verb::TaskReviewed, agent, Role::Agent, body.to_body())
+    };
+    t.attempt(
+        "task.reviewed without a review claim",
+        append(attacker, review("lead", 1, 0)).await,
+        FENCE_ERR,
+    );
+    let review_key = format!("review/{ROOM}/t1/1");
+    let review_epoch = won(honest
+        .acquire(&review_key, "lead", TTL)
+        .await
+        .expect("acquire"));
+    for (what, row) in [
+        (
+            "task.reviewed by an agent not holding the review claim",
+            review("mallory", review_epoch, 1),
+        ),
+        (
+            "task.reviewed at another epoch of the review claim",
+            review("lead", review_epoch + 1, 1),
+        ),
+        (
+            "task.reviewed of a generation whose review claim nobody holds",
+            review("lead", review_epoch, 0),
+        ),
+    ] {
+        t.attempt(what, append(attacker, row).await, FENCE_ERR);
+    }
+    honest
+        .append_under(
+            &[Fence {
+                key: review_key.clone(),
+                holder: "lead".into(),
+                epoch: ClaimEpoch(review_epoch),
+            }],
+            true,
+            vec![review("lead", review_epoch, 1)],
+        )
+        .await
+        .expect("the honest verdict is accepted under its review claim");
+    let mut second = review("lead", review_epoch, 1);
+    second.body["feedback"] = "changed my mind".into();
+    t.attempt(
+        "a second verdict under a closed review claim",
+        append(attacker, second).await,
+        FENCE_ERR,
+    );
 
     // An agent reply with no reply claim.
     let question = honest

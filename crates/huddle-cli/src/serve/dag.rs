@@ -18,12 +18,14 @@ const GAP_Y: f64 = 14.0;
 const MARGIN: f64 = 20.0;
 
 /// The status word a task is drawn with (its CSS class): `waiting`, `ready`,
-/// `claimed`, `done`, `blocked`, `abandoned`, `cancelled` (by the owner's `!cancel`),
+/// `claimed`, `submitted` (waiting for its reviewer), `done`, `blocked`, `abandoned`,
+/// `cancelled` (by the owner's `!cancel`),
 /// or `retrying` (open again after a failed attempt).
 pub fn status_word(t: &TaskLine) -> &'static str {
     match (t.status, t.ready) {
         (TaskStatus::Done, _) => "done",
         (TaskStatus::Claimed, _) => "claimed",
+        (TaskStatus::Submitted, _) => "submitted",
         (TaskStatus::Abandoned, _) => "abandoned",
         (TaskStatus::Cancelled, _) => "cancelled",
         (TaskStatus::Open, _) if !t.blocked_by.is_empty() => "blocked",
@@ -276,6 +278,10 @@ mod tests {
             due_ms: None,
             due_at: None,
             retry_at: None,
+            reviewer: None,
+            rejections: 0,
+            review_rounds: None,
+            feedback: None,
         }
     }
 

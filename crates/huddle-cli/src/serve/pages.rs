@@ -434,7 +434,7 @@ async fn live_html(state: &Shared, room: &str) -> Result<String, ApiError> {
     out.push_str(
         "<section id=\"dag-box\"><h2>Task DAG <small>(wheel: zoom, drag: pan; thick: critical path)</small></h2>\
          <div class=\"legend\"><span class=\"waiting\">waiting</span><span class=\"ready\">ready</span>\
-         <span class=\"claimed\">claimed</span><span class=\"done\">done</span><span class=\"retrying\">retrying</span>\
+         <span class=\"claimed\">claimed</span><span class=\"submitted\">in review</span><span class=\"done\">done</span><span class=\"retrying\">retrying</span>\
          <span class=\"blocked\">blocked</span><span class=\"abandoned\">abandoned</span>\
          <span class=\"cancelled\">cancelled</span></div>",
     );
@@ -451,11 +451,12 @@ fn summary_html(out: &mut String, board: &BoardView, tasks: &TasksView) {
         out,
         "<section id=\"summary\"><span class=\"owner\">owner {owner}</span> \
          <span id=\"counts\" data-done=\"{done}\" data-total=\"{total}\">{done}/{total} done</span> · \
-         {claimed} claimed · {ready} ready · {waiting} waiting · {blocked} blocked · {abandoned} abandoned · {cancelled} cancelled{refused}</section>",
+         {claimed} claimed · {submitted} in review · {ready} ready · {waiting} waiting · {blocked} blocked · {abandoned} abandoned · {cancelled} cancelled{refused}</section>",
         owner = esc(board.owner.as_deref().unwrap_or("?")),
         done = s.done,
         total = s.total,
         claimed = s.claimed,
+        submitted = s.submitted,
         ready = s.ready,
         waiting = s.waiting,
         blocked = s.blocked,

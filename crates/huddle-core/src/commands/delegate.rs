@@ -11,8 +11,8 @@
 //! The exact grammar is in `docs/protocol/commands.md`. In short: `id: label`, then
 //! at the very end of the line, in any order and each at most once, the bracketed
 //! clauses `[after dep1, dep2]`, `[needs cap1, cap2]`, `[priority N]`, `[size N]`,
-//! `[attempts N]`, `[due 30m]`, `[uses RESOURCE [MODE], ...]` (a `:` may follow the
-//! keyword) and an `@assignee`. Only the
+//! `[attempts N]`, `[due 30m]`, `[uses RESOURCE [MODE], ...]`, `[review @agent [rounds
+//! N]]` (a `:` may follow the keyword) and an `@assignee`. Only the
 //! bracketed forms are clauses, so a label that merely ends in the word "after"
 //! ("clean up after") is just a label; a bracket whose first word is no keyword
 //! (`[WIP]`) stays in the label, and a clause anywhere else is an error, so a label is
@@ -72,11 +72,24 @@ pub struct TaskSpec {
     /// `[uses file:docs/**, slot:build permits-2]`: resources its turn holds while it
     /// runs, in the global order (the mode defaults to exclusive).
     pub uses: Vec<Wanted>,
+    /// `[review @lead rounds 2]`: the reviewer who accepts or rejects its work, and
+    /// the rejections it may have (absent: the room's `review-rounds`).
+    pub review: Option<ReviewSpec>,
     /// Its critical path in the plan: its size plus the longest path among the plan's
     /// tasks that wait for it.
     pub path: u64,
     /// The line of the message the task was written on (1-based).
     pub line: usize,
+}
+
+/// A task's review gate as written: `[review @lead]`, `[review lead rounds 2]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReviewSpec {
+    /// The reviewer (without the `@`).
+    pub agent: String,
+    /// `rounds N`: rejections before the task fails for good (absent: the room's
+    /// `review-rounds`).
+    pub rounds: Option<u32>,
 }
 
 /// A parsed `!delegate`: its tasks in dependency order. Every task comes after the
@@ -550,6 +563,7 @@ fn parse_task_rest(id: &str, rest: &str) -> Result<TaskSpec, DelegateErrorKind> 
         attempts: clauses.attempts,
         due_ms: clauses.due_ms,
         uses: clauses.uses,
+        review: clauses.review,
         path: u64::from(size),
         line: 0,
     })
@@ -565,10 +579,11 @@ enum Keyword {
     Attempts,
     Due,
     Uses,
+    Review,
 }
 
 impl Keyword {
-    const ALL: [Keyword; 7] = [
+    const ALL: [Keyword; 8] = [
         Keyword::After,
         Keyword::Needs,
         Keyword::Priority,
@@ -576,6 +591,7 @@ impl Keyword {
         Keyword::Attempts,
         Keyword::Due,
         Keyword::Uses,
+        Keyword::Review,
     ];
 
     fn word(self) -> &'static str {
@@ -587,6 +603,7 @@ impl Keyword {
             Keyword::Attempts => "attempts",
             Keyword::Due => "due",
             Keyword::Uses => "uses",
+            Keyword::Review => "review",
         }
     }
 }
@@ -601,6 +618,7 @@ struct Clauses {
     attempts: Option<u32>,
     due_ms: Option<u64>,
     uses: Vec<Wanted>,
+    review: Option<ReviewSpec>,
 }
 
 impl Clauses {
@@ -618,6 +636,7 @@ impl Clauses {
             }
             Keyword::Due => self.due_ms = Some(parse_due(id, inner)?),
             Keyword::Uses => self.uses = parse_uses(id, inner)?,
+            Keyword::Review => self.review = Some(parse_review(id, inner)?),
         }
         Ok(())
     }
@@ -771,6 +790,60 @@ fn parse_number(
 
 /// The duration of a `[due ...]` clause, ms: `90s`, `30m`, `2h`, `1h30m` (the
 /// `!config` duration grammar), from 1 s to 7 days.
+/// `@lead`, `lead`, `@lead rounds 2`, `@lead, rounds: 2`.
+fn parse_review(id: &str, inner: &str) -> Result<ReviewSpec, DelegateErrorKind> {
+    let bad = |reason: String| DelegateErrorKind::BadClause {
+        id: id.to_string(),
+        reason,
+    };
+    let shape = "write `[review @agent]` or `[review @agent rounds N]`";
+    let words: Vec<&str> = inner
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let (who, rest) = match words.split_first() {
+        Some((who, rest)) => (who.strip_prefix('@').unwrap_or(who), rest),
+        None => return Err(bad(format!("`[review]` names no reviewer; {shape}"))),
+    };
+    check_agent_name(who).map_err(|reason| {
+        bad(format!(
+            "bad reviewer `{}` in `[review ...]`: {reason}",
+            shorten(who)
+        ))
+    })?;
+    let rounds = match rest {
+        [] => None,
+        [word, n] | [word, n, ..] if word.trim_end_matches(':').eq_ignore_ascii_case("rounds") => {
+            if rest.len() > 2 {
+                return Err(bad(format!(
+                    "`[review ...]`: unexpected `{}` after the rounds; {shape}",
+                    shorten(rest[2])
+                )));
+            }
+            let max = crate::protocol::task::MAX_REVIEW_ROUNDS;
+            match n.parse::<u32>() {
+                Ok(v) if (1..=max).contains(&v) => Some(v),
+                _ => {
+                    return Err(bad(format!(
+                        "`[review ... rounds {}]`: rounds is a whole number from 1 to {max}",
+                        shorten(n)
+                    )))
+                }
+            }
+        }
+        [other, ..] => {
+            return Err(bad(format!(
+                "`[review ...]`: unexpected `{}` (one reviewer per task); {shape}",
+                shorten(other)
+            )))
+        }
+    };
+    Ok(ReviewSpec {
+        agent: who.to_string(),
+        rounds,
+    })
+}
+
 fn parse_due(id: &str, inner: &str) -> Result<u64, DelegateErrorKind> {
     let text = inner.trim();
     let bad = || DelegateErrorKind::BadClause {
@@ -794,6 +867,10 @@ fn trailing_assignee(s: &str) -> Option<(&str, &str)> {
         None => ("", s),
     };
     let who = last.trim().strip_prefix('@')?;
+    // `[review @lead]` ends in a clause, not an assignee.
+    if who.ends_with(']') {
+        return None;
+    }
     Some((head.trim_end(), who))
 }
 

@@ -54,7 +54,9 @@ pub use watch::{parse_watch, WatchCommand, WatchError};
 
 use crate::config::ConfigFold;
 use crate::model::{Interaction, NewInteraction, Role};
-use crate::protocol::task::{TaskCancelledBody, TaskCreatedBody, TaskRetriedBody, TaskUse};
+use crate::protocol::task::{
+    TaskCancelledBody, TaskCreatedBody, TaskRetriedBody, TaskReview, TaskUse,
+};
 use crate::verbs::Verb;
 
 /// A parsed owner command.
@@ -380,7 +382,9 @@ pub fn derived_rows(
     let thread = message.thread.as_deref();
     match command {
         OwnerCommand::Delegate(plan) => {
-            let max_attempts = config.effective(&message.room, thread).max_attempts;
+            let effective = config.effective(&message.room, thread);
+            let max_attempts = effective.max_attempts;
+            let review_rounds = effective.review_rounds;
             plan.tasks
                 .iter()
                 .map(|t| {
@@ -405,6 +409,10 @@ pub fn derived_rows(
                                 mode: w.mode.as_text(),
                             })
                             .collect(),
+                        review: t.review.as_ref().map(|r| TaskReview {
+                            agent: r.agent.clone(),
+                            rounds: r.rounds.unwrap_or(review_rounds),
+                        }),
                     };
                     // The command's role: owner, or agent for a delegator's
                     // `!delegate` ([`delegate_rows`]).

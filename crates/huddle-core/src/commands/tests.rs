@@ -203,6 +203,72 @@ fn annotations_become_fields_of_task_created() {
 }
 
 #[test]
+fn review_clauses_name_a_reviewer_and_rounds_from_the_line_or_the_room() {
+    let key = owner_secret();
+    let mut auth = OwnerAuthority::new();
+    auth.apply(&created_with_key(1, "lobby", "olga", &key));
+    let config = signed_post(2, "lobby", None, "olga", "!config review-rounds 5", &key);
+    auth.apply(&config);
+    let Some(Ok(parsed)) = owner_command_in(&config, auth.config(), &ParseContext::default())
+    else {
+        panic!("the config command parses");
+    };
+    for row in derived_rows(&config, &parsed, auth.config()) {
+        auth.apply(&materialize(row, Position::new(0, 3), Timestamp(3)));
+    }
+    let text = "!delegate
+a: one [review @lead]
+b: two [after a] [review: cy rounds 2] @bo
+c: three";
+    let command = signed_post(4, "lobby", None, "olga", text, &key);
+    auth.apply(&command);
+    let Some(Ok(parsed)) = owner_command_in(&command, auth.config(), &ParseContext::default())
+    else {
+        panic!("the signed command parses");
+    };
+    let bodies: Vec<crate::protocol::task::TaskCreatedBody> =
+        derived_rows(&command, &parsed, auth.config())
+            .iter()
+            .map(|r| crate::protocol::task::TaskCreatedBody::parse(&r.body).expect("a body"))
+            .collect();
+    let review = |b: &crate::protocol::task::TaskCreatedBody| {
+        b.review.as_ref().map(|r| (r.agent.clone(), r.rounds))
+    };
+    assert_eq!(
+        review(&bodies[0]),
+        Some(("lead".to_string(), 5)),
+        "the room's rounds"
+    );
+    assert_eq!(
+        review(&bodies[1]),
+        Some(("cy".to_string(), 2)),
+        "the line's rounds"
+    );
+    assert_eq!(bodies[1].assignee.as_deref(), Some("bo"));
+    assert_eq!(review(&bodies[2]), None);
+    // Errors name the line and say what to write.
+    for (text, want) in [
+        ("a: x [review]", "names no reviewer"),
+        (
+            "a: x [review @lead rounds 0]",
+            "rounds is a whole number from 1 to 20",
+        ),
+        (
+            "a: x [review @lead rounds 21]",
+            "rounds is a whole number from 1 to 20",
+        ),
+        ("a: x [review @lead @cy]", "one reviewer per task"),
+        ("a: x [review @lead rounds 2 3]", "unexpected `3`"),
+        ("a: x [review @le/ad]", "bad reviewer"),
+        ("a: x [review @lead] [review @cy]", "only once"),
+        ("a: x [review @lead] more label", "must come at the end"),
+    ] {
+        let e = parse_delegate(text).unwrap_err().to_string();
+        assert!(e.contains("line 1") && e.contains(want), "{text}: {e}");
+    }
+}
+
+#[test]
 fn delegate_orders_dependencies_first_then_by_line() {
     let text = "!delegate\nc: third [after b]\nb: second [after a]\na: first\nz: free";
     let ids: Vec<String> = plan(text).into_iter().map(|t| t.0).collect();

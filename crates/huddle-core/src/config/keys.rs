@@ -205,6 +205,14 @@ pub struct RoomConfig {
     /// never).
     #[serde(default)]
     pub stall_timeout_ms: u64,
+    /// Rejections a reviewed task (`[review @agent]`) may have before it fails for
+    /// good, when its line does not say (default 3).
+    #[serde(default = "default_review_rounds")]
+    pub review_rounds: u32,
+}
+
+fn default_review_rounds() -> u32 {
+    crate::protocol::task::DEFAULT_REVIEW_ROUNDS
 }
 
 fn default_retry_backoff() -> u64 {
@@ -274,6 +282,7 @@ impl Default for RoomConfig {
             breaker: default_breaker(),
             breaker_cooldown_ms: default_breaker_cooldown(),
             stall_timeout_ms: 0,
+            review_rounds: default_review_rounds(),
         }
     }
 }
@@ -372,6 +381,8 @@ pub enum ConfigKey {
     BreakerCooldown,
     /// `stall-timeout`: a turn with no activity for this long is cancelled.
     StallTimeout,
+    /// `review-rounds`: rejections a reviewed task may have before it fails for good.
+    ReviewRounds,
 }
 
 /// The kind of value a [`ConfigKey`] takes.
@@ -435,7 +446,7 @@ pub const MAX_BUDGET: u64 = 1_000_000_000_000;
 
 impl ConfigKey {
     /// Every key, in documentation order.
-    pub const ALL: [ConfigKey; 28] = [
+    pub const ALL: [ConfigKey; 29] = [
         ConfigKey::Topology,
         ConfigKey::Responder,
         ConfigKey::ResponderAgent,
@@ -464,6 +475,7 @@ impl ConfigKey {
         ConfigKey::Breaker,
         ConfigKey::BreakerCooldown,
         ConfigKey::StallTimeout,
+        ConfigKey::ReviewRounds,
     ];
 
     /// The key as typed in `!config` and stored in `config.set`.
@@ -497,6 +509,7 @@ impl ConfigKey {
             ConfigKey::Breaker => "breaker",
             ConfigKey::BreakerCooldown => "breaker-cooldown",
             ConfigKey::StallTimeout => "stall-timeout",
+            ConfigKey::ReviewRounds => "review-rounds",
         }
     }
 
@@ -538,7 +551,8 @@ impl ConfigKey {
             | ConfigKey::MaxHops
             | ConfigKey::ThreadContext
             | ConfigKey::MaxReplyFailures
-            | ConfigKey::Breaker => ValueKind::Count,
+            | ConfigKey::Breaker
+            | ConfigKey::ReviewRounds => ValueKind::Count,
             ConfigKey::RequireMention | ConfigKey::RequireSignatures => ValueKind::Flag,
             ConfigKey::Budget => ValueKind::Budget,
             ConfigKey::Delegators => ValueKind::Agents,
@@ -571,6 +585,7 @@ impl ConfigKey {
             ConfigKey::Breaker => b(0, 100),
             ConfigKey::BreakerCooldown => b(SECOND, 24 * HOUR),
             ConfigKey::StallTimeout => b(0, 24 * HOUR),
+            ConfigKey::ReviewRounds => b(1, u64::from(crate::protocol::task::MAX_REVIEW_ROUNDS)),
             ConfigKey::Responder
             | ConfigKey::ResponderAgent
             | ConfigKey::Allocation
@@ -672,6 +687,10 @@ impl ConfigKey {
             ConfigKey::StallTimeout => {
                 "a turn with no activity (exec: no output; ACP: no update) for this long is \
                  cancelled and failed, so its work is retried (0: never)"
+            }
+            ConfigKey::ReviewRounds => {
+                "rejections a task with [review @agent] may have before it fails for good \
+                 (its line's [review @agent rounds N] wins; read when the task is created)"
             }
         }
     }
@@ -1114,6 +1133,7 @@ impl RoomConfig {
             ConfigKey::Breaker => ConfigValue::Count(self.breaker.into()),
             ConfigKey::BreakerCooldown => ConfigValue::Millis(self.breaker_cooldown_ms),
             ConfigKey::StallTimeout => ConfigValue::Millis(self.stall_timeout_ms),
+            ConfigKey::ReviewRounds => ConfigValue::Count(self.review_rounds.into()),
         }
     }
 
@@ -1140,6 +1160,7 @@ impl RoomConfig {
             (ConfigKey::ClaimTtl, ConfigValue::Millis(n)) => self.claim_ttl_ms = bounds.clamp(n),
             (ConfigKey::BidWindow, ConfigValue::Millis(n)) => self.bid_window_ms = bounds.clamp(n),
             (ConfigKey::MaxAttempts, ConfigValue::Count(n)) => self.max_attempts = count(n),
+            (ConfigKey::ReviewRounds, ConfigValue::Count(n)) => self.review_rounds = count(n),
             (ConfigKey::LoopMax, ConfigValue::Count(n)) => self.loop_max = count(n),
             (ConfigKey::LoopCooldown, ConfigValue::Millis(n)) => {
                 self.loop_cooldown_ms = bounds.clamp(n)

@@ -6,6 +6,11 @@
 //! | `drive/<room>/<agent>/<message>` | relay id | the one relay that drives that agent's reply turn |
 //! | `task/<room>/<task>` | agent key | the one owner of a task (epoch = fencing token) |
 //! | `taskdrive/<room>/<task>` | relay id | the one relay that drives the owner's task turn |
+//! | `review/<room>/<task>` | agent key | the reviewer's one verdict on a task's submission |
+//! | `reviewdrive/<room>/<task>` | relay id | the one relay that drives the review turn |
+//!
+//! Task and review keys end in `/<generation>` from a task's generation 1 on (after
+//! the owner's `!retry` or a reviewer's rejection).
 //!
 //! `<message>` is the message's interaction id in hex (64 digits). Rooms, agents and
 //! task ids never contain `/`, so keys parse back unambiguously.
@@ -109,6 +114,25 @@ pub enum ClaimKey {
         /// The task's generation (0 until the owner retries it).
         generation: u32,
     },
+    /// `review/<room>/<task>[/<generation>]`: the reviewer's claim on the submission
+    /// of a task's generation.
+    Review {
+        /// Room.
+        room: String,
+        /// Task id.
+        task: String,
+        /// The task's generation the submission was made in.
+        generation: u32,
+    },
+    /// `reviewdrive/<room>/<task>[/<generation>]`.
+    ReviewDrive {
+        /// Room.
+        room: String,
+        /// Task id.
+        task: String,
+        /// The task's generation the submission was made in.
+        generation: u32,
+    },
 }
 
 /// A generation in a task claim key: a whole number from 1, without leading zeros.
@@ -161,6 +185,26 @@ impl ClaimKey {
                 task: task.to_string(),
                 generation: parse_generation(g)?,
             }),
+            ["review", room, task] => Some(ClaimKey::Review {
+                room: room.to_string(),
+                task: task.to_string(),
+                generation: 0,
+            }),
+            ["review", room, task, g] => Some(ClaimKey::Review {
+                room: room.to_string(),
+                task: task.to_string(),
+                generation: parse_generation(g)?,
+            }),
+            ["reviewdrive", room, task] => Some(ClaimKey::ReviewDrive {
+                room: room.to_string(),
+                task: task.to_string(),
+                generation: 0,
+            }),
+            ["reviewdrive", room, task, g] => Some(ClaimKey::ReviewDrive {
+                room: room.to_string(),
+                task: task.to_string(),
+                generation: parse_generation(g)?,
+            }),
             _ => None,
         }
     }
@@ -190,6 +234,16 @@ impl fmt::Display for ClaimKey {
                 task,
                 generation,
             } => f.write_str(&taskdrive_key_at(room, task, *generation)),
+            ClaimKey::Review {
+                room,
+                task,
+                generation,
+            } => f.write_str(&review_key(room, task, *generation)),
+            ClaimKey::ReviewDrive {
+                room,
+                task,
+                generation,
+            } => f.write_str(&reviewdrive_key(room, task, *generation)),
         }
     }
 }
@@ -250,6 +304,25 @@ pub fn taskdrive_key_at(room: &str, task: &str, generation: u32) -> String {
     }
 }
 
+/// The reviewer's claim on the submission of a task's `generation`:
+/// `review/<room>/<task>` for generation 0, `review/<room>/<task>/<generation>` after.
+pub fn review_key(room: &str, task: &str, generation: u32) -> String {
+    if generation == 0 {
+        format!("review/{room}/{task}")
+    } else {
+        format!("review/{room}/{task}/{generation}")
+    }
+}
+
+/// The drive claim of a review turn (see [`review_key`]).
+pub fn reviewdrive_key(room: &str, task: &str, generation: u32) -> String {
+    if generation == 0 {
+        format!("reviewdrive/{room}/{task}")
+    } else {
+        format!("reviewdrive/{room}/{task}/{generation}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,6 +339,10 @@ mod tests {
             taskdrive_key("lobby", "api-1"),
             task_key_at("lobby", "api-1", 2),
             taskdrive_key_at("lobby", "api-1", 12),
+            review_key("lobby", "api-1", 0),
+            review_key("lobby", "api-1", 3),
+            reviewdrive_key("lobby", "api-1", 0),
+            reviewdrive_key("lobby", "api-1", 3),
         ] {
             let parsed = ClaimKey::parse(&key).expect(&key);
             assert_eq!(parsed.to_string(), key);
@@ -297,6 +374,26 @@ pub fn task_effect_key(room: &str, task: &str) -> String {
     hex_prefix(h.as_bytes())
 }
 
+/// The effect key of a task's work in review round `round` (the rejections so far):
+/// round 0 is [`task_effect_key`]; every redo after a reviewer's rejection has its own
+/// key, so the external system does not answer a redo with the rejected effect.
+pub fn task_round_effect_key(room: &str, task: &str, round: u32) -> String {
+    if round == 0 {
+        return task_effect_key(room, task);
+    }
+    let r = round.to_string();
+    let h = super::fields::hash_parts(&["huddle.effect.v1", room, "task", task, "round", &r]);
+    hex_prefix(h.as_bytes())
+}
+
+/// The effect key of the review of a task's round `round` (1-based): stable across
+/// the attempts of that review, different for every round and task.
+pub fn review_effect_key(room: &str, task: &str, round: u32) -> String {
+    let r = round.to_string();
+    let h = super::fields::hash_parts(&["huddle.effect.v1", room, "review", task, &r]);
+    hex_prefix(h.as_bytes())
+}
+
 /// The effect key of one agent's answer to a message: stable across attempts and
 /// relays; each named agent answering a message has its own.
 pub fn message_effect_key(room: &str, message: &InteractionId, agent: &str) -> String {
@@ -325,6 +422,12 @@ mod effect_key_tests {
         assert_eq!(k.len(), 32);
         assert_ne!(k, task_effect_key("lobby", "t2"));
         assert_ne!(k, task_effect_key("other", "t1"));
+        assert_eq!(task_round_effect_key("lobby", "t1", 0), k);
+        assert_ne!(task_round_effect_key("lobby", "t1", 1), k);
+        assert_ne!(
+            task_round_effect_key("lobby", "t1", 1),
+            task_round_effect_key("lobby", "t1", 2)
+        );
         let m = InteractionId::from_slice(&[7; 32]).unwrap();
         assert_ne!(
             message_effect_key("lobby", &m, "ada"),

@@ -10,7 +10,7 @@ use crate::id::InteractionId;
 /// What a turn or a presence is about.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Subject {
-    /// `message` or `task`.
+    /// `message`, `task` or `review`.
     pub kind: SubjectKind,
     /// The message id (64 hex digits) or the task id.
     pub id: String,
@@ -38,7 +38,16 @@ impl Subject {
         }
     }
 
-    /// `message:<id>` or `task:<id>`: the key of the subject in the board.
+    /// A review subject: reviewing task `id`'s submission.
+    pub fn review(id: impl Into<String>, label: Option<String>) -> Self {
+        Subject {
+            kind: SubjectKind::Review,
+            id: id.into(),
+            label,
+        }
+    }
+
+    /// `message:<id>`, `task:<id>` or `review:<id>`: the key of the subject in the board.
     pub fn key(&self) -> String {
         format!("{}:{}", self.kind.as_str(), self.id)
     }
@@ -52,14 +61,17 @@ pub enum SubjectKind {
     Message,
     /// Working on a task.
     Task,
+    /// Reviewing a task's submission (`[review @agent]`).
+    Review,
 }
 
 impl SubjectKind {
-    /// `message` or `task`.
+    /// `message`, `task` or `review`.
     pub fn as_str(&self) -> &'static str {
         match self {
             SubjectKind::Message => "message",
             SubjectKind::Task => "task",
+            SubjectKind::Review => "review",
         }
     }
 }

@@ -97,7 +97,27 @@ pub struct TaskCreatedBody {
     /// whole row malformed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub uses: Vec<TaskUse>,
+    /// A review gate (`[review @lead]`): a completion is a submission that `agent`
+    /// accepts or rejects, at most `rounds` times rejected before the task fails for
+    /// good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review: Option<TaskReview>,
 }
+
+/// The review gate of a task: `{"agent":"lead","rounds":3}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskReview {
+    /// The reviewer (an agent key).
+    pub agent: String,
+    /// Rejections allowed before the task fails for good (1..=20; the writer copies
+    /// the clause's value or the room's `review-rounds`).
+    pub rounds: u32,
+}
+
+/// The most review rounds a task may be given, whatever its body says.
+pub const MAX_REVIEW_ROUNDS: u32 = 20;
+/// Review rounds when neither the clause nor the room says (`review-rounds`).
+pub const DEFAULT_REVIEW_ROUNDS: u32 = 3;
 
 /// One resource of a task's `uses`: `{"name":"file:docs/**","mode":"exclusive"}`
 /// (`mode`: `exclusive`, `shared` or `permits-N`).
@@ -120,7 +140,12 @@ impl TaskCreatedBody {
             && b.deps.iter().all(|d| valid_task_id(d) && *d != b.task)
             && b.needs.len() <= MAX_CAPABILITIES
             && b.needs.iter().all(|n| valid_capability(n))
-            && b.assignee.as_deref().is_none_or(|a| !a.is_empty());
+            && b.assignee.as_deref().is_none_or(|a| !a.is_empty())
+            && b.review.as_ref().is_none_or(|r| {
+                super::valid_name(&r.agent)
+                    && !r.agent.contains(|c: char| c.is_whitespace() || c == '@')
+                    && r.rounds >= 1
+            });
         ok.then_some(b)
     }
 
@@ -298,6 +323,90 @@ impl TaskEndedBody {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+/// A reviewer's verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// The work is accepted: the task is done.
+    Accept,
+    /// The work is sent back with feedback: another attempt.
+    Reject,
+}
+
+impl Verdict {
+    /// `accept` or `reject`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Accept => "accept",
+            Verdict::Reject => "reject",
+        }
+    }
+
+    /// Reads a verdict word (`accept`/`accepted`/`approve`, `reject`/`rejected`,
+    /// any case).
+    pub fn parse_word(word: &str) -> Option<Verdict> {
+        match word.to_ascii_lowercase().as_str() {
+            "accept" | "accepted" | "approve" | "approved" => Some(Verdict::Accept),
+            "reject" | "rejected" => Some(Verdict::Reject),
+            _ => None,
+        }
+    }
+
+    /// The verdict a review turn's reply gives: its first non-blank line starts with
+    /// `ACCEPT` or `REJECT` (any case, optionally followed by `:`, `-` or white
+    /// space); what follows on that line and the lines after it is the feedback
+    /// (trimmed). `None` when the reply gives no verdict.
+    pub fn from_reply(text: &str) -> Option<(Verdict, String)> {
+        let text = text.trim_start();
+        let end = text
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(text.len());
+        let verdict = Verdict::parse_word(&text[..end])?;
+        let rest = text[end..].trim_start_matches([' ', '\t', ':', '-', '.', '!', ',']);
+        Some((verdict, rest.trim().to_string()))
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Body of `task.reviewed` (actor = the task's reviewer; fenced by the review claim
+/// `review/<room>/<task>[/<generation>]` held by the reviewer at `epoch`, and closing
+/// it): the verdict on the task's submission of that generation.
+///
+/// `{"task":"api","epoch":1,"verdict":"reject","feedback":"add tests"}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskReviewedBody {
+    /// Task id.
+    pub task: String,
+    /// The epoch of the review claim.
+    pub epoch: ClaimEpoch,
+    /// Accept or reject.
+    pub verdict: Verdict,
+    /// What the reviewer says (for a rejection: what must change; kept up to 16 KiB).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub feedback: String,
+    /// The task's generation the submission was made in (absent = 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u32,
+}
+
+impl TaskReviewedBody {
+    /// Decodes and checks a body.
+    pub fn parse(body: &Value) -> Option<Self> {
+        let b: Self = parse_body(body)?;
+        (valid_task_id(&b.task) && b.epoch.is_valid()).then_some(b)
+    }
+
+    /// The JSON body.
+    pub fn to_body(&self) -> Value {
+        to_value(self)
+    }
 }
 
 /// Body of `task.retried` (the owner's `!retry`; role owner, derived from the signed

@@ -384,6 +384,31 @@ pub enum ClaimPurpose {
         #[serde(default)]
         generation: u32,
     },
+    /// `review/..` for the reviewer `agent`; when won: acquire the review drive claim.
+    Review {
+        /// Room.
+        room: String,
+        /// Task id.
+        task: String,
+        /// The reviewer.
+        agent: String,
+        /// The task's generation whose submission is reviewed.
+        generation: u32,
+    },
+    /// `reviewdrive/..` for this relay; when won: append `turn.prompted` fenced by the
+    /// review claim and start the review turn.
+    DriveReview {
+        /// Room.
+        room: String,
+        /// Task id.
+        task: String,
+        /// The reviewer.
+        agent: String,
+        /// The epoch of the review claim won.
+        review_epoch: ClaimEpoch,
+        /// The task's generation whose submission is reviewed.
+        generation: u32,
+    },
 }
 
 impl ClaimPurpose {
@@ -393,7 +418,9 @@ impl ClaimPurpose {
             ClaimPurpose::Reply { agent, .. }
             | ClaimPurpose::DriveReply { agent, .. }
             | ClaimPurpose::Task { agent, .. }
-            | ClaimPurpose::DriveTask { agent, .. } => agent,
+            | ClaimPurpose::DriveTask { agent, .. }
+            | ClaimPurpose::Review { agent, .. }
+            | ClaimPurpose::DriveReview { agent, .. } => agent,
         }
     }
 
@@ -403,7 +430,9 @@ impl ClaimPurpose {
             ClaimPurpose::Reply { room, .. }
             | ClaimPurpose::DriveReply { room, .. }
             | ClaimPurpose::Task { room, .. }
-            | ClaimPurpose::DriveTask { room, .. } => room,
+            | ClaimPurpose::DriveTask { room, .. }
+            | ClaimPurpose::Review { room, .. }
+            | ClaimPurpose::DriveReview { room, .. } => room,
         }
     }
 
@@ -437,6 +466,18 @@ impl ClaimPurpose {
                 generation,
                 ..
             } => crate::protocol::task_key_at(room, task, *generation),
+            ClaimPurpose::Review {
+                room,
+                task,
+                generation,
+                ..
+            }
+            | ClaimPurpose::DriveReview {
+                room,
+                task,
+                generation,
+                ..
+            } => crate::protocol::review_key(room, task, *generation),
         }
     }
 }
@@ -490,6 +531,48 @@ pub struct TaskBrief {
     /// How long this attempt may run from its claim, ms (`[due ...]`), if limited.
     #[serde(default)]
     pub due_ms: Option<u64>,
+    /// Rejections of the task's work by its reviewer so far (its review round is this
+    /// plus one).
+    #[serde(default)]
+    pub rejections: u32,
+    /// The reviewer's feedback on the last rejected submission, if one was rejected.
+    #[serde(default)]
+    pub feedback: Option<ReviewFeedback>,
+}
+
+/// What a reviewer said of a rejected submission, for the next attempt's prompt.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewFeedback {
+    /// The reviewer.
+    pub reviewer: String,
+    /// The feedback.
+    pub text: String,
+    /// The rejected result.
+    pub rejected_result: Option<String>,
+}
+
+/// The submission a review turn judges.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewBrief {
+    /// Task id.
+    pub id: String,
+    /// What the task asked for.
+    pub label: String,
+    /// The review round (1-based: rejections so far plus one).
+    pub round: u32,
+    /// Rejections allowed before the task fails for good.
+    pub rounds: u32,
+    /// The agent that submitted the work.
+    pub submitted_by: String,
+    /// The submitted result.
+    pub result: Option<String>,
+    /// The task's dependencies and their results.
+    pub deps: Vec<DepResult>,
+    /// What the reviewer said of the previous round, if it rejected one.
+    pub feedback: Option<String>,
+    /// Its trace: the command that created the task.
+    #[serde(default)]
+    pub trace: Option<InteractionId>,
 }
 
 /// What a turn is for.
@@ -499,6 +582,8 @@ pub enum TurnWork {
     Reply(MessageBrief),
     /// Work on a task.
     Task(TaskBrief),
+    /// Judge a task's submission: accept or reject with feedback.
+    Review(ReviewBrief),
 }
 
 /// Everything a driver needs to start a turn.

@@ -90,7 +90,7 @@ use crate::policy::{
 };
 use crate::protocol::task::{
     TaskBidBody, TaskClaimedBody, TaskCompletedBody, TaskEndedBody, TaskRejectedBody,
-    MAX_RESULT_BYTES,
+    TaskReviewedBody, Verdict, MAX_RESULT_BYTES,
 };
 use crate::protocol::{
     hash_parts, parse_body, truncate_text, AgentRegisteredBody, CoordNoteBody, DesignationBody,
@@ -103,14 +103,14 @@ use crate::verbs::Verb;
 /// Claim keys and epochs are protocol vocabulary; re-exported here, where the relay
 /// meets them.
 pub use crate::protocol::claims::{
-    directed_reply_key, drive_key, reply_key, reply_key_for, task_key, task_key_at, taskdrive_key,
-    taskdrive_key_at, ClaimEpoch, ClaimKey, ClaimRef,
+    directed_reply_key, drive_key, reply_key, reply_key_for, review_key, reviewdrive_key, task_key,
+    task_key_at, taskdrive_key, taskdrive_key_at, ClaimEpoch, ClaimKey, ClaimRef,
 };
 pub use addressing::{Addressing, Eligible};
 pub use api::{
     AdmitAll, ChainedAcquire, ClaimAnswer, ClaimOutcome, ClaimPurpose, DepResult, Event, Intent,
-    LocalAgent, MessageBrief, ReplyGate, ResourcesAnswer, SyncOptions, TaskBrief, TurnId,
-    TurnOutcome, TurnStart, TurnWork,
+    LocalAgent, MessageBrief, ReplyGate, ResourcesAnswer, ReviewBrief, ReviewFeedback, SyncOptions,
+    TaskBrief, TurnId, TurnOutcome, TurnStart, TurnWork,
 };
 
 // ---------------------------------------------------------------------------------
@@ -183,6 +183,8 @@ struct Unconfirmed {
 enum Undo {
     /// The task's lease is not to be resumed (`Synchronizer::finished`).
     Task { key: String, epoch: ClaimEpoch },
+    /// The review's verdict was written (`Synchronizer::reviews_finished`).
+    Review { key: String },
     /// The message was noted as answered by `agent`; `before` is its state then.
     Reply {
         room: String,
@@ -208,6 +210,9 @@ enum LiveWork {
         next_hops: Option<u64>,
     },
     Task {
+        task: String,
+    },
+    Review {
         task: String,
     },
 }
@@ -342,6 +347,9 @@ pub struct Synchronizer {
     /// Task claims `(key, epoch)` whose turn ended here: never resumed, even while the
     /// fold has not yet caught up with the completion or failure appended for them.
     finished: BTreeSet<(String, ClaimEpoch)>,
+    /// Review claim keys whose verdict this relay wrote: never reviewed again, even
+    /// while the fold has not yet read the verdict.
+    reviews_finished: BTreeSet<String>,
     /// Ending writes not yet read back (see [`Unconfirmed`]).
     unconfirmed: Vec<Unconfirmed>,
     registered: bool,
@@ -430,6 +438,7 @@ impl Synchronizer {
             unsettled: BTreeSet::new(),
             next_settle_check: None,
             finished: BTreeSet::new(),
+            reviews_finished: BTreeSet::new(),
             unconfirmed: Vec::new(),
             registered: false,
             now: None,
@@ -725,6 +734,7 @@ impl Synchronizer {
                 | Verb::TaskCompleted
                 | Verb::TaskFailed
                 | Verb::TaskReleased
+                | Verb::TaskReviewed
                 | Verb::TurnPrompted
                 | Verb::TurnReplied
                 | Verb::TurnFailed
@@ -804,6 +814,13 @@ impl Synchronizer {
                     self.held_elsewhere.remove(&key);
                     self.returned
                         .insert(key, (row.actor.clone(), b.epoch, row.at));
+                }
+            }
+            Verb::TaskReviewed => {
+                if let Some(b) = TaskReviewedBody::parse(&row.body) {
+                    // Folded: the fold now says whether it is still in review.
+                    self.reviews_finished
+                        .remove(&review_key(&row.room, &b.task, b.generation));
                 }
             }
             Verb::TaskBid => self.reject_late_bid(row, out),
@@ -1014,7 +1031,7 @@ impl Synchronizer {
     /// `turn.failed` says why.
     fn stop_cancelled(&mut self, room: &str, by: &str, out: &mut Vec<Intent>) {
         for (id, t) in self.turns.iter_mut() {
-            let LiveWork::Task { task } = &t.work else {
+            let (LiveWork::Task { task } | LiveWork::Review { task }) = &t.work else {
                 continue;
             };
             let cancelled = t.room == room
@@ -1366,7 +1383,8 @@ impl Synchronizer {
         self.retake_replies(now, out);
         self.elect_replies(now, out);
         let retakes = self.retake_tasks(now, out);
-        self.schedule_tasks(now, retakes, out);
+        let reviews = self.schedule_reviews(now, out);
+        self.schedule_tasks(now, retakes + reviews, out);
         // Notices queued by this pass and by the rows just folded.
         self.write_notices(out);
         self.note_settled(out);
@@ -1899,9 +1917,22 @@ impl Synchronizer {
             dag.task(room, task)
                 .is_some_and(|t| t.next_attempt() == *attempt && t.status == TaskStatus::Open)
         });
+        self.reviews_finished
+            .retain(|key| match ClaimKey::parse(key) {
+                Some(ClaimKey::Review {
+                    room,
+                    task,
+                    generation,
+                }) => dag.task(&room, &task).is_some_and(|t| {
+                    t.status == TaskStatus::Submitted && t.generation == generation
+                }),
+                _ => false,
+            });
         let finished = &self.finished;
+        let reviews_finished = &self.reviews_finished;
         self.unconfirmed.retain(|u| match &u.undo {
             Undo::Task { key, epoch } => finished.contains(&(key.clone(), *epoch)),
+            Undo::Review { key } => reviews_finished.contains(key),
             Undo::Reply { .. } => true,
         });
         // Re-takes and bid-window closes happen in the pass that follows every event.
@@ -1990,6 +2021,61 @@ impl Synchronizer {
         wakes
     }
 
+    /// Submitted tasks whose reviewer this relay hosts, free and not benched: contend
+    /// for the review claim with this relay's review drive claim chained after it. The
+    /// room index keeps the submitted tasks, so a pass walks only those. A review
+    /// claim held elsewhere backs off until its lease would lapse (then it is re-taken
+    /// here if its holder died). Returns how many acquisitions it started.
+    fn schedule_reviews(&mut self, now: Timestamp, out: &mut Vec<Intent>) -> usize {
+        let cap = self.options.max_wakes_per_pass;
+        let mut wakes = 0usize;
+        let mut busy = self.busy_agents();
+        let rooms: Vec<String> = self.rooms.iter().cloned().collect();
+        for room in rooms {
+            let wanted: Vec<(String, u32, String)> = self
+                .dag
+                .in_review(&room)
+                .filter_map(|t| {
+                    let reviewer = &t.review.as_ref()?.agent;
+                    self.agents
+                        .contains_key(reviewer)
+                        .then(|| (t.id.clone(), t.generation, reviewer.clone()))
+                })
+                .collect();
+            for (task, generation, reviewer) in wanted {
+                if wakes >= cap {
+                    return wakes;
+                }
+                let key = review_key(&room, &task, generation);
+                let dkey = reviewdrive_key(&room, &task, generation);
+                if busy.contains(&reviewer)
+                    || self.benched(&room, &reviewer)
+                    || self.claims.contains_key(&key)
+                    || self.claims.contains_key(&dkey)
+                    || self.held_elsewhere(&key, now)
+                    || self.reviews_finished.contains(&key)
+                {
+                    continue;
+                }
+                busy.insert(reviewer.clone());
+                let then = ChainedAcquire {
+                    key: dkey,
+                    holder: self.relay.clone(),
+                    ttl: self.ttl(&room),
+                };
+                let purpose = ClaimPurpose::Review {
+                    room: room.clone(),
+                    task,
+                    agent: reviewer.clone(),
+                    generation,
+                };
+                self.acquire_then(key, reviewer, purpose, Some(then), out);
+                wakes += 1;
+            }
+        }
+        wakes
+    }
+
     /// Messages taken by an agent whose answer never came and that no local turn
     /// runs: contend again; the store grants the reply claim only once it lapsed.
     fn retake_replies(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
@@ -2067,7 +2153,9 @@ impl Synchronizer {
             self.closed.insert(r.key.clone());
             if matches!(
                 purpose,
-                ClaimPurpose::DriveReply { .. } | ClaimPurpose::DriveTask { .. }
+                ClaimPurpose::DriveReply { .. }
+                    | ClaimPurpose::DriveTask { .. }
+                    | ClaimPurpose::DriveReview { .. }
             ) {
                 let k = purpose.exclusive_key();
                 self.forget(&k);
@@ -2089,6 +2177,9 @@ impl Synchronizer {
                 }
                 ClaimPurpose::DriveTask { task_epoch, .. } => {
                     Some((purpose.exclusive_key(), *task_epoch))
+                }
+                ClaimPurpose::DriveReview { review_epoch, .. } => {
+                    Some((purpose.exclusive_key(), *review_epoch))
                 }
                 _ => None,
             };
@@ -2154,6 +2245,19 @@ impl Synchronizer {
                 task_epoch,
                 generation,
             } => self.drive_task_won(room, (task, generation), agent, task_epoch, epoch, out),
+            ClaimPurpose::Review {
+                room,
+                task,
+                agent,
+                generation,
+            } => self.review_won(room, (task, generation), agent, r.then, out),
+            ClaimPurpose::DriveReview {
+                room,
+                task,
+                agent,
+                review_epoch,
+                generation,
+            } => self.drive_review_won(room, (task, generation), agent, review_epoch, epoch, out),
         }
     }
 
@@ -2536,19 +2640,16 @@ impl Synchronizer {
             close: false,
             batch,
         });
-        let deps = t
-            .deps
-            .iter()
-            .map(|d| {
-                let dep = self.dag.task(&room, d);
-                DepResult {
-                    id: d.clone(),
-                    label: dep.map(|x| x.label.clone()).unwrap_or_default(),
-                    result: dep.and_then(|x| x.result.clone()),
-                }
-            })
-            .collect();
+        let deps = self.dep_results(&room, &t);
         let trace = t.command.map(|c| self.traces.get(&c).copied().unwrap_or(c));
+        let feedback = match (&t.review, &t.feedback) {
+            (Some(r), Some(text)) if t.rejections > 0 => Some(ReviewFeedback {
+                reviewer: r.agent.clone(),
+                text: text.clone(),
+                rejected_result: t.rejected_result.clone(),
+            }),
+            _ => None,
+        };
         let work = TurnWork::Task(TaskBrief {
             trace,
             id: task.clone(),
@@ -2558,6 +2659,8 @@ impl Synchronizer {
             needs: t.needs.clone(),
             deps,
             due_ms: t.due_ms,
+            rejections: t.rejections,
+            feedback,
         });
         self.start_turn(
             turn,
@@ -2572,6 +2675,163 @@ impl Synchronizer {
             use_refs,
             out,
         );
+    }
+
+    /// Whether `task` of `room` is still waiting for the verdict on the submission of
+    /// `generation`.
+    fn in_review_at(&self, room: &str, task: &str, generation: u32) -> bool {
+        self.dag
+            .task(room, task)
+            .is_some_and(|t| t.status == TaskStatus::Submitted && t.generation == generation)
+    }
+
+    /// The review claim was won; `drive` is the answer to the review drive claim
+    /// chained after it, when the relay took both in one call.
+    fn review_won(
+        &mut self,
+        room: String,
+        (task, generation): (String, u32),
+        agent: String,
+        drive: Option<ClaimAnswer>,
+        out: &mut Vec<Intent>,
+    ) {
+        let key = review_key(&room, &task, generation);
+        let dkey = reviewdrive_key(&room, &task, generation);
+        let epoch = self.claims.get(&key).and_then(|s| s.epoch);
+        let alive = self.in_review_at(&room, &task, generation);
+        let (true, Some(review_epoch)) = (alive, epoch) else {
+            self.forget(&key);
+            if let Some(ClaimAnswer::Won { epoch, .. }) = drive {
+                out.push(Intent::Release {
+                    key: dkey,
+                    holder: self.relay.clone(),
+                    epoch,
+                });
+            }
+            return;
+        };
+        let purpose = ClaimPurpose::DriveReview {
+            room,
+            task,
+            agent,
+            review_epoch,
+            generation,
+        };
+        match drive {
+            Some(answer) => {
+                self.claims.insert(
+                    dkey.clone(),
+                    Slot {
+                        holder: self.relay.clone(),
+                        purpose,
+                        epoch: None,
+                    },
+                );
+                let outcome = ClaimOutcome::new(dkey, self.relay.clone(), answer);
+                self.on_claim_result(outcome, out);
+            }
+            None => self.acquire(dkey, self.relay.clone(), purpose, out),
+        }
+    }
+
+    /// Both review claims are held: record the prompt and start the review turn.
+    fn drive_review_won(
+        &mut self,
+        room: String,
+        (task, generation): (String, u32),
+        agent: String,
+        review_epoch: ClaimEpoch,
+        drive_epoch: ClaimEpoch,
+        out: &mut Vec<Intent>,
+    ) {
+        let rkey = review_key(&room, &task, generation);
+        let dkey = reviewdrive_key(&room, &task, generation);
+        let t = self
+            .dag
+            .task(&room, &task)
+            .filter(|_| {
+                self.in_review_at(&room, &task, generation)
+                    && self.held_at(&rkey, review_epoch)
+                    && !self.reviews_finished.contains(&rkey)
+            })
+            .cloned();
+        let Some(t) = t else {
+            self.forget_at(&rkey, review_epoch);
+            self.forget(&dkey);
+            return;
+        };
+        let exclusive = ClaimRef {
+            key: rkey,
+            holder: agent.clone(),
+            epoch: review_epoch,
+        };
+        let drive = ClaimRef {
+            key: dkey,
+            holder: self.relay.clone(),
+            epoch: drive_epoch,
+        };
+        let turn = TurnId(format!(
+            "v/{room}/{task}/{agent}/{review_epoch}.{drive_epoch}.g{generation}"
+        ));
+        let subject = Subject::review(task.clone(), Some(truncate_text(&t.label, 200)));
+        let prompted = TurnPromptedBody {
+            turn: turn.0.clone(),
+            subject: subject.clone(),
+            epoch: review_epoch,
+            drive_epoch,
+        };
+        out.push(Intent::Append {
+            fences: vec![exclusive.clone(), drive.clone()],
+            close: false,
+            batch: vec![NewInteraction::new(
+                room.as_str(),
+                Verb::TurnPrompted,
+                agent.as_str(),
+                Role::Agent,
+                serde_json::to_value(&prompted).unwrap_or_default(),
+            )],
+        });
+        let deps = self.dep_results(&room, &t);
+        let trace = t.command.map(|c| self.traces.get(&c).copied().unwrap_or(c));
+        let work = TurnWork::Review(ReviewBrief {
+            id: task.clone(),
+            label: t.label.clone(),
+            round: t.rejections.saturating_add(1),
+            rounds: t.review.as_ref().map_or(1, |r| r.rounds),
+            submitted_by: t.owner.clone().unwrap_or_default(),
+            result: t.result.clone(),
+            deps,
+            feedback: t.feedback.clone().filter(|f| !f.is_empty()),
+            trace,
+        });
+        self.start_turn(
+            turn,
+            agent,
+            room,
+            None,
+            subject,
+            work,
+            LiveWork::Review { task },
+            exclusive,
+            drive,
+            Vec::new(),
+            out,
+        );
+    }
+
+    /// A task's dependencies with their labels and results, for prompts.
+    fn dep_results(&self, room: &str, t: &crate::tasks::Task) -> Vec<DepResult> {
+        t.deps
+            .iter()
+            .map(|d| {
+                let dep = self.dag.task(room, d);
+                DepResult {
+                    id: d.clone(),
+                    label: dep.map(|x| x.label.clone()).unwrap_or_default(),
+                    result: dep.and_then(|x| x.result.clone()),
+                }
+            })
+            .collect()
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -2650,6 +2910,21 @@ impl Synchronizer {
         let Some(lt) = self.turns.remove(turn) else {
             return;
         };
+        // A review turn's reply must give a verdict; one that does not is a failed turn.
+        let outcome = match (&lt.work, outcome) {
+            (LiveWork::Review { .. }, TurnOutcome::Replied { text })
+                if Verdict::from_reply(&text).is_none() =>
+            {
+                TurnOutcome::Failed {
+                    reason: format!(
+                        "no verdict: a review's reply starts with ACCEPT or REJECT (then \
+                         the feedback); it began with {:?}",
+                        truncate_text(text.trim(), 80)
+                    ),
+                }
+            }
+            (_, outcome) => outcome,
+        };
         // Its agent has stopped: the resources it held for the task go back first.
         self.give_back_uses(&lt.room, &lt.agent, &lt.uses, out);
         self.forget_at(&lt.exclusive.key, lt.exclusive.epoch);
@@ -2667,6 +2942,18 @@ impl Synchronizer {
                     undo: Undo::Task {
                         key: lt.exclusive.key.clone(),
                         epoch: lt.exclusive.epoch,
+                    },
+                });
+            }
+            // A verdict is on its way: never review this submission again here.
+            LiveWork::Review { .. }
+                if !lt.lost && matches!(outcome, TurnOutcome::Replied { .. }) =>
+            {
+                self.reviews_finished.insert(lt.exclusive.key.clone());
+                self.unconfirmed.push(Unconfirmed {
+                    claims: [lt.exclusive.clone(), lt.drive.clone()],
+                    undo: Undo::Review {
+                        key: lt.exclusive.key.clone(),
                     },
                 });
             }
@@ -2840,7 +3127,58 @@ impl Synchronizer {
                     batch: vec![reply, replied_row],
                 });
             }
-            (LiveWork::Reply { .. }, _) => {
+            (LiveWork::Review { task }, TurnOutcome::Replied { text }) => {
+                // (A reply without a verdict was made a failure above.)
+                let Some((verdict, feedback)) = Verdict::from_reply(&text) else {
+                    return;
+                };
+                let reviewed = TaskReviewedBody {
+                    task: task.clone(),
+                    epoch,
+                    verdict,
+                    feedback: truncate_text(&feedback, MAX_RESULT_BYTES),
+                    generation: key_generation(&lt.exclusive.key),
+                };
+                let replied = TurnRepliedBody {
+                    turn: turn.0.clone(),
+                    subject: lt.subject.clone(),
+                    epoch,
+                    tokens,
+                    reply: None,
+                    activity,
+                };
+                // Fenced by the review claim and its drive claim, closing both: the
+                // submission is judged once, whatever any stale relay believes.
+                out.push(Intent::Append {
+                    fences: vec![lt.exclusive.clone(), lt.drive.clone()],
+                    close: true,
+                    batch: vec![
+                        NewInteraction::new(
+                            lt.room.as_str(),
+                            Verb::TaskReviewed,
+                            lt.agent.as_str(),
+                            Role::Agent,
+                            reviewed.to_body(),
+                        ),
+                        NewInteraction::new(
+                            lt.room.as_str(),
+                            Verb::TurnReplied,
+                            lt.agent.as_str(),
+                            Role::Agent,
+                            serde_json::to_value(&replied).unwrap_or_default(),
+                        ),
+                    ],
+                });
+            }
+            (LiveWork::Reply { .. } | LiveWork::Review { .. }, _) => {
+                if let (LiveWork::Review { task }, Some(now)) = (&lt.work, self.now) {
+                    // The review is offered again after the room's retry back-off
+                    // (here; the breaker paces a reviewer that keeps failing).
+                    let config = self.config(&lt.room, None);
+                    let ms = crate::pacing::retry_backoff_ms(config, &lt.room, task, 1);
+                    self.held_elsewhere
+                        .insert(lt.exclusive.key.clone(), now.saturating_add(ms_to_us(ms)));
+                }
                 // The reply claim goes first: other relays contend for it as soon as
                 // they read `turn.failed`, and one still held then would make them
                 // back off for a whole lease. The failure is fenced by the drive
@@ -3153,6 +3491,9 @@ impl Synchronizer {
                 Undo::Task { key, epoch } => {
                     self.finished.remove(&(key, epoch));
                 }
+                Undo::Review { key } => {
+                    self.reviews_finished.remove(&key);
+                }
                 Undo::Reply {
                     room,
                     message,
@@ -3176,9 +3517,12 @@ impl Synchronizer {
 /// The generation a task claim key is for (0 for any other key).
 fn key_generation(key: &str) -> u32 {
     match ClaimKey::parse(key) {
-        Some(ClaimKey::Task { generation, .. } | ClaimKey::TaskDrive { generation, .. }) => {
-            generation
-        }
+        Some(
+            ClaimKey::Task { generation, .. }
+            | ClaimKey::TaskDrive { generation, .. }
+            | ClaimKey::Review { generation, .. }
+            | ClaimKey::ReviewDrive { generation, .. },
+        ) => generation,
         _ => 0,
     }
 }

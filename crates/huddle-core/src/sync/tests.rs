@@ -989,6 +989,145 @@ fn pull_schedules_ready_tasks_and_completes_under_the_fence() {
     assert_eq!(acquires(&out), vec![(task_key("lobby", "b"), "bo".into())]);
 }
 
+fn reviewed_task(id: &str, reviewer: &str) -> NewInteraction {
+    ix(
+        Verb::TaskCreated,
+        "ana",
+        Role::Owner,
+        json!({"task": id, "label": "write it", "max_attempts": 3,
+               "review": {"agent": reviewer, "rounds": 2}}),
+    )
+}
+
+#[test]
+fn a_local_reviewer_judges_a_submission_and_a_rejection_sends_the_work_back() {
+    let mut h = H::new(&["bo", "lead"]);
+    h.start();
+    let out = h.post(vec![reviewed_task("a", "lead"), created("b", &["a"])]);
+    // The first free agent in key order takes a (the reviewer may work too).
+    let worker = acquires(&out)[0].1.clone();
+    let st = run_task_to_start(&mut h, "a", &worker, 1);
+    let out = h.ended(&st.turn, TurnOutcome::Replied { text: "v1".into() });
+    h.apply_appends(&out);
+    let out = h.read();
+    assert_eq!(
+        h.sync.tasks().task("lobby", "a").unwrap().status,
+        TaskStatus::Submitted
+    );
+    // The reviewer contends for the review claim with the drive claim chained.
+    let rkey = review_key("lobby", "a", 0);
+    assert!(
+        acquires(&out).contains(&(rkey.clone(), "lead".into())),
+        "{out:?}"
+    );
+    assert!(
+        !acquires(&out).iter().any(|(k, _)| k.starts_with("task/")),
+        "b waits for the verdict"
+    );
+    let out = h.result(&rkey, "lead", true, 1);
+    let dkey = reviewdrive_key("lobby", "a", 0);
+    assert_eq!(acquires(&out), vec![(dkey.clone(), "r1".into())]);
+    let out = h.result(&dkey, "r1", true, 1);
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!("{rkey}@lead#1 + {dkey}@r1#1")),
+            vec!["turn.prompted"]
+        )]
+    );
+    let review = starts(&out)[0].clone();
+    let TurnWork::Review(brief) = &review.work else {
+        panic!("a review turn: {review:?}");
+    };
+    assert_eq!(
+        (
+            brief.round,
+            brief.rounds,
+            brief.submitted_by.as_str(),
+            brief.result.as_deref()
+        ),
+        (1, 2, worker.as_str(), Some("v1"))
+    );
+    assert_eq!(review.subject.kind, SubjectKind::Review);
+    h.apply_appends(&out);
+    h.read();
+    // A reply with no verdict fails the turn and lets both claims go.
+    let out = h.ended(
+        &review.turn,
+        TurnOutcome::Replied {
+            text: "hmm, maybe".into(),
+        },
+    );
+    assert_eq!(appends(&out)[0].1, vec!["turn.failed"]);
+    assert!(appended_body(&out, Verb::TurnFailed)["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with("no verdict"));
+    assert_eq!(kinds(&out).iter().filter(|k| **k == "release").count(), 2);
+    assert!(acquires(&out).is_empty(), "the review waits out a back-off");
+    h.apply_appends(&out);
+    h.read();
+    // After the back-off the review is offered again; this time it rejects.
+    let mut out = h.tick(h.now + 2 * S);
+    out.extend(h.read());
+    assert!(
+        acquires(&out).contains(&(rkey.clone(), "lead".into())),
+        "{out:?}"
+    );
+    h.result(&rkey, "lead", true, 2);
+    let out = h.result(&dkey, "r1", true, 2);
+    let review = starts(&out)[0].clone();
+    h.apply_appends(&out);
+    h.read();
+    let out = h.ended(
+        &review.turn,
+        TurnOutcome::Replied {
+            text: "REJECT: add tests\nand docs".into(),
+        },
+    );
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!("{rkey}@lead#2 + {dkey}@r1#2 (closes)")),
+            vec!["task.reviewed", "turn.replied"]
+        )]
+    );
+    let body = appended_body(&out, Verb::TaskReviewed);
+    assert_eq!(
+        (body["verdict"].as_str(), body["feedback"].as_str()),
+        (Some("reject"), Some("add tests\nand docs"))
+    );
+    h.apply_appends(&out);
+    let out = h.read();
+    let t = h.sync.tasks().task("lobby", "a").unwrap();
+    assert_eq!((t.status, t.generation), (TaskStatus::Open, 1));
+    // The work goes back under generation 1's keys, the feedback in the brief.
+    let tkey = task_key_at("lobby", "a", 1);
+    let (_, who) = acquires(&out)
+        .into_iter()
+        .find(|(k, _)| *k == tkey)
+        .expect("the task is offered again");
+    h.result(&tkey, &who, true, 1);
+    let out = h.result(&taskdrive_key_at("lobby", "a", 1), "r1", true, 1);
+    let st = starts(&out)[0].clone();
+    let TurnWork::Task(brief) = &st.work else {
+        panic!("a task turn");
+    };
+    let f = brief
+        .feedback
+        .as_ref()
+        .expect("the feedback is in the brief");
+    assert_eq!(
+        (
+            f.reviewer.as_str(),
+            f.text.as_str(),
+            f.rejected_result.as_deref()
+        ),
+        ("lead", "add tests\nand docs", Some("v1"))
+    );
+    assert_eq!((brief.attempt, brief.rejections), (2, 1));
+}
+
 /// The body of the `verb` row appended in `out`.
 fn appended_body(out: &[Intent], verb: Verb) -> serde_json::Value {
     out.iter()

@@ -82,6 +82,7 @@ pub struct FrontierKey {
 enum Class {
     Done,
     Claimed,
+    Submitted,
     Abandoned,
     Cancelled,
     Ready,
@@ -114,6 +115,8 @@ pub struct RoomIndex {
     frontier: BTreeSet<FrontierKey>,
     by_since: BTreeSet<(Timestamp, String)>,
     claimed: BTreeSet<String>,
+    /// Submitted tasks waiting for their reviewer's verdict.
+    in_review: BTreeSet<String>,
     notices_due: BTreeSet<String>,
     summary: TaskSummary,
 }
@@ -125,6 +128,7 @@ impl PartialEq for RoomIndex {
             && self.frontier == o.frontier
             && self.by_since == o.by_since
             && self.claimed == o.claimed
+            && self.in_review == o.in_review
             && self.notices_due == o.notices_due
             && self.summary == o.summary
     }
@@ -304,6 +308,7 @@ impl RoomIndex {
         let class = match t.status {
             TaskStatus::Done => Class::Done,
             TaskStatus::Claimed => Class::Claimed,
+            TaskStatus::Submitted => Class::Submitted,
             TaskStatus::Abandoned => Class::Abandoned,
             TaskStatus::Cancelled => Class::Cancelled,
             TaskStatus::Open if x.undone == 0 => Class::Ready,
@@ -344,6 +349,11 @@ impl RoomIndex {
         } else {
             self.claimed.remove(&t.id);
         }
+        if class == Class::Submitted {
+            self.in_review.insert(t.id.clone());
+        } else {
+            self.in_review.remove(&t.id);
+        }
         if class == Class::Abandoned && !t.notified {
             self.notices_due.insert(t.id.clone());
         } else {
@@ -360,6 +370,7 @@ impl RoomIndex {
         match class {
             Class::Done => &mut s.done,
             Class::Claimed => &mut s.claimed,
+            Class::Submitted => &mut s.submitted,
             Class::Abandoned => &mut s.abandoned,
             Class::Cancelled => &mut s.cancelled,
             Class::Ready => &mut s.ready,
@@ -446,6 +457,11 @@ impl RoomIndex {
     /// Ids of claimed tasks, sorted.
     pub fn claimed(&self) -> impl Iterator<Item = &str> + '_ {
         self.claimed.iter().map(String::as_str)
+    }
+
+    /// Ids of submitted tasks waiting for their reviewer, sorted.
+    pub fn in_review(&self) -> impl Iterator<Item = &str> + '_ {
+        self.in_review.iter().map(String::as_str)
     }
 
     /// Ids of abandoned tasks whose owner notice is not folded yet, sorted.

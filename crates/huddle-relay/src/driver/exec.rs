@@ -7,7 +7,9 @@
 //! - Environment: `HUDDLE_ROOM`, `HUDDLE_THREAD` (empty when none), `HUDDLE_AGENT`,
 //!   `HUDDLE_TASK` (empty when none), `HUDDLE_EPOCH` (empty when none),
 //!   `HUDDLE_ATTEMPT`, `HUDDLE_EFFECT_KEY` (stable across the attempts of one task or
-//!   message answer: the idempotency key for the agent's external effects); when the
+//!   message answer: the idempotency key for the agent's external effects),
+//!   `HUDDLE_REVIEW` (`1` on a review turn, whose reply starts with `ACCEPT` or
+//!   `REJECT`; `HUDDLE_TASK` names the task, `HUDDLE_ATTEMPT` is the round); when the
 //!   agent is offered huddle's MCP tools, `HUDDLE_MCP` (a `sh` command line starting
 //!   `huddle mcp` for this agent and room), `HUDDLE_DB`, `HUDDLE_RELAY_ID` and, when
 //!   the relay signs, `HUDDLE_RELAY_KEY` ([`McpLaunch::env`]).
@@ -197,6 +199,7 @@ impl Driver for ExecDriver {
             )
             .env("HUDDLE_ATTEMPT", request.attempt.to_string())
             .env("HUDDLE_EFFECT_KEY", &request.effect_key)
+            .env("HUDDLE_REVIEW", if request.review { "1" } else { "" })
             .env("HUDDLE_TRACE", &request.trace)
             .env_remove("HUDDLE_MCP")
             .stdout(Stdio::piped())
@@ -334,6 +337,7 @@ mod tests {
             prompt: "<coordination>\n</coordination>\nhello".into(),
             effect_key: String::new(),
             trace: String::new(),
+            review: false,
             progress: Default::default(),
             start_by: None,
         }

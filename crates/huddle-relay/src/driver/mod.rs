@@ -63,6 +63,11 @@ pub struct TurnRequest {
     /// its work comes from, as `huddle trace ROOM ID` takes it; empty when unknown.
     #[serde(default)]
     pub trace: String,
+    /// Whether the turn reviews a task's submission (`HUDDLE_REVIEW=1`): its reply
+    /// starts with `ACCEPT` or `REJECT` (then the feedback); `task` names the task and
+    /// `attempt` is the review round.
+    #[serde(default)]
+    pub review: bool,
     /// Where the driver sends the turn's interim progress notes (not its reply); the
     /// relay writes each as a `turn.progress` row under the turn's claims.
     #[serde(skip)]

@@ -100,6 +100,13 @@ impl Driver for SimDriver {
                     TurnOutcome::failed("simulated failure", tokens)
                 } else {
                     let what = request.task.as_deref().unwrap_or("the message");
+                    if request.review {
+                        // A simulated reviewer accepts what it is shown.
+                        return TurnOutcome::replied(
+                            format!("ACCEPT: {} reviewed {what}", request.agent),
+                            tokens,
+                        );
+                    }
                     TurnOutcome::replied(format!("{} finished {what}", request.agent), tokens)
                 }
             }
@@ -122,6 +129,7 @@ mod tests {
             prompt: "do it".into(),
             effect_key: String::new(),
             trace: String::new(),
+            review: false,
             progress: Default::default(),
             start_by: None,
         }
