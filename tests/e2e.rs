@@ -34,6 +34,7 @@ mod pattern_cli;
 mod presence;
 mod relay_e2e;
 mod resources;
+mod review;
 mod signed_writers;
 mod task_annotations;
 mod task_cli;

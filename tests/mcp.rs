@@ -87,6 +87,48 @@ async fn a_python_client_lists_and_calls_every_tool() {
     assert_eq!(dag.task("tools", "c").unwrap().owner.as_deref(), Some("cy"));
 }
 
+/// A reviewer acting for itself over MCP judges a worker's submission (plan 0053).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_client_reviews_with_task_review() {
+    let (_dir, db) = tempdb();
+    let room = "rev";
+    ok({
+        let mut c = huddle(&db);
+        c.args(["room", "create", room, "--owner", "ana"]);
+        c
+    });
+    let rows = huddle_core::seed_room(
+        room,
+        "ana",
+        &owner_key("ana"),
+        &["!delegate\nw: write it [review @lead rounds 2]\nnext: then this [after w]"],
+    )
+    .expect("seed the commands");
+    let store = huddle_store::open(&db, StoreOptions::default())
+        .await
+        .expect("open");
+    store
+        .append(rows[1..].to_vec())
+        .await
+        .expect("seed the room");
+    let out = script("review.py", &db, room)
+        .output()
+        .expect("run the client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("OK"),
+        "review.py failed\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (dag, completions) = fold(&db, room).await;
+    assert_eq!(completions, 2, "two submissions of w");
+    let w = dag.task(room, "w").expect("w");
+    assert_eq!(
+        (w.status, w.generation, w.rejections),
+        (TaskStatus::Done, 1, 1)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_python_client_reads_and_subscribes_to_resources() {
     run_client("resources.py", "res", 60_000).await;
