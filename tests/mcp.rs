@@ -92,34 +92,13 @@ async fn a_python_client_lists_and_calls_every_tool() {
 async fn a_python_client_reviews_with_task_review() {
     let (_dir, db) = tempdb();
     let room = "rev";
-    ok({
-        let mut c = huddle(&db);
-        c.args(["room", "create", room, "--owner", "ana"]);
-        c
-    });
-    let rows = huddle_core::seed_room(
+    seed_commands(
+        &db,
         room,
-        "ana",
-        &owner_key("ana"),
         &["!delegate\nw: write it [review @lead rounds 2]\nnext: then this [after w]"],
     )
-    .expect("seed the commands");
-    let store = huddle_store::open(&db, StoreOptions::default())
-        .await
-        .expect("open");
-    store
-        .append(rows[1..].to_vec())
-        .await
-        .expect("seed the room");
-    let out = script("review.py", &db, room)
-        .output()
-        .expect("run the client");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("OK"),
-        "review.py failed\nstdout: {stdout}\nstderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    .await;
+    client_ok("review.py", &db, room);
     let (dag, completions) = fold(&db, room).await;
     assert_eq!(completions, 2, "two submissions of w");
     let w = dag.task(room, "w").expect("w");
@@ -127,6 +106,70 @@ async fn a_python_client_reviews_with_task_review() {
         (w.status, w.generation, w.rejections),
         (TaskStatus::Done, 1, 1)
     );
+}
+
+/// Seeds `room` with the owner's signed `commands` (and the rows a relay derives).
+async fn seed_commands(db: &str, room: &str, commands: &[&str]) {
+    ok({
+        let mut c = huddle(db);
+        c.args(["room", "create", room, "--owner", "ana"]);
+        c
+    });
+    let rows = huddle_core::seed_room(room, "ana", &owner_key("ana"), commands)
+        .expect("seed the commands");
+    let store = huddle_store::open(db, StoreOptions::default())
+        .await
+        .expect("open");
+    store
+        .append(rows[1..].to_vec())
+        .await
+        .expect("seed the room");
+}
+
+/// Runs client `name` against `room` of `db` and asserts it printed OK.
+fn client_ok(name: &str, db: &str, room: &str) {
+    let out = script(name, db, room).output().expect("run the client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("OK"),
+        "{name} failed\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The server of an agent acting for itself fails its overdue and stalled tasks, and
+/// the circuit breaker benches it after two failures (plan 0054).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_client_is_paced_like_a_driven_agent() {
+    let (_dir, db) = tempdb();
+    let room = "pace";
+    seed_commands(
+        &db,
+        room,
+        &[
+            "!config stall-timeout 2s breaker 2 retry-backoff 0 claim-ttl 30s",
+            "!delegate\nlate: slow one [due 1s]\nquiet: silent one\nf1: one",
+        ],
+    )
+    .await;
+    client_ok("pacing.py", &db, room);
+    let store = huddle_store::open(&db, StoreOptions::default())
+        .await
+        .unwrap();
+    let rows = store
+        .read_room(room, Position::START, 10_000)
+        .await
+        .unwrap()
+        .rows;
+    let failed_turns: Vec<String> = rows
+        .iter()
+        .filter(|r| r.verb == Verb::TurnFailed && r.actor == "bo")
+        .map(|r| r.body["reason"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(failed_turns.len(), 2, "{failed_turns:?}");
+    assert!(failed_turns[0].starts_with("overdue:") && failed_turns[1].starts_with("stalled:"));
+    let (dag, _) = fold(&db, room).await;
+    assert_eq!(dag.task(room, "f1").unwrap().owner.as_deref(), Some("cy"));
 }
 
 #[tokio::test(flavor = "multi_thread")]

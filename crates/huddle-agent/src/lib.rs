@@ -46,6 +46,7 @@ mod session;
 mod shared_state;
 mod tasks;
 pub mod views;
+pub mod watch;
 
 pub use bids::{BidArgs, BidResult};
 pub use delegate::{DelegateArgs, DelegateResult};

@@ -49,6 +49,9 @@ pub(crate) struct Folded {
     pub(crate) patterns: Patterns,
     /// Recent messages per thread, for `read`'s `<thread>` block.
     pub(crate) threads: huddle_core::thread::ThreadWindow,
+    /// When this session last claimed or renewed each task it holds: the watchdog
+    /// fails a task silent for the room's `stall-timeout` ([`crate::watch`]).
+    pub(crate) activity: BTreeMap<String, Instant>,
 }
 
 impl Folded {
@@ -114,6 +117,7 @@ impl AgentSession {
                 mine: BTreeMap::new(),
                 patterns: Patterns::new(),
                 threads: Default::default(),
+                activity: BTreeMap::new(),
             }),
             progress_notes: std::sync::atomic::AtomicU32::new(0),
             kept: Default::default(),

@@ -116,6 +116,9 @@ impl AgentSession {
             let mut st = self.synced().await?;
             let now = self.store.now().await?;
             let t = self.task(&st, id)?;
+            if let Some(why) = self.benched_why(&st, now) {
+                return Err(not_claimable(id, why));
+            }
             match t.status {
                 TaskStatus::Done | TaskStatus::Abandoned | TaskStatus::Cancelled => {
                     return Err(AgentError::NotClaimable {
@@ -202,6 +205,13 @@ impl AgentSession {
     async fn claim_best(&self) -> Result<ClaimResult> {
         let mut st = self.synced().await?;
         let now = self.store.now().await?;
+        if let Some(why) = self.benched_why(&st, now) {
+            return Ok(ClaimResult {
+                claimed: None,
+                reason: Some(why),
+                settled: false,
+            });
+        }
         let lease_us = (self.lease_ms(&st) as i64).saturating_mul(1000);
         let mut ready = self.ready_for_me(&st, now);
         ready.sort_by_cached_key(|id| (spread(&self.agent, &self.room, id), id.clone()));
@@ -300,6 +310,7 @@ impl AgentSession {
         let t = self.task(st, id)?.clone();
         if t.is_held_by(&self.agent, epoch) {
             st.mine.insert(id.to_string(), epoch);
+            st.activity.insert(id.to_string(), Instant::now());
             return Ok(Try::Claimed(Box::new(self.claimed(
                 st,
                 &t,
@@ -376,6 +387,7 @@ impl AgentSession {
         self.store.flush().await;
         self.catch_up(st).await?;
         st.mine.insert(id.to_string(), epoch);
+        st.activity.insert(id.to_string(), Instant::now());
         tracing::info!(room = %self.room, agent = %self.agent, task = id, epoch = epoch.get(), attempt, "task claimed");
         let t = self.task(st, id)?.clone();
         Ok(Try::Claimed(Box::new(self.claimed(
@@ -449,8 +461,12 @@ impl AgentSession {
                         format!("{o} holds it; claim a task with task_claim first")
                     }
                     _ => format!(
-                        "it is {} and not claimed by you; claim it with task_claim first",
-                        status_name(t)
+                        "it is {} and not claimed by you{}; claim it with task_claim first",
+                        status_name(t),
+                        t.last_reason
+                            .as_deref()
+                            .map(|r| format!(" (its last attempt: {})", truncate_text(r, 200)))
+                            .unwrap_or_default()
                     ),
                 },
             }),
@@ -495,14 +511,14 @@ impl AgentSession {
         id: &str,
         epoch: ClaimEpoch,
         close: bool,
-        row: NewInteraction,
+        rows: Vec<NewInteraction>,
     ) -> Result<Written> {
         let fence = Fence {
             key: self.key_of(st, id),
             holder: self.agent.clone(),
             epoch,
         };
-        match self.store.append_under(&[fence], close, vec![row]).await {
+        match self.store.append_under(&[fence], close, rows).await {
             Ok(out) => {
                 self.store.flush().await;
                 self.catch_up(st).await?;
@@ -543,12 +559,15 @@ impl AgentSession {
             .renew(&key, &self.agent, epoch, Duration::from_millis(lease_ms))
             .await?
         {
-            Some(c) => Ok(LeaseView {
-                task: args.task,
-                epoch,
-                expires_at: c.expires_at,
-                lease_ms,
-            }),
+            Some(c) => {
+                st.activity.insert(args.task.clone(), Instant::now());
+                Ok(LeaseView {
+                    task: args.task,
+                    epoch,
+                    expires_at: c.expires_at,
+                    lease_ms,
+                })
+            }
             None => Err(self.explain_refusal(&mut st, &args.task, epoch).await),
         }
     }
@@ -556,6 +575,20 @@ impl AgentSession {
     /// `task_complete`: records the result under the claim and closes the claim: the
     /// task is never taken again. A stale claim is refused and nothing is recorded.
     pub async fn task_complete(&self, args: CompleteArgs) -> Result<TaskWritten> {
+        // An attempt past its deadline (or silent past the stall timeout) is failed, not
+        // completed, as a relay would have stopped it.
+        if let Some((_, why)) = self
+            .watch_held()
+            .await?
+            .into_iter()
+            .find(|(t, _)| *t == args.task)
+        {
+            return Err(AgentError::LeaseLost(format!(
+                "task {:?} was failed instead ({why}); nothing was recorded: claim it again \
+                 with task_claim for another attempt",
+                args.task
+            )));
+        }
         let mut st = self.synced().await?;
         let epoch = match self.epoch_of(&st, &args.task, args.epoch) {
             Ok(e) => e,
@@ -584,10 +617,14 @@ impl AgentSession {
         };
         let key = self.idempotency(args.idempotency_key.as_deref())?;
         let row = self.row(Verb::TaskCompleted, body.to_body(), key);
+        // The work's end as a turn row, as a relay writes one: the board shows it and
+        // the circuit breaker's run of failures ends.
+        let turn = self.turn_row(&st, &args.task, epoch, None);
         let written = self
-            .write_under(&mut st, &args.task, epoch, true, row)
+            .write_under(&mut st, &args.task, epoch, true, vec![row, turn])
             .await?;
         st.mine.remove(&args.task);
+        st.activity.remove(&args.task);
         tracing::info!(room = %self.room, agent = %self.agent, task = %args.task, epoch = epoch.get(), "task completed");
         self.task_written(&st, args.task, epoch, written)
     }
@@ -623,16 +660,65 @@ impl AgentSession {
         };
         let key = self.idempotency(args.idempotency_key.as_deref())?;
         let row = self.row(verb, body.to_body(), key);
+        let mut rows = vec![row];
+        if verb == Verb::TaskFailed {
+            // A failure counts for the circuit breaker as a driven agent's does.
+            rows.push(self.turn_row(&st, &args.task, epoch, Some(&body.reason)));
+        }
         let written = self
-            .write_under(&mut st, &args.task, epoch, last, row)
+            .write_under(&mut st, &args.task, epoch, last, rows)
             .await?;
         st.mine.remove(&args.task);
+        st.activity.remove(&args.task);
         if !last {
             let key = self.key_of(&st, &args.task);
             self.store.release(&key, &self.agent, epoch).await?;
         }
         tracing::info!(room = %self.room, agent = %self.agent, task = %args.task, epoch = epoch.get(), verb = %verb, "task given back");
         self.task_written(&st, args.task, epoch, written)
+    }
+
+    /// The `turn.replied` (`failed: None`) or `turn.failed` row that records the end of
+    /// this agent's work on task `id` under `epoch`, as a relay records a turn's end.
+    /// Its turn id, `s/<room>/<task>/<agent>/<epoch>.g<generation>`, is the agent's
+    /// own ("self").
+    pub(crate) fn turn_row(
+        &self,
+        st: &Folded,
+        id: &str,
+        epoch: ClaimEpoch,
+        failed: Option<&str>,
+    ) -> NewInteraction {
+        use huddle_core::protocol::{Subject, TurnFailedBody, TurnRepliedBody};
+        let t = st.dag.task(&self.room, id);
+        let generation = t.map_or(0, |t| t.generation);
+        let subject = Subject::task(id, t.map(|t| truncate_text(&t.label, 200)));
+        let turn = format!("s/{}/{id}/{}/{epoch}.g{generation}", self.room, self.agent);
+        let body = match failed {
+            None => serde_json::to_value(TurnRepliedBody {
+                turn,
+                subject,
+                epoch,
+                tokens: 0,
+                reply: None,
+                activity: Default::default(),
+            }),
+            Some(reason) => serde_json::to_value(TurnFailedBody {
+                turn,
+                subject,
+                epoch,
+                reason: truncate_text(reason, MAX_RESULT_BYTES),
+                tokens: 0,
+                activity: Default::default(),
+            }),
+        }
+        .unwrap_or_default();
+        let verb = if failed.is_some() {
+            Verb::TurnFailed
+        } else {
+            Verb::TurnReplied
+        };
+        self.row(verb, body, None)
     }
 
     /// The generation of task `id` in the folded view (0 when unknown).

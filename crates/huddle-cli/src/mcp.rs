@@ -286,6 +286,8 @@ pub async fn serve_stdio(
     // Resources the agent takes stay renewed while the server (for a driven agent:
     // its turn) runs, and are given back when it ends.
     let keeper = huddle_agent::resources::spawn_keeper(session.clone());
+    // Tasks it holds are failed once overdue or stalled, as a relay's turns are.
+    let watchdog = huddle_agent::watch::spawn_watchdog(session.clone());
     let serve = async {
         AgentTools::new(session.clone())
             .serve(rmcp::transport::stdio())
@@ -302,6 +304,7 @@ pub async fn serve_stdio(
         _ = terminate.recv() => {
             tracing::info!(room, agent, "terminated: giving back held resources");
             keeper.abort();
+            watchdog.abort();
             if let Err(e) = session.release_kept().await {
                 tracing::warn!(room, agent, error = %e, "giving back held resources failed; they lapse after their lease");
             }
@@ -312,6 +315,7 @@ pub async fn serve_stdio(
         }
     };
     keeper.abort();
+    watchdog.abort();
     if let Err(e) = session.release_kept().await {
         tracing::warn!(room, agent, error = %e, "giving back held resources failed; they lapse after their lease");
     }

@@ -84,6 +84,7 @@ impl HttpState {
             let session = Arc::new(session);
             // Its resources stay renewed while the server runs.
             huddle_agent::resources::spawn_keeper(session.clone());
+            huddle_agent::watch::spawn_watchdog(session.clone());
             Ok(session)
         })
         .await

@@ -15,7 +15,7 @@ use crate::signing::OwnerSecret;
 use crate::verbs::Verb;
 
 /// Builds [`Interaction`]s with increasing positions.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Ledger {
     pub rows: Vec<Interaction>,
 }

@@ -183,4 +183,10 @@ impl NoticeBody {
     pub const TASK_ABANDONED: &'static str = "task-abandoned";
     /// An attempt ran past its task's deadline (`[due ...]`) and was failed.
     pub const TASK_OVERDUE: &'static str = "task-overdue";
+    /// A task can never run: a dependency failed for good.
+    pub const TASK_BLOCKED: &'static str = "task-blocked";
+    /// A ready task no agent of the room can take: nobody declares what it needs.
+    pub const TASK_UNSTAFFED: &'static str = "task-unstaffed";
+    /// The room's token budget is spent: no new task is claimed.
+    pub const BUDGET_SPENT: &'static str = "budget-spent";
 }

@@ -94,7 +94,7 @@ use crate::protocol::task::{
 };
 use crate::protocol::{
     hash_parts, parse_body, truncate_text, AgentRegisteredBody, CoordNoteBody, DesignationBody,
-    MessageBody, Subject, SubjectKind, TurnActivity, TurnFailedBody, TurnPromptedBody,
+    MessageBody, NoticeBody, Subject, SubjectKind, TurnActivity, TurnFailedBody, TurnPromptedBody,
     TurnRepliedBody, DEFAULT_PRIORITY,
 };
 use crate::tasks::{FrontierRank, TaskDag, TaskStatus};
@@ -266,6 +266,10 @@ const REMEMBERED_NOTICES: usize = 4_096;
 /// Shortest time between two settle checks, µs.
 const SETTLE_CHECK_US: i64 = 1_000_000;
 
+/// How long a ready task whose `needs` no registered agent declares waits before the
+/// owner is told (agents registering as their relays start get this long), µs.
+const UNSTAFFED_GRACE_US: i64 = 5_000_000;
+
 /// Where a ready task sits in this relay's walk of a room's frontier: the frontier
 /// rank first (the room's scheduling order), then this relay's own [`spread_rank`],
 /// then the id. Relays walking a frontier longer than their free agents in their own
@@ -337,6 +341,15 @@ pub struct Synchronizer {
     /// Such notices already written or folded, the most recent [`REMEMBERED_NOTICES`]:
     /// never queued again.
     notices_done: (BTreeSet<InteractionId>, VecDeque<InteractionId>),
+    /// Owner notices about stuck work (a task blocked by a dependency that failed for
+    /// good, a task nobody can take, a spent budget), not yet written, by row id. Their
+    /// content depends only on the ledger, so every relay queues the same rows.
+    pending_stuck: BTreeMap<InteractionId, NewInteraction>,
+    /// Stuck-work notices written here or folded: never queued again.
+    stuck_noticed: BTreeSet<InteractionId>,
+    /// Ready tasks with `needs`, by room: checked for a capable registered agent at
+    /// the settle cadence.
+    needs_watch: BTreeSet<(String, String)>,
     /// Per room: the latest `room.settled` folded or written.
     settled: BTreeMap<String, crate::protocol::RoomSettledBody>,
     /// Rooms whose tasks or turns moved since the last settle check.
@@ -434,6 +447,9 @@ impl Synchronizer {
             notices_sent: BTreeSet::new(),
             pending_notices: BTreeMap::new(),
             notices_done: (BTreeSet::new(), VecDeque::new()),
+            pending_stuck: BTreeMap::new(),
+            stuck_noticed: BTreeSet::new(),
+            needs_watch: BTreeSet::new(),
             settled: BTreeMap::new(),
             unsettled: BTreeSet::new(),
             next_settle_check: None,
@@ -823,16 +839,36 @@ impl Synchronizer {
                         .remove(&review_key(&row.room, &b.task, b.generation));
                 }
             }
+            Verb::CoordNote if matches!(row.role, Role::System | Role::Owner) => {
+                if let Some(CoordNoteBody::Notice(n)) = CoordNoteBody::parse(&row.body) {
+                    if is_stuck_notice(&n.about) {
+                        self.stuck_noticed.insert(row.id);
+                        self.pending_stuck.remove(&row.id);
+                    }
+                }
+            }
             Verb::TaskBid => self.reject_late_bid(row, out),
             Verb::TaskCancelled => self.stop_cancelled(&row.room, &row.actor, out),
             _ => {}
         }
     }
 
-    /// Brings the walk orders in step with the tasks the DAG fold touched.
+    /// Brings the walk orders in step with the tasks the DAG fold touched, and notes
+    /// what became stuck among them.
     fn follow_frontier(&mut self) {
         for (room, task) in self.dag.take_changes() {
             let key = (room, task);
+            self.note_if_blocked(&key.0, &key.1);
+            let needs_someone = self.dag.is_ready(&key.0, &key.1)
+                && self
+                    .dag
+                    .task(&key.0, &key.1)
+                    .is_some_and(|t| !t.needs.is_empty());
+            if needs_someone {
+                self.needs_watch.insert(key.clone());
+            } else {
+                self.needs_watch.remove(&key);
+            }
             let returned = self.dag.is_ready(&key.0, &key.1)
                 && self
                     .dag
@@ -861,6 +897,101 @@ impl Synchronizer {
                 self.walk_keys.insert(key, wk);
             }
         }
+    }
+
+    /// Queues the owner notice for `task` when a dependency of it failed for good (one
+    /// notice per dependency and its attempts: a retried dependency that fails again
+    /// is told again). Costs the task's dependencies; called for changed tasks only.
+    fn note_if_blocked(&mut self, room: &str, task: &str) {
+        let blockers: Vec<String> = self
+            .dag
+            .blocked_by(room, task)
+            .into_iter()
+            .filter(|b| b.reason == crate::tasks::BlockReason::Abandoned)
+            .map(|b| b.task)
+            .collect();
+        let Some(t) = self.dag.task(room, task) else {
+            return;
+        };
+        let label = truncate_text(&t.label, 120);
+        for dep in blockers {
+            let attempts = self.dag.task(room, &dep).map_or(0, |d| d.attempts);
+            let text = format!(
+                "task {task} ({label}) cannot run: it waits for {dep}, which failed for good \
+                 after {attempts} attempt(s). `!retry {dep}` runs {dep} again; `!cancel {task}` \
+                 gives {task} up."
+            );
+            self.queue_stuck(room, NoticeBody::TASK_BLOCKED, Some(task), text);
+        }
+    }
+
+    /// Queues a stuck-work notice to the owner unless it was written or folded.
+    fn queue_stuck(&mut self, room: &str, about: &str, task: Option<&str>, text: String) {
+        let body = CoordNoteBody::Notice(NoticeBody {
+            about: about.to_string(),
+            to: Some("owner".to_string()),
+            task: task.map(str::to_string),
+            text,
+        });
+        let row = NewInteraction::new(
+            room,
+            Verb::CoordNote,
+            crate::protocol::SYSTEM_ACTOR,
+            Role::System,
+            body.to_body(),
+        );
+        let id = row.id();
+        if !self.stuck_noticed.contains(&id) {
+            self.pending_stuck.insert(id, row);
+        }
+    }
+
+    /// Ready tasks with `needs` that no agent registered in the room declares, ready
+    /// for longer than [`UNSTAFFED_GRACE_US`]: each gets one owner notice. Walks only
+    /// the ready tasks that have `needs`.
+    fn note_unstaffed(&mut self, now: Timestamp) {
+        let mut found: Vec<(String, String, String)> = Vec::new();
+        for (room, task) in &self.needs_watch {
+            let Some(t) = self.dag.task(room, task) else {
+                continue;
+            };
+            let since = self.dag.ready_since(room, task).unwrap_or(now);
+            if now.micros_since(since) < UNSTAFFED_GRACE_US {
+                continue;
+            }
+            let capable = self.board.room(room).is_some_and(|b| {
+                b.agents
+                    .values()
+                    .any(|a| t.needs.iter().all(|n| a.capabilities.contains(n)))
+            });
+            if !capable {
+                let text = format!(
+                    "task {task} ({}) cannot start: it needs {} and no agent registered in \
+                     this room declares {}. Start an agent with `capabilities = [...]` \
+                     covering it, or `!cancel {task}`.",
+                    truncate_text(&t.label, 120),
+                    t.needs.join(", "),
+                    if t.needs.len() == 1 { "it" } else { "them all" }
+                );
+                found.push((room.clone(), task.clone(), text));
+            }
+        }
+        for (room, task, text) in found {
+            self.queue_stuck(&room, NoticeBody::TASK_UNSTAFFED, Some(&task), text);
+        }
+    }
+
+    fn write_stuck(&mut self, out: &mut Vec<Intent>) {
+        if self.pending_stuck.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending_stuck);
+        self.stuck_noticed.extend(pending.keys().copied());
+        out.push(Intent::Append {
+            fences: Vec::new(),
+            close: false,
+            batch: pending.into_values().collect(),
+        });
     }
 
     /// `agent` answered message `id`: a message naming several agents stays open
@@ -1388,6 +1519,7 @@ impl Synchronizer {
         // Notices queued by this pass and by the rows just folded.
         self.write_notices(out);
         self.note_settled(out);
+        self.write_stuck(out);
     }
 
     /// A room whose tasks or turns moved and that is now quiescent (nothing ready,
@@ -1397,10 +1529,18 @@ impl Synchronizer {
         let Some(now) = self.now else {
             return;
         };
-        if self.unsettled.is_empty() || self.next_settle_check.is_some_and(|at| now < at) {
+        if self.next_settle_check.is_some_and(|at| now < at)
+            || (self.unsettled.is_empty() && self.needs_watch.is_empty())
+        {
             return;
         }
         self.next_settle_check = Some(now.saturating_add(SETTLE_CHECK_US));
+        if !self.needs_watch.is_empty() {
+            self.note_unstaffed(now);
+        }
+        if self.unsettled.is_empty() {
+            return;
+        }
         let rooms: Vec<String> = self.unsettled.iter().cloned().collect();
         let mut batch = Vec::new();
         for room in rooms {
@@ -1671,6 +1811,14 @@ impl Synchronizer {
             let config = self.config(&room, None).clone();
             // A spent room budget stops new task claims (turns already running finish).
             if !self.budget.budget_allows_new_claims(&room, config.budget) {
+                if let (Some(budget), true) = (config.budget, self.dag.frontier_len(&room) > 0) {
+                    let text = format!(
+                        "the room's token budget of {budget} tokens is spent: ready tasks are \
+                         not claimed until the owner raises it (`!config budget N` or \
+                         `!config budget unlimited`)."
+                    );
+                    self.queue_stuck(&room, NoticeBody::BUDGET_SPENT, None, text);
+                }
                 continue;
             }
             // With more ready tasks than free local agents, walk the frontier in this
@@ -3573,6 +3721,16 @@ fn uses_row(
         Role::Agent,
         serde_json::to_value(&body).unwrap_or_default(),
     )
+}
+
+/// Whether a notice's `about` is one of the stuck-work notices relays write.
+fn is_stuck_notice(about: &str) -> bool {
+    [
+        NoticeBody::TASK_BLOCKED,
+        NoticeBody::TASK_UNSTAFFED,
+        NoticeBody::BUDGET_SPENT,
+    ]
+    .contains(&about)
 }
 
 /// The notice a failed reply turn of `agent` on `m` calls for, if any: for a message

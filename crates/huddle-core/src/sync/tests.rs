@@ -2338,6 +2338,100 @@ fn a_spent_room_budget_stops_new_task_claims() {
             .any(|(k, _)| *k == task_key("lobby", "b")),
         "a spent budget must stop new claims: {out:?}"
     );
+    let notices = notices_in(&out, NoticeBody::BUDGET_SPENT);
+    assert_eq!(notices.len(), 1, "{out:?}");
+    assert!(
+        notices[0].contains("budget of 100 tokens is spent"),
+        "{notices:?}"
+    );
+    // Written once: read back, it is not queued again.
+    h.apply_appends(&out);
+    h.read();
+    let mut out = h.tick(h.now + 30 * S);
+    out.extend(h.read());
+    assert!(
+        notices_in(&out, NoticeBody::BUDGET_SPENT).is_empty(),
+        "{out:?}"
+    );
+}
+
+/// The texts of the owner notices about `about` appended in `out`.
+fn notices_in(out: &[Intent], about: &str) -> Vec<String> {
+    out.iter()
+        .filter_map(|i| match i {
+            Intent::Append { batch, .. } => Some(batch),
+            _ => None,
+        })
+        .flatten()
+        .filter(|r| r.verb == Verb::CoordNote && r.body["about"] == about)
+        .map(|r| r.body["text"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn stuck_tasks_get_one_owner_notice_each() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    // `a` fails for good: `b` waits for it directly, `c` through `b` (only `b` is told).
+    let out = h.post(vec![
+        ix(
+            Verb::TaskCreated,
+            "ana",
+            Role::Owner,
+            json!({"task": "a", "label": "fetch", "max_attempts": 1}),
+        ),
+        created("b", &["a"]),
+        created("c", &["b"]),
+        ix(
+            Verb::TaskCreated,
+            "ana",
+            Role::Owner,
+            json!({"task": "s", "label": "query", "needs": ["sql"]}),
+        ),
+    ]);
+    assert!(
+        notices_in(&out, NoticeBody::TASK_UNSTAFFED).is_empty(),
+        "not before the grace"
+    );
+    let out = h.post(vec![claimed("a", "zed", 1), failed("a", "zed", 1)]);
+    let blocked = notices_in(&out, NoticeBody::TASK_BLOCKED);
+    assert_eq!(blocked.len(), 1, "{out:?}");
+    assert!(
+        blocked[0].starts_with("task b (do b) cannot run: it waits for a, which failed for good")
+            && blocked[0].contains("`!retry a`"),
+        "{blocked:?}"
+    );
+    h.apply_appends(&out);
+    h.read();
+    // Nobody declares `sql`: after the grace, one notice; the next check adds none.
+    let mut out = h.tick(h.now + 6 * S);
+    out.extend(h.read());
+    let unstaffed = notices_in(&out, NoticeBody::TASK_UNSTAFFED);
+    assert_eq!(unstaffed.len(), 1, "{out:?}");
+    assert!(
+        unstaffed[0].contains("needs sql and no agent"),
+        "{unstaffed:?}"
+    );
+    h.apply_appends(&out);
+    h.read();
+    let mut out = h.tick(h.now + 6 * S);
+    out.extend(h.read());
+    assert!(
+        notices_in(&out, NoticeBody::TASK_UNSTAFFED).is_empty(),
+        "{out:?}"
+    );
+    assert!(
+        notices_in(&out, NoticeBody::TASK_BLOCKED).is_empty(),
+        "{out:?}"
+    );
+    // A relay that starts on this ledger writes none of them again.
+    let mut fresh = H::new(&["cy"]);
+    fresh.ledger = h.ledger.clone();
+    fresh.now = h.now + 10 * S;
+    let out = fresh.start();
+    for about in [NoticeBody::TASK_BLOCKED, NoticeBody::TASK_UNSTAFFED] {
+        assert!(notices_in(&out, about).is_empty(), "{about}: {out:?}");
+    }
 }
 
 /// The answer of a task acquire with its drive claim chained after it.
