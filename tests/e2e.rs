@@ -35,6 +35,7 @@ mod presence;
 mod relay_e2e;
 mod resources;
 mod review;
+mod sagas;
 mod signed_writers;
 mod task_annotations;
 mod task_cli;

@@ -92,6 +92,7 @@ impl Rows {
             due_ms: None,
             uses: Vec::new(),
             review: None,
+            undo: None,
         };
         self.push(
             Verb::TaskCreated,

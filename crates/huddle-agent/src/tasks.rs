@@ -442,6 +442,14 @@ impl AgentSession {
                 }),
                 _ => None,
             },
+            compensates: t.compensates.as_ref().map(|c| {
+                let undone = st.dag.task(&self.room, c);
+                DependencyView {
+                    id: c.clone(),
+                    label: undone.map(|x| x.label.clone()).unwrap_or_default(),
+                    result: undone.and_then(|x| x.result.clone()),
+                }
+            }),
         }
     }
 

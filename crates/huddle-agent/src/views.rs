@@ -202,6 +202,9 @@ pub struct TaskView {
     /// The reviewer's feedback on the last rejected submission.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub feedback: Option<String>,
+    /// For a compensation: the task it undoes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compensates: Option<String>,
 }
 
 impl TaskView {
@@ -224,6 +227,7 @@ impl TaskView {
             reviewer: t.review.as_ref().map(|r| r.agent.clone()),
             review_rounds: t.review.as_ref().map(|r| (t.rejections, r.rounds)),
             feedback: t.feedback.clone(),
+            compensates: t.compensates.clone(),
         }
     }
 }
@@ -318,6 +322,10 @@ pub struct ClaimedTask {
     /// rejected result. Address it in this attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review_feedback: Option<FeedbackView>,
+    /// For a compensation (`[undo ...]` of another task): the task it undoes, with its
+    /// result. Undo what that task did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compensates: Option<DependencyView>,
 }
 
 /// A reviewer's feedback on a rejected submission.

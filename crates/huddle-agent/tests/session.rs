@@ -418,6 +418,7 @@ async fn tasks_no_signed_owner_command_created_do_not_exist_for_agents() {
         due_ms: None,
         uses: Vec::new(),
         review: None,
+        undo: None,
     };
     room.store
         .append(vec![NewInteraction::new(

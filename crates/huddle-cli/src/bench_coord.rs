@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use clap::Args;
-use huddle_sim::coord::{self, CoordOptions, CoordReport, CoordStep};
+use huddle_sim::coord::{self, CoordOptions, CoordReport, CoordShape, CoordStep, FrontierOrder};
 use huddle_sim::{Progress, Quiet, Tally};
 use huddle_store::StoreOptions;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -24,9 +24,20 @@ pub struct CoordArgs {
     /// Agent counts to run, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "6,30,300")]
     pub agents: Vec<usize>,
-    /// Independent tasks (URLs).
+    /// Tasks (URLs; with `--shape chain`, the chain's steps and independent ones).
     #[arg(long, default_value_t = 300)]
     pub tasks: usize,
+    /// The DAG: independent tasks, or a chain of `--chain` steps beside independent
+    /// ones (where critical-path-first matters).
+    #[arg(long, value_enum, default_value_t = ShapeArg::Independent)]
+    pub shape: ShapeArg,
+    /// Steps of the chain (`--shape chain`).
+    #[arg(long, default_value_t = 20)]
+    pub chain: usize,
+    /// How the frontier is handed out: by critical path (one `!delegate`, the
+    /// default) or by id (each task delegated alone, so no path is known).
+    #[arg(long, value_enum, default_value_t = OrderArg::CriticalPath)]
+    pub order: OrderArg,
     /// Work per task, milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub task_ms: u64,
@@ -51,6 +62,24 @@ pub struct CoordArgs {
     /// JSON report instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--shape`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShapeArg {
+    /// Independent tasks.
+    Independent,
+    /// A chain beside independent tasks.
+    Chain,
+}
+
+/// `--order`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrderArg {
+    /// Longest critical path first.
+    CriticalPath,
+    /// By task id.
+    Id,
 }
 
 /// A progress bar of tasks done, or a spinner during the wake probes.
@@ -116,6 +145,14 @@ pub async fn run(
         None => db.clone().unwrap_or_default(),
     };
     let options = CoordOptions {
+        shape: match args.shape {
+            ShapeArg::Independent => CoordShape::Independent,
+            ShapeArg::Chain => CoordShape::Chain { chain: args.chain },
+        },
+        order: match args.order {
+            OrderArg::CriticalPath => FrontierOrder::CriticalPath,
+            OrderArg::Id => FrontierOrder::Id,
+        },
         agents: args.agents,
         tasks: args.tasks,
         task_work: Duration::from_millis(args.task_ms),

@@ -175,6 +175,7 @@ fn workload(args: &TasksArgs, n: usize) -> Workload {
             Shape::Lanes => "lanes",
         },
         tasks,
+        one_task_per_command: false,
     }
 }
 

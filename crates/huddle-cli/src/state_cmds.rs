@@ -583,6 +583,12 @@ pub struct TaskLine {
     /// The reviewer's feedback on the last rejected submission.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub feedback: Option<String>,
+    /// `[undo ...]`: what undoes it, if a task of its chain fails after it completed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub undo: Option<String>,
+    /// A compensation: the task it undoes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compensates: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -650,6 +656,8 @@ fn tasks_view(t: &Tally, config: &ConfigFold) -> TasksView {
                     rejections: x.rejections,
                     review_rounds: x.review.as_ref().map(|r| r.rounds),
                     feedback: x.feedback.clone(),
+                    undo: x.undo.clone(),
+                    compensates: x.compensates.clone(),
                 })
                 .collect()
         })
@@ -702,6 +710,12 @@ fn annotations(t: &TaskLine) -> String {
             t.rejections,
             t.review_rounds.unwrap_or(0)
         );
+    }
+    if let Some(u) = &t.undo {
+        let _ = write!(s, " [undo {}]", clip(u, 40));
+    }
+    if let Some(c) = &t.compensates {
+        let _ = write!(s, " (compensates {c})");
     }
     if t.status == TaskStatus::Submitted {
         let _ = write!(

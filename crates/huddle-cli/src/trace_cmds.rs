@@ -72,6 +72,10 @@ pub struct TaskTrace {
     pub status: String,
     /// Where it stopped and why, in words.
     pub stopped: String,
+    /// Its compensation (`[undo ...]`), when a failure of its chain started it: the
+    /// task `<id>--undo`, which no row creates (the fold does).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compensation: Option<Box<TaskTrace>>,
 }
 
 /// The whole trace.
@@ -103,10 +107,12 @@ pub async fn trace(
     })
     .await?;
     let tree = Tree::new(&rows, &tally, room);
-    let trace = if tally.dag.task(room, wanted).is_some() {
+    let trace = if let Some(t) = tally.dag.task(room, wanted) {
+        // A compensation is traced from the task it undoes.
+        let created_as = t.compensates.as_deref().unwrap_or(wanted);
         let created = rows
             .iter()
-            .find(|r| r.verb == Verb::TaskCreated && task_of(r).as_deref() == Some(wanted))
+            .find(|r| r.verb == Verb::TaskCreated && task_of(r).as_deref() == Some(created_as))
             .ok_or_else(|| anyhow::anyhow!("task {wanted} has no task.created row"))?;
         Trace {
             room: room.to_string(),
@@ -251,7 +257,22 @@ impl<'a> Tree<'a> {
                     self.leaf(row, origin)
                 })
                 .collect();
-            node.task = Some(self.task_trace(&t, timeline));
+            let mut trace = self.task_trace(&t, timeline);
+            let undo = huddle_core::tasks::undo_id(&t);
+            if self.tally.dag.task(self.room, &undo).is_some() {
+                let steps: Vec<TraceNode> = self
+                    .about
+                    .get(&undo)
+                    .into_iter()
+                    .flatten()
+                    .map(|row| {
+                        seen.insert(row.id);
+                        self.leaf(row, origin)
+                    })
+                    .collect();
+                trace.compensation = Some(Box::new(self.task_trace(&undo, steps)));
+            }
+            node.task = Some(trace);
         }
         if depth < MAX_DEPTH {
             for child in self.children.get(&r.id).into_iter().flatten() {
@@ -300,6 +321,7 @@ impl<'a> Tree<'a> {
         let dag = &self.tally.dag;
         let Some(t) = dag.task(self.room, id) else {
             return TaskTrace {
+                compensation: None,
                 task: id.to_string(),
                 ready_at_us: None,
                 timeline,
@@ -340,6 +362,20 @@ impl<'a> Tree<'a> {
                     t.last_reason.as_deref().unwrap_or("no reason recorded")
                 ),
             ),
+            TaskStatus::Cancelled => (
+                "cancelled",
+                t.last_reason
+                    .clone()
+                    .unwrap_or_else(|| "cancelled by the owner".into()),
+            ),
+            TaskStatus::Submitted => (
+                "submitted",
+                format!(
+                    "submitted by {}, waiting for {}'s verdict",
+                    t.owner.as_deref().unwrap_or("?"),
+                    t.review.as_ref().map_or("the reviewer", |r| r.agent.as_str())
+                ),
+            ),
             TaskStatus::Claimed => (
                 "claimed",
                 format!(
@@ -373,6 +409,7 @@ impl<'a> Tree<'a> {
             }
         };
         TaskTrace {
+            compensation: None,
             task: id.to_string(),
             ready_at_us: ready_at,
             timeline,
@@ -383,14 +420,7 @@ impl<'a> Tree<'a> {
 }
 
 fn status_word(s: TaskStatus) -> &'static str {
-    match s {
-        TaskStatus::Open => "open",
-        TaskStatus::Claimed => "claimed",
-        TaskStatus::Done => "done",
-        TaskStatus::Abandoned => "abandoned",
-        #[allow(unreachable_patterns)]
-        _ => "other",
-    }
+    s.as_str()
 }
 
 fn epoch(r: &Interaction) -> Option<u64> {
@@ -439,6 +469,13 @@ fn render(out: &mut String, n: &TraceNode, depth: usize) {
             render(out, step, depth + 2);
         }
         let _ = writeln!(out, "{pad}    → {}", t.stopped);
+        if let Some(c) = &t.compensation {
+            let _ = writeln!(out, "{pad}  compensated by {}:", c.task);
+            for step in &c.timeline {
+                render(out, step, depth + 2);
+            }
+            let _ = writeln!(out, "{pad}    → {}", c.stopped);
+        }
     }
     for c in &n.children {
         render(out, c, depth + 1);

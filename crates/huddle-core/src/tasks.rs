@@ -45,12 +45,12 @@ use crate::verbs::Verb;
 pub use index::{FrontierKey, FrontierRank, RoomIndex};
 
 pub use crate::protocol::task::{
-    valid_capability, valid_task_id, TaskBidBody, TaskCancelledBody, TaskClaimedBody,
+    undo_id, valid_capability, valid_task_id, TaskBidBody, TaskCancelledBody, TaskClaimedBody,
     TaskCompletedBody, TaskCreatedBody, TaskEndedBody, TaskRejectedBody, TaskRetriedBody,
     TaskReview, TaskReviewedBody, TaskUse, Verdict, DEFAULT_MAX_ATTEMPTS, DEFAULT_REVIEW_ROUNDS,
     DEFAULT_TASK_PRIORITY, MAX_ATTEMPTS_CAP, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_DEPS,
     MAX_LABEL_BYTES, MAX_RESULT_BYTES, MAX_REVIEW_ROUNDS, MAX_TASK_DUE_MS, MAX_TASK_ID_BYTES,
-    MAX_TASK_PRIORITY, MAX_TASK_SIZE, MIN_TASK_DUE_MS,
+    MAX_TASK_PRIORITY, MAX_TASK_SIZE, MIN_TASK_DUE_MS, UNDO_SUFFIX,
 };
 pub use crate::protocol::{truncate_text, SYSTEM_ACTOR};
 
@@ -195,6 +195,13 @@ pub struct Task {
     /// When the current submission was made (status `submitted`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitted_at: Option<Timestamp>,
+    /// Its compensation's label (`[undo ...]`): run as the task `<id>--undo` if a
+    /// task of its chain fails for good or is cancelled after it completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undo: Option<String>,
+    /// For a compensation (created by the fold, never by a row): the task it undoes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compensates: Option<String>,
     /// The command that created it (its `task.created` row's parent): the root of its
     /// trace (`HUDDLE_TRACE`, `huddle trace ROOM ID`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -303,6 +310,13 @@ pub struct RoomTasks {
     pub refusals: Refusals,
     #[serde(skip)]
     index: RoomIndex,
+    /// How many tasks have an `[undo ...]` (a saga walk is skipped when none does).
+    #[serde(skip)]
+    undoable: usize,
+    /// Tasks that failed for good or were cancelled by the row being folded: their
+    /// sagas run once it is folded.
+    #[serde(skip)]
+    sagas_due: Vec<String>,
 }
 
 /// The serialised form of [`RoomTasks`].
@@ -315,10 +329,13 @@ struct RoomTasksState {
 impl From<RoomTasksState> for RoomTasks {
     fn from(s: RoomTasksState) -> Self {
         let index = RoomIndex::from_scratch(&s.tasks);
+        let undoable = s.tasks.values().filter(|t| t.undo.is_some()).count();
         RoomTasks {
             tasks: s.tasks,
             refusals: s.refusals,
             index,
+            undoable,
+            sagas_due: Vec::new(),
         }
     }
 }
@@ -573,9 +590,14 @@ impl RoomTasks {
         })
     }
 
-    /// Re-derives the index entries of task `id` after the fold changed it.
+    /// Re-derives the index entries of task `id` after the fold changed it, and notes
+    /// a saga to run when it just failed for good or was cancelled.
     fn touch(&mut self, id: &str) {
+        let was_final = self.index.is_final(id);
         self.index.touch(&self.tasks, id);
+        if !was_final && self.index.is_final(id) {
+            self.sagas_due.push(id.to_string());
+        }
     }
 
     fn refuse(&mut self) {
@@ -587,6 +609,13 @@ impl RoomTasks {
     }
 
     fn apply(&mut self, i: &Interaction) {
+        self.dispatch(i);
+        for id in std::mem::take(&mut self.sagas_due) {
+            self.saga(&id, i.at);
+        }
+    }
+
+    fn dispatch(&mut self, i: &Interaction) {
         match i.verb {
             Verb::TaskCreated => self.created(i),
             Verb::TaskBid => self.bid(i),
@@ -645,6 +674,8 @@ impl RoomTasks {
             feedback: None,
             rejected_result: None,
             submitted_at: None,
+            undo: b.undo.map(|u| u.trim().to_string()),
+            compensates: None,
             command: i.parent,
             created_by: i.actor.clone(),
             created_at: i.at,
@@ -662,8 +693,108 @@ impl RoomTasks {
             notified: false,
         };
         let id = b.task.clone();
+        if task.undo.is_some() {
+            self.undoable += 1;
+        }
         self.tasks.insert(b.task, task);
         self.index.created(&self.tasks, &id);
+    }
+
+    /// The saga of a task that just became abandoned or cancelled: every completed
+    /// task of its chain (its upstream closure) with an `[undo ...]` and no
+    /// compensation yet gets one, the task `<t>--undo`, waiting for the compensations
+    /// of the nearest completed-with-undo tasks that wait for `t` within the chain, so
+    /// compensations run in reverse order. Rooms without any `undo` pay nothing.
+    fn saga(&mut self, failed: &str, at: Timestamp) {
+        if self.undoable == 0 {
+            return;
+        }
+        // The chain: `failed` and everything it waits for, directly or not.
+        let mut chain: BTreeSet<String> = BTreeSet::new();
+        let mut todo = vec![failed.to_string()];
+        while let Some(id) = todo.pop() {
+            if !chain.insert(id.clone()) {
+                continue;
+            }
+            if let Some(t) = self.tasks.get(&id) {
+                todo.extend(t.deps.iter().cloned());
+            }
+        }
+        let compensable = |t: &Task| t.status == TaskStatus::Done && t.undo.is_some();
+        // Tasks of the chain whose compensation is made now or exists already.
+        let compensated: BTreeSet<String> = chain
+            .iter()
+            .filter(|id| {
+                self.tasks
+                    .get(*id)
+                    .is_some_and(|t| compensable(t) || self.tasks.contains_key(&undo_id(&t.id)))
+            })
+            .cloned()
+            .collect();
+        let new: Vec<String> = compensated
+            .iter()
+            .filter(|id| !self.tasks.contains_key(&undo_id(id)))
+            .cloned()
+            .collect();
+        for id in new {
+            // The nearest compensated tasks that wait for `id` inside the chain.
+            let mut deps: BTreeSet<String> = BTreeSet::new();
+            let mut seen: BTreeSet<String> = BTreeSet::new();
+            let mut walk = self.index.dependents_of(&id);
+            while let Some(d) = walk.pop() {
+                if !chain.contains(&d) || !seen.insert(d.clone()) {
+                    continue;
+                }
+                if compensated.contains(&d) {
+                    deps.insert(undo_id(&d));
+                } else {
+                    walk.extend(self.index.dependents_of(&d));
+                }
+            }
+            let Some(t) = self.tasks.get(&id) else {
+                continue;
+            };
+            let undo = t.undo.clone().unwrap_or_default();
+            let c = Task {
+                id: undo_id(&id),
+                label: truncate_text(&format!("undo {id}: {undo}"), MAX_LABEL_BYTES),
+                deps: deps.into_iter().collect(),
+                assignee: None,
+                needs: t.needs.clone(),
+                max_attempts: t.max_attempts,
+                priority: t.priority,
+                size: t.size,
+                path: u64::from(t.size),
+                due_ms: t.due_ms,
+                uses: t.uses.clone(),
+                generation: 0,
+                review: None,
+                rejections: 0,
+                feedback: None,
+                rejected_result: None,
+                submitted_at: None,
+                undo: None,
+                compensates: Some(id.clone()),
+                command: t.command,
+                created_by: SYSTEM_ACTOR.to_string(),
+                created_at: at,
+                status: TaskStatus::Open,
+                attempts: 0,
+                owner: None,
+                epoch: None,
+                claimed_at: None,
+                done_at: None,
+                returned_at: None,
+                result: None,
+                last_reason: None,
+                bids: BTreeMap::new(),
+                rejected: BTreeMap::new(),
+                notified: false,
+            };
+            let cid = c.id.clone();
+            self.tasks.insert(cid.clone(), c);
+            self.index.created(&self.tasks, &cid);
+        }
     }
 
     fn bid(&mut self, i: &Interaction) {
@@ -1556,6 +1687,9 @@ mod tests {
                 if review > 0 {
                     body["review"] = json!({"agent": "a0", "rounds": review});
                 }
+                if path % 2 == 0 {
+                    body["undo"] = json!("put it back");
+                }
                 ix(Verb::TaskCreated, "ana", Role::Owner, body)
             }),
             2 => (id(), agent(), 1i64..4, any::<bool>(), 0u32..3).prop_map(|(t, a, e, ok, g)| ix(
@@ -1812,6 +1946,107 @@ mod tests {
             text.contains("rejected by lead") && text.contains("still no tests"),
             "{text}"
         );
+    }
+
+    fn undoable(id: &str, deps: &[&str]) -> NewInteraction {
+        ix(
+            Verb::TaskCreated,
+            "ana",
+            Role::Owner,
+            json!({"task": id, "label": format!("do {id}"), "deps": deps,
+                   "undo": format!("revert {id}"), "max_attempts": 1}),
+        )
+    }
+
+    #[test]
+    fn a_chain_failing_for_good_compensates_its_completed_steps_in_reverse() {
+        // a -> b -> c -> d; b has no undo; d fails for good.
+        let mut rows = vec![
+            undoable("a", &[]),
+            created("b", &["a"]),
+            undoable("c", &["b"]),
+            undoable("d", &["c"]),
+            // Off the chain: done with an undo, never compensated.
+            undoable("x", &[]),
+        ];
+        for t in ["a", "b", "c", "x"] {
+            rows.push(claimed(t, "bo", 1));
+            rows.push(completed(t, "bo", 1));
+        }
+        rows.push(claimed("d", "bo", 1));
+        let before = fold(rows.clone());
+        assert_eq!(
+            before.summary("lobby").total,
+            5,
+            "no compensation before a failure"
+        );
+        rows.push(failed("d", "bo", 1));
+        let dag = fold(rows.clone());
+        assert_eq!(status(&dag, "d"), Some(TaskStatus::Abandoned));
+        let c = dag.task("lobby", "c--undo").expect("c is compensated");
+        let a = dag.task("lobby", "a--undo").expect("a is compensated");
+        assert!(dag.task("lobby", "b--undo").is_none(), "b has no undo");
+        assert!(dag.task("lobby", "d--undo").is_none(), "d never completed");
+        assert!(
+            dag.task("lobby", "x--undo").is_none(),
+            "x is not in d's chain"
+        );
+        assert_eq!(c.compensates.as_deref(), Some("c"));
+        assert_eq!(c.label, "undo c: revert c");
+        assert!(c.deps.is_empty(), "the last completed step is undone first");
+        assert_eq!(
+            a.deps,
+            vec!["c--undo".to_string()],
+            "reverse order, skipping b"
+        );
+        assert_eq!(frontier(&dag), vec!["c--undo"]);
+        // Undoing c lets a's compensation start; each runs once.
+        rows.push(claimed("c--undo", "cy", 1));
+        rows.push(completed("c--undo", "cy", 1));
+        let dag = fold(rows.clone());
+        assert_eq!(frontier(&dag), vec!["a--undo"]);
+        // A second failure in the chain makes no second compensation.
+        rows.push(ix(
+            Verb::TaskCancelled,
+            "ana",
+            Role::Owner,
+            json!({"task": "c", "dependants": false}),
+        ));
+        let dag = fold(rows);
+        assert_eq!(dag.summary("lobby").total, 7);
+    }
+
+    #[test]
+    fn a_cancelled_task_compensates_its_chain_too() {
+        let rows = vec![
+            undoable("reserve", &[]),
+            undoable("charge", &["reserve"]),
+            created("ship", &["charge"]),
+            claimed("reserve", "bo", 1),
+            completed("reserve", "bo", 1),
+            claimed("charge", "bo", 1),
+            completed("charge", "bo", 1),
+            ix(
+                Verb::TaskCancelled,
+                "ana",
+                Role::Owner,
+                json!({"task": "ship", "dependants": false}),
+            ),
+        ];
+        let dag = fold(rows);
+        assert_eq!(frontier(&dag), vec!["charge--undo"]);
+        assert_eq!(
+            dag.task("lobby", "reserve--undo").unwrap().deps,
+            vec!["charge--undo".to_string()]
+        );
+        // A created task may not use the reserved suffix.
+        let dag = fold(vec![ix(
+            Verb::TaskCreated,
+            "ana",
+            Role::Owner,
+            json!({"task": "x--undo", "label": "sneaky"}),
+        )]);
+        assert!(dag.task("lobby", "x--undo").is_none());
     }
 
     #[test]

@@ -1793,6 +1793,15 @@ pub fn turn_request(start: &TurnStart, related: Option<&str>) -> TurnRequest {
                 t.id, t.attempt, t.max_attempts, t.label
             ));
             push_deps(&mut prompt, &t.deps);
+            if let Some(c) = &t.compensates {
+                // A compensation: what it undoes, and what that task reported.
+                prompt.push_str(&format!(
+                    "<compensates id=\"{}\" label=\"{}\">{}</compensates>\n",
+                    c.id,
+                    c.label,
+                    c.result.as_deref().unwrap_or("")
+                ));
+            }
             if let Some(f) = &t.feedback {
                 // The work was sent back: what the reviewer said, and what it judged.
                 prompt.push_str(&format!(

@@ -15,9 +15,46 @@ use crate::runner::{self, Allocation, Progress, ScenarioOptions};
 use crate::wake::{wake_latency, WakeReport};
 use crate::workload::Workload;
 
+/// The DAG a run works.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoordShape {
+    /// Independent tasks (the coordination-strategies scenario).
+    Independent,
+    /// A chain of `chain` steps beside independent tasks
+    /// ([`Workload::chain_and_fan`]): the DAG critical-path-first is measured on.
+    Chain {
+        /// Steps of the chain (the rest of `tasks` are independent).
+        chain: usize,
+    },
+}
+
+/// The order the owner's plan lets relays hand the frontier out in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrontierOrder {
+    /// One `!delegate`: the parser computes every task's critical path and the
+    /// longest goes first.
+    CriticalPath,
+    /// One `!delegate` per task: no critical path is known, the frontier goes by id.
+    Id,
+}
+
+impl FrontierOrder {
+    /// `critical-path` or `id`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FrontierOrder::CriticalPath => "critical-path",
+            FrontierOrder::Id => "id",
+        }
+    }
+}
+
 /// What the bench runs.
 #[derive(Clone, Debug)]
 pub struct CoordOptions {
+    /// The DAG.
+    pub shape: CoordShape,
+    /// How the frontier is ordered.
+    pub order: FrontierOrder,
     /// Agent counts, one run each.
     pub agents: Vec<usize>,
     /// Independent tasks per run.
@@ -74,6 +111,12 @@ pub struct CoordRun {
 pub struct CoordReport {
     /// `sqlite` or `postgres`.
     pub backend: String,
+    /// `independent`, or `chain` (with `chain` steps).
+    pub shape: String,
+    /// Steps of the chain (`chain` shape).
+    pub chain: Option<usize>,
+    /// `critical-path` or `id`.
+    pub order: String,
     /// Tasks per run.
     pub tasks: usize,
     /// Work per task, ms.
@@ -126,7 +169,14 @@ pub async fn run(
         ));
     }
     let work = options.task_work.max(Duration::from_millis(1));
-    let mut workload = Workload::independent(options.tasks, work);
+    let mut workload = match options.shape {
+        CoordShape::Independent => Workload::independent(options.tasks, work),
+        CoordShape::Chain { chain } => {
+            let chain = chain.clamp(1, options.tasks);
+            Workload::chain_and_fan(chain, options.tasks - chain, work)
+        }
+    };
+    workload.one_task_per_command = options.order == FrontierOrder::Id;
     let mut relay = RelayOptions::default();
     if let Some(w) = options.max_wakes {
         relay.sync.max_wakes_per_pass = w.max(1);
@@ -161,7 +211,8 @@ pub async fn run(
         let mut progress = display(CoordStep::Run { agents });
         let report = runner::run(&scenario, &workload, &mut *progress).await?;
         backend = report.backend.clone();
-        let target = target_for(agents);
+        // The targets are the independent scenario's.
+        let target = target_for(agents).filter(|_| options.shape == CoordShape::Independent);
         // Without failed turns every task runs exactly once: 1.00 turns per task.
         let once = report.turns.failed > 0 || report.turns_per_task() <= 1.0;
         let meets_targets =
@@ -191,6 +242,16 @@ pub async fn run(
     };
     Ok(CoordReport {
         backend,
+        shape: match options.shape {
+            CoordShape::Independent => "independent",
+            CoordShape::Chain { .. } => "chain",
+        }
+        .to_string(),
+        chain: match options.shape {
+            CoordShape::Chain { chain } => Some(chain),
+            CoordShape::Independent => None,
+        },
+        order: options.order.name().to_string(),
         tasks: options.tasks,
         task_ms: options.task_work.as_millis() as u64,
         relays: options.relays,

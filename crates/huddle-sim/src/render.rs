@@ -158,12 +158,17 @@ pub fn coord(r: &CoordReport) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "coordination scenario on {}: {} independent tasks x {} ms, {} relays, allocation {}{}{}",
+        "coordination scenario on {}: {} {} x {} ms, {} relays, allocation {}, frontier by {}{}{}",
         r.backend,
         r.tasks,
+        match r.chain {
+            Some(c) => format!("tasks (a {c}-step chain beside independent ones)"),
+            None => "independent tasks".to_string(),
+        },
         r.task_ms,
         r.relays,
         r.allocation,
+        r.order,
         r.max_wakes
             .map(|w| format!(", max wakes/pass {w}"))
             .unwrap_or_default(),

@@ -29,11 +29,19 @@ pub struct WorkTask {
 /// A task DAG with known work per task, in dependency order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Workload {
-    /// `pipeline` or `independent`.
+    /// `pipeline`, `independent` or `chain`.
     pub kind: &'static str,
     /// The tasks; every task comes after its dependencies.
     pub tasks: Vec<WorkTask>,
+    /// Delegate every task in a `!delegate` of its own (see
+    /// [`Workload::delegate_messages`]): the parser then knows no task that waits for
+    /// another, so every critical path is the task's own size and the frontier goes by
+    /// id alone. The baseline critical-path-first is measured against.
+    pub one_task_per_command: bool,
 }
+
+/// Milliseconds of work per unit of a task's `[size N]` in the `!delegate` text.
+pub const SIZE_UNIT_MS: u64 = 10;
 
 const COMPANIES: &[&str] = &[
     "Acme",
@@ -121,6 +129,7 @@ impl Workload {
             return Workload {
                 kind: "pipeline",
                 tasks,
+                one_task_per_command: false,
             };
         }
         let mut k = 1;
@@ -224,6 +233,7 @@ impl Workload {
         Workload {
             kind: "pipeline",
             tasks,
+            one_task_per_command: false,
         }
     }
 
@@ -242,6 +252,45 @@ impl Workload {
         Workload {
             kind: "independent",
             tasks,
+            one_task_per_command: false,
+        }
+    }
+
+    /// A long chain beside short independent work: `chain` steps (`step-01` waits for
+    /// nothing, each next one for the one before) and `fan` independent tasks
+    /// (`fetch-001`, ...), all `work` long. Handed out by id, agents take the
+    /// `fetch-*` tasks first and the chain starts late; critical path first, the chain
+    /// starts at once and the fan fills the other agents.
+    pub fn chain_and_fan(chain: usize, fan: usize, work: Duration) -> Self {
+        let mut tasks = Vec::with_capacity(chain + fan);
+        for i in 1..=fan {
+            tasks.push(WorkTask {
+                id: format!("fetch-{i:03}"),
+                label: format!("fetch source {i}"),
+                deps: Vec::new(),
+                work,
+                tokens: 400,
+                assignee: None,
+            });
+        }
+        for i in 1..=chain {
+            tasks.push(WorkTask {
+                id: format!("step-{i:02}"),
+                label: format!("build stage {i} on the one before"),
+                deps: if i > 1 {
+                    vec![format!("step-{:02}", i - 1)]
+                } else {
+                    Vec::new()
+                },
+                work,
+                tokens: 400,
+                assignee: None,
+            });
+        }
+        Workload {
+            kind: "chain",
+            tasks,
+            one_task_per_command: false,
         }
     }
 
@@ -340,10 +389,18 @@ impl Workload {
     }
 
     /// The `!delegate` messages that create the workload (at most 1,000 tasks each,
-    /// in dependency order, so each message only names tasks created before it).
+    /// in dependency order, so each message only names tasks created before it; one
+    /// per task with [`Workload::one_task_per_command`]). A task's work is its `[size
+    /// N]` in units of [`SIZE_UNIT_MS`] (left out at 1), so the critical paths the
+    /// parser computes follow the work.
     pub fn delegate_messages(&self) -> Vec<String> {
+        let chunk = if self.one_task_per_command {
+            1
+        } else {
+            DELEGATE_CHUNK
+        };
         self.tasks
-            .chunks(DELEGATE_CHUNK)
+            .chunks(chunk)
             .map(|chunk| {
                 let mut text = String::from("!delegate\n");
                 for t in chunk {
@@ -354,6 +411,12 @@ impl Workload {
                         text.push_str(" [after ");
                         text.push_str(&t.deps.join(", "));
                         text.push(']');
+                    }
+                    let size = (t.work.as_millis() as u64)
+                        .div_ceil(SIZE_UNIT_MS)
+                        .clamp(1, u64::from(huddle_core::tasks::MAX_TASK_SIZE));
+                    if size > 1 {
+                        text.push_str(&format!(" [size {size}]"));
                     }
                     if let Some(a) = &t.assignee {
                         text.push_str(" @");
@@ -442,6 +505,31 @@ mod tests {
             }
             other => panic!("not a delegate plan: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_chain_beside_a_fan_gains_from_critical_path_first() {
+        let unit = Duration::from_millis(100);
+        let w = Workload::chain_and_fan(20, 200, unit);
+        assert_eq!(w.critical_path(), 20 * unit);
+        // The greedy schedule goes by id: every fetch first, then the chain alone.
+        assert_eq!(w.greedy_makespan(10), 40 * unit);
+        let one = w.delegate_messages();
+        assert_eq!(one.len(), 1);
+        assert!(
+            one[0].contains("step-02: build stage 2 on the one before [after step-01] [size 10]")
+        );
+        let apart = Workload {
+            one_task_per_command: true,
+            ..w
+        }
+        .delegate_messages();
+        assert_eq!(apart.len(), 220);
+        assert!(
+            apart[200].starts_with("!delegate\nstep-01: "),
+            "{}",
+            apart[200]
+        );
     }
 
     #[test]

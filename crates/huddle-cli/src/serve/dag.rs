@@ -282,6 +282,8 @@ mod tests {
             rejections: 0,
             review_rounds: None,
             feedback: None,
+            undo: None,
+            compensates: None,
         }
     }
 

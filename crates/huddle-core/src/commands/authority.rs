@@ -270,10 +270,12 @@ impl OwnerAuthority {
             return;
         }
         if let Some(task) = i.body.get("task").and_then(|t| t.as_str()) {
-            self.tasks
-                .entry(i.room.clone())
-                .or_default()
-                .insert(task.to_string());
+            let known = self.tasks.entry(i.room.clone()).or_default();
+            known.insert(task.to_string());
+            // Its compensation (`[undo ...]`) is a task the owner may retry or cancel.
+            if i.body.get("undo").is_some_and(|u| u.is_string()) {
+                known.insert(crate::protocol::task::undo_id(task));
+            }
         }
     }
 }

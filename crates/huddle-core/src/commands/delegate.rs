@@ -12,7 +12,7 @@
 //! at the very end of the line, in any order and each at most once, the bracketed
 //! clauses `[after dep1, dep2]`, `[needs cap1, cap2]`, `[priority N]`, `[size N]`,
 //! `[attempts N]`, `[due 30m]`, `[uses RESOURCE [MODE], ...]`, `[review @agent [rounds
-//! N]]` (a `:` may follow the keyword) and an `@assignee`. Only the
+//! N]]`, `[undo LABEL]` (a `:` may follow the keyword) and an `@assignee`. Only the
 //! bracketed forms are clauses, so a label that merely ends in the word "after"
 //! ("clean up after") is just a label; a bracket whose first word is no keyword
 //! (`[WIP]`) stays in the label, and a clause anywhere else is an error, so a label is
@@ -75,6 +75,9 @@ pub struct TaskSpec {
     /// `[review @lead rounds 2]`: the reviewer who accepts or rejects its work, and
     /// the rejections it may have (absent: the room's `review-rounds`).
     pub review: Option<ReviewSpec>,
+    /// `[undo refund the card]`: the compensation to run if a task that waits for it
+    /// fails for good or is cancelled after it completed (a saga).
+    pub undo: Option<String>,
     /// Its critical path in the plan: its size plus the longest path among the plan's
     /// tasks that wait for it.
     pub path: u64,
@@ -461,7 +464,9 @@ fn strip_bullet(line: &str) -> &str {
 
 /// Checks a task id; the reason when it is bad.
 fn id_problem(id: &str) -> Option<&'static str> {
-    if id.is_empty() {
+    if id.ends_with(crate::protocol::task::UNDO_SUFFIX) {
+        Some("ids ending in `--undo` are the compensations of `[undo ...]`; choose another")
+    } else if id.is_empty() {
         Some("the id is empty")
     } else if id.len() > MAX_ID_BYTES {
         Some("ids are at most 64 bytes")
@@ -564,6 +569,7 @@ fn parse_task_rest(id: &str, rest: &str) -> Result<TaskSpec, DelegateErrorKind> 
         due_ms: clauses.due_ms,
         uses: clauses.uses,
         review: clauses.review,
+        undo: clauses.undo,
         path: u64::from(size),
         line: 0,
     })
@@ -580,10 +586,11 @@ enum Keyword {
     Due,
     Uses,
     Review,
+    Undo,
 }
 
 impl Keyword {
-    const ALL: [Keyword; 8] = [
+    const ALL: [Keyword; 9] = [
         Keyword::After,
         Keyword::Needs,
         Keyword::Priority,
@@ -592,6 +599,7 @@ impl Keyword {
         Keyword::Due,
         Keyword::Uses,
         Keyword::Review,
+        Keyword::Undo,
     ];
 
     fn word(self) -> &'static str {
@@ -604,6 +612,7 @@ impl Keyword {
             Keyword::Due => "due",
             Keyword::Uses => "uses",
             Keyword::Review => "review",
+            Keyword::Undo => "undo",
         }
     }
 }
@@ -619,6 +628,7 @@ struct Clauses {
     due_ms: Option<u64>,
     uses: Vec<Wanted>,
     review: Option<ReviewSpec>,
+    undo: Option<String>,
 }
 
 impl Clauses {
@@ -637,6 +647,7 @@ impl Clauses {
             Keyword::Due => self.due_ms = Some(parse_due(id, inner)?),
             Keyword::Uses => self.uses = parse_uses(id, inner)?,
             Keyword::Review => self.review = Some(parse_review(id, inner)?),
+            Keyword::Undo => self.undo = Some(parse_undo(id, inner)?),
         }
         Ok(())
     }
@@ -790,6 +801,28 @@ fn parse_number(
 
 /// The duration of a `[due ...]` clause, ms: `90s`, `30m`, `2h`, `1h30m` (the
 /// `!config` duration grammar), from 1 s to 7 days.
+/// The compensation's label: free text, not empty, no control characters, at most
+/// [`MAX_LABEL_BYTES`](crate::protocol::task::MAX_LABEL_BYTES).
+fn parse_undo(id: &str, inner: &str) -> Result<String, DelegateErrorKind> {
+    let label = inner.trim();
+    let bad = |reason: &str| DelegateErrorKind::BadClause {
+        id: id.to_string(),
+        reason: format!("`[undo ...]`: {reason}"),
+    };
+    if label.is_empty() {
+        return Err(bad(
+            "say what undoes the task, e.g. `[undo refund the card]`",
+        ));
+    }
+    if label.chars().any(|c| c.is_control() && c != '\t') {
+        return Err(bad("the label contains a control character"));
+    }
+    if label.len() > crate::protocol::task::MAX_LABEL_BYTES {
+        return Err(bad("the label is over 4 KiB"));
+    }
+    Ok(label.to_string())
+}
+
 /// `@lead`, `lead`, `@lead rounds 2`, `@lead, rounds: 2`.
 fn parse_review(id: &str, inner: &str) -> Result<ReviewSpec, DelegateErrorKind> {
     let bad = |reason: String| DelegateErrorKind::BadClause {

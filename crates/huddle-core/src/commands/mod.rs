@@ -413,6 +413,7 @@ pub fn derived_rows(
                             agent: r.agent.clone(),
                             rounds: r.rounds.unwrap_or(review_rounds),
                         }),
+                        undo: t.undo.clone(),
                     };
                     // The command's role: owner, or agent for a delegator's
                     // `!delegate` ([`delegate_rows`]).

@@ -269,6 +269,27 @@ c: three";
 }
 
 #[test]
+fn undo_clauses_name_a_compensation_and_its_ids_are_reserved() {
+    let plan = parse_delegate(
+        "!delegate\nreserve: reserve seats [undo release the seats]\n\
+         charge: charge the card [after reserve] [undo: refund the card] @bo",
+    )
+    .expect("parses");
+    let undo: Vec<Option<&str>> = plan.tasks.iter().map(|t| t.undo.as_deref()).collect();
+    assert_eq!(undo, [Some("release the seats"), Some("refund the card")]);
+    assert_eq!(plan.tasks[1].assignee.as_deref(), Some("bo"));
+    for (text, want) in [
+        ("a: x [undo]", "say what undoes the task"),
+        ("a: x [undo  ]", "say what undoes the task"),
+        ("a--undo: x", "ids ending in `--undo` are the compensations"),
+        ("a: x [undo one] [undo two]", "only once"),
+    ] {
+        let e = parse_delegate(text).unwrap_err().to_string();
+        assert!(e.contains("line 1") && e.contains(want), "{text}: {e}");
+    }
+}
+
+#[test]
 fn delegate_orders_dependencies_first_then_by_line() {
     let text = "!delegate\nc: third [after b]\nb: second [after a]\na: first\nz: free";
     let ids: Vec<String> = plan(text).into_iter().map(|t| t.0).collect();

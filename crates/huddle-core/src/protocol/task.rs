@@ -102,6 +102,19 @@ pub struct TaskCreatedBody {
     /// good.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review: Option<TaskReview>,
+    /// `[undo LABEL]`: the compensation of the task, run (as the task `<task>--undo`)
+    /// if, after it completed, a task of its chain fails for good or is cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undo: Option<String>,
+}
+
+/// The suffix of a compensation task's id (`charge--undo` compensates `charge`);
+/// reserved: no `task.created` may use it.
+pub const UNDO_SUFFIX: &str = "--undo";
+
+/// The id of the compensation of `task`.
+pub fn undo_id(task: &str) -> String {
+    format!("{task}{UNDO_SUFFIX}")
 }
 
 /// The review gate of a task: `{"agent":"lead","rounds":3}`.
@@ -141,6 +154,12 @@ impl TaskCreatedBody {
             && b.needs.len() <= MAX_CAPABILITIES
             && b.needs.iter().all(|n| valid_capability(n))
             && b.assignee.as_deref().is_none_or(|a| !a.is_empty())
+            && !b.task.ends_with(UNDO_SUFFIX)
+            && b.undo.as_ref().is_none_or(|u| {
+                !u.trim().is_empty()
+                    && u.len() <= MAX_LABEL_BYTES
+                    && b.task.len() + UNDO_SUFFIX.len() <= MAX_TASK_ID_BYTES
+            })
             && b.review.as_ref().is_none_or(|r| {
                 super::valid_name(&r.agent)
                     && !r.agent.contains(|c: char| c.is_whitespace() || c == '@')

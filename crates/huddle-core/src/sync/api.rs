@@ -538,6 +538,9 @@ pub struct TaskBrief {
     /// The reviewer's feedback on the last rejected submission, if one was rejected.
     #[serde(default)]
     pub feedback: Option<ReviewFeedback>,
+    /// For a compensation (`[undo ...]`): the task it undoes, with that task's result.
+    #[serde(default)]
+    pub compensates: Option<DepResult>,
 }
 
 /// What a reviewer said of a rejected submission, for the next attempt's prompt.

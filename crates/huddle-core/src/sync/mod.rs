@@ -2809,6 +2809,14 @@ impl Synchronizer {
             due_ms: t.due_ms,
             rejections: t.rejections,
             feedback,
+            compensates: t.compensates.as_ref().map(|c| {
+                let undone = self.dag.task(&room, c);
+                DepResult {
+                    id: c.clone(),
+                    label: undone.map(|x| x.label.clone()).unwrap_or_default(),
+                    result: undone.and_then(|x| x.result.clone()),
+                }
+            }),
         });
         self.start_turn(
             turn,

@@ -423,6 +423,14 @@ impl RoomIndex {
             .is_some_and(|x| x.class == Class::Blocked)
     }
 
+    /// Whether task `id` failed for good or was cancelled (it cannot finish by
+    /// itself).
+    pub fn is_final(&self, id: &str) -> bool {
+        self.derived
+            .get(id)
+            .is_some_and(|x| matches!(x.class, Class::Abandoned | Class::Cancelled))
+    }
+
     /// Whether task `id` is ready.
     pub fn is_ready(&self, id: &str) -> bool {
         self.derived.get(id).is_some_and(|x| x.ready.is_some())
