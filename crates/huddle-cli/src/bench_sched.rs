@@ -146,7 +146,11 @@ fn one(args: &SchedArgs, n: usize) -> SchedLine {
         for intent in sync.handle(event) {
             match intent {
                 Intent::Acquire {
-                    key, holder, then, ..
+                    key,
+                    holder,
+                    then,
+                    write,
+                    ..
                 } => {
                     let expires_at = ledger.now.saturating_add(60_000_000);
                     let mut won = |key: &str| {
@@ -161,11 +165,23 @@ fn one(args: &SchedArgs, n: usize) -> SchedLine {
                     // A chained acquire (a task's drive claim) is won in the same call,
                     // as the relay's store does.
                     let then = then.map(|c| won(&c.key));
+                    // A fresh hand-off's rows go in with its claims when they were won
+                    // at the epochs the rows carry, as the relay's store does.
+                    let written = match (&write, answer.won(), then.and_then(|t| t.won())) {
+                        (Some(w), Some(e), Some(t)) if e == w.epoch && t == w.then_epoch => {
+                            for r in &w.batch {
+                                rows.push(ledger.row(r.clone()));
+                            }
+                            true
+                        }
+                        _ => false,
+                    };
                     events.push_back(Event::ClaimResult(ClaimOutcome {
                         key,
                         holder,
                         answer,
                         then,
+                        written,
                     }));
                 }
                 Intent::Append { batch, .. } => {

@@ -1058,6 +1058,7 @@ impl Executor {
                     holder,
                     ttl,
                     then,
+                    write,
                     ..
                 } => {
                     acquires.push(PendingAcquire {
@@ -1065,6 +1066,7 @@ impl Executor {
                         holder,
                         ttl,
                         then,
+                        write,
                     });
                     continue;
                 }
@@ -1210,6 +1212,7 @@ impl Executor {
                             Some(b) => b,
                             None => {
                                 one.then = None;
+                                one.write = None;
                                 lone_request(&one)
                             }
                         };
@@ -1503,6 +1506,8 @@ struct PendingAcquire {
     holder: String,
     ttl: Duration,
     then: Option<ChainedAcquire>,
+    /// Rows to write with both claims when won at the epochs they carry.
+    write: Option<huddle_core::sync::WriteIfWon>,
 }
 
 /// A batch's store requests, and for each acquire the index of its request and of its
@@ -1571,7 +1576,36 @@ async fn answer_acquires(
 ) {
     // Before the call: the leases the store grants run from later.
     let from = Instant::now();
-    let out = match store.acquire_batch(requests).await {
+    // A fresh task's claim rows go in the same store call, written only when both of
+    // its claims are won at the epochs the rows carry (plan 0058).
+    let conditional: Vec<(usize, huddle_store::ConditionalAppend)> = acquires
+        .iter()
+        .zip(slots)
+        .enumerate()
+        .filter_map(|(i, (a, (first, then)))| {
+            let w = a.write.as_ref()?;
+            Some((
+                i,
+                huddle_store::ConditionalAppend {
+                    when_won: vec![(*first, w.epoch), ((*then)?, w.then_epoch)],
+                    rows: w.batch.clone(),
+                },
+            ))
+        })
+        .collect();
+    let mut written = vec![false; acquires.len()];
+    let result = if conditional.is_empty() {
+        store.acquire_batch(requests).await
+    } else {
+        let appends = conditional.iter().map(|(_, c)| c.clone()).collect();
+        store.acquire_and_append(requests, appends).await.map(|h| {
+            for ((i, _), done) in conditional.iter().zip(&h.appended) {
+                written[*i] = done.is_some();
+            }
+            h.acquired
+        })
+    };
+    let out = match result {
         Ok(out) => out,
         Err(e) => {
             for a in acquires {
@@ -1609,7 +1643,7 @@ async fn answer_acquires(
             Acquired::Closed { .. } => ClaimAnswer::Closed,
         }
     };
-    for (a, (first, then)) in acquires.iter().zip(slots) {
+    for (n, (a, (first, then))) in acquires.iter().zip(slots).enumerate() {
         let Some(Some(got)) = out.get(*first) else {
             let _ = feedback.send(Feedback::Claim(ClaimOutcome::new(
                 a.key.clone(),
@@ -1630,6 +1664,7 @@ async fn answer_acquires(
             holder: a.holder.clone(),
             answer: answer(got, &a.key, &a.holder, a.ttl),
             then: chained,
+            written: written[n],
         }));
     }
 }

@@ -20,7 +20,9 @@ use huddle_core::{
     Synchronizer, TaskDag, TaskStatus, Timestamp, Verb,
 };
 use huddle_store::memory::{ManualClock, MemoryStore};
-use huddle_store::{Acquired, ClaimRequest, Claims, Fence, Ledger, StoreError, StoreOptions};
+use huddle_store::{
+    Acquired, ClaimRequest, Claims, Fence, Ledger, Store, StoreError, StoreOptions,
+};
 use serde_json::json;
 
 const MS: i64 = 1_000; // µs
@@ -226,6 +228,7 @@ impl Sim {
                     holder,
                     ttl,
                     then,
+                    write,
                     ..
                 } => {
                     // A chained acquire goes in one batch with the first, as the
@@ -236,7 +239,21 @@ impl Sim {
                             ClaimRequest::new(c.key.clone(), c.holder.clone(), c.ttl).after(0),
                         );
                     }
-                    let out = store.acquire_batch(&requests).await.expect("acquire");
+                    // A fresh hand-off's rows go with its claims (plan 0058).
+                    let appends: Vec<huddle_store::ConditionalAppend> = write
+                        .filter(|_| requests.len() == 2)
+                        .map(|w| huddle_store::ConditionalAppend {
+                            when_won: vec![(0, w.epoch), (1, w.then_epoch)],
+                            rows: w.batch,
+                        })
+                        .into_iter()
+                        .collect();
+                    let handoff = store
+                        .acquire_and_append(&requests, appends)
+                        .await
+                        .expect("acquire");
+                    let written = handoff.appended.first().is_some_and(Option::is_some);
+                    let out = handoff.acquired;
                     let answer_of = |a: &Acquired| {
                         let (epoch, expires_at) = (a.state().epoch, a.state().expires_at);
                         if a.won() {
@@ -254,6 +271,7 @@ impl Sim {
                         holder,
                         answer,
                         then,
+                        written,
                     }));
                 }
                 Intent::Append {

@@ -280,6 +280,7 @@ impl Claims for MeteredStore {
     }
 }
 
+#[async_trait::async_trait]
 impl Store for MeteredStore {
     fn backend_name(&self) -> &'static str {
         self.inner.backend_name()
@@ -287,5 +288,34 @@ impl Store for MeteredStore {
 
     fn writer(&self) -> Option<String> {
         self.inner.writer()
+    }
+
+    async fn acquire_and_append(
+        &self,
+        requests: &[ClaimRequest],
+        appends: Vec<huddle_store::ConditionalAppend>,
+    ) -> huddle_store::Result<huddle_store::Handoff> {
+        let t = Instant::now();
+        let r = self.inner.acquire_and_append(requests, appends).await;
+        add_elapsed(&self.meter.acquire_us, t);
+        match &r {
+            Ok(h) => {
+                for (req, a) in requests.iter().zip(&h.acquired) {
+                    if let Some(a) = a {
+                        self.count(&req.key, &req.holder, a);
+                    }
+                }
+                let written = h.appended.iter().flatten().count() as u64;
+                self.meter
+                    .fenced_appends
+                    .fetch_add(written, Ordering::Relaxed);
+            }
+            Err(_) => {
+                for req in requests {
+                    self.count_call(&req.key);
+                }
+            }
+        }
+        r
     }
 }

@@ -105,6 +105,7 @@ macro_rules! conformance_tests {
             a_retried_closing_append_is_idempotent,
             a_batch_acquire_answers_each_claim_as_acquire_would,
             a_batch_acquire_out_of_order_takes_nothing,
+            a_handoff_writes_its_rows_only_at_the_epochs_expected,
             concurrent_batch_acquires_have_one_winner_per_claim,
             a_duplicate_under_a_lost_fence_is_refused,
             a_refreshed_reader_reports_a_read_that_began_after_the_request,
@@ -1139,6 +1140,110 @@ pub async fn a_batch_acquire_answers_each_claim_as_acquire_would(b: &impl TestBa
     let again = s.acquire_batch(&requests[..1]).await.expect("batch");
     assert!(matches!(&again[0], Some(Acquired::Won(st)) if st.epoch == got(0).state().epoch));
     assert!(s.acquire_batch(&[]).await.expect("empty batch").is_empty());
+}
+
+/// A hand-off's rows are written with its claims only when they were won at the
+/// epochs the rows carry; otherwise nothing of them is written (and the claims won
+/// stay won, for the caller to write under).
+pub async fn a_handoff_writes_its_rows_only_at_the_epochs_expected(b: &impl TestBackend) {
+    let s = b.store();
+    let other = b.reopen("second").await.expect("reopen");
+    let ttl = Duration::from_secs(30);
+    let claimed = |task: &str, epoch: i64| {
+        NewInteraction::new(
+            "r",
+            Verb::TaskClaimed,
+            "ada",
+            Role::Agent,
+            json!({ "task": task, "epoch": epoch, "attempt": 1 }),
+        )
+    };
+    // t2 was taken before (its next epoch is 2); t3 is held by someone else.
+    let t2 = s.acquire("task/r/t2", "di", ttl).await.expect("acquire");
+    assert!(s
+        .release("task/r/t2", "di", t2.state().epoch)
+        .await
+        .expect("release"));
+    assert!(other
+        .acquire("task/r/t3", "bo", ttl)
+        .await
+        .expect("acquire")
+        .won());
+    let requests = vec![
+        ClaimRequest::new("task/r/t1", "ada", ttl),
+        ClaimRequest::new("task/r/t2", "ada", ttl),
+        ClaimRequest::new("task/r/t3", "ada", ttl),
+        ClaimRequest::new("taskdrive/r/t1", "relay-a", ttl).after(0),
+        ClaimRequest::new("taskdrive/r/t2", "relay-a", ttl).after(1),
+        ClaimRequest::new("taskdrive/r/t3", "relay-a", ttl).after(2),
+    ];
+    let append = |task: &str, i: usize, d: usize| crate::ConditionalAppend {
+        when_won: vec![(i, Epoch(1)), (d, Epoch(1))],
+        rows: vec![
+            claimed(task, 1),
+            message("r", "relay-a", &format!("prompt {task}")),
+        ],
+    };
+    let h = s
+        .acquire_and_append(
+            &requests,
+            vec![append("t1", 0, 3), append("t2", 1, 4), append("t3", 2, 5)],
+        )
+        .await
+        .expect("hand-off");
+    assert!(matches!(&h.acquired[0], Some(Acquired::Won(st)) if st.epoch == Epoch(1)));
+    assert!(matches!(&h.acquired[1], Some(Acquired::Won(st)) if st.epoch == Epoch(2)));
+    assert!(matches!(&h.acquired[2], Some(Acquired::HeldBy(_))));
+    assert!(
+        h.acquired[5].is_none(),
+        "the drive of a lost claim is not tried"
+    );
+    let written = h.appended[0].as_ref().expect("t1's rows are written");
+    assert!(written.len() == 2 && written.iter().all(|a| a.inserted));
+    assert_eq!(h.appended[1], None, "t2 was won at epoch 2, not 1");
+    assert_eq!(h.appended[2], None, "t3 was not won");
+    let (rows, _, _) = read_all(&*s, Position::START).await;
+    let texts: Vec<String> = rows
+        .iter()
+        .map(|r| format!("{} {}", r.verb, r.body))
+        .collect();
+    assert!(texts.iter().any(|t| t.contains("prompt t1")), "{texts:?}");
+    assert!(
+        !texts.iter().any(|t| t.contains("t2") || t.contains("t3")),
+        "{texts:?}"
+    );
+    // The claims won stay won: the caller writes t2's rows under epoch 2 itself.
+    s.append_under(
+        &[Fence {
+            key: "task/r/t2".into(),
+            holder: "ada".into(),
+            epoch: Epoch(2),
+        }],
+        false,
+        vec![claimed("t2", 2)],
+    )
+    .await
+    .expect("t2's claim holds at epoch 2");
+    // Bad shapes are refused with nothing taken.
+    let mut keyed = append("t9", 0, 1);
+    keyed.rows[1] = keyed.rows[1].clone().with_idempotency_key("k");
+    for bad in [
+        vec![keyed],
+        vec![crate::ConditionalAppend {
+            when_won: vec![(7, Epoch(1))],
+            rows: vec![claimed("t9", 1)],
+        }],
+    ] {
+        let reqs = [
+            ClaimRequest::new("task/r/t9", "ada", ttl),
+            ClaimRequest::new("taskdrive/r/t9", "relay-a", ttl).after(0),
+        ];
+        assert!(s.acquire_and_append(&reqs, bad).await.is_err());
+    }
+    assert!(
+        s.list_claims("task/r/t9").await.expect("list").is_empty(),
+        "a refused hand-off takes nothing"
+    );
 }
 
 /// A batch whose keys are not in increasing byte order, or whose condition names a

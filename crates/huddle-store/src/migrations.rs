@@ -55,6 +55,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     8 "handoff" "0008_handoff.sql",
     9 "task_generations" "0009_task_generations.sql",
     10 "review_gates" "0010_review_gates.sql",
+    11 "handoff_rows" "0011_handoff_rows.sql",
 );
 
 /// SQLite migrations, in order.

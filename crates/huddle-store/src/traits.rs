@@ -197,6 +197,75 @@ pub(crate) fn tried(r: &ClaimRequest, out: &[Option<Acquired>]) -> bool {
     })
 }
 
+/// Rows a hand-off writes with its claims ([`Store::acquire_and_append`]): appended
+/// in the transaction of the batch acquire, under the claims it names, only when each
+/// of them was won at exactly the epoch expected (the rows carry those epochs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConditionalAppend {
+    /// `(request index, epoch)`: each request must have been won at that epoch.
+    pub when_won: Vec<(usize, Epoch)>,
+    /// The rows (not empty).
+    pub rows: Vec<NewInteraction>,
+}
+
+/// What [`Store::acquire_and_append`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Handoff {
+    /// One answer per request, as [`Claims::acquire_batch`] gives them.
+    pub acquired: Vec<Option<Acquired>>,
+    /// Per conditional append: the rows written (`None`: its conditions did not all
+    /// hold, or it could not be written; nothing of it is in the ledger then, and the
+    /// caller writes the rows itself under the claims it won).
+    pub appended: Vec<Option<Vec<Appended>>>,
+}
+
+/// The fences of `append` when every one of its conditions holds in `acquired`.
+pub fn conditions_hold(
+    append: &ConditionalAppend,
+    requests: &[ClaimRequest],
+    acquired: &[Option<Acquired>],
+) -> Option<Vec<Fence>> {
+    append
+        .when_won
+        .iter()
+        .map(|(i, epoch)| match acquired.get(*i)? {
+            Some(Acquired::Won(c)) if c.epoch == *epoch => Some(Fence {
+                key: requests.get(*i)?.key.clone(),
+                holder: c.holder.clone(),
+                epoch: *epoch,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Checks the conditional appends of a hand-off: each names requests of the batch,
+/// and has rows.
+pub(crate) fn check_appends(
+    requests: &[ClaimRequest],
+    appends: &[ConditionalAppend],
+) -> Result<()> {
+    for (n, a) in appends.iter().enumerate() {
+        if a.rows.is_empty() || a.when_won.is_empty() {
+            return Err(crate::StoreError::Backend(format!(
+                "conditional append {n} of a hand-off has no rows or no condition"
+            )));
+        }
+        if a.rows.iter().any(|r| r.idempotency_key.is_some()) {
+            return Err(crate::StoreError::Backend(format!(
+                "conditional append {n} of a hand-off has a row with an idempotency key; \
+                 hand-off rows are identified by their content"
+            )));
+        }
+        if let Some((i, _)) = a.when_won.iter().find(|(i, _)| *i >= requests.len()) {
+            return Err(crate::StoreError::Backend(format!(
+                "conditional append {n} of a hand-off names request {i}, which the batch does not have"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A claim as listed by [`Claims::list_claims`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimRow {
@@ -350,6 +419,7 @@ pub trait Claims: Send + Sync + 'static {
 }
 
 /// A complete store: ledger plus claims.
+#[async_trait]
 pub trait Store: Ledger + Claims {
     /// `"sqlite"` or `"postgres"`.
     fn backend_name(&self) -> &'static str;
@@ -365,5 +435,30 @@ pub trait Store: Ledger + Claims {
     /// it signs.
     fn signer(&self) -> Option<huddle_core::keys::WriterKey> {
         None
+    }
+
+    /// A hand-off in one go: `requests` are acquired as by [`Claims::acquire_batch`],
+    /// and each of `appends` whose claims were all won at the epochs it expects is
+    /// appended under them — in the same transaction where the backend can (one
+    /// statement and one commit on Postgres, one `BEGIN IMMEDIATE` on SQLite), with
+    /// the same database checks as any fenced append. An append whose conditions do
+    /// not hold writes nothing. The default acquires, then appends each satisfied
+    /// one under its fences (an append that fails is reported as not written).
+    async fn acquire_and_append(
+        &self,
+        requests: &[ClaimRequest],
+        appends: Vec<ConditionalAppend>,
+    ) -> Result<Handoff> {
+        check_appends(requests, &appends)?;
+        let acquired = self.acquire_batch(requests).await?;
+        let mut appended = Vec::with_capacity(appends.len());
+        for a in appends {
+            let written = match conditions_hold(&a, requests, &acquired) {
+                Some(fences) => self.append_under(&fences, false, a.rows).await.ok(),
+                None => None,
+            };
+            appended.push(written);
+        }
+        Ok(Handoff { acquired, appended })
     }
 }

@@ -151,6 +151,12 @@ pub struct ClaimOutcome {
     /// asks for it separately if it still wants it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub then: Option<ClaimAnswer>,
+    /// Whether the rows of [`Intent::Acquire`]'s `write` were written with the
+    /// claims, in the same store call. `false` when there were none, when the claims
+    /// were not won at the epochs the rows carry, or when the relay does not write
+    /// them: the synchronizer then appends what is needed itself.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub written: bool,
 }
 
 impl ClaimOutcome {
@@ -161,6 +167,7 @@ impl ClaimOutcome {
             holder: holder.into(),
             answer,
             then: None,
+            written: false,
         }
     }
 }
@@ -176,6 +183,21 @@ pub struct ChainedAcquire {
     pub holder: String,
     /// Lease length.
     pub ttl: Duration,
+}
+
+/// Rows to write in the store call that takes a claim and the one chained after it
+/// ([`Intent::Acquire`]'s `write`), only when they are won at exactly `epoch` and
+/// `then_epoch`: a fresh task's `task.claimed` and `turn.prompted` written with its
+/// claims, one round trip for the hand-off. A claim never taken before is won at
+/// [`ClaimEpoch::FIRST`], which is what the rows carry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WriteIfWon {
+    /// The epoch the claim must be won at.
+    pub epoch: ClaimEpoch,
+    /// The epoch the chained claim must be won at.
+    pub then_epoch: ClaimEpoch,
+    /// The rows, written under both claims.
+    pub batch: Vec<NewInteraction>,
 }
 
 /// What the store answered an acquire.
@@ -383,6 +405,10 @@ pub enum ClaimPurpose {
         /// The task's generation.
         #[serde(default)]
         generation: u32,
+        /// The task's `task.claimed` and `turn.prompted` were written with the claims
+        /// (the hand-off's [`WriteIfWon`]): nothing is appended before the turn starts.
+        #[serde(default)]
+        prewritten: bool,
     },
     /// `review/..` for the reviewer `agent`; when won: acquire the review drive claim.
     Review {
@@ -635,6 +661,10 @@ pub enum Intent {
         /// call; its answer comes back in [`ClaimOutcome::then`]. A relay that does
         /// not chain answers `then: None`, and the synchronizer asks again for it.
         then: Option<ChainedAcquire>,
+        /// Rows to write with both claims in the same store call when they are won at
+        /// the epochs given ([`WriteIfWon`]); [`ClaimOutcome::written`] says whether
+        /// they were. Only with `then`.
+        write: Option<WriteIfWon>,
     },
     /// Append `batch` in one transaction; when `fence` is set, only while that claim is
     /// still held at its epoch (otherwise send [`Event::ClaimLost`]).

@@ -110,7 +110,7 @@ pub use addressing::{Addressing, Eligible};
 pub use api::{
     AdmitAll, ChainedAcquire, ClaimAnswer, ClaimOutcome, ClaimPurpose, DepResult, Event, Intent,
     LocalAgent, MessageBrief, ReplyGate, ResourcesAnswer, ReviewBrief, ReviewFeedback, SyncOptions,
-    TaskBrief, TurnId, TurnOutcome, TurnStart, TurnWork,
+    TaskBrief, TurnId, TurnOutcome, TurnStart, TurnWork, WriteIfWon,
 };
 
 // ---------------------------------------------------------------------------------
@@ -249,6 +249,18 @@ struct PendingUses {
     drive_epoch: ClaimEpoch,
 }
 
+/// What [`Synchronizer::claim_rows`] gives: the rows of a task claim and its turn.
+struct ClaimRows {
+    /// `task.claimed`, then the `task.rejected` of losing bidders.
+    claimed: Vec<NewInteraction>,
+    /// The rejections among them, as `rejections_sent` keys.
+    rejected: Vec<(String, String, u32, String)>,
+    /// The turn's `turn.prompted`.
+    prompted: NewInteraction,
+    turn: TurnId,
+    subject: Subject,
+}
+
 /// A relay's own rank for a task id (FNV-1a of both): deterministic per relay,
 /// different across relays.
 fn spread_rank(relay: &[u8], task: &[u8]) -> u64 {
@@ -357,6 +369,9 @@ pub struct Synchronizer {
     /// When the next settle check may run: it reads the whole DAG, so at most once
     /// per [`SETTLE_CHECK_US`], not on every event.
     next_settle_check: Option<Timestamp>,
+    /// The `task.rejected` keys of a fresh task's hand-off rows ([`WriteIfWon`]), by
+    /// task claim key, until its claim result says whether they were written.
+    prewrite_rejections: BTreeMap<String, Vec<(String, String, u32, String)>>,
     /// Task claims `(key, epoch)` whose turn ended here: never resumed, even while the
     /// fold has not yet caught up with the completion or failure appended for them.
     finished: BTreeSet<(String, ClaimEpoch)>,
@@ -454,6 +469,7 @@ impl Synchronizer {
             unsettled: BTreeSet::new(),
             next_settle_check: None,
             finished: BTreeSet::new(),
+            prewrite_rejections: BTreeMap::new(),
             reviews_finished: BTreeSet::new(),
             unconfirmed: Vec::new(),
             registered: false,
@@ -1436,31 +1452,124 @@ impl Synchronizer {
         purpose: ClaimPurpose,
         out: &mut Vec<Intent>,
     ) {
-        self.acquire_then(key, holder, purpose, None, out);
+        self.acquire_then(key, holder, purpose, None, None, out);
     }
 
     /// Acquires a task claim for `agent` with this relay's drive claim of the task
-    /// chained after it: one store call takes both when the first is won.
-    fn acquire_task(&mut self, room: &str, task: &str, agent: String, out: &mut Vec<Intent>) {
+    /// chained after it: one store call takes both when the first is won. For a task
+    /// no claim of this generation was ever accepted for (`fresh`, from the ready
+    /// frontier), the store call also writes its `task.claimed` and `turn.prompted`
+    /// when both claims are won at the first epoch (plan 0058): the hand-off is one
+    /// round trip. Otherwise they are appended once the claims are won.
+    fn acquire_task(
+        &mut self,
+        room: &str,
+        task: &str,
+        agent: String,
+        fresh: bool,
+        out: &mut Vec<Intent>,
+    ) {
         let generation = self.generation(room, task);
+        let key = task_key_at(room, task, generation);
         let then = ChainedAcquire {
             key: taskdrive_key_at(room, task, generation),
             holder: self.relay.clone(),
             ttl: self.ttl(room),
         };
+        let write = self
+            .dag
+            .task(room, task)
+            .filter(|t| {
+                fresh
+                    && t.status == TaskStatus::Open
+                    && t.epoch.is_none()
+                    && t.uses.is_empty()
+                    && t.attempts < t.max_attempts
+            })
+            .cloned()
+            .map(|t| {
+                let first = ClaimEpoch::FIRST;
+                let rows = self.claim_rows(room, &t, &agent, (first, first), t.next_attempt());
+                self.prewrite_rejections.insert(key.clone(), rows.rejected);
+                let mut batch = rows.claimed;
+                batch.push(rows.prompted);
+                WriteIfWon {
+                    epoch: first,
+                    then_epoch: first,
+                    batch,
+                }
+            });
         let purpose = ClaimPurpose::Task {
             room: room.to_string(),
             task: task.to_string(),
             agent: agent.clone(),
             generation,
         };
-        self.acquire_then(
-            task_key_at(room, task, generation),
+        self.acquire_then(key, agent, purpose, Some(then), write, out);
+    }
+
+    /// The rows that record a claim of `t` by `agent` at `(task_epoch, drive_epoch)`
+    /// starting `attempt`: `task.claimed` and a `task.rejected` for every losing bidder
+    /// not told yet, and the turn's `turn.prompted`; with the turn's id and subject.
+    fn claim_rows(
+        &self,
+        room: &str,
+        t: &crate::tasks::Task,
+        agent: &str,
+        (task_epoch, drive_epoch): (ClaimEpoch, ClaimEpoch),
+        attempt: u32,
+    ) -> ClaimRows {
+        let task = &t.id;
+        let generation = t.generation;
+        let claimed = TaskClaimedBody {
+            task: task.clone(),
+            epoch: task_epoch,
+            attempt,
+            generation,
+        };
+        let mut rows = vec![NewInteraction::new(
+            room,
+            Verb::TaskClaimed,
             agent,
-            purpose,
-            Some(then),
-            out,
+            Role::Agent,
+            claimed.to_body(),
+        )];
+        let mut rejected = Vec::new();
+        for loser in losing_bidders(t, agent) {
+            let k = (room.to_string(), task.clone(), attempt, loser.to_string());
+            if !self.rejections_sent.contains(&k) {
+                rows.push(rejection(room, agent, task, attempt, loser));
+                rejected.push(k);
+            }
+        }
+        // A retried task's epochs start again under its fresh keys: its generation
+        // keeps turn ids apart.
+        let turn = TurnId(if generation == 0 {
+            format!("t/{room}/{task}/{agent}/{task_epoch}.{drive_epoch}")
+        } else {
+            format!("t/{room}/{task}/{agent}/{task_epoch}.{drive_epoch}.g{generation}")
+        });
+        let subject = Subject::task(task.clone(), Some(truncate_text(&t.label, 200)));
+        let prompted = TurnPromptedBody {
+            turn: turn.0.clone(),
+            subject: subject.clone(),
+            epoch: task_epoch,
+            drive_epoch,
+        };
+        let prompted = NewInteraction::new(
+            room,
+            Verb::TurnPrompted,
+            agent,
+            Role::Agent,
+            serde_json::to_value(&prompted).unwrap_or_default(),
         );
+        ClaimRows {
+            claimed: rows,
+            rejected,
+            prompted,
+            turn,
+            subject,
+        }
     }
 
     fn acquire_then(
@@ -1469,6 +1578,7 @@ impl Synchronizer {
         holder: String,
         purpose: ClaimPurpose,
         then: Option<ChainedAcquire>,
+        write: Option<WriteIfWon>,
         out: &mut Vec<Intent>,
     ) {
         let ttl = self.ttl(purpose.room());
@@ -1486,6 +1596,7 @@ impl Synchronizer {
             ttl,
             purpose,
             then,
+            write,
         });
     }
 
@@ -1914,7 +2025,7 @@ impl Synchronizer {
                 }
             }
             for (id, agent) in chosen {
-                self.acquire_task(&room, &id, agent, out);
+                self.acquire_task(&room, &id, agent, true, out);
             }
             if capped {
                 return;
@@ -2161,7 +2272,7 @@ impl Synchronizer {
                     if wakes >= cap {
                         return wakes;
                     }
-                    self.acquire_task(&room, &id, agent, out);
+                    self.acquire_task(&room, &id, agent, false, out);
                     wakes += 1;
                 }
             }
@@ -2217,7 +2328,7 @@ impl Synchronizer {
                     agent: reviewer.clone(),
                     generation,
                 };
-                self.acquire_then(key, reviewer, purpose, Some(then), out);
+                self.acquire_then(key, reviewer, purpose, Some(then), None, out);
                 wakes += 1;
             }
         }
@@ -2294,6 +2405,14 @@ impl Synchronizer {
             return;
         }
         let purpose = slot.purpose.clone();
+        if let ClaimPurpose::Task { .. } = purpose {
+            // The hand-off's rejections are sent if its rows were written.
+            if let Some(sent) = self.prewrite_rejections.remove(&r.key) {
+                if r.written {
+                    self.rejections_sent.extend(sent);
+                }
+            }
+        }
         if r.answer == ClaimAnswer::Closed {
             // Finished work: whatever this relay's view says, it never runs again.
             // A closed drive claim closes the exclusive one it was for as well.
@@ -2385,14 +2504,22 @@ impl Synchronizer {
                 task,
                 agent,
                 generation,
-            } => self.task_won(room, (task, generation), agent, r.then, out),
+            } => self.task_won(room, (task, generation), agent, (r.then, r.written), out),
             ClaimPurpose::DriveTask {
                 room,
                 task,
                 agent,
                 task_epoch,
                 generation,
-            } => self.drive_task_won(room, (task, generation), agent, task_epoch, epoch, out),
+                prewritten,
+            } => self.drive_task_won(
+                room,
+                (task, generation),
+                agent,
+                (task_epoch, epoch),
+                prewritten,
+                out,
+            ),
             ClaimPurpose::Review {
                 room,
                 task,
@@ -2564,7 +2691,7 @@ impl Synchronizer {
         room: String,
         (task, generation): (String, u32),
         agent: String,
-        drive: Option<ClaimAnswer>,
+        (drive, written): (Option<ClaimAnswer>, bool),
         out: &mut Vec<Intent>,
     ) {
         let key = task_key_at(&room, &task, generation);
@@ -2594,6 +2721,7 @@ impl Synchronizer {
             agent,
             task_epoch,
             generation,
+            prewritten: written,
         };
         match drive {
             Some(answer) => {
@@ -2619,8 +2747,8 @@ impl Synchronizer {
         room: String,
         (task, generation): (String, u32),
         agent: String,
-        task_epoch: ClaimEpoch,
-        drive_epoch: ClaimEpoch,
+        (task_epoch, drive_epoch): (ClaimEpoch, ClaimEpoch),
+        prewritten: bool,
         out: &mut Vec<Intent>,
     ) {
         let tkey = task_key_at(&room, &task, generation);
@@ -2702,21 +2830,10 @@ impl Synchronizer {
         } else {
             t.next_attempt()
         };
+        let rows = self.claim_rows(&room, &t, &agent, (task_epoch, drive_epoch), attempt);
         let mut batch = Vec::new();
         if fresh {
-            let claimed = TaskClaimedBody {
-                task: task.clone(),
-                epoch: task_epoch,
-                attempt,
-                generation,
-            };
-            batch.push(NewInteraction::new(
-                room.as_str(),
-                Verb::TaskClaimed,
-                agent.as_str(),
-                Role::Agent,
-                claimed.to_body(),
-            ));
+            batch.extend(rows.claimed.iter().take(1).cloned());
             if t.status == TaskStatus::Claimed && t.attempts >= t.max_attempts {
                 // The lapsed attempt was the last: this claim records that the task
                 // failed for good (the fold abandons it); nothing is started.
@@ -2737,16 +2854,8 @@ impl Synchronizer {
                 self.forget(&dkey);
                 return;
             }
-            for loser in losing_bidders(&t, &agent) {
-                if self.rejections_sent.insert((
-                    room.clone(),
-                    task.clone(),
-                    attempt,
-                    loser.to_string(),
-                )) {
-                    batch.push(rejection(&room, &agent, &task, attempt, loser));
-                }
-            }
+            batch.extend(rows.claimed.iter().skip(1).cloned());
+            self.rejections_sent.extend(rows.rejected.iter().cloned());
         }
         if !uses.is_empty() {
             batch.push(uses_row(
@@ -2759,35 +2868,21 @@ impl Synchronizer {
                 Duration::from_millis(self.config(&room, None).claim_ttl_ms.max(1)),
             ));
         }
-        // A retried task's epochs start again under its fresh keys: its generation
-        // keeps turn ids apart.
-        let turn = TurnId(if generation == 0 {
-            format!("t/{room}/{task}/{agent}/{task_epoch}.{drive_epoch}")
-        } else {
-            format!("t/{room}/{task}/{agent}/{task_epoch}.{drive_epoch}.g{generation}")
-        });
-        let subject = Subject::task(task.clone(), Some(truncate_text(&t.label, 200)));
-        let prompted = TurnPromptedBody {
-            turn: turn.0.clone(),
-            subject: subject.clone(),
-            epoch: task_epoch,
-            drive_epoch,
-        };
-        batch.push(NewInteraction::new(
-            room.as_str(),
-            Verb::TurnPrompted,
-            agent.as_str(),
-            Role::Agent,
-            serde_json::to_value(&prompted).unwrap_or_default(),
-        ));
-        out.push(Intent::Append {
-            fences: [exclusive.clone(), drive.clone()]
-                .into_iter()
-                .chain(use_refs.iter().cloned())
-                .collect(),
-            close: false,
-            batch,
-        });
+        let (turn, subject) = (rows.turn, rows.subject);
+        batch.push(rows.prompted);
+        // A fresh hand-off's rows were written with its claims (one round trip):
+        // nothing is appended before the turn starts.
+        let written = prewritten && fresh && uses.is_empty();
+        if !written {
+            out.push(Intent::Append {
+                fences: [exclusive.clone(), drive.clone()]
+                    .into_iter()
+                    .chain(use_refs.iter().cloned())
+                    .collect(),
+                close: false,
+                batch,
+            });
+        }
         let deps = self.dep_results(&room, &t);
         let trace = t.command.map(|c| self.traces.get(&c).copied().unwrap_or(c));
         let feedback = match (&t.review, &t.feedback) {
@@ -3523,8 +3618,8 @@ impl Synchronizer {
                     p.room,
                     (p.task, p.generation),
                     p.agent,
-                    p.task_epoch,
-                    p.drive_epoch,
+                    (p.task_epoch, p.drive_epoch),
+                    false,
                     out,
                 );
                 return;

@@ -95,6 +95,7 @@ impl H {
                 ClaimAnswer::Lost { epoch, expires_at }
             },
             then: None,
+            written: false,
         }))
     }
 
@@ -1465,6 +1466,7 @@ fn reconcile_renews_live_turns_only_and_retakes_lapsed_tasks() {
             expires_at: T0 + 60 * S,
         },
         then: None,
+        written: false,
     }));
     h.post(vec![claimed("x", "zed", 1), created("a", &[])]);
     let st = run_task_to_start(&mut h, "a", "bo", 1);
@@ -1580,6 +1582,7 @@ fn a_closed_claim_is_never_tried_again() {
         holder: "bo".into(),
         answer: ClaimAnswer::Closed,
         then: None,
+        written: false,
     }));
     assert!(
         starts(&out).is_empty() && acquires(&out).is_empty(),
@@ -2460,7 +2463,88 @@ fn chained(
         holder: agent.into(),
         answer,
         then,
+        written: false,
     }))
+}
+
+/// The rows a task acquire asks to write with its claims, if any.
+fn write_of(out: &[Intent], task: &str) -> Option<WriteIfWon> {
+    out.iter().find_map(|i| match i {
+        Intent::Acquire { key, write, .. } if *key == task_key("lobby", task) => write.clone(),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_fresh_hand_off_writes_its_rows_with_its_claims() {
+    let mut h = H::with(&["bo", "cy"], no_backoff());
+    h.start();
+    let out = h.post(vec![created("a", &[]), created("b", &[])]);
+    // A fresh task's acquire carries its claim rows at the first epochs.
+    let w = write_of(&out, "a").expect("a fresh task is handed off in one call");
+    assert_eq!(
+        (w.epoch, w.then_epoch),
+        (ClaimEpoch::FIRST, ClaimEpoch::FIRST)
+    );
+    let verbs: Vec<Verb> = w.batch.iter().map(|r| r.verb).collect();
+    assert_eq!(verbs, vec![Verb::TaskClaimed, Verb::TurnPrompted]);
+    assert_eq!(w.batch[0].body["epoch"], 1);
+    assert_eq!(w.batch[1].body["turn"], "t/lobby/a/bo/1.1");
+    // Written with the claims: the turn starts with nothing appended first.
+    let expires_at = h.now + 60 * S;
+    let won = |epoch: i64| ClaimAnswer::Won {
+        epoch: ClaimEpoch(epoch),
+        expires_at,
+    };
+    let out = h.sync.handle(Event::ClaimResult(ClaimOutcome {
+        key: task_key("lobby", "a"),
+        holder: "bo".into(),
+        answer: won(1),
+        then: Some(won(1)),
+        written: true,
+    }));
+    assert!(appends(&out).is_empty(), "{out:?}");
+    let st = starts(&out)[0].clone();
+    assert_eq!(st.turn.0, "t/lobby/a/bo/1.1");
+    // Not written (won at other epochs): the rows are appended as before.
+    let out = h.sync.handle(Event::ClaimResult(ClaimOutcome {
+        key: task_key("lobby", "b"),
+        holder: "cy".into(),
+        answer: won(3),
+        then: Some(won(2)),
+        written: false,
+    }));
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!(
+                "{}@cy#3 + {}@r1#2",
+                task_key("lobby", "b"),
+                taskdrive_key("lobby", "b")
+            )),
+            vec!["task.claimed", "turn.prompted"]
+        )]
+    );
+    // A task taken before (a failed attempt) is not fresh: no rows with its claims.
+    h.apply_appends(&out);
+    h.write(w.batch.clone());
+    h.read();
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Failed {
+            reason: "boom".into(),
+        },
+    );
+    h.apply_appends(&out);
+    let mut out = h.read();
+    out.extend(h.tick(h.now + 2 * S));
+    assert!(
+        acquires(&out)
+            .iter()
+            .any(|(k, _)| *k == task_key("lobby", "a")),
+        "{out:?}"
+    );
+    assert!(write_of(&out, "a").is_none(), "{out:?}");
 }
 
 #[test]
@@ -3152,6 +3236,7 @@ fn a_cancelled_task_stops_its_turn_and_a_retried_one_is_claimed_under_fresh_keys
             epoch: ClaimEpoch(1),
             expires_at: h.now + 60 * S,
         }),
+        written: false,
     }));
     let claimed = appended_body(&out, Verb::TaskClaimed);
     assert_eq!(

@@ -614,6 +614,7 @@ impl Claims for MemoryStore {
     }
 }
 
+#[async_trait::async_trait]
 impl Store for MemoryStore {
     fn backend_name(&self) -> &'static str {
         "memory"

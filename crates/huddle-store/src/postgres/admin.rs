@@ -47,6 +47,7 @@ const CLAIM_FUNCTIONS: &[&str] = &[
     "huddle_resource_acquire(text, text, text[], text[], bigint)",
     "huddle_claim_acquire_batch(text[], text[], bigint[], int[])",
     "huddle_append_under(text[], text[], bigint[], bytea, bytea[], text[], text[], text[], text[], text[], bytea[], bytea[], text[], text[], text[])",
+    "huddle_handoff(text[], text[], bigint[], int[], int[], int[], bigint[], int[], bytea[], text[], text[], text[], text[], text[], bytea[], bytea[], text[], text[], text[])",
 ];
 
 /// The kinds of login role [`add_login`] makes.

@@ -709,6 +709,66 @@ fn lost_claim(key: &str, row: &Row) -> Result<Acquired> {
     })
 }
 
+/// The answers of a batch acquire from its rows (`huddle_claim_acquire_batch`'s
+/// columns starting at `offset`): one per request tried; an error when a tried request
+/// went unanswered.
+fn batch_answers<'r>(
+    requests: &[ClaimRequest],
+    rows: impl Iterator<Item = &'r Row>,
+    offset: usize,
+) -> Result<Vec<Option<Acquired>>> {
+    let mut out: Vec<Option<Acquired>> = vec![None; requests.len()];
+    let mut answered = vec![false; requests.len()];
+    for row in rows {
+        let idx: i32 = row.try_get(offset).map_err(map_pg)?;
+        let Some(i) = usize::try_from(idx).ok().and_then(|i| i.checked_sub(1)) else {
+            return Err(StoreError::Backend(format!(
+                "batch acquire answered for request {idx}"
+            )));
+        };
+        let Some(r) = requests.get(i) else {
+            return Err(StoreError::Backend(format!(
+                "batch acquire answered for request {idx} of {}",
+                requests.len()
+            )));
+        };
+        answered[i] = true;
+        let won: bool = row.try_get(offset + 4).map_err(map_pg)?;
+        let state = ClaimState {
+            key: r.key.clone(),
+            holder: row.try_get(offset + 1).map_err(map_pg)?,
+            epoch: Epoch(row.try_get(offset + 2).map_err(map_pg)?),
+            expires_at: Timestamp(row.try_get(offset + 3).map_err(map_pg)?),
+        };
+        out[i] = Some(if won {
+            Acquired::Won(state)
+        } else {
+            let closed_by: Option<Vec<u8>> = row.try_get(offset + 5).map_err(map_pg)?;
+            match closed_by {
+                None => Acquired::HeldBy(state),
+                Some(by) => Acquired::Closed {
+                    by: InteractionId::from_slice(&by).map_err(|e| {
+                        StoreError::Backend(format!("claim {:?} has a bad closed_by: {e}", r.key))
+                    })?,
+                    state,
+                },
+            }
+        });
+    }
+    // A request that was tried answers a row: one the batch left unanswered had
+    // its condition unmet, or its row vanished (deleted by hand) mid-statement.
+    for (i, r) in requests.iter().enumerate() {
+        let tried = crate::traits::tried(r, &out);
+        if tried && !answered[i] {
+            return Err(StoreError::Backend(format!(
+                "claim {:?} neither acquired nor found",
+                r.key
+            )));
+        }
+    }
+    Ok(out)
+}
+
 #[async_trait]
 impl Ledger for PgStore {
     fn limits(&self) -> &Limits {
@@ -917,59 +977,7 @@ impl Claims for PgStore {
             .await
             .map_err(map_pg)?;
         drop(client);
-        let mut out: Vec<Option<Acquired>> = vec![None; requests.len()];
-        let mut answered = vec![false; requests.len()];
-        for row in &rows {
-            let idx: i32 = row.try_get(0).map_err(map_pg)?;
-            let Some(i) = usize::try_from(idx).ok().and_then(|i| i.checked_sub(1)) else {
-                return Err(StoreError::Backend(format!(
-                    "batch acquire answered for request {idx}"
-                )));
-            };
-            let Some(r) = requests.get(i) else {
-                return Err(StoreError::Backend(format!(
-                    "batch acquire answered for request {idx} of {}",
-                    requests.len()
-                )));
-            };
-            answered[i] = true;
-            let won: bool = row.try_get(4).map_err(map_pg)?;
-            let state = ClaimState {
-                key: r.key.clone(),
-                holder: row.try_get(1).map_err(map_pg)?,
-                epoch: Epoch(row.try_get(2).map_err(map_pg)?),
-                expires_at: Timestamp(row.try_get(3).map_err(map_pg)?),
-            };
-            out[i] = Some(if won {
-                Acquired::Won(state)
-            } else {
-                let closed_by: Option<Vec<u8>> = row.try_get(5).map_err(map_pg)?;
-                match closed_by {
-                    None => Acquired::HeldBy(state),
-                    Some(by) => Acquired::Closed {
-                        by: InteractionId::from_slice(&by).map_err(|e| {
-                            StoreError::Backend(format!(
-                                "claim {:?} has a bad closed_by: {e}",
-                                r.key
-                            ))
-                        })?,
-                        state,
-                    },
-                }
-            });
-        }
-        // A request that was tried answers a row: one the batch left unanswered had
-        // its condition unmet, or its row vanished (deleted by hand) mid-statement.
-        for (i, r) in requests.iter().enumerate() {
-            let tried = crate::traits::tried(r, &out);
-            if tried && !answered[i] {
-                return Err(StoreError::Backend(format!(
-                    "claim {:?} neither acquired nor found",
-                    r.key
-                )));
-            }
-        }
-        Ok(out)
+        batch_answers(requests, rows.iter(), 0)
     }
 
     async fn renew(
@@ -1034,6 +1042,7 @@ impl Claims for PgStore {
     }
 }
 
+#[async_trait::async_trait]
 impl Store for PgStore {
     fn backend_name(&self) -> &'static str {
         "postgres"
@@ -1048,6 +1057,93 @@ impl Store for PgStore {
 
     fn signer(&self) -> Option<huddle_core::keys::WriterKey> {
         self.options.signer.as_ref().map(|s| s.public())
+    }
+
+    async fn acquire_and_append(
+        &self,
+        requests: &[ClaimRequest],
+        appends: Vec<crate::ConditionalAppend>,
+    ) -> Result<crate::Handoff> {
+        crate::traits::check_claim_batch(requests)?;
+        crate::traits::check_appends(requests, &appends)?;
+        let batch: Vec<NewInteraction> = appends.iter().flat_map(|a| a.rows.clone()).collect();
+        let (ids, bodies) = self.validate(&batch)?;
+        let sigs = self.signatures(&ids);
+        let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
+        let holders: Vec<&str> = requests.iter().map(|r| r.holder.as_str()).collect();
+        let ttls: Vec<i64> = requests.iter().map(|r| micros(r.ttl)).collect();
+        let one_based = |i: usize| i32::try_from(i + 1).unwrap_or(i32::MAX);
+        let after: Vec<i32> = requests
+            .iter()
+            .map(|r| r.after.map_or(0, one_based))
+            .collect();
+        let mut cond_group: Vec<i32> = Vec::new();
+        let mut cond_idx: Vec<i32> = Vec::new();
+        let mut cond_epoch: Vec<i64> = Vec::new();
+        let mut row_group: Vec<i32> = Vec::with_capacity(batch.len());
+        for (g, a) in appends.iter().enumerate() {
+            for (i, e) in &a.when_won {
+                cond_group.push(one_based(g));
+                cond_idx.push(one_based(*i));
+                cond_epoch.push(e.get());
+            }
+            row_group.extend(std::iter::repeat_n(one_based(g), a.rows.len()));
+        }
+        let columns = Columns::new(&batch, &ids, &bodies, &sigs);
+        let [p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19] = columns.params();
+        let params: [&(dyn ToSql + Sync); 19] = [
+            &keys,
+            &holders,
+            &ttls,
+            &after,
+            &cond_group,
+            &cond_idx,
+            &cond_epoch,
+            &row_group,
+            p9,
+            p10,
+            p11,
+            p12,
+            p13,
+            p14,
+            p15,
+            p16,
+            p17,
+            p18,
+            p19,
+        ];
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql::HANDOFF).await.map_err(map_pg)?;
+        let rows = client.query(&statement, &params).await.map_err(map_pg)?;
+        drop(client);
+        let kind = |r: &Row| r.try_get::<_, i32>(0).unwrap_or(-1);
+        let acquired = batch_answers(requests, rows.iter().filter(|r| kind(r) == 0), 1)?;
+        let mut inserted: HashSet<Vec<u8>> = HashSet::new();
+        for r in rows.iter().filter(|r| kind(r) == 1) {
+            inserted.insert(r.try_get(7).map_err(map_pg)?);
+        }
+        let mut appended = Vec::with_capacity(appends.len());
+        let mut next = 0usize;
+        let mut all = Vec::new();
+        for a in &appends {
+            let these = &ids[next..next + a.rows.len()];
+            next += a.rows.len();
+            if crate::traits::conditions_hold(a, requests, &acquired).is_none() {
+                appended.push(None);
+                continue;
+            }
+            let out: Vec<Appended> = these
+                .iter()
+                .map(|id| Appended {
+                    id: *id,
+                    inserted: inserted.contains(&id.0[..]),
+                })
+                .collect();
+            all.extend(out.iter().copied());
+            appended.push(Some(out));
+        }
+        self.appended(&all);
+        Ok(crate::Handoff { acquired, appended })
     }
 }
 

@@ -77,6 +77,17 @@ pub(crate) const FENCE_REFUSED: &str = "HUF01";
 pub(crate) const ACQUIRE_BATCH: &str = "SELECT o_idx, o_holder, o_epoch, o_expires_us, \
 o_won, o_closed_by FROM huddle_claim_acquire_batch($1::text[], $2::text[], $3::int8[], $4::int4[])";
 
+/// A hand-off in one statement (migration 0011's `huddle_handoff`): the batch acquire
+/// `$1..$4` as [`ACQUIRE_BATCH`], the conditions `$5..$7` (group, 1-based request,
+/// epoch), each row's group `$8`, and the row columns `$9..$19` as [`APPEND_UNDER`]'s
+/// `$5..$15`. Rows with `o_kind` 0 answer the requests as [`ACQUIRE_BATCH`] does;
+/// rows with `o_kind` 1 name the rows inserted.
+pub(crate) const HANDOFF: &str = "SELECT o_kind, o_idx, o_holder, o_epoch, o_expires_us, \
+o_won, o_closed_by, o_id, o_ikey FROM huddle_handoff($1::text[], $2::text[], $3::int8[], \
+$4::int4[], $5::int4[], $6::int4[], $7::int8[], $8::int4[], $9::bytea[], $10::text[], \
+$11::text[], $12::text[], $13::text[], $14::text[], $15::bytea[], $16::bytea[], $17::text[], \
+$18::text[], $19::text[])";
+
 /// The columns every read decodes, in this order. (The first is named `txid` but is
 /// text: ORDER BY must name `interaction.txid`, or it would sort by the text.)
 macro_rules! row_columns {

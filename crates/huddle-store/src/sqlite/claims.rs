@@ -139,16 +139,25 @@ pub(crate) fn acquire_batch(
     requests: &[ClaimRequest],
 ) -> Result<Vec<Option<Acquired>>> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let out = acquire_batch_in(&tx, requests)?;
+    tx.commit()?;
+    Ok(out)
+}
+
+/// A batch acquire inside the caller's write transaction.
+pub(crate) fn acquire_batch_in(
+    tx: &Connection,
+    requests: &[ClaimRequest],
+) -> Result<Vec<Option<Acquired>>> {
     let mut out: Vec<Option<Acquired>> = Vec::with_capacity(requests.len());
     for r in requests {
         let tried = crate::traits::tried(r, &out);
         out.push(if tried {
-            Some(acquire_in(&tx, &r.key, &r.holder, r.ttl)?)
+            Some(acquire_in(tx, &r.key, &r.holder, r.ttl)?)
         } else {
             None
         });
     }
-    tx.commit()?;
     Ok(out)
 }
 

@@ -151,6 +151,45 @@ impl Inner {
         Ok(out)
     }
 
+    /// A hand-off in one `BEGIN IMMEDIATE` transaction: the batch acquire, then each
+    /// conditional append whose claims were won at the epochs it expects (the insert
+    /// triggers check them as for any fenced append).
+    fn acquire_and_append(
+        &self,
+        requests: &[ClaimRequest],
+        appends: &[crate::ConditionalAppend],
+    ) -> Result<crate::Handoff> {
+        crate::traits::check_claim_batch(requests)?;
+        crate::traits::check_appends(requests, appends)?;
+        for a in appends {
+            ledger::validate_batch(&self.options.limits, &a.rows)?;
+        }
+        let out = self.write(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let acquired = claims::acquire_batch_in(&tx, requests)?;
+            let mut appended = Vec::with_capacity(appends.len());
+            for a in appends {
+                appended.push(
+                    match crate::traits::conditions_hold(a, requests, &acquired) {
+                        Some(_) => Some(ledger::insert_batch(
+                            &tx,
+                            &self.options.relay,
+                            self.options.signer.as_ref(),
+                            &a.rows,
+                        )?),
+                        None => None,
+                    },
+                );
+            }
+            tx.commit()?;
+            Ok(crate::Handoff { acquired, appended })
+        })?;
+        if out.appended.iter().flatten().flatten().any(|a| a.inserted) {
+            self.ring();
+        }
+        Ok(out)
+    }
+
     /// Reads up to `limit` rows after `after` (of `room` only, when given), verifying
     /// each outside the connection lock.
     fn read_forward(&self, room: Option<&str>, after: Position, limit: usize) -> Result<ReadBatch> {
@@ -403,6 +442,7 @@ impl Claims for SqliteStore {
     }
 }
 
+#[async_trait::async_trait]
 impl Store for SqliteStore {
     fn backend_name(&self) -> &'static str {
         "sqlite"
@@ -414,5 +454,15 @@ impl Store for SqliteStore {
 
     fn signer(&self) -> Option<huddle_core::keys::WriterKey> {
         self.inner.options.signer.as_ref().map(|s| s.public())
+    }
+
+    async fn acquire_and_append(
+        &self,
+        requests: &[ClaimRequest],
+        appends: Vec<crate::ConditionalAppend>,
+    ) -> Result<crate::Handoff> {
+        let requests = requests.to_vec();
+        self.blocking(move |inner| inner.acquire_and_append(&requests, &appends))
+            .await
     }
 }
