@@ -18,7 +18,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use huddle_core::sync::ClaimKey;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -52,16 +51,16 @@ impl ClaimKind {
         ClaimKind::Other,
     ];
 
-    /// The kind of claim `key` is.
+    /// The kind of claim `key` is, by its first part (the key shapes of
+    /// [`ClaimKey`](huddle_core::sync::ClaimKey); no parse, no allocation: this is on
+    /// the relay's hot path).
     pub fn of(key: &str) -> ClaimKind {
-        match ClaimKey::parse(key) {
-            Some(ClaimKey::Reply { .. } | ClaimKey::DirectedReply { .. }) => ClaimKind::Reply,
-            Some(ClaimKey::Task { .. }) => ClaimKind::Task,
-            Some(ClaimKey::Review { .. }) => ClaimKind::Review,
-            Some(
-                ClaimKey::Drive { .. } | ClaimKey::TaskDrive { .. } | ClaimKey::ReviewDrive { .. },
-            ) => ClaimKind::Drive,
-            None => ClaimKind::Other,
+        match key.split('/').next() {
+            Some("reply") => ClaimKind::Reply,
+            Some("task") => ClaimKind::Task,
+            Some("review") => ClaimKind::Review,
+            Some("drive" | "taskdrive" | "reviewdrive") => ClaimKind::Drive,
+            _ => ClaimKind::Other,
         }
     }
 
@@ -526,6 +525,22 @@ mod tests {
 
     #[test]
     fn claim_kinds() {
+        use huddle_core::sync::ClaimKey;
+        // Every key shape the core makes, by its first part.
+        let m = "ab".repeat(32);
+        for (key, kind) in [
+            (format!("reply/r/{m}"), ClaimKind::Reply),
+            (format!("reply/r/{m}/ava"), ClaimKind::Reply),
+            (format!("drive/r/ava/{m}"), ClaimKind::Drive),
+            ("task/r/t".to_string(), ClaimKind::Task),
+            ("task/r/t/2".to_string(), ClaimKind::Task),
+            ("taskdrive/r/t".to_string(), ClaimKind::Drive),
+            ("review/r/t".to_string(), ClaimKind::Review),
+            ("reviewdrive/r/t".to_string(), ClaimKind::Drive),
+        ] {
+            assert_eq!(ClaimKind::of(&key), kind, "{key}");
+            assert!(ClaimKey::parse(&key).is_some(), "{key}");
+        }
         assert_eq!(ClaimKind::of("task/r/t"), ClaimKind::Task);
         assert_eq!(ClaimKind::of("relay/r0"), ClaimKind::Other);
         assert_eq!(ClaimKind::of("nonsense"), ClaimKind::Other);
