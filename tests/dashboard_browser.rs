@@ -2,9 +2,11 @@
 //! `chromedriver`'s WebDriver protocol (plain JSON over HTTP, spoken by the small
 //! client below, so no WebDriver crate is compiled). The room page of `huddle serve`
 //! loads, shows the board and the DAG, and follows the room live: a relay's
-//! completions turn the DAG's nodes done, the owner's message and huddle's answer to
-//! an owner command appear in the timeline, and a killed relay's agent turns offline
-//! — each within a bounded wait, with no console errors.
+//! completions turn the DAG's nodes done, the owner types a message and an owner
+//! command into the page's post box (`huddle serve --owner`) and they appear in the
+//! timeline (the message within a second), with huddle's answer to the command beside
+//! the box, and a killed relay's agent turns offline — each within a bounded wait,
+//! with no console errors.
 //!
 //! Needs `/usr/bin/chromium` and `/usr/bin/chromedriver` (`apt-get install chromium
 //! chromium-driver`; `.ci/run` installs them); fails, saying so, without them.
@@ -222,6 +224,36 @@ impl Browser {
         }
     }
 
+    /// The WebDriver id of the element `css` selects.
+    fn element(&self, css: &str) -> String {
+        let v = self.cmd(
+            "POST",
+            "element",
+            Some(&json!({"using": "css selector", "value": css})),
+        );
+        v.as_object()
+            .and_then(|o| o.values().next())
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("no element {css}: {v}"))
+            .to_string()
+    }
+
+    /// Types `text` into the element `css` selects, as a person would.
+    fn type_into(&self, css: &str, text: &str) {
+        let id = self.element(css);
+        self.cmd(
+            "POST",
+            &format!("element/{id}/value"),
+            Some(&json!({ "text": text })),
+        );
+    }
+
+    /// Clicks the element `css` selects.
+    fn click(&self, css: &str) {
+        let id = self.element(css);
+        self.cmd("POST", &format!("element/{id}/click"), Some(&json!({})));
+    }
+
     /// Console messages of level SEVERE since the last call.
     fn console_errors(&self) -> Vec<Value> {
         let logs = self.cmd("POST", "se/log", Some(&json!({"type": "browser"})));
@@ -315,7 +347,8 @@ async fn the_room_page_follows_the_room_live_in_a_real_browser() {
     seed_tasks(&db, room, &tasks, 60_000).await;
     let total = tasks.len();
 
-    let server = Server::start(&db);
+    // The server posts as the room's owner from its page.
+    let server = Server::start_with(&db, &["--owner", "ana"]);
     let browser = Browser::start();
     let url = format!("http://{}/rooms/{room}", server.addr);
     browser.goto(&url);
@@ -420,46 +453,53 @@ async fn the_room_page_follows_the_room_live_in_a_real_browser() {
         json!(format!("{total}/{total} done"))
     );
 
-    // The owner posts: the message appears as text (its markup escaped, never
-    // parsed); an owner command gets huddle's answer, highlighted.
-    let owner_posts = |text: &str| {
-        let mut c = huddle(&db);
-        c.args(["post", "--room", room, "--as", "ana", text]);
-        ok(c)
-    };
+    // The owner posts from the page's box: the message appears in the timeline within
+    // a second, as text (its markup escaped, never parsed); an owner command typed
+    // there gets huddle's answer beside the box and, highlighted, in the timeline.
+    browser.type_into("#post-text", "ship it <b>now</b> & thanks");
     let posted = Instant::now();
-    owner_posts("ship it <b>now</b> & thanks");
-    browser.wait_for(
-        "the owner's message appears",
-        secs(3),
+    browser.click("#post-send");
+    let took = browser.wait_for(
+        "the owner's message appears within a second",
+        secs(1),
         "return Array.from(document.querySelectorAll('#timeline-list li.message .text')) \
          .some(function (t) { return t.textContent === 'ship it <b>now</b> & thanks'; });",
     );
     eprintln!(
-        "the owner's message was on the page {:?} after `huddle post` began",
+        "the owner's message was on the page {:?} after the click ({took:?} of waiting)",
         posted.elapsed()
     );
     assert_eq!(
         browser.js("return document.querySelectorAll('#timeline-list b').length;"),
         json!(0)
     );
-    owner_posts("!config get claim-ttl");
+    assert_eq!(
+        browser.js("return document.getElementById('post-text').value;"),
+        json!(""),
+        "the box is emptied once posted"
+    );
+    browser.type_into("#post-text", "!config get claim-ttl");
+    browser.click("#post-send");
     browser.wait_for(
-        "the owner's command and huddle's answer appear, highlighted",
-        secs(10),
+        "huddle's answer to the command beside the box",
+        secs(15),
+        "var a = document.getElementById('post-answer'); \
+         return !a.hidden && a.textContent.indexOf('claim-ttl = ') >= 0;",
+    );
+    browser.wait_for(
+        "the owner's command and huddle's answer appear in the timeline, highlighted",
+        secs(5),
         "function has(cls, text) { \
            return Array.from(document.querySelectorAll('#timeline-list li.' + cls + ' .text')) \
              .some(function (t) { return t.textContent.indexOf(text) >= 0; }); } \
          return has('command', '!config get claim-ttl') && has('answer', 'claim-ttl');",
     );
-    // The timeline by thread: a message in thread `design` adds the thread to the
-    // filter; filtering shows that thread's messages only.
-    ok({
-        let mut c = huddle(&db);
-        c.args(["post", "--room", room, "--as", "ana", "--thread", "design"])
-            .arg("a note on the design");
-        c
-    });
+    browser.screenshot("dashboard-owner-answer.png");
+    // The timeline by thread: a message posted in thread `design` adds the thread to
+    // the filter; filtering shows that thread's messages only.
+    browser.type_into("#post-thread", "design");
+    browser.type_into("#post-text", "a note on the design");
+    browser.click("#post-send");
     browser.wait_for(
         "the thread appears in the filter",
         secs(5),

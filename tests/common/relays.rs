@@ -433,10 +433,25 @@ impl RelayProcess {
         log: &Path,
         filter: &str,
     ) -> Self {
+        Self::spawn_with_args(id, agents, database, config, log, filter, &[])
+    }
+
+    /// [`RelayProcess::spawn_logging`] with more `huddle relay` flags (e.g.
+    /// `--metrics 127.0.0.1:0`).
+    pub fn spawn_with_args(
+        id: &str,
+        agents: Vec<String>,
+        database: &str,
+        config: &Path,
+        log: &Path,
+        filter: &str,
+        flags: &[&str],
+    ) -> Self {
         let log_file = std::fs::File::create(log).expect("create the relay log");
         let mut child = Command::new(huddle_bin())
             .args(["relay", "--config"])
             .arg(config)
+            .args(flags)
             .env("HUDDLE_DB", database)
             .env("HUDDLE_LOG", filter)
             .env("HUDDLE_POLL_MS", "200")
@@ -464,6 +479,29 @@ impl RelayProcess {
             log: log.to_path_buf(),
             paused: false,
             exited: false,
+        }
+    }
+
+    /// Waits up to `limit` for a line of the relay's standard output satisfying
+    /// `pred` (lines before it are dropped); panics with the log otherwise.
+    pub fn expect_stdout_line(
+        &self,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stdout.recv_timeout(left) {
+                Ok(line) if pred(&line) => return line,
+                Ok(_) => continue,
+                Err(_) => panic!(
+                    "relay {}: no {what} within {limit:?}\n{}",
+                    self.id,
+                    self.log_tail(40)
+                ),
+            }
         }
     }
 
@@ -962,6 +1000,13 @@ impl Huddle {
         self.spawn_relay_full(id, agents, &url, filter, "");
     }
 
+    /// [`Huddle::spawn_relay`] with more `huddle relay` flags (e.g. `--metrics
+    /// 127.0.0.1:0`).
+    pub fn spawn_relay_flags(&mut self, id: &str, agents: Vec<AgentSpec>, flags: &[&str]) {
+        let url = self.db.url.clone();
+        self.spawn_relay_inner(id, agents, &url, None, "", flags);
+    }
+
     fn spawn_relay_full(
         &mut self,
         id: &str,
@@ -969,6 +1014,18 @@ impl Huddle {
         database: &str,
         filter: Option<&str>,
         toml: &str,
+    ) {
+        self.spawn_relay_inner(id, agents, database, filter, toml, &[]);
+    }
+
+    fn spawn_relay_inner(
+        &mut self,
+        id: &str,
+        agents: Vec<AgentSpec>,
+        database: &str,
+        filter: Option<&str>,
+        toml: &str,
+        flags: &[&str],
     ) {
         assert!(
             !self.relays.get_mut(id).is_some_and(|r| r.is_running()),
@@ -983,10 +1040,10 @@ impl Huddle {
         let n = self.relays.keys().filter(|k| k.starts_with(id)).count();
         let log = self.dir.path().join(format!("{id}.{n}.log"));
         let keys = agents.iter().map(|a| a.key.clone()).collect();
-        let p = match filter {
-            Some(f) => RelayProcess::spawn_logging(id, keys, database, &config, &log, f),
-            None => RelayProcess::spawn(id, keys, database, &config, &log),
-        };
+        let filter = filter
+            .map(str::to_string)
+            .unwrap_or_else(|| std::env::var("HUDDLE_E2E_LOG").unwrap_or_else(|_| "warn".into()));
+        let p = RelayProcess::spawn_with_args(id, keys, database, &config, &log, &filter, flags);
         self.relays.insert(id.to_string(), p);
     }
 

@@ -228,9 +228,6 @@ pub async fn room_rotate_key(
     Ok(())
 }
 
-/// `huddle post`. An owner command (`!delegate`, `!config`) by the room's owner is
-/// signed with the owner's key; without that key the text is posted as an ordinary
-/// message and [`NotSigned`] says why.
 /// Who posts with `huddle post`, where, and in answer to what.
 pub struct Speaker<'a> {
     /// Who is speaking.
@@ -251,36 +248,37 @@ fn answers(row: &huddle_core::Interaction, message: huddle_core::InteractionId) 
     row.parent == Some(message) && row.verb == Verb::MessagePosted
 }
 
-/// Waits up to `limit` for the first answer to `message` in `room` and prints it.
-async fn wait_for_answer(
+/// Waits up to `limit` for the first answer to `message` in `room` — a message whose
+/// parent is `message`: an agent's reply, or huddle's answer to an owner command —
+/// reading the room forward from `after` (any cursor from before `message` was
+/// appended), then every new row as the store's doorbell rings. `Ok(None)` when none
+/// came in time. `huddle post --wait` and `huddle serve --owner` both wait so.
+pub async fn await_answer(
     store: Arc<dyn Store>,
     room: &str,
     message: huddle_core::InteractionId,
+    after: Position,
     limit: std::time::Duration,
-) -> anyhow::Result<()> {
-    let print = |row: &huddle_core::Interaction| {
-        let text = row.body.get("text").and_then(|t| t.as_str()).unwrap_or("");
-        println!("{} ({}): {text}", row.actor, row.role);
-    };
-    let mut cursor = Position::START;
-    loop {
-        let batch = store.read_room(room, cursor, 1000).await?;
-        if let Some(row) = batch.rows.iter().find(|r| answers(r, message)) {
-            print(row);
-            return Ok(());
+) -> anyhow::Result<Option<huddle_core::Interaction>> {
+    let is_answer = |r: &huddle_core::Interaction| r.room == room && answers(r, message);
+    let wait = async {
+        let mut cursor = after;
+        loop {
+            let batch = store.read_room(room, cursor, 1000).await?;
+            if let Some(row) = batch.rows.into_iter().find(is_answer) {
+                return Ok(row);
+            }
+            if batch.next == cursor {
+                break;
+            }
+            cursor = batch.next;
         }
-        if batch.next == cursor {
-            break;
-        }
-        cursor = batch.next;
-    }
-    let ledger: Arc<dyn huddle_store::Ledger> = store;
-    let mut sub = Subscription::new(ledger, cursor, 1000);
-    let found = tokio::time::timeout(limit, async {
+        let ledger: Arc<dyn huddle_store::Ledger> = store.clone();
+        let mut sub = Subscription::new(ledger, cursor, 1000);
         loop {
             match sub.next().await {
                 Ok(batch) => {
-                    if let Some(row) = batch.rows.into_iter().find(|r| answers(r, message)) {
+                    if let Some(row) = batch.rows.into_iter().find(is_answer) {
                         return Ok(row);
                     }
                 }
@@ -291,14 +289,27 @@ async fn wait_for_answer(
                 Err(e) => return Err(anyhow::Error::from(e)),
             }
         }
-    })
-    .await;
-    match found {
-        Ok(row) => {
-            print(&row?);
+    };
+    match tokio::time::timeout(limit, wait).await {
+        Ok(found) => found.map(Some),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Waits up to `limit` for the first answer to `message` in `room` and prints it.
+async fn wait_for_answer(
+    store: Arc<dyn Store>,
+    room: &str,
+    message: huddle_core::InteractionId,
+    limit: std::time::Duration,
+) -> anyhow::Result<()> {
+    match await_answer(store, room, message, Position::START, limit).await? {
+        Some(row) => {
+            let text = row.body.get("text").and_then(|t| t.as_str()).unwrap_or("");
+            println!("{} ({}): {text}", row.actor, row.role);
             Ok(())
         }
-        Err(_) => bail!(
+        None => bail!(
             "no reply to {} within {} s (is a relay running for room {room}? `huddle tail --room {room}` shows what happened)",
             message.short(),
             limit.as_secs_f64()
@@ -358,6 +369,123 @@ async fn find_interaction(
     }
 }
 
+/// The owner's key as a poster has it: the file it is read from (named in errors) and
+/// the key, if the file exists.
+pub struct OwnerKey<'a> {
+    /// Where the key is read from.
+    pub path: &'a Path,
+    /// The key; `None` when there is no such file.
+    pub secret: Option<&'a huddle_core::signing::OwnerSecret>,
+}
+
+/// A message to append: who says what where.
+pub struct Outgoing<'a> {
+    /// The room.
+    pub room: &'a str,
+    /// Who says it.
+    pub actor: &'a str,
+    /// `owner` when the actor owns the room, else `human`.
+    pub role: Role,
+    /// The text.
+    pub text: &'a str,
+    /// The thread, if any.
+    pub thread: Option<String>,
+    /// The message answered, if any (its thread is used when none is given).
+    pub parent: Option<&'a huddle_core::Interaction>,
+    /// The owner's key, for an owner (`None`: not at hand).
+    pub key: Option<OwnerKey<'a>>,
+}
+
+/// The message `huddle post` (and `huddle serve --owner`) appends, and — for an
+/// owner command that cannot be signed with the room's owner key — why it will not be
+/// executed. An owner's command is signed with the owner's key; the owner's other
+/// messages are signed when the key is the room's. `config` is the room's as the
+/// owner authority folds it (owner and key). Fails when every reader would ignore the
+/// row (the room requires signatures the poster cannot make).
+pub fn compose_message(
+    store: &dyn Store,
+    config: &ConfigFold,
+    out: Outgoing<'_>,
+) -> anyhow::Result<(NewInteraction, Option<String>)> {
+    let Outgoing {
+        room,
+        actor,
+        role,
+        text,
+        thread,
+        parent,
+        key,
+    } = out;
+    // A nonce makes every post a new message: the same text said twice is said twice.
+    let mut seed = [0u8; 16];
+    getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("no randomness for a nonce: {e}"))?;
+    let nonce = huddle_core::protocol::nonce_from(&seed);
+    let mut message = NewInteraction::new(
+        room,
+        Verb::MessagePosted,
+        actor,
+        role,
+        json!({ "text": text, "nonce": nonce }),
+    );
+    message.thread = thread;
+    if let Some(parent) = parent {
+        if message.thread.is_none() {
+            message.thread = parent.thread.clone();
+        }
+        message = message.with_parent(parent.id);
+    }
+    let mut not_signed = None;
+    let is_command = command_word(text).is_some();
+    let mut owner_signed = false;
+    let room_key = config.owner_key(room);
+    if let (Role::Owner, Some(key)) = (role, key.as_ref()) {
+        match (key.secret, room_key) {
+            (Some(secret), Some(k)) if secret.public() == k => {
+                message = secret.sign(message);
+                owner_signed = true;
+            }
+            // The owner's other messages are signed when the key is at hand (a room
+            // that requires signatures counts them then); without it they are posted
+            // as they are.
+            _ if !is_command => {}
+            (_, None) => {
+                not_signed = Some(format!("room {room} has no owner key to sign for"));
+            }
+            (Some(secret), Some(k)) => {
+                not_signed = Some(format!(
+                    "the key in {} ({}) is not the room's owner key ({})",
+                    key.path.display(),
+                    secret.public().short(),
+                    k.short()
+                ));
+            }
+            (None, Some(_)) => {
+                not_signed = Some(format!(
+                    "no owner key for {actor} at {} (use --key PATH or HUDDLE_OWNER_KEY)",
+                    key.path.display()
+                ));
+            }
+        }
+    }
+    // A row every reader would ignore is not posted: the room requires signatures
+    // (or registers keys for this writer) and neither the owner's key nor a
+    // registered writer key signs it.
+    if let (false, Some(writer)) = (owner_signed, store.writer()) {
+        let effective = config.effective(room, None);
+        let signer = store.signer();
+        if let Err(e) = signing_refusal(&effective, room, &writer, signer.as_ref()) {
+            let owner = not_signed
+                .map(|why| format!("; it is not signed with the owner's key either: {why}"))
+                .unwrap_or_default();
+            anyhow::bail!("not posted, every reader would ignore it: {e}{owner}");
+        }
+    }
+    Ok((message, not_signed))
+}
+
+/// `huddle post`. An owner command (`!delegate`, `!config`) by the room's owner is
+/// signed with the owner's key; without that key the text is posted as an ordinary
+/// message and [`NotSigned`] says why.
 pub async fn post(
     url: &str,
     options: StoreOptions,
@@ -387,81 +515,41 @@ pub async fn post(
     } else {
         Role::Human
     };
-    // A nonce makes every post a new message: the same text said twice is said twice.
-    let mut seed = [0u8; 16];
-    getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("no randomness for a nonce: {e}"))?;
-    let nonce = huddle_core::protocol::nonce_from(&seed);
-    let mut message = NewInteraction::new(
-        room,
-        Verb::MessagePosted,
-        actor,
-        role,
-        json!({ "text": text, "nonce": nonce }),
-    );
-    message.thread = thread;
-    if let Some(wanted) = reply_to {
-        let parent = find_interaction(&*store, room, wanted).await?;
-        if message.thread.is_none() {
-            message.thread = parent.thread.clone();
-        }
-        message = message.with_parent(parent.id);
-    }
-    let mut not_signed = None;
+    let parent = match reply_to {
+        Some(wanted) => Some(find_interaction(&*store, room, wanted).await?),
+        None => None,
+    };
     let config = room_authority(&*store, room).await?;
-    let is_command = command_word(&text).is_some();
-    let mut owner_signed = false;
-    if role == Role::Owner && !is_command {
-        // The owner's other messages are signed too when the key is at hand (a room
-        // that requires signatures counts them then); without it they are posted as
-        // they are.
-        let path = keys::key_path(actor, key_flag)?;
-        if let (Ok(Some(secret)), Some(k)) = (keys::load(&path), config.owner_key(room)) {
-            if secret.public() == k {
-                message = secret.sign(message);
-                owner_signed = true;
-            }
+    // The owner's key: a command needs it (a file that cannot be read is an error); the
+    // owner's other messages use it when it is at hand.
+    let key = match role {
+        Role::Owner => {
+            let path = keys::key_path(actor, key_flag)?;
+            let secret = if command_word(&text).is_some() {
+                keys::load(&path)?
+            } else {
+                keys::load(&path).ok().flatten()
+            };
+            Some((path, secret))
         }
-    }
-    if role == Role::Owner && is_command {
-        let path = keys::key_path(actor, key_flag)?;
-        let room_key = config.owner_key(room);
-        match (keys::load(&path)?, room_key) {
-            (Some(secret), Some(k)) if secret.public() == k => {
-                message = secret.sign(message);
-                owner_signed = true;
-            }
-            (_, None) => {
-                not_signed = Some(format!("room {room} has no owner key to sign for"));
-            }
-            (Some(secret), Some(k)) => {
-                not_signed = Some(format!(
-                    "the key in {} ({}) is not the room's owner key ({})",
-                    path.display(),
-                    secret.public().short(),
-                    k.short()
-                ));
-            }
-            (None, Some(_)) => {
-                not_signed = Some(format!(
-                    "no owner key for {actor} at {} (use --key PATH or HUDDLE_OWNER_KEY)",
-                    path.display()
-                ));
-            }
-        }
-    }
-    // A row every reader would ignore is not posted: the room requires signatures
-    // (or registers keys for this writer) and neither the owner's key nor a
-    // registered writer key signs it.
-    if let (false, Some(writer)) = (owner_signed, store.writer()) {
-        let effective = config.effective(room, None);
-        let signer = store.signer();
-        if let Err(e) = signing_refusal(&effective, room, &writer, signer.as_ref()) {
-            let owner = not_signed
-                .map(|why| format!("; it is not signed with the owner's key either: {why}"))
-                .unwrap_or_default();
-            anyhow::bail!("not posted, every reader would ignore it: {e}{owner}");
-        }
-    }
+        _ => None,
+    };
+    let (message, not_signed) = compose_message(
+        &*store,
+        &config,
+        Outgoing {
+            room,
+            actor,
+            role,
+            text: &text,
+            thread,
+            parent: parent.as_ref(),
+            key: key.as_ref().map(|(path, secret)| OwnerKey {
+                path,
+                secret: secret.as_ref(),
+            }),
+        },
+    )?;
     let out = store.append(vec![message]).await?;
     store.flush().await;
     println!("{}", out[0].id);
@@ -657,7 +745,7 @@ pub async fn claim_rows(
 }
 
 /// One room of `huddle room list`.
-#[derive(Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct RoomRow {
     /// The room.
     pub room: String,
@@ -696,31 +784,59 @@ pub async fn room_list(url: &str, options: StoreOptions, json_out: bool) -> anyh
 /// Every room in the ledger with its owner and row count, by name: what `huddle room
 /// list --json` prints (and `huddle serve` answers).
 pub async fn room_rows(store: &dyn Store) -> anyhow::Result<Vec<RoomRow>> {
-    let mut rooms: std::collections::BTreeMap<String, RoomRow> = Default::default();
+    let mut rooms = RoomRows::default();
     let mut cursor = Position::START;
     loop {
         let batch = store.read_forward(cursor, 1000).await?;
         for row in &batch.rows {
-            let entry = rooms.entry(row.room.clone()).or_insert_with(|| RoomRow {
-                room: row.room.clone(),
-                owner: None,
-                rows: 0,
-                last_at: None,
-            });
-            entry.rows += 1;
-            entry.last_at = entry.last_at.max(Some(row.at));
-            if entry.owner.is_none() && row.verb == Verb::RoomCreated {
-                entry.owner = row
-                    .body
-                    .get("owner")
-                    .and_then(|o| o.as_str())
-                    .map(String::from);
-            }
+            rooms.apply(row);
         }
         if batch.next == cursor {
             break;
         }
         cursor = batch.next;
     }
-    Ok(rooms.into_values().collect())
+    Ok(rooms.rows())
+}
+
+/// The fold behind `huddle room list`: every room's owner (its first `room.created`),
+/// rows and latest row, folded row by row (so `huddle serve` keeps one and reads only
+/// what is new).
+#[derive(Debug, Default)]
+pub struct RoomRows {
+    rooms: std::collections::BTreeMap<String, RoomRow>,
+}
+
+impl RoomRows {
+    /// Folds one verified row.
+    pub fn apply(&mut self, row: &huddle_core::Interaction) {
+        let entry = self
+            .rooms
+            .entry(row.room.clone())
+            .or_insert_with(|| RoomRow {
+                room: row.room.clone(),
+                owner: None,
+                rows: 0,
+                last_at: None,
+            });
+        entry.rows += 1;
+        entry.last_at = entry.last_at.max(Some(row.at));
+        if entry.owner.is_none() && row.verb == Verb::RoomCreated {
+            entry.owner = row
+                .body
+                .get("owner")
+                .and_then(|o| o.as_str())
+                .map(String::from);
+        }
+    }
+
+    /// Every room, by name.
+    pub fn rows(&self) -> Vec<RoomRow> {
+        self.rooms.values().cloned().collect()
+    }
+
+    /// One room, if it has rows.
+    pub fn get(&self, room: &str) -> Option<&RoomRow> {
+        self.rooms.get(room)
+    }
 }

@@ -16,6 +16,7 @@ mod mcp_resources;
 mod output;
 mod pattern_cmds;
 mod relay_cmd;
+mod relay_metrics;
 mod resource_cmds;
 mod scratch;
 mod serve;
@@ -138,6 +139,15 @@ pub enum Command {
         /// is initialised), report one line per agent and exit.
         #[arg(long)]
         check: bool,
+        /// Serve this relay's metrics (the Prometheus / OpenMetrics text format) on
+        /// http://ADDR/metrics: PORT (on 127.0.0.1) or IP:PORT (port 0 picks a free
+        /// one); prints the URL when listening.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
+        /// Allow a --metrics address that is not loopback (anyone who reaches it reads
+        /// the relay's metrics).
+        #[arg(long, requires = "metrics")]
+        metrics_allow_remote: bool,
     },
     /// Create (when absent) and show writer ID's signing key, printed as `ID=<public
     /// key>`: the entry the room owner registers with `!config relay-keys`. The key
@@ -614,11 +624,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Relay {
             config,
             check: true,
+            ..
         } => relay_cmd::check(&config).await,
         Command::Relay {
             config,
             check: false,
-        } => relay_cmd::run(&config, cli.db.clone(), cli.poll_ms).await,
+            metrics,
+            metrics_allow_remote,
+        } => {
+            let metrics = metrics
+                .map(|m| relay_metrics::parse_addr(&m, metrics_allow_remote))
+                .transpose()?;
+            relay_cmd::run(&config, cli.db.clone(), cli.poll_ms, metrics).await
+        }
         Command::Demo(args) => demo::run(args, cli.db.clone(), options).await,
         Command::Board { room, json } => state_cmds::board(&db, options, &room, json).await,
         Command::Tasks {

@@ -115,8 +115,14 @@ pub async fn check(config: &Path) -> anyhow::Result<()> {
 }
 
 /// Runs a relay from a configuration file until Ctrl-C or SIGTERM; prints its
-/// summary (JSON) on exit.
-pub async fn run(config: &Path, db_override: Option<String>, poll_ms: u64) -> anyhow::Result<()> {
+/// summary (JSON) on exit. With `metrics`, serves the relay's metrics there while it
+/// runs (and prints their URL first).
+pub async fn run(
+    config: &Path,
+    db_override: Option<String>,
+    poll_ms: u64,
+    metrics: Option<std::net::SocketAddr>,
+) -> anyhow::Result<()> {
     ignore_sigpipe();
     let mut cfg = RelayConfig::load(config)?;
     if let Some(db) = db_override {
@@ -154,6 +160,11 @@ pub async fn run(config: &Path, db_override: Option<String>, poll_ms: u64) -> an
              `!config relay-keys {writer}={key}`"
         );
     }
+    // Bound before agents start, so a taken port fails the start cleanly.
+    let metrics_server = match metrics {
+        Some(addr) => Some(crate::relay_metrics::MetricsServer::bind(addr).await?),
+        None => None,
+    };
     let agents = hosted_agents(&cfg).await?;
     tracing::info!(relay = %cfg.relay, agents = agents.len(), rooms = ?cfg.rooms, "relay starting");
     let relay = Relay::new(
@@ -169,6 +180,13 @@ pub async fn run(config: &Path, db_override: Option<String>, poll_ms: u64) -> an
         wait_for_signal().await;
         stop.cancel();
     });
+    // The metrics server outlives the relay's shutdown grace, so the last counts can
+    // be scraped until the relay exits.
+    let metrics_stop = CancellationToken::new();
+    let _stop_metrics = metrics_stop.clone().drop_guard();
+    if let Some(server) = metrics_server {
+        tokio::spawn(server.serve(relay.metrics(), metrics_stop));
+    }
     let summary = relay.run(shutdown).await?;
     println!("{}", serde_json::to_string(&summary)?);
     Ok(())

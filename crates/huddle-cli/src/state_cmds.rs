@@ -26,18 +26,85 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Folds every row of `room` that the relays would act on (a `task.created` or
+/// Everything the room views (`huddle board`, `huddle tasks`, the dashboard) are
+/// built from: the room's rows that the relays act on (a `task.created` or
 /// `config.set` no signed owner command produced is left out, as the relays leave it
-/// out); fails when the room was never created.
-async fn fold_room(store: &dyn Store, room: &str) -> anyhow::Result<(Tally, ConfigFold)> {
-    let mut tally = Tally::new(room);
-    let mut config = ConfigFold::new();
-    fold_admitted(store, room, |r| {
-        tally.apply(r);
-        huddle_core::Fold::apply(&mut config, r);
-    })
-    .await?;
-    Ok((tally, config))
+/// out) folded through the task tally, the config, the relays' heartbeats and the
+/// patterns (decisions, barriers, leases, resources, shared state). The CLI folds one
+/// from the start of the room; `huddle serve` keeps one per room and folds new rows
+/// into it as they come (plan 0055), so both build their views from the same state.
+pub struct RoomState {
+    admitted: Admitted,
+    /// The report fold: task DAG, board, per-agent counts.
+    pub tally: Tally,
+    /// The room's config (room and thread overlays).
+    pub config: ConfigFold,
+    /// Each relay's latest heartbeat.
+    pub relays: huddle_core::relays::RelayFold,
+    /// Decisions, barriers, leases, resources and shared state.
+    pub patterns: huddle_agent::Patterns,
+}
+
+impl RoomState {
+    /// An empty state of `room`.
+    pub fn new(room: &str) -> RoomState {
+        RoomState {
+            admitted: Admitted::new(room),
+            tally: Tally::new(room),
+            config: ConfigFold::new(),
+            relays: huddle_core::relays::RelayFold::new(),
+            patterns: huddle_agent::Patterns::new(),
+        }
+    }
+
+    /// The room.
+    pub fn room(&self) -> &str {
+        &self.admitted.room
+    }
+
+    /// Folds `rows` in ledger order (rows of other rooms are ignored); whether any
+    /// changed the state.
+    pub fn fold(&mut self, rows: &[huddle_core::Interaction]) -> bool {
+        let mut moved = false;
+        for r in rows {
+            if self.admitted.admits(r) {
+                self.tally.apply(r);
+                huddle_core::Fold::apply(&mut self.config, r);
+                huddle_core::Fold::apply(&mut self.relays, r);
+                huddle_core::Fold::apply(&mut self.patterns, r);
+                moved = true;
+            }
+        }
+        moved
+    }
+
+    /// Fails when the room was never created (no `room.created` folded yet).
+    pub fn created(&self) -> anyhow::Result<()> {
+        self.admitted.created()
+    }
+
+    /// The room's owners and keys as the relays' owner authority folds them (only
+    /// verified rotations count): whom to sign a command for.
+    pub fn authority(&self) -> &ConfigFold {
+        self.admitted.authority.config()
+    }
+}
+
+/// The state of `room` folded from its first row; fails when the room was never
+/// created.
+pub async fn room_state(store: &dyn Store, room: &str) -> anyhow::Result<RoomState> {
+    let mut state = RoomState::new(room);
+    let mut cursor = Position::START;
+    loop {
+        let batch = store.read_room(room, cursor, 5000).await?;
+        state.fold(&batch.rows);
+        if batch.next == cursor {
+            break;
+        }
+        cursor = batch.next;
+    }
+    state.created()?;
+    Ok(state)
 }
 
 /// Passes every row of `room` the relays would act on to `apply`, in ledger order;
@@ -66,16 +133,16 @@ pub async fn fold_admitted(
 
 /// Which rows of a room the relays act on, row by row in ledger order: the owner
 /// authority's judgement, and whether the room was ever created.
-struct Admitted<'a> {
-    room: &'a str,
+struct Admitted {
+    room: String,
     authority: huddle_core::OwnerAuthority,
     created: bool,
 }
 
-impl<'a> Admitted<'a> {
-    fn new(room: &'a str) -> Self {
+impl Admitted {
+    fn new(room: &str) -> Self {
         Admitted {
-            room,
+            room: room.to_string(),
             authority: huddle_core::OwnerAuthority::new(),
             created: false,
         }
@@ -93,7 +160,7 @@ impl<'a> Admitted<'a> {
 
     /// Fails when the room was never created.
     fn created(&self) -> anyhow::Result<()> {
-        let room = self.room;
+        let room = &self.room;
         if !self.created {
             bail!("room {room:?} does not exist in this database (create it with `huddle room create {room} --owner NAME`)");
         }
@@ -323,30 +390,40 @@ pub async fn board(db: &str, options: StoreOptions, room: &str, json: bool) -> a
 /// The board of `room` as `huddle board --json` prints it (and `huddle serve`
 /// answers it); fails when the room was never created.
 pub async fn board_view_of(store: &dyn Store, room: &str) -> anyhow::Result<BoardView> {
-    let mut tally = Tally::new(room);
-    let mut relays = huddle_core::relays::RelayFold::new();
-    let mut config = huddle_core::ConfigFold::new();
-    fold_admitted(store, room, |r| {
-        tally.apply(r);
-        huddle_core::Fold::apply(&mut relays, r);
-        huddle_core::Fold::apply(&mut config, r);
-    })
-    .await?;
-    let mut view = board_view(&tally);
+    let state = room_state(store, room).await?;
+    board_view_from(store, &state).await
+}
+
+/// The board of a folded room: [`board_core`] with the live relays and the database
+/// clock read now, plus the shared resources held now and the shared state.
+pub async fn board_view_from(store: &dyn Store, state: &RoomState) -> anyhow::Result<BoardView> {
     let live = crate::status_cmds::live_relays(store).await?;
-    if let Some(rr) = relays.room(room) {
-        for a in &mut view.agents {
-            a.hosting = crate::status_cmds::hosting_word(&rr.hosting(&a.agent, &live));
-        }
-        let group_one =
-            config.effective(room, None).group_reply == huddle_core::config::GroupReply::One;
-        view.waiting_on_absent = crate::status_cmds::absent_waits(rr, &live, group_one);
-    }
-    shared_view(store, room, &mut view).await?;
     let now = store.now().await?;
-    view.benched =
-        huddle_core::pacing::benched(tally.board.room(room), &config.effective(room, None), now);
+    let mut view = board_core(state, &live, now);
+    shared_view(store, state, &mut view).await?;
     Ok(view)
+}
+
+/// The board of a folded room without its shared resources and state: presence with
+/// hosting (from the relays with a live lease, `live`), waits on absent agents, the
+/// circuit breaker's bench at `now`.
+pub fn board_core(
+    state: &RoomState,
+    live: &std::collections::BTreeSet<String>,
+    now: Timestamp,
+) -> BoardView {
+    let room = state.room();
+    let config = state.config.effective(room, None);
+    let mut view = board_view(&state.tally);
+    if let Some(rr) = state.relays.room(room) {
+        for a in &mut view.agents {
+            a.hosting = crate::status_cmds::hosting_word(&rr.hosting(&a.agent, live));
+        }
+        let group_one = config.group_reply == huddle_core::config::GroupReply::One;
+        view.waiting_on_absent = crate::status_cmds::absent_waits(rr, live, group_one);
+    }
+    view.benched = huddle_core::pacing::benched(state.tally.board.room(room), &config, now);
+    view
 }
 
 /// The text of `huddle board`.
@@ -506,16 +583,20 @@ fn board_text(view: &BoardView) -> String {
 }
 
 /// Adds the room's held resources (the claims table) and shared state (its fold).
-async fn shared_view(store: &dyn Store, room: &str, view: &mut BoardView) -> anyhow::Result<()> {
+async fn shared_view(
+    store: &dyn Store,
+    state: &RoomState,
+    view: &mut BoardView,
+) -> anyhow::Result<()> {
+    let room = state.room();
     let mut held = huddle_store::resources::live_holdings(store, room).await?;
     held.sort_by(|a, b| (&a.name, &a.holder).cmp(&(&b.name, &b.holder)));
     view.resources = held.iter().map(Into::into).collect();
-    let mut state = huddle_core::shared_state::SharedStateFold::new();
-    fold_admitted(store, room, |r| huddle_core::Fold::apply(&mut state, r)).await?;
-    view.state = state
+    let shared = state.patterns.shared_state();
+    view.state = shared
         .list(room)
         .into_iter()
-        .map(|(k, _)| huddle_agent::state_view_of(&state, room, k, false))
+        .map(|(k, _)| huddle_agent::state_view_of(shared, room, k, false))
         .collect();
     Ok(())
 }
@@ -611,6 +692,11 @@ pub struct TasksView {
     pub refused: u64,
     /// Malformed task bodies.
     pub malformed: u64,
+}
+
+/// The task DAG of a folded room, as `huddle tasks --json` prints it.
+pub fn tasks_view_from(state: &RoomState) -> TasksView {
+    tasks_view(&state.tally, &state.config)
 }
 
 fn tasks_view(t: &Tally, config: &ConfigFold) -> TasksView {
@@ -763,8 +849,8 @@ pub async fn tasks(db: &str, options: StoreOptions, room: &str, json: bool) -> a
 /// The task DAG of `room` as `huddle tasks --json` prints it (and `huddle serve`
 /// answers it); fails when the room was never created.
 pub async fn tasks_view_of(store: &dyn Store, room: &str) -> anyhow::Result<TasksView> {
-    let (tally, config) = fold_room(store, room).await?;
-    Ok(tasks_view(&tally, &config))
+    let state = room_state(store, room).await?;
+    Ok(tasks_view_from(&state))
 }
 
 /// Shortest time between two redraws of `tasks --watch`.
@@ -778,11 +864,7 @@ const WATCH_REDRAW: std::time::Duration = std::time::Duration::from_millis(300);
 pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow::Result<()> {
     use std::io::IsTerminal as _;
     let store = ledger_cmds::open(db, options).await?;
-    let mut w = Watched {
-        admitted: Admitted::new(room),
-        tally: Tally::new(room),
-        config: ConfigFold::new(),
-    };
+    let mut w = RoomState::new(room);
     let mut cursor = Position::START;
     loop {
         let batch = store.read_room(room, cursor, 5000).await?;
@@ -792,11 +874,11 @@ pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow:
         }
         cursor = batch.next;
     }
-    w.admitted.created()?;
+    w.created()?;
     let terminal = std::io::stdout().is_terminal();
     let mut last = String::new();
-    let mut draw = |w: &Watched<'_>| -> anyhow::Result<()> {
-        let text = tasks_text(&tasks_view(&w.tally, &w.config));
+    let mut draw = |w: &RoomState| -> anyhow::Result<()> {
+        let text = tasks_text(&tasks_view_from(w));
         if text == last {
             return Ok(());
         }
@@ -833,28 +915,6 @@ pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow:
             }
             _ = tokio::signal::ctrl_c() => return Ok(()),
         }
-    }
-}
-
-/// What `tasks --watch` keeps folded.
-struct Watched<'a> {
-    admitted: Admitted<'a>,
-    tally: Tally,
-    config: ConfigFold,
-}
-
-impl Watched<'_> {
-    /// Folds the room's rows the relays would act on; whether any was.
-    fn fold(&mut self, rows: &[huddle_core::Interaction]) -> bool {
-        let mut moved = false;
-        for r in rows {
-            if self.admitted.admits(r) {
-                self.tally.apply(r);
-                huddle_core::Fold::apply(&mut self.config, r);
-                moved = true;
-            }
-        }
-        moved
     }
 }
 

@@ -9,6 +9,8 @@ pub mod commands;
 pub mod config;
 pub mod driver;
 pub mod identity;
+pub mod metrics;
 pub mod runtime;
 
+pub use metrics::RelayMetrics;
 pub use runtime::{HostedAgent, Relay, RelayError, RelayOptions, RelaySummary};

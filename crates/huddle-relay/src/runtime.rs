@@ -50,6 +50,7 @@ use tracing::{debug, info, warn};
 use crate::commands::{CommandHandler, Step, SYSTEM_ACTOR};
 use crate::driver::{Driver, TurnOutcome, TurnRequest};
 use crate::identity::{Identity, IdentityError};
+use crate::metrics::{AcquireResult, RelayMetrics, TurnEnd, WorkKind};
 
 /// Recent messages kept per room for related context.
 const CONTEXT_WINDOW: usize = 200;
@@ -169,6 +170,9 @@ struct LiveTurn {
     claims: Vec<ClaimRef>,
     /// One of them was lost: whatever the turn returns is not written.
     lost: bool,
+    /// What it is for, and when the relay started it (for the metrics).
+    work: WorkKind,
+    started: Instant,
 }
 
 /// Results that come back to the event loop from performed intents.
@@ -228,6 +232,7 @@ pub struct Relay {
     rooms: Vec<String>,
     agents: BTreeMap<String, HostedAgent>,
     options: RelayOptions,
+    metrics: RelayMetrics,
 }
 
 struct Loop {
@@ -260,6 +265,8 @@ struct Loop {
     rooms: Vec<String>,
     /// Recent messages per thread: the `<thread>` block of prompts.
     threads: huddle_core::thread::ThreadWindow,
+    /// What the relay measures of itself.
+    metrics: RelayMetrics,
 }
 
 impl Relay {
@@ -271,9 +278,11 @@ impl Relay {
         agents: Vec<HostedAgent>,
         options: RelayOptions,
     ) -> Self {
+        let relay_id = relay_id.into();
         Relay {
             store,
-            relay_id: relay_id.into(),
+            metrics: RelayMetrics::new(&relay_id),
+            relay_id,
             rooms,
             agents: agents
                 .into_iter()
@@ -281,6 +290,12 @@ impl Relay {
                 .collect(),
             options,
         }
+    }
+
+    /// The relay's metrics: a handle sharing the counts the running relay records
+    /// (`huddle relay --metrics` serves its [`RelayMetrics::encode`]).
+    pub fn metrics(&self) -> RelayMetrics {
+        self.metrics.clone()
     }
 
     /// Runs until `shutdown` is cancelled and every turn has ended, then returns what
@@ -313,6 +328,7 @@ impl Relay {
             give_up: CancellationToken::new(),
             rooms: self.rooms.clone(),
             threads: Default::default(),
+            metrics: self.metrics.clone(),
         };
         let ledger: Arc<dyn huddle_store::Ledger> = self.store.clone();
         // The read-forward runs in a task of its own: no other event can abort or
@@ -378,8 +394,12 @@ impl Relay {
             tokio::select! {
                 step = reader.recv(), if !stopping => {
                     match step {
-                        Ok(ReadStep { batch, caught_up, began }) => {
+                        Ok(ReadStep { batch, caught_up, began, woken }) => {
                             lp.summary.skipped_rows += batch.skipped.len() as u64;
+                            lp.metrics.read(batch.rows.len(), batch.skipped.len());
+                            if let Some(woken) = woken.filter(|_| !batch.rows.is_empty()) {
+                                lp.metrics.woke(woken.elapsed());
+                            }
                             for s in &batch.skipped {
                                 debug!(position = %s.position, reason = %s.reason, "skipped a ledger row");
                             }
@@ -407,6 +427,7 @@ impl Relay {
                             if fenced {
                                 lp.summary.fenced_refusals += 1;
                             }
+                            lp.metrics.claim_lost(&key, fenced);
                             lp.leases.remove(&(key.clone(), epoch));
                             for t in lp.turns.values_mut() {
                                 if t.claims.iter().any(|c| c.key == key && c.epoch == epoch) {
@@ -421,15 +442,30 @@ impl Relay {
                             for c in ended.iter().flat_map(|t| &t.claims) {
                                 lp.leases.remove(&(c.key.clone(), c.epoch));
                             }
-                            match &outcome {
+                            let end = match &outcome {
                                 // A reply under a lost claim is never written: the turn
                                 // failed, whatever the agent answered.
-                                CoreOutcome::Replied { .. } if !lost => lp.summary.turns_replied += 1,
+                                CoreOutcome::Replied { .. } if !lost => {
+                                    lp.summary.turns_replied += 1;
+                                    TurnEnd::Replied
+                                }
                                 CoreOutcome::NotStarted { .. } => {
                                     lp.summary.turns_started = lp.summary.turns_started.saturating_sub(1);
                                     lp.summary.turns_not_started += 1;
+                                    TurnEnd::NotStarted
                                 }
-                                _ => lp.summary.turns_failed += 1,
+                                other => {
+                                    lp.summary.turns_failed += 1;
+                                    match other {
+                                        CoreOutcome::Replied { .. } => TurnEnd::Lost,
+                                        CoreOutcome::Cancelled => TurnEnd::Cancelled,
+                                        _ => TurnEnd::Failed,
+                                    }
+                                }
+                            };
+                            if let Some(t) = &ended {
+                                let ran = (end != TurnEnd::NotStarted).then(|| t.started.elapsed());
+                                lp.metrics.turn_ended(t.work, end, ran);
                             }
                             Event::TurnEnded { turn, outcome, tokens, activity }
                         }
@@ -439,10 +475,12 @@ impl Relay {
                         }
                         Feedback::WriteRetried => {
                             lp.summary.writes_retried += 1;
+                            lp.metrics.write_retried();
                             continue;
                         }
                         Feedback::ResultLost => {
                             lp.summary.results_lost += 1;
+                            lp.metrics.result_lost();
                             continue;
                         }
                     };
@@ -505,8 +543,14 @@ impl Relay {
         }
         while let Ok(fb) = rx.try_recv() {
             match fb {
-                Feedback::ResultLost => lp.summary.results_lost += 1,
-                Feedback::WriteRetried => lp.summary.writes_retried += 1,
+                Feedback::ResultLost => {
+                    lp.summary.results_lost += 1;
+                    lp.metrics.result_lost();
+                }
+                Feedback::WriteRetried => {
+                    lp.summary.writes_retried += 1;
+                    lp.metrics.write_retried();
+                }
                 _ => {}
             }
         }
@@ -523,6 +567,7 @@ impl Relay {
                 Ok(batch) if batch.rows.is_empty() && batch.skipped.is_empty() => break,
                 Ok(batch) => {
                     lp.summary.skipped_rows += batch.skipped.len() as u64;
+                    lp.metrics.read(batch.rows.len(), batch.skipped.len());
                     lp.sync.handle(Event::Ledger {
                         rows: batch.rows,
                         caught_up: false,
@@ -646,6 +691,7 @@ impl Loop {
             })
             .collect();
         let store = self.store.clone();
+        let metrics = self.metrics.clone();
         tokio::spawn(async move {
             let write = async {
                 let behind = match store.read_forward(cursor, BEHIND_PROBE).await {
@@ -662,8 +708,12 @@ impl Loop {
                         row
                     })
                     .collect();
+                let rows = batch.len();
                 match store.append(batch).await {
-                    Ok(_) => debug!(beat, behind, "heartbeat written"),
+                    Ok(_) => {
+                        metrics.appended(rows, false);
+                        debug!(beat, behind, "heartbeat written");
+                    }
                     Err(e) => warn!(beat, error = %e, "heartbeat not written"),
                 }
             };
@@ -845,6 +895,7 @@ impl Loop {
             agents: self.agents.clone(),
             feedback: self.feedback.clone(),
             give_up: self.give_up.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 
@@ -921,14 +972,26 @@ impl Loop {
             }
             if let Intent::StartTurn(start) = intent {
                 let token = CancellationToken::new();
-                self.turns.insert(
+                let work = match &start.work {
+                    TurnWork::Reply(_) => WorkKind::Reply,
+                    TurnWork::Task(_) => WorkKind::Task,
+                    TurnWork::Review(_) => WorkKind::Review,
+                };
+                let replaced = self.turns.insert(
                     start.turn.clone(),
                     LiveTurn {
                         token: token.clone(),
                         claims: start.claims.clone(),
                         lost: false,
+                        work,
+                        started: Instant::now(),
                     },
                 );
+                if let Some(old) = replaced {
+                    // Not expected (turn ids are unique); keeps the running gauge true.
+                    self.metrics.turn_ended(old.work, TurnEnd::Cancelled, None);
+                }
+                self.metrics.turn_started(work);
                 let leases = start
                     .claims
                     .iter()
@@ -1040,6 +1103,7 @@ struct Executor {
     feedback: mpsc::UnboundedSender<Feedback>,
     /// Cancelled when the relay stops waiting for its writes (end of shutdown grace).
     give_up: CancellationToken,
+    metrics: RelayMetrics,
 }
 
 impl Executor {
@@ -1198,10 +1262,12 @@ impl Executor {
     fn acquire_all(&self, acquires: Vec<PendingAcquire>) {
         let store = self.store.clone();
         let feedback = self.feedback.clone();
+        let metrics = self.metrics.clone();
         tokio::spawn(async move {
             match batch_requests(&acquires) {
                 Some((requests, slots)) => {
-                    answer_acquires(&*store, &feedback, &acquires, &requests, &slots).await;
+                    answer_acquires(&*store, &feedback, &metrics, &acquires, &requests, &slots)
+                        .await;
                 }
                 None => {
                     for mut one in acquires {
@@ -1216,7 +1282,8 @@ impl Executor {
                                 lone_request(&one)
                             }
                         };
-                        answer_acquires(&*store, &feedback, &[one], &requests, &slots).await;
+                        answer_acquires(&*store, &feedback, &metrics, &[one], &requests, &slots)
+                            .await;
                     }
                 }
             }
@@ -1353,6 +1420,7 @@ impl Executor {
         close: bool,
         batch: Vec<NewInteraction>,
     ) -> Result<(), StoreError> {
+        let _queued = self.metrics.outbox_entry();
         let max = self.store.limits().max_batch.max(1);
         let chunks: Vec<Vec<NewInteraction>> = if fences.is_empty() && batch.len() > max {
             batch.chunks(max).map(|c| c.to_vec()).collect()
@@ -1369,7 +1437,10 @@ impl Executor {
                     self.store.append_under(fences, close, chunk.clone()).await
                 };
                 match result {
-                    Ok(_) => break,
+                    Ok(_) => {
+                        self.metrics.appended(chunk.len(), !fences.is_empty());
+                        break;
+                    }
                     Err(e) if e.is_retryable() && !self.give_up.is_cancelled() => {
                         attempt += 1;
                         if attempt == 1 {
@@ -1412,7 +1483,12 @@ impl Executor {
         let mut request = turn_request(&start, related.as_deref());
         let (sink, notes) = crate::driver::ProgressSink::channel();
         request.progress = sink;
-        let progress = tokio::spawn(write_progress(self.store.clone(), start.clone(), notes));
+        let progress = tokio::spawn(write_progress(
+            self.store.clone(),
+            self.metrics.clone(),
+            start.clone(),
+            notes,
+        ));
         request.start_by = Some(start_by);
         let stall =
             (start.stall_timeout_ms > 0).then(|| Duration::from_millis(start.stall_timeout_ms));
@@ -1570,6 +1646,7 @@ fn lone_request(a: &PendingAcquire) -> AcquireBatch {
 async fn answer_acquires(
     store: &dyn Store,
     feedback: &mpsc::UnboundedSender<Feedback>,
+    metrics: &RelayMetrics,
     acquires: &[PendingAcquire],
     requests: &[ClaimRequest],
     slots: &[(usize, Option<usize>)],
@@ -1610,6 +1687,10 @@ async fn answer_acquires(
         Err(e) => {
             for a in acquires {
                 debug!(key = a.key, error = %e, "acquire failed");
+                metrics.acquired(&a.key, AcquireResult::Failed);
+                if let Some(c) = &a.then {
+                    metrics.acquired(&c.key, AcquireResult::Failed);
+                }
                 let _ = feedback.send(Feedback::Claim(ClaimOutcome::new(
                     a.key.clone(),
                     a.holder.clone(),
@@ -1621,6 +1702,14 @@ async fn answer_acquires(
         }
     };
     let answer = |a: &Acquired, key: &str, holder: &str, ttl: Duration| {
+        metrics.acquired(
+            key,
+            match a {
+                Acquired::Won(_) => AcquireResult::Won,
+                Acquired::HeldBy(_) => AcquireResult::Held,
+                Acquired::Closed { .. } => AcquireResult::Closed,
+            },
+        );
         if let Acquired::Closed { by, .. } = a {
             debug!(key, holder, closed_by = %by.short(), "claim is closed: the work is finished");
         }
@@ -1645,6 +1734,7 @@ async fn answer_acquires(
     };
     for (n, (a, (first, then))) in acquires.iter().zip(slots).enumerate() {
         let Some(Some(got)) = out.get(*first) else {
+            metrics.acquired(&a.key, AcquireResult::Failed);
             let _ = feedback.send(Feedback::Claim(ClaimOutcome::new(
                 a.key.clone(),
                 a.holder.clone(),
@@ -1676,6 +1766,7 @@ async fn answer_acquires(
 /// could not take is skipped: progress is advice, the reply is what counts.
 async fn write_progress(
     store: Arc<dyn Store>,
+    metrics: RelayMetrics,
     start: TurnStart,
     mut notes: mpsc::UnboundedReceiver<String>,
 ) {
@@ -1708,8 +1799,12 @@ async fn write_progress(
         }
         row.thread = start.thread.clone();
         match store.append_under(&fences, false, vec![row]).await {
-            Ok(_) => debug!(turn = %start.turn, seq, "progress note written"),
+            Ok(_) => {
+                metrics.appended(1, true);
+                debug!(turn = %start.turn, seq, "progress note written");
+            }
             Err(StoreError::Fenced { .. }) => {
+                metrics.fenced_refusal();
                 debug!(turn = %start.turn, "progress note refused: the turn's claim is gone");
                 break;
             }

@@ -34,6 +34,11 @@ pub struct ReadStep {
     /// When the read began (this process's monotonic clock): a caught-up step has
     /// read everything committed before that moment.
     pub began: Option<Instant>,
+    /// When the doorbell ended the wait before this read (this process's monotonic
+    /// clock); `None` when the read followed a fallback poll, a refresh, an error or
+    /// another read. `woken.elapsed()` on receipt is the wake latency: doorbell to
+    /// rows in hand.
+    pub woken: Option<Instant>,
 }
 
 /// A request for a fresh step ([`Reader::refresh`]).
@@ -54,6 +59,8 @@ pub struct Subscription {
     reported_caught_up: bool,
     /// Set when spawned: asks for a step even when nothing new was read.
     refresh: Option<Arc<Refresh>>,
+    /// When the doorbell last ended a wait, until a step reports it.
+    woken: Option<Instant>,
 }
 
 impl Subscription {
@@ -69,6 +76,7 @@ impl Subscription {
             batch: batch.max(1),
             reported_caught_up: false,
             refresh: None,
+            woken: None,
         }
     }
 
@@ -136,8 +144,11 @@ impl Subscription {
                     batch,
                     caught_up,
                     began: Some(began),
+                    woken: self.woken.take(),
                 });
             }
+            // A read that found nothing: the next wake is what counts.
+            self.woken = None;
             self.wait().await;
         }
     }
@@ -156,6 +167,8 @@ impl Subscription {
                 if changed.is_err() {
                     // The store's bell is gone: fall back to polling only.
                     tokio::time::sleep(self.poll).await;
+                } else {
+                    self.woken = Some(Instant::now());
                 }
             }
             _ = refreshed => {}

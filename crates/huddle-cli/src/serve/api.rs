@@ -23,13 +23,18 @@ pub(crate) async fn existing_room(
     room: Result<Path<String>, PathRejection>,
 ) -> Result<String, ApiError> {
     let room = checked_room(state, room)?;
-    match ledger_cmds::room_owner(&*state.store, &room).await {
-        Ok(Some(_)) => Ok(room),
-        Ok(None) => Err(ApiError::NotFound(format!(
-            "there is no room {room:?} in this database"
-        ))),
-        Err(e) => Err(ApiError::from_build(e)),
-    }
+    owner_of(state, &room).await?;
+    Ok(room)
+}
+
+/// The owner of `room` (its first `room.created`); 404 when it was never created.
+pub(crate) async fn owner_of(state: &Shared, room: &str) -> Result<String, ApiError> {
+    let ledger = state.folds.ledger(&*state.store).await?;
+    ledger
+        .rooms
+        .get(room)
+        .and_then(|r| r.owner.clone())
+        .ok_or_else(|| ApiError::NotFound(format!("there is no room {room:?} in this database")))
 }
 
 /// The room named by the path, checked as the ledger checks names.
@@ -142,9 +147,7 @@ pub(crate) fn parse_cursor(what: &str, text: &str) -> Result<Position, ApiError>
 
 /// `GET /api/rooms`: `huddle room list --json`.
 pub async fn rooms(State(state): State<Shared>) -> Result<Response, ApiError> {
-    let rooms = ledger_cmds::room_rows(&*state.store)
-        .await
-        .map_err(ApiError::from_build)?;
+    let rooms = state.folds.ledger(&*state.store).await?.rooms.rows();
     json_response(&rooms)
 }
 
@@ -154,10 +157,8 @@ pub async fn tasks(
     room: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let room = existing_room(&state, room).await?;
-    let view = state_cmds::tasks_view_of(&*state.store, &room)
-        .await
-        .map_err(ApiError::from_build)?;
-    json_response(&view)
+    let fold = state.folds.room(&*state.store, &room).await?;
+    json_response(&state_cmds::tasks_view_from(&fold.state))
 }
 
 /// `GET /api/rooms/{room}/board`: `huddle board --room R --json`.
@@ -166,7 +167,8 @@ pub async fn board(
     room: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let room = existing_room(&state, room).await?;
-    let view = state_cmds::board_view_of(&*state.store, &room)
+    let fold = state.folds.room(&*state.store, &room).await?;
+    let view = state_cmds::board_view_from(&*state.store, &fold.state)
         .await
         .map_err(ApiError::from_build)?;
     json_response(&view)
@@ -200,9 +202,6 @@ pub struct InteractionsPage {
     pub skipped: Vec<huddle_store::SkippedRow>,
     /// Whether every row committed when this was read is in it (no more to read now).
     pub caught_up: bool,
-    /// `next` as a position.
-    #[serde(skip)]
-    pub end: Position,
 }
 
 /// Up to `limit` rows of `room` after `after`, read forward (several reads when a
@@ -248,24 +247,7 @@ pub(crate) async fn read_page(
         interactions: rows,
         skipped,
         caught_up,
-        end: cursor,
     })
-}
-
-/// The cursor after the room's last row now, reading forward from `since`.
-pub(crate) async fn end_of_room(
-    state: &Shared,
-    room: &str,
-    since: Position,
-) -> Result<Position, ApiError> {
-    let mut cursor = since;
-    loop {
-        let page = read_page(state, room, cursor, MAX_LIMIT).await?;
-        cursor = page.end;
-        if page.caught_up {
-            return Ok(cursor);
-        }
-    }
 }
 
 /// `GET /api/rooms/{room}/interactions?after=CURSOR&limit=N`: the room's rows after

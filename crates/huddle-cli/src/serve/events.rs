@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use huddle_core::Position;
 use huddle_store::Doorbell;
 
-use super::api::{end_of_room, existing_room, parse_cursor, ReadQuery};
+use super::api::{existing_room, parse_cursor, ReadQuery};
 use super::{ApiError, Shared};
 
 /// Rows read per step of a stream.
@@ -61,7 +61,8 @@ pub async fn events(
     let bell = state.store.doorbell();
     let cursor = match resume.or(q.after) {
         Some(c) => c,
-        None => end_of_room(&state, &room, Position::START).await?,
+        // The end of the room: where its fold has read to, caught up now.
+        None => state.folds.room(&*state.store, &room).await?.cursor(),
     };
     let stream = RoomStream {
         state: state.clone(),

@@ -1,9 +1,10 @@
 //! `GET /metrics`: the Prometheus text format (version 0.0.4), computed at scrape time
-//! from the folds and the claims table, plus the server's own counters.
+//! from the server's folds (each read forward from its cursor: a scrape reads the rows
+//! appended since the last request) and the claims table, plus the server's own
+//! counters.
 //!
-//! Written by hand rather than through a metrics crate: every ledger value is read
-//! from the folds when scraped (nothing is kept between scrapes), so a registry would
-//! only be a second copy of the state.
+//! Written by hand rather than through a metrics crate: every ledger value is a fold's,
+//! read when scraped, so a registry would only be a second copy of the state.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -13,10 +14,9 @@ use std::sync::{Arc, Mutex};
 use axum::extract::State;
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use huddle_core::{Fold, Position};
 
 use super::{ApiError, Shared};
-use crate::{ledger_cmds, state_cmds, status_cmds};
+use crate::{state_cmds, status_cmds};
 
 /// The server's own counters.
 #[derive(Default)]
@@ -75,6 +75,7 @@ pub(crate) fn route_of(path: &str) -> &'static str {
         ["api", "rooms", _, "claims"] => "/api/rooms/{room}/claims",
         ["api", "rooms", _, "interactions"] => "/api/rooms/{room}/interactions",
         ["api", "rooms", _, "events"] => "/api/rooms/{room}/events",
+        ["api", "rooms", _, "messages"] => "/api/rooms/{room}/messages",
         ["metrics"] => "/metrics",
         _ => "other",
     }
@@ -118,7 +119,7 @@ impl Exposition {
 
 /// `GET /metrics`
 pub async fn metrics(State(state): State<Shared>) -> Result<Response, ApiError> {
-    let text = scrape(&state).await.map_err(ApiError::from_build)?;
+    let text = scrape(&state).await?;
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -129,34 +130,29 @@ pub async fn metrics(State(state): State<Shared>) -> Result<Response, ApiError> 
         .into_response())
 }
 
-async fn scrape(state: &Shared) -> anyhow::Result<String> {
+async fn scrape(state: &Shared) -> Result<String, ApiError> {
     let store = &*state.store;
-    // One pass over the ledger: rows per room and verb, skipped rows, relay heartbeats.
-    let mut rows: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
-    let mut skipped = 0u64;
-    let mut relays = huddle_core::relays::RelayFold::new();
-    let mut cursor = Position::START;
-    loop {
-        let batch = store.read_forward(cursor, 5000).await?;
-        skipped += batch.skipped.len() as u64;
-        for row in &batch.rows {
-            *rows
-                .entry((row.room.clone(), row.verb.as_str()))
-                .or_default() += 1;
-            relays.apply(row);
+    // The ledger-wide counts, read forward from where the last request left off.
+    let (rooms, verbs, skipped, known) = {
+        let ledger = state.folds.ledger(store).await?;
+        let mut known: std::collections::BTreeSet<String> = Default::default();
+        for (_, rr) in ledger.relays.rooms() {
+            known.extend(rr.relays.keys().cloned());
         }
-        if batch.next == cursor {
-            break;
-        }
-        cursor = batch.next;
-    }
+        (
+            ledger.rooms.rows(),
+            ledger.verbs.clone(),
+            ledger.skipped,
+            known,
+        )
+    };
     let mut m = Exposition(String::new());
     m.family(
         "huddle_interactions",
         "gauge",
         "Verified ledger rows by room and verb (appends so far).",
     );
-    for ((room, verb), n) in &rows {
+    for ((room, verb), n) in &verbs {
         m.sample("huddle_interactions", &[("room", room), ("verb", verb)], n);
     }
     m.family(
@@ -166,7 +162,13 @@ async fn scrape(state: &Shared) -> anyhow::Result<String> {
     );
     m.sample("huddle_skipped_rows", &[], skipped);
 
-    let rooms = ledger_cmds::room_rows(store).await?;
+    let live = status_cmds::live_relays(store)
+        .await
+        .map_err(ApiError::from_build)?;
+    let now = store
+        .now()
+        .await
+        .map_err(|e| ApiError::from_build(e.into()))?;
     m.family(
         "huddle_tasks",
         "gauge",
@@ -175,9 +177,11 @@ async fn scrape(state: &Shared) -> anyhow::Result<String> {
     let mut refused: Vec<(String, u64, u64)> = Vec::new();
     let mut boards = Vec::new();
     for r in rooms.iter().filter(|r| r.owner.is_some()) {
-        boards.push(state_cmds::board_view_of(store, &r.room).await?);
-        let view = state_cmds::tasks_view_of(store, &r.room).await?;
-        let s = &view.summary;
+        // Each room's fold, read forward from where it was.
+        let fold = state.folds.room(store, &r.room).await?;
+        boards.push(state_cmds::board_core(&fold.state, &live, now));
+        let dag = &fold.state.tally.dag;
+        let s = dag.summary(&r.room);
         for (status, n) in [
             ("done", s.done),
             ("claimed", s.claimed),
@@ -189,7 +193,10 @@ async fn scrape(state: &Shared) -> anyhow::Result<String> {
         ] {
             m.sample("huddle_tasks", &[("room", &r.room), ("status", status)], n);
         }
-        refused.push((r.room.clone(), view.refused, view.malformed));
+        let (n, malformed) = dag
+            .room(&r.room)
+            .map_or((0, 0), |t| (t.refusals.refused, t.refusals.malformed));
+        refused.push((r.room.clone(), n, malformed));
     }
     m.family(
         "huddle_task_rows_refused",
@@ -262,7 +269,10 @@ async fn scrape(state: &Shared) -> anyhow::Result<String> {
         }
     }
 
-    let claims = store.list_claims("").await?;
+    let claims = store
+        .list_claims("")
+        .await
+        .map_err(|e| ApiError::from_build(e.into()))?;
     let mut by_kind: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
     for c in &claims {
         let kind = c.state.key.split('/').next().unwrap_or("").to_string();
@@ -278,12 +288,7 @@ async fn scrape(state: &Shared) -> anyhow::Result<String> {
         m.sample("huddle_claims", &[("kind", kind), ("state", st)], n);
     }
 
-    let live = status_cmds::live_relays(store).await?;
-    let mut known: std::collections::BTreeSet<&str> = Default::default();
-    for (_, rr) in relays.rooms() {
-        known.extend(rr.relays.keys().map(String::as_str));
-    }
-    let online = known.iter().filter(|r| live.contains(**r)).count();
+    let online = known.iter().filter(|r| live.contains(*r)).count();
     m.family(
         "huddle_relays",
         "gauge",
@@ -326,6 +331,12 @@ async fn scrape(state: &Shared) -> anyhow::Result<String> {
         &[],
         state.counters.sse_events.load(Ordering::Relaxed),
     );
+    m.family(
+        "huddle_fold_rows_read_total",
+        "counter",
+        "Rows the server's folds read from the database (each reads forward from its cursor).",
+    );
+    m.sample("huddle_fold_rows_read_total", &[], state.folds.rows_read());
     m.family(
         "huddle_fragment_renders_total",
         "counter",

@@ -6,15 +6,19 @@
 //! - `events`: the room's server-sent events, woken by the store's doorbell;
 //! - `pages`: the HTML pages and the live fragment the page script swaps in;
 //! - `dag`: the task DAG as a layered SVG;
-//! - `metrics`: `/metrics` in the Prometheus text format.
+//! - `metrics`: `/metrics` in the Prometheus text format;
+//! - `folds`: the ledger's and each room's fold, read forward from their cursors;
+//! - `post`: posting as the owner (`--owner`), the one write the server makes.
 //!
-//! The server never appends and never takes a claim.
+//! Without `--owner` the server never appends; it never takes a claim.
 
 mod api;
 mod dag;
 mod events;
+mod folds;
 mod metrics;
 mod pages;
+mod post;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,7 +28,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use huddle_store::{Store, StoreOptions};
 
 /// `huddle serve` flags.
@@ -37,6 +41,15 @@ pub struct ServeArgs {
     /// of the database (put authentication and TLS in front).
     #[arg(long)]
     pub allow_remote: bool,
+    /// Post as this room owner from the room pages of the rooms ID owns (messages and
+    /// owner commands, signed with ID's key, read as `huddle post --as ID` reads it).
+    /// Loopback only.
+    #[arg(long, value_name = "ID")]
+    pub owner: Option<String>,
+    /// The owner's key file [default: $HUDDLE_KEYS/ID.key, else
+    /// $XDG_CONFIG_HOME/huddle/keys/ID.key, else ~/.config/huddle/keys/ID.key].
+    #[arg(long, env = "HUDDLE_OWNER_KEY", value_name = "PATH")]
+    pub key: Option<std::path::PathBuf>,
 }
 
 /// Longest wait of an event stream between two reads when no doorbell rings.
@@ -56,6 +69,10 @@ pub(crate) struct AppState {
     loopback_hosts_only: bool,
     /// Each room's live fragment, rendered once for the pages that ask together.
     fragments: pages::Fragments,
+    /// The ledger's and each room's folds, read forward on demand.
+    folds: folds::Folds,
+    /// The owner the server posts as (`--owner`); `None`: posting is off.
+    owner: Option<post::Owner>,
     /// Cancelled at shutdown: ends every event stream, so the server can stop.
     shutdown: tokio_util::sync::CancellationToken,
 }
@@ -73,6 +90,15 @@ pub async fn run(db: &str, options: StoreOptions, args: ServeArgs) -> anyhow::Re
             args.addr
         );
     }
+    let owner = match &args.owner {
+        Some(_) if !loopback => anyhow::bail!(
+            "--owner is refused on a non-loopback address ({}): anyone who could reach it \
+             would post as the owner. Serve on 127.0.0.1 (and reach it through an SSH tunnel)",
+            args.addr
+        ),
+        Some(name) => Some(post::Owner::load(name, args.key.as_deref())?),
+        None => None,
+    };
     let fallback = options.poll_interval.clamp(MIN_FALLBACK, MAX_FALLBACK);
     let store = crate::ledger_cmds::open(db, options).await?;
     let state = Arc::new(AppState {
@@ -81,6 +107,8 @@ pub async fn run(db: &str, options: StoreOptions, args: ServeArgs) -> anyhow::Re
         counters: metrics::Counters::default(),
         loopback_hosts_only: loopback,
         fragments: pages::Fragments::default(),
+        folds: folds::Folds::default(),
+        owner,
         shutdown: tokio_util::sync::CancellationToken::new(),
     });
     let shutdown = state.shutdown.clone();
@@ -131,8 +159,19 @@ fn router(state: Shared) -> axum::Router {
         .route("/api/rooms/{room}/claims", get(api::claims))
         .route("/api/rooms/{room}/interactions", get(api::interactions))
         .route("/api/rooms/{room}/events", get(events::events))
+        .route(
+            "/api/rooms/{room}/messages",
+            post(post::post_message).layer(axum::extract::DefaultBodyLimit::max(post::MAX_BODY)),
+        )
         .route("/metrics", get(metrics::metrics))
         .fallback(|| async { ApiError::NotFound("no such page or endpoint".into()) })
+        .method_not_allowed_fallback(|| async {
+            ApiError::MethodNotAllowed(
+                "this path does not take that method (the API reads with GET; only \
+                 /api/rooms/{room}/messages takes POST)"
+                    .into(),
+            )
+        })
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             guard_and_count,
@@ -157,7 +196,7 @@ async fn guard_and_count(State(state): State<Shared>, request: Request, next: Ne
 }
 
 /// Whether the request's `Host` is a loopback name (any port), or absent.
-fn loopback_host(request: &Request) -> bool {
+pub(crate) fn loopback_host(request: &Request) -> bool {
     let Some(host) = request.headers().get(header::HOST) else {
         return true;
     };
@@ -185,6 +224,15 @@ pub(crate) enum ApiError {
     Forbidden(String),
     /// 404: no such room or page.
     NotFound(String),
+    /// 405: the path exists, the method does not.
+    MethodNotAllowed(String),
+    /// 409: the request cannot be carried out as things stand (the server's owner key
+    /// is not the room's).
+    Conflict(String),
+    /// 413: the request body is too large.
+    PayloadTooLarge(String),
+    /// 415: the request body is not JSON.
+    UnsupportedMediaType(String),
     /// 503: the database failed or is away; try again.
     Unavailable(String),
 }
@@ -204,6 +252,10 @@ impl IntoResponse for ApiError {
             ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
             ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, m),
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m),
+            ApiError::MethodNotAllowed(m) => (StatusCode::METHOD_NOT_ALLOWED, m),
+            ApiError::Conflict(m) => (StatusCode::CONFLICT, m),
+            ApiError::PayloadTooLarge(m) => (StatusCode::PAYLOAD_TOO_LARGE, m),
+            ApiError::UnsupportedMediaType(m) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, m),
             ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, m),
         };
         let body = serde_json::json!({ "error": message }).to_string();

@@ -9,16 +9,14 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use huddle_core::{Fold, Interaction, Position, Role, Timestamp, Verb};
+use huddle_core::{Interaction, Position, Role, Timestamp, Verb};
 
-use super::api::{end_of_room, existing_room, read_page};
+use super::api::existing_room;
+use super::folds::RoomFold;
 use super::{dag, ApiError, Shared};
 use crate::output::{format_time, summary};
 use crate::state_cmds::{BoardView, TasksView};
 use crate::{ledger_cmds, state_cmds};
-
-/// Rows the timeline starts with (the newest).
-const TIMELINE_ROWS: usize = 300;
 
 /// `text` escaped for HTML text and attribute values.
 pub fn esc(text: &str) -> String {
@@ -63,7 +61,8 @@ fn html(body: String) -> Response {
                 header::CONTENT_SECURITY_POLICY,
                 HeaderValue::from_static(
                     "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; \
-                     connect-src 'self'; img-src 'self' data:",
+                     connect-src 'self'; img-src 'self' data:; form-action 'none'; \
+                     frame-ancestors 'none'",
                 ),
             ),
         ],
@@ -115,9 +114,15 @@ fn agents_online(board: &BoardView) -> (usize, usize) {
 /// `GET /`: every room with its owner, agents online/offline, tasks done/total and
 /// last activity.
 pub async fn index(State(state): State<Shared>) -> Result<Response, ApiError> {
-    let rooms = ledger_cmds::room_rows(&*state.store)
+    let store = &*state.store;
+    let rooms = state.folds.ledger(store).await?.rooms.rows();
+    let live = crate::status_cmds::live_relays(store)
         .await
         .map_err(ApiError::from_build)?;
+    let now = store
+        .now()
+        .await
+        .map_err(|e| ApiError::from_build(e.into()))?;
     let mut rows = String::new();
     for r in &rooms {
         let Some(owner) = &r.owner else {
@@ -129,9 +134,10 @@ pub async fn index(State(state): State<Shared>) -> Result<Response, ApiError> {
             );
             continue;
         };
-        let board = state_cmds::board_view_of(&*state.store, &r.room)
-            .await
-            .map_err(ApiError::from_build)?;
+        let board = {
+            let fold = state.folds.room(store, &r.room).await?;
+            state_cmds::board_core(&fold.state, &live, now)
+        };
         let (online, offline) = agents_online(&board);
         let _ = write!(
             rows,
@@ -165,13 +171,18 @@ pub async fn room(
     room: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let room = existing_room(&state, room).await?;
-    let (timeline, cursor) = timeline(&state, &room).await?;
+    let (timeline, cursor, owner) = {
+        let fold = state.folds.room(&*state.store, &room).await?;
+        let owner = fold.state.authority().owner(&room).map(str::to_string);
+        (timeline(&fold), fold.cursor(), owner)
+    };
     let live = state.fragments.get(&state, &room).await?;
+    let post = super::post::post_box(&state, &room, owner.as_deref());
     let body = format!(
         "<header><h1><a href=\"/\">huddle</a> / {name}</h1><span id=\"conn\" class=\"conn\">connecting…</span></header>\
          <main id=\"room\" data-room=\"{name}\" data-cursor=\"{cursor}\">\
          <div id=\"live\">{live}</div>\
-         <section id=\"timeline\"><h2>Timeline <small>(newest first)</small></h2>{timeline}</section>\
+         <div id=\"side\">{post}<section id=\"timeline\"><h2>Timeline <small>(newest first)</small></h2>{timeline}</section></div>\
          </main><script src=\"/assets/room.js\"></script>",
         name = esc(&room),
     );
@@ -199,8 +210,9 @@ type Rendered = Option<(std::time::Instant, Position, std::sync::Arc<String>)>;
 /// Renders each room's live fragment once for all the pages that ask at the same time:
 /// every open page fetches it after the same events, so 50 pages cost one render, not
 /// 50. A fragment is served again only while it is younger than [`FRAGMENT_FRESH`]
-/// and no row was appended to the room after the end it was rendered at (checked
-/// with one read), so no page is left showing a state older than its last event.
+/// and no row was appended to the room after the end it was rendered at (the room's
+/// fold, caught up, says), so no page is left showing a state older than its last
+/// event.
 #[derive(Default)]
 pub(crate) struct Fragments {
     rooms: std::sync::Mutex<
@@ -219,38 +231,24 @@ impl Fragments {
         };
         // Requests for the same room wait here for one render.
         let mut rendered = slot.lock().await;
-        let since = rendered.as_ref().map_or(Position::START, |r| r.1);
-        let end = end_of_room(state, room, since).await?;
+        let fold = state.folds.room(&*state.store, room).await?;
+        let end = fold.cursor();
         if let Some((at, at_end, html)) = rendered.as_ref() {
             if at.elapsed() < FRAGMENT_FRESH && *at_end == end {
                 return Ok(html.clone());
             }
         }
         state.counters.fragment_render();
-        let html = std::sync::Arc::new(live_html(state, room).await?);
+        let html = std::sync::Arc::new(live_html(state, &fold).await?);
         *rendered = Some((std::time::Instant::now(), end, html.clone()));
         Ok(html)
     }
 }
 
-/// The newest rows of the room as timeline items (newest first), consecutive
-/// bookkeeping rows folded into one line, and the cursor after the last row.
-async fn timeline(state: &Shared, room: &str) -> Result<(String, Position), ApiError> {
-    let mut rows: std::collections::VecDeque<Interaction> = Default::default();
-    let mut cursor = Position::START;
-    loop {
-        let page = read_page(state, room, cursor, super::api::MAX_LIMIT).await?;
-        for r in page.interactions {
-            if rows.len() == TIMELINE_ROWS {
-                rows.pop_front();
-            }
-            rows.push_back(r);
-        }
-        cursor = page.end;
-        if page.caught_up {
-            break;
-        }
-    }
+/// The newest rows of the room (kept by its fold) as timeline items (newest first),
+/// consecutive bookkeeping rows folded into one line.
+fn timeline(fold: &RoomFold) -> String {
+    let rows = &fold.recent;
     let mut out = String::new();
     let mut group: Vec<&Interaction> = Vec::new();
     let flush = |group: &mut Vec<&Interaction>, out: &mut String| {
@@ -279,10 +277,7 @@ async fn timeline(state: &Shared, room: &str) -> Result<(String, Position), ApiE
         let _ = write!(filter, "<option value=\"{t}\">#{t}</option>", t = esc(t));
     }
     filter.push_str("</select>");
-    Ok((
-        format!("{filter}<ol id=\"timeline-list\">{out}</ol>"),
-        cursor,
-    ))
+    format!("{filter}<ol id=\"timeline-list\">{out}</ol>")
 }
 
 /// How the timeline shows a row: `command` (an owner's `!` message), `answer`
@@ -372,25 +367,18 @@ fn on_text(on: &Option<huddle_core::board::Subject>) -> String {
 }
 
 /// The board, relays, DAG and claims of the room.
-async fn live_html(state: &Shared, room: &str) -> Result<String, ApiError> {
+async fn live_html(state: &Shared, fold: &RoomFold) -> Result<String, ApiError> {
     let store = &*state.store;
-    let board = state_cmds::board_view_of(store, room)
+    let room = fold.state.room();
+    let board = state_cmds::board_view_from(store, &fold.state)
         .await
         .map_err(ApiError::from_build)?;
-    let tasks = state_cmds::tasks_view_of(store, room)
-        .await
-        .map_err(ApiError::from_build)?;
+    let tasks = state_cmds::tasks_view_from(&fold.state);
     let claims = ledger_cmds::claim_rows(store, "", Some(room), true)
         .await
         .map_err(ApiError::from_build)?;
-    let mut relays = huddle_core::relays::RelayFold::new();
-    let mut patterns = huddle_agent::Patterns::new();
-    state_cmds::fold_admitted(store, room, |r| {
-        relays.apply(r);
-        patterns.apply(r);
-    })
-    .await
-    .map_err(ApiError::from_build)?;
+    let relays = &fold.state.relays;
+    let patterns = &fold.state.patterns;
     // Each relay's liveness lease: online while live; the page refreshes when one
     // it shows would lapse.
     let leases: std::collections::BTreeMap<String, (bool, Timestamp)> = store
@@ -441,7 +429,7 @@ async fn live_html(state: &Shared, room: &str) -> Result<String, ApiError> {
     out.push_str(&dag::svg(&tasks));
     out.push_str("</section>");
     claims_html(&mut out, &claims, now);
-    patterns_html(&mut out, &patterns, room, now);
+    patterns_html(&mut out, patterns, room, now);
     Ok(out)
 }
 

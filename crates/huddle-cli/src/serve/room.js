@@ -196,6 +196,66 @@
     leaseTimer = setTimeout(schedule, wait);
   }
 
+  // The owner's post box (only on servers started with --owner, in rooms the owner
+  // owns): posts with the page's token, shows huddle's answer to a command as text.
+  var form = document.getElementById("post-form");
+  if (form) {
+    var box = document.getElementById("post-text");
+    var threadBox = document.getElementById("post-thread");
+    var send = document.getElementById("post-send");
+    var status = document.getElementById("post-status");
+    var answer = document.getElementById("post-answer");
+    var say = function (text, cls) {
+      status.textContent = text;
+      status.className = "post-status " + (cls || "");
+    };
+    form.addEventListener("submit", function (e) {
+      e.preventDefault();
+      var text = box.value;
+      if (!text.trim()) { say("nothing to post", "error"); return; }
+      var body = { text: text };
+      if (threadBox && threadBox.value.trim()) body.thread = threadBox.value.trim();
+      var command = text.trim().charAt(0) === "!";
+      send.disabled = true;
+      answer.hidden = true;
+      say(command ? "posting; waiting for huddle's answer…" : "posting…");
+      fetch("/api/rooms/" + encodeURIComponent(room) + "/messages", {
+        method: "POST",
+        cache: "no-store",
+        credentials: "same-origin",
+        headers: { "Content-Type": "application/json", "X-Huddle-Token": form.dataset.token },
+        body: JSON.stringify(body)
+      }).then(function (r) {
+        return r.json().catch(function () { return { error: "HTTP " + r.status }; })
+          .then(function (v) { return { ok: r.ok, v: v }; });
+      }).then(function (res) {
+        var v = res.v || {};
+        if (!res.ok) { say(v.error || "not posted", "error"); return; }
+        box.value = "";
+        document.body.dataset.posted = v.id || "";
+        if (v.answer) {
+          var a = v.answer;
+          var said = a.body && typeof a.body.text === "string" ? a.body.text : summary(a.body);
+          answer.textContent = a.actor + " (" + a.role + "): " + said;
+          answer.hidden = false;
+          say("posted; answered", "ok");
+        } else {
+          say(v.note ? "posted; " + v.note : "posted", v.note ? "warn" : "ok");
+        }
+      }).catch(function (err) {
+        say("not posted: " + err, "error");
+      }).then(function () {
+        send.disabled = false;
+      });
+    });
+    box.addEventListener("keydown", function (e) {
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+        e.preventDefault();
+        if (typeof form.requestSubmit === "function") form.requestSubmit(); else send.click();
+      }
+    });
+  }
+
   setupDag();
   watchLeases();
   var es = new EventSource("/api/rooms/" + encodeURIComponent(room) + "/events?after=" +
