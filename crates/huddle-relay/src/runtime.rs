@@ -1676,8 +1676,11 @@ async fn answer_acquires(
     } else {
         let appends = conditional.iter().map(|(_, c)| c.clone()).collect();
         store.acquire_and_append(requests, appends).await.map(|h| {
-            for ((i, _), done) in conditional.iter().zip(&h.appended) {
+            for ((i, c), done) in conditional.iter().zip(&h.appended) {
                 written[*i] = done.is_some();
+                if done.is_some() {
+                    metrics.appended(c.rows.len(), true);
+                }
             }
             h.acquired
         })
