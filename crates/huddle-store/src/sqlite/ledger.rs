@@ -26,35 +26,41 @@ const INSERT: &str = concat!(
     ", ?11, ?12) ON CONFLICT DO NOTHING"
 );
 
+/// A batch checked against the limits: each interaction's content id and canonical
+/// body, encoded once for the check and the insert.
+pub(crate) type Checked = Vec<(InteractionId, String)>;
+
 /// Checks a batch against the limits before anything is written: its size, then
 /// every interaction. One bad interaction refuses the whole batch.
-pub(crate) fn validate_batch(limits: &Limits, batch: &[NewInteraction]) -> Result<()> {
+pub(crate) fn validate_batch(limits: &Limits, batch: &[NewInteraction]) -> Result<Checked> {
     if batch.len() > limits.max_batch {
         return Err(StoreError::BatchTooLarge {
             got: batch.len(),
             max: limits.max_batch,
         });
     }
-    for n in batch {
-        n.validate(limits)?;
-    }
-    Ok(())
+    batch
+        .iter()
+        .map(|n| n.checked(limits).map_err(StoreError::from))
+        .collect()
 }
 
 /// Inserts `batch` on `conn`, which must already be inside a write transaction, as
 /// written by `relay` (and signed by `signer`, when given). Duplicates (same
 /// idempotency key, or same content id, including earlier in the same batch) insert
 /// nothing and report the existing row's id.
+/// `checked` is [`validate_batch`]'s answer for `batch`.
 pub(crate) fn insert_batch(
     conn: &Connection,
     relay: &str,
     signer: Option<&huddle_core::keys::WriterSecret>,
     batch: &[NewInteraction],
+    checked: &[(InteractionId, String)],
 ) -> Result<Vec<Appended>> {
     let mut insert = conn.prepare_cached(INSERT)?;
     let mut out = Vec::with_capacity(batch.len());
-    for n in batch {
-        let (id, body) = n.id_and_body();
+    for (n, (id, body)) in batch.iter().zip(checked) {
+        let id = *id;
         let caused_by: Vec<u8> = n.caused_by.iter().flat_map(|c| c.0).collect();
         let changed = insert.execute(params![
             &id.0[..],

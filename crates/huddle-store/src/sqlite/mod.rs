@@ -11,7 +11,8 @@
 //! - **Claims** are one upsert-with-condition inside `BEGIN IMMEDIATE`; expiry is
 //!   judged by SQLite's clock (invariant 2).
 //! - **Wake-up**: local appends ring the doorbell directly; a background thread polls
-//!   `PRAGMA data_version` every [`StoreOptions::sqlite_change_poll`] and rings it when
+//!   `PRAGMA data_version` whenever inotify reports a write to the database's files (Linux;
+//!   at least every 100 ms), else every [`StoreOptions::sqlite_change_poll`], and rings it when
 //!   another connection or process committed. The thread stops when the store is
 //!   dropped.
 //! - **`:memory:`** gives a private in-memory database on one shared connection (for
@@ -126,7 +127,7 @@ impl Inner {
         close: bool,
         batch: &[NewInteraction],
     ) -> Result<Vec<Appended>> {
-        ledger::validate_batch(&self.options.limits, batch)?;
+        let checked = ledger::validate_batch(&self.options.limits, batch)?;
         let closing = crate::traits::closing_id(close, batch)?;
         if batch.is_empty() && fences.is_empty() {
             return Ok(Vec::new());
@@ -141,6 +142,7 @@ impl Inner {
                 &self.options.relay,
                 self.options.signer.as_ref(),
                 batch,
+                &checked,
             )?;
             tx.commit()?;
             Ok(out)
@@ -161,14 +163,15 @@ impl Inner {
     ) -> Result<crate::Handoff> {
         crate::traits::check_claim_batch(requests)?;
         crate::traits::check_appends(requests, appends)?;
-        for a in appends {
-            ledger::validate_batch(&self.options.limits, &a.rows)?;
-        }
+        let checked = appends
+            .iter()
+            .map(|a| ledger::validate_batch(&self.options.limits, &a.rows))
+            .collect::<Result<Vec<_>>>()?;
         let out = self.write(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let acquired = claims::acquire_batch_in(&tx, requests)?;
             let mut appended = Vec::with_capacity(appends.len());
-            for a in appends {
+            for (a, checked) in appends.iter().zip(&checked) {
                 appended.push(
                     match crate::traits::conditions_hold(a, requests, &acquired) {
                         Some(_) => Some(ledger::insert_batch(
@@ -176,6 +179,7 @@ impl Inner {
                             &self.options.relay,
                             self.options.signer.as_ref(),
                             &a.rows,
+                            checked,
                         )?),
                         None => None,
                     },
@@ -285,7 +289,12 @@ impl SqliteStore {
         } else {
             let reader = conn::open_connection(path, ConnKind::Reader)?;
             let watched = conn::open_connection(path, ConnKind::Reader)?;
-            let watcher = Watcher::spawn(watched, options.sqlite_change_poll, bell.clone())?;
+            let watcher = Watcher::spawn(
+                watched,
+                std::path::Path::new(path),
+                options.sqlite_change_poll,
+                bell.clone(),
+            )?;
             (Some(Mutex::new(reader)), Some(watcher))
         };
         Ok(SqliteStore {

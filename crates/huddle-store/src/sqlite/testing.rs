@@ -124,7 +124,7 @@ impl TestBackend for SqliteTestBackend {
     }
 
     async fn hold_append(&self, batch: Vec<NewInteraction>) -> Result<Box<dyn HeldAppend>> {
-        ledger::validate_batch(&self.options.limits, &batch)?;
+        let checked = ledger::validate_batch(&self.options.limits, &batch)?;
         let path = self.raw_path()?;
         let relay = self.options.relay.clone();
         let signer = self.options.signer.clone();
@@ -133,7 +133,7 @@ impl TestBackend for SqliteTestBackend {
             let conn = open_connection(&path, ConnKind::Writer)?;
             // Other writers now wait on the busy timeout until `commit`.
             conn.execute_batch("BEGIN IMMEDIATE")?;
-            ledger::insert_batch(&conn, &relay, signer.as_ref(), &batch)?;
+            ledger::insert_batch(&conn, &relay, signer.as_ref(), &batch, &checked)?;
             Ok(conn)
         })
         .await
