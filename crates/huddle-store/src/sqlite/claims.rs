@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use huddle_core::{InteractionId, Timestamp};
-use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::conn::now_us;
 use crate::error::{Result, StoreError};
@@ -119,31 +119,6 @@ pub(super) fn corrupt(key: &str, reason: String) -> StoreError {
     StoreError::Backend(format!("claim {key:?}: {reason}"))
 }
 
-/// [`crate::Claims::acquire`] on the writer connection.
-pub(crate) fn acquire(
-    conn: &mut Connection,
-    key: &str,
-    holder: &str,
-    ttl: Duration,
-) -> Result<Acquired> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let out = acquire_in(&tx, key, holder, ttl)?;
-    tx.commit()?;
-    Ok(out)
-}
-
-/// [`crate::Claims::acquire_batch`] on the writer connection: every request in one
-/// `BEGIN IMMEDIATE` transaction, so one commit for the batch.
-pub(crate) fn acquire_batch(
-    conn: &mut Connection,
-    requests: &[ClaimRequest],
-) -> Result<Vec<Option<Acquired>>> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let out = acquire_batch_in(&tx, requests)?;
-    tx.commit()?;
-    Ok(out)
-}
-
 /// A batch acquire inside the caller's write transaction.
 pub(crate) fn acquire_batch_in(
     tx: &Connection,
@@ -162,7 +137,12 @@ pub(crate) fn acquire_batch_in(
 }
 
 /// One acquire inside the caller's write transaction.
-fn acquire_in(tx: &Connection, key: &str, holder: &str, ttl: Duration) -> Result<Acquired> {
+pub(crate) fn acquire_in(
+    tx: &Connection,
+    key: &str,
+    holder: &str,
+    ttl: Duration,
+) -> Result<Acquired> {
     let won = tx
         .prepare_cached(ACQUIRE)?
         .query_row(params![key, holder, ttl_us(ttl)], claim_state)
@@ -190,36 +170,26 @@ fn acquire_in(tx: &Connection, key: &str, holder: &str, ttl: Duration) -> Result
     })
 }
 
-/// [`crate::Claims::renew`] on the writer connection.
-pub(crate) fn renew(
-    conn: &mut Connection,
+/// A renew inside the caller's write transaction.
+pub(crate) fn renew_in(
+    tx: &Connection,
     key: &str,
     holder: &str,
     epoch: Epoch,
     ttl: Duration,
 ) -> Result<Option<ClaimState>> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let renewed = tx
         .prepare_cached(RENEW)?
         .query_row(params![key, holder, epoch.get(), ttl_us(ttl)], claim_state)
         .optional()?;
-    tx.commit()?;
     renewed.map(|s| s.map_err(|r| corrupt(key, r))).transpose()
 }
 
-/// [`crate::Claims::release`] on the writer connection. Only a live claim at exactly
-/// `(holder, epoch)` is released; the row stays, so the epoch never goes backwards.
-pub(crate) fn release(
-    conn: &mut Connection,
-    key: &str,
-    holder: &str,
-    epoch: Epoch,
-) -> Result<bool> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+/// A release inside the caller's write transaction.
+pub(crate) fn release_in(tx: &Connection, key: &str, holder: &str, epoch: Epoch) -> Result<bool> {
     let changed = tx
         .prepare_cached(RELEASE)?
         .execute(params![key, holder, epoch.get()])?;
-    tx.commit()?;
     Ok(changed > 0)
 }
 

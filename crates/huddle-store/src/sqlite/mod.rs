@@ -1,13 +1,15 @@
 //! SQLite backend: the embedded default (one machine, zero setup).
 //!
 //! - **Files** are opened in WAL mode with `synchronous=NORMAL` and a 10 s
-//!   `busy_timeout`. Each store holds a writer connection (appends, claims) and a
-//!   reader connection, each behind a mutex, and runs every call on tokio's blocking
-//!   pool so the async runtime never waits on SQLite.
-//! - **Appends** run one `BEGIN IMMEDIATE` transaction per batch. SQLite has a single
-//!   writer lock, so rowids are assigned in commit order and the cursor is simply
-//!   `Position::new(0, rowid)`: a reader can never see a later row before an earlier
-//!   one (invariant 4).
+//!   `busy_timeout`. Each store holds a writer connection, owned by its writer thread
+//!   (`writer.rs`), and a reader connection behind a mutex whose calls run on tokio's
+//!   blocking pool, so the async runtime never waits on SQLite.
+//! - **Writes** (appends, claims, resources) go to the writer thread, which runs the
+//!   writes that arrive together in one `BEGIN IMMEDIATE` transaction, each inside its
+//!   own savepoint (a write that fails is rolled back alone), and answers each once the
+//!   transaction is committed (group commit). SQLite has a single writer lock, so
+//!   rowids are assigned in commit order and the cursor is simply `Position::new(0,
+//!   rowid)`: a reader can never see a later row before an earlier one (invariant 4).
 //! - **Claims** are one upsert-with-condition inside `BEGIN IMMEDIATE`; expiry is
 //!   judged by SQLite's clock (invariant 2).
 //! - **Wake-up**: local appends ring the doorbell directly; a background thread polls
@@ -30,6 +32,7 @@ mod resources;
 #[cfg(feature = "testing")]
 mod testing;
 mod watcher;
+mod writer;
 
 #[cfg(test)]
 mod tests;
@@ -40,7 +43,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use huddle_core::{Interaction, InteractionId, Limits, NewInteraction, Position, Timestamp};
-use rusqlite::{params, Connection, TransactionBehavior};
+use rusqlite::{params, Connection};
 use tokio::sync::watch;
 
 use crate::error::{Result, StoreError};
@@ -91,8 +94,12 @@ pub struct SqliteStore {
 
 /// What the blocking closures share.
 struct Inner {
-    /// Appends, claims, migrations. In memory: every statement.
-    writer: Mutex<Connection>,
+    /// In memory: the one connection, for every statement. On a file the writer
+    /// connection lives in the writer thread (`thread`) and this is `None`.
+    writer: Option<Mutex<Connection>>,
+    /// Every write of a file store, grouped into shared transactions
+    /// ([`writer`](self::writer)). `None` in memory.
+    thread: Option<writer::Writer>,
     /// Reads; `None` in memory, where the writer connection is the only one.
     reader: Option<Mutex<Connection>>,
     options: StoreOptions,
@@ -101,16 +108,45 @@ struct Inner {
 }
 
 impl Inner {
-    /// Runs `f` on the writer connection. A mutex poisoned by a panic elsewhere is
-    /// still usable: rusqlite rolls an unfinished transaction back when it unwinds.
-    fn write<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T>) -> Result<T> {
-        let mut conn = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        f(&mut conn)
+    /// In memory: runs `f` on the one connection in its own `BEGIN IMMEDIATE`
+    /// transaction, committed when it succeeds, and rings when `rings` says so. A
+    /// mutex poisoned by a panic elsewhere is still usable: the transaction is rolled
+    /// back first.
+    fn write_here<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T>,
+        rings: fn(&T) -> bool,
+    ) -> Result<T> {
+        let lock = self.writer.as_ref().ok_or_else(|| {
+            StoreError::Backend("a file store writes through its writer thread".into())
+        })?;
+        let conn = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if !conn.is_autocommit() {
+            conn.execute_batch("ROLLBACK")?;
+        }
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        match f(&conn) {
+            Ok(t) => {
+                conn.execute_batch("COMMIT")?;
+                if rings(&t) {
+                    self.ring();
+                }
+                Ok(t)
+            }
+            Err(e) => {
+                conn.execute_batch("ROLLBACK")?;
+                Err(e)
+            }
+        }
     }
 
     /// Runs `f` on the reader connection (the writer's, in memory).
     fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let lock = self.reader.as_ref().unwrap_or(&self.writer);
+        let lock = self
+            .reader
+            .as_ref()
+            .or(self.writer.as_ref())
+            .ok_or_else(|| StoreError::Backend("a store without a connection".into()))?;
         let conn = lock.lock().unwrap_or_else(PoisonError::into_inner);
         f(&conn)
     }
@@ -119,79 +155,56 @@ impl Inner {
         self.bell.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// Appends a batch in one `BEGIN IMMEDIATE` transaction, under `fences` (closing
-    /// them with the first row's id when `close`).
-    fn append(
+    /// Inside a write transaction: checks `fences` (closing them with the first row's
+    /// id when `close`), then inserts `batch` (`checked` is its validation).
+    fn append_in(
         &self,
+        conn: &Connection,
         fences: &[Fence],
         close: bool,
         batch: &[NewInteraction],
+        checked: &[(InteractionId, String)],
     ) -> Result<Vec<Appended>> {
-        let checked = ledger::validate_batch(&self.options.limits, batch)?;
         let closing = crate::traits::closing_id(close, batch)?;
-        if batch.is_empty() && fences.is_empty() {
-            return Ok(Vec::new());
+        for fence in fences {
+            ledger::check_fence(conn, fence, closing.as_ref())?;
         }
-        let out = self.write(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            for fence in fences {
-                ledger::check_fence(&tx, fence, closing.as_ref())?;
-            }
-            let out = ledger::insert_batch(
-                &tx,
-                &self.options.relay,
-                self.options.signer.as_ref(),
-                batch,
-                &checked,
-            )?;
-            tx.commit()?;
-            Ok(out)
-        })?;
-        if out.iter().any(|a| a.inserted) {
-            self.ring();
-        }
-        Ok(out)
+        ledger::insert_batch(
+            conn,
+            &self.options.relay,
+            self.options.signer.as_ref(),
+            batch,
+            checked,
+        )
     }
 
-    /// A hand-off in one `BEGIN IMMEDIATE` transaction: the batch acquire, then each
-    /// conditional append whose claims were won at the epochs it expects (the insert
-    /// triggers check them as for any fenced append).
-    fn acquire_and_append(
+    /// Inside a write transaction: the batch acquire, then each conditional append
+    /// whose claims were won at the epochs it expects (the insert triggers check them
+    /// as for any fenced append).
+    fn acquire_and_append_in(
         &self,
+        conn: &Connection,
         requests: &[ClaimRequest],
         appends: &[crate::ConditionalAppend],
+        checked: &[ledger::Checked],
     ) -> Result<crate::Handoff> {
-        crate::traits::check_claim_batch(requests)?;
-        crate::traits::check_appends(requests, appends)?;
-        let checked = appends
-            .iter()
-            .map(|a| ledger::validate_batch(&self.options.limits, &a.rows))
-            .collect::<Result<Vec<_>>>()?;
-        let out = self.write(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let acquired = claims::acquire_batch_in(&tx, requests)?;
-            let mut appended = Vec::with_capacity(appends.len());
-            for (a, checked) in appends.iter().zip(&checked) {
-                appended.push(
-                    match crate::traits::conditions_hold(a, requests, &acquired) {
-                        Some(_) => Some(ledger::insert_batch(
-                            &tx,
-                            &self.options.relay,
-                            self.options.signer.as_ref(),
-                            &a.rows,
-                            checked,
-                        )?),
-                        None => None,
-                    },
-                );
-            }
-            tx.commit()?;
-            Ok(crate::Handoff { acquired, appended })
-        })?;
-        if out.appended.iter().flatten().flatten().any(|a| a.inserted) {
-            self.ring();
+        let acquired = claims::acquire_batch_in(conn, requests)?;
+        let mut appended = Vec::with_capacity(appends.len());
+        for (a, checked) in appends.iter().zip(checked) {
+            appended.push(
+                match crate::traits::conditions_hold(a, requests, &acquired) {
+                    Some(_) => Some(ledger::insert_batch(
+                        conn,
+                        &self.options.relay,
+                        self.options.signer.as_ref(),
+                        &a.rows,
+                        checked,
+                    )?),
+                    None => None,
+                },
+            );
         }
-        Ok(out)
+        Ok(crate::Handoff { acquired, appended })
     }
 
     /// Reads up to `limit` rows after `after` (of `room` only, when given), verifying
@@ -297,9 +310,17 @@ impl SqliteStore {
             )?;
             (Some(Mutex::new(reader)), Some(watcher))
         };
+        // On a file every write goes through the writer thread; in memory the one
+        // connection serves everything.
+        let (writer, thread) = if path == MEMORY {
+            (Some(Mutex::new(writer)), None)
+        } else {
+            (None, Some(writer::Writer::spawn(writer, bell.clone())?))
+        };
         Ok(SqliteStore {
             inner: Arc::new(Inner {
-                writer: Mutex::new(writer),
+                writer,
+                thread,
                 reader,
                 options,
                 bell,
@@ -326,6 +347,36 @@ impl SqliteStore {
         &self.inner.options.relay
     }
 
+    /// Runs the write `f` in a transaction of the writer connection: on a file in the
+    /// writer thread, grouped with the writes that arrive with it (each keeps its own
+    /// all-or-nothing), answered once the group is committed; in memory on tokio's
+    /// blocking pool. The doorbell rings after the commit when `rings` says so.
+    async fn write<T, F>(&self, f: F, rings: fn(&T) -> bool) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner, &Connection) -> Result<T> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        match &self.inner.thread {
+            Some(thread) => {
+                let (job, answer) = writer::ClosureJob::queued(move |conn| f(&inner, conn), rings);
+                if thread.send(job).is_err() {
+                    return Err(StoreError::Backend(
+                        "the SQLite writer thread has stopped".into(),
+                    ));
+                }
+                answer.await.map_err(|_| {
+                    StoreError::Backend("the SQLite writer thread dropped a write".into())
+                })?
+            }
+            None => {
+                tokio::task::spawn_blocking(move || inner.write_here(|conn| f(&inner, conn), rings))
+                    .await
+                    .map_err(joined)?
+            }
+        }
+    }
+
     /// Runs `f` on tokio's blocking pool.
     async fn blocking<T: Send + 'static>(
         &self,
@@ -350,8 +401,7 @@ impl Ledger for SqliteStore {
     }
 
     async fn append(&self, batch: Vec<NewInteraction>) -> Result<Vec<Appended>> {
-        self.blocking(move |inner| inner.append(&[], false, &batch))
-            .await
+        self.append_under(&[], false, batch).await
     }
 
     async fn append_under(
@@ -360,9 +410,17 @@ impl Ledger for SqliteStore {
         close: bool,
         batch: Vec<NewInteraction>,
     ) -> Result<Vec<Appended>> {
+        let checked = ledger::validate_batch(&self.inner.options.limits, &batch)?;
+        crate::traits::closing_id(close, &batch)?;
+        if batch.is_empty() && fences.is_empty() {
+            return Ok(Vec::new());
+        }
         let fences = fences.to_vec();
-        self.blocking(move |inner| inner.append(&fences, close, &batch))
-            .await
+        self.write(
+            move |inner, conn| inner.append_in(conn, &fences, close, &batch, &checked),
+            |out: &Vec<Appended>| out.iter().any(|a| a.inserted),
+        )
+        .await
     }
 
     async fn read_forward(&self, after: Position, limit: usize) -> Result<ReadBatch> {
@@ -397,15 +455,21 @@ impl Ledger for SqliteStore {
 impl Claims for SqliteStore {
     async fn acquire(&self, key: &str, holder: &str, ttl: Duration) -> Result<Acquired> {
         let (key, holder) = (key.to_string(), holder.to_string());
-        self.blocking(move |inner| inner.write(|conn| claims::acquire(conn, &key, &holder, ttl)))
-            .await
+        self.write(
+            move |_, conn| claims::acquire_in(conn, &key, &holder, ttl),
+            |_| false,
+        )
+        .await
     }
 
     async fn acquire_batch(&self, requests: &[ClaimRequest]) -> Result<Vec<Option<Acquired>>> {
         crate::traits::check_claim_batch(requests)?;
         let requests = requests.to_vec();
-        self.blocking(move |inner| inner.write(|conn| claims::acquire_batch(conn, &requests)))
-            .await
+        self.write(
+            move |_, conn| claims::acquire_batch_in(conn, &requests),
+            |_| false,
+        )
+        .await
     }
 
     async fn renew(
@@ -416,16 +480,20 @@ impl Claims for SqliteStore {
         ttl: Duration,
     ) -> Result<Option<ClaimState>> {
         let (key, holder) = (key.to_string(), holder.to_string());
-        self.blocking(move |inner| {
-            inner.write(|conn| claims::renew(conn, &key, &holder, epoch, ttl))
-        })
+        self.write(
+            move |_, conn| claims::renew_in(conn, &key, &holder, epoch, ttl),
+            |_| false,
+        )
         .await
     }
 
     async fn release(&self, key: &str, holder: &str, epoch: Epoch) -> Result<bool> {
         let (key, holder) = (key.to_string(), holder.to_string());
-        self.blocking(move |inner| inner.write(|conn| claims::release(conn, &key, &holder, epoch)))
-            .await
+        self.write(
+            move |_, conn| claims::release_in(conn, &key, &holder, epoch),
+            |_| false,
+        )
+        .await
     }
 
     async fn list_claims(&self, prefix: &str) -> Result<Vec<ClaimRow>> {
@@ -444,9 +512,10 @@ impl Claims for SqliteStore {
         let wanted =
             crate::resources::checked_request(&self.inner.options.limits, room, holder, wanted)?;
         let (room, holder) = (room.to_string(), holder.to_string());
-        self.blocking(move |inner| {
-            inner.write(|conn| resources::acquire(conn, &room, &holder, &wanted, ttl))
-        })
+        self.write(
+            move |_, conn| resources::acquire_in(conn, &room, &holder, &wanted, ttl),
+            |_| false,
+        )
         .await
     }
 }
@@ -470,8 +539,17 @@ impl Store for SqliteStore {
         requests: &[ClaimRequest],
         appends: Vec<crate::ConditionalAppend>,
     ) -> Result<crate::Handoff> {
+        crate::traits::check_claim_batch(requests)?;
+        crate::traits::check_appends(requests, &appends)?;
+        let checked = appends
+            .iter()
+            .map(|a| ledger::validate_batch(&self.inner.options.limits, &a.rows))
+            .collect::<Result<Vec<_>>>()?;
         let requests = requests.to_vec();
-        self.blocking(move |inner| inner.acquire_and_append(&requests, &appends))
-            .await
+        self.write(
+            move |inner, conn| inner.acquire_and_append_in(conn, &requests, &appends, &checked),
+            |h: &crate::Handoff| h.appended.iter().flatten().flatten().any(|a| a.inserted),
+        )
+        .await
     }
 }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use huddle_core::resources::{blockers, resource_key, room_prefix, Wanted};
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use super::claims::{claim_state, corrupt, prefix_upper_bound, ttl_us, ACQUIRE};
 use super::conn::now_us;
@@ -31,15 +31,15 @@ const EXPIRE: &str = concat!(
     now_us!()
 );
 
-/// Takes `wanted` (already checked and in the global order) on the writer connection.
-pub(crate) fn acquire(
-    conn: &mut Connection,
+/// Takes `wanted` (already checked and in the global order) inside the caller's write
+/// transaction: SQLite's one write lock is the room's lock.
+pub(crate) fn acquire_in(
+    tx: &Connection,
     room: &str,
     holder: &str,
     wanted: &[Wanted],
     ttl: Duration,
 ) -> Result<ResourcesAcquired> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let prefix = room_prefix(room);
     let upper = prefix_upper_bound(&prefix).ok_or_else(|| {
         StoreError::Backend(format!("no key range for the resources of room {room:?}"))
@@ -59,7 +59,6 @@ pub(crate) fn acquire(
     };
     let blocked = blockers(holder, wanted, &live);
     if !blocked.is_empty() {
-        tx.commit()?;
         return Ok(ResourcesAcquired::Blocked(blocked));
     }
     let mut won = Vec::with_capacity(wanted.len());
@@ -87,6 +86,5 @@ pub(crate) fn acquire(
         };
         won.push(won_holding(holder, &w.name, w.mode, state));
     }
-    tx.commit()?;
     Ok(ResourcesAcquired::Won(won))
 }

@@ -1,0 +1,210 @@
+//! The writer thread: every write of a file store runs here, on the store's one writer
+//! connection, and writes that arrive together share one transaction (group commit).
+//!
+//! ```text
+//!   append / acquire / renew / ... ──job──> queue ──> writer thread
+//!                                                      BEGIN IMMEDIATE
+//!                                                        SAVEPOINT; job 1; RELEASE (or ROLLBACK TO)
+//!                                                        SAVEPOINT; job 2; RELEASE (or ROLLBACK TO)
+//!                                                        ...
+//!                                                      COMMIT ──> each job answered, doorbell rung
+//! ```
+//!
+//! Each job keeps its own all-or-nothing: it runs inside a savepoint, and a job that
+//! fails (a fence that does not hold, a trigger's refusal) is rolled back to it while
+//! the others go on. A job's answer is sent only after the commit, so nobody acts on a
+//! write that is not durable; when the commit fails, every job of the group is answered
+//! with that error (the callers' retries are idempotent). SQLite has one writer at a
+//! time anyway: this turns N commits of writers arriving together into one, and spares
+//! each write a hop through tokio's blocking pool.
+
+use std::sync::mpsc;
+use std::thread;
+
+use rusqlite::Connection;
+use tokio::sync::{oneshot, watch};
+
+use crate::error::{Result, StoreError};
+
+/// Most jobs one transaction takes (the rest wait for the next).
+const MAX_GROUP: usize = 64;
+
+/// A write waiting for the writer thread.
+pub(crate) trait Job: Send {
+    /// Runs the write inside the group's transaction (its own savepoint is the
+    /// thread's business) and keeps its outcome until the commit.
+    fn run(self: Box<Self>, conn: &Connection) -> Box<dyn Ran>;
+    /// The group could not start (no write lock): answer with this error.
+    fn fail(self: Box<Self>, e: StoreError);
+}
+
+/// A job that ran, waiting for its group's commit.
+pub(crate) trait Ran: Send {
+    /// Whether it failed (it was rolled back to its savepoint).
+    fn failed(&self) -> bool;
+    /// Whether the doorbell should ring once the group is committed.
+    fn rings(&self) -> bool;
+    /// Answers the caller: its outcome when the group committed, else the commit's
+    /// error.
+    fn finish(self: Box<Self>, committed: std::result::Result<(), String>);
+}
+
+/// A job from a closure: `f` runs on the writer connection inside the transaction;
+/// `rings` says whether its answer calls for the doorbell.
+pub(crate) struct ClosureJob<T, F> {
+    f: F,
+    rings: fn(&T) -> bool,
+    reply: oneshot::Sender<Result<T>>,
+}
+
+impl<T, F> ClosureJob<T, F>
+where
+    T: Send + 'static,
+    F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+{
+    /// A job and the receiver of its answer.
+    pub(crate) fn queued(
+        f: F,
+        rings: fn(&T) -> bool,
+    ) -> (Box<dyn Job>, oneshot::Receiver<Result<T>>) {
+        let (reply, rx) = oneshot::channel();
+        (Box::new(ClosureJob { f, rings, reply }), rx)
+    }
+}
+
+struct RanJob<T> {
+    outcome: Result<T>,
+    rings: bool,
+    reply: oneshot::Sender<Result<T>>,
+}
+
+impl<T, F> Job for ClosureJob<T, F>
+where
+    T: Send + 'static,
+    F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+{
+    fn run(self: Box<Self>, conn: &Connection) -> Box<dyn Ran> {
+        let outcome = (self.f)(conn);
+        let rings = outcome.as_ref().is_ok_and(|t| (self.rings)(t));
+        Box::new(RanJob {
+            outcome,
+            rings,
+            reply: self.reply,
+        })
+    }
+
+    fn fail(self: Box<Self>, e: StoreError) {
+        let _ = self.reply.send(Err(e));
+    }
+}
+
+impl<T: Send + 'static> Ran for RanJob<T> {
+    fn failed(&self) -> bool {
+        self.outcome.is_err()
+    }
+
+    fn rings(&self) -> bool {
+        self.rings
+    }
+
+    fn finish(self: Box<Self>, committed: std::result::Result<(), String>) {
+        let answer = match (committed, self.outcome) {
+            (Ok(()), outcome) => outcome,
+            // Its own refusal stands; a write that did not commit is unavailable.
+            (Err(_), Err(e)) => Err(e),
+            (Err(why), Ok(_)) => Err(StoreError::Unavailable(format!(
+                "the transaction holding this write did not commit: {why}"
+            ))),
+        };
+        let _ = self.reply.send(answer);
+    }
+}
+
+/// The writer thread of one store. Dropping it (with the store) closes the queue; the
+/// thread finishes the jobs it has and exits.
+pub(crate) struct Writer {
+    queue: mpsc::Sender<Box<dyn Job>>,
+}
+
+impl Writer {
+    /// Starts the thread on `conn`, ringing `bell` after commits that call for it.
+    pub(crate) fn spawn(conn: Connection, bell: watch::Sender<u64>) -> Result<Writer> {
+        let (queue, jobs) = mpsc::channel::<Box<dyn Job>>();
+        thread::Builder::new()
+            .name("huddle-sqlite-writer".into())
+            .spawn(move || run(conn, jobs, bell))
+            .map_err(|e| StoreError::Backend(format!("cannot start the SQLite writer: {e}")))?;
+        Ok(Writer { queue })
+    }
+
+    /// Queues a job. `false` when the thread is gone.
+    pub(crate) fn send(&self, job: Box<dyn Job>) -> std::result::Result<(), Box<dyn Job>> {
+        self.queue.send(job).map_err(|e| e.0)
+    }
+}
+
+fn run(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>, bell: watch::Sender<u64>) {
+    while let Ok(first) = jobs.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match jobs.try_recv() {
+                Ok(j) => group.push(j),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            // Busy or locked past the busy timeout (retryable), or worse.
+            let e = StoreError::from(e);
+            for j in group {
+                j.fail(again(&e));
+            }
+            continue;
+        }
+        let mut ran: Vec<Box<dyn Ran>> = Vec::with_capacity(group.len());
+        let mut broken: Option<String> = None;
+        for j in group {
+            if let Some(why) = &broken {
+                j.fail(StoreError::Unavailable(why.clone()));
+                continue;
+            }
+            if let Err(e) = conn.execute_batch("SAVEPOINT huddle_job") {
+                broken = Some(e.to_string());
+                j.fail(StoreError::Unavailable(e.to_string()));
+                continue;
+            }
+            let done = j.run(&conn);
+            let undo = if done.failed() {
+                conn.execute_batch("ROLLBACK TO huddle_job; RELEASE huddle_job")
+            } else {
+                conn.execute_batch("RELEASE huddle_job")
+            };
+            if let Err(e) = undo {
+                broken = Some(e.to_string());
+            }
+            ran.push(done);
+        }
+        let committed = match &broken {
+            Some(why) => Err(why.clone()),
+            None => conn.execute_batch("COMMIT").map_err(|e| e.to_string()),
+        };
+        if committed.is_err() {
+            // Nothing of the group is kept; the connection is ready for the next.
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        let ring = committed.is_ok() && ran.iter().any(|r| r.rings());
+        if ring {
+            bell.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        for r in ran {
+            r.finish(committed.clone());
+        }
+    }
+}
+
+/// The same error again, for the next job of a group that could not start.
+fn again(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+        other => StoreError::Backend(other.to_string()),
+    }
+}
