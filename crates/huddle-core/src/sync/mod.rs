@@ -1937,8 +1937,14 @@ impl Synchronizer {
             // contending for the first ones; otherwise in the fold's frontier order.
             // Either way the walk reads the indexes and stops as soon as every free
             // agent has something or the pass's cap is reached.
-            let free = self.agents.keys().filter(|a| !busy.contains(*a)).count();
-            let spreading = self.dag.frontier_len(&room) > free;
+            // The free local agents, kept as the walk hands tasks out: the walk stops
+            // when none is left, and picks among them only (not every agent per task).
+            let mut free: Vec<&LocalAgent> = self
+                .agents
+                .values()
+                .filter(|a| !busy.contains(&a.key))
+                .collect();
+            let spreading = self.dag.frontier_len(&room) > free.len();
             let order: Box<dyn Iterator<Item = &str> + '_> = if spreading {
                 Box::new(
                     self.walk
@@ -1962,7 +1968,7 @@ impl Synchronizer {
                     capped = true;
                     break;
                 }
-                if self.agents.keys().all(|a| busy.contains(a)) {
+                if free.is_empty() {
                     // Nobody here can take anything: the rest of the frontier is
                     // only for bids (none from busy agents either).
                     break;
@@ -2006,19 +2012,15 @@ impl Synchronizer {
                 } else {
                     holdings.get_or_insert_with(|| self.live_holdings(&room, now))
                 };
-                let pick = self
-                    .agents
-                    .values()
-                    .find(|a| {
-                        right.allows(&a.key, &a.capabilities, task)
-                            && !busy.contains(&a.key)
-                            && crate::resources::blockers(&a.key, &task.uses, live).is_empty()
-                            && !self.outstanding_bid(&a.key, Some((&room, id)))
-                            && benched != Some(a.key.as_str())
-                            && !self.benched(&room, &a.key)
-                    })
-                    .map(|a| a.key.clone());
-                if let Some(agent) = pick {
+                let pick = free.iter().position(|a| {
+                    right.allows(&a.key, &a.capabilities, task)
+                        && crate::resources::blockers(&a.key, &task.uses, live).is_empty()
+                        && !self.outstanding_bid(&a.key, Some((&room, id)))
+                        && benched != Some(a.key.as_str())
+                        && !self.benched(&room, &a.key)
+                });
+                if let Some(i) = pick {
+                    let agent = free.remove(i).key.clone();
                     busy.insert(agent.clone());
                     chosen.push((id.to_string(), agent));
                     wakes += 1;
@@ -2208,18 +2210,33 @@ impl Synchronizer {
         for room in rooms {
             let config = self.config(&room, None).clone();
             let ttl_us = ms_to_us(config.claim_ttl_ms.max(1));
+            // The cheap refusals first, over the claimed set, without allocating: a
+            // task whose turn runs here, and another relay's claim younger than a
+            // lease (see below), are not probed.
+            let running: BTreeSet<&str> = self
+                .turns
+                .values()
+                .filter(|lt| lt.room == room)
+                .filter_map(|lt| match &lt.work {
+                    LiveWork::Task { task } => Some(task.as_str()),
+                    _ => None,
+                })
+                .collect();
             let claimed: Vec<(String, Option<String>)> = self
                 .dag
                 .claimed(&room)
                 .into_iter()
+                .filter(|t| !running.contains(t.id.as_str()))
+                .filter(|t| {
+                    let remote = t.owner.as_ref().is_some_and(|o| !self.agents.contains_key(o));
+                    !(remote && t.claimed_at.is_some_and(|at| now < at.saturating_add(ttl_us)))
+                })
                 .map(|t| (t.id.clone(), t.owner.clone()))
                 .collect();
+            drop(running);
             for (id, owner) in claimed {
-                let running = self.turns.values().any(|lt| {
-                    lt.room == room && matches!(&lt.work, LiveWork::Task { task } if *task == id)
-                });
                 let key = self.tkey(&room, &id);
-                if running || self.task_busy(&room, &id, &key) || self.held_elsewhere(&key, now) {
+                if self.task_busy(&room, &id, &key) || self.held_elsewhere(&key, now) {
                     continue;
                 }
                 let Some(task) = self.dag.task(&room, &id) else {
