@@ -2228,8 +2228,13 @@ impl Synchronizer {
                 .into_iter()
                 .filter(|t| !running.contains(t.id.as_str()))
                 .filter(|t| {
-                    let remote = t.owner.as_ref().is_some_and(|o| !self.agents.contains_key(o));
-                    !(remote && t.claimed_at.is_some_and(|at| now < at.saturating_add(ttl_us)))
+                    let remote = t
+                        .owner
+                        .as_ref()
+                        .is_some_and(|o| !self.agents.contains_key(o));
+                    !(remote
+                        && t.claimed_at
+                            .is_some_and(|at| now < at.saturating_add(ttl_us)))
                 })
                 .map(|t| (t.id.clone(), t.owner.clone()))
                 .collect();
