@@ -414,77 +414,17 @@ impl Relay {
                     }
                 }
                 Some(fb) = rx.recv() => {
-                    let event = match fb {
-                        Feedback::Claim(c) => Event::ClaimResult(c),
-                        Feedback::Resources { key, epoch, answer } => {
-                            Event::ResourcesResult { key, epoch, answer }
+                    // Feedback that arrived together is handled with one scheduling
+                    // pass (a batch of claims answered at once starts its turns at
+                    // once instead of one pass per answer).
+                    let mut events: Vec<Event> = lp.feedback_event(fb).into_iter().collect();
+                    while events.len() < FEEDBACK_BATCH {
+                        match rx.try_recv() {
+                            Ok(fb) => events.extend(lp.feedback_event(fb)),
+                            Err(_) => break,
                         }
-                        Feedback::Confirmed { key, epoch, lease } => {
-                            lp.leases.insert((key, epoch), lease);
-                            continue;
-                        }
-                        Feedback::Lost { key, epoch, fenced } => {
-                            if fenced {
-                                lp.summary.fenced_refusals += 1;
-                            }
-                            lp.metrics.claim_lost(&key, fenced);
-                            lp.leases.remove(&(key.clone(), epoch));
-                            for t in lp.turns.values_mut() {
-                                if t.claims.iter().any(|c| c.key == key && c.epoch == epoch) {
-                                    t.lost = true;
-                                }
-                            }
-                            Event::ClaimLost { key, epoch }
-                        }
-                        Feedback::TurnEnded { turn, outcome, tokens, activity } => {
-                            let ended = lp.turns.remove(&turn);
-                            let lost = ended.as_ref().is_some_and(|t| t.lost);
-                            for c in ended.iter().flat_map(|t| &t.claims) {
-                                lp.leases.remove(&(c.key.clone(), c.epoch));
-                            }
-                            let end = match &outcome {
-                                // A reply under a lost claim is never written: the turn
-                                // failed, whatever the agent answered.
-                                CoreOutcome::Replied { .. } if !lost => {
-                                    lp.summary.turns_replied += 1;
-                                    TurnEnd::Replied
-                                }
-                                CoreOutcome::NotStarted { .. } => {
-                                    lp.summary.turns_started = lp.summary.turns_started.saturating_sub(1);
-                                    lp.summary.turns_not_started += 1;
-                                    TurnEnd::NotStarted
-                                }
-                                other => {
-                                    lp.summary.turns_failed += 1;
-                                    match other {
-                                        CoreOutcome::Replied { .. } => TurnEnd::Lost,
-                                        CoreOutcome::Cancelled => TurnEnd::Cancelled,
-                                        _ => TurnEnd::Failed,
-                                    }
-                                }
-                            };
-                            if let Some(t) = &ended {
-                                let ran = (end != TurnEnd::NotStarted).then(|| t.started.elapsed());
-                                lp.metrics.turn_ended(t.work, end, ran);
-                            }
-                            Event::TurnEnded { turn, outcome, tokens, activity }
-                        }
-                        Feedback::Failed(e) => {
-                            warn!(error = %e, "a store operation failed");
-                            continue;
-                        }
-                        Feedback::WriteRetried => {
-                            lp.summary.writes_retried += 1;
-                            lp.metrics.write_retried();
-                            continue;
-                        }
-                        Feedback::ResultLost => {
-                            lp.summary.results_lost += 1;
-                            lp.metrics.result_lost();
-                            continue;
-                        }
-                    };
-                    if lp.handle(event) {
+                    }
+                    if !events.is_empty() && lp.handle_all(events) {
                         break;
                     }
                 }
@@ -899,7 +839,100 @@ impl Loop {
         }
     }
 
+    /// The synchronizer event a piece of feedback from the executor or a turn
+    /// becomes, after its effects on the relay's own tables (none for feedback that
+    /// only updates those tables or the counts).
+    fn feedback_event(&mut self, fb: Feedback) -> Option<Event> {
+        Some(match fb {
+            Feedback::Claim(c) => Event::ClaimResult(c),
+            Feedback::Resources { key, epoch, answer } => {
+                Event::ResourcesResult { key, epoch, answer }
+            }
+            Feedback::Confirmed { key, epoch, lease } => {
+                self.leases.insert((key, epoch), lease);
+                return None;
+            }
+            Feedback::Lost { key, epoch, fenced } => {
+                if fenced {
+                    self.summary.fenced_refusals += 1;
+                }
+                self.metrics.claim_lost(&key, fenced);
+                self.leases.remove(&(key.clone(), epoch));
+                for t in self.turns.values_mut() {
+                    if t.claims.iter().any(|c| c.key == key && c.epoch == epoch) {
+                        t.lost = true;
+                    }
+                }
+                Event::ClaimLost { key, epoch }
+            }
+            Feedback::TurnEnded {
+                turn,
+                outcome,
+                tokens,
+                activity,
+            } => {
+                let ended = self.turns.remove(&turn);
+                let lost = ended.as_ref().is_some_and(|t| t.lost);
+                for c in ended.iter().flat_map(|t| &t.claims) {
+                    self.leases.remove(&(c.key.clone(), c.epoch));
+                }
+                let end = match &outcome {
+                    // A reply under a lost claim is never written: the turn
+                    // failed, whatever the agent answered.
+                    CoreOutcome::Replied { .. } if !lost => {
+                        self.summary.turns_replied += 1;
+                        TurnEnd::Replied
+                    }
+                    CoreOutcome::NotStarted { .. } => {
+                        self.summary.turns_started = self.summary.turns_started.saturating_sub(1);
+                        self.summary.turns_not_started += 1;
+                        TurnEnd::NotStarted
+                    }
+                    other => {
+                        self.summary.turns_failed += 1;
+                        match other {
+                            CoreOutcome::Replied { .. } => TurnEnd::Lost,
+                            CoreOutcome::Cancelled => TurnEnd::Cancelled,
+                            _ => TurnEnd::Failed,
+                        }
+                    }
+                };
+                if let Some(t) = &ended {
+                    let ran = (end != TurnEnd::NotStarted).then(|| t.started.elapsed());
+                    self.metrics.turn_ended(t.work, end, ran);
+                }
+                Event::TurnEnded {
+                    turn,
+                    outcome,
+                    tokens,
+                    activity,
+                }
+            }
+            Feedback::Failed(e) => {
+                warn!(error = %e, "a store operation failed");
+                return None;
+            }
+            Feedback::WriteRetried => {
+                self.summary.writes_retried += 1;
+                self.metrics.write_retried();
+                return None;
+            }
+            Feedback::ResultLost => {
+                self.summary.results_lost += 1;
+                self.metrics.result_lost();
+                return None;
+            }
+        })
+    }
+
     /// Feeds an event; performs the intents. Returns true when the relay may stop.
+    fn handle_all(&mut self, events: Vec<Event>) -> bool {
+        let intents = self.sync.handle_all(events);
+        let stopped = intents.iter().any(|i| matches!(i, Intent::Stopped));
+        self.spawn_intents(intents);
+        stopped
+    }
+
     fn handle(&mut self, event: Event) -> bool {
         let intents = self.sync.handle(event);
         let stopped = intents.iter().any(|i| matches!(i, Intent::Stopped));
@@ -1023,6 +1056,9 @@ impl Loop {
 /// database was unavailable.
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Most pieces of feedback handled with one scheduling pass.
+const FEEDBACK_BATCH: usize = 512;
 
 /// Longest a turn's end waits for its progress notes to be written.
 const PROGRESS_DRAIN: Duration = Duration::from_secs(2);

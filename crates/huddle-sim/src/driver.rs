@@ -65,6 +65,7 @@ impl Driver for WorkloadDriver {
             &format!("{}|{}", request.agent, request.subject()),
         );
         let fails = rng.next_f64() < self.failure_rate;
+        tracing::trace!(agent = %request.agent, task = ?request.task, "simulated work starts");
         // A failing turn notices part-way through.
         let spent = if fails {
             work.mul_f64(0.25 + 0.5 * rng.next_f64())
@@ -74,6 +75,7 @@ impl Driver for WorkloadDriver {
         tokio::select! {
             _ = cancel.cancelled() => TurnOutcome::Cancelled,
             _ = tokio::time::sleep(spent) => {
+                tracing::trace!(agent = %request.agent, task = ?request.task, "simulated work ends");
                 if fails {
                     TurnOutcome::failed("simulated failure", tokens / 2)
                 } else {

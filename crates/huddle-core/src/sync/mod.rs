@@ -642,11 +642,40 @@ impl Synchronizer {
 
     /// Handles one event and returns what to do, in order.
     pub fn handle(&mut self, event: Event) -> Vec<Intent> {
+        self.handle_all(std::iter::once(event))
+    }
+
+    /// Handles events that arrived together, then runs one scheduling pass over the
+    /// state they leave (rather than one pass per event: a relay whose hundred claims
+    /// are answered at once schedules once, not a hundred times). Returns what to do,
+    /// in order: each event's own intents in arrival order, then the pass's.
+    pub fn handle_all(&mut self, events: impl IntoIterator<Item = Event>) -> Vec<Intent> {
         let mut out = Vec::new();
+        let mut wants_pass = false;
+        for event in events {
+            wants_pass |= self.apply_event(event, &mut out);
+        }
+        if wants_pass {
+            self.pass(&mut out);
+        }
+        if self.shutting_down
+            && self.turns.is_empty()
+            && self.pending_uses.is_empty()
+            && !self.stopped_sent
+        {
+            self.stopped_sent = true;
+            out.push(Intent::Stopped);
+        }
+        out
+    }
+
+    /// Applies one event's direct effects; false when it cannot change what a pass
+    /// would decide.
+    fn apply_event(&mut self, event: Event, out: &mut Vec<Intent>) -> bool {
         match event {
             Event::Ledger { rows, caught_up } => {
                 for row in &rows {
-                    self.fold(row, &mut out);
+                    self.fold(row, out);
                 }
                 self.follow_frontier();
                 self.caught_up = caught_up;
@@ -654,39 +683,33 @@ impl Synchronizer {
             Event::Tick { now } => {
                 self.now = Some(self.now.map_or(now, |n| n.max(now)));
                 if self.next_reconcile.is_none_or(|at| now >= at) {
-                    self.reconcile(now, &mut out);
+                    self.reconcile(now, out);
                 }
             }
             Event::Covered { as_of } => {
                 self.covered = Some(self.covered.map_or(as_of, |c| c.max(as_of)));
                 // Only a bid decision waits for coverage: nothing else to do.
                 if self.coverage_wanted.is_none_or(|w| w > as_of) {
-                    return out;
+                    return false;
                 }
             }
-            Event::ClaimResult(r) => self.on_claim_result(r, &mut out),
+            Event::ClaimResult(r) => self.on_claim_result(r, out),
             Event::TurnEnded {
                 turn,
                 outcome,
                 tokens,
                 activity,
-            } => self.on_turn_ended(&turn, outcome, tokens, activity, &mut out),
-            Event::ClaimLost { key, epoch } => self.on_claim_lost(&key, epoch, &mut out),
+            } => self.on_turn_ended(&turn, outcome, tokens, activity, out),
+            Event::ClaimLost { key, epoch } => self.on_claim_lost(&key, epoch, out),
             Event::ResourcesResult { key, epoch, answer } => {
-                self.on_resources(&key, epoch, answer, &mut out)
+                self.on_resources(&key, epoch, answer, out)
             }
             Event::Stop {
                 room,
                 agent,
                 thread,
                 command,
-            } => self.on_stop(
-                &room,
-                agent.as_deref(),
-                thread.as_deref(),
-                command,
-                &mut out,
-            ),
+            } => self.on_stop(&room, agent.as_deref(), thread.as_deref(), command, out),
             Event::Watch {
                 room,
                 thread,
@@ -726,16 +749,7 @@ impl Synchronizer {
                 }
             }
         }
-        self.pass(&mut out);
-        if self.shutting_down
-            && self.turns.is_empty()
-            && self.pending_uses.is_empty()
-            && !self.stopped_sent
-        {
-            self.stopped_sent = true;
-            out.push(Intent::Stopped);
-        }
-        out
+        true
     }
 
     // -----------------------------------------------------------------------------

@@ -935,6 +935,72 @@ fn run_task_to_start(h: &mut H, task: &str, agent: &str, epoch: i64) -> TurnStar
     starts(&out)[0].clone()
 }
 
+/// The answer to a claim, as the relay feeds it.
+fn won(key: &str, holder: &str, epoch: i64, now: Timestamp) -> Event {
+    Event::ClaimResult(ClaimOutcome {
+        key: key.into(),
+        holder: holder.into(),
+        answer: ClaimAnswer::Won {
+            epoch: ClaimEpoch(epoch),
+            expires_at: now + 60 * S,
+        },
+        then: None,
+        written: false,
+    })
+}
+
+#[test]
+fn claim_answers_handled_together_start_every_turn_once() {
+    let mut h = H::new(&["bo", "cy", "di"]);
+    h.start();
+    let out = h.post(vec![
+        created("a", &[]),
+        created("b", &[]),
+        created("c", &[]),
+    ]);
+    let wanted = acquires(&out);
+    assert_eq!(wanted.len(), 3, "{out:?}");
+    // Every task claim answered in one go: one drive acquire each, nothing twice.
+    let now = h.now;
+    let out = h
+        .sync
+        .handle_all(wanted.iter().map(|(k, a)| won(k, a, 1, now)));
+    let mut drives = acquires(&out);
+    drives.sort();
+    let mut expected: Vec<(String, String)> = ["a", "b", "c"]
+        .iter()
+        .map(|t| (taskdrive_key("lobby", t), "r1".to_string()))
+        .collect();
+    expected.sort();
+    assert_eq!(drives, expected, "{out:?}");
+    // Every drive answered in one go: three turns, each under its own fences, and
+    // no further acquire (every agent is busy).
+    let out = h
+        .sync
+        .handle_all(drives.iter().map(|(k, a)| won(k, a, 1, now)));
+    let mut started: Vec<(String, String)> = starts(&out)
+        .iter()
+        .map(|s| match &s.work {
+            TurnWork::Task(t) => (t.id.clone(), s.agent.to_string()),
+            other => panic!("not a task turn: {other:?}"),
+        })
+        .collect();
+    started.sort();
+    let mut agents: Vec<&str> = started.iter().map(|(_, a)| a.as_str()).collect();
+    agents.sort();
+    agents.dedup();
+    assert_eq!(started.len(), 3, "{out:?}");
+    assert_eq!(agents.len(), 3, "one turn per agent: {started:?}");
+    assert_eq!(appends(&out).len(), 3, "{out:?}");
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    h.apply_appends(&out);
+    let out = h.read();
+    assert!(
+        starts(&out).is_empty() && acquires(&out).is_empty(),
+        "{out:?}"
+    );
+}
+
 #[test]
 fn pull_schedules_ready_tasks_and_completes_under_the_fence() {
     let mut h = H::new(&["bo", "cy"]);

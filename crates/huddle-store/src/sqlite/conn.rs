@@ -24,6 +24,37 @@ pub(crate) use now_us;
 /// `SQLITE_BUSY` (mapped to [`StoreError::Unavailable`]).
 pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The longest single sleep of [`busy_wait`].
+const BUSY_SLEEP_MAX: Duration = Duration::from_millis(2);
+
+thread_local! {
+    /// When the current thread's wait for a lock began (reset at each new wait).
+    static BUSY_SINCE: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// The busy handler of every connection: waits for another writer's lock in short
+/// sleeps (50 µs doubling to 2 ms) for at most [`BUSY_TIMEOUT`]. SQLite's own
+/// `busy_timeout` handler sleeps 1, 2, 5, 10 … up to 100 ms a step, so a writer that
+/// finds the lock taken for a millisecond often waits ten or more: with several
+/// processes writing one file, that added tens of milliseconds to claims.
+fn busy_wait(attempt: i32) -> bool {
+    let now = Instant::now();
+    let since = BUSY_SINCE.with(|s| {
+        if attempt == 0 || s.get().is_none() {
+            s.set(Some(now));
+        }
+        s.get().unwrap_or(now)
+    });
+    if now.duration_since(since) >= BUSY_TIMEOUT {
+        return false;
+    }
+    let step = Duration::from_micros(50)
+        .saturating_mul(1u32 << attempt.clamp(0, 16))
+        .min(BUSY_SLEEP_MAX);
+    thread::sleep(step);
+    true
+}
+
 /// The path that names a private in-memory database.
 pub(crate) const MEMORY: &str = ":memory:";
 
@@ -56,10 +87,10 @@ impl From<rusqlite::Error> for StoreError {
 }
 
 /// Opens one connection to `path` (or a private in-memory database for
-/// [`MEMORY`]) and configures it: `busy_timeout`, and on files WAL and
+/// [`MEMORY`]) and configures it: the [`busy_wait`] handler, and on files WAL and
 /// `synchronous=NORMAL`.
 pub(crate) fn open_connection(path: &str, kind: ConnKind) -> Result<Connection> {
-    let conn = if path == MEMORY {
+    let mut conn = if path == MEMORY {
         Connection::open_in_memory()?
     } else {
         Connection::open_with_flags(path, OpenFlags::default()).map_err(
@@ -74,7 +105,7 @@ pub(crate) fn open_connection(path: &str, kind: ConnKind) -> Result<Connection> 
             },
         )?
     };
-    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.busy_handler(Some(busy_wait))?;
     if path != MEMORY {
         // Switching to WAL needs a moment of exclusive access; when several processes
         // open a new file together the loser may see SQLITE_BUSY without the busy

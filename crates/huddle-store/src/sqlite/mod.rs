@@ -1,7 +1,8 @@
 //! SQLite backend: the embedded default (one machine, zero setup).
 //!
-//! - **Files** are opened in WAL mode with `synchronous=NORMAL` and a 10 s
-//!   `busy_timeout`. Each store holds a writer connection, owned by its writer thread
+//! - **Files** are opened in WAL mode with `synchronous=NORMAL`; a connection that
+//!   finds the write lock taken waits up to 10 s in sleeps of 50 µs to 2 ms
+//!   (`conn::busy_wait`). Each store holds a writer connection, owned by its writer thread
 //!   (`writer.rs`), and a reader connection behind a mutex whose calls run on tokio's
 //!   blocking pool, so the async runtime never waits on SQLite.
 //! - **Writes** (appends, claims, resources) go to the writer thread, which runs the
