@@ -373,7 +373,9 @@ impl<'a> Tree<'a> {
                 format!(
                     "submitted by {}, waiting for {}'s verdict",
                     t.owner.as_deref().unwrap_or("?"),
-                    t.review.as_ref().map_or("the reviewer", |r| r.agent.as_str())
+                    t.review
+                        .as_ref()
+                        .map_or("the reviewer", |r| r.agent.as_str())
                 ),
             ),
             TaskStatus::Claimed => (

@@ -55,6 +55,8 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     8 "handoff" "0008_handoff.sql",
     9 "task_generations" "0009_task_generations.sql",
     10 "review_gates" "0010_review_gates.sql",
+    11 "placeholder" "0011_placeholder.sql",
+    12 "archived_rooms" "0012_archived_rooms.sql",
 );
 
 /// SQLite migrations, in order.
@@ -68,6 +70,8 @@ pub const SQLITE: &[Migration] = migrations!("sqlite":
     7 "resources" "0007_resources.sql",
     8 "task_generations" "0008_task_generations.sql",
     9 "review_gates" "0009_review_gates.sql",
+    10 "placeholder" "0010_placeholder.sql",
+    11 "archived_rooms" "0011_archived_rooms.sql",
 );
 
 /// Checks that the applied migrations are a prefix of `known` with equal checksums,
