@@ -49,9 +49,12 @@ pub fn require_database(url: &str) -> anyhow::Result<()> {
 pub async fn existing_room(store: &dyn Store, room: &str) -> anyhow::Result<String> {
     match room_owner(store, room).await? {
         Some(owner) => Ok(owner),
-        None => bail!(
-            "there is no room {room:?}; create it with `huddle room create {room} --owner ID`"
-        ),
+        None => match crate::archive_cmds::archived(store, room).await? {
+            Some(row) => bail!("{}", crate::archive_cmds::archived_note(room, &row)),
+            None => bail!(
+                "there is no room {room:?}; create it with `huddle room create {room} --owner ID`"
+            ),
+        },
     }
 }
 
@@ -117,6 +120,12 @@ pub async fn room_create(
             return Ok(());
         }
         bail!("room {room} already exists and is owned by {existing}");
+    }
+    if let Some(row) = crate::archive_cmds::archived(&*store, room).await? {
+        bail!(
+            "{}: choose another room name",
+            crate::archive_cmds::archived_note(room, &row)
+        );
     }
     huddle_core::validate_name("owner", owner, &huddle_core::Limits::default())?;
     let path = keys::key_path(owner, key_flag)?;

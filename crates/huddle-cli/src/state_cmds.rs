@@ -70,6 +70,8 @@ struct Admitted<'a> {
     room: &'a str,
     authority: huddle_core::OwnerAuthority,
     created: bool,
+    /// The room's `room.archived` row, if its owner archived it.
+    archived: Option<huddle_core::Interaction>,
 }
 
 impl<'a> Admitted<'a> {
@@ -78,6 +80,7 @@ impl<'a> Admitted<'a> {
             room,
             authority: huddle_core::OwnerAuthority::new(),
             created: false,
+            archived: None,
         }
     }
 
@@ -87,6 +90,9 @@ impl<'a> Admitted<'a> {
             return false;
         }
         self.created |= r.verb == huddle_core::Verb::RoomCreated;
+        if r.verb == huddle_core::Verb::RoomArchived {
+            self.archived = Some(r.clone());
+        }
         huddle_core::Fold::apply(&mut self.authority, r);
         self.authority.admits(r)
     }
@@ -94,6 +100,9 @@ impl<'a> Admitted<'a> {
     /// Fails when the room was never created.
     fn created(&self) -> anyhow::Result<()> {
         let room = self.room;
+        if let (false, Some(row)) = (self.created, &self.archived) {
+            bail!("{}", crate::archive_cmds::archived_note(room, row));
+        }
         if !self.created {
             bail!("room {room:?} does not exist in this database (create it with `huddle room create {room} --owner NAME`)");
         }

@@ -1346,7 +1346,11 @@ async fn postgres_rows_leave_only_by_their_owners_archive() {
                 .expect("connect")
         }
     };
-    let (owner_a, owner_b, relay) = (connect("oa").await, connect("ob").await, connect("rl").await);
+    let (owner_a, owner_b, relay) = (
+        connect("oa").await,
+        connect("ob").await,
+        connect("rl").await,
+    );
     let created = |room: &str, owner: &str| {
         NewInteraction::new(
             room,
@@ -1432,12 +1436,19 @@ async fn postgres_rows_leave_only_by_their_owners_archive() {
 
     // The creating role archives it; then nobody adds a row, and the claims of the
     // room taken since are pruned by the administrator alone.
-    let out = owner_a.archive_room(request).await.expect("the owner archives");
+    let out = owner_a
+        .archive_room(request)
+        .await
+        .expect("the owner archives");
     assert_eq!(out.rows_removed, 6);
     let left = rows_of(&relay, "done").await;
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].verb, Verb::RoomArchived);
-    assert_eq!(left[0].relay, format!("oa-{tag}"), "written by the owner's role");
+    assert_eq!(
+        left[0].relay,
+        format!("oa-{tag}"),
+        "written by the owner's role"
+    );
     for store in [&owner_a, &owner_b, &relay] {
         let err = store
             .append(vec![created("done", "mallory")])
