@@ -6,6 +6,7 @@ mod archive_cmds;
 mod bench_coord;
 mod bench_ledger;
 mod bench_sched;
+mod bench_startup;
 mod bench_tasks;
 mod demo;
 mod keys;
@@ -368,6 +369,10 @@ pub enum BenchCommand {
     /// The synchronizer's own cost per task as the DAG grows (no database: every
     /// intent answered from memory).
     Sched(bench_sched::SchedArgs),
+    /// A relay process's start-up time (to its first reply) and peak memory on a
+    /// ledger whose other rooms hold many rows, beside the same relay with its room
+    /// alone; any `huddle` binary (--huddle), in a scratch database beside --db.
+    Startup(bench_startup::StartupArgs),
 }
 
 /// `huddle room ...`
@@ -707,6 +712,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&lines)?);
             } else {
                 print!("{}", bench_sched::render(&args, &lines));
+            }
+            Ok(())
+        }
+        Command::Bench {
+            command: BenchCommand::Startup(args),
+        } => {
+            let json = args.json;
+            let report = bench_startup::run(args, db.clone()).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", bench_startup::render(&report));
             }
             Ok(())
         }
