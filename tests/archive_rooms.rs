@@ -157,6 +157,13 @@ async fn an_owner_archives_a_settled_room_for_good(backend: Backend) {
         "other rooms keep theirs"
     );
 
+    let list = ok({
+        let mut c = huddle(&db);
+        c.args(["room", "list"]);
+        c
+    });
+    assert!(list.contains("lobby  archived"), "{list}");
+
     // Nothing uses the room again.
     let err = fails({
         let mut c = huddle(&db);

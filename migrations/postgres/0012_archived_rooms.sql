@@ -51,13 +51,20 @@ CREATE TRIGGER interaction_no_delete
 
 -- Nothing is added to an archived room but its own `room.archived` row. (A row racing
 -- the archive cannot slip in: huddle_room_archive holds a SHARE lock on interaction,
--- which waits for every insert in flight and holds back new ones until it commits;
+-- which waits for every insert in flight and holds new ones back until it commits;
 -- this check then runs with a fresh snapshot and sees the room archived.)
+--
+-- It runs for every row appended, so it is as cheap as a trigger gets: SECURITY
+-- INVOKER with no SET clause (a definer function with `SET search_path` cost about
+-- 10 µs more per row, measured), every name and operator schema-qualified, reading
+-- archived_room, which every role may read (room names and counts the ledger shows
+-- anyway) and only huddle_room_archive writes.
 CREATE FUNCTION huddle_check_archived() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM archived_room
-               WHERE room = NEW.room AND archived_id IS DISTINCT FROM NEW.id) THEN
+    IF EXISTS (SELECT 1 FROM public.archived_room a
+               WHERE a.room OPERATOR(pg_catalog.=) NEW.room
+                 AND NOT (a.archived_id OPERATOR(pg_catalog.=) NEW.id)) THEN
         RAISE EXCEPTION 'huddle: room % is archived: nothing can be added to it', NEW.room
             USING ERRCODE = 'HUA05',
                   HINT = 'an archived room cannot be reused; choose another room name';
@@ -180,6 +187,7 @@ END;
 $$;
 
 REVOKE ALL ON archived_room FROM PUBLIC;
+GRANT SELECT ON archived_room TO PUBLIC;
 REVOKE ALL ON FUNCTION huddle_check_delete() FROM PUBLIC;
 REVOKE ALL ON FUNCTION huddle_check_archived() FROM PUBLIC;
 REVOKE ALL ON FUNCTION huddle_room_archive(text, bigint, bytea, text, text, text) FROM PUBLIC;

@@ -675,6 +675,10 @@ pub struct RoomRow {
     pub owner: Option<String>,
     /// How many rows the room has.
     pub rows: u64,
+    /// Whether its owner archived it (its rows but the `room.archived` one are gone,
+    /// so it has no owner any more).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub archived: bool,
     /// Database time of its latest row (for the dashboard; not in `--json`).
     #[serde(skip)]
     pub last_at: Option<huddle_core::Timestamp>,
@@ -692,6 +696,10 @@ pub async fn room_list(url: &str, options: StoreOptions, json_out: bool) -> anyh
         println!("no rooms (create one with `huddle room create ROOM --owner ID`)");
     }
     for r in &rooms {
+        if r.archived {
+            println!("{}  archived (its room.archived row alone is left)", r.room);
+            continue;
+        }
         println!(
             "{}  owner {}  {} rows",
             r.room,
@@ -714,10 +722,12 @@ pub async fn room_rows(store: &dyn Store) -> anyhow::Result<Vec<RoomRow>> {
                 room: row.room.clone(),
                 owner: None,
                 rows: 0,
+                archived: false,
                 last_at: None,
             });
             entry.rows += 1;
             entry.last_at = entry.last_at.max(Some(row.at));
+            entry.archived |= row.verb == Verb::RoomArchived;
             if entry.owner.is_none() && row.verb == Verb::RoomCreated {
                 entry.owner = row
                     .body

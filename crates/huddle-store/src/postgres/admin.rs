@@ -291,8 +291,6 @@ async fn init_on(client: &mut Client) -> Result<Vec<i64>> {
          GRANT SELECT ON agent_token TO {relay};
          REVOKE ALL ON agent_binding FROM PUBLIC;
          GRANT SELECT ON agent_binding TO {reader};
-         REVOKE ALL ON archived_room FROM PUBLIC;
-         GRANT SELECT ON archived_room TO {reader};
          GRANT EXECUTE ON FUNCTION {ARCHIVE_FUNCTION} TO {writer};\n",
         db = ident(&db),
     );
