@@ -284,7 +284,7 @@ async fn wait_for_answer(
         cursor = batch.next;
     }
     let ledger: Arc<dyn huddle_store::Ledger> = store;
-    let mut sub = Subscription::new(ledger, cursor, 1000);
+    let mut sub = Subscription::for_rooms(ledger, vec![room.to_string()], cursor, 1000);
     let found = tokio::time::timeout(limit, async {
         loop {
             match sub.next().await {
@@ -597,7 +597,7 @@ pub async fn tail(
         return Ok(());
     }
     let ledger: Arc<dyn huddle_store::Ledger> = store;
-    let mut sub = Subscription::new(ledger, cursor, 1000);
+    let mut sub = Subscription::for_rooms(ledger, vec![room.to_string()], cursor, 1000);
     loop {
         tokio::select! {
             batch = sub.next() => match batch {

@@ -822,7 +822,7 @@ pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow:
     };
     draw(&w)?;
     let ledger: Arc<dyn huddle_store::Ledger> = store;
-    let mut sub = Subscription::new(ledger, cursor, 1000);
+    let mut sub = Subscription::for_rooms(ledger, vec![room.to_string()], cursor, 1000);
     let mut dirty = false;
     let mut next_draw = tokio::time::Instant::now();
     loop {
