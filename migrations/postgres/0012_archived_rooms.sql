@@ -49,7 +49,9 @@ CREATE TRIGGER interaction_no_delete
     BEFORE DELETE ON interaction
     FOR EACH ROW EXECUTE FUNCTION huddle_check_delete();
 
--- Nothing is added to an archived room but its own `room.archived` row. (A row racing
+-- Nothing is added to an archived room but its own `room.archived` row, and no
+-- `room.archived` row is added anywhere but by huddle_room_archive (relays stop
+-- serving a room when they read one: a forged one would silence a live room). (A row racing
 -- the archive cannot slip in: huddle_room_archive holds a SHARE lock on interaction,
 -- which waits for every insert in flight and holds new ones back until it commits;
 -- this check then runs with a fresh snapshot and sees the room archived.)
@@ -62,6 +64,15 @@ CREATE TRIGGER interaction_no_delete
 CREATE FUNCTION huddle_check_archived() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF NEW.verb OPERATOR(pg_catalog.=) 'room.archived' THEN
+        IF NOT EXISTS (SELECT 1 FROM public.archived_room a
+                       WHERE a.room OPERATOR(pg_catalog.=) NEW.room
+                         AND a.archived_id OPERATOR(pg_catalog.=) NEW.id) THEN
+            RAISE EXCEPTION 'huddle: a room.archived row is written only by archiving the room (huddle room archive)'
+                USING ERRCODE = 'HUA05';
+        END IF;
+        RETURN NEW;
+    END IF;
     IF EXISTS (SELECT 1 FROM public.archived_room a
                WHERE a.room OPERATOR(pg_catalog.=) NEW.room
                  AND NOT (a.archived_id OPERATOR(pg_catalog.=) NEW.id)) THEN

@@ -29,3 +29,12 @@ WHEN EXISTS (SELECT 1 FROM archived_room WHERE room = NEW.room AND archived_id <
 BEGIN
     SELECT RAISE(ABORT, 'huddle: room is archived: nothing can be added to it (an archived room cannot be reused; choose another room name)');
 END;
+
+-- A `room.archived` row is written only by archiving its room: relays stop serving a
+-- room when they read one, so a forged one would silence a live room.
+CREATE TRIGGER interaction_archived_row BEFORE INSERT ON interaction
+WHEN NEW.verb = 'room.archived'
+ AND NOT EXISTS (SELECT 1 FROM archived_room WHERE room = NEW.room AND archived_id = NEW.id)
+BEGIN
+    SELECT RAISE(ABORT, 'huddle: a room.archived row is written only by archiving the room (huddle room archive)');
+END;

@@ -272,9 +272,10 @@ pub trait Ledger: Send + Sync + 'static {
     /// Like [`Ledger::read_forward`] but only rows of `rooms` (repeats ignored; no
     /// rooms, no rows): up to `limit` committed rows of those rooms after `after`, in
     /// ledger order, never skipping one, even when transactions commit out of
-    /// sequence order. Fewer than `limit` rows (and skipped rows) means none of those
-    /// rooms' committed rows is left unread. `next` is past every row returned or
-    /// skipped; rows of other rooms before it are never returned.
+    /// sequence order (rows the read may not take yet, behind a transaction still
+    /// open, are read on a later pass, as with [`Ledger::read_forward`]). `next` is
+    /// past every row returned or skipped; rows of other rooms before it are never
+    /// returned.
     ///
     /// This is how a relay reads: its cost follows the rows of the rooms it serves,
     /// not the ledger's. Backends override it with an indexed read; the default pages

@@ -1397,6 +1397,14 @@ async fn postgres_rows_leave_only_by_their_owners_archive() {
     let why = refused(relay.archive_room(own).await);
     assert!(why.contains("may not archive room relays-own"), "{why}");
     assert_eq!(rows_of(&owner_a, "done").await.len(), 6, "nothing removed");
+    // A room.archived row of its own making would make relays stop serving the room.
+    for store in [&relay, &owner_a] {
+        let err = store
+            .append(vec![request.archived.clone()])
+            .await
+            .expect_err("a room.archived row outside an archive");
+        assert!(err.to_string().contains("only by archiving"), "{err}");
+    }
 
     // Raw statements: no delete, no archive mark, no prune, for any role.
     let denied = ["permission denied", "must be owner", "huddle:"];

@@ -226,10 +226,18 @@ impl Tables {
         self.rows.push(row);
     }
 
-    /// What the databases' insert trigger refuses (migrations 0012 Postgres, 0011
-    /// SQLite): any row of an archived room but its `room.archived` row.
+    /// What the databases' insert triggers refuse (migrations 0012 Postgres, 0011
+    /// SQLite): any row of an archived room but its `room.archived` row, and a
+    /// `room.archived` row anywhere but in an archive.
     fn check_archived(&self, batch: &[NewInteraction], ids: &[InteractionId]) -> Result<()> {
         for (n, id) in batch.iter().zip(ids) {
+            if n.verb == huddle_core::Verb::RoomArchived && self.archived.get(&n.room) != Some(id) {
+                return Err(StoreError::Backend(
+                    "huddle: a room.archived row is written only by archiving the room \
+                     (huddle room archive)"
+                        .into(),
+                ));
+            }
             if self.archived.get(&n.room).is_some_and(|a| a != id) {
                 return Err(StoreError::Backend(format!(
                     "huddle: room {} is archived: nothing can be added to it",
