@@ -10,6 +10,7 @@ mod acp_relays;
 mod admin_setup;
 mod agent_binding;
 mod agent_lifetime;
+mod archive_rooms;
 mod assignees;
 mod bench_cmds;
 mod board_tasks;

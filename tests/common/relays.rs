@@ -347,6 +347,8 @@ pub struct RelaySummary {
     pub fenced_refusals: u64,
     /// Corrupt or foreign rows skipped.
     pub skipped_rows: u64,
+    /// Rows the relay's reader delivered (of the rooms it serves only).
+    pub rows_read: u64,
     /// Writes retried while the database was away.
     pub writes_retried: u64,
     /// Results given up unwritten.
@@ -382,6 +384,7 @@ impl RelaySummary {
             turns_not_started: n("turns_not_started")?,
             fenced_refusals: n("fenced_refusals")?,
             skipped_rows: n("skipped_rows")?,
+            rows_read: n("rows_read").unwrap_or(0),
             writes_retried: n("writes_retried").unwrap_or(0),
             results_lost: n("results_lost").unwrap_or(0),
             unsigned_commands: n("unsigned_commands")?,

@@ -5,7 +5,8 @@
 //! the migrations and says so; the others fail with an explanation. `token` (agents'
 //! bearer tokens for `huddle mcp --http`, plan 0023) works on both backends. The
 //! agent bindings the database enforces on Postgres (`bind-agent`, `unbind-agent`,
-//! `bindings`, `sync-agents`; plan 0032) are kept here too.
+//! `bindings`, `sync-agents`; plan 0032) are kept here too. `prune-claims` (plan
+//! 0057) works on both backends.
 
 use clap::Subcommand;
 use huddle_store::postgres::admin::{self, LoginKind};
@@ -86,6 +87,15 @@ pub enum AdminCommand {
         /// The room.
         room: String,
     },
+    /// Remove claim rows that can never matter again: relay leases (`relay/<id>`)
+    /// expired for longer than --older-than, and every claim of an archived room.
+    /// Claims of live rooms are never removed (their epochs must never go back, and a
+    /// closed one must stay closed). Both backends; on Postgres as the administrator.
+    PruneClaims {
+        /// How long a relay lease must have been expired to go (`168h`, `12h`, `30m`).
+        #[arg(long, value_name = "DURATION", default_value = "168h")]
+        older_than: String,
+    },
     /// Agents' bearer tokens for `huddle mcp --http`: `add`, `list`, `remove`.
     Token {
         #[command(subcommand)]
@@ -139,6 +149,9 @@ pub async fn run(db: &str, options: StoreOptions, command: AdminCommand) -> anyh
     if let AdminCommand::Token { command } = command {
         return token(db, options, command).await;
     }
+    if let AdminCommand::PruneClaims { older_than } = command {
+        return crate::archive_cmds::prune_claims(db, options, &older_than).await;
+    }
     let url = match parse_url(db)? {
         Backend::Postgres(url) => url,
         Backend::Sqlite(_) => {
@@ -168,7 +181,9 @@ pub async fn run(db: &str, options: StoreOptions, command: AdminCommand) -> anyh
         AdminCommand::AddRelay { name } => add(&url, &name, LoginKind::Relay).await?,
         AdminCommand::AddOwner { name } => add(&url, &name, LoginKind::Owner).await?,
         AdminCommand::AddReader { name } => add(&url, &name, LoginKind::Reader).await?,
-        AdminCommand::Token { .. } => unreachable!("handled above, on both backends"),
+        AdminCommand::Token { .. } | AdminCommand::PruneClaims { .. } => {
+            unreachable!("handled above, on both backends")
+        }
         AdminCommand::BindAgent { room, agent, relay } => {
             if admin::bind_agent(&url, &room, &agent, &relay).await? {
                 eprintln!("agent {agent} in room {room} is bound to role {relay}");

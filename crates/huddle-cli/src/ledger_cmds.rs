@@ -49,9 +49,12 @@ pub fn require_database(url: &str) -> anyhow::Result<()> {
 pub async fn existing_room(store: &dyn Store, room: &str) -> anyhow::Result<String> {
     match room_owner(store, room).await? {
         Some(owner) => Ok(owner),
-        None => bail!(
-            "there is no room {room:?}; create it with `huddle room create {room} --owner ID`"
-        ),
+        None => match crate::archive_cmds::archived(store, room).await? {
+            Some(row) => bail!("{}", crate::archive_cmds::archived_note(room, &row)),
+            None => bail!(
+                "there is no room {room:?}; create it with `huddle room create {room} --owner ID`"
+            ),
+        },
     }
 }
 
@@ -117,6 +120,12 @@ pub async fn room_create(
             return Ok(());
         }
         bail!("room {room} already exists and is owned by {existing}");
+    }
+    if let Some(row) = crate::archive_cmds::archived(&*store, room).await? {
+        bail!(
+            "{}: choose another room name",
+            crate::archive_cmds::archived_note(room, &row)
+        );
     }
     huddle_core::validate_name("owner", owner, &huddle_core::Limits::default())?;
     let path = keys::key_path(owner, key_flag)?;
@@ -274,7 +283,7 @@ pub async fn await_answer(
             cursor = batch.next;
         }
         let ledger: Arc<dyn huddle_store::Ledger> = store.clone();
-        let mut sub = Subscription::new(ledger, cursor, 1000);
+        let mut sub = Subscription::for_rooms(ledger, vec![room.to_string()], cursor, 1000);
         loop {
             match sub.next().await {
                 Ok(batch) => {
@@ -676,7 +685,7 @@ pub async fn tail(
         return Ok(());
     }
     let ledger: Arc<dyn huddle_store::Ledger> = store;
-    let mut sub = Subscription::new(ledger, cursor, 1000);
+    let mut sub = Subscription::for_rooms(ledger, vec![room.to_string()], cursor, 1000);
     loop {
         tokio::select! {
             batch = sub.next() => match batch {
@@ -754,6 +763,10 @@ pub struct RoomRow {
     pub owner: Option<String>,
     /// How many rows the room has.
     pub rows: u64,
+    /// Whether its owner archived it (its rows but the `room.archived` one are gone,
+    /// so it has no owner any more).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub archived: bool,
     /// Database time of its latest row (for the dashboard; not in `--json`).
     #[serde(skip)]
     pub last_at: Option<huddle_core::Timestamp>,
@@ -771,6 +784,10 @@ pub async fn room_list(url: &str, options: StoreOptions, json_out: bool) -> anyh
         println!("no rooms (create one with `huddle room create ROOM --owner ID`)");
     }
     for r in &rooms {
+        if r.archived {
+            println!("{}  archived (its room.archived row alone is left)", r.room);
+            continue;
+        }
         println!(
             "{}  owner {}  {} rows",
             r.room,
@@ -817,10 +834,12 @@ impl RoomRows {
                 room: row.room.clone(),
                 owner: None,
                 rows: 0,
+                archived: false,
                 last_at: None,
             });
         entry.rows += 1;
         entry.last_at = entry.last_at.max(Some(row.at));
+        entry.archived |= row.verb == Verb::RoomArchived;
         if entry.owner.is_none() && row.verb == Verb::RoomCreated {
             entry.owner = row
                 .body

@@ -2,9 +2,11 @@
 //! the library crates.
 
 mod admin;
+mod archive_cmds;
 mod bench_coord;
 mod bench_ledger;
 mod bench_sched;
+mod bench_startup;
 mod bench_tasks;
 mod demo;
 mod keys;
@@ -377,6 +379,10 @@ pub enum BenchCommand {
     /// The synchronizer's own cost per task as the DAG grows (no database: every
     /// intent answered from memory).
     Sched(bench_sched::SchedArgs),
+    /// A relay process's start-up time (to its first reply) and peak memory on a
+    /// ledger whose other rooms hold many rows, beside the same relay with its room
+    /// alone; any `huddle` binary (--huddle), in a scratch database beside --db.
+    Startup(bench_startup::StartupArgs),
 }
 
 /// `huddle room ...`
@@ -398,6 +404,33 @@ pub enum RoomCommand {
     },
     /// Every room in the database: owner and number of rows.
     List {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Archive a settled room, as its owner: every row is exported to FILE (JSON
+    /// lines, then the `room.archived` row signed with the owner's key), then removed
+    /// from the ledger with the room's claims, leaving the `room.archived` row. The
+    /// room can never be used again; relays refuse to serve it.
+    Archive {
+        /// Room name.
+        room: String,
+        /// The file to export to (must not exist).
+        #[arg(long, value_name = "FILE")]
+        to: std::path::PathBuf,
+        /// The owner's id [default: the room's owner, whose key must be at hand].
+        #[arg(long)]
+        owner: Option<String>,
+        /// The owner's key file [default: as for `room create`].
+        #[arg(long, env = "HUDDLE_OWNER_KEY", value_name = "PATH")]
+        key: Option<std::path::PathBuf>,
+    },
+    /// Check an archive file: every row's id is the hash of its content, the count
+    /// and digest are those its `room.archived` row records, and the owner's
+    /// signature verifies against the room's key. Needs no database.
+    VerifyArchive {
+        /// The archive file.
+        file: std::path::PathBuf,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -452,6 +485,9 @@ fn may_lack_database(command: &Command) -> bool {
             | Command::Admin { .. }
             | Command::Relay { .. }
             | Command::WriterKey { .. }
+            | Command::Room {
+                command: RoomCommand::VerifyArchive { .. }
+            }
             | Command::Mcp {
                 print_config: Some(_),
                 ..
@@ -557,6 +593,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Room {
             command: RoomCommand::List { json },
         } => ledger_cmds::room_list(&db, options, json).await,
+        Command::Room {
+            command:
+                RoomCommand::Archive {
+                    room,
+                    to,
+                    owner,
+                    key,
+                },
+        } => {
+            archive_cmds::room_archive(&db, options, &room, &to, owner.as_deref(), key.as_deref())
+                .await
+        }
+        Command::Room {
+            command: RoomCommand::VerifyArchive { file, json },
+        } => archive_cmds::verify_archive(&file, json),
         Command::Room {
             command: RoomCommand::RotateKey { room, owner, key },
         } => ledger_cmds::room_rotate_key(&db, options, &room, &owner, key.as_deref()).await,
@@ -679,6 +730,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&lines)?);
             } else {
                 print!("{}", bench_sched::render(&args, &lines));
+            }
+            Ok(())
+        }
+        Command::Bench {
+            command: BenchCommand::Startup(args),
+        } => {
+            let json = args.json;
+            let report = bench_startup::run(args, db.clone()).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", bench_startup::render(&report));
             }
             Ok(())
         }

@@ -193,13 +193,24 @@ pub async fn run(
 }
 
 /// Fails, naming every missing room and the command that creates it, unless all of
-/// the relay's rooms exist; logs one line per room.
+/// the relay's rooms exist (and naming an archived one, which can never be served);
+/// logs one line per room.
 async fn check_rooms(store: &dyn huddle_store::Store, cfg: &RelayConfig) -> anyhow::Result<()> {
     let mut missing = Vec::new();
     for room in &cfg.rooms {
         match crate::ledger_cmds::room_owner(store, room).await? {
             Some(owner) => tracing::info!(room = %room, owner = %owner, "joining room"),
-            None => missing.push(room.as_str()),
+            None => {
+                if let Some(row) = crate::archive_cmds::archived(store, room).await? {
+                    return Err(huddle_relay::RelayError::RoomArchived {
+                        room: room.clone(),
+                        owner: row.actor.clone(),
+                        rows: row.body.get("rows").and_then(|r| r.as_u64()).unwrap_or(0),
+                    }
+                    .into());
+                }
+                missing.push(room.as_str());
+            }
         }
     }
     if missing.is_empty() {

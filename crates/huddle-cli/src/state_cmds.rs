@@ -137,6 +137,8 @@ struct Admitted {
     room: String,
     authority: huddle_core::OwnerAuthority,
     created: bool,
+    /// The room's `room.archived` row, if its owner archived it.
+    archived: Option<huddle_core::Interaction>,
 }
 
 impl Admitted {
@@ -145,6 +147,7 @@ impl Admitted {
             room: room.to_string(),
             authority: huddle_core::OwnerAuthority::new(),
             created: false,
+            archived: None,
         }
     }
 
@@ -154,6 +157,9 @@ impl Admitted {
             return false;
         }
         self.created |= r.verb == huddle_core::Verb::RoomCreated;
+        if r.verb == huddle_core::Verb::RoomArchived {
+            self.archived = Some(r.clone());
+        }
         huddle_core::Fold::apply(&mut self.authority, r);
         self.authority.admits(r)
     }
@@ -161,6 +167,9 @@ impl Admitted {
     /// Fails when the room was never created.
     fn created(&self) -> anyhow::Result<()> {
         let room = &self.room;
+        if let (false, Some(row)) = (self.created, &self.archived) {
+            bail!("{}", crate::archive_cmds::archived_note(room, row));
+        }
         if !self.created {
             bail!("room {room:?} does not exist in this database (create it with `huddle room create {room} --owner NAME`)");
         }
@@ -895,7 +904,7 @@ pub async fn tasks_watch(db: &str, options: StoreOptions, room: &str) -> anyhow:
     };
     draw(&w)?;
     let ledger: Arc<dyn huddle_store::Ledger> = store;
-    let mut sub = Subscription::new(ledger, cursor, 1000);
+    let mut sub = Subscription::for_rooms(ledger, vec![room.to_string()], cursor, 1000);
     let mut dirty = false;
     let mut next_draw = tokio::time::Instant::now();
     loop {

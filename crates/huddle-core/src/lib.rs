@@ -31,6 +31,7 @@
 #![warn(missing_docs)]
 
 pub mod approval;
+pub mod archive;
 pub mod barrier;
 pub mod board;
 pub mod budget;

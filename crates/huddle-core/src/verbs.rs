@@ -113,6 +113,10 @@ verbs! {
     RelayHeartbeat => "relay.heartbeat",
     /// A room settled: nothing ready, claimed or running; body has the task counts.
     RoomSettled => "room.settled",
+    /// The room was archived by its owner: every other row was exported and removed;
+    /// the body records how many and a digest of their content, signed by the owner.
+    /// Nothing can be appended to the room after it.
+    RoomArchived => "room.archived",
     /// An agent took shared resources (names, modes, claim epochs, expiry).
     ResourceAcquired => "resource.acquired",
     /// An agent renewed resources it holds.

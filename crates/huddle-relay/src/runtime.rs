@@ -120,6 +120,9 @@ pub struct RelaySummary {
     pub fenced_refusals: u64,
     /// Ledger rows skipped as corrupt or foreign.
     pub skipped_rows: u64,
+    /// Rows (and skipped rows) the relay's reader delivered: rows of the rooms it
+    /// serves only, however many rows other rooms hold.
+    pub rows_read: u64,
     /// Writes that failed because the database was unavailable and were retried.
     pub writes_retried: u64,
     /// Results given up unwritten (the database stayed away past the shutdown grace,
@@ -160,6 +163,20 @@ pub enum RelayError {
     /// with one of them).
     #[error("refusing to write in this room")]
     UnsignedWriter(#[from] UnsignedWriter),
+    /// A room the relay is configured to serve was archived by its owner: nothing
+    /// can be written there again.
+    #[error(
+        "room {room:?} was archived by its owner {owner} ({rows} rows exported and removed); \
+         it can no longer be served: remove it from `rooms` in the relay's configuration"
+    )]
+    RoomArchived {
+        /// The room.
+        room: String,
+        /// Who archived it.
+        owner: String,
+        /// How many rows its archive holds.
+        rows: u64,
+    },
 }
 
 /// A turn this relay is running.
@@ -333,8 +350,18 @@ impl Relay {
         let ledger: Arc<dyn huddle_store::Ledger> = self.store.clone();
         // The read-forward runs in a task of its own: no other event can abort or
         // starve a read in flight (the loop only receives finished steps).
-        let mut reader = Subscription::new(ledger, Position::START, self.options.read_batch)
-            .spawn(4, Duration::from_millis(200));
+        let mut reader = Subscription::for_rooms(
+            ledger,
+            self.rooms.clone(),
+            Position::START,
+            self.options.read_batch,
+        )
+        .spawn(4, Duration::from_millis(200));
+        let started = Instant::now();
+        let mut caught_up_once = false;
+        // Cancelled by the caller's shutdown, or when every room the relay serves has
+        // been archived.
+        let shutdown = shutdown.child_token();
         let mut cursor = Position::START;
         // One live process per relay id: refuse to start beside another.
         // A database that is away at start (restarting, failing over) is waited for.
@@ -396,6 +423,7 @@ impl Relay {
                     match step {
                         Ok(ReadStep { batch, caught_up, began, woken }) => {
                             lp.summary.skipped_rows += batch.skipped.len() as u64;
+                            lp.summary.rows_read += (batch.rows.len() + batch.skipped.len()) as u64;
                             lp.metrics.read(batch.rows.len(), batch.skipped.len());
                             if let Some(woken) = woken.filter(|_| !batch.rows.is_empty()) {
                                 lp.metrics.woke(woken.elapsed());
@@ -408,6 +436,18 @@ impl Relay {
                             lp.ledger(batch.rows, caught_up).await;
                             if caught_up {
                                 lp.covered(began);
+                                if !caught_up_once {
+                                    caught_up_once = true;
+                                    info!(
+                                        rows = lp.summary.rows_read,
+                                        elapsed_ms = started.elapsed().as_millis() as u64,
+                                        "caught up with the rooms it serves"
+                                    );
+                                }
+                            }
+                            if lp.rooms.is_empty() && !stopping {
+                                warn!("every room this relay serves was archived; stopping");
+                                shutdown.cancel();
                             }
                         }
                         Err(e) => lp.transient(e).await?,
@@ -501,7 +541,8 @@ impl Relay {
         // compared by their state hashes.
         drop(reader);
         let ledger: Arc<dyn huddle_store::Ledger> = self.store.clone();
-        let mut sub = Subscription::new(ledger, cursor, self.options.read_batch);
+        let mut sub =
+            Subscription::for_rooms(ledger, self.rooms.clone(), cursor, self.options.read_batch);
         loop {
             match sub.poll_once().await {
                 Ok(batch) if batch.rows.is_empty() && batch.skipped.is_empty() => break,
@@ -632,9 +673,10 @@ impl Loop {
             .collect();
         let store = self.store.clone();
         let metrics = self.metrics.clone();
+        let rooms = self.rooms.clone();
         tokio::spawn(async move {
             let write = async {
-                let behind = match store.read_forward(cursor, BEHIND_PROBE).await {
+                let behind = match store.read_rooms(&rooms, cursor, BEHIND_PROBE).await {
                     Ok(b) => (b.rows.len() + b.skipped.len()) as u64,
                     Err(e) => {
                         debug!(error = %e, "could not read ahead for the heartbeat");
@@ -716,6 +758,14 @@ impl Loop {
     }
 
     async fn ledger(&mut self, rows: Vec<Interaction>, caught_up: bool) {
+        // A served room archived by its owner (while this relay ran: one archived
+        // before it started is refused at start) takes no more rows: stop serving it.
+        for row in rows.iter().filter(|r| r.verb == Verb::RoomArchived) {
+            if let Some(i) = self.rooms.iter().position(|r| *r == row.room) {
+                warn!(room = %row.room, owner = %row.actor, "the room was archived by its owner; this relay no longer serves it");
+                self.rooms.remove(i);
+            }
+        }
         // A window of recent messages per served room (memory independent of the
         // rooms in the ledger that this relay does not serve).
         for row in rows
@@ -1092,8 +1142,8 @@ enum Vouched {
 /// Refuses to host an agent that a hosted room's owner bound to writers other than
 /// `writer` (`!config agents`), and to join a room that would ignore every row this
 /// relay writes, signed by `signer` or unsigned (`!config relay-keys`,
-/// `require-signatures`): every reader would ignore what this relay writes. Reads each
-/// hosted room to its end.
+/// `require-signatures`): every reader would ignore what this relay writes; and to
+/// serve a room its owner archived. Reads each hosted room to its end.
 async fn check_bindings<'a>(
     store: &dyn Store,
     rooms: &[String],
@@ -1107,6 +1157,15 @@ async fn check_bindings<'a>(
         loop {
             let batch = store.read_room(room, cursor, 1000).await?;
             for row in &batch.rows {
+                if row.verb == Verb::RoomArchived {
+                    let body: Option<huddle_core::protocol::RoomArchivedBody> =
+                        serde_json::from_value(row.body.clone()).ok();
+                    return Err(RelayError::RoomArchived {
+                        room: room.clone(),
+                        owner: row.actor.clone(),
+                        rows: body.map_or(0, |b| b.rows),
+                    });
+                }
                 authority.apply(row);
             }
             if batch.next == cursor {

@@ -155,6 +155,15 @@ impl Ledger for MeteredStore {
         self.inner.read_room(room, after, limit).await
     }
 
+    async fn read_rooms(
+        &self,
+        rooms: &[String],
+        after: Position,
+        limit: usize,
+    ) -> huddle_store::Result<ReadBatch> {
+        self.inner.read_rooms(rooms, after, limit).await
+    }
+
     async fn get(&self, id: InteractionId) -> huddle_store::Result<Option<Interaction>> {
         self.inner.get(id).await
     }
@@ -317,5 +326,19 @@ impl Store for MeteredStore {
             }
         }
         r
+    }
+
+    async fn archive_room(
+        &self,
+        request: huddle_store::ArchiveRequest,
+    ) -> huddle_store::Result<huddle_store::ArchiveOutcome> {
+        self.inner.archive_room(request).await
+    }
+
+    async fn prune_claims(
+        &self,
+        older_than: Duration,
+    ) -> huddle_store::Result<huddle_store::PrunedClaims> {
+        self.inner.prune_claims(older_than).await
     }
 }

@@ -21,6 +21,8 @@ use crate::StoreOptions;
 
 #[path = "conformance_resources.rs"]
 pub mod resources;
+#[path = "conformance_rooms.rs"]
+pub mod rooms;
 
 /// An append transaction that has inserted its rows (they hold their sequence
 /// numbers) but has not committed yet.
@@ -119,6 +121,13 @@ macro_rules! conformance_tests {
             resources_have_one_exclusive_winner_among_16,
             resources_bad_requests_are_refused,
             state_versions_are_decided_by_the_database,
+        );
+        $crate::conformance_tests!(@each $make; rooms::
+            read_rooms_reads_only_those_rooms_in_order,
+            read_rooms_never_skips_a_lower_sequence_that_commits_last,
+            archive_removes_a_room_and_leaves_its_row,
+            archive_refuses_a_changed_room_or_live_claims,
+            prune_removes_only_what_can_never_matter,
         );
     };
     ($make:path, across_processes) => {

@@ -39,6 +39,14 @@ pub enum StoreError {
     /// A migration failed or the schema is from an unknown version.
     #[error("migration: {0}")]
     Migration(String),
+    /// An archive of a room was refused; nothing was changed.
+    #[error("room {room:?} was not archived: {reason}")]
+    ArchiveRefused {
+        /// The room.
+        room: String,
+        /// Why.
+        reason: crate::traits::ArchiveRefusal,
+    },
     /// Any other database error.
     #[error("database error: {0}")]
     Backend(String),

@@ -56,6 +56,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     9 "task_generations" "0009_task_generations.sql",
     10 "review_gates" "0010_review_gates.sql",
     11 "handoff_rows" "0011_handoff_rows.sql",
+    12 "archived_rooms" "0012_archived_rooms.sql",
 );
 
 /// SQLite migrations, in order.
@@ -69,6 +70,7 @@ pub const SQLITE: &[Migration] = migrations!("sqlite":
     7 "resources" "0007_resources.sql",
     8 "task_generations" "0008_task_generations.sql",
     9 "review_gates" "0009_review_gates.sql",
+    10 "archived_rooms" "0010_archived_rooms.sql",
 );
 
 /// Checks that the applied migrations are a prefix of `known` with equal checksums,

@@ -51,6 +51,8 @@ struct Refresh {
 /// Reads forward from a cursor, waiting on the doorbell between reads.
 pub struct Subscription {
     ledger: Arc<dyn Ledger>,
+    /// The rooms read ([`Ledger::read_rooms`]); `None`: every room.
+    rooms: Option<Vec<String>>,
     cursor: Position,
     bell: Doorbell,
     poll: Duration,
@@ -70,6 +72,7 @@ impl Subscription {
         let poll = ledger.poll_interval();
         Subscription {
             ledger,
+            rooms: None,
             cursor: after,
             bell,
             poll,
@@ -78,6 +81,21 @@ impl Subscription {
             refresh: None,
             woken: None,
         }
+    }
+
+    /// A subscription that yields only rows of `rooms` after `after` (with
+    /// [`Ledger::read_rooms`]), `batch` at most per step: its reads cost what those
+    /// rooms hold, whatever the rest of the ledger holds. The doorbell still rings for
+    /// every append; a ring for another room costs one read that finds nothing.
+    pub fn for_rooms(
+        ledger: Arc<dyn Ledger>,
+        rooms: Vec<String>,
+        after: Position,
+        batch: usize,
+    ) -> Self {
+        let mut sub = Self::new(ledger, after, batch);
+        sub.rooms = Some(rooms);
+        sub
     }
 
     /// Rows per read.
@@ -94,7 +112,14 @@ impl Subscription {
     pub async fn poll_once(&mut self) -> Result<ReadBatch> {
         // Mark the bell seen *before* reading, so a ring during the read is not lost.
         self.bell.borrow_and_update();
-        let batch = self.ledger.read_forward(self.cursor, self.batch).await?;
+        let batch = match &self.rooms {
+            None => self.ledger.read_forward(self.cursor, self.batch).await?,
+            Some(rooms) => {
+                self.ledger
+                    .read_rooms(rooms, self.cursor, self.batch)
+                    .await?
+            }
+        };
         self.cursor = batch.next;
         Ok(batch)
     }

@@ -133,6 +133,14 @@ pub(crate) fn closing_id(close: bool, batch: &[NewInteraction]) -> Result<Option
     }
 }
 
+/// `rooms` without repeats, sorted: what a multi-room read asks the database for.
+pub(crate) fn distinct_rooms(rooms: &[String]) -> Vec<String> {
+    let mut out = rooms.to_vec();
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// One claim of a batch acquire ([`Claims::acquire_batch`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimRequest {
@@ -324,13 +332,52 @@ pub trait Ledger: Send + Sync + 'static {
     /// committed row, even when transactions commit out of sequence order.
     async fn read_forward(&self, after: Position, limit: usize) -> Result<ReadBatch>;
 
-    /// Like [`Ledger::read_forward`] but only rows of `room`. `next` advances past
-    /// every row examined, of any room. Backends may override this with an indexed
-    /// query; the default filters a forward read.
+    /// Like [`Ledger::read_forward`] but only rows of `room`: [`Ledger::read_rooms`]
+    /// with one room. Backends may override this with an indexed query.
     async fn read_room(&self, room: &str, after: Position, limit: usize) -> Result<ReadBatch> {
-        let mut batch = self.read_forward(after, limit).await?;
-        batch.rows.retain(|r| r.room == room);
-        Ok(batch)
+        self.read_rooms(&[room.to_string()], after, limit).await
+    }
+
+    /// Like [`Ledger::read_forward`] but only rows of `rooms` (repeats ignored; no
+    /// rooms, no rows): up to `limit` committed rows of those rooms after `after`, in
+    /// ledger order, never skipping one, even when transactions commit out of
+    /// sequence order (rows the read may not take yet, behind a transaction still
+    /// open, are read on a later pass, as with [`Ledger::read_forward`]). `next` is
+    /// past every row returned or skipped; rows of other rooms before it are never
+    /// returned.
+    ///
+    /// This is how a relay reads: its cost follows the rows of the rooms it serves,
+    /// not the ledger's. Backends override it with an indexed read; the default pages
+    /// through [`Ledger::read_forward`] and filters (correct, not cheap; skipped rows
+    /// of any room are reported, since their room cannot be trusted).
+    async fn read_rooms(
+        &self,
+        rooms: &[String],
+        after: Position,
+        limit: usize,
+    ) -> Result<ReadBatch> {
+        let mut out = ReadBatch {
+            next: after,
+            ..ReadBatch::default()
+        };
+        if rooms.is_empty() {
+            return Ok(out);
+        }
+        loop {
+            let want = limit.saturating_sub(out.rows.len() + out.skipped.len());
+            if want == 0 {
+                return Ok(out);
+            }
+            let page = self.read_forward(out.next, want).await?;
+            let short = page.rows.len() + page.skipped.len() < want;
+            out.next = page.next;
+            out.skipped.extend(page.skipped);
+            out.rows
+                .extend(page.rows.into_iter().filter(|r| rooms.contains(&r.room)));
+            if short {
+                return Ok(out);
+            }
+        }
     }
 
     /// One interaction by id, if present and valid.
@@ -418,6 +465,83 @@ pub trait Claims: Send + Sync + 'static {
     ) -> Result<crate::resources::ResourcesAcquired>;
 }
 
+/// An owner's archive of a room, as [`Store::archive_room`] is asked for it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArchiveRequest {
+    /// How many rows of the room the export read: every row the room holds. The store
+    /// refuses when the room holds another number (rows are never removed otherwise,
+    /// so equal counts mean the exported rows are all of them).
+    pub rows: u64,
+    /// The `room.archived` row to leave, signed by the owner; its room is the room
+    /// archived and its body records `rows`.
+    pub archived: NewInteraction,
+}
+
+/// What [`Store::archive_room`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArchiveOutcome {
+    /// The id of the `room.archived` row left in the ledger.
+    pub id: InteractionId,
+    /// Rows removed (every row of the room but that one).
+    pub rows_removed: u64,
+    /// Claims of the room removed.
+    pub claims_removed: u64,
+}
+
+/// Why a store refused to archive a room; nothing was changed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ArchiveRefusal {
+    /// The room holds another number of rows than the export read: a row was added
+    /// since (export again).
+    #[error("it holds {now} rows, {exported} were exported: it changed since the export")]
+    Changed {
+        /// Rows exported.
+        exported: u64,
+        /// Rows the room holds now.
+        now: u64,
+    },
+    /// A claim of the room is live: work is in progress.
+    #[error("it is not settled: live claims {}", .0.join(", "))]
+    LiveClaims(Vec<String>),
+    /// The writer may not archive it (on Postgres: neither the role that created the
+    /// room nor an administrator, or a relay role).
+    #[error("{0}")]
+    NotAllowed(String),
+    /// The room was archived before.
+    #[error("it is archived already")]
+    Archived,
+    /// There is no room by that name (no `room.created`).
+    #[error("there is no such room")]
+    NoRoom,
+    /// The row to leave is not a `room.archived` row recording the count.
+    #[error("{0}")]
+    BadRow(String),
+}
+
+/// What [`Store::prune_claims`] removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrunedClaims {
+    /// `relay/<id>` leases expired for longer than asked.
+    pub relay_leases: u64,
+    /// Claims of archived rooms.
+    pub archived_rooms: u64,
+}
+
+impl ArchiveRequest {
+    /// Checks the shape every backend checks first: a `room.archived` row whose body
+    /// records `rows`.
+    pub(crate) fn check(&self) -> std::result::Result<(), ArchiveRefusal> {
+        let recorded = self.archived.body.get("rows").and_then(|r| r.as_u64());
+        if self.archived.verb != huddle_core::Verb::RoomArchived || recorded != Some(self.rows) {
+            return Err(ArchiveRefusal::BadRow(format!(
+                "not a room.archived row recording {} rows",
+                self.rows
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// A complete store: ledger plus claims.
 #[async_trait]
 pub trait Store: Ledger + Claims {
@@ -461,4 +585,22 @@ pub trait Store: Ledger + Claims {
         }
         Ok(Handoff { acquired, appended })
     }
+
+    /// Archives a settled room: in one transaction, checks that the room exists, is
+    /// not archived, holds exactly `request.rows` rows and has no live claim (and on
+    /// Postgres that this writer's role created it or administers the database),
+    /// inserts `request.archived`, removes every other row of the room and its
+    /// claims, and closes the room: from then on every append of another row to it is
+    /// refused. Refusals are [`crate::StoreError::ArchiveRefused`], with nothing
+    /// changed. This is the only way rows leave the ledger; the caller exports them
+    /// first (`huddle room archive`).
+    async fn archive_room(&self, request: ArchiveRequest) -> Result<ArchiveOutcome>;
+
+    /// Removes claim rows that can never matter again: `relay/<id>` leases expired
+    /// for longer than `older_than` (each names one process as holder, and no row
+    /// carries its epoch), and every claim of an archived room (nothing can be written
+    /// there again). Claims of live rooms are never removed: their epochs must never
+    /// go backwards and a closed one must stay closed. On Postgres only the
+    /// administrator may (`huddle admin prune-claims`).
+    async fn prune_claims(&self, older_than: Duration) -> Result<PrunedClaims>;
 }

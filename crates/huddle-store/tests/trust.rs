@@ -24,7 +24,10 @@ use huddle_core::{Fold, InteractionId, NewInteraction, OwnerAuthority, Position,
 use huddle_store::postgres::admin::{self, LoginKind};
 use huddle_store::postgres::PgStore;
 use huddle_store::sqlite::SqliteStore;
-use huddle_store::{Acquired, Claims, Fence, Ledger, Store, StoreOptions};
+use huddle_store::{
+    Acquired, ArchiveRefusal, ArchiveRequest, Claims, Fence, Ledger, Store, StoreError,
+    StoreOptions,
+};
 use huddle_testkit::test_database;
 use serde_json::json;
 
@@ -1275,4 +1278,211 @@ fn db_error(e: &tokio_postgres::Error) -> String {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => e.to_string(),
     }
+}
+
+/// Every row of `room`, by the store's reader.
+async fn rows_of(store: &dyn Store, room: &str) -> Vec<huddle_core::Interaction> {
+    let mut rows = Vec::new();
+    let mut cursor = Position::START;
+    loop {
+        let batch = store.read_room(room, cursor, 500).await.expect("read");
+        if batch.next == cursor {
+            return rows;
+        }
+        cursor = batch.next;
+        rows.extend(batch.rows);
+    }
+}
+
+/// The archive request for every row of `room` as `owner` (unsigned: the database
+/// judges the role, the readers the signature).
+async fn archive_request(store: &dyn Store, room: &str, owner: &str) -> ArchiveRequest {
+    let rows = rows_of(store, room).await;
+    ArchiveRequest {
+        rows: rows.len() as u64,
+        archived: huddle_core::archive::archived_row(room, owner, rows.iter().map(|r| &r.id)),
+    }
+}
+
+/// A raw session as `url`'s role.
+async fn raw_session(url: &str) -> (tokio_postgres::Client, tokio::task::JoinHandle<()>) {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("raw connect");
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (client, driver)
+}
+
+/// Archiving on Postgres (plan 0057): rows leave the ledger only through
+/// `huddle_room_archive`, called by the role that created the room (or the
+/// administrator) — never by another owner role, never by a relay role, even for a
+/// room the relay created. No role may delete rows, touch `archived_room` or prune
+/// claims; once archived, the room takes no row from anyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_rows_leave_only_by_their_owners_archive() {
+    let db = test_database().await;
+    admin::init(&db.url).await.expect("admin init");
+    let tag = db.name.trim_start_matches("huddle_t_").replace('_', "-");
+    let mut urls = BTreeMap::new();
+    for (name, kind) in [
+        ("oa", LoginKind::Owner),
+        ("ob", LoginKind::Owner),
+        ("rl", LoginKind::Relay),
+    ] {
+        let role = format!("{name}-{tag}");
+        let url = admin::add_login(&db.url, &role, kind)
+            .await
+            .expect("add login")
+            .url;
+        urls.insert(name, url);
+    }
+    let connect = |name: &str| {
+        let url = urls[name].clone();
+        async move {
+            PgStore::connect(&url, StoreOptions::default())
+                .await
+                .expect("connect")
+        }
+    };
+    let (owner_a, owner_b, relay) = (
+        connect("oa").await,
+        connect("ob").await,
+        connect("rl").await,
+    );
+    let created = |room: &str, owner: &str| {
+        NewInteraction::new(
+            room,
+            Verb::RoomCreated,
+            owner,
+            Role::Owner,
+            json!({ "owner": owner }),
+        )
+    };
+    owner_a
+        .append(vec![created("done", "olga")])
+        .await
+        .expect("create");
+    for i in 0..5 {
+        relay
+            .append(vec![NewInteraction::new(
+                "done",
+                Verb::MessagePosted,
+                "ada",
+                Role::Agent,
+                json!({ "text": format!("step {i}") }),
+            )])
+            .await
+            .expect("a relay writes in the room");
+    }
+    relay
+        .append(vec![created("relays-own", "rl")])
+        .await
+        .expect("create");
+
+    let refused = |r: huddle_store::Result<huddle_store::ArchiveOutcome>| match r {
+        Err(StoreError::ArchiveRefused {
+            reason: ArchiveRefusal::NotAllowed(why),
+            ..
+        }) => why,
+        other => panic!("expected a refusal for the role, got {other:?}"),
+    };
+    let request = archive_request(&owner_a, "done", "olga").await;
+    let why = refused(owner_b.archive_room(request.clone()).await);
+    assert!(why.contains("may not archive room done"), "{why}");
+    let why = refused(relay.archive_room(request.clone()).await);
+    assert!(why.contains("may not archive"), "{why}");
+    let own = archive_request(&relay, "relays-own", "rl").await;
+    let why = refused(relay.archive_room(own).await);
+    assert!(why.contains("may not archive room relays-own"), "{why}");
+    assert_eq!(rows_of(&owner_a, "done").await.len(), 6, "nothing removed");
+    // A room.archived row of its own making would make relays stop serving the room.
+    for store in [&relay, &owner_a] {
+        let err = store
+            .append(vec![request.archived.clone()])
+            .await
+            .expect_err("a room.archived row outside an archive");
+        assert!(err.to_string().contains("only by archiving"), "{err}");
+    }
+
+    // Raw statements: no delete, no archive mark, no prune, for any role.
+    let denied = ["permission denied", "must be owner", "huddle:"];
+    for name in ["oa", "rl"] {
+        let (raw, driver) = raw_session(&urls[name]).await;
+        for sql in [
+            "DELETE FROM interaction WHERE room = 'done'".to_string(),
+            "INSERT INTO archived_room (room, archived_id, rows, archived_by, removing) \
+             VALUES ('done', decode(repeat('ab', 32), 'hex'), 0, 'x', true)"
+                .to_string(),
+            "UPDATE archived_room SET removing = true".to_string(),
+            "SELECT * FROM huddle_prune_claims(0)".to_string(),
+            "DROP TRIGGER interaction_no_delete ON interaction".to_string(),
+            "ALTER TABLE interaction DISABLE TRIGGER interaction_archived_room".to_string(),
+        ] {
+            let err = raw
+                .batch_execute(&sql)
+                .await
+                .expect_err(&format!("{name}: {sql} must be refused"));
+            let text = db_error(&err);
+            assert!(
+                denied.iter().any(|d| text.contains(d)),
+                "{name}: {sql}: refused, but not clearly: {text}"
+            );
+        }
+        drop(raw);
+        let _ = driver.await;
+    }
+    // Even the schema owner's own DELETE is refused by the trigger: only the
+    // archive function's mark lets rows go.
+    let (admin_raw, admin_driver) = raw_session(&db.url).await;
+    let err = admin_raw
+        .batch_execute("DELETE FROM interaction WHERE room = 'done'")
+        .await
+        .expect_err("the administrator's plain DELETE is refused");
+    assert!(db_error(&err).contains("append-only"), "{}", db_error(&err));
+
+    // The creating role archives it; then nobody adds a row, and the claims of the
+    // room taken since are pruned by the administrator alone.
+    let out = owner_a
+        .archive_room(request)
+        .await
+        .expect("the owner archives");
+    assert_eq!(out.rows_removed, 6);
+    let left = rows_of(&relay, "done").await;
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].verb, Verb::RoomArchived);
+    assert_eq!(
+        left[0].relay,
+        format!("oa-{tag}"),
+        "written by the owner's role"
+    );
+    for store in [&owner_a, &owner_b, &relay] {
+        let err = store
+            .append(vec![created("done", "mallory")])
+            .await
+            .expect_err("an archived room takes no row");
+        assert!(err.to_string().contains("archived"), "{err}");
+    }
+    relay
+        .acquire("task/done/t1", "ada", TTL)
+        .await
+        .expect("acquire");
+    let pruned = relay.prune_claims(Duration::ZERO).await;
+    assert!(
+        pruned
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("permission denied")),
+        "{pruned:?}"
+    );
+    let admin_store = PgStore::connect(&db.url, StoreOptions::default())
+        .await
+        .expect("connect as the administrator");
+    let pruned = admin_store
+        .prune_claims(Duration::ZERO)
+        .await
+        .expect("the administrator prunes");
+    assert_eq!(pruned.archived_rooms, 1);
+    drop(admin_raw);
+    let _ = admin_driver.await;
 }

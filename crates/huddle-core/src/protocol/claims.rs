@@ -323,9 +323,53 @@ pub fn reviewdrive_key(room: &str, task: &str, generation: u32) -> String {
     }
 }
 
+/// The kinds of claim key that belong to one room: `<kind>/<room>/...` (resource
+/// claims are `resource/<room>/...`, leases `lease/<room>/...`). Every other kind
+/// (`relay/<id>`) belongs to no room. Postgres's `huddle_claim_room` (migration 0012)
+/// holds the same list.
+pub const ROOM_CLAIM_KINDS: &[&str] = &[
+    "reply",
+    "drive",
+    "task",
+    "taskdrive",
+    "review",
+    "reviewdrive",
+    "lease",
+    "resource",
+];
+
+/// The room a claim key belongs to, when it is of a room-scoped kind
+/// ([`ROOM_CLAIM_KINDS`]); names hold no `/`, so the room is the second segment.
+pub fn room_of_claim(key: &str) -> Option<&str> {
+    let mut parts = key.split('/');
+    let kind = parts.next()?;
+    let room = parts.next().filter(|r| !r.is_empty())?;
+    ROOM_CLAIM_KINDS.contains(&kind).then_some(room)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn claims_know_their_room() {
+        assert_eq!(room_of_claim("task/lobby/t1"), Some("lobby"));
+        assert_eq!(room_of_claim("taskdrive/lobby/t1/2"), Some("lobby"));
+        assert_eq!(
+            room_of_claim("resource/lobby/ada/exclusive/file:src/**"),
+            Some("lobby")
+        );
+        assert_eq!(room_of_claim("lease/lobby/coordinator"), Some("lobby"));
+        assert_eq!(room_of_claim("relay/lobby"), None);
+        assert_eq!(room_of_claim("task//t1"), None);
+        assert_eq!(room_of_claim("task"), None);
+        assert_eq!(room_of_claim(&task_key("r", "t")), Some("r"));
+        assert_eq!(room_of_claim(&review_key("r", "t", 3)), Some("r"));
+        assert_eq!(
+            room_of_claim(&drive_key("r", "a", &InteractionId([1; 32]))),
+            Some("r")
+        );
+    }
 
     #[test]
     fn keys_round_trip() {

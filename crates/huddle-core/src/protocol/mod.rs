@@ -23,8 +23,9 @@ pub mod turn;
 
 pub use claims::{
     directed_reply_key, drive_key, message_effect_key, reply_key, reply_key_for, review_effect_key,
-    review_key, reviewdrive_key, task_effect_key, task_key, task_key_at, task_round_effect_key,
-    taskdrive_key, taskdrive_key_at, ClaimEpoch, ClaimKey, ClaimRef,
+    review_key, reviewdrive_key, room_of_claim, task_effect_key, task_key, task_key_at,
+    task_round_effect_key, taskdrive_key, taskdrive_key_at, ClaimEpoch, ClaimKey, ClaimRef,
+    ROOM_CLAIM_KINDS,
 };
 pub use coord::{
     CoordNoteBody, DesignationBody, NoticeBody, PresenceBody, PresenceState, Subject, SubjectKind,
@@ -33,8 +34,8 @@ pub(crate) use fields::{closing_key, deadline_from, hash_parts, parse_body, vali
 pub use fields::{truncate_text, PPM, SYSTEM_ACTOR};
 pub use relay::RelayHeartbeatBody;
 pub use room::{
-    nonce_from, AgentRegisteredBody, MessageBody, RoomCreatedBody, RoomSettledBody,
-    DEFAULT_PRIORITY,
+    nonce_from, AgentRegisteredBody, ArchiveDigest, MessageBody, RoomArchivedBody, RoomCreatedBody,
+    RoomSettledBody, DEFAULT_PRIORITY,
 };
 pub use turn::{
     PermissionEntry, PlanEntry, TokensBody, ToolCallEntry, TurnActivity, TurnFailedBody,

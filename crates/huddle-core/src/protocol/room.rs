@@ -65,6 +65,73 @@ impl RoomSettledBody {
     }
 }
 
+/// Body of `room.archived` (actor = the owner, role `owner`): the room's other rows
+/// were exported and removed. `rows` is how many, `digest` the [`ArchiveDigest`] of
+/// their ids in ledger order, and `sig` the owner's signature (the room's key at the
+/// archive), as on an owner command.
+///
+/// `{"owner":"olga","rows":1234,"digest":"9f2c…","sig":{"key":"…","ed25519":"…"}}`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoomArchivedBody {
+    /// The owner who archived it.
+    pub owner: String,
+    /// How many rows were exported and removed.
+    pub rows: u64,
+    /// The digest of their content ([`ArchiveDigest`]), 64 hex digits.
+    pub digest: String,
+}
+
+impl RoomArchivedBody {
+    /// The body as JSON (without the signature, which [`crate::signing`] adds).
+    pub fn to_body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "owner": self.owner,
+            "rows": self.rows,
+            "digest": self.digest,
+        })
+    }
+}
+
+/// The digest of an archive: blake3 over `huddle.archive.v1\0` followed by the
+/// 32-byte ids of the archived rows in ledger order. The ids are content hashes, so
+/// the digest commits to the content of every row and to their order.
+#[derive(Clone, Debug)]
+pub struct ArchiveDigest {
+    hasher: blake3::Hasher,
+    rows: u64,
+}
+
+impl Default for ArchiveDigest {
+    fn default() -> Self {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(b"huddle.archive.v1\0");
+        ArchiveDigest { hasher, rows: 0 }
+    }
+}
+
+impl ArchiveDigest {
+    /// An empty digest.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds the next row's id.
+    pub fn add(&mut self, id: &crate::InteractionId) {
+        self.hasher.update(&id.0);
+        self.rows += 1;
+    }
+
+    /// How many ids were added.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// The digest so far, 64 hex digits.
+    pub fn hex(&self) -> String {
+        self.hasher.finalize().to_hex().to_string()
+    }
+}
+
 /// A nonce (16 hex digits) from `seed` bytes: random ones for a new post, or a stable
 /// value (a turn id, an idempotency key) for a write that must stay the same row when
 /// retried.

@@ -47,10 +47,11 @@ use tokio::sync::watch;
 
 use crate::error::{Result, StoreError};
 use crate::traits::{
-    Acquired, Appended, ClaimRow, ClaimState, Claims, Doorbell, Epoch, Fence, Ledger, ReadBatch,
-    SkippedRow, Store,
+    Acquired, Appended, ArchiveOutcome, ArchiveRefusal, ArchiveRequest, ClaimRow, ClaimState,
+    Claims, Doorbell, Epoch, Fence, Ledger, PrunedClaims, ReadBatch, SkippedRow, Store,
 };
 use crate::StoreOptions;
+use huddle_core::protocol::room_of_claim;
 
 #[cfg(feature = "testing")]
 pub use testing::{MemoryHeldAppend, MemoryTestBackend};
@@ -121,6 +122,10 @@ struct Tables {
     claims: BTreeMap<String, ClaimState>,
     /// Closed claims: key → the id of the interaction whose append closed it.
     closed: HashMap<String, InteractionId>,
+    /// Archived rooms → the id of their `room.archived` row.
+    archived: HashMap<String, InteractionId>,
+    /// The last sequence number given (never reused, even after an archive).
+    last_seq: u64,
 }
 
 impl Tables {
@@ -215,9 +220,128 @@ impl Tables {
 
     /// Stores `row` at the next position.
     fn push(&mut self, mut row: RawRow) {
-        row.position = Position::new(0, self.rows.len() as u64 + 1);
+        self.last_seq += 1;
+        row.position = Position::new(0, self.last_seq);
         self.by_id.insert(row.id.clone(), self.rows.len());
         self.rows.push(row);
+    }
+
+    /// What the databases' insert triggers refuse (migrations 0012 Postgres, 0010
+    /// SQLite): any row of an archived room but its `room.archived` row, and a
+    /// `room.archived` row anywhere but in an archive.
+    fn check_archived(&self, batch: &[NewInteraction], ids: &[InteractionId]) -> Result<()> {
+        for (n, id) in batch.iter().zip(ids) {
+            if n.verb == huddle_core::Verb::RoomArchived && self.archived.get(&n.room) != Some(id) {
+                return Err(StoreError::Backend(
+                    "huddle: a room.archived row is written only by archiving the room \
+                     (huddle room archive)"
+                        .into(),
+                ));
+            }
+            if self.archived.get(&n.room).is_some_and(|a| a != id) {
+                return Err(StoreError::Backend(format!(
+                    "huddle: room {} is archived: nothing can be added to it",
+                    n.room
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Archives a room (see [`Store::archive_room`]): checks, inserts the
+    /// `room.archived` row, removes the room's other rows and claims.
+    fn archive(
+        &mut self,
+        request: &ArchiveRequest,
+        id: InteractionId,
+        body: &str,
+        now: Timestamp,
+        writer: &StoreOptions,
+    ) -> std::result::Result<ArchiveOutcome, ArchiveRefusal> {
+        let room = request.archived.room.clone();
+        if self.archived.contains_key(&room) {
+            return Err(ArchiveRefusal::Archived);
+        }
+        if !self
+            .rows
+            .iter()
+            .any(|r| r.room == room && r.verb == huddle_core::Verb::RoomCreated.as_str())
+        {
+            return Err(ArchiveRefusal::NoRoom);
+        }
+        let have = self.rows.iter().filter(|r| r.room == room).count() as u64;
+        if have != request.rows {
+            return Err(ArchiveRefusal::Changed {
+                exported: request.rows,
+                now: have,
+            });
+        }
+        let live: Vec<String> = self
+            .claims
+            .iter()
+            .filter(|(key, c)| {
+                room_of_claim(key) == Some(room.as_str())
+                    && c.expires_at > now
+                    && !self.closed.contains_key(*key)
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        if !live.is_empty() {
+            return Err(ArchiveRefusal::LiveClaims(live));
+        }
+        self.insert(
+            &request.archived,
+            id,
+            body,
+            now,
+            &writer.relay,
+            writer.signer.as_ref(),
+        );
+        let before = self.rows.len();
+        self.rows.retain(|r| r.room != room || r.id == id.0);
+        let rows_removed = (before - self.rows.len()) as u64;
+        self.by_id = self
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.id.clone(), i))
+            .collect();
+        let by_id = &self.by_id;
+        self.by_key.retain(|_, id| by_id.contains_key(&id.0[..]));
+        let claims_before = self.claims.len();
+        self.claims
+            .retain(|key, _| room_of_claim(key) != Some(room.as_str()));
+        self.closed
+            .retain(|key, _| room_of_claim(key) != Some(room.as_str()));
+        let claims_removed = (claims_before - self.claims.len()) as u64;
+        self.archived.insert(room, id);
+        Ok(ArchiveOutcome {
+            id,
+            rows_removed,
+            claims_removed,
+        })
+    }
+
+    /// Prunes claims (see [`Store::prune_claims`]).
+    fn prune(&mut self, older_than: Duration, now: Timestamp) -> PrunedClaims {
+        let cutoff = now.saturating_add(-micros(older_than));
+        let mut out = PrunedClaims::default();
+        let archived = &self.archived;
+        let closed = &self.closed;
+        self.claims.retain(|key, c| {
+            if key.starts_with("relay/") && !closed.contains_key(key) && c.expires_at < cutoff {
+                out.relay_leases += 1;
+                return false;
+            }
+            if room_of_claim(key).is_some_and(|room| archived.contains_key(room)) {
+                out.archived_rooms += 1;
+                return false;
+            }
+            true
+        });
+        let claims = &self.claims;
+        self.closed.retain(|key, _| claims.contains_key(key));
+        out
     }
 
     /// The claim `key` if it is still `(holder, epoch)` and unexpired at `now`.
@@ -307,6 +431,7 @@ impl Shared {
                 }
             }
             tables.check_state_puts(batch)?;
+            tables.check_archived(batch, ids)?;
             if let Some(id) = closing {
                 for fence in fences {
                     tables.closed.insert(fence.key.clone(), id);
@@ -441,6 +566,35 @@ impl Ledger for MemoryStore {
             let tables = self.shared.tables();
             let first = tables.rows.partition_point(|r| r.position <= after);
             tables.rows[first..].iter().take(limit).cloned().collect()
+        };
+        let mut batch = ReadBatch {
+            next: stored.last().map_or(after, |r| r.position),
+            ..ReadBatch::default()
+        };
+        for row in stored {
+            match verified(row) {
+                Ok(i) => batch.rows.push(i),
+                Err(skipped) => batch.skipped.push(skipped),
+            }
+        }
+        Ok(batch)
+    }
+
+    async fn read_rooms(
+        &self,
+        rooms: &[String],
+        after: Position,
+        limit: usize,
+    ) -> Result<ReadBatch> {
+        let stored: Vec<RawRow> = {
+            let tables = self.shared.tables();
+            let first = tables.rows.partition_point(|r| r.position <= after);
+            tables.rows[first..]
+                .iter()
+                .filter(|r| rooms.contains(&r.room))
+                .take(limit)
+                .cloned()
+                .collect()
         };
         let mut batch = ReadBatch {
             next: stored.last().map_or(after, |r| r.position),
@@ -618,6 +772,30 @@ impl Claims for MemoryStore {
 impl Store for MemoryStore {
     fn backend_name(&self) -> &'static str {
         "memory"
+    }
+
+    async fn archive_room(&self, request: ArchiveRequest) -> Result<ArchiveOutcome> {
+        let room = request.archived.room.clone();
+        let refused = |reason| StoreError::ArchiveRefused {
+            room: room.clone(),
+            reason,
+        };
+        request.check().map_err(refused)?;
+        let (id, body) = request.archived.checked(&self.options.limits)?;
+        let out = {
+            let _gate = self.shared.writer.lock().await;
+            let now = self.shared.clock.now();
+            self.shared
+                .tables()
+                .archive(&request, id, &body, now, &self.options)
+                .map_err(refused)?
+        };
+        self.shared.ring();
+        Ok(out)
+    }
+
+    async fn prune_claims(&self, older_than: Duration) -> Result<PrunedClaims> {
+        Ok(self.claims(|t, now| t.prune(older_than, now)).await)
     }
 
     fn writer(&self) -> Option<String> {

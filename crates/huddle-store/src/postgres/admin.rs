@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | [`OWNER_ROLE`] | no | own every huddle table, function and trigger; only migrations use it |
 //! | [`READER_ROLE`] | no (group) | read `interaction`, `external_claim`, `huddle_migration` |
-//! | [`WRITER_ROLE`] | no (group) | the reader's rights, and insert interactions (people, owners) |
+//! | [`WRITER_ROLE`] | no (group) | the reader's rights, insert interactions (people, owners), and archive a room it created (`huddle_room_archive`) |
 //! | [`RELAY_ROLE`] | no (group) | the writer's rights, use claims through the `huddle_claim_*` functions, and read `agent_token` (`huddle mcp --http`) |
 //!
 //! Each relay, owner or reader logs in with a role of its own that is a member of one
@@ -49,6 +49,13 @@ const CLAIM_FUNCTIONS: &[&str] = &[
     "huddle_append_under(text[], text[], bigint[], bytea, bytea[], text[], text[], text[], text[], text[], bytea[], bytea[], text[], text[], text[])",
     "huddle_handoff(text[], text[], bigint[], int[], int[], int[], bigint[], int[], bytea[], text[], text[], text[], text[], text[], bytea[], bytea[], text[], text[], text[])",
 ];
+
+/// The function an owner archives a room with (migration 0012). Owners (the writer
+/// group) may call it; relays inherit the right through the writer group and are
+/// refused inside it, as is any role but the one that created the room (the
+/// administrator excepted). Pruning claims (`huddle_prune_claims`) is granted to
+/// nobody: the administrator runs it as the schema owner.
+const ARCHIVE_FUNCTION: &str = "huddle_room_archive(text, bigint, bytea, text, text, text)";
 
 /// The kinds of login role [`add_login`] makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,7 +236,8 @@ async fn init_on(client: &mut Client) -> Result<Vec<i64>> {
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
              WHERE n.nspname = 'public' AND c.relkind = 'r'
                AND c.relname IN ('interaction', 'external_claim', 'huddle_migration',
-                                 'agent_token', 'agent_binding')
+                                 'agent_token', 'agent_binding', 'resource_scope',
+                                 'archived_room')
                AND pg_get_userbyid(c.relowner) <> $1",
             &[&OWNER_ROLE],
         )
@@ -283,7 +291,8 @@ async fn init_on(client: &mut Client) -> Result<Vec<i64>> {
          REVOKE ALL ON agent_token FROM PUBLIC;
          GRANT SELECT ON agent_token TO {relay};
          REVOKE ALL ON agent_binding FROM PUBLIC;
-         GRANT SELECT ON agent_binding TO {reader};\n",
+         GRANT SELECT ON agent_binding TO {reader};
+         GRANT EXECUTE ON FUNCTION {ARCHIVE_FUNCTION} TO {writer};\n",
         db = ident(&db),
     );
     for f in CLAIM_FUNCTIONS {

@@ -50,8 +50,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Config, Row, Statement};
 
 use crate::traits::{
-    Acquired, Appended, ClaimRequest, ClaimRow, ClaimState, Claims, Doorbell, Epoch, Fence, Ledger,
-    ReadBatch, SkippedRow, Store,
+    Acquired, Appended, ArchiveOutcome, ArchiveRefusal, ArchiveRequest, ClaimRequest, ClaimRow,
+    ClaimState, Claims, Doorbell, Epoch, Fence, Ledger, PrunedClaims, ReadBatch, SkippedRow, Store,
 };
 use crate::{Result, StoreError, StoreOptions};
 use errors::{map_pg, map_pool};
@@ -279,18 +279,19 @@ impl PgStore {
         }
     }
 
-    /// Reads forward, over all rooms or one (then on the room index; `next` is past
-    /// the last row of that room examined).
-    async fn read(&self, room: Option<&str>, after: Position, limit: usize) -> Result<ReadBatch> {
-        if limit == 0 {
+    /// Reads forward, over all rooms or some (then on the room index; `next` is past
+    /// the last row of those rooms returned).
+    async fn read(&self, scope: Scope<'_>, after: Position, limit: usize) -> Result<ReadBatch> {
+        if limit == 0 || matches!(scope, Scope::Rooms(rooms) if rooms.is_empty()) {
             return Ok(ReadBatch {
                 next: after,
                 ..ReadBatch::default()
             });
         }
-        let (read_sql, held_sql) = match room {
-            None => (sql::READ_FORWARD, sql::HELD_BACK),
-            Some(_) => (sql::READ_ROOM, sql::HELD_BACK_ROOM),
+        let (read_sql, held_sql) = match scope {
+            Scope::All => (sql::READ_FORWARD, sql::HELD_BACK),
+            Scope::Room(_) => (sql::READ_ROOM, sql::HELD_BACK_ROOM),
+            Scope::Rooms(_) => (sql::READ_ROOMS, sql::HELD_BACK_ROOMS),
         };
         let client = self.client().await?;
         let read = client.prepare_cached(read_sql).await.map_err(map_pg)?;
@@ -299,9 +300,19 @@ impl PgStore {
         let seq = i64::try_from(after.minor).unwrap_or(i64::MAX);
         let asked = limit.min(100_000);
         let limit = i64::try_from(asked).unwrap_or(100_000);
+        let room_param: Option<&str> = match scope {
+            Scope::Room(room) => Some(room),
+            _ => None,
+        };
+        let rooms_param: Vec<&str> = match scope {
+            Scope::Rooms(rooms) => rooms.iter().map(String::as_str).collect(),
+            _ => Vec::new(),
+        };
         let mut read_params: Vec<&(dyn ToSql + Sync)> = vec![&txid, &seq, &limit];
-        if let Some(room) = &room {
-            read_params.push(room);
+        match scope {
+            Scope::All => {}
+            Scope::Room(_) => read_params.push(&room_param),
+            Scope::Rooms(_) => read_params.push(&rooms_param),
         }
         let rows = client.query(&read, &read_params).await.map_err(map_pg)?;
         let mut next = after;
@@ -316,8 +327,10 @@ impl PgStore {
             let next_txid = next.major.to_string();
             let next_seq = i64::try_from(next.minor).unwrap_or(i64::MAX);
             let mut held_params: Vec<&(dyn ToSql + Sync)> = vec![&next_txid, &next_seq];
-            if let Some(room) = &room {
-                held_params.push(room);
+            match scope {
+                Scope::All => {}
+                Scope::Room(_) => held_params.push(&room_param),
+                Scope::Rooms(_) => held_params.push(&rooms_param),
             }
             let row = client
                 .query_one(&held, &held_params)
@@ -353,6 +366,17 @@ impl PgStore {
         }
         Ok((good, skipped))
     }
+}
+
+/// Which rows a read-forward covers.
+#[derive(Clone, Copy)]
+enum Scope<'a> {
+    /// Every room.
+    All,
+    /// One room.
+    Room(&'a str),
+    /// Several rooms, without repeats.
+    Rooms(&'a [String]),
 }
 
 /// The role a session with `config` logs in as (`session_user`).
@@ -876,11 +900,21 @@ impl Ledger for PgStore {
     }
 
     async fn read_forward(&self, after: Position, limit: usize) -> Result<ReadBatch> {
-        self.read(None, after, limit).await
+        self.read(Scope::All, after, limit).await
     }
 
     async fn read_room(&self, room: &str, after: Position, limit: usize) -> Result<ReadBatch> {
-        self.read(Some(room), after, limit).await
+        self.read(Scope::Room(room), after, limit).await
+    }
+
+    async fn read_rooms(
+        &self,
+        rooms: &[String],
+        after: Position,
+        limit: usize,
+    ) -> Result<ReadBatch> {
+        let rooms = crate::traits::distinct_rooms(rooms);
+        self.read(Scope::Rooms(&rooms), after, limit).await
     }
 
     async fn get(&self, id: InteractionId) -> Result<Option<Interaction>> {
@@ -1048,6 +1082,101 @@ impl Store for PgStore {
         "postgres"
     }
 
+    async fn archive_room(&self, request: ArchiveRequest) -> Result<ArchiveOutcome> {
+        let room = request.archived.room.clone();
+        let refused = |reason| StoreError::ArchiveRefused {
+            room: room.clone(),
+            reason,
+        };
+        request.check().map_err(refused)?;
+        let (ids, bodies) = self.validate(std::slice::from_ref(&request.archived))?;
+        let (id, body) = (ids[0], &bodies[0]);
+        let sig = self.signatures(&ids).pop().flatten();
+        let rows = i64::try_from(request.rows).map_err(|_| {
+            refused(ArchiveRefusal::BadRow(format!(
+                "{} rows is more than a ledger holds",
+                request.rows
+            )))
+        })?;
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql::ARCHIVE_ROOM)
+            .await
+            .map_err(map_pg)?;
+        let answer = client
+            .query_one(
+                &statement,
+                &[
+                    &room,
+                    &rows,
+                    &&id.0[..],
+                    &request.archived.actor,
+                    body,
+                    &sig,
+                ],
+            )
+            .await;
+        drop(client);
+        let row = match answer {
+            Ok(row) => row,
+            Err(e) => {
+                let reason = e.as_db_error().and_then(|d| {
+                    let detail = d.detail().unwrap_or_default();
+                    match d.code().code() {
+                        "HUA01" => Some(ArchiveRefusal::Changed {
+                            exported: request.rows,
+                            now: detail.trim().parse().unwrap_or(0),
+                        }),
+                        "HUA02" => Some(ArchiveRefusal::LiveClaims(
+                            detail.split_whitespace().map(str::to_string).collect(),
+                        )),
+                        "HUA03" => Some(ArchiveRefusal::NotAllowed(
+                            d.message().trim_start_matches("huddle: ").to_string(),
+                        )),
+                        "HUA04" if d.message().contains("archived already") => {
+                            Some(ArchiveRefusal::Archived)
+                        }
+                        "HUA04" => Some(ArchiveRefusal::NoRoom),
+                        "HUA06" => Some(ArchiveRefusal::BadRow(
+                            d.message().trim_start_matches("huddle: ").to_string(),
+                        )),
+                        _ => None,
+                    }
+                });
+                return Err(match reason {
+                    Some(reason) => refused(reason),
+                    None => map_pg(e),
+                });
+            }
+        };
+        let rows_removed: i64 = row.try_get(0).map_err(map_pg)?;
+        let claims_removed: i64 = row.try_get(1).map_err(map_pg)?;
+        self.appended(&[Appended { id, inserted: true }]);
+        Ok(ArchiveOutcome {
+            id,
+            rows_removed: u64::try_from(rows_removed).unwrap_or(0),
+            claims_removed: u64::try_from(claims_removed).unwrap_or(0),
+        })
+    }
+
+    async fn prune_claims(&self, older_than: Duration) -> Result<PrunedClaims> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql::PRUNE_CLAIMS)
+            .await
+            .map_err(map_pg)?;
+        let row = client
+            .query_one(&statement, &[&micros(older_than)])
+            .await
+            .map_err(map_pg)?;
+        let relay: i64 = row.try_get(0).map_err(map_pg)?;
+        let archived: i64 = row.try_get(1).map_err(map_pg)?;
+        Ok(PrunedClaims {
+            relay_leases: u64::try_from(relay).unwrap_or(0),
+            archived_rooms: u64::try_from(archived).unwrap_or(0),
+        })
+    }
+
     /// The URL's user: the session's role, which the database records as `relay`.
     fn writer(&self) -> Option<String> {
         self.signing_as
@@ -1186,6 +1315,16 @@ mod tests {
             ("held_back", sql::HELD_BACK, "('0', 0)"),
             ("read_room", sql::READ_ROOM, "('0', 0, 100, 'lobby')"),
             ("held_back_room", sql::HELD_BACK_ROOM, "('0', 0, 'lobby')"),
+            (
+                "read_rooms",
+                sql::READ_ROOMS,
+                "('0', 0, 100, '{lobby,hall}')",
+            ),
+            (
+                "held_back_rooms",
+                sql::HELD_BACK_ROOMS,
+                "('0', 0, '{lobby,hall}')",
+            ),
         ] {
             client
                 .batch_execute(&format!("PREPARE q_{name} AS {sql}"))
@@ -1226,12 +1365,29 @@ mod tests {
                     }),
                 "{name} does not read interaction through {index} alone:\n{shown}"
             );
-            assert!(
-                !nodes
-                    .iter()
-                    .any(|n| n["Node Type"].as_str().is_some_and(|t| t.contains("Sort"))),
-                "{name}: rows must come in index order, not sorted (by text!):\n{shown}"
-            );
+            // The multi-room read merges its rooms' ranges with one sort of at most
+            // rooms × limit rows, above the per-room scans: every scan itself comes in
+            // index order.
+            let sorts: Vec<&Value> = nodes
+                .iter()
+                .copied()
+                .filter(|n| n["Node Type"].as_str().is_some_and(|t| t.contains("Sort")))
+                .collect();
+            if name == "read_rooms" {
+                let root = &explained[0]["Plan"];
+                assert!(
+                    sorts.len() == 1
+                        && root["Node Type"] == "Limit"
+                        && root["Plans"][0]["Node Type"] == "Sort",
+                    "{name}: one merge of the rooms' ranges, at the top, each range read in \
+                     index order:\n{shown}"
+                );
+            } else {
+                assert!(
+                    sorts.is_empty(),
+                    "{name}: rows must come in index order, not sorted (by text!):\n{shown}"
+                );
+            }
             if name.starts_with("read") {
                 assert!(
                     scans.iter().any(|n| n["Index Cond"]

@@ -151,6 +151,32 @@ ORDER BY interaction.txid, interaction.seq
 LIMIT $3"
 );
 
+/// [`READ_FORWARD`] for several rooms (`$4`, without repeats), in one statement: one
+/// snapshot and one horizon. For each room a `LATERAL` range scan of the `(room, txid,
+/// seq)` index returns at most `$3` rows past the cursor and below the horizon; the
+/// union is ordered by `(txid, seq)` and cut at `$3`. Every room's first `$3` rows are
+/// candidates, so no row of these rooms between the cursor and the last row returned
+/// is left out; the sort is over at most `rooms × $3` rows. The position columns are
+/// repeated at the end (`o_txid`, `o_seq`) for the outer ordering, which must not sort
+/// by the text form.
+pub(crate) const READ_ROOMS: &str = concat!(
+    "SELECT x.* FROM unnest($4::text[]) AS r(name)
+CROSS JOIN LATERAL (
+  SELECT ",
+    row_columns!(),
+    ", interaction.txid AS o_txid, interaction.seq AS o_seq
+  FROM interaction
+  WHERE interaction.room = r.name
+    AND (interaction.txid, interaction.seq) > ($1::text::xid8, $2::int8)
+    AND interaction.txid < ",
+    horizon!(),
+    "
+  ORDER BY interaction.txid, interaction.seq
+  LIMIT $3) AS x
+ORDER BY x.o_txid, x.o_seq
+LIMIT $3"
+);
+
 /// Whether any committed row lies after `($1, $2)`, the cursor a read just reached.
 /// Asked (in a statement of its own, so with a newer snapshot than the read's) after a
 /// read that returned fewer rows than asked: a row it finds was either held back by an
@@ -177,6 +203,14 @@ pub(crate) const HELD_BACK_ROOM: &str = "SELECT (
     WHERE room = $3
       AND (txid, seq) > ($1::text::xid8, $2::int8)
     ORDER BY room, txid, seq LIMIT 1) IS NOT NULL";
+
+/// [`HELD_BACK`] for several rooms (`$3`): one index probe per room.
+pub(crate) const HELD_BACK_ROOMS: &str = "SELECT EXISTS (
+    SELECT 1 FROM unnest($3::text[]) AS r(name)
+    WHERE (SELECT i.seq FROM interaction AS i
+           WHERE i.room = r.name
+             AND (i.txid, i.seq) > ($1::text::xid8, $2::int8)
+           ORDER BY i.room, i.txid, i.seq LIMIT 1) IS NOT NULL)";
 
 /// One row by id.
 pub(crate) const GET: &str = concat!("SELECT ", row_columns!(), " FROM interaction WHERE id = $1");
@@ -213,3 +247,14 @@ SELECT key, holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8,
 FROM external_claim
 WHERE starts_with(key, $1)
 ORDER BY key COLLATE \"C\"";
+
+/// Archives a room (migration 0012's `huddle_room_archive`): the room, the rows its
+/// export read, then the `room.archived` row's id, actor, canonical body and `sig`.
+/// Answers the rows and claims removed; refusals are SQLSTATEs `HUA01`..`HUA06`.
+pub(crate) const ARCHIVE_ROOM: &str = "SELECT o_rows, o_claims FROM huddle_room_archive(\
+$1::text, $2::int8, $3::bytea, $4::text, $5::text, $6::text)";
+
+/// Prunes claims (migration 0012's `huddle_prune_claims`): relay leases expired for
+/// longer than `$1` µs, and claims of archived rooms. Answers both counts.
+pub(crate) const PRUNE_CLAIMS: &str =
+    "SELECT o_relay, o_archived FROM huddle_prune_claims($1::int8)";

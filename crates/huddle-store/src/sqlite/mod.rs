@@ -26,6 +26,7 @@
 //! skipped, logged, counted ([`SqliteStore::skipped_total`]) and never block the
 //! cursor.
 
+mod archive;
 mod claims;
 pub(crate) mod conn;
 mod ledger;
@@ -49,8 +50,8 @@ use tokio::sync::watch;
 
 use crate::error::{Result, StoreError};
 use crate::traits::{
-    Acquired, Appended, ClaimRequest, ClaimRow, ClaimState, Claims, Doorbell, Epoch, Fence, Ledger,
-    ReadBatch, SkippedRow, Store,
+    Acquired, Appended, ArchiveOutcome, ArchiveRequest, ClaimRequest, ClaimRow, ClaimState, Claims,
+    Doorbell, Epoch, Fence, Ledger, PrunedClaims, ReadBatch, SkippedRow, Store,
 };
 use crate::StoreOptions;
 
@@ -211,7 +212,7 @@ impl Inner {
     /// Reads up to `limit` rows after `after` (of `room` only, when given), verifying
     /// each outside the connection lock.
     fn read_forward(&self, room: Option<&str>, after: Position, limit: usize) -> Result<ReadBatch> {
-        let mut batch = ReadBatch {
+        let batch = ReadBatch {
             next: after,
             ..ReadBatch::default()
         };
@@ -224,6 +225,45 @@ impl Inner {
             None => ledger::query_rows(conn, READ_FORWARD, params![after_seq, limit]),
             Some(room) => ledger::query_rows(conn, READ_ROOM, params![room, after_seq, limit]),
         })?;
+        Ok(self.verify_rows(batch, stored))
+    }
+
+    /// Reads up to `limit` rows of `rooms` (without repeats) after `after`: one indexed
+    /// query per room, all in one read transaction (one snapshot, so a row committed
+    /// between two of them cannot be passed over), merged by rowid and cut at `limit`.
+    fn read_rooms(&self, rooms: &[String], after: Position, limit: usize) -> Result<ReadBatch> {
+        let batch = ReadBatch {
+            next: after,
+            ..ReadBatch::default()
+        };
+        if limit == 0 || rooms.is_empty() {
+            return Ok(batch);
+        }
+        let after_seq = i64::try_from(after.minor).unwrap_or(i64::MAX);
+        let per_room = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut stored = self.read(|conn| {
+            // A deferred transaction on a connection that only reads: its first
+            // statement fixes the snapshot every later one sees.
+            let tx = conn.unchecked_transaction()?;
+            let mut out = Vec::new();
+            for room in rooms {
+                out.extend(ledger::query_rows(
+                    &tx,
+                    READ_ROOM,
+                    params![room, after_seq, per_room],
+                )?);
+            }
+            tx.commit()?;
+            Ok(out)
+        })?;
+        stored.sort_by_key(|r| r.position);
+        stored.truncate(limit);
+        Ok(self.verify_rows(batch, stored))
+    }
+
+    /// Verifies rows read back outside the connection lock, appending them to `batch`
+    /// (or its skipped rows) and moving its cursor past each.
+    fn verify_rows(&self, mut batch: ReadBatch, stored: Vec<ledger::StoredRow>) -> ReadBatch {
         for row in stored {
             batch.next = row.position;
             match row
@@ -245,7 +285,7 @@ impl Inner {
                 }
             }
         }
-        Ok(batch)
+        batch
     }
 
     fn get(&self, id: InteractionId) -> Result<Option<Interaction>> {
@@ -435,6 +475,17 @@ impl Ledger for SqliteStore {
             .await
     }
 
+    async fn read_rooms(
+        &self,
+        rooms: &[String],
+        after: Position,
+        limit: usize,
+    ) -> Result<ReadBatch> {
+        let rooms = crate::traits::distinct_rooms(rooms);
+        self.blocking(move |inner| inner.read_rooms(&rooms, after, limit))
+            .await
+    }
+
     async fn get(&self, id: InteractionId) -> Result<Option<Interaction>> {
         self.blocking(move |inner| inner.get(id)).await
     }
@@ -525,6 +576,35 @@ impl Claims for SqliteStore {
 impl Store for SqliteStore {
     fn backend_name(&self) -> &'static str {
         "sqlite"
+    }
+
+    async fn archive_room(&self, request: ArchiveRequest) -> Result<ArchiveOutcome> {
+        request
+            .check()
+            .map_err(|reason| StoreError::ArchiveRefused {
+                room: request.archived.room.clone(),
+                reason,
+            })?;
+        let (id, body) = request.archived.checked(&self.inner.options.limits)?;
+        self.write(
+            move |inner, conn| {
+                archive::archive(
+                    conn,
+                    &inner.options.relay,
+                    inner.options.signer.as_ref(),
+                    &request,
+                    id,
+                    body,
+                )
+            },
+            |_| true,
+        )
+        .await
+    }
+
+    async fn prune_claims(&self, older_than: Duration) -> Result<PrunedClaims> {
+        self.write(move |_, conn| archive::prune(conn, older_than), |_| false)
+            .await
     }
 
     fn writer(&self) -> Option<String> {
