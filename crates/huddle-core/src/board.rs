@@ -55,6 +55,10 @@ const FOLDED: &[Verb] = &[
 pub const RENDER_DESIGNATIONS: usize = 10;
 /// Most notices shown in a `<coordination>` block (the most recent).
 pub const RENDER_NOTICES: usize = 5;
+/// Most other agents listed in a `<coordination>` block: those whose presence changed
+/// last; the rest are counted by state. A turn's block then costs the same in a room
+/// of 300 agents as in one of 30, and so does the prompt.
+pub const RENDER_AGENTS: usize = 24;
 
 // ---------------------------------------------------------------------------------
 // State
@@ -630,6 +634,8 @@ struct CoordinationView {
     room: String,
     owner: Option<String>,
     agents: Vec<(String, Presence)>,
+    /// Agents not listed, by state (in [`PresenceState`] order).
+    more_agents: Vec<(&'static str, usize)>,
     taken: Vec<(String, Designation)>,
     notices: Vec<Notice>,
     tasks: Option<TaskSummary>,
@@ -647,6 +653,7 @@ impl CoordinationView {
             room: room.to_string(),
             owner: None,
             agents: Vec::new(),
+            more_agents: Vec::new(),
             taken: Vec::new(),
             notices: Vec::new(),
             tasks: tasks.filter(|t| t.total > 0),
@@ -656,10 +663,35 @@ impl CoordinationView {
             return view;
         };
         view.owner = b.owner.clone();
-        view.agents = b
+        let mut peers: Vec<(&String, &Presence)> = b
             .presence
             .iter()
             .filter(|(a, _)| a.as_str() != reader)
+            .collect();
+        if peers.len() > RENDER_AGENTS {
+            // The most recently changed first; the rest counted, not listed.
+            peers.select_nth_unstable_by(RENDER_AGENTS - 1, |x, y| {
+                (y.1.since, y.0).cmp(&(x.1.since, x.0))
+            });
+            let mut counts = [0usize; 4];
+            for (_, p) in &peers[RENDER_AGENTS..] {
+                counts[p.state as usize] += 1;
+            }
+            view.more_agents = [
+                PresenceState::Working,
+                PresenceState::Idle,
+                PresenceState::Done,
+                PresenceState::Failed,
+            ]
+            .into_iter()
+            .map(|s| (s.as_str(), counts[s as usize]))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+            peers.truncate(RENDER_AGENTS);
+            peers.sort_by(|x, y| x.0.cmp(y.0));
+        }
+        view.agents = peers
+            .into_iter()
             .map(|(a, p)| (a.clone(), p.clone()))
             .collect();
         let mut taken: Vec<(String, Designation)> = b
@@ -707,6 +739,15 @@ impl CoordinationView {
                     let _ = write!(out, " ({})", clean(n, 200));
                 }
                 out.push('\n');
+            }
+            if !self.more_agents.is_empty() {
+                let total: usize = self.more_agents.iter().map(|(_, n)| n).sum();
+                let by_state: Vec<String> = self
+                    .more_agents
+                    .iter()
+                    .map(|(s, n)| format!("{n} {s}"))
+                    .collect();
+                let _ = writeln!(out, "- and {total} more: {}", by_state.join(", "));
             }
         }
         if !self.patterns.benched.is_empty() {
@@ -1123,6 +1164,53 @@ notices:\n\
         assert_eq!(b.coordination("lobby", "bo", None), Some(block));
         // An empty board shows nothing.
         assert_eq!(Board::new().coordination("lobby", "bo", None), None);
+    }
+
+    #[test]
+    fn a_large_room_lists_the_latest_agents_and_counts_the_rest() {
+        // 40 agents register (idle), then the last 10 start working: the block lists
+        // the 24 whose presence changed last and counts the other 16 by state.
+        let mut rows: Vec<NewInteraction> = (0..40)
+            .map(|n| {
+                ix(
+                    Verb::AgentRegistered,
+                    &format!("a{n:02}"),
+                    Role::Agent,
+                    json!({}),
+                )
+            })
+            .collect();
+        rows.extend((30..40).map(|n| prompted(&format!("a{n:02}"), &format!("t{n}"), 1)));
+        let b = fold(rows);
+        let block = b.coordination("lobby", "a39", None).unwrap().text;
+        let listed: Vec<&str> = block
+            .lines()
+            .filter_map(|l| l.strip_prefix("- "))
+            .filter(|l| l.starts_with('a') && !l.starts_with("and "))
+            .map(|l| l.split(':').next().unwrap_or(""))
+            .collect();
+        assert_eq!(listed.len(), RENDER_AGENTS, "{block}");
+        // The reader is left out; the 9 other working agents and the 15 latest idle
+        // ones (a15..a29) are listed, sorted by name.
+        let want: Vec<String> = (15..39).map(|n| format!("a{n:02}")).collect();
+        assert_eq!(listed, want, "{block}");
+        assert!(block.contains("- and 15 more: 15 idle\n"), "{block}");
+        // A small room is listed whole, with no count line.
+        let small = fold(
+            (0..5)
+                .map(|n| {
+                    ix(
+                        Verb::AgentRegistered,
+                        &format!("a{n}"),
+                        Role::Agent,
+                        json!({}),
+                    )
+                })
+                .collect(),
+        );
+        let text = small.coordination("lobby", "a0", None).unwrap().text;
+        assert_eq!(text.matches("\n- a").count(), 4, "{text}");
+        assert!(!text.contains("more:"), "{text}");
     }
 
     #[test]
