@@ -135,6 +135,10 @@ pub async fn run(
         signer: relay_signer(&cfg)?,
         ..Default::default()
     };
+    let options = StoreOptions {
+        pool_size: cfg.pool.unwrap_or(options.pool_size),
+        ..options
+    };
     // A relay started while its database is away (restarting, failing over) waits for
     // it; a bad URL or schema fails at once.
     let mut delay = std::time::Duration::from_millis(100);

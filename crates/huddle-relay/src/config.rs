@@ -169,6 +169,11 @@ pub struct RelayConfig {
     /// `~/.config/huddle/keys`).
     #[serde(default)]
     pub key: Option<String>,
+    /// Postgres only: the relay's pooled connections (default 3, 1 to 64), beside its
+    /// LISTEN connection. More let more writes run at once; on a database with few
+    /// cores they mostly contend (plan 0060 measures it).
+    #[serde(default)]
+    pub pool: Option<usize>,
 }
 
 fn default_database() -> String {
@@ -272,6 +277,12 @@ impl RelayConfig {
                 "key is given but sign is not true: add `sign = true` to sign with it".into(),
             ));
         }
+        if let Some(pool) = self.pool.filter(|p| !(1..=64).contains(p)) {
+            return Err((
+                Some("pool".into()),
+                format!("pool must be between 1 and 64 connections, not {pool}"),
+            ));
+        }
         let mut keys = BTreeSet::new();
         for a in &self.agents {
             let at = Some(format!("\"{}\"", a.key));
@@ -347,6 +358,13 @@ exec = { command = ["cat"] }
         let c = RelayConfig::parse("huddle.toml", GOOD).expect("good config");
         assert_eq!(c.relay, "relay-a");
         assert_eq!(c.database, "./huddle.db");
+        assert_eq!(c.pool, None);
+        let c = RelayConfig::parse(
+            "huddle.toml",
+            &GOOD.replace("rooms = [", "pool = 5\nrooms = ["),
+        )
+        .expect("a pool size");
+        assert_eq!(c.pool, Some(5));
         assert_eq!(c.agents.len(), 2);
         assert_eq!(c.agents[0].sim.as_ref().map(|s| s.turn_ms), Some(10));
         assert_eq!(
@@ -527,6 +545,14 @@ acp = { preset = "codex", permissions = ["read", "edit"] }
             (
                 GOOD.replace("rooms = [", "sign = \"yes\"\nrooms = ["),
                 "bool",
+            ),
+            (
+                GOOD.replace("rooms = [", "pool = 0\nrooms = ["),
+                "between 1 and 64",
+            ),
+            (
+                GOOD.replace("rooms = [", "pool = 65\nrooms = ["),
+                "between 1 and 64",
             ),
         ];
         for (text, needle) in cases {

@@ -1207,9 +1207,18 @@ impl Executor {
         // Consecutive acquires go to the store as one batch (one round trip, one
         // commit), sent before the next intent, as each single acquire was.
         let mut acquires: Vec<PendingAcquire> = Vec::new();
+        // Consecutive turn results (appends that close their claims) are written
+        // concurrently: each is its own transaction under its own turn's claims, and
+        // none refers to another, so the order they commit in does not matter.
+        let mut results: Vec<(Vec<ClaimRef>, Vec<NewInteraction>)> = Vec::new();
         for intent in intents {
             if !matches!(intent, Intent::Acquire { .. }) && !acquires.is_empty() {
                 self.acquire_all(std::mem::take(&mut acquires));
+            }
+            let is_result =
+                matches!(&intent, Intent::Append { close: true, fences, .. } if !fences.is_empty());
+            if !is_result && !results.is_empty() {
+                refused.extend(self.append_results(std::mem::take(&mut results)).await);
             }
             match intent {
                 Intent::Acquire {
@@ -1234,42 +1243,11 @@ impl Executor {
                     close,
                     batch,
                 } => {
-                    let actor = batch.first().map(|r| r.actor.clone());
-                    let store_fences: Vec<Fence> = fences.iter().map(Fence::from).collect();
-                    match self.append_retrying(&store_fences, close, batch).await {
-                        Ok(()) => {}
-                        Err(StoreError::Fenced { key, holder, epoch }) => {
-                            log_lost_claim(
-                                &*self.store,
-                                "fenced append refused",
-                                &key,
-                                &holder,
-                                actor.as_deref(),
-                                epoch,
-                            )
-                            .await;
-                            let _ = self.feedback.send(Feedback::Lost {
-                                key,
-                                epoch,
-                                fenced: true,
-                            });
-                            // Every turn that depended on this write is skipped.
-                            refused.extend(fences);
-                        }
-                        Err(e) => {
-                            warn!(error = %e, "append failed for good; the result is not written");
-                            let _ = self.feedback.send(Feedback::ResultLost);
-                            for f in &fences {
-                                let _ = self.feedback.send(Feedback::Lost {
-                                    key: f.key.clone(),
-                                    epoch: f.epoch,
-                                    fenced: false,
-                                });
-                            }
-                            refused.extend(fences);
-                            let _ = self.feedback.send(Feedback::Failed(e));
-                        }
+                    if close && !fences.is_empty() {
+                        results.push((fences, batch));
+                        continue;
                     }
+                    refused.extend(self.append_intent(fences, close, batch).await);
                 }
                 Intent::StartTurn(start) => {
                     let prep = starts.remove(&start.turn).unwrap_or_default();
@@ -1345,8 +1323,76 @@ impl Executor {
                 Intent::Cancel { .. } | Intent::Stopped => {}
             }
         }
+        if !results.is_empty() {
+            self.append_results(results).await;
+        }
         if !acquires.is_empty() {
             self.acquire_all(acquires);
+        }
+    }
+
+    /// Writes turn results concurrently; returns the claims of those refused.
+    async fn append_results(
+        &self,
+        results: Vec<(Vec<ClaimRef>, Vec<NewInteraction>)>,
+    ) -> Vec<ClaimRef> {
+        if results.len() == 1 {
+            let (fences, batch) = results.into_iter().next().unwrap_or_default();
+            return self.append_intent(fences, true, batch).await;
+        }
+        futures::future::join_all(
+            results
+                .into_iter()
+                .map(|(fences, batch)| self.append_intent(fences, true, batch)),
+        )
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    /// Performs one append intent; returns its fences when the write was refused or
+    /// failed for good (every turn that depended on it is skipped).
+    async fn append_intent(
+        &self,
+        fences: Vec<ClaimRef>,
+        close: bool,
+        batch: Vec<NewInteraction>,
+    ) -> Vec<ClaimRef> {
+        let actor = batch.first().map(|r| r.actor.clone());
+        let store_fences: Vec<Fence> = fences.iter().map(Fence::from).collect();
+        match self.append_retrying(&store_fences, close, batch).await {
+            Ok(()) => Vec::new(),
+            Err(StoreError::Fenced { key, holder, epoch }) => {
+                log_lost_claim(
+                    &*self.store,
+                    "fenced append refused",
+                    &key,
+                    &holder,
+                    actor.as_deref(),
+                    epoch,
+                )
+                .await;
+                let _ = self.feedback.send(Feedback::Lost {
+                    key,
+                    epoch,
+                    fenced: true,
+                });
+                fences
+            }
+            Err(e) => {
+                warn!(error = %e, "append failed for good; the result is not written");
+                let _ = self.feedback.send(Feedback::ResultLost);
+                for f in &fences {
+                    let _ = self.feedback.send(Feedback::Lost {
+                        key: f.key.clone(),
+                        epoch: f.epoch,
+                        fenced: false,
+                    });
+                }
+                let _ = self.feedback.send(Feedback::Failed(e));
+                fences
+            }
         }
     }
 
