@@ -98,12 +98,18 @@ impl ThreadWindow {
                 .get("text")
                 .and_then(serde_json::Value::as_str)
                 .unwrap_or_default();
-            let mut line = format!(
-                "[{} ({})] {}",
-                escape(&row.actor),
-                row.role,
-                escape_upto(text.trim(), MAX_LINE)
-            );
+            let mut line = format!("[{} ({})] ", escape(&row.actor), row.role);
+            // Escape no more of the text than could still fit the budget: once the
+            // budget is nearly spent, every older message (a long `!delegate` among
+            // them) would otherwise be escaped up to MAX_LINE only to be left out.
+            // Cut short, a line is longer than what is left, as it was in full.
+            let room_left = budget.saturating_sub(used + 1 + line.len());
+            let upto = if line.len() + room_left < MAX_LINE {
+                room_left + 1
+            } else {
+                MAX_LINE
+            };
+            line.push_str(&escape_upto(text.trim(), upto));
             if line.len() > MAX_LINE {
                 let mut cut = MAX_LINE;
                 while !line.is_char_boundary(cut) {
@@ -232,5 +238,80 @@ mod tests {
         let b = w.block("lobby", None, "cy", None, 4096).unwrap();
         assert_eq!(b.matches("</thread>").count(), 1, "{b}");
         assert!(!b.contains("<message"), "{b}");
+    }
+
+    /// The lines the block kept before it escaped only what could fit: every message
+    /// escaped up to MAX_LINE, then measured against the budget.
+    fn reference_lines(rows: &[Interaction], agent: &str, budget: usize) -> (Vec<String>, usize) {
+        let mut lines = Vec::new();
+        let (mut used, mut left_out) = (0usize, 0usize);
+        for row in rows.iter().rev() {
+            if row.actor == agent {
+                break;
+            }
+            let text = row.body["text"].as_str().unwrap_or_default();
+            let mut line = format!(
+                "[{} ({})] {}",
+                escape(&row.actor),
+                row.role,
+                escape_upto(text.trim(), MAX_LINE)
+            );
+            if line.len() > MAX_LINE {
+                let mut cut = MAX_LINE;
+                while !line.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                line.truncate(cut);
+                line.push('…');
+            }
+            if used + line.len() + 1 > budget {
+                left_out += 1;
+                continue;
+            }
+            used += line.len() + 1;
+            lines.push(line);
+        }
+        lines.reverse();
+        (lines, left_out)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        /// Escaping no more than fits keeps exactly the lines (and the count left
+        /// out) that escaping every message in full kept.
+        #[test]
+        fn escaping_only_what_fits_keeps_the_same_lines(
+            msgs in proptest::collection::vec(
+                (0usize..4, "[a-c<>& \n\té]{0,40}", 0usize..3000, "(.){0,3}"),
+                1..30,
+            ),
+            budget in 1usize..9000,
+        ) {
+            let actors = ["ana", "bo", "a-very-long-agent-name-that-takes-room", "cy"];
+            let mut l = Ledger::default();
+            let mut w = ThreadWindow::new();
+            let mut rows = Vec::new();
+            for (who, head, repeat, tail) in &msgs {
+                let text = format!("{head}{}{tail}", "x<y &z ".repeat(*repeat / 7));
+                let r = say(&mut l, None, actors[*who], Role::Human, &text);
+                w.observe(&r);
+                rows.push(r);
+            }
+            let (want, left_out) = reference_lines(&rows, "cy", budget);
+            let got = w.block("lobby", None, "cy", None, budget);
+            match got {
+                None => proptest::prop_assert!(want.is_empty()),
+                Some(b) => {
+                    let body: Vec<&str> = b
+                        .lines()
+                        .skip(2)
+                        .filter(|l| !l.starts_with('(') && *l != "</thread>")
+                        .collect();
+                    proptest::prop_assert_eq!(body, want.iter().map(String::as_str).collect::<Vec<_>>());
+                    let note = format!("({left_out} older ones left out for length)");
+                    proptest::prop_assert_eq!(b.contains(&note), left_out > 0, "{}", b);
+                }
+            }
+        }
     }
 }
