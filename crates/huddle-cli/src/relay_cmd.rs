@@ -129,16 +129,15 @@ pub async fn run(
         cfg.database = db;
     }
     crate::ledger_cmds::require_database(&cfg.database)?;
-    let options = StoreOptions {
+    let mut options = StoreOptions {
         relay: cfg.relay.clone(),
         poll_interval: std::time::Duration::from_millis(poll_ms.max(1)),
         signer: relay_signer(&cfg)?,
         ..Default::default()
     };
-    let options = StoreOptions {
-        pool_size: cfg.pool.unwrap_or(options.pool_size),
-        ..options
-    };
+    if let Some(pool) = cfg.pool {
+        options.pool_size = pool;
+    }
     // A relay started while its database is away (restarting, failing over) waits for
     // it; a bad URL or schema fails at once.
     let mut delay = std::time::Duration::from_millis(100);

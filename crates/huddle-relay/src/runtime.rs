@@ -1238,15 +1238,15 @@ impl Executor {
                     });
                     continue;
                 }
+                Intent::Append { fences, batch, .. } if is_result => {
+                    results.push((fences, batch));
+                    continue;
+                }
                 Intent::Append {
                     fences,
                     close,
                     batch,
                 } => {
-                    if close && !fences.is_empty() {
-                        results.push((fences, batch));
-                        continue;
-                    }
                     refused.extend(self.append_intent(fences, close, batch).await);
                 }
                 Intent::StartTurn(start) => {
@@ -1336,10 +1336,6 @@ impl Executor {
         &self,
         results: Vec<(Vec<ClaimRef>, Vec<NewInteraction>)>,
     ) -> Vec<ClaimRef> {
-        if results.len() == 1 {
-            let (fences, batch) = results.into_iter().next().unwrap_or_default();
-            return self.append_intent(fences, true, batch).await;
-        }
         futures::future::join_all(
             results
                 .into_iter()
