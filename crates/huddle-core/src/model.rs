@@ -290,11 +290,6 @@ impl NewInteraction {
     }
 
     fn validate_fields(&self, limits: &Limits, size: usize) -> Result<(), ModelError> {
-        validate_name("room", &self.room, limits)?;
-        if let Some(t) = &self.thread {
-            validate_name("thread", t, limits)?;
-        }
-        validate_name("actor", &self.actor, limits)?;
         if let Some(k) = &self.idempotency_key {
             if k.is_empty() || k.len() > limits.max_name_bytes {
                 return Err(ModelError::BadName {
@@ -303,24 +298,7 @@ impl NewInteraction {
                 });
             }
         }
-        if self.caused_by.len() > limits.max_causes {
-            return Err(ModelError::TooManyCauses {
-                got: self.caused_by.len(),
-                max: limits.max_causes,
-            });
-        }
-        if size > limits.max_body_bytes {
-            return Err(ModelError::BodyTooLarge {
-                size,
-                max: limits.max_body_bytes,
-            });
-        }
-        if contains_nul(&self.body) {
-            return Err(ModelError::BadBody(
-                "text must not contain NUL (U+0000) characters".into(),
-            ));
-        }
-        Ok(())
+        check_hashed(&self.hashed(), limits, size)
     }
 
     fn hashed(&self) -> canonical::HashedFields<'_> {
@@ -398,6 +376,20 @@ pub struct Interaction {
 }
 
 impl Interaction {
+    /// The hashed fields, borrowed: what [`Self::content`] would hash, without a copy.
+    fn hashed(&self) -> canonical::HashedFields<'_> {
+        canonical::HashedFields {
+            room: &self.room,
+            thread: self.thread.as_deref(),
+            verb: self.verb.as_str(),
+            actor: &self.actor,
+            role: self.role.as_str(),
+            parent: self.parent.as_ref(),
+            caused_by: &self.caused_by,
+            body: &self.body,
+        }
+    }
+
     /// The hashed part of this interaction, as a writer would have given it.
     pub fn content(&self) -> NewInteraction {
         NewInteraction {
@@ -412,6 +404,39 @@ impl Interaction {
             idempotency_key: None,
         }
     }
+}
+
+/// Checks the hashed fields of a row against `limits`: names, number of causes, body
+/// size (`size`, the canonical text's length) and no NUL in the body. Writers check
+/// before writing, readers on every row read.
+fn check_hashed(
+    f: &canonical::HashedFields<'_>,
+    limits: &Limits,
+    size: usize,
+) -> Result<(), ModelError> {
+    validate_name("room", f.room, limits)?;
+    if let Some(t) = f.thread {
+        validate_name("thread", t, limits)?;
+    }
+    validate_name("actor", f.actor, limits)?;
+    if f.caused_by.len() > limits.max_causes {
+        return Err(ModelError::TooManyCauses {
+            got: f.caused_by.len(),
+            max: limits.max_causes,
+        });
+    }
+    if size > limits.max_body_bytes {
+        return Err(ModelError::BodyTooLarge {
+            size,
+            max: limits.max_body_bytes,
+        });
+    }
+    if contains_nul(f.body) {
+        return Err(ModelError::BadBody(
+            "text must not contain NUL (U+0000) characters".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether any string or key in `v` holds a NUL character: such text cannot be stored
@@ -510,9 +535,10 @@ impl RawRow {
             body,
             signer: None,
         };
-        let content = row.content();
-        content.validate_fields(limits, size)?;
-        let expected = content.id();
+        // Checked and hashed in place: the row is not copied to be verified.
+        let hashed = row.hashed();
+        check_hashed(&hashed, limits, size)?;
+        let expected = InteractionId(*blake3::hash(&canonical::encode_fields(&hashed)).as_bytes());
         if expected != row.id {
             return Err(ModelError::IdMismatch {
                 stored: row.id.to_hex(),

@@ -4,6 +4,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 
 use crate::error::{Result, StoreError};
@@ -106,6 +107,13 @@ pub(crate) fn open_connection(path: &str, kind: ConnKind) -> Result<Connection> 
         )?
     };
     conn.busy_handler(Some(busy_wait))?;
+    // One plan per statement whatever is bound to it. Without this, a bound `LIMIT ?`
+    // (every read of the ledger has one) marks the statement to be prepared again on
+    // each new binding: a relay re-parsed its read statement on every read (plan 0061).
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    // Room for every statement a connection runs in its cache (the default is 16;
+    // the writer's alone are about as many), so none is parsed twice.
+    conn.set_prepared_statement_cache_capacity(64);
     if path != MEMORY {
         // Switching to WAL needs a moment of exclusive access; when several processes
         // open a new file together the loser may see SQLITE_BUSY without the busy

@@ -112,6 +112,50 @@ async fn read_room_returns_only_that_room_and_advances() {
     assert_eq!(zero.next, Position::START);
 }
 
+/// A read statement is prepared once: binding a new cursor or limit to it must not
+/// make SQLite prepare it again (a bound `LIMIT ?` does, unless the connection keeps
+/// one plan per statement), or every read of a relay re-parses its SQL.
+#[tokio::test]
+async fn read_statements_are_not_prepared_again_for_new_bindings() {
+    use rusqlite::StatementStatus;
+    let b = backend().await;
+    let s = b.sqlite();
+    for i in 0..5 {
+        s.append(vec![
+            message("a", &i.to_string()),
+            message("b", &i.to_string()),
+        ])
+        .await
+        .expect("append");
+    }
+    let rooms = ["a".to_string(), "b".to_string()];
+    let mut at = Position::START;
+    for limit in [1, 2, 3, 7, 1, 500] {
+        let batch = s.read_rooms(&rooms, at, limit).await.expect("read rooms");
+        assert!(!batch.rows.is_empty() || at == Position::new(0, 10));
+        at = batch.next;
+        s.read_room("a", Position::START, limit)
+            .await
+            .expect("read room");
+        s.read_forward(Position::START, limit)
+            .await
+            .expect("read forward");
+    }
+    assert_eq!(at, Position::new(0, 10), "every row was read");
+    let reprepared = s
+        .inner
+        .read(|conn| {
+            let mut n = 0;
+            for sql in [READ_ROOM, READ_FORWARD] {
+                let stmt = conn.prepare_cached(sql)?;
+                n += stmt.get_status(StatementStatus::RePrepare);
+            }
+            Ok(n)
+        })
+        .expect("statement status");
+    assert_eq!(reprepared, 0, "read statements were prepared again");
+}
+
 #[tokio::test]
 async fn rows_carry_the_relay_and_the_database_clock() {
     let b = backend().await;

@@ -80,7 +80,9 @@ impl Watcher {
 }
 
 fn data_version(conn: &Connection) -> rusqlite::Result<i64> {
-    conn.query_row("PRAGMA data_version", [], |r| r.get(0))
+    // Cached: the watcher asks on every file event.
+    conn.prepare_cached("PRAGMA data_version")?
+        .query_row([], |r| r.get(0))
 }
 
 fn run(

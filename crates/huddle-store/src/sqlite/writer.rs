@@ -143,6 +143,13 @@ impl Writer {
     }
 }
 
+/// Runs one statement of a group's frame (begin, savepoint, release, commit) from the
+/// connection's statement cache: they run for every group and every job, and are
+/// parsed once.
+fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 fn run(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>, bell: watch::Sender<u64>) {
     while let Ok(first) = jobs.recv() {
         let mut group = vec![first];
@@ -152,7 +159,7 @@ fn run(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>, bell: watch::Sender
                 Err(_) => break,
             }
         }
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        if let Err(e) = exec_cached(&conn, "BEGIN IMMEDIATE") {
             // Busy or locked past the busy timeout (retryable), or worse.
             let e = StoreError::from(e);
             for j in group {
@@ -167,7 +174,7 @@ fn run(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>, bell: watch::Sender
                 j.fail(StoreError::Unavailable(why.clone()));
                 continue;
             }
-            if let Err(e) = conn.execute_batch("SAVEPOINT huddle_job") {
+            if let Err(e) = exec_cached(&conn, "SAVEPOINT huddle_job") {
                 broken = Some(e.to_string());
                 j.fail(StoreError::Unavailable(e.to_string()));
                 continue;
@@ -176,7 +183,7 @@ fn run(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>, bell: watch::Sender
             let undo = if done.failed() {
                 conn.execute_batch("ROLLBACK TO huddle_job; RELEASE huddle_job")
             } else {
-                conn.execute_batch("RELEASE huddle_job")
+                exec_cached(&conn, "RELEASE huddle_job")
             };
             if let Err(e) = undo {
                 broken = Some(e.to_string());
@@ -185,7 +192,7 @@ fn run(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>, bell: watch::Sender
         }
         let committed = match &broken {
             Some(why) => Err(why.clone()),
-            None => conn.execute_batch("COMMIT").map_err(|e| e.to_string()),
+            None => exec_cached(&conn, "COMMIT").map_err(|e| e.to_string()),
         };
         if committed.is_err() {
             // Nothing of the group is kept; the connection is ready for the next.
