@@ -8,6 +8,8 @@
 //!
 //! Changing this encoding changes every id: it is versioned by the domain tag.
 
+use std::fmt::Write as _;
+
 use serde_json::Value;
 
 use crate::id::InteractionId;
@@ -86,7 +88,10 @@ fn write_json(out: &mut String, v: &Value) {
     match v {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => out.push_str(&n.to_string()),
+        Value::Number(n) => {
+            // Writing into a `String` cannot fail.
+            let _ = write!(out, "{n}");
+        }
         Value::String(s) => write_str(out, s),
         Value::Array(items) => {
             out.push('[');
@@ -99,25 +104,57 @@ fn write_json(out: &mut String, v: &Value) {
             out.push(']');
         }
         Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+            // Sorted with their values: no lookup of each key again.
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
             out.push('{');
-            for (i, k) in keys.into_iter().enumerate() {
+            for (i, (k, v)) in entries.into_iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
                 write_str(out, k);
                 out.push(':');
-                write_json(out, &map[k]);
+                write_json(out, v);
             }
             out.push('}');
         }
     }
 }
 
+/// Writes `s` as a JSON string with minimal escapes, exactly as serde_json writes one
+/// (`"` and `\` escaped, the short forms `\b \f \n \r \t`, other control
+/// characters as `\u00xx` in lower-case hex, everything else as is), without
+/// copying it first. `writes_strings_as_serde_json_does` holds the two together.
 fn write_str(out: &mut String, s: &str) {
-    // serde_json's string escaping is already canonical (minimal escapes).
-    out.push_str(&Value::String(s.to_string()).to_string());
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(s.len() + 2);
+    out.push('"');
+    let mut start = 0;
+    for (i, &b) in s.as_bytes().iter().enumerate() {
+        let short = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0x00..=0x1f => "",
+            _ => continue,
+        };
+        // Every escaped byte is ASCII, so `i` is a character boundary.
+        out.push_str(&s[start..i]);
+        if short.is_empty() {
+            out.push_str("\\u00");
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        } else {
+            out.push_str(short);
+        }
+        start = i + 1;
+    }
+    out.push_str(&s[start..]);
+    out.push('"');
 }
 
 #[cfg(test)]
@@ -155,6 +192,23 @@ mod tests {
     }
 
     proptest! {
+        /// Strings are escaped byte for byte as serde_json escapes them (what every
+        /// id already in a ledger was computed with), for any text and for every
+        /// ASCII control character, quote and backslash in particular.
+        #[test]
+        fn writes_strings_as_serde_json_does(
+            s in ".*",
+            specials in prop::collection::vec(prop_oneof![0u8..0x20, Just(b'"'), Just(b'\\'), Just(0x7f)], 0..8),
+        ) {
+            let mut text = s;
+            for b in specials {
+                text.push(char::from(b));
+            }
+            let mut ours = String::new();
+            write_str(&mut ours, &text);
+            prop_assert_eq!(ours, serde_json::to_string(&text).unwrap());
+        }
+
         /// Parsing the canonical text and encoding again gives the same text, so a
         /// reader recomputes exactly the id the writer hashed.
         #[test]
