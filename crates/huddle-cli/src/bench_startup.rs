@@ -227,7 +227,7 @@ fn chatter(room: &str, n: usize) -> NewInteraction {
         Verb::MessagePosted,
         "chatter",
         Role::Human,
-        json!({ "text": format!("history row {n} of room {room}, nobody answers it"), "nonce": n }),
+        json!({ "text": format!("history row {n} of room {room}, nobody answers it"), "nonce": format!("history-{n}") }),
     )
 }
 

@@ -36,7 +36,7 @@ use std::fmt;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::config::{ConfigFold, RoomConfig};
+use crate::config::{ConfigFold, ConfigKey, RoomConfig};
 use crate::fold::{hash_state, Fold};
 use crate::model::{Interaction, Role, Timestamp};
 use crate::verbs::Verb;
@@ -271,7 +271,20 @@ impl GuardFold {
     /// the message that would start the turn. Checks, in order: hops, loop cap,
     /// rate cap.
     pub fn check(&self, req: &TurnRequest<'_>, config: &RoomConfig) -> Verdict {
-        let config = config.clamped();
+        // The keys a guard reads, each forced into its clamps exactly as
+        // [`RoomConfig::clamped`] would, without copying the rest of the config
+        // (checked for every message a relay reads).
+        let mut clamped = RoomConfig::default();
+        for key in [
+            ConfigKey::MaxHops,
+            ConfigKey::LoopMax,
+            ConfigKey::LoopCooldown,
+            ConfigKey::Rate,
+            ConfigKey::RateWindow,
+        ] {
+            clamped.set(key, config.get(key));
+        }
+        let config = clamped;
         match req.hops {
             Hops::Malformed => return Verdict::Deny(DenyReason::MalformedHops),
             Hops::Count(hops) if hops > u64::from(config.max_hops) => {
