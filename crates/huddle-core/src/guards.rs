@@ -718,16 +718,19 @@ mod tests {
             rate in any::<u32>(),
             window in any::<u64>(),
             cooldown in any::<u64>(),
+            max_hops in any::<u32>(),
         ) {
             let full = GuardFold::rebuild(&rows);
             let split = split.min(rows.len());
             let mut inc = GuardFold::rebuild(&rows[..split]);
             inc.apply_all(&rows[split..]);
             prop_assert_eq!(inc.state_hash(), full.state_hash());
-            let config = RoomConfig { loop_max, rate, rate_window_ms: window, loop_cooldown_ms: cooldown, ..RoomConfig::default() };
+            let config = RoomConfig { loop_max, rate, rate_window_ms: window, loop_cooldown_ms: cooldown, max_hops, ..RoomConfig::default() };
             for thread in [None, Some("t1"), Some("t2")] {
                 for (sender, role) in [("ana", Role::Human), ("bot", Role::Agent)] {
                     let r = TurnRequest::new("lobby", thread, sender, role, Timestamp(now));
+                    // The guard clamps the keys it reads as the whole config's clamp would.
+                    prop_assert_eq!(full.check(&r, &config), full.check(&r, &config.clamped()));
                     if let Verdict::Deny(DenyReason::RateCap { sent, rate, retry_at, .. }) = full.check(&r, &config) {
                         prop_assert!(sent > u64::from(rate));
                         prop_assert!(retry_at > Timestamp(now) || retry_at == Timestamp::MAX);
