@@ -38,6 +38,13 @@ pub struct HashedFields<'a> {
     pub body: &'a Value,
 }
 
+impl HashedFields<'_> {
+    /// The content id: blake3 of [`encode_fields`].
+    pub fn id(&self) -> InteractionId {
+        InteractionId(*blake3::hash(&encode_fields(self)).as_bytes())
+    }
+}
+
 fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
     out.extend_from_slice(bytes);

@@ -259,7 +259,7 @@ impl NewInteraction {
 
     /// The content id: blake3 of [`Self::canonical_bytes`].
     pub fn id(&self) -> InteractionId {
-        InteractionId(*blake3::hash(&self.canonical_bytes()).as_bytes())
+        self.hashed().id()
     }
 
     /// The canonical JSON text of the body, exactly as stored and hashed.
@@ -538,7 +538,7 @@ impl RawRow {
         // Checked and hashed in place: the row is not copied to be verified.
         let hashed = row.hashed();
         check_hashed(&hashed, limits, size)?;
-        let expected = InteractionId(*blake3::hash(&canonical::encode_fields(&hashed)).as_bytes());
+        let expected = hashed.id();
         if expected != row.id {
             return Err(ModelError::IdMismatch {
                 stored: row.id.to_hex(),

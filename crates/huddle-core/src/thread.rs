@@ -110,14 +110,7 @@ impl ThreadWindow {
                 MAX_LINE
             };
             line.push_str(&escape_upto(text.trim(), upto));
-            if line.len() > MAX_LINE {
-                let mut cut = MAX_LINE;
-                while !line.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                line.truncate(cut);
-                line.push('…');
-            }
+            cut_to_max_line(&mut line);
             if used + line.len() + 1 > budget {
                 left_out += 1;
                 continue;
@@ -144,6 +137,18 @@ impl ThreadWindow {
         }
         out.push_str("</thread>\n");
         Some(out)
+    }
+}
+
+/// Cuts `line` to [`MAX_LINE`] bytes on a character boundary, marking the cut with `…`.
+fn cut_to_max_line(line: &mut String) {
+    if line.len() > MAX_LINE {
+        let mut cut = MAX_LINE;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
     }
 }
 
@@ -256,14 +261,7 @@ mod tests {
                 row.role,
                 escape_upto(text.trim(), MAX_LINE)
             );
-            if line.len() > MAX_LINE {
-                let mut cut = MAX_LINE;
-                while !line.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                line.truncate(cut);
-                line.push('…');
-            }
+            cut_to_max_line(&mut line);
             if used + line.len() + 1 > budget {
                 left_out += 1;
                 continue;
