@@ -37,8 +37,8 @@ use huddle_core::sync::{
     TurnStart, TurnWork,
 };
 use huddle_core::{
-    render_related_context, select_related, ContextRules, Fold, Interaction, NewInteraction,
-    OwnerAuthority, Position, Role, Timestamp, Verb,
+    render_related_context, select_related, ContextRules, Fold, Interaction, InteractionId,
+    NewInteraction, Position, Role, Timestamp, Verb,
 };
 use huddle_core::{GuardFold, Verdict};
 use huddle_store::{Acquired, ClaimRequest, Fence, ReadStep, Store, StoreError, Subscription};
@@ -144,6 +144,10 @@ pub struct RelaySummary {
     /// Rows ignored because they name a writer with registered keys and are not signed
     /// by one of them (`!config relay-keys`).
     pub forged_writer_rows: u64,
+    /// Rows of owner-command results this relay sent to the ledger (a copy another
+    /// relay already wrote is not stored twice). Results the ledger already held when
+    /// the relay caught up at start are not sent again.
+    pub command_rows_sent: u64,
 }
 
 /// Why a relay stopped with an error.
@@ -284,6 +288,39 @@ struct Loop {
     threads: huddle_core::thread::ThreadWindow,
     /// What the relay measures of itself.
     metrics: RelayMetrics,
+    /// While the relay first catches up: the results of owner commands it derived,
+    /// not written yet (see [`HeldResults`]).
+    held: Option<HeldResults>,
+}
+
+/// Owner-command results derived during the first catch-up, held until the relay has
+/// checked that it may serve its rooms, and dropped as the ledger shows them already
+/// written (a relay catching up on old history re-derives every command's results;
+/// nearly all of them are there already).
+#[derive(Default)]
+struct HeldResults {
+    rows: Vec<Option<NewInteraction>>,
+    index: HashMap<InteractionId, usize>,
+}
+
+impl HeldResults {
+    fn hold(&mut self, appends: Vec<NewInteraction>) {
+        for row in appends {
+            self.index.insert(row.id(), self.rows.len());
+            self.rows.push(Some(row));
+        }
+    }
+
+    /// `id` is in the ledger: no need to write it.
+    fn written(&mut self, id: &InteractionId) {
+        if let Some(i) = self.index.remove(id) {
+            self.rows[i] = None;
+        }
+    }
+
+    fn into_rows(self) -> Vec<NewInteraction> {
+        self.rows.into_iter().flatten().collect()
+    }
 }
 
 impl Relay {
@@ -346,6 +383,7 @@ impl Relay {
             rooms: self.rooms.clone(),
             threads: Default::default(),
             metrics: self.metrics.clone(),
+            held: Some(HeldResults::default()),
         };
         let ledger: Arc<dyn huddle_store::Ledger> = self.store.clone();
         // The read-forward runs in a task of its own: no other event can abort or
@@ -363,22 +401,49 @@ impl Relay {
         // been archived.
         let shutdown = shutdown.child_token();
         let mut cursor = Position::START;
-        // One live process per relay id: refuse to start beside another.
-        // A database that is away at start (restarting, failing over) is waited for.
-        let mut delay = RETRY_FIRST;
-        let writer = self.store.writer().unwrap_or_else(|| self.relay_id.clone());
-        loop {
-            let hosted = lp.agents.keys().map(String::as_str);
-            let signer = self.store.signer();
-            match check_bindings(self.store.as_ref(), &self.rooms, hosted, &writer, signer).await {
-                Err(RelayError::Store(e)) if e.is_retryable() => {
-                    warn!(error = %e, "database unavailable at start; retrying");
-                    tokio::time::sleep(jittered(delay)).await;
-                    delay = (delay * 2).min(RETRY_MAX);
+        // Catch up with the rooms it serves before anything else: the start-up checks
+        // read the owners' config from the fold this read builds (history is read
+        // once), and nothing is decided before the first tick below. A database that
+        // is away at start (restarting, failing over) is waited for.
+        while !caught_up_once {
+            tokio::select! {
+                step = reader.recv() => match step {
+                    Ok(step) => {
+                        if let Some(archived) = archived_room(&lp.rooms, &step.batch.rows) {
+                            return Err(archived);
+                        }
+                        lp.read_step(step, &mut cursor, started, &mut caught_up_once, &shutdown)
+                            .await;
+                    }
+                    Err(e) => lp.transient(e).await?,
+                },
+                _ = shutdown.cancelled() => {
+                    info!(relay = %lp.summary.relay, "shutting down before catching up");
+                    return Ok(lp.summary);
                 }
-                other => break other?,
             }
         }
+        let writer = self.store.writer().unwrap_or_else(|| self.relay_id.clone());
+        let hosted = lp.agents.keys().map(String::as_str);
+        check_bindings(
+            lp.commands.config(),
+            &self.rooms,
+            hosted,
+            &writer,
+            self.store.signer(),
+        )?;
+        if let Some(held) = lp.held.take() {
+            let rows = held.into_rows();
+            if !rows.is_empty() {
+                info!(
+                    rows = rows.len(),
+                    "writing owner-command results missing from the ledger"
+                );
+                lp.write_command_results(rows);
+            }
+        }
+        // One live process per relay id: refuse to start beside another.
+        let mut delay = RETRY_FIRST;
         let mut identity = loop {
             match Identity::take(self.store.as_ref(), &self.relay_id).await {
                 Err(IdentityError::Store(e)) if e.is_retryable() => {
@@ -421,34 +486,9 @@ impl Relay {
             tokio::select! {
                 step = reader.recv(), if !stopping => {
                     match step {
-                        Ok(ReadStep { batch, caught_up, began, woken }) => {
-                            lp.summary.skipped_rows += batch.skipped.len() as u64;
-                            lp.summary.rows_read += (batch.rows.len() + batch.skipped.len()) as u64;
-                            lp.metrics.read(batch.rows.len(), batch.skipped.len());
-                            if let Some(woken) = woken.filter(|_| !batch.rows.is_empty()) {
-                                lp.metrics.woke(woken.elapsed());
-                            }
-                            for s in &batch.skipped {
-                                debug!(position = %s.position, reason = %s.reason, "skipped a ledger row");
-                            }
-                            cursor = batch.next;
-                            lp.summary.cursor = cursor.to_string();
-                            lp.ledger(batch.rows, caught_up).await;
-                            if caught_up {
-                                lp.covered(began);
-                                if !caught_up_once {
-                                    caught_up_once = true;
-                                    info!(
-                                        rows = lp.summary.rows_read,
-                                        elapsed_ms = started.elapsed().as_millis() as u64,
-                                        "caught up with the rooms it serves"
-                                    );
-                                }
-                            }
-                            if lp.rooms.is_empty() && !stopping {
-                                warn!("every room this relay serves was archived; stopping");
-                                shutdown.cancel();
-                            }
+                        Ok(step) => {
+                            lp.read_step(step, &mut cursor, started, &mut caught_up_once, &shutdown)
+                                .await;
                         }
                         Err(e) => lp.transient(e).await?,
                     }
@@ -757,6 +797,50 @@ impl Loop {
         due
     }
 
+    /// Folds one step of the read-forward.
+    async fn read_step(
+        &mut self,
+        step: ReadStep,
+        cursor: &mut Position,
+        started: Instant,
+        caught_up_once: &mut bool,
+        shutdown: &CancellationToken,
+    ) {
+        let ReadStep {
+            batch,
+            caught_up,
+            began,
+            woken,
+        } = step;
+        self.summary.skipped_rows += batch.skipped.len() as u64;
+        self.summary.rows_read += (batch.rows.len() + batch.skipped.len()) as u64;
+        self.metrics.read(batch.rows.len(), batch.skipped.len());
+        if let Some(woken) = woken.filter(|_| !batch.rows.is_empty()) {
+            self.metrics.woke(woken.elapsed());
+        }
+        for s in &batch.skipped {
+            debug!(position = %s.position, reason = %s.reason, "skipped a ledger row");
+        }
+        *cursor = batch.next;
+        self.summary.cursor = cursor.to_string();
+        self.ledger(batch.rows, caught_up).await;
+        if caught_up {
+            self.covered(began);
+            if !*caught_up_once {
+                *caught_up_once = true;
+                info!(
+                    rows = self.summary.rows_read,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "caught up with the rooms it serves"
+                );
+            }
+        }
+        if self.rooms.is_empty() && !shutdown.is_cancelled() {
+            warn!("every room this relay serves was archived; stopping");
+            shutdown.cancel();
+        }
+    }
+
     async fn ledger(&mut self, rows: Vec<Interaction>, caught_up: bool) {
         // A served room archived by its owner (while this relay ran: one archived
         // before it started is refused at start) takes no more rows: stop serving it.
@@ -781,9 +865,18 @@ impl Loop {
         }
         // Owner commands are executed by every relay: their results are deterministic
         // content, so the ledger keeps one copy whoever appends first.
+        let seen: Vec<InteractionId> = match self.held {
+            Some(_) => rows.iter().map(|r| r.id).collect(),
+            None => Vec::new(),
+        };
         let observed = self.commands.observe(rows);
         if !observed.appends.is_empty() {
             self.write_command_results(observed.appends);
+        }
+        if let Some(held) = self.held.as_mut() {
+            for id in &seen {
+                held.written(id);
+            }
         }
         let mut ended_with_rows = false;
         let last = observed.steps.len();
@@ -843,6 +936,10 @@ impl Loop {
     /// than a batch, retried while the database is away). A result that cannot be
     /// written is answered with a notice to the command's author instead of vanishing.
     fn write_command_results(&mut self, appends: Vec<NewInteraction>) {
+        if let Some(held) = self.held.as_mut() {
+            return held.hold(appends);
+        }
+        self.summary.command_rows_sent += appends.len() as u64;
         let mut groups: Vec<Vec<NewInteraction>> = Vec::new();
         for row in appends {
             match groups.last_mut() {
@@ -1142,44 +1239,38 @@ enum Vouched {
 /// Refuses to host an agent that a hosted room's owner bound to writers other than
 /// `writer` (`!config agents`), and to join a room that would ignore every row this
 /// relay writes, signed by `signer` or unsigned (`!config relay-keys`,
-/// `require-signatures`): every reader would ignore what this relay writes; and to
-/// serve a room its owner archived. Reads each hosted room to its end.
-async fn check_bindings<'a>(
-    store: &dyn Store,
+/// `require-signatures`): every reader would ignore what this relay writes. `config`
+/// is the owners' config folded from each hosted room's history.
+fn check_bindings<'a>(
+    config: &huddle_core::config::ConfigFold,
     rooms: &[String],
     agents: impl Iterator<Item = &'a str> + Clone,
     writer: &str,
     signer: Option<huddle_core::keys::WriterKey>,
 ) -> Result<(), RelayError> {
     for room in rooms {
-        let mut authority = OwnerAuthority::new();
-        let mut cursor = Position::START;
-        loop {
-            let batch = store.read_room(room, cursor, 1000).await?;
-            for row in &batch.rows {
-                if row.verb == Verb::RoomArchived {
-                    let body: Option<huddle_core::protocol::RoomArchivedBody> =
-                        serde_json::from_value(row.body.clone()).ok();
-                    return Err(RelayError::RoomArchived {
-                        room: room.clone(),
-                        owner: row.actor.clone(),
-                        rows: body.map_or(0, |b| b.rows),
-                    });
-                }
-                authority.apply(row);
-            }
-            if batch.next == cursor {
-                break;
-            }
-            cursor = batch.next;
-        }
-        let config = authority.config().effective(room, None);
+        let config = config.effective(room, None);
         signing_refusal(&config, room, writer, signer.as_ref())?;
         for agent in agents.clone() {
             refusal(&config, room, agent, writer)?;
         }
     }
     Ok(())
+}
+
+/// The refusal to serve a room its owner archived, when `rows` hold its
+/// `room.archived` row.
+fn archived_room(rooms: &[String], rows: &[Interaction]) -> Option<RelayError> {
+    let row = rows
+        .iter()
+        .find(|r| r.verb == Verb::RoomArchived && rooms.contains(&r.room))?;
+    let body: Option<huddle_core::protocol::RoomArchivedBody> =
+        serde_json::from_value(row.body.clone()).ok();
+    Some(RelayError::RoomArchived {
+        room: row.room.clone(),
+        owner: row.actor.clone(),
+        rows: body.map_or(0, |b| b.rows),
+    })
 }
 
 fn jittered(d: Duration) -> Duration {

@@ -157,6 +157,87 @@ async fn two_relays_complete_a_delegated_dag_exactly_once() {
             .starts_with("Created 20 tasks")));
 }
 
+/// A relay that starts on a room whose owner commands were carried out already does
+/// not write their results again (catching up, it derives every command's results
+/// and drops those the ledger shows); the results of a command no relay carried out
+/// yet are written once. Counted in rows sent, not rows stored (those dedupe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_catching_up_does_not_rewrite_command_results() {
+    let (_dir, path, admin) = lobby().await;
+    let derived_from = |rows: &[huddle_core::Interaction], command: &str| {
+        rows.iter()
+            .filter(|r| r.parent.is_some_and(|p| p.to_string() == command))
+            .count() as u64
+    };
+    let command_id = |rows: &[huddle_core::Interaction], text: &str| {
+        rows.iter()
+            .find(|r| r.verb == Verb::MessagePosted && r.body["text"] == text)
+            .map(|r| r.id.to_string())
+            .expect("command in the ledger")
+    };
+    let run = |id: &str, shutdown: &CancellationToken| {
+        let (id, path, shutdown) = (id.to_string(), path.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let s = store(&path, &id).await;
+            let relay = Relay::new(
+                s,
+                id,
+                vec!["lobby".into()],
+                vec![sim_agent("a0", 5)],
+                RelayOptions::default(),
+            );
+            relay.run(shutdown).await
+        })
+    };
+    // The first command is carried out by relay A.
+    let first = "!delegate\nt1: one\nt2: two [after t1]\nt3: three [after t2]";
+    owner_command(&*admin, first).await;
+    let a_stop = CancellationToken::new();
+    let a = run("relay-a", &a_stop);
+    wait_ledger(&*admin, "A created the first command's tasks", |dag, _| {
+        dag.summary("lobby").total == 3
+    })
+    .await;
+    a_stop.cancel();
+    let a = a.await.expect("join").expect("relay A ran");
+    // The second command is posted while no relay runs, then relay B starts.
+    let second = "!delegate\nu1: four";
+    owner_command(&*admin, second).await;
+    let b_stop = CancellationToken::new();
+    let b = run("relay-b", &b_stop);
+    wait_ledger(&*admin, "B created the second command's task", |dag, _| {
+        dag.summary("lobby").total == 4
+    })
+    .await;
+    // And a third one while B runs.
+    let third = "!config reply-delay 0";
+    owner_command(&*admin, third).await;
+    wait_ledger(&*admin, "B answered the third command", |_, rows| {
+        let id = command_id(rows, third);
+        derived_from(rows, &id) > 0
+    })
+    .await;
+    b_stop.cancel();
+    let b = b.await.expect("join").expect("relay B ran");
+    let (_, rows) = fold_all(&*admin).await;
+    let first = derived_from(&rows, &command_id(&rows, first));
+    let second = derived_from(&rows, &command_id(&rows, second));
+    let third = derived_from(&rows, &command_id(&rows, third));
+    assert!(
+        first >= 4 && second >= 2 && third >= 1,
+        "{first} {second} {third}"
+    );
+    assert_eq!(
+        a.command_rows_sent, first,
+        "A wrote the first command's results"
+    );
+    assert_eq!(
+        b.command_rows_sent,
+        second + third,
+        "B wrote the results of the commands no relay had carried out, and no others"
+    );
+}
+
 /// A reply turn in a thread gets the `<coordination>` block and a `<related-context>`
 /// block with the related message of a sibling thread, before the message itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
