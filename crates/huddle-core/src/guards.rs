@@ -30,7 +30,7 @@
 //! assert_eq!(guards.check(&req, &RoomConfig::default()), Verdict::Allow);
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 
 use serde::Serialize;
@@ -58,7 +58,7 @@ struct RoomGuards {
     /// Each thread.
     threads: BTreeMap<String, LoopRun>,
     /// Sender -> the latest send times (`at`), ascending, at most [`RATE_MEMORY`].
-    senders: BTreeMap<String, Vec<Timestamp>>,
+    senders: BTreeMap<String, VecDeque<Timestamp>>,
 }
 
 /// Consecutive agent messages in one scope since the last human or owner message.
@@ -256,14 +256,21 @@ impl GuardFold {
         self.window(room, sender, now, window_ms).len() as u64
     }
 
-    fn window(&self, room: &str, sender: &str, now: Timestamp, window_ms: u64) -> &[Timestamp] {
+    /// `sender`'s send times in `(now - window_ms, now]`, ascending.
+    fn window(
+        &self,
+        room: &str,
+        sender: &str,
+        now: Timestamp,
+        window_ms: u64,
+    ) -> std::collections::vec_deque::Iter<'_, Timestamp> {
         let Some(times) = self.rooms.get(room).and_then(|r| r.senders.get(sender)) else {
-            return &[];
+            return std::collections::vec_deque::Iter::default();
         };
         let start = now.saturating_sub(ms_to_us(window_ms));
         let lo = times.partition_point(|&t| t <= start);
         let hi = times.partition_point(|&t| t <= now);
-        times.get(lo..hi.max(lo)).unwrap_or(&[])
+        times.range(lo..hi.max(lo))
     }
 
     /// Decides whether a turn may start, under `config` (the effective config of
@@ -308,15 +315,18 @@ impl GuardFold {
             }
         }
         if req.sender_role != Role::Owner {
-            let window = self.window(req.room, req.sender, req.now, config.rate_window_ms);
+            let mut window = self.window(req.room, req.sender, req.now, config.rate_window_ms);
             let rate = config.rate as usize;
-            if window.len() > rate {
+            let sent = window.len();
+            if sent > rate {
                 // Back under the limit once the oldest (len - rate) have left.
-                let retry_at =
-                    window[window.len() - rate - 1].saturating_add(ms_to_us(config.rate_window_ms));
+                // (It exists: `sent > rate`.)
+                let retry_at = window.nth(sent - rate - 1).map_or(req.now, |t| {
+                    t.saturating_add(ms_to_us(config.rate_window_ms))
+                });
                 return Verdict::Deny(DenyReason::RateCap {
                     sender: req.sender.to_string(),
-                    sent: window.len() as u64,
+                    sent: sent as u64,
                     rate: config.rate,
                     window_ms: config.rate_window_ms,
                     retry_at,
@@ -332,7 +342,12 @@ impl Fold for GuardFold {
         if i.verb != Verb::MessagePosted {
             return;
         }
-        let room = self.rooms.entry(i.room.clone()).or_default();
+        if !self.rooms.contains_key(&i.room) {
+            self.rooms.insert(i.room.clone(), RoomGuards::default());
+        }
+        let Some(room) = self.rooms.get_mut(&i.room) else {
+            return;
+        };
         let run = match &i.thread {
             Some(t) => room.threads.entry(t.clone()).or_default(),
             None => &mut room.room,
@@ -345,11 +360,16 @@ impl Fold for GuardFold {
             }
             Role::System => {}
         }
-        let times = room.senders.entry(i.actor.clone()).or_default();
+        if !room.senders.contains_key(&i.actor) {
+            room.senders.insert(i.actor.clone(), VecDeque::new());
+        }
+        let Some(times) = room.senders.get_mut(&i.actor) else {
+            return;
+        };
         let at = times.partition_point(|&t| t <= i.at);
         times.insert(at, i.at);
         if times.len() > RATE_MEMORY {
-            times.remove(0);
+            times.pop_front();
         }
     }
 

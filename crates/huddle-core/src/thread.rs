@@ -26,6 +26,25 @@ pub const MAX_LINE: usize = 2_048;
 
 type ThreadKey = (String, Option<String>);
 
+/// For each of `rows`, whether it is among the last `n` rows of its group (`group`;
+/// `None`: in none, never kept): what a window of `n` rows per group keeps of them.
+pub fn last_of_each<'a, K: std::hash::Hash + Eq>(
+    rows: &[&'a Interaction],
+    n: usize,
+    group: impl Fn(&'a Interaction) -> Option<K>,
+) -> Vec<bool> {
+    let mut later: std::collections::HashMap<K, usize> = std::collections::HashMap::new();
+    let mut keep = vec![false; rows.len()];
+    for (i, row) in rows.iter().enumerate().rev() {
+        if let Some(k) = group(row) {
+            let seen = later.entry(k).or_insert(0);
+            keep[i] = *seen < n;
+            *seen += 1;
+        }
+    }
+    keep
+}
+
 /// Recent messages per thread. See the [module docs](self).
 #[derive(Clone, Debug, Default)]
 pub struct ThreadWindow {
@@ -41,6 +60,24 @@ impl ThreadWindow {
 
     /// Takes note of a row (only `message.posted` rows are kept).
     pub fn observe(&mut self, row: &Interaction) {
+        self.note(row, true);
+    }
+
+    /// Takes note of rows in ledger order, exactly as [`ThreadWindow::observe`] of
+    /// each would, without copying the rows that later rows of the same thread push
+    /// out before the end (a relay catching up reads history in batches of hundreds).
+    pub fn observe_all(&mut self, rows: &[&Interaction]) {
+        let keep = last_of_each(rows, PER_THREAD, |r| {
+            (r.verb == Verb::MessagePosted).then(|| (r.room.as_str(), r.thread.as_deref()))
+        });
+        for (row, keep) in rows.iter().zip(keep) {
+            self.note(row, keep);
+        }
+    }
+
+    /// Notes `row`'s activity in its thread, and keeps a copy when `keep` (a row left
+    /// out is one that would be pushed out before anyone looks).
+    fn note(&mut self, row: &Interaction, keep: bool) {
         if row.verb != Verb::MessagePosted {
             return;
         }
@@ -48,9 +85,11 @@ impl ThreadWindow {
         let key = (row.room.clone(), row.thread.clone());
         let entry = self.threads.entry(key).or_default();
         entry.0 = self.tick;
-        entry.1.push_back(row.clone());
-        while entry.1.len() > PER_THREAD {
-            entry.1.pop_front();
+        if keep {
+            entry.1.push_back(row.clone());
+            while entry.1.len() > PER_THREAD {
+                entry.1.pop_front();
+            }
         }
         if self.threads.len() > MAX_THREADS {
             if let Some(oldest) = self
@@ -271,6 +310,47 @@ mod tests {
         }
         lines.reverse();
         (lines, left_out)
+    }
+
+    /// [`ThreadWindow::observe_all`] over batches leaves the window exactly as
+    /// [`ThreadWindow::observe`] row by row: each thread's messages and the order in
+    /// which threads are forgotten (here 4,096 + 60 threads, so some are).
+    #[test]
+    fn observing_a_batch_is_observing_each_row() {
+        let mut l = Ledger::default();
+        let mut rows = Vec::new();
+        for i in 0..(MAX_THREADS + 60) {
+            let thread = format!("t{i}");
+            rows.push(say(&mut l, Some(&thread), "ana", Role::Human, "once"));
+            // A hot thread in between, pushing its old messages out within a batch.
+            for j in 0..(i % 3) {
+                let text = format!("hot {i} {j}");
+                rows.push(say(&mut l, Some("hot"), "bo", Role::Human, &text));
+            }
+            if i % 500 == 7 {
+                // A thread forgotten in the middle of a batch comes back in it.
+                rows.push(say(&mut l, Some("t0"), "cy", Role::Human, "back"));
+            }
+        }
+        let mut one = ThreadWindow::new();
+        for r in &rows {
+            one.observe(r);
+        }
+        for batch in [1usize, 7, 64, 65, 1000, rows.len()] {
+            let mut all = ThreadWindow::new();
+            for chunk in rows.chunks(batch) {
+                let refs: Vec<&Interaction> = chunk.iter().collect();
+                all.observe_all(&refs);
+            }
+            assert_eq!(format!("{all:?}"), format!("{one:?}"), "batches of {batch}");
+        }
+        assert_eq!(one.threads.len(), MAX_THREADS);
+        assert_eq!(
+            one.threads[&("lobby".to_string(), Some("hot".to_string()))]
+                .1
+                .len(),
+            PER_THREAD
+        );
     }
 
     proptest::proptest! {

@@ -851,12 +851,19 @@ impl Loop {
             }
         }
         // A window of recent messages per served room (memory independent of the
-        // rooms in the ledger that this relay does not serve).
-        for row in rows
+        // rooms in the ledger that this relay does not serve). Rows that later rows of
+        // the same batch push out are not copied.
+        let messages: Vec<&Interaction> = rows
             .iter()
             .filter(|r| r.verb == Verb::MessagePosted && self.sync.serves(&r.room))
-        {
-            self.threads.observe(row);
+            .collect();
+        self.threads.observe_all(&messages);
+        let keep =
+            huddle_core::thread::last_of_each(&messages, CONTEXT_WINDOW, |r| Some(r.room.as_str()));
+        for (row, keep) in messages.into_iter().zip(keep) {
+            if !keep {
+                continue;
+            }
             let window = self.recent.entry(row.room.clone()).or_default();
             window.push_back(row.clone());
             while window.len() > CONTEXT_WINDOW {

@@ -75,7 +75,7 @@ mod api;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
@@ -322,9 +322,11 @@ pub struct Synchronizer {
     budget: BudgetFold,
     delivery: CoordinationDelivery,
     messages: BTreeMap<(String, InteractionId), OpenMessage>,
-    authors: BTreeMap<InteractionId, String>,
+    /// The author of each remembered message (point lookups only: hashed, as a
+    /// catch-up inserts and evicts one per message).
+    authors: HashMap<InteractionId, String>,
     /// The trace of each remembered message: the first message of its reply chain.
-    traces: BTreeMap<InteractionId, InteractionId>,
+    traces: HashMap<InteractionId, InteractionId>,
     author_order: VecDeque<InteractionId>,
     claims: BTreeMap<String, Slot>,
     turns: BTreeMap<TurnId, LiveTurn>,
@@ -445,8 +447,8 @@ impl Synchronizer {
             budget: BudgetFold::new(),
             delivery: CoordinationDelivery::new(),
             messages: BTreeMap::new(),
-            authors: BTreeMap::new(),
-            traces: BTreeMap::new(),
+            authors: HashMap::new(),
+            traces: HashMap::new(),
             author_order: VecDeque::new(),
             claims: BTreeMap::new(),
             turns: BTreeMap::new(),
@@ -522,14 +524,7 @@ impl Synchronizer {
 
     /// The effective config of a room (`thread: None`) or thread.
     pub fn config(&self, room: &str, thread: Option<&str>) -> &RoomConfig {
-        if let Some(t) = thread {
-            if let Some(c) = self.configs.get(&(room.to_string(), Some(t.to_string()))) {
-                return c;
-            }
-        }
-        self.configs
-            .get(&(room.to_string(), None))
-            .unwrap_or(&self.default_config)
+        effective_config(&self.configs, &self.default_config, room, thread)
     }
 
     /// Turns this relay is running: `(turn, agent, room)`.
@@ -1099,7 +1094,14 @@ impl Synchronizer {
             parent_author.as_deref(),
             &self.board.capabilities(&row.room),
         );
-        let config = self.config(&row.room, row.thread.as_deref()).clone();
+        // Borrowed from its own field, so the gate (another field) may be borrowed
+        // mutably beside it: no copy of the config per message.
+        let config = effective_config(
+            &self.configs,
+            &self.default_config,
+            &row.room,
+            row.thread.as_deref(),
+        );
         let eligible = addressing::eligible(
             &row.actor,
             row.role,
@@ -1110,15 +1112,16 @@ impl Synchronizer {
         if !self.agents.keys().any(|a| eligible.contains(a)) {
             return;
         }
-        if !self.gate.admit(row, &config) {
+        if !self.gate.admit(row, config) {
             return;
         }
+        let (group_reply, max_failures) = (config.group_reply, config.max_reply_failures.max(1));
         let each = addressing::answers_each(
             &eligible,
             &body.text,
             &body.mentions,
             &self.registered_agents(&row.room),
-            config.group_reply,
+            group_reply,
         );
         self.messages.insert(
             (row.room.clone(), row.id),
@@ -1136,7 +1139,7 @@ impl Synchronizer {
                 answered: BTreeSet::new(),
                 next_hops: crate::guards::next_hops(&row.body),
                 failed_by: BTreeMap::new(),
-                max_failures: config.max_reply_failures.max(1),
+                max_failures,
             },
         );
     }
@@ -3939,4 +3942,19 @@ fn spread(agent: &str, room: &str, task: &str) -> [u8; 8] {
     let mut out = [0u8; 8];
     out.copy_from_slice(&hash_parts(&[agent, room, task]).as_bytes()[..8]);
     out
+}
+
+/// The effective config of a room (`thread: None`) or thread among `configs`.
+fn effective_config<'a>(
+    configs: &'a BTreeMap<(String, Option<String>), RoomConfig>,
+    default: &'a RoomConfig,
+    room: &str,
+    thread: Option<&str>,
+) -> &'a RoomConfig {
+    if let Some(t) = thread {
+        if let Some(c) = configs.get(&(room.to_string(), Some(t.to_string()))) {
+            return c;
+        }
+    }
+    configs.get(&(room.to_string(), None)).unwrap_or(default)
 }
