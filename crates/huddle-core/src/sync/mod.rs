@@ -75,7 +75,7 @@ mod api;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
@@ -322,11 +322,9 @@ pub struct Synchronizer {
     budget: BudgetFold,
     delivery: CoordinationDelivery,
     messages: BTreeMap<(String, InteractionId), OpenMessage>,
-    /// The author of each remembered message (point lookups only: hashed, as a
-    /// catch-up inserts and evicts one per message).
-    authors: HashMap<InteractionId, String>,
-    /// The trace of each remembered message: the first message of its reply chain.
-    traces: HashMap<InteractionId, InteractionId>,
+    /// The author and trace (the first message of its reply chain) of each
+    /// remembered message: one map, so a catch-up inserts and evicts once per message.
+    remembered: BTreeMap<InteractionId, Remembered>,
     author_order: VecDeque<InteractionId>,
     claims: BTreeMap<String, Slot>,
     turns: BTreeMap<TurnId, LiveTurn>,
@@ -447,8 +445,7 @@ impl Synchronizer {
             budget: BudgetFold::new(),
             delivery: CoordinationDelivery::new(),
             messages: BTreeMap::new(),
-            authors: HashMap::new(),
-            traces: HashMap::new(),
+            remembered: BTreeMap::new(),
             author_order: VecDeque::new(),
             claims: BTreeMap::new(),
             turns: BTreeMap::new(),
@@ -1052,18 +1049,20 @@ impl Synchronizer {
     }
 
     fn remember_author(&mut self, row: &Interaction) {
-        if self.authors.insert(row.id, row.actor.clone()).is_none() {
-            self.author_order.push_back(row.id);
-        }
         let trace = row
             .parent
-            .and_then(|p| self.traces.get(&p).copied())
+            .and_then(|p| self.remembered.get(&p).map(|r| r.trace))
             .unwrap_or(row.id);
-        self.traces.insert(row.id, trace);
+        let remembered = Remembered {
+            author: row.actor.clone(),
+            trace,
+        };
+        if self.remembered.insert(row.id, remembered).is_none() {
+            self.author_order.push_back(row.id);
+        }
         while self.author_order.len() > self.options.remembered_authors {
             if let Some(old) = self.author_order.pop_front() {
-                self.authors.remove(&old);
-                self.traces.remove(&old);
+                self.remembered.remove(&old);
             }
         }
     }
@@ -1087,7 +1086,10 @@ impl Synchronizer {
 
     fn consider_message(&mut self, row: &Interaction) {
         let body: MessageBody = parse_body(&row.body).unwrap_or_default();
-        let parent_author = row.parent.and_then(|p| self.authors.get(&p)).cloned();
+        let parent_author = row
+            .parent
+            .and_then(|p| self.remembered.get(&p))
+            .map(|r| r.author.clone());
         let addressing = addressing::address_in_room(
             &body.text,
             &body.mentions,
@@ -2697,7 +2699,11 @@ impl Synchronizer {
             close: false,
             batch: vec![row],
         });
-        let trace = self.traces.get(&message).copied().or(Some(message));
+        let trace = self
+            .remembered
+            .get(&message)
+            .map(|r| r.trace)
+            .or(Some(message));
         let work = TurnWork::Reply(MessageBrief {
             trace,
             id: message,
@@ -2923,7 +2929,9 @@ impl Synchronizer {
             });
         }
         let deps = self.dep_results(&room, &t);
-        let trace = t.command.map(|c| self.traces.get(&c).copied().unwrap_or(c));
+        let trace = t
+            .command
+            .map(|c| self.remembered.get(&c).map_or(c, |r| r.trace));
         let feedback = match (&t.review, &t.feedback) {
             (Some(r), Some(text)) if t.rejections > 0 => Some(ReviewFeedback {
                 reviewer: r.agent.clone(),
@@ -3082,7 +3090,9 @@ impl Synchronizer {
             )],
         });
         let deps = self.dep_results(&room, &t);
-        let trace = t.command.map(|c| self.traces.get(&c).copied().unwrap_or(c));
+        let trace = t
+            .command
+            .map(|c| self.remembered.get(&c).map_or(c, |r| r.trace));
         let work = TurnWork::Review(ReviewBrief {
             id: task.clone(),
             label: t.label.clone(),
@@ -3942,6 +3952,13 @@ fn spread(agent: &str, room: &str, task: &str) -> [u8; 8] {
     let mut out = [0u8; 8];
     out.copy_from_slice(&hash_parts(&[agent, room, task]).as_bytes()[..8]);
     out
+}
+
+/// What a relay remembers of a recent message.
+struct Remembered {
+    author: String,
+    /// The first message of its reply chain.
+    trace: InteractionId,
 }
 
 /// The effective config of a room (`thread: None`) or thread among `configs`.
