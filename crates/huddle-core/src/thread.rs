@@ -68,7 +68,7 @@ impl ThreadWindow {
     /// out before the end (a relay catching up reads history in batches of hundreds).
     pub fn observe_all(&mut self, rows: &[&Interaction]) {
         let keep = last_of_each(rows, PER_THREAD, |r| {
-            (r.verb == Verb::MessagePosted).then(|| (r.room.as_str(), r.thread.as_deref()))
+            (r.verb == Verb::MessagePosted).then_some((r.room.as_str(), r.thread.as_deref()))
         });
         for (row, keep) in rows.iter().zip(keep) {
             self.note(row, keep);
