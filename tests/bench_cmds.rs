@@ -106,3 +106,40 @@ fn bench_ledger_leaves_no_rows_in_the_database_it_was_given() {
         .collect();
     assert_eq!(after, before, "the scratch database was left behind");
 }
+
+#[test]
+fn bench_startup_measures_relay_processes_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("given.db");
+    let out = Command::new(huddle_bin())
+        .arg("--db")
+        .arg(&db)
+        .args(["bench", "startup", "--rows", "600", "--rooms", "3"])
+        .args(["--served-rows", "300", "--runs", "1", "--json"])
+        .output()
+        .expect("run huddle bench startup");
+    assert!(
+        out.status.success(),
+        "bench startup failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    let phases = report["phases"].as_array().expect("phases");
+    assert_eq!(phases.len(), 2, "{report}");
+    assert_eq!(phases[0]["other_rows"], 0);
+    assert_eq!(phases[1]["other_rows"], 600);
+    for phase in phases {
+        let start = &phase["starts"][0];
+        // The relay answered the waiting message, and its reader delivered its own
+        // room's rows only: the history, the ping and what the starts wrote there.
+        assert!(start["first_reply_ms"].as_f64().is_some_and(|ms| ms > 0.0));
+        let read = start["rows_read"].as_u64().expect("rows read");
+        assert!((301..400).contains(&read), "rows read: {read}");
+        assert!(start["peak_rss_kib"].as_u64().is_some_and(|k| k > 0));
+    }
+    assert!(
+        files(dir.path()).is_empty(),
+        "left behind: {:?}",
+        files(dir.path())
+    );
+}

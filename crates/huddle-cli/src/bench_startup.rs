@@ -181,20 +181,59 @@ impl Seeder {
         Ok(())
     }
 
-    /// Whether the agent answered `message` (a row with it as parent).
-    async fn answered(&self, message: &InteractionId) -> anyhow::Result<bool> {
+    /// Where `message` lies in the ledger: `(txid, seq)` on Postgres (`txid` as
+    /// text), `("", seq)` on SQLite.
+    async fn position(&self, message: &InteractionId) -> anyhow::Result<(String, i64)> {
+        let id = message.0.to_vec();
+        match self {
+            Seeder::Postgres(client, _) => {
+                let row = client
+                    .query_one(
+                        "SELECT txid::text, seq FROM interaction WHERE id = $1",
+                        &[&id],
+                    )
+                    .await?;
+                Ok((row.try_get(0)?, row.try_get(1)?))
+            }
+            Seeder::Sqlite(path) => {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || -> anyhow::Result<(String, i64)> {
+                    let conn = rusqlite::Connection::open(&path)?;
+                    conn.busy_timeout(Duration::from_secs(5))?;
+                    let seq = conn.query_row(
+                        "SELECT seq FROM interaction WHERE id = ?1",
+                        rusqlite::params![id],
+                        |r| r.get(0),
+                    )?;
+                    Ok((String::new(), seq))
+                })
+                .await?
+            }
+        }
+    }
+
+    /// Whether the agent answered `message`, which lies at `after` (a later row with
+    /// it as parent). Only the room's rows after it are looked at, on the room index:
+    /// the poll must not scan the history whose start-up it measures, on the
+    /// machine it measures.
+    async fn answered(
+        &self,
+        message: &InteractionId,
+        after: &(String, i64),
+    ) -> anyhow::Result<bool> {
         let parent = message.0.to_vec();
         match self {
             Seeder::Postgres(client, _) => Ok(client
                 .query_opt(
-                    "SELECT 1 FROM interaction WHERE room = $1 AND parent = $2 \
-                     AND verb = 'message.posted' LIMIT 1",
-                    &[&SERVED, &parent],
+                    "SELECT 1 FROM interaction WHERE room = $1 \
+                     AND (txid, seq) > ($3::text::xid8, $4::int8) \
+                     AND parent = $2 AND verb = 'message.posted' LIMIT 1",
+                    &[&SERVED, &parent, &after.0, &after.1],
                 )
                 .await?
                 .is_some()),
             Seeder::Sqlite(path) => {
-                let path = path.clone();
+                let (path, seq) = (path.clone(), after.1);
                 tokio::task::spawn_blocking(move || -> anyhow::Result<bool> {
                     let conn = rusqlite::Connection::open_with_flags(
                         &path,
@@ -202,10 +241,10 @@ impl Seeder {
                     )?;
                     conn.busy_timeout(Duration::from_secs(5))?;
                     let mut stmt = conn.prepare(
-                        "SELECT 1 FROM interaction WHERE room = ?1 AND parent = ?2 \
-                         AND verb = 'message.posted' LIMIT 1",
+                        "SELECT 1 FROM interaction WHERE room = ?1 AND seq > ?3 \
+                         AND parent = ?2 AND verb = 'message.posted' LIMIT 1",
                     )?;
-                    Ok(stmt.exists(rusqlite::params![SERVED, parent])?)
+                    Ok(stmt.exists(rusqlite::params![SERVED, parent, seq])?)
                 })
                 .await?
             }
@@ -309,6 +348,7 @@ async fn start_once(
         json!({ "text": format!("@{AGENT} are you there? (start {run})"), "nonce": format!("start-{run}-{}", crate::scratch::unique_tag()) }),
     );
     seeder.insert(std::slice::from_ref(&ping)).await?;
+    let at = seeder.position(&ping.id()).await?;
     let log_file =
         std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
     let started = Instant::now();
@@ -327,7 +367,7 @@ async fn start_once(
     let deadline = started + timeout;
     let mut child = Some(child);
     loop {
-        if seeder.answered(&ping.id()).await? {
+        if seeder.answered(&ping.id(), &at).await? {
             break;
         }
         if let Some(Ok(Some(status))) = child.as_mut().map(Child::try_wait) {
