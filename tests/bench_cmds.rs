@@ -1,6 +1,7 @@
 //! The benches as commands: `huddle bench tasks` hands every task out exactly once
 //! through relay processes beside its plain-SQL queue, and neither it nor `huddle
-//! bench ledger` leaves anything behind in (or beside) the database it was given.
+//! bench ledger` leaves anything behind in (or beside) the database it was given; nor
+//! does `huddle bench startup`, whose relays read their own room only.
 
 use std::process::Command;
 
