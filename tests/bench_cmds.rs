@@ -17,25 +17,45 @@ fn files(dir: &std::path::Path) -> Vec<String> {
     v
 }
 
+/// Runs `huddle --db DB bench ARGS... --json`, requires success and returns its
+/// JSON report.
+fn bench_report(db: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(huddle_bin())
+        .arg("--db")
+        .arg(db)
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("run huddle bench");
+    assert!(
+        out.status.success(),
+        "bench {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("a JSON report")
+}
+
 #[test]
 fn bench_tasks_runs_each_task_once_and_leaves_nothing_behind() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("given.db");
-    let out = Command::new(huddle_bin())
-        .arg("--db")
-        .arg(&db)
-        .args([
-            "bench", "tasks", "--tasks", "30", "--agents", "3", "--relays", "2",
-        ])
-        .args(["--turn-ms", "1", "--stall-s", "30", "--json"])
-        .output()
-        .expect("run huddle bench tasks");
-    assert!(
-        out.status.success(),
-        "bench tasks failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let report = bench_report(
+        &db,
+        &[
+            "tasks",
+            "--tasks",
+            "30",
+            "--agents",
+            "3",
+            "--relays",
+            "2",
+            "--turn-ms",
+            "1",
+            "--stall-s",
+            "30",
+        ],
     );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
     let line = &report["lines"][0];
     assert_eq!(line["tasks"], 30);
     // Executions are counted from the turns the relays started, not from rows.
@@ -66,11 +86,9 @@ fn bench_ledger_leaves_no_rows_in_the_database_it_was_given() {
         .expect("run huddle migrate");
     assert!(status.success());
     let before = files(dir.path());
-    let out = Command::new(huddle_bin())
-        .arg("--db")
-        .arg(&db)
-        .args([
-            "bench",
+    let report = bench_report(
+        &db,
+        &[
             "ledger",
             "--seconds",
             "0.4",
@@ -78,16 +96,8 @@ fn bench_ledger_leaves_no_rows_in_the_database_it_was_given() {
             "2",
             "--batches",
             "1",
-        ])
-        .args(["--json"])
-        .output()
-        .expect("run huddle bench ledger");
-    assert!(
-        out.status.success(),
-        "bench ledger failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
     assert!(report["lines"][0]["huddle_per_s"]
         .as_f64()
         .is_some_and(|r| r > 0.0));
@@ -112,19 +122,20 @@ fn bench_ledger_leaves_no_rows_in_the_database_it_was_given() {
 fn bench_startup_measures_relay_processes_and_leaves_nothing_behind() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("given.db");
-    let out = Command::new(huddle_bin())
-        .arg("--db")
-        .arg(&db)
-        .args(["bench", "startup", "--rows", "600", "--rooms", "3"])
-        .args(["--served-rows", "300", "--runs", "1", "--json"])
-        .output()
-        .expect("run huddle bench startup");
-    assert!(
-        out.status.success(),
-        "bench startup failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let report = bench_report(
+        &db,
+        &[
+            "startup",
+            "--rows",
+            "600",
+            "--rooms",
+            "3",
+            "--served-rows",
+            "300",
+            "--runs",
+            "1",
+        ],
     );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
     let phases = report["phases"].as_array().expect("phases");
     assert_eq!(phases.len(), 2, "{report}");
     assert_eq!(phases[0]["other_rows"], 0);

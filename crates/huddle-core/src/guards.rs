@@ -342,12 +342,7 @@ impl Fold for GuardFold {
         if i.verb != Verb::MessagePosted {
             return;
         }
-        if !self.rooms.contains_key(&i.room) {
-            self.rooms.insert(i.room.clone(), RoomGuards::default());
-        }
-        let Some(room) = self.rooms.get_mut(&i.room) else {
-            return;
-        };
+        let room = slot(&mut self.rooms, &i.room);
         let run = match &i.thread {
             Some(t) => room.threads.entry(t.clone()).or_default(),
             None => &mut room.room,
@@ -360,12 +355,7 @@ impl Fold for GuardFold {
             }
             Role::System => {}
         }
-        if !room.senders.contains_key(&i.actor) {
-            room.senders.insert(i.actor.clone(), VecDeque::new());
-        }
-        let Some(times) = room.senders.get_mut(&i.actor) else {
-            return;
-        };
+        let times = slot(&mut room.senders, &i.actor);
         let at = times.partition_point(|&t| t <= i.at);
         times.insert(at, i.at);
         if times.len() > RATE_MEMORY {
@@ -376,6 +366,15 @@ impl Fold for GuardFold {
     fn state_hash(&self) -> [u8; 32] {
         hash_state(self)
     }
+}
+
+/// The value under `key`, made when missing; the key is copied only then (this runs
+/// for every message a relay reads).
+fn slot<'a, V: Default>(map: &'a mut BTreeMap<String, V>, key: &str) -> &'a mut V {
+    if !map.contains_key(key) {
+        map.insert(key.to_string(), V::default());
+    }
+    map.get_mut(key).expect("inserted above")
 }
 
 /// Checks a turn for a `message.posted` row against the effective config of its

@@ -1117,13 +1117,12 @@ impl Synchronizer {
         if !self.gate.admit(row, config) {
             return;
         }
-        let (group_reply, max_failures) = (config.group_reply, config.max_reply_failures.max(1));
         let each = addressing::answers_each(
             &eligible,
             &body.text,
             &body.mentions,
             &self.registered_agents(&row.room),
-            group_reply,
+            config.group_reply,
         );
         self.messages.insert(
             (row.room.clone(), row.id),
@@ -1141,7 +1140,7 @@ impl Synchronizer {
                 answered: BTreeSet::new(),
                 next_hops: crate::guards::next_hops(&row.body),
                 failed_by: BTreeMap::new(),
-                max_failures,
+                max_failures: config.max_reply_failures.max(1),
             },
         );
     }
