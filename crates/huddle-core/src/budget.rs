@@ -24,7 +24,7 @@ use crate::verbs::Verb;
 pub use crate::protocol::turn::{TokensBody, TurnUsageBody};
 
 /// Token use of one room.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoomSpend {
     /// Tokens spent in the room.
     pub spent: u64,
@@ -52,7 +52,7 @@ pub struct BudgetStatus {
 }
 
 /// Token spend of every room, folded from `turn.replied` and `turn.failed`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BudgetFold {
     rooms: BTreeMap<String, RoomSpend>,
 }

@@ -439,7 +439,7 @@ pub struct RecordedHolding {
 /// Per `(holder, resource)` the holding with the highest epoch counts (a lower one is
 /// stale); `resource.renewed` moves its expiry, `resource.released` at its epoch ends
 /// it, and a holding past its expiry is lapsed at any `now` after.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResourceFold {
     rooms: BTreeMap<String, BTreeMap<(String, ResourceName), RecordedHolding>>,
     malformed: BTreeMap<String, u64>,

@@ -410,6 +410,18 @@ impl TaskDag {
         }
     }
 
+    /// Records every task as touched (when tracked): a scheduler restoring a saved DAG
+    /// rebuilds its orders from [`TaskDag::take_changes`] as the fold would.
+    pub fn touch_all(&mut self) {
+        if let Some(c) = &mut self.changes {
+            for (room, r) in &self.rooms {
+                for task in r.tasks.keys() {
+                    c.insert((room.clone(), task.clone()));
+                }
+            }
+        }
+    }
+
     /// Rooms that have task state, sorted.
     pub fn rooms(&self) -> impl Iterator<Item = &str> {
         self.rooms.keys().map(String::as_str)

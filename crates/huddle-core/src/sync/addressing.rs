@@ -22,7 +22,7 @@ pub enum Addressing {
 }
 
 /// Who may answer a message.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Eligible {
     /// Every agent in the room except the author.
     Everyone {

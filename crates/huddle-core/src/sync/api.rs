@@ -84,6 +84,17 @@ impl Default for SyncOptions {
 pub trait ReplyGate: Send {
     /// Whether agents may answer `message` under `config`.
     fn admit(&mut self, message: &Interaction, config: &RoomConfig) -> bool;
+
+    /// The gate's own state, encoded, for a saved synchronizer state (plan 0063):
+    /// empty when it keeps none.
+    fn save(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    /// Restores what [`ReplyGate::save`] returned.
+    fn load(&mut self, _state: &[u8]) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The [`ReplyGate`] that admits every message.

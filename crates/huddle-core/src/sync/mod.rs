@@ -71,6 +71,7 @@
 
 pub mod addressing;
 mod api;
+mod snapshot;
 
 #[cfg(test)]
 mod tests;
@@ -112,13 +113,14 @@ pub use api::{
     LocalAgent, MessageBrief, ReplyGate, ResourcesAnswer, ReviewBrief, ReviewFeedback, SyncOptions,
     TaskBrief, TurnId, TurnOutcome, TurnStart, TurnWork, WriteIfWon,
 };
+pub use snapshot::{from_cbor, to_cbor, StateError};
 
 // ---------------------------------------------------------------------------------
 // State
 // ---------------------------------------------------------------------------------
 
 /// A message that may still need an answer.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 struct OpenMessage {
     thread: Option<String>,
     author: String,
@@ -3954,6 +3956,7 @@ fn spread(agent: &str, room: &str, task: &str) -> [u8; 8] {
 }
 
 /// What a relay remembers of a recent message.
+#[derive(serde::Serialize, serde::Deserialize)]
 struct Remembered {
     author: String,
     /// The first message of its reply chain.
