@@ -175,7 +175,13 @@ pub async fn run(
         cfg.relay.clone(),
         cfg.rooms.clone(),
         agents,
-        RelayOptions::default(),
+        RelayOptions {
+            snapshot: cfg.snapshot.as_ref().map(std::path::PathBuf::from),
+            snapshot_every_rows: cfg
+                .snapshot_every_rows
+                .unwrap_or(huddle_relay::snapshot::DEFAULT_EVERY_ROWS),
+            ..RelayOptions::default()
+        },
     );
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();

@@ -73,7 +73,7 @@ impl ApprovalStatus {
 }
 
 /// The owner's answer to a request.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApprovalAnswer {
     /// Approved or denied.
     pub status: ApprovalStatus,
@@ -88,7 +88,7 @@ pub struct ApprovalAnswer {
 }
 
 /// One request and its answer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Approval {
     /// The id.
     pub id: String,
@@ -118,7 +118,7 @@ impl Approval {
 }
 
 /// The approval requests of every room and their answers. Fed by the owner authority.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Approvals {
     rooms: BTreeMap<String, BTreeMap<String, Approval>>,
     ignored: u64,

@@ -46,12 +46,12 @@ use crate::verbs::Verb;
 pub const RATE_MEMORY: usize = 1_001;
 
 /// Folds `message.posted` rows into loop counts and per-sender send times.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct GuardFold {
     rooms: BTreeMap<String, RoomGuards>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 struct RoomGuards {
     /// The room outside any thread.
     room: LoopRun,
@@ -62,7 +62,7 @@ struct RoomGuards {
 }
 
 /// Consecutive agent messages in one scope since the last human or owner message.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct LoopRun {
     /// How many agent messages in a row.
     pub agent_messages: u64,

@@ -46,7 +46,7 @@ pub fn last_of_each<'a, K: std::hash::Hash + Eq>(
 }
 
 /// Recent messages per thread. See the [module docs](self).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ThreadWindow {
     threads: BTreeMap<ThreadKey, (u64, VecDeque<Interaction>)>,
     tick: u64,

@@ -95,6 +95,17 @@ impl CommandHandler {
         }
     }
 
+    /// The owner-command authority's state, encoded (plan 0063).
+    pub fn save_state(&self) -> Vec<u8> {
+        huddle_core::sync::to_cbor(&self.authority)
+    }
+
+    /// Restores what [`CommandHandler::save_state`] returned.
+    pub fn restore_state(&mut self, bytes: &[u8]) -> Result<(), huddle_core::sync::StateError> {
+        self.authority = huddle_core::sync::from_cbor(bytes)?;
+        Ok(())
+    }
+
     /// The config fold.
     pub fn config(&self) -> &ConfigFold {
         self.authority.config()

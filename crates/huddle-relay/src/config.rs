@@ -6,6 +6,7 @@
 //! rooms = ["lobby"]
 //! sign = true                       # sign every row written (the owner registers the key)
 //! key = "./relay-a.key"             # default: HUDDLE_RELAY_KEY, else the keys directory
+//! snapshot = "./relay-a.snapshot"   # resume from a snapshot of the folds (default: none)
 //!
 //! [[agent]]
 //! key = "ada"                       # the agent's id in rooms and claims
@@ -174,6 +175,15 @@ pub struct RelayConfig {
     /// cores they mostly contend (plan 0060 measures it).
     #[serde(default)]
     pub pool: Option<usize>,
+    /// The snapshot file of the relay's folds (relative to this file; plan 0063): a
+    /// restart resumes from it instead of reading its rooms from the first row. Not
+    /// set: every start reads from the first row.
+    #[serde(default)]
+    pub snapshot: Option<String>,
+    /// Rows folded between two snapshots written while the relay runs (default
+    /// 100,000; at most one a minute).
+    #[serde(default)]
+    pub snapshot_every_rows: Option<u64>,
 }
 
 fn default_database() -> String {
@@ -226,6 +236,7 @@ impl RelayConfig {
             }
         }
         self.key = self.key.as_deref().map(under);
+        self.snapshot = self.snapshot.as_deref().map(under);
         for a in &mut self.agents {
             if let Some(exec) = &mut a.exec {
                 if let Some(program) = exec.command.first_mut() {

@@ -11,6 +11,7 @@ pub mod driver;
 pub mod identity;
 pub mod metrics;
 pub mod runtime;
+pub mod snapshot;
 
 pub use metrics::RelayMetrics;
 pub use runtime::{HostedAgent, Relay, RelayError, RelayOptions, RelaySummary};

@@ -80,6 +80,16 @@ pub struct RelayOptions {
     /// Time between the relay's `relay.heartbeat` rows (default 30 s; one is written
     /// at start). Liveness itself is the `relay/<id>` lease, renewed every 2 s.
     pub heartbeat_every: Duration,
+    /// Where the relay keeps the snapshot of its folds (plan 0063): it resumes from
+    /// it at start and rewrites it as it goes. `None`: every start reads from the
+    /// first row.
+    pub snapshot: Option<std::path::PathBuf>,
+    /// Rows folded between two snapshots written while the relay runs (at most one a
+    /// minute, and only while it is idle).
+    pub snapshot_every_rows: u64,
+    /// The shortest time between two snapshots written while the relay runs
+    /// (default 60 s).
+    pub snapshot_min_interval: Duration,
 }
 
 impl Default for RelayOptions {
@@ -90,6 +100,9 @@ impl Default for RelayOptions {
             sync: SyncOptions::default(),
             shutdown_grace: Duration::from_secs(10),
             heartbeat_every: Duration::from_secs(30),
+            snapshot: None,
+            snapshot_every_rows: crate::snapshot::DEFAULT_EVERY_ROWS,
+            snapshot_min_interval: Duration::from_secs(60),
         }
     }
 }
@@ -148,6 +161,11 @@ pub struct RelaySummary {
     /// relay already wrote is not stored twice). Results the ledger already held when
     /// the relay caught up at start are not sent again.
     pub command_rows_sent: u64,
+    /// Rows the relay did not read because it resumed from its snapshot (0 when it
+    /// read from the first row).
+    pub rows_resumed: u64,
+    /// Snapshots of its folds it wrote.
+    pub snapshots_written: u64,
 }
 
 /// Why a relay stopped with an error.
@@ -291,6 +309,28 @@ struct Loop {
     /// While the relay first catches up: the results of owner commands it derived,
     /// not written yet (see [`HeldResults`]).
     held: Option<HeldResults>,
+    /// The snapshot file it keeps, when configured.
+    snap: Option<SnapshotKeeper>,
+}
+
+/// What a relay knows of the snapshot it keeps (plan 0063).
+struct SnapshotKeeper {
+    path: std::path::PathBuf,
+    fingerprint: String,
+    every_rows: u64,
+    min_interval: Duration,
+    /// Rows folded from the first row (those of the snapshot resumed from included).
+    rows: u64,
+    rows_at_last: u64,
+    last_saved: Option<Instant>,
+    /// The last row folded.
+    last_row: Option<(InteractionId, Position)>,
+    /// `room.archived` rows of the rooms it was configured to serve.
+    archived: Vec<Interaction>,
+    /// The write under way, off the event loop.
+    writing: Option<tokio::task::JoinHandle<()>>,
+    /// The last read step reached the end of the ledger.
+    at_head: bool,
 }
 
 /// Owner-command results derived during the first catch-up, held until the relay has
@@ -356,7 +396,7 @@ impl Relay {
     /// it folded. Transient database errors are retried with a short back-off.
     pub async fn run(self, shutdown: CancellationToken) -> Result<RelaySummary, RelayError> {
         let locals: Vec<LocalAgent> = self.agents.values().map(|a| a.local.clone()).collect();
-        let sync = Synchronizer::new(self.relay_id.clone(), self.rooms.clone(), locals)
+        let sync = Synchronizer::new(self.relay_id.clone(), self.rooms.clone(), locals.clone())
             .with_options(self.options.sync.clone())
             .with_reply_gate(Box::new(GuardGate::default()));
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -384,23 +424,51 @@ impl Relay {
             threads: Default::default(),
             metrics: self.metrics.clone(),
             held: Some(HeldResults::default()),
+            snap: None,
         };
+        let mut cursor = Position::START;
+        if let Some(path) = self.options.snapshot.clone() {
+            let fingerprint = crate::snapshot::fingerprint(
+                &self.relay_id,
+                &self.rooms,
+                &locals,
+                &self.options.sync,
+            );
+            lp.snap = Some(SnapshotKeeper {
+                path,
+                fingerprint,
+                every_rows: self.options.snapshot_every_rows.max(1),
+                min_interval: self.options.snapshot_min_interval,
+                rows: 0,
+                rows_at_last: 0,
+                last_saved: None,
+                last_row: None,
+                archived: Vec::new(),
+                writing: None,
+                at_head: false,
+            });
+            if let Some(at) = lp.resume().await {
+                cursor = at;
+                if let Some(archived) = lp
+                    .snap
+                    .as_ref()
+                    .and_then(|k| archived_room(&self.rooms, &k.archived))
+                {
+                    return Err(archived);
+                }
+            }
+        }
         let ledger: Arc<dyn huddle_store::Ledger> = self.store.clone();
         // The read-forward runs in a task of its own: no other event can abort or
         // starve a read in flight (the loop only receives finished steps).
-        let mut reader = Subscription::for_rooms(
-            ledger,
-            self.rooms.clone(),
-            Position::START,
-            self.options.read_batch,
-        )
-        .spawn(4, Duration::from_millis(200));
+        let mut reader =
+            Subscription::for_rooms(ledger, self.rooms.clone(), cursor, self.options.read_batch)
+                .spawn(4, Duration::from_millis(200));
         let started = Instant::now();
         let mut caught_up_once = false;
         // Cancelled by the caller's shutdown, or when every room the relay serves has
         // been archived.
         let shutdown = shutdown.child_token();
-        let mut cursor = Position::START;
         // Catch up with the rooms it serves before anything else: the start-up checks
         // read the owners' config from the fold this read builds (history is read
         // once), and nothing is decided before the first tick below. A database that
@@ -440,6 +508,13 @@ impl Relay {
                     "writing owner-command results missing from the ledger"
                 );
                 lp.write_command_results(rows);
+            } else if lp
+                .snap
+                .as_ref()
+                .is_some_and(|k| k.rows > k.rows_at_last || lp.summary.rows_resumed == 0)
+            {
+                // Caught up, nothing done yet: the state is the fold of the rows alone.
+                lp.save_snapshot(cursor);
             }
         }
         // One live process per relay id: refuse to start beside another.
@@ -514,6 +589,8 @@ impl Relay {
                     if let Err(e) = lp.tick().await {
                         warn!(error = %e, "reconcile tick failed");
                     }
+                    // A quiet room reads nothing more: its snapshot is taken on a tick.
+                    lp.maybe_snapshot(cursor);
                     match identity.keep(lp.store.as_ref()).await {
                         Ok(()) => {}
                         Err(IdentityError::Store(e)) => warn!(error = %e, "relay id renewal failed"),
@@ -577,6 +654,12 @@ impl Relay {
         if lp.summary.results_lost > 0 {
             warn!(lost = lp.summary.results_lost, "results were not written");
         }
+        // A clean stop with nothing of its own under way: keep the state for the next
+        // start (the final read below feeds the synchronizer alone).
+        if lp.idle() && lp.snap.as_ref().is_some_and(|k| k.rows > k.rows_at_last) {
+            lp.save_snapshot(cursor);
+        }
+        lp.snapshot_written().await;
         // Fold everything committed so far, so relays stopped after a run can be
         // compared by their state hashes.
         drop(reader);
@@ -657,9 +740,155 @@ impl ReplyGate for GuardGate {
             }
         }
     }
+
+    fn save(&self) -> Vec<u8> {
+        huddle_core::sync::to_cbor(&self.guards)
+    }
+
+    fn load(&mut self, state: &[u8]) -> Result<(), String> {
+        self.guards = huddle_core::sync::from_cbor(state).map_err(|e| e.to_string())?;
+        Ok(())
+    }
 }
 
 impl Loop {
+    /// Restores the snapshot the relay keeps, when there is one it can trust, and
+    /// returns where to read on from; `None` (read from the first row) otherwise, with
+    /// the reason logged.
+    async fn resume(&mut self) -> Option<Position> {
+        let k = self.snap.as_ref()?;
+        let (path, fingerprint) = (k.path.clone(), k.fingerprint.clone());
+        let shown = path.display().to_string();
+        let started = Instant::now();
+        let read = tokio::task::spawn_blocking(move || crate::snapshot::read(&path, &fingerprint))
+            .await
+            .ok()?;
+        let snap = match read {
+            Ok(s) => s,
+            Err(crate::snapshot::Refused::Missing(_)) => {
+                info!(path = %shown, "no snapshot yet; reading the rooms from the first row");
+                return None;
+            }
+            Err(reason) => {
+                warn!(path = %shown, %reason, "not resuming from the snapshot; reading the rooms from the first row");
+                return None;
+            }
+        };
+        if let Err(reason) = snap.check_ledger(self.store.as_ref()).await {
+            warn!(path = %shown, %reason, "not resuming from the snapshot; reading the rooms from the first row");
+            return None;
+        }
+        // Each restore decodes before it changes anything: a failure leaves it fresh.
+        if let Err(e) = self.commands.restore_state(&snap.state.commands) {
+            warn!(path = %shown, reason = %e, "not resuming from the snapshot; reading the rooms from the first row");
+            return None;
+        }
+        if let Err(e) = self.sync.restore_state(&snap.state.sync) {
+            self.commands = CommandHandler::new(self.rooms.clone());
+            warn!(path = %shown, reason = %e, "not resuming from the snapshot; reading the rooms from the first row");
+            return None;
+        }
+        self.threads = snap.state.threads;
+        self.recent = snap.state.recent.into_iter().collect();
+        self.summary.rows_resumed = snap.rows;
+        self.summary.cursor = snap.cursor.to_string();
+        let k = self.snap.as_mut()?;
+        k.rows = snap.rows;
+        k.rows_at_last = snap.rows;
+        k.last_row = snap.last;
+        k.archived = snap.state.archived;
+        info!(
+            path = %shown,
+            cursor = %snap.cursor,
+            rows = snap.rows,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "resumed from the snapshot of its folds"
+        );
+        Some(snap.cursor)
+    }
+
+    /// Writes a snapshot when enough rows were folded since the last one and nothing
+    /// of the relay's own is under way (the state is then what the rows made of it).
+    fn maybe_snapshot(&mut self, cursor: Position) {
+        let Some(k) = self.snap.as_ref() else {
+            return;
+        };
+        // The first of this run as soon as it is idle (the one at start is skipped when
+        // owner-command results were still to be written), then every `every_rows`.
+        if !k.at_head {
+            return;
+        }
+        let due = match k.last_saved {
+            None => k.rows > k.rows_at_last,
+            Some(t) => k.rows - k.rows_at_last >= k.every_rows && t.elapsed() >= k.min_interval,
+        };
+        if due && self.idle() {
+            self.save_snapshot(cursor);
+        }
+    }
+
+    /// Nothing of this relay's own under way: no turn, claim or unconfirmed write in
+    /// the synchronizer, no output being performed, no held command results.
+    fn idle(&self) -> bool {
+        self.sync.is_idle()
+            && self.turns.is_empty()
+            && self.inflight.is_empty()
+            && self.held.is_none()
+    }
+
+    /// Writes the snapshot of the folds as of `cursor`, off the event loop (skipped
+    /// while the previous one is still being written).
+    fn save_snapshot(&mut self, cursor: Position) {
+        let Some(k) = self.snap.as_mut() else {
+            return;
+        };
+        if k.writing.as_ref().is_some_and(|h| !h.is_finished()) {
+            return;
+        }
+        let state = crate::snapshot::RelayState {
+            sync: self.sync.save_state(),
+            commands: self.commands.save_state(),
+            threads: self.threads.clone(),
+            recent: self
+                .recent
+                .iter()
+                .map(|(room, w)| (room.clone(), w.clone()))
+                .collect(),
+            archived: k.archived.clone(),
+        };
+        let snapshot = crate::snapshot::Snapshot {
+            cursor,
+            last: k.last_row,
+            rows: k.rows,
+            state,
+        };
+        k.rows_at_last = k.rows;
+        k.last_saved = Some(Instant::now());
+        self.summary.snapshots_written += 1;
+        let (path, fingerprint) = (k.path.clone(), k.fingerprint.clone());
+        k.writing = Some(tokio::task::spawn_blocking(
+            move || match crate::snapshot::write(&path, &fingerprint, &snapshot) {
+                Ok(bytes) => info!(
+                    path = %path.display(),
+                    cursor = %snapshot.cursor,
+                    rows = snapshot.rows,
+                    bytes,
+                    "wrote the snapshot of its folds"
+                ),
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "could not write the snapshot of its folds")
+                }
+            },
+        ));
+    }
+
+    /// Waits for the snapshot being written, if any.
+    async fn snapshot_written(&mut self) {
+        if let Some(h) = self.snap.as_mut().and_then(|k| k.writing.take()) {
+            let _ = h.await;
+        }
+    }
+
     async fn transient(&mut self, e: StoreError) -> Result<(), RelayError> {
         if e.is_retryable() {
             warn!(error = %e, "database unavailable; retrying");
@@ -823,7 +1052,17 @@ impl Loop {
         }
         *cursor = batch.next;
         self.summary.cursor = cursor.to_string();
+        if let Some(k) = self.snap.as_mut() {
+            k.rows += (batch.rows.len() + batch.skipped.len()) as u64;
+            if let Some(r) = batch.rows.last() {
+                k.last_row = Some((r.id, r.position));
+            }
+            k.at_head = caught_up;
+        }
         self.ledger(batch.rows, caught_up).await;
+        if caught_up && self.held.is_none() {
+            self.maybe_snapshot(*cursor);
+        }
         if caught_up {
             self.covered(began);
             if !*caught_up_once {
@@ -846,6 +1085,9 @@ impl Loop {
         // before it started is refused at start) takes no more rows: stop serving it.
         for row in rows.iter().filter(|r| r.verb == Verb::RoomArchived) {
             if let Some(i) = self.rooms.iter().position(|r| *r == row.room) {
+                if let Some(k) = self.snap.as_mut() {
+                    k.archived.push(row.clone());
+                }
                 warn!(room = %row.room, owner = %row.actor, "the room was archived by its owner; this relay no longer serves it");
                 self.rooms.remove(i);
             }

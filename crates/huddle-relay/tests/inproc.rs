@@ -636,3 +636,119 @@ fn a_relay_paused_before_starting_its_agent_never_starts_it_late() {
     assert_eq!(summary_a.turns_not_started, 1, "{summary_a:?}");
     assert_eq!(summary_a.turns_started, 0, "{summary_a:?}");
 }
+
+/// A relay that keeps a snapshot resumes from it at its next start: it reads only the
+/// rows appended since, runs the tasks delegated while it was down, never runs a
+/// finished task again (turns counted, not rows), and folds to the same state as a
+/// fold of every row. A snapshot it cannot trust — a flipped byte, another relay
+/// configuration, another database — is refused and the relay reads from the first row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_resumes_from_its_snapshot_and_runs_each_task_once() {
+    let (dir, path, admin) = lobby().await;
+    let snapshot = dir.path().join("relay-a.snapshot");
+    let run =
+        |path: &str, agent: &str, snapshot: &std::path::Path, shutdown: &CancellationToken| {
+            let (path, agent, shutdown) = (path.to_string(), agent.to_string(), shutdown.clone());
+            let options = RelayOptions {
+                snapshot: Some(snapshot.to_path_buf()),
+                snapshot_every_rows: 1,
+                snapshot_min_interval: Duration::ZERO,
+                ..RelayOptions::default()
+            };
+            tokio::spawn(async move {
+                let s = store(&path, "relay-a").await;
+                let relay = Relay::new(
+                    s,
+                    "relay-a",
+                    vec!["lobby".into()],
+                    vec![sim_agent(&agent, 5)],
+                    options,
+                );
+                relay.run(shutdown).await
+            })
+        };
+    let until_done = |n: usize| {
+        move |dag: &TaskDag, _: &[huddle_core::Interaction]| {
+            let s = dag.summary("lobby");
+            s.total == n && s.done == n
+        }
+    };
+    let beats = |rows: &[huddle_core::Interaction]| {
+        rows.iter()
+            .filter(|r| r.verb == Verb::RelayHeartbeat)
+            .count()
+    };
+    // Runs the relay until `n` tasks are done, it has started (its first heartbeat
+    // follows its start-up) and a snapshot exists.
+    let run_until = |n: usize, agent: &'static str| {
+        let (path, admin, snapshot) = (path.clone(), admin.clone(), snapshot.clone());
+        async move {
+            let (_, rows) = fold_all(&*admin).await;
+            let before = beats(&rows);
+            let stop = CancellationToken::new();
+            let relay = run(&path, agent, &snapshot, &stop);
+            wait_ledger(&*admin, &format!("{n} tasks done"), |dag, rows| {
+                until_done(n)(dag, rows) && beats(rows) > before && snapshot.exists()
+            })
+            .await;
+            stop.cancel();
+            relay.await.expect("join").expect("relay ran")
+        }
+    };
+    owner_command(&*admin, "!delegate\nt1: one\nt2: two [after t1]\nt3: three").await;
+    let first = run_until(3, "a0").await;
+    assert_eq!(first.rows_resumed, 0, "no snapshot on the first start");
+    assert!(first.snapshots_written >= 1, "{first:?}");
+    assert!(snapshot.exists());
+
+    // Delegated while the relay is down; it resumes and runs only the new ones.
+    owner_command(&*admin, "!delegate\nu1: four [after t3]\nu2: five").await;
+    let (_, rows_before) = fold_all(&*admin).await;
+    let second = run_until(5, "a0").await;
+    assert!(
+        second.rows_resumed > 0 && second.rows_read < rows_before.len() as u64,
+        "it resumed and read only the rows since: {second:?}"
+    );
+    assert_eq!(
+        first.turns_started + second.turns_started,
+        5,
+        "each task ran once"
+    );
+    let (dag, _) = fold_all(&*admin).await;
+    assert_eq!(second.tasks_hash, hex::encode(dag.state_hash()));
+
+    // A flipped byte in the body: refused, read from the first row, nothing re-run.
+    let mut bytes = std::fs::read(&snapshot).expect("snapshot");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&snapshot, &bytes).expect("write");
+    let third = run_until(5, "a0").await;
+    assert_eq!(third.rows_resumed, 0, "a corrupt snapshot is not used");
+    assert_eq!(third.turns_started, 0);
+    assert_eq!(third.tasks_hash, second.tasks_hash);
+
+    // Rewritten by that start: resumed again. Then under another configuration (other
+    // agents): refused.
+    let fourth = run_until(5, "a0").await;
+    assert!(fourth.rows_resumed > 0, "{fourth:?}");
+    let fifth = run_until(5, "b0").await;
+    assert_eq!(
+        fifth.rows_resumed, 0,
+        "another configuration's snapshot is not used"
+    );
+    assert_eq!(fourth.turns_started + fifth.turns_started, 0);
+
+    // Another database: its ledger lacks the snapshot's last row.
+    let (_other_dir, other_path, other_admin) = lobby().await;
+    owner_command(&*other_admin, "!delegate\nv1: six").await;
+    let stop = CancellationToken::new();
+    let relay = run(&other_path, "b0", &snapshot, &stop);
+    wait_ledger(&*other_admin, "v1 done", until_done(1)).await;
+    stop.cancel();
+    let other = relay.await.expect("join").expect("relay ran");
+    assert_eq!(
+        other.rows_resumed, 0,
+        "a snapshot of another database is not used"
+    );
+    assert_eq!(other.turns_started, 1);
+}

@@ -57,7 +57,7 @@ use crate::verbs::Verb;
 
 /// Owners, keys, verified commands and the rows they authorize; see the module
 /// documentation.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct OwnerAuthority {
     config: ConfigFold,
     /// Ids of the rows verified owner commands produce.

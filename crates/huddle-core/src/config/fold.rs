@@ -30,20 +30,20 @@ use crate::verbs::Verb;
 
 /// Folds `room.created`, `room.key_rotated` and `config.set` into per-room owners,
 /// owner keys and config overlays.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct ConfigFold {
     rooms: BTreeMap<String, RoomEntry>,
     ignored: u64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 struct RoomEntry {
     owner: Option<OwnerRecord>,
     room: Overlay,
     threads: BTreeMap<String, Overlay>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 struct OwnerRecord {
     actor: String,
     position: Position,
@@ -55,7 +55,7 @@ struct OwnerRecord {
 /// Key text -> register. String keys so the state serialises (and hashes) plainly.
 type Overlay = BTreeMap<String, Slot>;
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 struct Slot {
     position: Position,
     /// `None` is a reset (a tombstone, so an older set cannot come back).

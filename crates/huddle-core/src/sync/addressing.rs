@@ -22,7 +22,9 @@ pub enum Addressing {
 }
 
 /// Who may answer a message.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum Eligible {
     /// Every agent in the room except the author.
     Everyone {

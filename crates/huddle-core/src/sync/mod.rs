@@ -496,6 +496,22 @@ impl Synchronizer {
         self
     }
 
+    /// Nothing of this relay's own is under way: no turn, no claim held or being
+    /// taken, no resources being taken, no ending write not yet read back. Its state
+    /// is then what the rows made of it ([`Synchronizer::save_state`]).
+    pub fn is_idle(&self) -> bool {
+        self.turns.is_empty()
+            && self.claims.is_empty()
+            && self.pending_uses.is_empty()
+            && self.uses_won.is_empty()
+            && self.unconfirmed.iter().all(|u| match &u.undo {
+                // Read back: the fold no longer shows the claim this write closed.
+                Undo::Task { key, epoch } => !still_claimed_at(&self.dag, key, *epoch),
+                Undo::Review { key } => !still_in_review(&self.dag, key),
+                Undo::Reply { .. } => false,
+            })
+    }
+
     /// This relay's id.
     pub fn relay_id(&self) -> &str {
         &self.relay
@@ -2182,33 +2198,13 @@ impl Synchronizer {
                 .is_some_and(|t| t.status == TaskStatus::Claimed && t.attempts == *attempt)
         });
         self.finished
-            .retain(|(key, epoch)| match ClaimKey::parse(key) {
-                Some(ClaimKey::Task {
-                    room,
-                    task,
-                    generation,
-                }) => dag.task(&room, &task).is_some_and(|t| {
-                    t.status == TaskStatus::Claimed
-                        && t.generation == generation
-                        && t.epoch == Some(*epoch)
-                }),
-                _ => false,
-            });
+            .retain(|(key, epoch)| still_claimed_at(dag, key, *epoch));
         self.bids_sent.retain(|(room, task, attempt, _)| {
             dag.task(room, task)
                 .is_some_and(|t| t.next_attempt() == *attempt && t.status == TaskStatus::Open)
         });
         self.reviews_finished
-            .retain(|key| match ClaimKey::parse(key) {
-                Some(ClaimKey::Review {
-                    room,
-                    task,
-                    generation,
-                }) => dag.task(&room, &task).is_some_and(|t| {
-                    t.status == TaskStatus::Submitted && t.generation == generation
-                }),
-                _ => false,
-            });
+            .retain(|key| still_in_review(dag, key));
         let finished = &self.finished;
         let reviews_finished = &self.reviews_finished;
         self.unconfirmed.retain(|u| match &u.undo {
@@ -3953,6 +3949,35 @@ fn spread(agent: &str, room: &str, task: &str) -> [u8; 8] {
     let mut out = [0u8; 8];
     out.copy_from_slice(&hash_parts(&[agent, room, task]).as_bytes()[..8]);
     out
+}
+
+/// Whether task claim `key` is still held at `epoch` as far as the fold shows (its
+/// ending row not read back yet).
+fn still_claimed_at(dag: &TaskDag, key: &str, epoch: ClaimEpoch) -> bool {
+    match ClaimKey::parse(key) {
+        Some(ClaimKey::Task {
+            room,
+            task,
+            generation,
+        }) => dag.task(&room, &task).is_some_and(|t| {
+            t.status == TaskStatus::Claimed && t.generation == generation && t.epoch == Some(epoch)
+        }),
+        _ => false,
+    }
+}
+
+/// Whether review claim `key`'s task is still waiting for its verdict in the fold.
+fn still_in_review(dag: &TaskDag, key: &str) -> bool {
+    match ClaimKey::parse(key) {
+        Some(ClaimKey::Review {
+            room,
+            task,
+            generation,
+        }) => dag
+            .task(&room, &task)
+            .is_some_and(|t| t.status == TaskStatus::Submitted && t.generation == generation),
+        _ => false,
+    }
 }
 
 /// What a relay remembers of a recent message.

@@ -268,7 +268,7 @@ mod tests {
                 let m = message("h", role, text);
                 let at = out.last().map(|r| r.at).unwrap_or(Timestamp(1));
                 out.push(materialize(m, Position::new(0, 0), at));
-                if n % 2 == 0 {
+                if n.is_multiple_of(2) {
                     let parent = out.last().map(|r| r.id);
                     let mut reply = message("a0", Role::Agent, "on it");
                     reply.parent = parent;
@@ -296,11 +296,27 @@ mod tests {
             fold(&mut first, &rows[..k]);
             let saved = first.save_state();
             let mut resumed = fresh();
-            resumed.restore_state(&saved).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            prop_assert_eq!(resumed.save_state(), saved, "restored state re-saves differently at {}", k);
+            resumed
+                .restore_state(&saved)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(
+                resumed.save_state(),
+                saved,
+                "restored state re-saves differently at {}",
+                k
+            );
             fold(&mut resumed, &rows[k..]);
-            prop_assert!(resumed.save_state() == expected, "state differs after resuming at {}", k);
-            prop_assert_eq!(resumed.derived_state(), expected_derived.clone(), "indexes differ after resuming at {}", k);
+            prop_assert!(
+                resumed.save_state() == expected,
+                "state differs after resuming at {}",
+                k
+            );
+            prop_assert_eq!(
+                resumed.derived_state(),
+                expected_derived.clone(),
+                "indexes differ after resuming at {}",
+                k
+            );
             prop_assert_eq!(resumed.board().state_hash(), whole.board().state_hash());
             prop_assert_eq!(resumed.tasks().state_hash(), whole.tasks().state_hash());
         }
@@ -320,7 +336,10 @@ mod tests {
     #[test]
     fn a_state_saved_by_two_synchronizers_of_the_same_rows_is_the_same_bytes() {
         let rows = with_messages(
-            linearize(&crate::testing::gen_history(6, 3, &[7, 1, 200, 3, 9, 44, 5]), &[]),
+            linearize(
+                &crate::testing::gen_history(6, 3, &[7, 1, 200, 3, 9, 44, 5]),
+                &[],
+            ),
             2,
         );
         let (mut a, mut b) = (fresh(), fresh());
