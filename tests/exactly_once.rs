@@ -116,7 +116,80 @@ both_backends!(
     paused_relay_never_reruns_finished_work,
     same_agent_on_two_relays_completes_once,
     delegates_at_page_and_batch_boundaries_all_land,
+    a_relay_resuming_from_its_snapshot_reruns_nothing,
 );
+
+/// A relay that keeps a snapshot of its folds (plan 0063), stopped cleanly and later
+/// killed, resumes from the snapshot each time: it reads only the rows since, runs the
+/// tasks delegated while it was down, and executes no task twice (side effects
+/// counted), beside a relay that reads from the first row.
+async fn a_relay_resuming_from_its_snapshot_reruns_nothing(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let log = h.dir().join("effects.log");
+    let agent = recording_agent(&h, "snap.sh", &log, "0.01");
+    let snapshot = h.dir().join("r0.snapshot");
+    let with_snapshot =
+        "snapshot = \"r0.snapshot\"\nsnapshot_every_rows = 1\nsnapshot_min_interval_ms = 0";
+    let r0 = || vec![AgentSpec::exec("s0", &agent), AgentSpec::exec("s1", &agent)];
+    h.spawn_relay_with("r0", r0(), with_snapshot);
+    h.spawn_relay("r1", vec![AgentSpec::exec("p0", &agent)]);
+    h.wait_registered(&["s0", "s1", "p0"]).await;
+    h.delegate(&task_lines("a", 30)).await;
+    h.wait_until("30 tasks done", secs(60), |l| l.summary().done == 30)
+        .await;
+    h.wait_quiescent(secs(30)).await;
+    h.wait_until("r0 wrote its snapshot", secs(30), |_| snapshot.exists())
+        .await;
+    let first = h.relay("r0").terminate();
+    assert_eq!(first.rows_resumed, 0);
+
+    // Delegated while r0 is down: r0 resumes and shares them with r1.
+    h.delegate(&task_lines("b", 30)).await;
+    let url = h.db.url.clone();
+    h.spawn_relay_full("r0", r0(), &url, Some("warn,huddle=info"), with_snapshot);
+    h.wait_until("60 tasks done", secs(60), |l| l.summary().done == 60)
+        .await;
+    h.wait_quiescent(secs(30)).await;
+    // Idle again: the snapshot is rewritten; then the relay is killed outright.
+    let written = std::fs::metadata(&snapshot).and_then(|m| m.modified()).ok();
+    h.wait_until("r0 rewrote its snapshot", secs(30), |_| {
+        std::fs::metadata(&snapshot).and_then(|m| m.modified()).ok() != written
+    })
+    .await;
+    let resumed = h.relay("r0").log_tail(10_000);
+    assert!(
+        resumed.contains("resumed from the snapshot of its folds"),
+        "{resumed}"
+    );
+    h.relay("r0").kill9();
+
+    // Delegated while r0 is dead; r1 stops too, so r0 alone runs them.
+    h.delegate(&task_lines("c", 20)).await;
+    let r1 = h.relay("r1").terminate();
+    h.spawn_relay_with("r0", r0(), with_snapshot);
+    h.wait_until("80 tasks done", secs(90), |l| l.summary().done == 80)
+        .await;
+    h.wait_quiescent(secs(30)).await;
+    let last = h.relay("r0").terminate();
+    assert!(last.rows_resumed > 0, "{last:?}");
+    assert!(r1.rows_resumed == 0);
+    h.refresh().await;
+    // The resumed fold equals the test's own fold of every row.
+    h.assert_converged(std::slice::from_ref(&last));
+    h.ledger.assert_all_done_exactly_once(80);
+    let starts = starts_per_subject(&log);
+    assert_eq!(starts.len(), 80, "tasks executed");
+    let repeated: Vec<(&String, usize)> = starts
+        .iter()
+        .filter(|(_, s)| s.len() != 1)
+        .map(|(t, s)| (t, s.len()))
+        .collect();
+    assert!(
+        repeated.is_empty(),
+        "tasks executed more than once: {repeated:?}"
+    );
+    assert_no_start_after_completion(&h, &log);
+}
 
 /// One relay, 16 agents with turns of a few milliseconds, 300 independent tasks:
 /// exactly 300 executions (the relay used to re-claim a task it had just finished

@@ -365,6 +365,8 @@ pub struct RelaySummary {
     pub unsigned_rows: u64,
     /// Rows under a signing writer's name not signed by its key.
     pub forged_writer_rows: u64,
+    /// Rows not read because the relay resumed from its snapshot.
+    pub rows_resumed: u64,
 }
 
 impl RelaySummary {
@@ -393,6 +395,7 @@ impl RelaySummary {
             ignored_config_rows: n("ignored_config_rows")?,
             unsigned_rows: n("unsigned_rows")?,
             forged_writer_rows: n("forged_writer_rows")?,
+            rows_resumed: n("rows_resumed").unwrap_or(0),
         })
     }
 }
@@ -1010,7 +1013,9 @@ impl Huddle {
         self.spawn_relay_inner(id, agents, &url, None, "", flags);
     }
 
-    fn spawn_relay_full(
+    /// [`Huddle::spawn_relay`] on `database`, with its own log filter and more
+    /// top-level `huddle.toml` lines.
+    pub fn spawn_relay_full(
         &mut self,
         id: &str,
         agents: Vec<AgentSpec>,

@@ -180,6 +180,10 @@ pub async fn run(
             snapshot_every_rows: cfg
                 .snapshot_every_rows
                 .unwrap_or(huddle_relay::snapshot::DEFAULT_EVERY_ROWS),
+            snapshot_min_interval: cfg
+                .snapshot_min_interval_ms
+                .map(std::time::Duration::from_millis)
+                .unwrap_or(RelayOptions::default().snapshot_min_interval),
             ..RelayOptions::default()
         },
     );

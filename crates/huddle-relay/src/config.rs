@@ -7,6 +7,8 @@
 //! sign = true                       # sign every row written (the owner registers the key)
 //! key = "./relay-a.key"             # default: HUDDLE_RELAY_KEY, else the keys directory
 //! snapshot = "./relay-a.snapshot"   # resume from a snapshot of the folds (default: none)
+//! snapshot_every_rows = 100000      # rows folded between two snapshots while running
+//! snapshot_min_interval_ms = 60000  # and at most this often
 //!
 //! [[agent]]
 //! key = "ada"                       # the agent's id in rooms and claims
@@ -184,6 +186,10 @@ pub struct RelayConfig {
     /// 100,000; at most one a minute).
     #[serde(default)]
     pub snapshot_every_rows: Option<u64>,
+    /// The shortest time between two snapshots written while the relay runs, in
+    /// milliseconds (default 60,000).
+    #[serde(default)]
+    pub snapshot_min_interval_ms: Option<u64>,
 }
 
 fn default_database() -> String {
