@@ -155,3 +155,46 @@ fn bench_startup_measures_relay_processes_and_leaves_nothing_behind() {
         files(dir.path())
     );
 }
+
+/// With `--snapshot` the relay keeps a snapshot of its folds: the first start reads
+/// its room from the first row and writes it, the next resumes from it and reads only
+/// what the first start and the new ping added.
+#[test]
+fn bench_startup_with_a_snapshot_resumes_the_second_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("given.db");
+    let report = bench_report(
+        &db,
+        &[
+            "startup",
+            "--rows",
+            "0",
+            "--served-rows",
+            "400",
+            "--runs",
+            "2",
+            "--snapshot",
+        ],
+    );
+    let starts = report["phases"][0]["starts"].as_array().expect("starts");
+    assert_eq!(starts.len(), 2, "{report}");
+    assert_eq!(starts[0]["rows_resumed"], 0, "{report}");
+    assert!(
+        starts[0]["rows_read"].as_u64().is_some_and(|r| r > 400),
+        "{report}"
+    );
+    let resumed = starts[1]["rows_resumed"].as_u64().expect("rows resumed");
+    let read = starts[1]["rows_read"].as_u64().expect("rows read");
+    assert!(
+        resumed > 400 && read < 100,
+        "resumed {resumed}, read {read}: {report}"
+    );
+    assert!(starts[1]["first_reply_ms"]
+        .as_f64()
+        .is_some_and(|ms| ms > 0.0));
+    assert!(
+        files(dir.path()).is_empty(),
+        "left behind: {:?}",
+        files(dir.path())
+    );
+}

@@ -48,6 +48,10 @@ pub struct StartupArgs {
     /// Give up on a start after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout_s: u64,
+    /// The relay keeps a snapshot of its folds (plan 0063): the first start writes
+    /// it, every later start resumes from it (builds that have snapshots).
+    #[arg(long)]
+    pub snapshot: bool,
     /// JSON report instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -66,6 +70,9 @@ pub struct Start {
     pub peak_rss_kib: Option<u64>,
     /// Rows its reader delivered, from its summary (builds that report it).
     pub rows_read: Option<u64>,
+    /// Rows it did not read because it resumed from its snapshot (builds that report
+    /// it).
+    pub rows_resumed: Option<u64>,
 }
 
 /// The starts on one ledger.
@@ -293,10 +300,13 @@ fn caught_up_ms(log: &Path) -> Option<u64> {
         .ok()
 }
 
-fn relay_toml(db: &str) -> String {
+fn relay_toml(db: &str, snapshot: Option<&Path>) -> String {
     let s = |v: &str| serde_json::to_string(v).unwrap_or_default();
+    let snapshot = snapshot
+        .map(|p| format!("snapshot = {}\n", s(&p.display().to_string())))
+        .unwrap_or_default();
     format!(
-        "relay = \"bench-startup\"\ndatabase = {}\nrooms = [{}]\n\n[[agent]]\nkey = {}\n\
+        "relay = \"bench-startup\"\ndatabase = {}\nrooms = [{}]\n{snapshot}\n[[agent]]\nkey = {}\n\
          capabilities = []\ndriver = \"sim\"\n\
          sim = {{ turn_ms = 1, jitter = 0.0, failure_rate = 0.0, tokens = 10, seed = 1 }}\n",
         s(db),
@@ -393,6 +403,10 @@ async fn start_once(
             .as_ref()
             .and_then(|s| s.get("rows_read"))
             .and_then(|v| v.as_u64()),
+        rows_resumed: summary
+            .as_ref()
+            .and_then(|s| s.get("rows_resumed"))
+            .and_then(|v| v.as_u64()),
     })
 }
 
@@ -458,7 +472,10 @@ async fn measure(
     served.extend((0..args.served_rows).map(|i| chatter(SERVED, i)));
     seeder.insert(&served).await?;
     let config = PathBuf::from(dir.db("relay.toml"));
-    std::fs::write(&config, relay_toml(url))?;
+    let snapshot = args
+        .snapshot
+        .then(|| PathBuf::from(dir.db("relay.snapshot")));
+    std::fs::write(&config, relay_toml(url, snapshot.as_deref()))?;
     let timeout = Duration::from_secs(args.timeout_s);
     let mut phases = Vec::new();
     let mut seed_s = 0.0;
@@ -506,7 +523,7 @@ async fn measure(
 pub fn render(r: &StartupReport) -> String {
     let mut out = format!(
         "relay start-up on {} ({}); other rooms' rows inserted in {:.1} s\n\
-         {:>12} {:>12} {:>16} {:>14} {:>14} {:>10}\n",
+         {:>12} {:>12} {:>16} {:>14} {:>14} {:>10} {:>12}\n",
         r.backend,
         r.binary,
         r.seed_s,
@@ -515,12 +532,13 @@ pub fn render(r: &StartupReport) -> String {
         "first reply ms",
         "caught up ms",
         "peak RSS MiB",
-        "rows read"
+        "rows read",
+        "rows resumed"
     );
     for p in &r.phases {
         for s in &p.starts {
             out.push_str(&format!(
-                "{:>12} {:>12} {:>16.0} {:>14} {:>14} {:>10}\n",
+                "{:>12} {:>12} {:>16.0} {:>14} {:>14} {:>10} {:>12}\n",
                 p.other_rows,
                 p.served_rows,
                 s.first_reply_ms,
@@ -528,6 +546,7 @@ pub fn render(r: &StartupReport) -> String {
                 s.peak_rss_kib
                     .map_or("-".into(), |k| format!("{:.1}", k as f64 / 1024.0)),
                 s.rows_read.map_or("-".into(), |v| v.to_string()),
+                s.rows_resumed.map_or("-".into(), |v| v.to_string()),
             ));
         }
         out.push_str(&format!(
