@@ -73,6 +73,8 @@ pub struct Start {
     /// Rows it did not read because it resumed from its snapshot (builds that report
     /// it).
     pub rows_resumed: Option<u64>,
+    /// How long reading, checking and restoring its snapshot took, as it logs it.
+    pub resume_ms: Option<u64>,
 }
 
 /// The starts on one ledger.
@@ -288,10 +290,13 @@ fn peak_rss_kib(pid: u32) -> Option<u64> {
 
 /// The relay's own `caught up` log line's `elapsed_ms`, if it logged one.
 fn caught_up_ms(log: &Path) -> Option<u64> {
+    logged_ms(log, "caught up with the rooms")
+}
+
+/// The `elapsed_ms` of the first line of the relay's log containing `what`.
+fn logged_ms(log: &Path, what: &str) -> Option<u64> {
     let text = std::fs::read_to_string(log).ok()?;
-    let line = text
-        .lines()
-        .find(|l| l.contains("caught up with the rooms"))?;
+    let line = text.lines().find(|l| l.contains(what))?;
     let at = line.find("elapsed_ms=")? + "elapsed_ms=".len();
     line[at..]
         .split(|c: char| !c.is_ascii_digit())
@@ -398,6 +403,7 @@ async fn start_once(
     Ok(Start {
         first_reply_ms,
         caught_up_ms: caught_up_ms(log),
+        resume_ms: logged_ms(log, "resumed from the snapshot"),
         peak_rss_kib: peak,
         rows_read: summary
             .as_ref()
@@ -523,13 +529,14 @@ async fn measure(
 pub fn render(r: &StartupReport) -> String {
     let mut out = format!(
         "relay start-up on {} ({}); other rooms' rows inserted in {:.1} s\n\
-         {:>12} {:>12} {:>16} {:>14} {:>14} {:>10} {:>12}\n",
+         {:>12} {:>12} {:>16} {:>10} {:>14} {:>14} {:>10} {:>12}\n",
         r.backend,
         r.binary,
         r.seed_s,
         "other rows",
         "served rows",
         "first reply ms",
+        "resume ms",
         "caught up ms",
         "peak RSS MiB",
         "rows read",
@@ -538,10 +545,11 @@ pub fn render(r: &StartupReport) -> String {
     for p in &r.phases {
         for s in &p.starts {
             out.push_str(&format!(
-                "{:>12} {:>12} {:>16.0} {:>14} {:>14} {:>10} {:>12}\n",
+                "{:>12} {:>12} {:>16.0} {:>10} {:>14} {:>14} {:>10} {:>12}\n",
                 p.other_rows,
                 p.served_rows,
                 s.first_reply_ms,
+                s.resume_ms.map_or("-".into(), |v| v.to_string()),
                 s.caught_up_ms.map_or("-".into(), |v| v.to_string()),
                 s.peak_rss_kib
                     .map_or("-".into(), |k| format!("{:.1}", k as f64 / 1024.0)),
@@ -550,10 +558,11 @@ pub fn render(r: &StartupReport) -> String {
             ));
         }
         out.push_str(&format!(
-            "{:>12} {:>12} {:>16.0} {:>14} {:>14}   (median)\n",
+            "{:>12} {:>12} {:>16.0} {:>10} {:>14} {:>14}   (median)\n",
             p.other_rows,
             p.served_rows,
             p.median_reply_ms,
+            "",
             "",
             p.median_peak_rss_kib
                 .map_or("-".into(), |k| format!("{:.1}", k as f64 / 1024.0)),

@@ -54,15 +54,42 @@ impl FromStr for InteractionId {
     }
 }
 
+/// Hex in human-readable formats (JSON), the 32 bytes in binary ones (the CBOR of a
+/// relay's snapshot, plan 0063).
 impl Serialize for InteractionId {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_hex())
+        if s.is_human_readable() {
+            s.serialize_str(&self.to_hex())
+        } else {
+            s.serialize_bytes(&self.0)
+        }
+    }
+}
+
+struct IdVisitor;
+
+impl serde::de::Visitor<'_> for IdVisitor {
+    type Value = InteractionId;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an interaction id: 64 hex digits or 32 bytes")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<InteractionId, E> {
+        v.parse().map_err(E::custom)
+    }
+
+    fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<InteractionId, E> {
+        InteractionId::from_slice(v).map_err(E::custom)
     }
 }
 
 impl<'de> Deserialize<'de> for InteractionId {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+        if d.is_human_readable() {
+            d.deserialize_str(IdVisitor)
+        } else {
+            d.deserialize_bytes(IdVisitor)
+        }
     }
 }

@@ -508,12 +508,14 @@ impl Relay {
                     "writing owner-command results missing from the ledger"
                 );
                 lp.write_command_results(rows);
-            } else if lp
-                .snap
-                .as_ref()
-                .is_some_and(|k| k.rows > k.rows_at_last || lp.summary.rows_resumed == 0)
+            } else if lp.inflight.is_empty()
+                && lp
+                    .snap
+                    .as_ref()
+                    .is_some_and(|k| k.rows > k.rows_at_last || lp.summary.rows_resumed == 0)
             {
-                // Caught up, nothing done yet: the state is the fold of the rows alone.
+                // Caught up, nothing done yet (no row the fold asked for is still being
+                // written): the state is the fold of the rows alone.
                 lp.save_snapshot(cursor);
             }
         }
