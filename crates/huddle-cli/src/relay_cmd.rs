@@ -176,7 +176,7 @@ pub async fn run(
         cfg.rooms.clone(),
         agents,
         RelayOptions {
-            snapshot: cfg.snapshot.as_ref().map(std::path::PathBuf::from),
+            snapshot: cfg.snapshot_path(),
             snapshot_every_rows: cfg
                 .snapshot_every_rows
                 .unwrap_or(huddle_relay::snapshot::DEFAULT_EVERY_ROWS),

@@ -6,7 +6,8 @@
 //! rooms = ["lobby"]
 //! sign = true                       # sign every row written (the owner registers the key)
 //! key = "./relay-a.key"             # default: HUDDLE_RELAY_KEY, else the keys directory
-//! snapshot = "./relay-a.snapshot"   # resume from a snapshot of the folds (default: none)
+//! snapshot = "./relay-a.snapshot"   # resume from a snapshot of the folds
+//!                                   # (default: <relay>.snapshot beside this file; false: none)
 //! snapshot_every_rows = 100000      # rows folded between two snapshots while running
 //! snapshot_min_interval_ms = 60000  # and at most this often
 //!
@@ -177,11 +178,12 @@ pub struct RelayConfig {
     /// cores they mostly contend (plan 0060 measures it).
     #[serde(default)]
     pub pool: Option<usize>,
-    /// The snapshot file of the relay's folds (relative to this file; plan 0063): a
-    /// restart resumes from it instead of reading its rooms from the first row. Not
-    /// set: every start reads from the first row.
+    /// The snapshot file of the relay's folds (plan 0063): a restart resumes from it
+    /// instead of reading its rooms from the first row. A path (relative to this
+    /// file), `true` (the default: `<relay>.snapshot` beside this file) or `false`
+    /// (every start reads from the first row). See [`RelayConfig::snapshot_path`].
     #[serde(default)]
-    pub snapshot: Option<String>,
+    pub snapshot: Option<SnapshotSetting>,
     /// Rows folded between two snapshots written while the relay runs (default
     /// 100,000; at most one a minute).
     #[serde(default)]
@@ -190,6 +192,35 @@ pub struct RelayConfig {
     /// milliseconds (default 60,000).
     #[serde(default)]
     pub snapshot_min_interval_ms: Option<u64>,
+}
+
+/// `snapshot = ...` in `huddle.toml`: a path, or on / off.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum SnapshotSetting {
+    /// `true`: the default file; `false`: none.
+    On(bool),
+    /// This file.
+    Path(String),
+}
+
+impl<'de> Deserialize<'de> for SnapshotSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = SnapshotSetting;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a snapshot file path, true (the default file) or false (none)")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<SnapshotSetting, E> {
+                Ok(SnapshotSetting::On(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<SnapshotSetting, E> {
+                Ok(SnapshotSetting::Path(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 fn default_database() -> String {
@@ -242,7 +273,13 @@ impl RelayConfig {
             }
         }
         self.key = self.key.as_deref().map(under);
-        self.snapshot = self.snapshot.as_deref().map(under);
+        self.snapshot = match self.snapshot.take() {
+            Some(SnapshotSetting::On(false)) => Some(SnapshotSetting::On(false)),
+            Some(SnapshotSetting::Path(p)) => Some(SnapshotSetting::Path(under(&p))),
+            None | Some(SnapshotSetting::On(true)) => Some(SnapshotSetting::Path(under(
+                &Self::default_snapshot(&self.relay),
+            ))),
+        };
         for a in &mut self.agents {
             if let Some(exec) = &mut a.exec {
                 if let Some(program) = exec.command.first_mut() {
@@ -254,6 +291,22 @@ impl RelayConfig {
             }
             if let Some(acp) = &mut a.acp {
                 acp.cwd = acp.cwd.as_deref().map(under);
+            }
+        }
+    }
+
+    fn default_snapshot(relay: &str) -> String {
+        format!("{relay}.snapshot")
+    }
+
+    /// The snapshot file the relay keeps, if any: the `snapshot` path, or by default
+    /// `<relay>.snapshot` beside this file; `None` with `snapshot = false`.
+    pub fn snapshot_path(&self) -> Option<std::path::PathBuf> {
+        match &self.snapshot {
+            Some(SnapshotSetting::On(false)) => None,
+            Some(SnapshotSetting::Path(p)) => Some(p.into()),
+            None | Some(SnapshotSetting::On(true)) => {
+                Some(Self::default_snapshot(&self.relay).into())
             }
         }
     }
@@ -292,6 +345,18 @@ impl RelayConfig {
             return Err((
                 Some("key".into()),
                 "key is given but sign is not true: add `sign = true` to sign with it".into(),
+            ));
+        }
+        if matches!(&self.snapshot, Some(SnapshotSetting::Path(p)) if p.trim().is_empty()) {
+            return Err((
+                Some("snapshot".into()),
+                "snapshot must be a file path, true (the default file) or false (none)".into(),
+            ));
+        }
+        if self.snapshot_every_rows == Some(0) {
+            return Err((
+                Some("snapshot_every_rows".into()),
+                "snapshot_every_rows must be at least 1".into(),
             ));
         }
         if let Some(pool) = self.pool.filter(|p| !(1..=64).contains(p)) {
@@ -466,6 +531,40 @@ acp = { preset = "codex", permissions = ["read", "edit"] }
             let e = RelayConfig::parse("f.toml", &text).unwrap_err();
             assert_eq!(e.line, Some(line), "{e}");
             assert!(e.reason.contains(needle), "{e} lacks {needle:?}");
+        }
+    }
+
+    #[test]
+    fn the_snapshot_is_kept_beside_the_file_unless_turned_off() {
+        let relay = RelayConfig::parse("f.toml", GOOD).expect("good").relay;
+        let with = |line: &str| {
+            let mut c = RelayConfig::parse(
+                "f.toml",
+                &GOOD.replace("rooms = [", &format!("{line}\nrooms = [")),
+            )?;
+            c.resolve_paths(Path::new("/etc/huddle"));
+            Ok::<_, ConfigError>(c.snapshot_path())
+        };
+        let default = Some(std::path::PathBuf::from(format!(
+            "/etc/huddle/{relay}.snapshot"
+        )));
+        assert_eq!(with("").expect("default"), default);
+        assert_eq!(with("snapshot = true").expect("on"), default);
+        assert_eq!(with("snapshot = false").expect("off"), None);
+        assert_eq!(
+            with("snapshot = \"state/r.snap\"").expect("path"),
+            Some("/etc/huddle/state/r.snap".into())
+        );
+        assert_eq!(
+            with("snapshot = \"/var/r.snap\"").expect("absolute"),
+            Some("/var/r.snap".into())
+        );
+        // Read in its own directory, the default is relative to it.
+        let c = RelayConfig::parse("f.toml", GOOD).expect("good");
+        assert_eq!(c.snapshot_path(), Some(format!("{relay}.snapshot").into()));
+        for bad in ["snapshot = \"\"", "snapshot = 3", "snapshot_every_rows = 0"] {
+            let e = with(bad).expect_err(bad);
+            assert!(e.to_string().contains("snapshot"), "{bad}: {e}");
         }
     }
 
