@@ -163,9 +163,13 @@ async fn a_relay_resuming_from_its_snapshot_reruns_nothing(backend: Backend) {
     );
     h.relay("r0").kill9();
 
-    // Delegated while r0 is dead; r1 stops too, so r0 alone runs them.
-    h.delegate(&task_lines("c", 20)).await;
+    // r1 stops too, then more is delegated (no relay runs to answer it yet): r0 alone
+    // runs it when it comes back.
     let r1 = h.relay("r1").terminate();
+    let mut post = common::huddle(&h.db.url);
+    let text = format!("!delegate\n{}", task_lines("c", 20));
+    post.args(["post", "--room", &h.room, "--as", &h.owner, &text]);
+    common::ok(post);
     h.spawn_relay_with("r0", r0(), with_snapshot);
     h.wait_until("80 tasks done", secs(90), |l| l.summary().done == 80)
         .await;

@@ -307,9 +307,11 @@ fn logged_ms(log: &Path, what: &str) -> Option<u64> {
 
 fn relay_toml(db: &str, snapshot: Option<&Path>) -> String {
     let s = |v: &str| serde_json::to_string(v).unwrap_or_default();
+    // Without --snapshot every start reads from the first row (relays keep one by
+    // default).
     let snapshot = snapshot
         .map(|p| format!("snapshot = {}\n", s(&p.display().to_string())))
-        .unwrap_or_default();
+        .unwrap_or_else(|| "snapshot = false\n".to_string());
     format!(
         "relay = \"bench-startup\"\ndatabase = {}\nrooms = [{}]\n{snapshot}\n[[agent]]\nkey = {}\n\
          capabilities = []\ndriver = \"sim\"\n\
