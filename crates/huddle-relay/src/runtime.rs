@@ -500,6 +500,7 @@ impl Relay {
             &writer,
             self.store.signer(),
         )?;
+        let mut snapshot_now = false;
         if let Some(held) = lp.held.take() {
             let rows = held.into_rows();
             if !rows.is_empty() {
@@ -508,15 +509,16 @@ impl Relay {
                     "writing owner-command results missing from the ledger"
                 );
                 lp.write_command_results(rows);
-            } else if lp.inflight.is_empty()
-                && lp
-                    .snap
-                    .as_ref()
-                    .is_some_and(|k| k.rows > k.rows_at_last || lp.summary.rows_resumed == 0)
-            {
+            } else {
                 // Caught up, nothing done yet (no row the fold asked for is still being
-                // written): the state is the fold of the rows alone.
-                lp.save_snapshot(cursor);
+                // written): the state is the fold of the rows alone. Written once the
+                // relay id is ours (a second process refused beside a live one writes
+                // nothing).
+                snapshot_now = lp.inflight.is_empty()
+                    && lp
+                        .snap
+                        .as_ref()
+                        .is_some_and(|k| k.rows > k.rows_at_last || lp.summary.rows_resumed == 0);
             }
         }
         // One live process per relay id: refuse to start beside another.
@@ -531,6 +533,9 @@ impl Relay {
                 other => break other?,
             }
         };
+        if snapshot_now {
+            lp.save_snapshot(cursor);
+        }
         // First tick before anything: no decision is made before the synchronizer
         // knows the database time.
         loop {

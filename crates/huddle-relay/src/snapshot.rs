@@ -184,8 +184,11 @@ pub fn write(path: &Path, fingerprint: &str, snapshot: &Snapshot) -> std::io::Re
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    let tmp = path.with_extension("snapshot-tmp");
-    {
+    // A name of this process's own: two writers never share a temporary file.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let written = (|| {
         let mut options = std::fs::OpenOptions::new();
         options.write(true).create(true).truncate(true);
         #[cfg(unix)]
@@ -194,8 +197,13 @@ pub fn write(path: &Path, fingerprint: &str, snapshot: &Snapshot) -> std::io::Re
         f.write_all(&line)?;
         f.write_all(&body)?;
         f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = written {
+        // A full disk or a vanished directory leaves the previous snapshot as it was.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
-    std::fs::rename(&tmp, path)?;
     Ok((line.len() + body.len()) as u64)
 }
 
@@ -370,6 +378,28 @@ mod tests {
         assert!(matches!(with(b), Err(Refused::Decode(_))));
         // Intact again: read.
         assert!(with(good).is_ok());
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_old_snapshot_and_no_temporary_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // The target is a directory: the rename fails.
+        let target = dir.path().join("r.snapshot");
+        std::fs::create_dir(&target).expect("dir");
+        std::fs::write(target.join("keep"), b"x").expect("file");
+        assert!(write(&target, "fp", &sample()).is_err());
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("read dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("r.snapshot")]);
+        // A good snapshot survives a failed rewrite of it.
+        let good = dir.path().join("g.snapshot");
+        write(&good, "fp", &sample()).expect("write");
+        let before = std::fs::read(&good).expect("bytes");
+        let blocked = dir.path().join("g.snapshot").join("nested");
+        assert!(write(&blocked, "fp", &sample()).is_err());
+        assert_eq!(std::fs::read(&good).expect("bytes"), before);
     }
 
     #[test]
