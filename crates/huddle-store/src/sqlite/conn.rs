@@ -130,6 +130,10 @@ pub(crate) fn open_connection(path: &str, kind: ConnKind) -> Result<Connection> 
             );
         }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
+        // The writer runs each job of a group commit in a savepoint; its rollback
+        // journal (the original of every page a job changes) is kept in memory, not
+        // written to a temporary file.
+        conn.pragma_update(None, "temp_store", "MEMORY")?;
     }
     if kind == ConnKind::Reader {
         conn.pragma_update(None, "query_only", true)?;

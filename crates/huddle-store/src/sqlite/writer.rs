@@ -167,6 +167,9 @@ fn run(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>, bell: watch::Sender
             }
             continue;
         }
+        // A job alone in its group needs no savepoint: the transaction is its
+        // all-or-nothing (rolled back whole when it fails).
+        let alone = group.len() == 1;
         let mut ran: Vec<Box<dyn Ran>> = Vec::with_capacity(group.len());
         let mut broken: Option<String> = None;
         for j in group {
@@ -174,16 +177,18 @@ fn run(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>, bell: watch::Sender
                 j.fail(StoreError::Unavailable(why.clone()));
                 continue;
             }
-            if let Err(e) = exec_cached(&conn, "SAVEPOINT huddle_job") {
-                broken = Some(e.to_string());
-                j.fail(StoreError::Unavailable(e.to_string()));
-                continue;
+            if !alone {
+                if let Err(e) = exec_cached(&conn, "SAVEPOINT huddle_job") {
+                    broken = Some(e.to_string());
+                    j.fail(StoreError::Unavailable(e.to_string()));
+                    continue;
+                }
             }
             let done = j.run(&conn);
-            let undo = if done.failed() {
-                conn.execute_batch("ROLLBACK TO huddle_job; RELEASE huddle_job")
-            } else {
-                exec_cached(&conn, "RELEASE huddle_job")
+            let undo = match (alone, done.failed()) {
+                (true, _) => Ok(()),
+                (false, true) => conn.execute_batch("ROLLBACK TO huddle_job; RELEASE huddle_job"),
+                (false, false) => exec_cached(&conn, "RELEASE huddle_job"),
             };
             if let Err(e) = undo {
                 broken = Some(e.to_string());
@@ -192,6 +197,10 @@ fn run(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>, bell: watch::Sender
         }
         let committed = match &broken {
             Some(why) => Err(why.clone()),
+            // The one job failed: nothing to keep; it answers with its own error.
+            None if alone && ran.iter().all(|r| r.failed()) => {
+                exec_cached(&conn, "ROLLBACK").map_err(|e| e.to_string())
+            }
             None => exec_cached(&conn, "COMMIT").map_err(|e| e.to_string()),
         };
         if committed.is_err() {
