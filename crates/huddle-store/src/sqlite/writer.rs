@@ -12,7 +12,9 @@
 //!
 //! Each job keeps its own all-or-nothing: it runs inside a savepoint, and a job that
 //! fails (a fence that does not hold, a trigger's refusal) is rolled back to it while
-//! the others go on. A job's answer is sent only after the commit, so nobody acts on a
+//! the others go on. A job alone in its group runs without one: the transaction is
+//! its all-or-nothing, rolled back whole when it fails. Savepoint journals are kept in
+//! memory (`temp_store = MEMORY`), not in a temporary file. A job's answer is sent only after the commit, so nobody acts on a
 //! write that is not durable; when the commit fails, every job of the group is answered
 //! with that error (the callers' retries are idempotent). SQLite has one writer at a
 //! time anyway: this turns N commits of writers arriving together into one, and spares
