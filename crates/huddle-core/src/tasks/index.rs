@@ -107,7 +107,7 @@ struct Derived {
 /// The derived indexes of one room. See the [module docs](self).
 #[derive(Clone, Debug, Default)]
 pub struct RoomIndex {
-    /// Ids whose class or frontier entry changed, while a journal is kept.
+    /// Ids whose class, frontier entry or blockers changed, while a journal is kept.
     journal: Option<Vec<String>>,
     /// Task ids naming each id as a dependency (created or not).
     dependents: BTreeMap<String, BTreeSet<String>>,
@@ -245,6 +245,10 @@ impl RoomIndex {
         );
         self.summary.total += 1;
         self.summary.blocked += 1;
+        // A creation is a change even when the task starts where it was put (blocked).
+        if let Some(j) = &mut self.journal {
+            j.push(t.id.clone());
+        }
         self.refresh_finishable(tasks, id);
         self.place(tasks, id);
     }
@@ -286,6 +290,11 @@ impl RoomIndex {
             }
             x.finishable = now;
             for d in self.dependents.get(&id).into_iter().flatten() {
+                // What blocks `d` changed even when its own class does not (a task
+                // already blocked by one failed dependency, now by a second one).
+                if let Some(j) = &mut self.journal {
+                    j.push(d.clone());
+                }
                 if let Some(y) = self.derived.get_mut(d) {
                     y.unfinishable = if now {
                         y.unfinishable.saturating_sub(1)
@@ -333,6 +342,14 @@ impl RoomIndex {
             let old = self.count(old_class);
             *old = old.saturating_sub(1);
             *self.count(class) += 1;
+            // A dependency that failed for good or was cancelled (or is open again)
+            // changes what blocks its dependents, whatever their own class.
+            let ends = |c: Class| matches!(c, Class::Abandoned | Class::Cancelled);
+            if ends(old_class) || ends(class) {
+                if let Some(j) = &mut self.journal {
+                    j.extend(self.dependents.get(&t.id).into_iter().flatten().cloned());
+                }
+            }
         }
         if old_ready != ready {
             if let Some((key, since)) = old_ready {
