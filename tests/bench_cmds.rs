@@ -17,6 +17,12 @@ fn files(dir: &std::path::Path) -> Vec<String> {
     v
 }
 
+/// Nothing is left in `dir`: neither the scratch database beside the given one nor
+/// the given one.
+fn assert_nothing_left(dir: &std::path::Path) {
+    assert!(files(dir).is_empty(), "left behind: {:?}", files(dir));
+}
+
 /// Runs `huddle --db DB bench ARGS... --json`, requires success and returns its
 /// JSON report.
 fn bench_report(db: &std::path::Path, args: &[&str]) -> serde_json::Value {
@@ -67,11 +73,7 @@ fn bench_tasks_runs_each_task_once_and_leaves_nothing_behind() {
         .is_some_and(|m| m > 0.0));
     // The scratch database beside the given one is gone, and the given one was
     // never created.
-    assert!(
-        files(dir.path()).is_empty(),
-        "left behind: {:?}",
-        files(dir.path())
-    );
+    assert_nothing_left(dir.path());
 }
 
 #[test]
@@ -149,11 +151,7 @@ fn bench_startup_measures_relay_processes_and_leaves_nothing_behind() {
         assert!((301..400).contains(&read), "rows read: {read}");
         assert!(start["peak_rss_kib"].as_u64().is_some_and(|k| k > 0));
     }
-    assert!(
-        files(dir.path()).is_empty(),
-        "left behind: {:?}",
-        files(dir.path())
-    );
+    assert_nothing_left(dir.path());
 }
 
 /// With `--snapshot` the relay keeps a snapshot of its folds: the first start reads
@@ -192,9 +190,5 @@ fn bench_startup_with_a_snapshot_resumes_the_second_start() {
     assert!(starts[1]["first_reply_ms"]
         .as_f64()
         .is_some_and(|ms| ms > 0.0));
-    assert!(
-        files(dir.path()).is_empty(),
-        "left behind: {:?}",
-        files(dir.path())
-    );
+    assert_nothing_left(dir.path());
 }

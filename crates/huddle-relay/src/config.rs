@@ -273,13 +273,10 @@ impl RelayConfig {
             }
         }
         self.key = self.key.as_deref().map(under);
-        self.snapshot = match self.snapshot.take() {
-            Some(SnapshotSetting::On(false)) => Some(SnapshotSetting::On(false)),
-            Some(SnapshotSetting::Path(p)) => Some(SnapshotSetting::Path(under(&p))),
-            None | Some(SnapshotSetting::On(true)) => Some(SnapshotSetting::Path(under(
-                &Self::default_snapshot(&self.relay),
-            ))),
-        };
+        self.snapshot = Some(match self.snapshot_path() {
+            Some(p) => SnapshotSetting::Path(under(&p.display().to_string())),
+            None => SnapshotSetting::On(false),
+        });
         for a in &mut self.agents {
             if let Some(exec) = &mut a.exec {
                 if let Some(program) = exec.command.first_mut() {
@@ -295,10 +292,6 @@ impl RelayConfig {
         }
     }
 
-    fn default_snapshot(relay: &str) -> String {
-        format!("{relay}.snapshot")
-    }
-
     /// The snapshot file the relay keeps, if any: the `snapshot` path, or by default
     /// `<relay>.snapshot` beside this file; `None` with `snapshot = false`.
     pub fn snapshot_path(&self) -> Option<std::path::PathBuf> {
@@ -306,7 +299,7 @@ impl RelayConfig {
             Some(SnapshotSetting::On(false)) => None,
             Some(SnapshotSetting::Path(p)) => Some(p.into()),
             None | Some(SnapshotSetting::On(true)) => {
-                Some(Self::default_snapshot(&self.relay).into())
+                Some(format!("{}.snapshot", self.relay).into())
             }
         }
     }

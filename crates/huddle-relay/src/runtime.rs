@@ -164,7 +164,7 @@ pub struct RelaySummary {
     /// Rows the relay did not read because it resumed from its snapshot (0 when it
     /// read from the first row).
     pub rows_resumed: u64,
-    /// Snapshots of its folds it wrote.
+    /// Snapshots of its folds it began writing (a write that fails is logged).
     pub snapshots_written: u64,
 }
 
@@ -770,48 +770,62 @@ impl Loop {
         let read = tokio::task::spawn_blocking(move || crate::snapshot::read(&path, &fingerprint))
             .await
             .ok()?;
-        let snap = match read {
-            Ok(s) => s,
+        let restored = match read {
+            Ok(snap) => match snap.check_ledger(self.store.as_ref()).await {
+                Ok(()) => self.restore(snap),
+                Err(reason) => Err(reason),
+            },
+            Err(reason) => Err(reason),
+        };
+        match restored {
+            Ok((cursor, rows)) => {
+                info!(
+                    path = %shown,
+                    %cursor,
+                    rows,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "resumed from the snapshot of its folds"
+                );
+                Some(cursor)
+            }
             Err(crate::snapshot::Refused::Missing(_)) => {
                 info!(path = %shown, "no snapshot yet; reading the rooms from the first row");
-                return None;
+                None
             }
             Err(reason) => {
                 warn!(path = %shown, %reason, "not resuming from the snapshot; reading the rooms from the first row");
-                return None;
+                None
             }
-        };
-        if let Err(reason) = snap.check_ledger(self.store.as_ref()).await {
-            warn!(path = %shown, %reason, "not resuming from the snapshot; reading the rooms from the first row");
-            return None;
         }
-        // Each restore decodes before it changes anything: a failure leaves it fresh.
-        if let Err(e) = self.commands.restore_state(&snap.state.commands) {
-            warn!(path = %shown, reason = %e, "not resuming from the snapshot; reading the rooms from the first row");
-            return None;
-        }
+    }
+
+    /// Puts a trusted snapshot's state in place; returns its cursor and rows. Each
+    /// restore decodes before it changes anything, so a failure leaves the relay as
+    /// fresh as it was.
+    fn restore(
+        &mut self,
+        snap: crate::snapshot::Snapshot,
+    ) -> Result<(Position, u64), crate::snapshot::Refused> {
+        let undecodable =
+            |e: huddle_core::sync::StateError| crate::snapshot::Refused::Decode(e.to_string());
+        self.commands
+            .restore_state(&snap.state.commands)
+            .map_err(undecodable)?;
         if let Err(e) = self.sync.restore_state(&snap.state.sync) {
             self.commands = CommandHandler::new(self.rooms.clone());
-            warn!(path = %shown, reason = %e, "not resuming from the snapshot; reading the rooms from the first row");
-            return None;
+            return Err(undecodable(e));
         }
         self.threads = snap.state.threads;
         self.recent = snap.state.recent.into_iter().collect();
         self.summary.rows_resumed = snap.rows;
         self.summary.cursor = snap.cursor.to_string();
-        let k = self.snap.as_mut()?;
-        k.rows = snap.rows;
-        k.rows_at_last = snap.rows;
-        k.last_row = snap.last;
-        k.archived = snap.state.archived;
-        info!(
-            path = %shown,
-            cursor = %snap.cursor,
-            rows = snap.rows,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "resumed from the snapshot of its folds"
-        );
-        Some(snap.cursor)
+        if let Some(k) = self.snap.as_mut() {
+            k.rows = snap.rows;
+            k.rows_at_last = snap.rows;
+            k.last_row = snap.last;
+            k.archived = snap.state.archived;
+        }
+        Ok((snap.cursor, snap.rows))
     }
 
     /// Writes a snapshot when enough rows were folded since the last one and nothing
@@ -1067,9 +1081,7 @@ impl Loop {
             k.at_head = caught_up;
         }
         self.ledger(batch.rows, caught_up).await;
-        if caught_up && self.held.is_none() {
-            self.maybe_snapshot(*cursor);
-        }
+        self.maybe_snapshot(*cursor);
         if caught_up {
             self.covered(began);
             if !*caught_up_once {

@@ -209,8 +209,8 @@ impl Synchronizer {
 
     /// The indexes derived from the DAG (walk orders, back-offs, needs watch), encoded:
     /// for tests comparing a restored synchronizer with one that folded every row.
-    #[doc(hidden)]
-    pub fn derived_state(&self) -> String {
+    #[cfg(test)]
+    fn derived_state(&self) -> String {
         // A room whose walk emptied keeps an empty entry: the same as none.
         let walk: BTreeMap<_, _> = self.walk.iter().filter(|(_, w)| !w.is_empty()).collect();
         format!(
