@@ -130,7 +130,7 @@ impl ScratchDatabase {
                 let _ = driver.await;
             }
             ScratchKind::Sqlite { path } => {
-                for suffix in ["", "-wal", "-shm"] {
+                for suffix in ["", "-wal", "-shm", huddle_store::sqlite::BELL_SUFFIX] {
                     let mut p = path.clone().into_os_string();
                     p.push(suffix);
                     match std::fs::remove_file(&p) {

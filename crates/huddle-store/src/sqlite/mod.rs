@@ -13,11 +13,12 @@
 //!   rowid)`: a reader can never see a later row before an earlier one (invariant 4).
 //! - **Claims** are one upsert-with-condition inside `BEGIN IMMEDIATE`; expiry is
 //!   judged by SQLite's clock (invariant 2).
-//! - **Wake-up**: local appends ring the doorbell directly; a background thread polls
-//!   `PRAGMA data_version` whenever inotify reports a write to the database's files (Linux;
-//!   at least every 100 ms), else every [`StoreOptions::sqlite_change_poll`], and rings it when
-//!   another connection or process committed. The thread stops when the store is
-//!   dropped.
+//! - **Wake-up**: local appends ring the doorbell directly, and the writer thread rings
+//!   the database's bell file (`<db>-bell`) after each commit that appended rows; a
+//!   background thread reads `PRAGMA data_version` whenever inotify reports the bell
+//!   (Linux; at least every 100 ms), else every [`StoreOptions::sqlite_change_poll`],
+//!   and rings the doorbell when another connection or process committed. The thread
+//!   stops when the store is dropped.
 //! - **`:memory:`** gives a private in-memory database on one shared connection (for
 //!   tests); nothing else can see it, so it needs no watcher.
 //!
@@ -35,6 +36,8 @@ mod resources;
 mod testing;
 mod watcher;
 mod writer;
+
+pub use watcher::BELL_SUFFIX;
 
 #[cfg(test)]
 mod tests;
@@ -356,7 +359,14 @@ impl SqliteStore {
         let (writer, thread) = if path == MEMORY {
             (Some(Mutex::new(writer)), None)
         } else {
-            (None, Some(writer::Writer::spawn(writer, bell.clone())?))
+            (
+                None,
+                Some(writer::Writer::spawn(
+                    writer,
+                    bell.clone(),
+                    watcher::BellFile::new(std::path::Path::new(path)),
+                )?),
+            )
         };
         Ok(SqliteStore {
             inner: Arc::new(Inner {

@@ -363,6 +363,62 @@ async fn a_commit_by_another_connection_rings_the_doorbell() {
     assert!(bell.has_changed().expect("bell open"));
 }
 
+/// Drains the events pending on `events` (the stores' own start-up opens the bell).
+#[cfg(target_os = "linux")]
+fn drain(events: &mut super::watcher::FileEvents) {
+    while events.wait(Duration::ZERO) == Some(true) {}
+}
+
+/// Plan 0064: another store's append reaches this store's watcher as one event of the
+/// bell file; a write that appends no row (a claim) raises none, so the pages SQLite
+/// writes to its log wake nobody.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn another_stores_append_rings_the_bell_file_and_a_claim_does_not() {
+    let b = backend().await;
+    let bell = super::watcher::bell_path(b.path());
+    assert!(bell.exists(), "opening a store creates its bell file");
+    let mut events = super::watcher::FileEvents::watch(b.path()).expect("inotify");
+    assert_eq!(events.bell(), Some(bell.as_path()), "the bell is watched");
+    let other = b.reopen("other").await.expect("reopen");
+    drain(&mut events);
+
+    other
+        .acquire("k", "someone", Duration::from_secs(30))
+        .await
+        .expect("acquire");
+    assert_eq!(
+        events.wait(Duration::from_millis(300)),
+        Some(false),
+        "a commit that appends no row rings no bell"
+    );
+    other.append(vec![message("r", "x")]).await.expect("append");
+    assert_eq!(events.wait(Duration::from_secs(5)), Some(true), "rung");
+    assert_eq!(events.wait(Duration::ZERO), Some(false), "once per commit");
+}
+
+/// Plan 0064: a bell file deleted under a running watcher is created and watched
+/// again, and the next append still reaches the watcher through it.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_deleted_bell_file_is_created_and_watched_again() {
+    let b = backend().await;
+    let bell = super::watcher::bell_path(b.path());
+    let mut events = super::watcher::FileEvents::watch(b.path()).expect("inotify");
+    drain(&mut events);
+    std::fs::remove_file(&bell).expect("delete the bell");
+    assert_eq!(events.wait(Duration::from_secs(5)), Some(true));
+    assert!(!bell.exists(), "nothing rang since");
+    drain(&mut events);
+    assert!(bell.exists(), "the watcher created the bell file again");
+    assert_eq!(events.bell(), Some(bell.as_path()));
+    b.sqlite()
+        .append(vec![message("r", "after")])
+        .await
+        .expect("append");
+    assert_eq!(events.wait(Duration::from_secs(5)), Some(true), "rung");
+}
+
 #[tokio::test]
 async fn the_watcher_thread_stops_when_the_store_is_dropped() {
     let b = backend().await;

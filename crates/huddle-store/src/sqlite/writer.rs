@@ -7,7 +7,7 @@
 //!                                                        SAVEPOINT; job 1; RELEASE (or ROLLBACK TO)
 //!                                                        SAVEPOINT; job 2; RELEASE (or ROLLBACK TO)
 //!                                                        ...
-//!                                                      COMMIT ──> each job answered, doorbell rung
+//!                                                      COMMIT ──> each job answered, doorbell and bell file rung
 //! ```
 //!
 //! Each job keeps its own all-or-nothing: it runs inside a savepoint, and a job that
@@ -26,6 +26,7 @@ use std::thread;
 use rusqlite::Connection;
 use tokio::sync::{oneshot, watch};
 
+use super::watcher::BellFile;
 use crate::error::{Result, StoreError};
 
 /// Most jobs one transaction takes (the rest wait for the next).
@@ -130,11 +131,16 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Starts the thread on `conn`, ringing `bell` after commits that call for it.
-    pub(crate) fn spawn(conn: Connection, bell: watch::Sender<u64>) -> Result<Writer> {
+    /// `file` is the database's bell file, rung for the other processes' watchers.
+    pub(crate) fn spawn(
+        conn: Connection,
+        bell: watch::Sender<u64>,
+        file: BellFile,
+    ) -> Result<Writer> {
         let (queue, jobs) = mpsc::channel::<Box<dyn Job>>();
         thread::Builder::new()
             .name("huddle-sqlite-writer".into())
-            .spawn(move || run(conn, jobs, bell))
+            .spawn(move || run(conn, jobs, bell, file))
             .map_err(|e| StoreError::Backend(format!("cannot start the SQLite writer: {e}")))?;
         Ok(Writer { queue })
     }
@@ -152,7 +158,12 @@ fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-fn run(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>, bell: watch::Sender<u64>) {
+fn run(
+    conn: Connection,
+    jobs: mpsc::Receiver<Box<dyn Job>>,
+    bell: watch::Sender<u64>,
+    mut file: BellFile,
+) {
     while let Ok(first) = jobs.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -212,6 +223,7 @@ fn run(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>, bell: watch::Sender
         let ring = committed.is_ok() && ran.iter().any(|r| r.rings());
         if ring {
             bell.send_modify(|n| *n = n.wrapping_add(1));
+            file.ring();
         }
         for r in ran {
             r.finish(committed.clone());
