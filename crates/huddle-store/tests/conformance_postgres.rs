@@ -424,3 +424,58 @@ async fn sql_glob_overlap_agrees_with_the_core() {
     assert!(!touches("api:a*", "api:ab").await);
     assert!(touches("api:ab", "api:ab").await);
 }
+
+#[tokio::test]
+async fn pooled_sessions_plan_each_statement_once_unless_the_url_says_otherwise() {
+    let db = test_database().await;
+    let one_session = StoreOptions {
+        pool_size: 1,
+        ..StoreOptions::default()
+    };
+    let s = PgStore::connect_with(&db.url, one_session.clone(), PgOptions::default())
+        .await
+        .expect("connect");
+    let in_room = |room: &str, text: &str| {
+        NewInteraction::new(
+            room,
+            Verb::MessagePosted,
+            "ana",
+            Role::Human,
+            json!({ "text": text }),
+        )
+    };
+    let rooms = vec!["a".to_string(), "b".to_string()];
+    let mut cursor = Position::START;
+    for i in 0..12 {
+        s.append(vec![
+            in_room("a", &format!("a{i}")),
+            in_room("b", &format!("b{i}")),
+        ])
+        .await
+        .expect("append");
+        let batch = s.read_rooms(&rooms, cursor, 100).await.expect("read");
+        assert_eq!(batch.rows.len(), 2, "round {i}");
+        cursor = batch.next;
+    }
+    let (mode, plans) = s.session_plans().await.expect("plans");
+    assert_eq!(mode, "force_generic_plan");
+    // The multi-room read: under `auto` its value-specific plan always looks cheaper
+    // (the array's length is known), so it was planned again at every call.
+    let read = plans
+        .iter()
+        .find(|(sql, _, _)| sql.contains("unnest($4::text[])"))
+        .unwrap_or_else(|| panic!("the multi-room read is prepared: {plans:?}"));
+    assert_eq!(read.2, 0, "custom plans of the read: {read:?}");
+    assert!(read.1 >= 12, "generic plans of the read: {read:?}");
+    assert!(plans.iter().all(|(_, _, custom)| *custom == 0), "{plans:?}");
+    drop(s);
+
+    // A URL that sets its own mode keeps it.
+    let sep = if db.url.contains('?') { '&' } else { '?' };
+    let url = format!("{}{sep}options=-c%20plan_cache_mode%3Dauto", db.url);
+    let s = PgStore::connect_with(&url, one_session, PgOptions::default())
+        .await
+        .expect("connect with the URL's own plan_cache_mode");
+    let (mode, _) = s.session_plans().await.expect("plans");
+    assert_eq!(mode, "auto");
+}
