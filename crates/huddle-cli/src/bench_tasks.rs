@@ -253,10 +253,13 @@ async fn postmaster_of(url: &str) -> Option<u32> {
         .await
         .ok()?
         .get(0);
+    // Read while the session is open: once it closes, its backend exits and its
+    // `/proc` entry goes with it (read after the close, this failed now and then and
+    // the run reported no database CPU).
+    let parent = proc_stat(u32::try_from(pid).ok()?).map(|(ppid, _, _)| ppid);
     drop(client);
     let _ = driver.await;
-    let (ppid, _, _) = proc_stat(u32::try_from(pid).ok()?)?;
-    Some(ppid)
+    parent
 }
 
 /// The database server's CPU seconds so far, if measurable.
