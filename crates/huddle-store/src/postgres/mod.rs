@@ -404,8 +404,8 @@ async fn session_user(config: &Config) -> Result<String> {
 /// plan for the actual values looks cheaper than the generic one — which, for the
 /// statements that take arrays (`unnest($n)` is estimated at 100 rows without its
 /// value) and the PL/pgSQL expressions that fold a known NULL away, is always. The
-/// multi-room read spent twice as long planning as running, and planning was about
-/// 40 % of the database's CPU per task handed out (plan 0065). Every statement's
+/// multi-room read spent twice as long planning as running, and planning was a fifth
+/// of the server's CPU while handing out tasks (plan 0065). Every statement's
 /// generic plan uses the same indexes as its custom ones: keys and cursors are
 /// equalities and ranges on btree columns, and no partial index depends on a value.
 pub(crate) const PLAN_CACHE_MODE: &str = "force_generic_plan";
