@@ -48,8 +48,47 @@ pub fn last_of_each<'a, K: std::hash::Hash + Eq>(
 /// Recent messages per thread. See the [module docs](self).
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ThreadWindow {
-    threads: BTreeMap<ThreadKey, (u64, VecDeque<Interaction>)>,
+    threads: BTreeMap<ThreadKey, (u64, VecDeque<Kept>)>,
     tick: u64,
+}
+
+/// A message kept in the window, and its line in the block once one was rendered
+/// (stored as the message alone: the line is made again when needed).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+struct Kept {
+    row: Interaction,
+    /// `[actor (role)] text`, escaped, at most [`MAX_LINE`] bytes (then cut with `…`).
+    /// The same for every block the message is in, so it is made once: every turn in
+    /// a room shows its newest top-level messages, and a `!delegate` there is
+    /// thousands of task lines long (plan 0066).
+    #[serde(skip)]
+    line: std::sync::OnceLock<String>,
+}
+
+impl Kept {
+    fn new(row: Interaction) -> Self {
+        Kept {
+            row,
+            line: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn line(&self) -> &str {
+        self.line.get_or_init(|| {
+            // Borrowed, not decoded: a message body may be a long `!delegate`.
+            let text = self
+                .row
+                .body
+                .get("text")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default();
+            let mut line = format!("[{} ({})] ", escape(&self.row.actor), self.row.role);
+            line.push_str(&escape_upto(text.trim(), MAX_LINE));
+            cut_to_max_line(&mut line);
+            line
+        })
+    }
 }
 
 impl ThreadWindow {
@@ -86,7 +125,7 @@ impl ThreadWindow {
         let entry = self.threads.entry(key).or_default();
         entry.0 = self.tick;
         if keep {
-            entry.1.push_back(row.clone());
+            entry.1.push_back(Kept::new(row.clone()));
             while entry.1.len() > PER_THREAD {
                 entry.1.pop_front();
             }
@@ -121,35 +160,18 @@ impl ThreadWindow {
         let (_, rows) = self
             .threads
             .get(&(room.to_string(), thread.map(str::to_string)))?;
-        let mut lines: Vec<String> = Vec::new();
+        let mut lines: Vec<&str> = Vec::new();
         let mut used = 0usize;
         let mut left_out = 0usize;
-        for row in rows.iter().rev() {
+        for kept in rows.iter().rev() {
+            let row = &kept.row;
             if row.actor == agent {
                 break;
             }
             if Some(row.id) == answering {
                 continue;
             }
-            // Borrowed, not decoded: a message body may be a long `!delegate`.
-            let text = row
-                .body
-                .get("text")
-                .and_then(serde_json::Value::as_str)
-                .unwrap_or_default();
-            let mut line = format!("[{} ({})] ", escape(&row.actor), row.role);
-            // Escape no more of the text than could still fit the budget: once the
-            // budget is nearly spent, every older message (a long `!delegate` among
-            // them) would otherwise be escaped up to MAX_LINE only to be left out.
-            // Cut short, a line is longer than what is left, as it was in full.
-            let room_left = budget.saturating_sub(used + 1 + line.len());
-            let upto = if line.len() + room_left < MAX_LINE {
-                room_left + 1
-            } else {
-                MAX_LINE
-            };
-            line.push_str(&escape_upto(text.trim(), upto));
-            cut_to_max_line(&mut line);
+            let line = kept.line();
             if used + line.len() + 1 > budget {
                 left_out += 1;
                 continue;
@@ -171,7 +193,7 @@ impl ThreadWindow {
             out.push_str(&format!("({left_out} older ones left out for length)\n"));
         }
         for l in lines {
-            out.push_str(&l);
+            out.push_str(l);
             out.push('\n');
         }
         out.push_str("</thread>\n");
@@ -353,6 +375,21 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_kept_message_is_stored_as_the_message_alone() {
+        let mut l = Ledger::default();
+        let row = say(&mut l, None, "ana", Role::Human, "a <long> !delegate");
+        let kept = Kept::new(row.clone());
+        assert!(kept.line().starts_with("[ana (human)] a &lt;long&gt;"));
+        assert_eq!(
+            serde_json::to_value(&kept).unwrap(),
+            serde_json::to_value(&row).unwrap()
+        );
+        let back: Kept = serde_json::from_value(serde_json::to_value(&row).unwrap()).unwrap();
+        assert_eq!(back.row.id, row.id);
+        assert_eq!(back.line(), kept.line());
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
         /// Escaping no more than fits keeps exactly the lines (and the count left
@@ -376,6 +413,8 @@ mod tests {
                 rows.push(r);
             }
             let (want, left_out) = reference_lines(&rows, "cy", budget);
+            // Lines made for a block of another budget are the same lines.
+            let _ = w.block("lobby", None, "cy", None, budget / 3 + 1);
             let got = w.block("lobby", None, "cy", None, budget);
             match got {
                 None => proptest::prop_assert!(want.is_empty()),
