@@ -147,12 +147,14 @@ async fn ensure_groups(client: &Client) -> Result<()> {
     for role in [OWNER_ROLE, READER_ROLE, WRITER_ROLE, RELAY_ROLE] {
         let exists = role_exists(client, role).await?;
         if !exists {
-            // Two admins racing: the loser's "already exists" is fine.
+            // Two admins racing: the loser's "already exists" is fine. (Roles are
+            // cluster-wide, so two inits of different databases race too; when both
+            // insert at once the loser sees the catalog's unique index instead.)
             if let Err(e) = client
                 .batch_execute(&format!("CREATE ROLE {} NOLOGIN", ident(role)))
                 .await
             {
-                if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) {
+                if !lost_a_race(&e) {
                     return Err(admin_err(&format!("creating role {role}"), e));
                 }
             }
@@ -164,10 +166,26 @@ async fn ensure_groups(client: &Client) -> Result<()> {
         writer = ident(WRITER_ROLE),
         relay = ident(RELAY_ROLE),
     );
-    client
-        .batch_execute(&grants)
-        .await
-        .map_err(|e| admin_err("granting the group roles", e))
+    // Granted again once when a concurrent init granted the same membership first.
+    match client.batch_execute(&grants).await {
+        Err(e) if lost_a_race(&e) => client.batch_execute(&grants).await,
+        other => other,
+    }
+    .map_err(|e| admin_err("granting the group roles", e))
+}
+
+/// Whether a catalog change failed only because a concurrent session made the same
+/// change first (an object that now exists, the catalog's unique index, or a catalog
+/// row updated concurrently).
+fn lost_a_race(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    match e.code() {
+        Some(c) if *c == SqlState::DUPLICATE_OBJECT || *c == SqlState::UNIQUE_VIOLATION => true,
+        Some(c) if *c == SqlState::INTERNAL_ERROR => e
+            .as_db_error()
+            .is_some_and(|d| d.message().contains("concurrently updated")),
+        _ => false,
+    }
 }
 
 async fn role_exists(client: &Client, role: &str) -> Result<bool> {
