@@ -57,6 +57,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     10 "review_gates" "0010_review_gates.sql",
     11 "handoff_rows" "0011_handoff_rows.sql",
     12 "archived_rooms" "0012_archived_rooms.sql",
+    13 "batch_acquire_inline" "0013_batch_acquire_inline.sql",
 );
 
 /// SQLite migrations, in order.
