@@ -6,6 +6,8 @@
 -- together cost about as much as the upsert itself. The batch is already SECURITY
 -- DEFINER with the same search path, so it now runs the same upsert and the same read
 -- of a claim not won itself. Same signature, same answers, same order of rows locked.
+-- `huddle_claim_acquire` becomes the batch of one (same signature and answers), so the
+-- upsert is written in one place.
 
 CREATE OR REPLACE FUNCTION huddle_claim_acquire_batch(p_keys text[], p_holders text[],
                                                       p_ttl_us bigint[], p_after int[])
@@ -31,7 +33,6 @@ BEGIN
         IF p_after[i] > 0 AND NOT won[p_after[i]] THEN
             CONTINUE;
         END IF;
-        -- huddle_claim_acquire (0008), inline.
         INSERT INTO external_claim AS c
             (key, holder, epoch, expires_at, acquired_at, renewed_at, acquired_by)
         VALUES (p_keys[i], p_holders[i], 1, now() + p_ttl_us[i] * interval '1 microsecond',
@@ -72,5 +73,17 @@ BEGIN
             RETURN NEXT;
         END IF;
     END LOOP;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION huddle_claim_acquire(p_key text, p_holder text, p_ttl_us bigint)
+RETURNS TABLE (o_holder text, o_epoch bigint, o_expires_us bigint, o_won boolean,
+               o_closed_by bytea)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+BEGIN
+    RETURN QUERY
+    SELECT b.o_holder, b.o_epoch, b.o_expires_us, b.o_won, b.o_closed_by
+    FROM huddle_claim_acquire_batch(ARRAY[p_key], ARRAY[p_holder], ARRAY[p_ttl_us],
+                                    ARRAY[0]) AS b;
 END;
 $$;

@@ -392,8 +392,9 @@ mod tests {
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
-        /// Escaping no more than fits keeps exactly the lines (and the count left
-        /// out) that escaping every message in full kept.
+        /// The block keeps exactly the lines (and the count left out) that escaping
+        /// every message in full for this budget keeps, whichever budget its lines
+        /// were first made for.
         #[test]
         fn escaping_only_what_fits_keeps_the_same_lines(
             msgs in proptest::collection::vec(

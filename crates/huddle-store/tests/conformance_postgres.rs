@@ -27,14 +27,19 @@ async fn make_backend() -> PgTestBackend {
 
 huddle_store::conformance_tests!(make_backend, across_processes);
 
-fn msg(text: &str) -> NewInteraction {
+/// A human message in `room`.
+fn in_room(room: &str, text: &str) -> NewInteraction {
     NewInteraction::new(
-        "lobby",
+        room,
         Verb::MessagePosted,
         "ana",
         Role::Human,
         json!({ "text": text }),
     )
+}
+
+fn msg(text: &str) -> NewInteraction {
+    in_room("lobby", text)
 }
 
 async fn read_all(ledger: &dyn Ledger) -> Vec<huddle_core::Interaction> {
@@ -292,15 +297,6 @@ async fn skipped_rows_are_counted_and_not_returned_by_get() {
 async fn read_room_returns_only_that_room_on_its_index() {
     let b = make_backend().await;
     let s = b.store();
-    let in_room = |room: &str, text: &str| {
-        NewInteraction::new(
-            room,
-            Verb::MessagePosted,
-            "ana",
-            Role::Human,
-            json!({ "text": text }),
-        )
-    };
     s.append(vec![
         in_room("a", "1"),
         in_room("b", "2"),
@@ -435,15 +431,6 @@ async fn pooled_sessions_plan_each_statement_once_unless_the_url_says_otherwise(
     let s = PgStore::connect_with(&db.url, one_session.clone(), PgOptions::default())
         .await
         .expect("connect");
-    let in_room = |room: &str, text: &str| {
-        NewInteraction::new(
-            room,
-            Verb::MessagePosted,
-            "ana",
-            Role::Human,
-            json!({ "text": text }),
-        )
-    };
     let rooms = vec!["a".to_string(), "b".to_string()];
     let mut cursor = Position::START;
     for i in 0..12 {

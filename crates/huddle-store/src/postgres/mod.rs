@@ -408,7 +408,7 @@ async fn session_user(config: &Config) -> Result<String> {
 /// of the server's CPU while handing out tasks (plan 0065). Every statement's
 /// generic plan uses the same indexes as its custom ones: keys and cursors are
 /// equalities and ranges on btree columns, and no partial index depends on a value.
-pub(crate) const PLAN_CACHE_MODE: &str = "force_generic_plan";
+const PLAN_CACHE_MODE: &str = "force_generic_plan";
 
 /// The pool's per-session settings on top of the URL's.
 fn session_config(base: &Config, pg: &PgOptions, app: &str, extra: &[&str]) -> Config {
