@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::time::Instant;
 
 use common::relays::*;
-use huddle_core::resources::{Mode, ResourceName};
+use huddle_core::resources::{Mode, ResourceName, ResourceRowBody, UNUSED_HOLDINGS};
 use huddle_core::tasks::TaskStatus;
 use huddle_core::Verb;
 
@@ -176,14 +176,45 @@ async fn tasks_that_use_resources_take_turns_and_run_once(backend: Backend) {
         let t = h.ledger.task(id).expect("the task");
         assert_eq!(t.attempts, 1, "{id} used one attempt");
     }
-    let acquired = h.ledger.of_verb(Verb::ResourceAcquired).count();
-    let released = h.ledger.of_verb(Verb::ResourceReleased).count();
+    // Holdings as (holder, name, epoch), per verb; a release of holdings that a
+    // relay took for a turn that then did not start (its claim lapsed meanwhile)
+    // records no acquisition and says so.
+    let holdings = |verb: Verb, unused: bool| -> Vec<(String, String, i64)> {
+        let mut out: Vec<(String, String, i64)> = h
+            .ledger
+            .of_verb(verb)
+            .map(|(_, r)| {
+                let b: ResourceRowBody =
+                    serde_json::from_value(r.body.clone()).expect("a resource row");
+                (r, b)
+            })
+            .filter(|(_, b)| (b.reason.as_deref() == Some(UNUSED_HOLDINGS)) == unused)
+            .flat_map(|(r, b)| {
+                b.resources
+                    .into_iter()
+                    .map(|x| (r.actor.clone(), x.name.to_string(), x.epoch.0))
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let acquired = holdings(Verb::ResourceAcquired, false);
     assert_eq!(
-        acquired,
+        h.ledger.of_verb(Verb::ResourceAcquired).count(),
         plan.len() + 1,
-        "one acquisition per task and the outside one"
+        "one acquisition per task and the outside one: {acquired:?}"
     );
-    assert_eq!(released, acquired, "every acquisition released");
+    assert_eq!(
+        holdings(Verb::ResourceReleased, false),
+        acquired,
+        "every acquisition released once"
+    );
+    for unused in holdings(Verb::ResourceReleased, true) {
+        assert!(
+            !acquired.contains(&unused),
+            "{unused:?} is released as unused, yet an acquisition records it"
+        );
+    }
     let live: Vec<String> = h
         .store
         .list_claims("resource/lobby/")

@@ -42,6 +42,10 @@ pub const MAX_RESOURCES_PER_CALL: usize = 64;
 pub const MAX_PERMITS: u32 = 1000;
 /// Claim keys of resources start with this.
 pub const RESOURCE_KEY_PREFIX: &str = "resource/";
+/// The `reason` of a `resource.released` row that gives back holdings no
+/// `resource.acquired` row records: a relay took them for a task whose turn then did
+/// not start (its claim lapsed or was superseded meanwhile, or the relay stopped).
+pub const UNUSED_HOLDINGS: &str = "unused";
 
 /// A resource name in canonical form.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -407,7 +411,8 @@ pub struct ResourceRowBody {
     /// renewed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Timestamp>,
-    /// What for (acquired): a note people and agents see on the board.
+    /// What for (acquired, renewed): a note people and agents see on the board; on a
+    /// release, [`UNUSED_HOLDINGS`] when no acquisition recorded the holdings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }

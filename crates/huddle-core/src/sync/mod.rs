@@ -2906,7 +2906,7 @@ impl Synchronizer {
                 Verb::ResourceAcquired,
                 &use_refs,
                 Some(&uses),
-                &task,
+                Some(format!("task {task}")),
                 Duration::from_millis(self.config(&room, None).claim_ttl_ms.max(1)),
             ));
         }
@@ -3223,7 +3223,7 @@ impl Synchronizer {
             (_, outcome) => outcome,
         };
         // Its agent has stopped: the resources it held for the task go back first.
-        self.give_back_uses(&lt.room, &lt.agent, &lt.uses, out);
+        self.give_back_uses(&lt.room, &lt.agent, &lt.uses, true, out);
         self.forget_at(&lt.exclusive.key, lt.exclusive.epoch);
         self.forget_at(&lt.drive.key, lt.drive.epoch);
         // A turn that never started (its start deadline passed): nothing ran.
@@ -3649,7 +3649,7 @@ impl Synchronizer {
                         .map(|(r, _, _, _)| (r.to_string(), h.holder.clone()))
                 }) {
                     let refs = holding_refs(&held);
-                    self.give_back_uses(&room, &holder, &refs, out);
+                    self.give_back_uses(&room, &holder, &refs, false, out);
                 }
             }
             return;
@@ -3672,7 +3672,7 @@ impl Synchronizer {
             }
             ResourcesAnswer::Won(held) => {
                 let refs = holding_refs(&held);
-                self.give_back_uses(&p.room, &p.agent, &refs, out);
+                self.give_back_uses(&p.room, &p.agent, &refs, false, out);
             }
             ResourcesAnswer::Blocked { until } => {
                 self.held_elsewhere.insert(tkey.clone(), until);
@@ -3708,13 +3708,23 @@ impl Synchronizer {
     ) {
         if let Some(held) = self.uses_won.remove(&(tkey.to_string(), epoch)) {
             let refs = holding_refs(&held);
-            self.give_back_uses(room, agent, &refs, out);
+            self.give_back_uses(room, agent, &refs, false, out);
         }
     }
 
     /// Releases `uses` (resource claims held by `agent`), then records
-    /// `resource.released`.
-    fn give_back_uses(&self, room: &str, agent: &str, uses: &[ClaimRef], out: &mut Vec<Intent>) {
+    /// `resource.released`: that row also wakes the tasks other relays hold back for
+    /// these resources. Holdings no `resource.acquired` row records (`recorded` false:
+    /// taken for a task whose turn then did not start) are released with the reason
+    /// [`crate::resources::UNUSED_HOLDINGS`], so no release is left unexplained.
+    fn give_back_uses(
+        &self,
+        room: &str,
+        agent: &str,
+        uses: &[ClaimRef],
+        recorded: bool,
+        out: &mut Vec<Intent>,
+    ) {
         if uses.is_empty() {
             return;
         }
@@ -3734,7 +3744,7 @@ impl Synchronizer {
                 Verb::ResourceReleased,
                 uses,
                 None,
-                "",
+                (!recorded).then(|| crate::resources::UNUSED_HOLDINGS.to_string()),
                 Duration::ZERO,
             )],
         });
@@ -3842,7 +3852,7 @@ fn uses_row(
     verb: Verb,
     uses: &[ClaimRef],
     held: Option<&[crate::resources::Holding]>,
-    task: &str,
+    reason: Option<String>,
     ttl: Duration,
 ) -> NewInteraction {
     use crate::resources::{parse_resource_key, HeldBody, ResourceRowBody};
@@ -3861,7 +3871,7 @@ fn uses_row(
         resources,
         ttl_ms: held.map(|_| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
         expires_at: held.and_then(|h| h.iter().map(|h| h.expires_at).min()),
-        reason: held.map(|_| format!("task {task}")),
+        reason,
     };
     NewInteraction::new(
         room,

@@ -3187,9 +3187,60 @@ fn a_task_that_uses_resources_takes_them_before_its_claim_row_and_gives_them_bac
     assert_eq!(released, vec![held[0].key.clone(), held[1].key.clone()]);
     let body = appended_body(&out, Verb::ResourceReleased);
     assert_eq!(body["resources"].as_array().map(Vec::len), Some(2));
+    assert!(
+        body.get("reason").is_none(),
+        "an acquisition the ledger records is released without a reason: {body}"
+    );
     assert!(appends(&out)
         .iter()
         .any(|(_, verbs)| verbs.contains(&"task.completed")));
+}
+
+#[test]
+fn resources_won_for_a_turn_that_never_starts_are_released_as_unused() {
+    use crate::resources::Mode;
+    let mut h = H::new(&["bo"]);
+    h.start();
+    h.post(vec![created_using("a", &[("file:src/**", "exclusive")])]);
+    let tkey = task_key("lobby", "a");
+    chained(&mut h, "a", "bo", 3, Some((true, 2)));
+    // The answer arrives for a claim this relay no longer waits on (an older epoch):
+    // the holdings go back, and the release says no acquisition recorded them.
+    let held = vec![won_holding("file:src/**", Mode::Exclusive, 7)];
+    let out = h.sync.handle(Event::ResourcesResult {
+        key: tkey.clone(),
+        epoch: ClaimEpoch(2),
+        answer: ResourcesAnswer::Won(held.clone()),
+    });
+    let released: Vec<String> = out
+        .iter()
+        .filter_map(|i| match i {
+            Intent::Release { key, .. } => Some(key.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(released, vec![held[0].key.clone()], "{out:?}");
+    assert_eq!(
+        appends(&out)
+            .iter()
+            .map(|(_, verbs)| verbs.clone())
+            .collect::<Vec<_>>(),
+        vec![vec!["resource.released"]],
+        "nothing but the release is written: {out:?}"
+    );
+    let body = appended_body(&out, Verb::ResourceReleased);
+    assert_eq!(body["reason"], crate::resources::UNUSED_HOLDINGS);
+    assert_eq!(body["resources"][0]["epoch"], 7);
+    // The claim it does wait on is still answered as usual.
+    let out = h.sync.handle(Event::ResourcesResult {
+        key: tkey,
+        epoch: ClaimEpoch(3),
+        answer: ResourcesAnswer::Won(vec![won_holding("file:src/**", Mode::Exclusive, 8)]),
+    });
+    assert_eq!(
+        appends(&out)[0].1,
+        vec!["task.claimed", "resource.acquired", "turn.prompted"]
+    );
 }
 
 #[test]
