@@ -470,6 +470,21 @@ impl ResourceFold {
         out
     }
 
+    /// Whether a `resource.acquired` row of `holder` recorded `name` at `epoch` (and no
+    /// release at that epoch has ended it yet), lapsed or not.
+    pub fn records(
+        &self,
+        room: &str,
+        holder: &str,
+        name: &ResourceName,
+        epoch: ClaimEpoch,
+    ) -> bool {
+        self.rooms
+            .get(room)
+            .and_then(|r| r.get(&(holder.to_string(), name.clone())))
+            .is_some_and(|h| h.epoch == epoch)
+    }
+
     /// Rows of `room` whose body could not be read.
     pub fn malformed(&self, room: &str) -> u64 {
         self.malformed.get(room).copied().unwrap_or(0)

@@ -3223,7 +3223,15 @@ impl Synchronizer {
             (_, outcome) => outcome,
         };
         // Its agent has stopped: the resources it held for the task go back first.
-        self.give_back_uses(&lt.room, &lt.agent, &lt.uses, true, out);
+        // A turn whose claims were lost may have lost them on its very first write
+        // (the claim row and the acquisition): then no acquisition records them.
+        let recorded = !lt.lost
+            || lt.uses.iter().all(|c| {
+                crate::resources::parse_resource_key(&c.key).is_some_and(|(room, _, _, name)| {
+                    self.resources.records(room, &c.holder, &name, c.epoch)
+                })
+            });
+        self.give_back_uses(&lt.room, &lt.agent, &lt.uses, recorded, out);
         self.forget_at(&lt.exclusive.key, lt.exclusive.epoch);
         self.forget_at(&lt.drive.key, lt.drive.epoch);
         // A turn that never started (its start deadline passed): nothing ran.

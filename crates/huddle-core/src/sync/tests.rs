@@ -3244,6 +3244,44 @@ fn resources_won_for_a_turn_that_never_starts_are_released_as_unused() {
 }
 
 #[test]
+fn a_turn_that_lost_its_claims_says_whether_its_resources_were_recorded() {
+    use crate::resources::Mode;
+    // `write_start`: the start batch (claim row, acquisition, prompt) lands and is read
+    // back before the claim is lost; otherwise it is refused.
+    for write_start in [false, true] {
+        let mut h = H::new(&["bo"]);
+        h.start();
+        h.post(vec![created_using("a", &[("file:src/**", "exclusive")])]);
+        let tkey = task_key("lobby", "a");
+        chained(&mut h, "a", "bo", 3, Some((true, 2)));
+        let held = vec![won_holding("file:src/**", Mode::Exclusive, 7)];
+        let out = h.sync.handle(Event::ResourcesResult {
+            key: tkey.clone(),
+            epoch: ClaimEpoch(3),
+            answer: ResourcesAnswer::Won(held.clone()),
+        });
+        let st = starts(&out)[0].clone();
+        if write_start {
+            h.apply_appends(&out);
+            h.read();
+        }
+        let out = h.sync.handle(Event::ClaimLost {
+            key: tkey.clone(),
+            epoch: ClaimEpoch(3),
+        });
+        assert_eq!(kinds(&out), vec!["cancel"], "{out:?}");
+        let out = h.ended(&st.turn, TurnOutcome::Cancelled);
+        let body = appended_body(&out, Verb::ResourceReleased);
+        assert_eq!(body["resources"][0]["epoch"], 7);
+        assert_eq!(
+            body.get("reason").and_then(|r| r.as_str()),
+            (!write_start).then_some(crate::resources::UNUSED_HOLDINGS),
+            "start written: {write_start}"
+        );
+    }
+}
+
+#[test]
 fn a_task_whose_resources_are_taken_uses_no_attempt_and_waits_for_a_release() {
     let mut h = H::new(&["bo"]);
     h.start();
