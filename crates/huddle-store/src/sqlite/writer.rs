@@ -8,6 +8,7 @@
 //!                                                        SAVEPOINT; job 2; RELEASE (or ROLLBACK TO)
 //!                                                        ...
 //!                                                      COMMIT ──> each job answered, doorbell and bell file rung
+//!                                                      (log past 1,000 frames, nobody waiting: checkpoint)
 //! ```
 //!
 //! Each job keeps its own all-or-nothing: it runs inside a savepoint, and a job that
@@ -18,9 +19,12 @@
 //! write that is not durable; when the commit fails, every job of the group is answered
 //! with that error (the callers' retries are idempotent). SQLite has one writer at a
 //! time anyway: this turns N commits of writers arriving together into one, and spares
-//! each write a hop through tokio's blocking pool.
+//! each write a hop through tokio's blocking pool. The log is checkpointed here too,
+//! after the answers, instead of inside a `COMMIT` that every job of the group would
+//! wait for (plan 0068).
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{mpsc, Arc};
 use std::thread;
 
 use rusqlite::Connection;
@@ -158,13 +162,75 @@ fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
+/// Log frames (pages) past which the writer checkpoints the log into the database
+/// once its group is answered: SQLite's own automatic threshold.
+const CHECKPOINT_FRAMES: i32 = 1000;
+
+/// A log this many frames long is checkpointed even while writes keep arriving.
+const CHECKPOINT_FRAMES_HARD: i32 = 4 * CHECKPOINT_FRAMES;
+
+/// Takes over SQLite's automatic checkpoint on the writer connection: it would run
+/// inside `COMMIT`, before the group's jobs are answered, copying up to a thousand
+/// pages while every caller waits. The hook only notes the log's length after each
+/// commit; [`checkpoint_due`] runs the checkpoint after the answers.
+fn note_log_length(conn: &mut Connection) -> Arc<AtomicI32> {
+    let frames = Arc::new(AtomicI32::new(0));
+    let noted = Arc::clone(&frames);
+    let hooked = conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, pages| {
+        noted.store(pages, Ordering::Relaxed);
+        Ok(())
+    }));
+    if let Err(e) = hooked {
+        // SQLite keeps checkpointing inside commits, as before.
+        tracing::warn!(error = %e, "cannot take over SQLite's automatic checkpoint");
+    }
+    frames
+}
+
+/// Checkpoints the log when it has grown past [`CHECKPOINT_FRAMES`] and no job waits,
+/// or past [`CHECKPOINT_FRAMES_HARD`] regardless; returns the next job when one
+/// arrived (it is run before any checkpoint). A checkpoint that cannot finish (a
+/// reader still needs the log) is simply tried again after a later commit.
+fn checkpoint_due(
+    conn: &Connection,
+    frames: &AtomicI32,
+    jobs: &mpsc::Receiver<Box<dyn Job>>,
+) -> Option<Box<dyn Job>> {
+    let logged = frames.load(Ordering::Relaxed);
+    if logged < CHECKPOINT_FRAMES {
+        return None;
+    }
+    if logged < CHECKPOINT_FRAMES_HARD {
+        if let Ok(next) = jobs.try_recv() {
+            return Some(next);
+        }
+    }
+    frames.store(0, Ordering::Relaxed);
+    if let Err(e) = conn.wal_checkpoint_v2(
+        Some(rusqlite::MAIN_DB),
+        rusqlite::wal::CheckpointMode::PASSIVE,
+    ) {
+        tracing::debug!(error = %e, "SQLite checkpoint did not run");
+    }
+    None
+}
+
 fn run(
-    conn: Connection,
+    mut conn: Connection,
     jobs: mpsc::Receiver<Box<dyn Job>>,
     bell: watch::Sender<u64>,
     mut file: BellFile,
 ) {
-    while let Ok(first) = jobs.recv() {
+    let frames = note_log_length(&mut conn);
+    let mut next: Option<Box<dyn Job>> = None;
+    loop {
+        let first = match next.take() {
+            Some(j) => j,
+            None => match jobs.recv() {
+                Ok(j) => j,
+                Err(_) => break,
+            },
+        };
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
             match jobs.try_recv() {
@@ -228,6 +294,7 @@ fn run(
         for r in ran {
             r.finish(committed.clone());
         }
+        next = checkpoint_due(&conn, &frames, &jobs);
     }
 }
 
