@@ -192,3 +192,31 @@ fn bench_startup_with_a_snapshot_resumes_the_second_start() {
         .is_some_and(|ms| ms > 0.0));
     assert_nothing_left(dir.path());
 }
+
+/// `bench sched` hands out every task in memory, also after a long conversation
+/// (`--history`: designation notes folded before the tasks arrive).
+#[test]
+fn bench_sched_finishes_every_task_after_a_long_conversation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("unused.db");
+    let report = bench_report(
+        &db,
+        &[
+            "sched",
+            "--tasks",
+            "40,80",
+            "--agents",
+            "4",
+            "--history",
+            "500",
+        ],
+    );
+    let lines = report.as_array().expect("one line per task count");
+    assert_eq!(lines.len(), 2, "{report}");
+    for (line, n) in lines.iter().zip([40, 80]) {
+        assert_eq!(line["tasks"], n, "{report}");
+        assert_eq!(line["done"], n, "{report}");
+        assert!(line["events_per_task"].as_f64().unwrap() >= 1.0, "{report}");
+    }
+    assert_nothing_left(dir.path());
+}

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 use clap::Args;
-use huddle_core::protocol::TurnActivity;
+use huddle_core::protocol::{CoordNoteBody, DesignationBody, TurnActivity};
 use huddle_core::sync::{ClaimAnswer, ClaimOutcome, TurnOutcome};
 use huddle_core::{
     ClaimEpoch, Event, Intent, Interaction, LocalAgent, NewInteraction, Position, Role,
@@ -32,6 +32,11 @@ pub struct SchedArgs {
     /// Chains instead of independent tasks (0: independent).
     #[arg(long, default_value_t = 0)]
     pub lanes: usize,
+    /// Messages the room's agents answered before the tasks arrive (one designation
+    /// note each, folded before the clock starts): a room with a long conversation
+    /// behind it.
+    #[arg(long, default_value_t = 0)]
+    pub history: usize,
     /// JSON report instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -42,6 +47,8 @@ pub struct SchedArgs {
 pub struct SchedLine {
     /// Tasks.
     pub tasks: usize,
+    /// Tasks done when the run ended (every one, unless the synchronizer stalled).
+    pub done: usize,
     /// Wall seconds to fold and hand out every task (creation rows excluded).
     pub seconds: f64,
     /// CPU seconds of the same (the measure on a shared machine).
@@ -108,6 +115,37 @@ fn one(args: &SchedArgs, n: usize) -> SchedLine {
     let mut events: VecDeque<Event> = VecDeque::new();
     let mut rows: Vec<Interaction> = Vec::new();
     sync.handle(Event::Tick { now: ledger.now });
+    if args.history > 0 {
+        let answered: Vec<Interaction> = (0..args.history)
+            .map(|i| {
+                let agent = format!("a{:03}", i % args.agents.max(1));
+                let message = NewInteraction::new(
+                    room,
+                    Verb::MessagePosted,
+                    "owner",
+                    Role::Owner,
+                    json!({"text": format!("question {i}")}),
+                )
+                .id();
+                ledger.row(NewInteraction::new(
+                    room,
+                    Verb::CoordNote,
+                    agent.as_str(),
+                    Role::Agent,
+                    CoordNoteBody::Designation(DesignationBody {
+                        message,
+                        agent: agent.clone(),
+                        epoch: ClaimEpoch(1),
+                    })
+                    .to_body(),
+                ))
+            })
+            .collect();
+        sync.handle(Event::Ledger {
+            rows: answered,
+            caught_up: true,
+        });
+    }
     let created: Vec<Interaction> = (0..n)
         .map(|i| {
             let deps: Vec<String> = if args.lanes > 0 && i >= args.lanes {
@@ -208,9 +246,11 @@ fn one(args: &SchedArgs, n: usize) -> SchedLine {
     }
     let seconds = started.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
-    let done = sync.tasks().summary(room).done.max(1);
+    let finished = sync.tasks().summary(room).done;
+    let done = finished.max(1);
     SchedLine {
         tasks: n,
+        done: finished,
         seconds,
         cpu_seconds: cpu,
         per_s: done as f64 / cpu.max(1e-9),
@@ -237,8 +277,13 @@ pub fn render(args: &SchedArgs, lines: &[SchedLine]) -> String {
     } else {
         "independent".into()
     };
+    let history = if args.history > 0 {
+        format!(", {} answered messages before", args.history)
+    } else {
+        String::new()
+    };
     let mut s = format!(
-        "one synchronizer, {} agents, {shape}, intents answered from memory\n\n\
+        "one synchronizer, {} agents, {shape}{history}, intents answered from memory\n\n\
          | tasks | wall s | CPU s | tasks per CPU s | CPU µs/task | events/task |\n|---:|---:|---:|---:|---:|---:|\n",
         args.agents
     );
