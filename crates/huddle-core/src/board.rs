@@ -150,7 +150,29 @@ pub struct RoomBoard {
     /// breaker's input, [`crate::pacing`]); agents with none are absent.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failing: BTreeMap<String, FailStreak>,
+    /// `designations` ordered by `(at, key)`, for the block's newest lines: derived,
+    /// never serialized (state hashes and snapshots are unchanged), rebuilt at the
+    /// first designation folded after a snapshot was read.
+    #[serde(skip)]
+    recent: RecentDesignations,
 }
+
+/// The designations of a room in time order (see [`RoomBoard`]). Always equal to
+/// another: it is derived from the map beside it, which the comparison covers.
+#[derive(Clone, Debug, Default)]
+struct RecentDesignations(std::collections::BTreeSet<(Timestamp, String)>);
+
+impl PartialEq for RecentDesignations {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for RecentDesignations {}
+
+/// Designations looked at, newest first, for the block's lines when the reader made
+/// the newest ones itself: older ones are long answered.
+const DESIGNATIONS_SCANNED: usize = 1_000;
 
 /// An agent's failed turns in a row: counted from its own `turn.failed` rows (those
 /// [`counts_against_agent`]), reset by its next `turn.replied`.
@@ -174,6 +196,33 @@ pub fn counts_against_agent(reason: &str) -> bool {
 }
 
 impl RoomBoard {
+    /// The newest [`RENDER_DESIGNATIONS`] designations not made by `reader`, newest
+    /// first: from the time-ordered index (a walk back over at most
+    /// [`DESIGNATIONS_SCANNED`] of them), or, before the index is built (a board read
+    /// from a snapshot), in one pass over the map.
+    fn newest_designations(&self, reader: &str) -> Vec<(String, Designation)> {
+        if self.recent.0.len() != self.designations.len() {
+            return newest(
+                self.designations.iter().filter(|(_, d)| d.agent != reader),
+                RENDER_DESIGNATIONS,
+                |d| d.at,
+            )
+            .into_iter()
+            .map(|(m, d)| (m.clone(), d.clone()))
+            .collect();
+        }
+        self.recent
+            .0
+            .iter()
+            .rev()
+            .take(DESIGNATIONS_SCANNED)
+            .filter_map(|(_, key)| self.designations.get_key_value(key))
+            .filter(|(_, d)| d.agent != reader)
+            .take(RENDER_DESIGNATIONS)
+            .map(|(m, d)| (m.clone(), d.clone()))
+            .collect()
+    }
+
     /// Turns in flight (prompted, not ended), as `(subject key, turn id, agent)`.
     pub fn open_turns(&self) -> Vec<(&str, &str, &str)> {
         self.turns
@@ -362,14 +411,25 @@ impl RoomBoard {
                     None => true,
                 };
                 if better {
-                    self.designations.insert(
-                        key,
+                    if self.recent.0.len() != self.designations.len() {
+                        // Read from a snapshot (the index is not stored): build it.
+                        self.recent.0 = self
+                            .designations
+                            .iter()
+                            .map(|(k, d)| (d.at, k.clone()))
+                            .collect();
+                    }
+                    if let Some(old) = self.designations.insert(
+                        key.clone(),
                         Designation {
                             agent: d.agent,
                             epoch: d.epoch,
                             at: i.at,
                         },
-                    );
+                    ) {
+                        self.recent.0.remove(&(old.at, key.clone()));
+                    }
+                    self.recent.0.insert((i.at, key));
                 }
             }
             // Notices reach every agent's prompt: only huddle and the owner post them.
@@ -720,14 +780,7 @@ impl CoordinationView {
         // Only the newest few are shown: picked in one pass, without copying or
         // sorting a room's whole history (a room that answered 50,000 messages made
         // every turn start copy and sort 50,000 designations; plan 0069).
-        view.taken = newest(
-            b.designations.iter().filter(|(_, d)| d.agent != reader),
-            RENDER_DESIGNATIONS,
-            |d| d.at,
-        )
-        .into_iter()
-        .map(|(m, d)| (m.clone(), d.clone()))
-        .collect();
+        view.taken = b.newest_designations(reader);
         view.notices = newest(b.notices.iter(), RENDER_NOTICES, |n| n.at)
             .into_iter()
             .map(|(_, n)| n.clone())
@@ -1312,6 +1365,81 @@ notices:\n\
 #[cfg(test)]
 mod newest_tests {
     use super::*;
+    use crate::model::NewInteraction;
+    use crate::protocol::{CoordNoteBody, DesignationBody};
+    use crate::testing::Ledger;
+    use crate::{ClaimEpoch, InteractionId, Role, Verb};
+
+    /// A designation note of `agent` for message `m` at `epoch`.
+    fn note(m: u8, agent: &str, epoch: i64) -> NewInteraction {
+        NewInteraction::new(
+            "lobby",
+            Verb::CoordNote,
+            agent,
+            Role::Agent,
+            CoordNoteBody::Designation(DesignationBody {
+                message: InteractionId([m; 32]),
+                agent: agent.into(),
+                epoch: ClaimEpoch(epoch),
+            })
+            .to_body(),
+        )
+    }
+
+    /// The block's designation lines for `reader` as the full pass over the map
+    /// computes them.
+    fn by_full_pass(b: &RoomBoard, reader: &str) -> Vec<(String, Designation)> {
+        newest(
+            b.designations.iter().filter(|(_, d)| d.agent != reader),
+            RENDER_DESIGNATIONS,
+            |d| d.at,
+        )
+        .into_iter()
+        .map(|(m, d)| (m.clone(), d.clone()))
+        .collect()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        /// The time-ordered index gives the block the same lines as a full pass, as
+        /// notes arrive (new messages, better epochs replacing a designation, stale
+        /// ones ignored, equal times), and after a snapshot, whose board has no index
+        /// until its next note.
+        #[test]
+        fn the_index_shows_what_a_full_pass_shows(
+            notes in proptest::collection::vec((0u8..25, 0usize..3, 1i64..4, 0i64..3), 1..80),
+            cut in 0usize..80,
+        ) {
+            let agents = ["ana", "bo", "cy"];
+            let mut l = Ledger::default();
+            let mut t = Timestamp(1_000);
+            let mut b = Board::new();
+            for (k, (m, a, e, dt)) in notes.iter().enumerate() {
+                t = Timestamp(t.0 + dt);
+                let before = b.room("lobby").map(|r| r.designations.clone());
+                b.apply(&l.push(note(*m, agents[*a], *e), t));
+                let changed = before.as_ref() != b.room("lobby").map(|r| &r.designations);
+                if k == cut {
+                    let text = serde_json::to_string(&b).unwrap();
+                    let restored: Board = serde_json::from_str(&text).unwrap();
+                    proptest::prop_assert_eq!(restored.state_hash(), b.state_hash());
+                    b = restored;
+                }
+                let room = b.room("lobby").unwrap();
+                // A note that changed the designations leaves the index in use (on a
+                // board read from a snapshot, it is built then).
+                if changed && k != cut {
+                    proptest::prop_assert_eq!(room.recent.0.len(), room.designations.len());
+                }
+                for reader in agents {
+                    proptest::prop_assert_eq!(
+                        room.newest_designations(reader),
+                        by_full_pass(room, reader)
+                    );
+                }
+            }
+        }
+    }
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
