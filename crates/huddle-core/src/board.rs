@@ -202,14 +202,7 @@ impl RoomBoard {
     /// from a snapshot), in one pass over the map.
     fn newest_designations(&self, reader: &str) -> Vec<(String, Designation)> {
         if self.recent.0.len() != self.designations.len() {
-            return newest(
-                self.designations.iter().filter(|(_, d)| d.agent != reader),
-                RENDER_DESIGNATIONS,
-                |d| d.at,
-            )
-            .into_iter()
-            .map(|(m, d)| (m.clone(), d.clone()))
-            .collect();
+            return self.newest_designations_in_one_pass(reader);
         }
         self.recent
             .0
@@ -221,6 +214,18 @@ impl RoomBoard {
             .take(RENDER_DESIGNATIONS)
             .map(|(m, d)| (m.clone(), d.clone()))
             .collect()
+    }
+
+    /// [`RoomBoard::newest_designations`] without the index: one pass over the map.
+    fn newest_designations_in_one_pass(&self, reader: &str) -> Vec<(String, Designation)> {
+        newest(
+            self.designations.iter().filter(|(_, d)| d.agent != reader),
+            RENDER_DESIGNATIONS,
+            |d| d.at,
+        )
+        .into_iter()
+        .map(|(m, d)| (m.clone(), d.clone()))
+        .collect()
     }
 
     /// Turns in flight (prompted, not ended), as `(subject key, turn id, agent)`.
@@ -1386,19 +1391,6 @@ mod newest_tests {
         )
     }
 
-    /// The block's designation lines for `reader` as the full pass over the map
-    /// computes them.
-    fn by_full_pass(b: &RoomBoard, reader: &str) -> Vec<(String, Designation)> {
-        newest(
-            b.designations.iter().filter(|(_, d)| d.agent != reader),
-            RENDER_DESIGNATIONS,
-            |d| d.at,
-        )
-        .into_iter()
-        .map(|(m, d)| (m.clone(), d.clone()))
-        .collect()
-    }
-
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
         /// The time-ordered index gives the block the same lines as a full pass, as
@@ -1434,7 +1426,7 @@ mod newest_tests {
                 for reader in agents {
                     proptest::prop_assert_eq!(
                         room.newest_designations(reader),
-                        by_full_pass(room, reader)
+                        room.newest_designations_in_one_pass(reader)
                     );
                 }
             }

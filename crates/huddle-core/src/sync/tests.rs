@@ -3104,6 +3104,34 @@ fn won_holding(name: &str, mode: crate::resources::Mode, epoch: i64) -> crate::r
     }
 }
 
+/// The keys of the claims `out` releases.
+fn releases(out: &[Intent]) -> Vec<String> {
+    out.iter()
+        .filter_map(|i| match i {
+            Intent::Release { key, .. } => Some(key.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// bo wins both claims of task `a`, which uses `file:src/**`, at epoch 3: the relay
+/// now waits for the resources. Returns the task claim's key.
+fn waiting_for_src(h: &mut H) -> String {
+    h.start();
+    h.post(vec![created_using("a", &[("file:src/**", "exclusive")])]);
+    chained(h, "a", "bo", 3, Some((true, 2)));
+    task_key("lobby", "a")
+}
+
+/// The store's answer to the resources asked for the task claim `key` at `epoch`.
+fn resources_answered(h: &mut H, key: &str, epoch: i64, answer: ResourcesAnswer) -> Vec<Intent> {
+    h.sync.handle(Event::ResourcesResult {
+        key: key.to_string(),
+        epoch: ClaimEpoch(epoch),
+        answer,
+    })
+}
+
 #[test]
 fn a_task_that_uses_resources_takes_them_before_its_claim_row_and_gives_them_back() {
     use crate::resources::Mode;
@@ -3177,13 +3205,7 @@ fn a_task_that_uses_resources_takes_them_before_its_claim_row_and_gives_them_bac
     );
     // The turn ends: the resources are released and the release recorded.
     let out = h.ended(&st.turn, TurnOutcome::Replied { text: "ok".into() });
-    let released: Vec<String> = out
-        .iter()
-        .filter_map(|i| match i {
-            Intent::Release { key, .. } => Some(key.clone()),
-            _ => None,
-        })
-        .collect();
+    let released = releases(&out);
     assert_eq!(released, vec![held[0].key.clone(), held[1].key.clone()]);
     let body = appended_body(&out, Verb::ResourceReleased);
     assert_eq!(body["resources"].as_array().map(Vec::len), Some(2));
@@ -3200,25 +3222,12 @@ fn a_task_that_uses_resources_takes_them_before_its_claim_row_and_gives_them_bac
 fn resources_won_for_a_turn_that_never_starts_are_released_as_unused() {
     use crate::resources::Mode;
     let mut h = H::new(&["bo"]);
-    h.start();
-    h.post(vec![created_using("a", &[("file:src/**", "exclusive")])]);
-    let tkey = task_key("lobby", "a");
-    chained(&mut h, "a", "bo", 3, Some((true, 2)));
+    let tkey = waiting_for_src(&mut h);
     // The answer arrives for a claim this relay no longer waits on (an older epoch):
     // the holdings go back, and the release says no acquisition recorded them.
     let held = vec![won_holding("file:src/**", Mode::Exclusive, 7)];
-    let out = h.sync.handle(Event::ResourcesResult {
-        key: tkey.clone(),
-        epoch: ClaimEpoch(2),
-        answer: ResourcesAnswer::Won(held.clone()),
-    });
-    let released: Vec<String> = out
-        .iter()
-        .filter_map(|i| match i {
-            Intent::Release { key, .. } => Some(key.clone()),
-            _ => None,
-        })
-        .collect();
+    let out = resources_answered(&mut h, &tkey, 2, ResourcesAnswer::Won(held.clone()));
+    let released = releases(&out);
     assert_eq!(released, vec![held[0].key.clone()], "{out:?}");
     assert_eq!(
         appends(&out)
@@ -3232,11 +3241,12 @@ fn resources_won_for_a_turn_that_never_starts_are_released_as_unused() {
     assert_eq!(body["reason"], crate::resources::UNUSED_HOLDINGS);
     assert_eq!(body["resources"][0]["epoch"], 7);
     // The claim it does wait on is still answered as usual.
-    let out = h.sync.handle(Event::ResourcesResult {
-        key: tkey,
-        epoch: ClaimEpoch(3),
-        answer: ResourcesAnswer::Won(vec![won_holding("file:src/**", Mode::Exclusive, 8)]),
-    });
+    let out = resources_answered(
+        &mut h,
+        &tkey,
+        3,
+        ResourcesAnswer::Won(vec![won_holding("file:src/**", Mode::Exclusive, 8)]),
+    );
     assert_eq!(
         appends(&out)[0].1,
         vec!["task.claimed", "resource.acquired", "turn.prompted"]
@@ -3250,16 +3260,9 @@ fn a_turn_that_lost_its_claims_says_whether_its_resources_were_recorded() {
     // back before the claim is lost; otherwise it is refused.
     for write_start in [false, true] {
         let mut h = H::new(&["bo"]);
-        h.start();
-        h.post(vec![created_using("a", &[("file:src/**", "exclusive")])]);
-        let tkey = task_key("lobby", "a");
-        chained(&mut h, "a", "bo", 3, Some((true, 2)));
+        let tkey = waiting_for_src(&mut h);
         let held = vec![won_holding("file:src/**", Mode::Exclusive, 7)];
-        let out = h.sync.handle(Event::ResourcesResult {
-            key: tkey.clone(),
-            epoch: ClaimEpoch(3),
-            answer: ResourcesAnswer::Won(held.clone()),
-        });
+        let out = resources_answered(&mut h, &tkey, 3, ResourcesAnswer::Won(held));
         let st = starts(&out)[0].clone();
         if write_start {
             h.apply_appends(&out);
@@ -3284,16 +3287,9 @@ fn a_turn_that_lost_its_claims_says_whether_its_resources_were_recorded() {
 #[test]
 fn a_task_whose_resources_are_taken_uses_no_attempt_and_waits_for_a_release() {
     let mut h = H::new(&["bo"]);
-    h.start();
-    h.post(vec![created_using("a", &[("file:src/**", "exclusive")])]);
-    let tkey = task_key("lobby", "a");
-    chained(&mut h, "a", "bo", 3, Some((true, 2)));
+    let tkey = waiting_for_src(&mut h);
     let until = h.now.saturating_add(600 * S);
-    let out = h.sync.handle(Event::ResourcesResult {
-        key: tkey.clone(),
-        epoch: ClaimEpoch(3),
-        answer: ResourcesAnswer::Blocked { until },
-    });
+    let out = resources_answered(&mut h, &tkey, 3, ResourcesAnswer::Blocked { until });
     // Both claims go back with nothing written: no attempt is used.
     assert_eq!(kinds(&out), vec!["release", "release"], "{out:?}");
     assert!(appends(&out).is_empty());
