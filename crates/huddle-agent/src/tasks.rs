@@ -159,14 +159,7 @@ impl AgentSession {
                         if let Some(at) = huddle_core::pacing::retry_at(&config, &self.room, t)
                             .filter(|at| now < *at)
                         {
-                            return Err(AgentError::NotClaimable {
-                                task: id.to_string(),
-                                why: format!(
-                                    "its last attempt failed and it backs off until {} \
-                                     (retry-backoff); claim it then",
-                                    huddle_core::board::format_timestamp(at)
-                                ),
-                            });
+                            return Err(backing_off(id, at));
                         }
                     }
                 },
@@ -328,6 +321,18 @@ impl AgentSession {
                 id,
                 format!("it is {} now", status_name(&t)),
             )));
+        }
+        // Chosen on an older view, it may have failed meanwhile: its retry waits out
+        // the back-off from the time the claim was won (plan 0070).
+        let won_at = won
+            .expires_at
+            .saturating_sub((lease_ms as i64).saturating_mul(1000));
+        let config = st.config().effective(&self.room, None);
+        if let Some(at) =
+            huddle_core::pacing::retry_at(&config, &self.room, &t).filter(|at| won_at < *at)
+        {
+            self.store.release(&key, &self.agent, epoch).await?;
+            return Ok(Try::Skip(backing_off(id, at)));
         }
         let attempt = t.next_attempt();
         let claimed = NewInteraction::new(
@@ -768,6 +773,17 @@ fn refusal(right: &ClaimRight, t: &Task) -> String {
             t.needs.join(", ")
         ),
     }
+}
+
+/// The refusal of a task still waiting out its back-off until `at`.
+fn backing_off(id: &str, at: huddle_core::Timestamp) -> AgentError {
+    not_claimable(
+        id,
+        format!(
+            "its last attempt failed and it backs off until {} (retry-backoff); claim it then",
+            huddle_core::board::format_timestamp(at)
+        ),
+    )
 }
 
 fn not_claimable(id: &str, why: String) -> AgentError {

@@ -239,8 +239,9 @@ struct LiveTurn {
     overdue: bool,
 }
 
-/// A task whose claims are won and whose `[uses ...]` resources are being taken
-/// ([`Intent::AcquireResources`]), by task claim key.
+/// A task whose claims are won and whose turn waits for something: its `[uses ...]`
+/// resources being taken ([`Intent::AcquireResources`]), or a view that covers the
+/// time its claims were won.
 #[derive(Clone, Debug)]
 struct PendingUses {
     room: String,
@@ -333,6 +334,11 @@ pub struct Synchronizer {
     held_elsewhere: BTreeMap<String, Timestamp>,
     /// Tasks whose resources are being taken, by task claim key.
     pending_uses: BTreeMap<String, PendingUses>,
+    /// Tasks whose claims were won over an attempt this relay's view may not show
+    /// the end of, by task claim key, with the database time they were won at: each
+    /// waits for a view covering that time before anything is written under them
+    /// ([`Synchronizer::drive_task_won`]).
+    awaiting_view: BTreeMap<String, (PendingUses, Timestamp)>,
     /// Resources won for a task claim `(key, epoch)` whose turn has not started yet.
     uses_won: BTreeMap<(String, ClaimEpoch), Vec<crate::resources::Holding>>,
     /// Task claim keys backing off because their resources were taken, by room: a
@@ -453,6 +459,7 @@ impl Synchronizer {
             turns: BTreeMap::new(),
             held_elsewhere: BTreeMap::new(),
             pending_uses: BTreeMap::new(),
+            awaiting_view: BTreeMap::new(),
             uses_won: BTreeMap::new(),
             resource_waits: BTreeMap::new(),
             watchers: BTreeMap::new(),
@@ -560,7 +567,11 @@ impl Synchronizer {
     /// until an [`Event::Covered`] at or after this time arrives. The relay answers
     /// with a fresh read once its clock is past it.
     pub fn awaiting_coverage(&self) -> Option<Timestamp> {
-        self.coverage_wanted
+        let takes = self.awaiting_view.values().map(|(_, at)| *at).min();
+        match (self.coverage_wanted, takes) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Whether the room is quiescent: no task ready or claimed, no turn in flight in
@@ -599,6 +610,11 @@ impl Synchronizer {
                 for (due, _) in self.reply_dues(room, m) {
                     consider(due);
                 }
+            }
+            // Won claims waiting for a view that covers their time: a tick at that
+            // time (passed already: at once), after which the relay reads afresh.
+            if let Some(at) = self.awaiting_view.values().map(|(_, at)| *at).min() {
+                consider(at);
             }
             // The ends of back-offs, benches and attempt deadlines.
             for (room, task) in &self.backing_off {
@@ -698,8 +714,9 @@ impl Synchronizer {
             }
             Event::Covered { as_of } => {
                 self.covered = Some(self.covered.map_or(as_of, |c| c.max(as_of)));
-                // Only a bid decision waits for coverage: nothing else to do.
-                if self.coverage_wanted.is_none_or(|w| w > as_of) {
+                let takes = self.view_covers_takes(as_of, out);
+                // Otherwise only a bid decision waits for coverage.
+                if !takes && self.coverage_wanted.is_none_or(|w| w > as_of) {
                     return false;
                 }
             }
@@ -751,6 +768,10 @@ impl Synchronizer {
             }
             Event::Shutdown => {
                 self.shutting_down = true;
+                // Won claims that wait for a view start nothing now: let them go.
+                for (tkey, (p, _)) in std::mem::take(&mut self.awaiting_view) {
+                    self.release_unused_take(&tkey, &p, out);
+                }
                 for (id, t) in self.turns.iter_mut() {
                     if !t.cancel_sent {
                         t.cancel_sent = true;
@@ -2550,14 +2571,24 @@ impl Synchronizer {
                 task_epoch,
                 generation,
                 prewritten,
-            } => self.drive_task_won(
-                room,
-                (task, generation),
-                agent,
-                (task_epoch, epoch),
-                prewritten,
-                out,
-            ),
+            } => {
+                // The time the claims were won (database time): the drive claim was
+                // taken with, or just after, the task claim.
+                let won_at = match r.answer {
+                    ClaimAnswer::Won { expires_at, .. } => Some(
+                        expires_at.saturating_sub(ms_to_us(self.ttl(&room).as_millis() as u64)),
+                    ),
+                    _ => None,
+                };
+                self.drive_task_won(
+                    room,
+                    (task, generation),
+                    agent,
+                    (task_epoch, epoch),
+                    (prewritten, won_at),
+                    out,
+                )
+            }
             ClaimPurpose::Review {
                 room,
                 task,
@@ -2790,7 +2821,7 @@ impl Synchronizer {
         (task, generation): (String, u32),
         agent: String,
         (task_epoch, drive_epoch): (ClaimEpoch, ClaimEpoch),
-        prewritten: bool,
+        (prewritten, won_at): (bool, Option<Timestamp>),
         out: &mut Vec<Intent>,
     ) {
         let tkey = task_key_at(&room, &task, generation);
@@ -2828,6 +2859,39 @@ impl Synchronizer {
             self.forget_at(&tkey, task_epoch);
             self.forget(&dkey);
             return;
+        }
+        if fresh && !prewritten {
+            let p = PendingUses {
+                room: room.clone(),
+                task: task.clone(),
+                generation,
+                agent: agent.clone(),
+                task_epoch,
+                drive_epoch,
+            };
+            // Won over an attempt the view may not show the end of: the claim was
+            // taken at an epoch other than the one after the view's (an acquisition
+            // the view has not read), or over a claim the view shows held. That
+            // attempt may have failed and been released just before: its failure,
+            // committed before the release, decides the back-off. So the decision
+            // waits for a view covering the time the claims were won; in that view
+            // an epoch gap left by no row (claims won and let go unused) is only that.
+            let settled = t.status == TaskStatus::Open
+                && task_epoch == t.epoch.map_or(ClaimEpoch::FIRST, ClaimEpoch::next);
+            if let Some(at) = won_at.filter(|at| !settled && self.covered.is_none_or(|c| c < *at)) {
+                self.awaiting_view.insert(tkey, (p, at));
+                return;
+            }
+            // A given-back task waits out its back-off, whoever decided to take it
+            // and on whatever view: no attempt starts before its retry time.
+            let config = self.config(&room, None);
+            if self
+                .now
+                .is_some_and(|now| crate::pacing::backing_off(config, &room, &t, now))
+            {
+                self.release_unused_take(&tkey, &p, out);
+                return;
+            }
         }
         // A task with `[uses ...]` takes its resources, all or nothing, before anything
         // is written under its claims: a task that cannot have them uses no attempt.
@@ -3664,7 +3728,6 @@ impl Synchronizer {
         };
         self.pending_uses.remove(key);
         let tkey = task_key_at(&p.room, &p.task, p.generation);
-        let dkey = taskdrive_key_at(&p.room, &p.task, p.generation);
         match answer {
             ResourcesAnswer::Won(held) if !self.shutting_down => {
                 self.uses_won.insert((tkey, epoch), held);
@@ -3673,7 +3736,7 @@ impl Synchronizer {
                     (p.task, p.generation),
                     p.agent,
                     (p.task_epoch, p.drive_epoch),
-                    false,
+                    (false, None),
                     out,
                 );
                 return;
@@ -3691,9 +3754,41 @@ impl Synchronizer {
             }
             ResourcesAnswer::Failed => {}
         }
+        self.release_unused_take(&tkey, &p, out);
+    }
+
+    /// Takes up the won claims that waited for a view covering `as_of` (every row
+    /// committed before it is folded now); true when there were any.
+    fn view_covers_takes(&mut self, as_of: Timestamp, out: &mut Vec<Intent>) -> bool {
+        let ready: Vec<String> = self
+            .awaiting_view
+            .iter()
+            .filter(|(_, (_, at))| *at <= as_of)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for tkey in &ready {
+            if let Some((p, at)) = self.awaiting_view.remove(tkey) {
+                self.drive_task_won(
+                    p.room,
+                    (p.task, p.generation),
+                    p.agent,
+                    (p.task_epoch, p.drive_epoch),
+                    (false, Some(at)),
+                    out,
+                );
+            }
+        }
+        !ready.is_empty()
+    }
+
+    /// Lets go of a task's won claims (and resources) with nothing written under them:
+    /// no attempt was used, and a later pass decides again.
+    fn release_unused_take(&mut self, tkey: &str, p: &PendingUses, out: &mut Vec<Intent>) {
+        self.drop_uses_won(&p.room, &p.agent, tkey, p.task_epoch, out);
+        let dkey = taskdrive_key_at(&p.room, &p.task, p.generation);
         for (k, holder, e) in [
             (dkey.clone(), self.relay.clone(), p.drive_epoch),
-            (tkey.clone(), p.agent.clone(), p.task_epoch),
+            (tkey.to_string(), p.agent.clone(), p.task_epoch),
         ] {
             out.push(Intent::Release {
                 key: k,
@@ -3701,7 +3796,7 @@ impl Synchronizer {
                 epoch: e,
             });
         }
-        self.forget_at(&tkey, p.task_epoch);
+        self.forget_at(tkey, p.task_epoch);
         self.forget(&dkey);
     }
 

@@ -134,6 +134,7 @@ impl Synchronizer {
             turns: _,
             held_elsewhere: _,
             pending_uses: _,
+            awaiting_view: _,
             uses_won: _,
             resource_waits: _,
             closed: _,

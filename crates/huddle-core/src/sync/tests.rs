@@ -1468,6 +1468,110 @@ fn a_remote_claim_is_probed_only_once_its_lease_can_have_lapsed() {
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
 }
 
+/// A relay whose claim answer arrives before it read what happened meanwhile: the
+/// task claim of `a`, asked for on a view where `a` was fresh, is won at `epoch`
+/// (with the drive claim at 1), while `between` rows were written but not read.
+fn won_over_unread_rows(h: &mut H, epoch: i64, between: Vec<NewInteraction>) -> Vec<Intent> {
+    let out = h.post(vec![created("a", &[])]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "cy".into())]);
+    h.write(between);
+    h.now += S / 10;
+    let out = h.result(&task_key("lobby", "a"), "cy", true, epoch);
+    assert_eq!(
+        acquires(&out),
+        vec![(taskdrive_key("lobby", "a"), "r1".into())]
+    );
+    h.result(&taskdrive_key("lobby", "a"), "r1", true, 1)
+}
+
+#[test]
+fn a_claim_won_over_an_unread_failure_waits_out_the_back_off() {
+    // The next attempt after a failure waits `retry-backoff` (4 s, jittered to 2-4 s):
+    // also when this relay decided on a view that had not seen the attempt.
+    let mut h = H::with(
+        &["cy"],
+        RoomConfig {
+            retry_backoff_ms: 4_000,
+            ..RoomConfig::default()
+        },
+    );
+    h.start();
+    // bo, on another relay, took `a` at epoch 1, failed and released it before this
+    // relay's acquire ran: it wins epoch 2.
+    let out = won_over_unread_rows(&mut h, 2, vec![claimed("a", "bo", 1), failed("a", "bo", 1)]);
+    assert!(
+        appends(&out).is_empty() && starts(&out).is_empty(),
+        "nothing is written before the view covers the win: {out:?}"
+    );
+    assert_eq!(h.sync.awaiting_coverage(), Some(h.now));
+    assert_eq!(h.sync.next_wakeup(), Some(h.now));
+    // The covering read shows the failure: the claims go back unused.
+    let out = h.read();
+    assert!(
+        appends(&out).is_empty() && starts(&out).is_empty(),
+        "{out:?}"
+    );
+    assert_eq!(
+        out.iter()
+            .filter_map(|i| match i {
+                Intent::Release { key, epoch, .. } => Some((key.clone(), epoch.0)),
+                _ => None,
+            })
+            .collect::<Vec<_>>(),
+        vec![
+            (taskdrive_key("lobby", "a"), 1),
+            (task_key("lobby", "a"), 2)
+        ]
+    );
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    assert_eq!(h.sync.awaiting_coverage(), None);
+    // Taken again only once the back-off is over.
+    let t = h.sync.tasks().task("lobby", "a").unwrap().clone();
+    let config = h.sync.config("lobby", None).clone();
+    let retry = crate::pacing::retry_at(&config, "lobby", &t).expect("a retry time");
+    assert!(acquires(&h.tick(retry.saturating_sub(1))).is_empty());
+    assert_eq!(
+        acquires(&h.tick(retry)),
+        vec![(task_key("lobby", "a"), "cy".into())]
+    );
+}
+
+#[test]
+fn an_epoch_gap_no_row_explains_is_taken_once_the_view_covers_the_win() {
+    // Epochs 1 and 2 were won and let go unused (no row): once a read covers the
+    // win, the view is complete and the claim at epoch 3 is the first attempt.
+    let mut h = H::new(&["cy"]);
+    h.start();
+    let out = won_over_unread_rows(&mut h, 3, Vec::new());
+    assert!(
+        appends(&out).is_empty() && starts(&out).is_empty(),
+        "{out:?}"
+    );
+    let out = h.read();
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!(
+                "{}@cy#3 + {}@r1#1",
+                task_key("lobby", "a"),
+                taskdrive_key("lobby", "a")
+            )),
+            vec!["task.claimed", "turn.prompted"]
+        )]
+    );
+    assert!(
+        matches!(&starts(&out)[..], [s] if matches!(&s.work, TurnWork::Task(t) if t.attempt == 1))
+    );
+    // A relay stopping while such a take waits gives its claims back at once.
+    let mut h = H::new(&["cy"]);
+    h.start();
+    won_over_unread_rows(&mut h, 3, Vec::new());
+    assert_eq!(
+        kinds(&h.sync.handle(Event::Shutdown)),
+        ["release", "release", "stopped"]
+    );
+}
+
 #[test]
 fn a_claim_still_held_at_a_failed_epoch_is_retried_soon() {
     // Another relay's agent failed task a at epoch 4; this relay folds the failure
@@ -1566,6 +1670,14 @@ fn reconcile_renews_live_turns_only_and_retakes_lapsed_tasks() {
         o.extend(h.result(&taskdrive_key("lobby", "x"), "r1", true, 1));
         o
     };
+    // Won over a claim the view shows held: nothing is written until a read covers
+    // the time the claims were won (zed's attempt may have ended just before).
+    assert!(
+        appends(&out).is_empty() && starts(&out).is_empty(),
+        "{out:?}"
+    );
+    assert_eq!(h.sync.awaiting_coverage(), Some(T0 + 61 * S));
+    let out = h.read();
     assert_eq!(
         appends(&out),
         vec![(
