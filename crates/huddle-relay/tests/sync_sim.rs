@@ -49,6 +49,10 @@ struct Relay {
     state: RelayState,
     stopped: bool,
     read_once: bool,
+    /// How far behind the ledger this relay reads, µs: its view shows only rows
+    /// committed at least this long ago, while its claims are answered by the store
+    /// as it is now (a relay whose reads lag, as under load).
+    lag: i64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -124,6 +128,7 @@ impl Sim {
                     state: RelayState::Running,
                     stopped: false,
                     read_once: false,
+                    lag: 0,
                 }
             })
             .collect();
@@ -181,16 +186,25 @@ impl Sim {
             .read_forward(relay.cursor, usize::MAX)
             .await
             .expect("read");
-        relay.cursor = batch.next;
-        if !batch.rows.is_empty() || !relay.read_once {
+        // A lagging relay sees only the rows committed `lag` ago (the manual clock
+        // only moves forward, so they are a prefix).
+        let seen_until = now - relay.lag;
+        let mut rows = batch.rows;
+        if let Some(cut) = rows.iter().position(|row| row.at > seen_until) {
+            rows.truncate(cut);
+            relay.cursor = rows.last().map_or(relay.cursor, |row| row.position);
+        } else {
+            relay.cursor = batch.next;
+        }
+        if !rows.is_empty() || !relay.read_once {
             relay.read_once = true;
             queue.push_back(Event::Ledger {
-                rows: batch.rows,
+                rows,
                 caught_up: true,
             });
         }
-        // The read began at `now`: everything committed before is folded.
-        queue.push_back(Event::Covered { as_of: now });
+        // Everything committed before `seen_until` is folded.
+        queue.push_back(Event::Covered { as_of: seen_until });
         let ended: Vec<TurnId> = self.relays[r]
             .turns
             .iter()
@@ -473,8 +487,9 @@ fn all_tasks_settled(sim: &Sim) -> bool {
 /// Every task completed exactly once (one `task.completed` row, accepted), and no task
 /// was claimed before all its dependencies were completed.
 async fn check_exactly_once_and_order(sim: &mut Sim, n: usize, deps: &[Vec<usize>]) {
-    // Let every relay read the tail of the ledger.
-    for _ in 0..2 {
+    // Let every relay read the tail of the ledger (a lagging one, once its lag passed).
+    let lag = sim.relays.iter().map(|r| r.lag).max().unwrap_or(0);
+    for _ in 0..2 + lag / (100 * MS) {
         sim.now += 100 * MS;
         for r in 0..sim.relays.len() {
             sim.step_relay(r).await;
@@ -740,6 +755,67 @@ async fn failures_are_retried_and_still_complete_once() {
     check_exactly_once_and_order(&mut sim, 120, &deps).await;
     let failed = sim.rows(Verb::TaskFailed).count();
     assert_eq!(failed, (0..120).filter(|i| i % 7 == 0).count());
+}
+
+/// Relays whose reads lag behind the ledger (by up to more than a turn) decide on
+/// views that miss other relays' claims and failures: every task still completes
+/// exactly once, and no retry starts before the back-off after its failed attempt —
+/// a claim won over a failure the view did not show yet waits for a view that does.
+#[tokio::test]
+async fn relays_reading_late_still_wait_out_every_back_off() {
+    let config = RoomConfig {
+        retry_backoff_ms: 3_000,
+        ..RoomConfig::default()
+    };
+    let names: Vec<Vec<String>> = (0..3).map(|r| agents(&format!("r{r}a"), 2)).collect();
+    let l = layout(&names);
+    let refs: Vec<&[&str]> = l.iter().map(Vec::as_slice).collect();
+    let m = AgentModel {
+        fail_every: Some(3),
+        ..model(1_000)
+    };
+    let mut sim = Sim::new(&refs, config.clone(), m);
+    sim.relays[1].lag = 1_500 * MS;
+    sim.relays[2].lag = 2_500 * MS;
+    let n = 60;
+    let (rows, deps) = delegate(n, &[]);
+    sim.owner_append(rows).await;
+    sim.run(100 * MS, 3_600 * S, all_tasks_settled).await;
+    check_exactly_once_and_order(&mut sim, n, &deps).await;
+    // Each task ran once, plus once more for a failed first attempt.
+    let failing = (0..n).filter(|i| i % 3 == 0).count();
+    assert_eq!(sim.started.values().sum::<usize>(), n + failing);
+    assert_eq!(sim.rows(Verb::TaskFailed).count(), failing);
+    // Every retry was claimed no earlier than its failure plus the back-off.
+    let mut failed_at: BTreeMap<String, (Timestamp, u32)> = BTreeMap::new();
+    let mut attempts: BTreeMap<String, u32> = BTreeMap::new();
+    let mut retries = 0;
+    for r in &sim.rows {
+        let Some(task) = r.body["task"].as_str() else {
+            continue;
+        };
+        match r.verb {
+            Verb::TaskFailed => {
+                failed_at.insert(task.to_string(), (r.at, attempts[task]));
+            }
+            Verb::TaskClaimed => {
+                *attempts.entry(task.to_string()).or_default() += 1;
+                if let Some((at, used)) = failed_at.get(task) {
+                    let back = huddle_core::pacing::retry_backoff_ms(&config, ROOM, task, *used);
+                    let earliest = Timestamp(at.0 + back as i64 * MS);
+                    assert!(
+                        r.at >= earliest,
+                        "{task}: attempt {} claimed at {:?}, before its back-off ended at {earliest:?}",
+                        attempts[task],
+                        r.at
+                    );
+                    retries += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(retries, failing);
 }
 
 #[tokio::test]
