@@ -170,6 +170,14 @@ impl PartialEq for RecentDesignations {
 
 impl Eq for RecentDesignations {}
 
+/// How far back from its newest designation a room's board keeps designations, µs:
+/// the longest `reply-horizon` (24 hours). A designation matters while its message is
+/// open — who answers it — and a message is given up once older than the horizon
+/// (a turn still running on it holds the reply claim, which is what excludes others);
+/// older designations would only make every relay's memory grow with the
+/// conversation (~100 bytes per answered message).
+pub const DESIGNATION_WINDOW_US: i64 = 24 * 3600 * 1_000_000;
+
 /// Designations looked at, newest first, for the block's lines when the reader made
 /// the newest ones itself: older ones are long answered.
 const DESIGNATIONS_SCANNED: usize = 1_000;
@@ -410,20 +418,33 @@ impl RoomBoard {
                 );
             }
             CoordNoteBody::Designation(d) if d.agent == i.actor => {
-                let key = d.message.to_hex();
-                let better = match self.designations.get(&key) {
-                    Some(cur) => (d.epoch, &d.agent) > (cur.epoch, &cur.agent),
-                    None => true,
-                };
-                if better {
-                    if self.recent.0.len() != self.designations.len() {
-                        // Read from a snapshot (the index is not stored): build it.
-                        self.recent.0 = self
-                            .designations
-                            .iter()
-                            .map(|(k, d)| (d.at, k.clone()))
-                            .collect();
+                if self.recent.0.len() != self.designations.len() {
+                    // Read from a snapshot (the index is not stored): build it.
+                    self.recent.0 = self
+                        .designations
+                        .iter()
+                        .map(|(k, d)| (d.at, k.clone()))
+                        .collect();
+                }
+                // Only the window behind the newest designation is kept. A message's
+                // designations come in epoch order in time too (each is fenced by its
+                // reply claim, taken after the previous epoch's lapsed), so what is
+                // kept is the same in any order the notes are folded: per message
+                // the best designation, if it lies in the window.
+                let newest = self.recent.0.last().map_or(i.at, |(at, _)| (*at).max(i.at));
+                let cutoff = newest.saturating_sub(DESIGNATION_WINDOW_US);
+                while self.recent.0.first().is_some_and(|(at, _)| *at < cutoff) {
+                    if let Some((_, old)) = self.recent.0.pop_first() {
+                        self.designations.remove(&old);
                     }
+                }
+                let key = d.message.to_hex();
+                let better = i.at >= cutoff
+                    && match self.designations.get(&key) {
+                        Some(cur) => (d.epoch, &d.agent) > (cur.epoch, &cur.agent),
+                        None => true,
+                    };
+                if better {
                     if let Some(old) = self.designations.insert(
                         key.clone(),
                         Designation {
@@ -1429,6 +1450,66 @@ mod newest_tests {
                         room.newest_designations_in_one_pass(reader)
                     );
                 }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        /// A room keeps, per message, its best designation if it lies within
+        /// [`DESIGNATION_WINDOW_US`] of the room's newest one — whatever order the notes
+        /// are folded in (a message's epochs come in time order), and across a
+        /// snapshot taken part way.
+        #[test]
+        fn designations_older_than_the_window_are_dropped_in_any_order(
+            plan in proptest::collection::vec((1usize..4, 0i64..30), 1..24),
+            order in proptest::collection::vec(proptest::prelude::any::<u32>(), 80),
+            cut in 0usize..80,
+        ) {
+            const H: i64 = 3_600_000_000;
+            let agents = ["ana", "bo", "cy"];
+            // Entry m: message m gets `n` designations (epochs 1..=n, one agent each)
+            // one hour apart from hour h on.
+            let mut notes: Vec<(u8, &str, i64, Timestamp)> = Vec::new();
+            for (m, (n, h)) in plan.iter().enumerate() {
+                for e in 1..=*n {
+                    let at = Timestamp(1_000 + (h + e as i64) * H + m as i64);
+                    notes.push((m as u8, agents[e % 3], e as i64, at));
+                }
+            }
+            // Expected: per message the highest epoch; kept if within the window.
+            let newest = notes.iter().map(|n| n.3).max().unwrap();
+            let mut expected: BTreeMap<String, Designation> = BTreeMap::new();
+            for (m, a, e, at) in &notes {
+                let key = InteractionId([*m; 32]).to_hex();
+                if expected.get(&key).is_none_or(|d| d.epoch.0 < *e) {
+                    expected.insert(key, Designation { agent: a.to_string(), epoch: ClaimEpoch(*e), at: *at });
+                }
+            }
+            expected.retain(|_, d| d.at >= newest.saturating_sub(DESIGNATION_WINDOW_US));
+            // Folded in a shuffled order.
+            let mut shuffled: Vec<usize> = (0..notes.len()).collect();
+            for (k, r) in order.iter().enumerate().take(notes.len()) {
+                let j = k + (*r as usize) % (notes.len() - k);
+                shuffled.swap(k, j);
+            }
+            let mut l = Ledger::default();
+            let mut b = Board::new();
+            for (k, idx) in shuffled.iter().enumerate() {
+                let (m, a, e, at) = notes[*idx];
+                b.apply(&l.push(note(m, a, e), at));
+                if k == cut {
+                    let text = serde_json::to_string(&b).unwrap();
+                    b = serde_json::from_str(&text).unwrap();
+                }
+            }
+            let room = b.room("lobby").unwrap();
+            proptest::prop_assert_eq!(&room.designations, &expected);
+            for reader in agents {
+                proptest::prop_assert_eq!(
+                    room.newest_designations(reader),
+                    room.newest_designations_in_one_pass(reader)
+                );
             }
         }
     }
