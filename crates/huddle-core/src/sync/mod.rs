@@ -567,8 +567,7 @@ impl Synchronizer {
     /// until an [`Event::Covered`] at or after this time arrives. The relay answers
     /// with a fresh read once its clock is past it.
     pub fn awaiting_coverage(&self) -> Option<Timestamp> {
-        let takes = self.awaiting_view.values().map(|(_, at)| *at).min();
-        match (self.coverage_wanted, takes) {
+        match (self.coverage_wanted, self.earliest_awaiting_view()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -613,7 +612,7 @@ impl Synchronizer {
             }
             // Won claims waiting for a view that covers their time: a tick at that
             // time (passed already: at once), after which the relay reads afresh.
-            if let Some(at) = self.awaiting_view.values().map(|(_, at)| *at).min() {
+            if let Some(at) = self.earliest_awaiting_view() {
                 consider(at);
             }
             // The ends of back-offs, benches and attempt deadlines.
@@ -2861,14 +2860,6 @@ impl Synchronizer {
             return;
         }
         if fresh && !prewritten {
-            let p = PendingUses {
-                room: room.clone(),
-                task: task.clone(),
-                generation,
-                agent: agent.clone(),
-                task_epoch,
-                drive_epoch,
-            };
             // Won over an attempt the view may not show the end of: the claim was
             // taken at an epoch other than the one after the view's (an acquisition
             // the view has not read), or over a claim the view shows held. That
@@ -2878,18 +2869,29 @@ impl Synchronizer {
             // an epoch gap left by no row (claims won and let go unused) is only that.
             let settled = t.status == TaskStatus::Open
                 && task_epoch == t.epoch.map_or(ClaimEpoch::FIRST, ClaimEpoch::next);
-            if let Some(at) = won_at.filter(|at| !settled && self.covered.is_none_or(|c| c < *at)) {
-                self.awaiting_view.insert(tkey, (p, at));
-                return;
-            }
+            let wait = won_at.filter(|at| !settled && self.covered.is_none_or(|c| c < *at));
             // A given-back task waits out its back-off, whoever decided to take it
             // and on whatever view: no attempt starts before its retry time.
             let config = self.config(&room, None);
-            if self
-                .now
-                .is_some_and(|now| crate::pacing::backing_off(config, &room, &t, now))
-            {
-                self.release_unused_take(&tkey, &p, out);
+            let backing_off = wait.is_none()
+                && self
+                    .now
+                    .is_some_and(|now| crate::pacing::backing_off(config, &room, &t, now));
+            if wait.is_some() || backing_off {
+                let p = PendingUses {
+                    room,
+                    task,
+                    generation,
+                    agent,
+                    task_epoch,
+                    drive_epoch,
+                };
+                match wait {
+                    Some(at) => {
+                        self.awaiting_view.insert(tkey, (p, at));
+                    }
+                    None => self.release_unused_take(&tkey, &p, out),
+                }
                 return;
             }
         }
@@ -3755,6 +3757,11 @@ impl Synchronizer {
             ResourcesAnswer::Failed => {}
         }
         self.release_unused_take(&tkey, &p, out);
+    }
+
+    /// The earliest time a won task claim waits for a view to cover.
+    fn earliest_awaiting_view(&self) -> Option<Timestamp> {
+        self.awaiting_view.values().map(|(_, at)| *at).min()
     }
 
     /// Takes up the won claims that waited for a view covering `as_of` (every row
