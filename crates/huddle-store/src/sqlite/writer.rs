@@ -305,3 +305,114 @@ fn again(e: &StoreError) -> StoreError {
         other => StoreError::Backend(other.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// A writer on a file of its own with a table `t (job)`, counting its commits.
+    fn writer(dir: &std::path::Path) -> (Writer, Arc<AtomicUsize>) {
+        let path = dir.join("w.db");
+        let mut conn = Connection::open(&path).expect("open");
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (job INTEGER NOT NULL)")
+            .expect("schema");
+        let commits = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&commits);
+        conn.commit_hook(Some(move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+            false
+        }))
+        .expect("hook");
+        let (bell, _) = watch::channel(0);
+        let w = Writer::spawn(conn, bell, BellFile::new(&path)).expect("spawn");
+        (w, commits)
+    }
+
+    /// Queues a job inserting `rows` rows numbered `job` (failing after its inserts
+    /// when `fails`); returns its answer.
+    fn insert(
+        w: &Writer,
+        job: i64,
+        rows: usize,
+        fails: bool,
+    ) -> oneshot::Receiver<Result<()>> {
+        let (j, answer) = ClosureJob::queued(
+            move |conn: &Connection| {
+                for _ in 0..rows {
+                    conn.execute("INSERT INTO t (job) VALUES (?1)", [job])?;
+                }
+                if fails {
+                    return Err(StoreError::Backend(format!("job {job} refused")));
+                }
+                Ok(())
+            },
+            |_| false,
+        );
+        assert!(w.send(j).is_ok(), "writer stopped");
+        answer
+    }
+
+    /// Jobs queued together share one transaction (one commit), each in a savepoint
+    /// of its own: a job that fails after writing is rolled back alone, its
+    /// neighbours' rows stay, and the rows are in queue order; a job alone in its
+    /// group that fails leaves nothing and commits nothing.
+    #[tokio::test]
+    async fn jobs_queued_together_share_a_commit_and_fail_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (w, commits) = writer(dir.path());
+        // Holds the thread so the next jobs are all queued when it looks.
+        let gate = Arc::new(Mutex::new(()));
+        let held = gate.lock().expect("lock");
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let g = Arc::clone(&gate);
+        let (j, first) = ClosureJob::queued(
+            move |_: &Connection| {
+                let _ = entered_tx.send(());
+                drop(g.lock());
+                Ok(())
+            },
+            |_| false,
+        );
+        assert!(w.send(j).is_ok());
+        entered
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the writer took the first job");
+        let answers = vec![
+            insert(&w, 1, 1, false),
+            insert(&w, 2, 3, true),
+            insert(&w, 3, 40, false),
+            insert(&w, 4, 2, true),
+            insert(&w, 5, 2, false),
+        ];
+        drop(held);
+        first.await.expect("answer").expect("first job");
+        let mut outcomes = Vec::new();
+        for a in answers {
+            outcomes.push(a.await.expect("answer").is_ok());
+        }
+        assert_eq!(outcomes, [true, false, true, false, true]);
+        // The gate's job, then the five queued behind it in one transaction.
+        assert_eq!(commits.load(Ordering::Relaxed), 2);
+        // Alone in its group, a failing job is rolled back whole: no commit.
+        insert(&w, 6, 5, true)
+            .await
+            .expect("answer")
+            .expect_err("job 6 fails");
+        assert_eq!(commits.load(Ordering::Relaxed), 2);
+        let conn = Connection::open(dir.path().join("w.db")).expect("open");
+        let jobs: Vec<i64> = conn
+            .prepare("SELECT job FROM t ORDER BY rowid")
+            .expect("prepare")
+            .query_map([], |r| r.get(0))
+            .expect("query")
+            .collect::<rusqlite::Result<_>>()
+            .expect("rows");
+        let mut expected = vec![1];
+        expected.extend(std::iter::repeat_n(3, 40));
+        expected.extend([5, 5]);
+        assert_eq!(jobs, expected);
+    }
+}
