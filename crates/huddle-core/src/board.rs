@@ -111,12 +111,25 @@ pub struct Notice {
 }
 
 /// The latest turn of one subject, merged by the subject's claim epoch.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubjectTurns {
     /// The prompted turn with the highest epoch: `(epoch, turn id, agent)`.
     pub prompted: Option<(ClaimEpoch, String, String)>,
     /// The highest epoch of an ended turn.
     pub ended: Option<ClaimEpoch>,
+    /// When the subject's latest turn row was written (database time): a closed
+    /// subject is kept for [`CLOSED_TURN_WINDOW_US`] after it.
+    pub last: Timestamp,
+}
+
+impl Default for SubjectTurns {
+    fn default() -> Self {
+        SubjectTurns {
+            prompted: None,
+            ended: None,
+            last: Timestamp(0),
+        }
+    }
 }
 
 impl SubjectTurns {
@@ -155,7 +168,33 @@ pub struct RoomBoard {
     /// first designation folded after a snapshot was read.
     #[serde(skip)]
     recent: RecentDesignations,
+    /// The closed subjects of `turns` by their last row: derived, never serialized,
+    /// built at the first turn row folded after a snapshot was read.
+    #[serde(skip)]
+    closed: ClosedTurns,
 }
+
+/// The closed subjects of a room's turns ordered by `(last row, key)`, and the newest
+/// turn row's time (see [`RoomBoard`]); `None` until built. Always equal to another:
+/// it is derived from the map beside it, which the comparison covers.
+#[derive(Clone, Debug, Default)]
+struct ClosedTurns(Option<(std::collections::BTreeSet<(Timestamp, String)>, Timestamp)>);
+
+impl PartialEq for ClosedTurns {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ClosedTurns {}
+
+/// How long after its last turn row a room's board keeps a subject whose turns have
+/// all ended, µs, counted back from the room's newest turn row: as long as a
+/// designation ([`DESIGNATION_WINDOW_US`]). Only open turns are read (who is working
+/// on what); without a window every task and every answered message would stay on
+/// every relay's board, and in its snapshots, for the life of the room. Open subjects
+/// are kept however old.
+pub const CLOSED_TURN_WINDOW_US: i64 = DESIGNATION_WINDOW_US;
 
 /// The designations of a room in time order (see [`RoomBoard`]). Always equal to
 /// another: it is derived from the map beside it, which the comparison covers.
@@ -249,6 +288,40 @@ impl RoomBoard {
             .collect()
     }
 
+    /// Folds a turn row written at `at` into subject `key`'s record with `update`,
+    /// then drops the closed subjects whose last row lies more than
+    /// [`CLOSED_TURN_WINDOW_US`] before the room's newest turn row (a row older than
+    /// that for a subject already dropped makes a closed record that goes at once).
+    fn turn_row(&mut self, key: String, at: Timestamp, update: impl FnOnce(&mut SubjectTurns)) {
+        let (closed, newest) = self.closed.0.get_or_insert_with(|| {
+            // Read from a snapshot (the index is not stored): build it.
+            let closed = self
+                .turns
+                .iter()
+                .filter(|(_, t)| !t.is_open())
+                .map(|(k, t)| (t.last, k.clone()))
+                .collect();
+            let newest = self.turns.values().map(|t| t.last).max().unwrap_or(at);
+            (closed, newest)
+        });
+        let entry = self.turns.entry(key.clone()).or_default();
+        if !entry.is_open() {
+            closed.remove(&(entry.last, key.clone()));
+        }
+        update(entry);
+        entry.last = entry.last.max(at);
+        if !entry.is_open() {
+            closed.insert((entry.last, key));
+        }
+        *newest = (*newest).max(at);
+        let cutoff = newest.saturating_sub(CLOSED_TURN_WINDOW_US);
+        while closed.first().is_some_and(|(last, _)| *last < cutoff) {
+            if let Some((_, old)) = closed.pop_first() {
+                self.turns.remove(&old);
+            }
+        }
+    }
+
     /// Moves the agent's [`FailStreak`] by one of its own turn endings.
     fn note_streak(&mut self, i: &Interaction) {
         if i.verb == Verb::TurnReplied {
@@ -322,11 +395,12 @@ impl RoomBoard {
                     self.malformed += 1;
                     return;
                 };
-                let entry = self.turns.entry(b.subject.key()).or_default();
                 let cand = (b.epoch, b.turn.clone(), i.actor.clone());
-                if entry.prompted.as_ref().is_none_or(|p| cand > *p) {
-                    entry.prompted = Some(cand);
-                }
+                self.turn_row(b.subject.key(), i.at, |entry| {
+                    if entry.prompted.as_ref().is_none_or(|p| cand > *p) {
+                        entry.prompted = Some(cand);
+                    }
+                });
                 self.set_presence(&i.actor, PresenceState::Working, Some(b.subject), i.at);
             }
             Verb::TurnReplied | Verb::TurnFailed if i.role == Role::Agent => {
@@ -340,8 +414,9 @@ impl RoomBoard {
                     return;
                 };
                 self.note_streak(i);
-                let entry = self.turns.entry(subject.key()).or_default();
-                entry.ended = Some(entry.ended.map_or(epoch, |e| e.max(epoch)));
+                self.turn_row(subject.key(), i.at, |entry| {
+                    entry.ended = Some(entry.ended.map_or(epoch, |e| e.max(epoch)));
+                });
                 let state = if i.verb == Verb::TurnReplied {
                     PresenceState::Done
                 } else {
@@ -1384,6 +1459,110 @@ notices:\n\
         fn board_is_interleaving_invariant((history, order) in history_and_order()) {
             let (reference, shuffled) = hashes_in_two_orders::<Board>(&history, &order);
             prop_assert_eq!(reference, shuffled);
+        }
+    }
+
+    #[test]
+    fn a_closed_turn_leaves_the_board_a_window_after_its_last_row_and_an_open_one_stays() {
+        let mut l = Ledger::default();
+        let mut b = Board::new();
+        let keys =
+            |b: &Board| -> Vec<String> { b.room("lobby").unwrap().turns.keys().cloned().collect() };
+        b.apply(&l.push(prompted("bo", "api", 1), T0));
+        b.apply(&l.push(replied("bo", "api", 1), T0 + 1_000_000));
+        b.apply(&l.push(prompted("cy", "long", 1), T0));
+        // Exactly the window after `api`'s last row: kept.
+        let day_on = T0 + 1_000_000 + CLOSED_TURN_WINDOW_US;
+        b.apply(&l.push(prompted("bo", "db", 1), day_on));
+        assert_eq!(keys(&b), ["task:api", "task:db", "task:long"]);
+        // One µs later: `api` (closed) goes, `long` (open a day) stays.
+        b.apply(&l.push(prompted("bo", "ui", 1), day_on + 1));
+        assert_eq!(keys(&b), ["task:db", "task:long", "task:ui"]);
+        let open: Vec<&str> = b
+            .room("lobby")
+            .unwrap()
+            .open_turns()
+            .into_iter()
+            .map(|(k, _, _)| k)
+            .collect();
+        assert_eq!(open, ["task:db", "task:long", "task:ui"]);
+        // A late row for the dropped subject, older than the window, goes at once.
+        b.apply(&l.push(replied("bo", "api", 1), T0 + 1_000_000));
+        assert_eq!(keys(&b), ["task:db", "task:long", "task:ui"]);
+        // Closing `long` a day after it began keeps it for a window from then.
+        b.apply(&l.push(replied("cy", "long", 1), day_on + 2));
+        assert_eq!(keys(&b), ["task:db", "task:long", "task:ui"]);
+        assert!(!b.room("lobby").unwrap().turns["task:long"].is_open());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        /// Folded in ledger order (turn rows in time order, each subject's prompted
+        /// epochs rising), a room keeps every open subject however old and every
+        /// closed one whose last row is within [`CLOSED_TURN_WINDOW_US`] of the
+        /// newest, with the open turns and last rows a fold without the window
+        /// gives; a snapshot taken part way changes nothing.
+        #[test]
+        fn closed_turns_older_than_the_window_are_dropped(
+            events in proptest::collection::vec((0u8..6, proptest::prelude::any::<bool>(), 0u8..4, 0i64..10), 1..80),
+            cut in 0usize..80,
+        ) {
+            const H: i64 = 3_600_000_000;
+            let mut epochs = [0i64; 6];
+            let mut t = T0;
+            let mut rows: Vec<(NewInteraction, Timestamp)> = Vec::new();
+            // Without the window: per subject, (prompted, ended, last).
+            let mut all: BTreeMap<String, (Option<i64>, Option<i64>, Timestamp)> = BTreeMap::new();
+            for (subject, prompt, back, hours) in events {
+                t += hours * 4 * H;
+                let task = format!("t{subject}");
+                let e = &mut epochs[subject as usize];
+                let row = if prompt || *e == 0 {
+                    *e += 1;
+                    prompted("bo", &task, *e)
+                } else {
+                    replied("bo", &task, (*e - i64::from(back)).max(1))
+                };
+                let rec = all.entry(format!("task:{task}")).or_insert((None, None, t));
+                let epoch = row.body["epoch"].as_i64().unwrap();
+                if row.verb == Verb::TurnPrompted {
+                    rec.0 = rec.0.max(Some(epoch));
+                } else {
+                    rec.1 = rec.1.max(Some(epoch));
+                }
+                rec.2 = t;
+                rows.push((row, t));
+            }
+            let open = |p: Option<i64>, e: Option<i64>| p.is_some_and(|p| e.is_none_or(|e| e < p));
+            let newest = rows.iter().map(|r| r.1).max().unwrap();
+            let cutoff = newest.saturating_sub(CLOSED_TURN_WINDOW_US);
+            let expected: BTreeMap<String, (bool, Option<i64>, Timestamp)> = all
+                .into_iter()
+                .filter(|(_, (p, e, last))| open(*p, *e) || *last >= cutoff)
+                .map(|(k, (p, e, last))| (k, (open(p, e), p.filter(|_| open(p, e)), last)))
+                .collect();
+            let mut l = Ledger::default();
+            let mut b = Board::new();
+            for (k, (row, at)) in rows.into_iter().enumerate() {
+                b.apply(&l.push(row, at));
+                if k == cut {
+                    let text = serde_json::to_string(&b).unwrap();
+                    let restored: Board = serde_json::from_str(&text).unwrap();
+                    proptest::prop_assert_eq!(restored.state_hash(), b.state_hash());
+                    b = restored;
+                }
+            }
+            let got: BTreeMap<String, (bool, Option<i64>, Timestamp)> = b
+                .room("lobby")
+                .unwrap()
+                .turns
+                .iter()
+                .map(|(k, t)| {
+                    let p = t.prompted.as_ref().filter(|_| t.is_open()).map(|p| p.0.get());
+                    (k.clone(), (t.is_open(), p, t.last))
+                })
+                .collect();
+            proptest::prop_assert_eq!(got, expected);
         }
     }
 }

@@ -333,12 +333,7 @@ mod tests {
 
     /// Queues a job inserting `rows` rows numbered `job` (failing after its inserts
     /// when `fails`); returns its answer.
-    fn insert(
-        w: &Writer,
-        job: i64,
-        rows: usize,
-        fails: bool,
-    ) -> oneshot::Receiver<Result<()>> {
+    fn insert(w: &Writer, job: i64, rows: usize, fails: bool) -> oneshot::Receiver<Result<()>> {
         let (j, answer) = ClosureJob::queued(
             move |conn: &Connection| {
                 for _ in 0..rows {
