@@ -239,11 +239,12 @@ struct LiveTurn {
     overdue: bool,
 }
 
-/// A task whose claims are won and whose turn waits for something: its `[uses ...]`
-/// resources being taken ([`Intent::AcquireResources`]), or a view that covers the
-/// time its claims were won.
+/// A task whose claims (task and drive) are won: what
+/// [`Synchronizer::drive_task_won`] starts a turn from, kept while the turn waits for
+/// something — its `[uses ...]` resources being taken ([`Intent::AcquireResources`]),
+/// or a view that covers the time its claims were won.
 #[derive(Clone, Debug)]
-struct PendingUses {
+struct WonTake {
     room: String,
     task: String,
     generation: u32,
@@ -333,12 +334,12 @@ pub struct Synchronizer {
     turns: BTreeMap<TurnId, LiveTurn>,
     held_elsewhere: BTreeMap<String, Timestamp>,
     /// Tasks whose resources are being taken, by task claim key.
-    pending_uses: BTreeMap<String, PendingUses>,
+    pending_uses: BTreeMap<String, WonTake>,
     /// Tasks whose claims were won over an attempt this relay's view may not show
     /// the end of, by task claim key, with the database time they were won at: each
     /// waits for a view covering that time before anything is written under them
     /// ([`Synchronizer::drive_task_won`]).
-    awaiting_view: BTreeMap<String, (PendingUses, Timestamp)>,
+    awaiting_view: BTreeMap<String, (WonTake, Timestamp)>,
     /// Resources won for a task claim `(key, epoch)` whose turn has not started yet.
     uses_won: BTreeMap<(String, ClaimEpoch), Vec<crate::resources::Holding>>,
     /// Task claim keys backing off because their resources were taken, by room: a
@@ -2579,14 +2580,15 @@ impl Synchronizer {
                     ),
                     _ => None,
                 };
-                self.drive_task_won(
+                let take = WonTake {
                     room,
-                    (task, generation),
+                    task,
+                    generation,
                     agent,
-                    (task_epoch, epoch),
-                    (prewritten, won_at),
-                    out,
-                )
+                    task_epoch,
+                    drive_epoch: epoch,
+                };
+                self.drive_task_won(take, (prewritten, won_at), out)
             }
             ClaimPurpose::Review {
                 room,
@@ -2816,22 +2818,22 @@ impl Synchronizer {
 
     fn drive_task_won(
         &mut self,
-        room: String,
-        (task, generation): (String, u32),
-        agent: String,
-        (task_epoch, drive_epoch): (ClaimEpoch, ClaimEpoch),
+        take: WonTake,
         (prewritten, won_at): (bool, Option<Timestamp>),
         out: &mut Vec<Intent>,
     ) {
-        let tkey = task_key_at(&room, &task, generation);
-        let dkey = taskdrive_key_at(&room, &task, generation);
+        let (generation, task_epoch, drive_epoch) =
+            (take.generation, take.task_epoch, take.drive_epoch);
+        let (room, task, agent) = (&take.room, &take.task, &take.agent);
+        let tkey = task_key_at(room, task, generation);
+        let dkey = taskdrive_key_at(room, task, generation);
         let Some(t) = self
             .dag
-            .task(&room, &task)
+            .task(room, task)
             .filter(|t| t.generation == generation && self.held_at(&tkey, task_epoch))
             .cloned()
         else {
-            self.drop_uses_won(&room, &agent, &tkey, task_epoch, out);
+            self.drop_uses_won(room, agent, &tkey, task_epoch, out);
             self.forget_at(&tkey, task_epoch);
             self.forget(&dkey);
             return;
@@ -2848,13 +2850,13 @@ impl Synchronizer {
         };
         // Resuming a lease the ledger already records (a restarted relay, or another
         // relay hosting the same agent went away): no new claim to append.
-        let resuming = t.is_held_by(&agent, task_epoch)
-            && !self.finished.contains(&(tkey.clone(), task_epoch));
+        let resuming =
+            t.is_held_by(agent, task_epoch) && !self.finished.contains(&(tkey.clone(), task_epoch));
         let fresh = !resuming
             && t.epoch.is_none_or(|e| task_epoch > e)
-            && (t.status == TaskStatus::Claimed || self.dag.is_ready(&room, &task));
+            && (t.status == TaskStatus::Claimed || self.dag.is_ready(room, task));
         if !resuming && !fresh {
-            self.drop_uses_won(&room, &agent, &tkey, task_epoch, out);
+            self.drop_uses_won(room, agent, &tkey, task_epoch, out);
             self.forget_at(&tkey, task_epoch);
             self.forget(&dkey);
             return;
@@ -2872,25 +2874,17 @@ impl Synchronizer {
             let wait = won_at.filter(|at| !settled && self.covered.is_none_or(|c| c < *at));
             // A given-back task waits out its back-off, whoever decided to take it
             // and on whatever view: no attempt starts before its retry time.
-            let config = self.config(&room, None);
+            let config = self.config(room, None);
             let backing_off = wait.is_none()
                 && self
                     .now
-                    .is_some_and(|now| crate::pacing::backing_off(config, &room, &t, now));
+                    .is_some_and(|now| crate::pacing::backing_off(config, room, &t, now));
             if wait.is_some() || backing_off {
-                let p = PendingUses {
-                    room,
-                    task,
-                    generation,
-                    agent,
-                    task_epoch,
-                    drive_epoch,
-                };
                 match wait {
                     Some(at) => {
-                        self.awaiting_view.insert(tkey, (p, at));
+                        self.awaiting_view.insert(tkey, (take, at));
                     }
-                    None => self.release_unused_take(&tkey, &p, out),
+                    None => self.release_unused_take(&tkey, &take, out),
                 }
                 return;
             }
@@ -2903,7 +2897,7 @@ impl Synchronizer {
         } else if let Some(held) = self.uses_won.remove(&(tkey.clone(), task_epoch)) {
             held
         } else {
-            let ttl = Duration::from_millis(self.config(&room, None).claim_ttl_ms.max(1));
+            let ttl = Duration::from_millis(self.config(room, None).claim_ttl_ms.max(1));
             out.push(Intent::AcquireResources {
                 room: room.clone(),
                 holder: agent.clone(),
@@ -2912,19 +2906,12 @@ impl Synchronizer {
                 key: tkey.clone(),
                 epoch: task_epoch,
             });
-            self.pending_uses.insert(
-                tkey,
-                PendingUses {
-                    room,
-                    task,
-                    generation,
-                    agent,
-                    task_epoch,
-                    drive_epoch,
-                },
-            );
+            self.pending_uses.insert(tkey, take);
             return;
         };
+        let WonTake {
+            room, task, agent, ..
+        } = take;
         let use_refs: Vec<ClaimRef> = uses
             .iter()
             .map(|h| ClaimRef {
@@ -3733,14 +3720,7 @@ impl Synchronizer {
         match answer {
             ResourcesAnswer::Won(held) if !self.shutting_down => {
                 self.uses_won.insert((tkey, epoch), held);
-                self.drive_task_won(
-                    p.room,
-                    (p.task, p.generation),
-                    p.agent,
-                    (p.task_epoch, p.drive_epoch),
-                    (false, None),
-                    out,
-                );
+                self.drive_task_won(p, (false, None), out);
                 return;
             }
             ResourcesAnswer::Won(held) => {
@@ -3775,14 +3755,7 @@ impl Synchronizer {
             .collect();
         for tkey in &ready {
             if let Some((p, at)) = self.awaiting_view.remove(tkey) {
-                self.drive_task_won(
-                    p.room,
-                    (p.task, p.generation),
-                    p.agent,
-                    (p.task_epoch, p.drive_epoch),
-                    (false, Some(at)),
-                    out,
-                );
+                self.drive_task_won(p, (false, Some(at)), out);
             }
         }
         !ready.is_empty()
@@ -3790,7 +3763,7 @@ impl Synchronizer {
 
     /// Lets go of a task's won claims (and resources) with nothing written under them:
     /// no attempt was used, and a later pass decides again.
-    fn release_unused_take(&mut self, tkey: &str, p: &PendingUses, out: &mut Vec<Intent>) {
+    fn release_unused_take(&mut self, tkey: &str, p: &WonTake, out: &mut Vec<Intent>) {
         self.drop_uses_won(&p.room, &p.agent, tkey, p.task_epoch, out);
         let dkey = taskdrive_key_at(&p.room, &p.task, p.generation);
         for (k, holder, e) in [
