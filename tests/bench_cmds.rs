@@ -77,6 +77,66 @@ fn bench_tasks_runs_each_task_once_and_leaves_nothing_behind() {
 }
 
 #[test]
+fn bench_tasks_rounds_each_run_once_in_a_database_of_their_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("given.db");
+    let report = bench_report(
+        &db,
+        &[
+            "tasks",
+            "--tasks",
+            "20",
+            "--agents",
+            "2",
+            "--relays",
+            "1",
+            "--turn-ms",
+            "1",
+            "--stall-s",
+            "30",
+            "--rounds",
+            "2",
+        ],
+    );
+    assert_eq!(report["rounds"], 2);
+    let lines = report["lines"].as_array().expect("lines");
+    assert_eq!(lines.len(), 2, "{report}");
+    let mut ratios = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["round"], i + 1);
+        assert_eq!(line["tasks"], 20);
+        assert_eq!(line["huddle"]["executions_per_task"].as_f64(), Some(1.0));
+        assert_eq!(line["baseline"]["executions_per_task"].as_f64(), Some(1.0));
+        ratios.push(line["ratio"].as_f64().expect("a ratio"));
+    }
+    let spread = &report["spread"][0];
+    assert_eq!(spread["tasks"], 20);
+    assert_eq!(spread["rounds"], 2);
+    let (lo, hi) = (ratios[0].min(ratios[1]), ratios[0].max(ratios[1]));
+    assert_eq!(spread["ratio_min"].as_f64(), Some(lo));
+    assert_eq!(spread["ratio_max"].as_f64(), Some(hi));
+    let median = spread["ratio_median"].as_f64().expect("median");
+    assert!((median - (lo + hi) / 2.0).abs() < 1e-12, "{spread}");
+    // Both rounds' scratch databases are gone.
+    assert_nothing_left(dir.path());
+}
+
+#[test]
+fn bench_tasks_refuses_zero_rounds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(huddle_bin())
+        .arg("--db")
+        .arg(dir.path().join("given.db"))
+        .args(["bench", "tasks", "--tasks", "5", "--rounds", "0"])
+        .output()
+        .expect("run huddle bench");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rounds"), "{err}");
+    assert_nothing_left(dir.path());
+}
+
+#[test]
 fn bench_ledger_leaves_no_rows_in_the_database_it_was_given() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("given.db");

@@ -24,6 +24,11 @@
 //! Everything runs in a scratch database beside the one given (a new Postgres
 //! database on the same server, or a new SQLite file in the same directory), dropped
 //! at the end: the bench leaves nothing a relay would read.
+//!
+//! `--rounds N` runs every task count N times, each round in a scratch database of its
+//! own, the side that runs first alternating (round 1 the queue, round 2 huddle, ...),
+//! and reports the smallest, median and largest ratio of the rounds (plan 0073): on a
+//! shared machine one pair of runs drifts as much as the changes being measured.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -82,6 +87,10 @@ pub struct TasksArgs {
     /// Skip the plain-SQL baseline.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Run every task count this many times, each round in a fresh scratch database,
+    /// the side that runs first alternating; the report gives the ratio's range.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
     /// JSON report instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -111,17 +120,62 @@ pub struct Side {
     pub stopped_early: Option<String>,
 }
 
-/// One task count.
+/// One task count in one round.
 #[derive(Clone, Debug, Serialize)]
 pub struct Line {
     /// Tasks delegated.
     pub tasks: usize,
+    /// The round, from 1.
+    pub round: usize,
     /// huddle.
     pub huddle: Side,
     /// The plain-SQL job queue.
     pub baseline: Option<Side>,
     /// huddle tasks/s ÷ baseline jobs/s.
     pub ratio: Option<f64>,
+}
+
+/// The ratio of one task count over the rounds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Spread {
+    /// Tasks delegated.
+    pub tasks: usize,
+    /// Rounds with a ratio.
+    pub rounds: usize,
+    /// The smallest ratio.
+    pub ratio_min: f64,
+    /// The median ratio (the mean of the middle two for an even count).
+    pub ratio_median: f64,
+    /// The largest ratio.
+    pub ratio_max: f64,
+}
+
+/// Per task count, the range of the ratios of `lines` (counts without any left out).
+pub fn spread(lines: &[Line]) -> Vec<Spread> {
+    let mut by_n: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    for l in lines {
+        if let Some(r) = l.ratio {
+            by_n.entry(l.tasks).or_default().push(r);
+        }
+    }
+    by_n.into_iter()
+        .map(|(tasks, mut rs)| {
+            rs.sort_by(f64::total_cmp);
+            let k = rs.len();
+            let ratio_median = if k % 2 == 1 {
+                rs[k / 2]
+            } else {
+                (rs[k / 2 - 1] + rs[k / 2]) / 2.0
+            };
+            Spread {
+                tasks,
+                rounds: k,
+                ratio_min: rs[0],
+                ratio_median,
+                ratio_max: rs[k - 1],
+            }
+        })
+        .collect()
 }
 
 /// The whole report.
@@ -139,8 +193,12 @@ pub struct TasksReport {
     pub relays: usize,
     /// Turn length, ms.
     pub turn_ms: u64,
-    /// One line per task count.
+    /// Rounds run.
+    pub rounds: usize,
+    /// One line per task count and round.
     pub lines: Vec<Line>,
+    /// Per task count, the ratio's range over the rounds.
+    pub spread: Vec<Spread>,
 }
 
 impl TasksReport {
@@ -889,21 +947,44 @@ fn sqlite_queue(
 // The bench
 // ---------------------------------------------------------------------------------
 
-/// Runs the bench in a scratch database beside `db`: for each task count, the
-/// baseline then huddle, each on the same scratch database.
+/// Runs the bench: for each round, in a scratch database beside `db` of its own, for
+/// each task count the baseline and huddle on that database (the baseline first in odd
+/// rounds, huddle first in even ones).
 pub async fn run(args: TasksArgs, db: String) -> anyhow::Result<TasksReport> {
-    if args.agents == 0 || args.relays == 0 || args.tasks.contains(&0) {
-        anyhow::bail!("agents, relays and task counts must be positive");
+    if args.agents == 0 || args.relays == 0 || args.rounds == 0 || args.tasks.contains(&0) {
+        anyhow::bail!("agents, relays, rounds and task counts must be positive");
     }
-    let scratch = ScratchDatabase::create(&db, "huddle_bench_tasks").await?;
-    let result = run_in(&args, &scratch.url).await;
-    let dropped = scratch.drop_now().await;
-    let report = result?;
-    dropped?;
-    Ok(report)
+    let mut backend = String::new();
+    let mut lines = Vec::new();
+    for round in 1..=args.rounds {
+        let scratch = ScratchDatabase::create(&db, "huddle_bench_tasks").await?;
+        let result = run_in(&args, &scratch.url, round, &mut lines).await;
+        let dropped = scratch.drop_now().await;
+        backend = result?;
+        dropped?;
+    }
+    let spread = spread(&lines);
+    Ok(TasksReport {
+        backend,
+        shape: args.shape,
+        lanes: args.lanes,
+        agents: args.agents,
+        relays: args.relays,
+        turn_ms: args.turn_ms,
+        rounds: args.rounds,
+        lines,
+        spread,
+    })
 }
 
-async fn run_in(args: &TasksArgs, db: &str) -> anyhow::Result<TasksReport> {
+/// One round on the scratch database `db`: a line per task count pushed to `lines`.
+/// Returns the backend's name.
+async fn run_in(
+    args: &TasksArgs,
+    db: &str,
+    round: usize,
+    lines: &mut Vec<Line>,
+) -> anyhow::Result<String> {
     // Opening the store applies the schema to the fresh database.
     let store = huddle_store::open(db, StoreOptions::default()).await?;
     let backend = store.backend_name().to_string();
@@ -913,34 +994,34 @@ async fn run_in(args: &TasksArgs, db: &str) -> anyhow::Result<TasksReport> {
         huddle_store::Backend::Sqlite(_) => None,
     };
     let quiet = args.json;
-    let mut lines = Vec::new();
+    let huddle_first = round % 2 == 0;
     for &n in &args.tasks {
+        let mut huddle = None;
+        if huddle_first {
+            huddle = Some(run_huddle(args, db, postmaster, n, quiet).await?);
+        }
         let baseline = if args.no_baseline {
             None
         } else {
             Some(run_baseline(args, db, postmaster, n, quiet).await?)
         };
-        let huddle = run_huddle(args, db, postmaster, n, quiet).await?;
+        let huddle = match huddle {
+            Some(h) => h,
+            None => run_huddle(args, db, postmaster, n, quiet).await?,
+        };
         let ratio = baseline
             .as_ref()
             .filter(|b| b.per_s > 0.0)
             .map(|b| huddle.per_s / b.per_s);
         lines.push(Line {
             tasks: n,
+            round,
             huddle,
             baseline,
             ratio,
         });
     }
-    Ok(TasksReport {
-        backend,
-        shape: args.shape,
-        lanes: args.lanes,
-        agents: args.agents,
-        relays: args.relays,
-        turn_ms: args.turn_ms,
-        lines,
-    })
+    Ok(backend)
 }
 
 /// A markdown table of the report.
@@ -956,7 +1037,7 @@ pub fn render(r: &TasksReport) -> String {
         r.backend, r.agents, r.relays, r.turn_ms
     );
     let opt = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |v| format!("{v:.p$}"));
-    let mut row = |n: usize, name: &str, side: &Side, ratio: Option<f64>| {
+    let mut row = |n: usize, name: String, side: &Side, ratio: Option<f64>| {
         let note = side
             .stopped_early
             .as_ref()
@@ -980,11 +1061,76 @@ pub fn render(r: &TasksReport) -> String {
     }
     for (n, ls) in by_n {
         for l in ls {
+            let round = if r.rounds > 1 {
+                format!(", round {}", l.round)
+            } else {
+                String::new()
+            };
             if let Some(b) = &l.baseline {
-                row(n, "plain SQL", b, None);
+                row(n, format!("plain SQL{round}"), b, None);
             }
-            row(n, "huddle", &l.huddle, l.ratio);
+            row(n, format!("huddle{round}"), &l.huddle, l.ratio);
+        }
+    }
+    if r.rounds > 1 && !r.spread.is_empty() {
+        s.push_str(&format!(
+            "\nhuddle ÷ baseline over {} rounds (min / median / max):\n",
+            r.rounds
+        ));
+        for sp in &r.spread {
+            s.push_str(&format!(
+                "- {} tasks: {:.2} / {:.2} / {:.2}\n",
+                sp.tasks, sp.ratio_min, sp.ratio_median, sp.ratio_max
+            ));
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(tasks: usize, round: usize, ratio: Option<f64>) -> Line {
+        Line {
+            tasks,
+            round,
+            huddle: Side::default(),
+            baseline: ratio.map(|_| Side::default()),
+            ratio,
+        }
+    }
+
+    #[test]
+    fn the_spread_is_the_range_and_middle_of_each_counts_ratios() {
+        let lines = vec![
+            line(1000, 1, Some(0.30)),
+            line(5000, 1, Some(0.20)),
+            line(1000, 2, Some(0.10)),
+            line(5000, 2, Some(0.40)),
+            line(1000, 3, Some(0.25)),
+            line(7000, 1, None),
+        ];
+        let got = spread(&lines);
+        assert_eq!(
+            got,
+            vec![
+                Spread {
+                    tasks: 1000,
+                    rounds: 3,
+                    ratio_min: 0.10,
+                    ratio_median: 0.25,
+                    ratio_max: 0.30,
+                },
+                Spread {
+                    tasks: 5000,
+                    rounds: 2,
+                    ratio_min: 0.20,
+                    ratio_median: (0.20 + 0.40) / 2.0,
+                    ratio_max: 0.40,
+                },
+            ]
+        );
+        assert!(spread(&[line(10, 1, None)]).is_empty());
+    }
 }
