@@ -994,7 +994,7 @@ async fn run_in(
         huddle_store::Backend::Sqlite(_) => None,
     };
     let quiet = args.json;
-    let huddle_first = round % 2 == 0;
+    let huddle_first = round.is_multiple_of(2);
     for &n in &args.tasks {
         let mut huddle = None;
         if huddle_first {
