@@ -42,26 +42,36 @@ fn bench_report(db: &std::path::Path, args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("a JSON report")
 }
 
+/// `bench tasks` arguments for a small run: `tasks` tasks, `agents` agents over
+/// `relays` relays, 1 ms turns, then `extra`.
+fn tasks_args<'a>(
+    tasks: &'a str,
+    agents: &'a str,
+    relays: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut v = vec![
+        "tasks",
+        "--tasks",
+        tasks,
+        "--agents",
+        agents,
+        "--relays",
+        relays,
+        "--turn-ms",
+        "1",
+        "--stall-s",
+        "30",
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
 #[test]
 fn bench_tasks_runs_each_task_once_and_leaves_nothing_behind() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("given.db");
-    let report = bench_report(
-        &db,
-        &[
-            "tasks",
-            "--tasks",
-            "30",
-            "--agents",
-            "3",
-            "--relays",
-            "2",
-            "--turn-ms",
-            "1",
-            "--stall-s",
-            "30",
-        ],
-    );
+    let report = bench_report(&db, &tasks_args("30", "3", "2", &[]));
     let line = &report["lines"][0];
     assert_eq!(line["tasks"], 30);
     // Executions are counted from the turns the relays started, not from rows.
@@ -80,24 +90,7 @@ fn bench_tasks_runs_each_task_once_and_leaves_nothing_behind() {
 fn bench_tasks_rounds_each_run_once_in_a_database_of_their_own() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("given.db");
-    let report = bench_report(
-        &db,
-        &[
-            "tasks",
-            "--tasks",
-            "20",
-            "--agents",
-            "2",
-            "--relays",
-            "1",
-            "--turn-ms",
-            "1",
-            "--stall-s",
-            "30",
-            "--rounds",
-            "2",
-        ],
-    );
+    let report = bench_report(&db, &tasks_args("20", "2", "1", &["--rounds", "2"]));
     assert_eq!(report["rounds"], 2);
     let lines = report["lines"].as_array().expect("lines");
     assert_eq!(lines.len(), 2, "{report}");

@@ -995,19 +995,20 @@ async fn run_in(
     };
     let quiet = args.json;
     let huddle_first = round.is_multiple_of(2);
-    for &n in &args.tasks {
-        let mut huddle = None;
-        if huddle_first {
-            huddle = Some(run_huddle(args, db, postmaster, n, quiet).await?);
-        }
-        let baseline = if args.no_baseline {
-            None
+    let baseline_of = |n: usize| async move {
+        if args.no_baseline {
+            Ok(None)
         } else {
-            Some(run_baseline(args, db, postmaster, n, quiet).await?)
-        };
-        let huddle = match huddle {
-            Some(h) => h,
-            None => run_huddle(args, db, postmaster, n, quiet).await?,
+            run_baseline(args, db, postmaster, n, quiet).await.map(Some)
+        }
+    };
+    for &n in &args.tasks {
+        let (baseline, huddle) = if huddle_first {
+            let huddle = run_huddle(args, db, postmaster, n, quiet).await?;
+            (baseline_of(n).await?, huddle)
+        } else {
+            let baseline = baseline_of(n).await?;
+            (baseline, run_huddle(args, db, postmaster, n, quiet).await?)
         };
         let ratio = baseline
             .as_ref()
