@@ -144,6 +144,14 @@ impl Subscription {
     /// new is returned all the same (empty, caught up), so its caller learns that
     /// nothing was committed before that read began.
     pub async fn next_step(&mut self) -> Result<ReadStep> {
+        if self.reported_caught_up && !self.refresh_wanted() {
+            // The last step read everything committed before its read began, and the
+            // bell was marked seen before that read: anything committed since rings
+            // it (a row held back behind an older open transaction rings it again
+            // shortly, see the Postgres store's re-check). Reading again at once
+            // would find nothing but those rings' rows; wait for them instead.
+            self.wait().await;
+        }
         loop {
             let forced = self
                 .refresh
@@ -176,6 +184,13 @@ impl Subscription {
             self.woken = None;
             self.wait().await;
         }
+    }
+
+    /// Whether a [`Reader::refresh`] is waiting for its step (left set).
+    fn refresh_wanted(&self) -> bool {
+        self.refresh
+            .as_ref()
+            .is_some_and(|r| r.wanted.load(Ordering::SeqCst))
     }
 
     /// Waits for the doorbell or the fallback poll interval, whichever comes first.
@@ -256,5 +271,114 @@ impl Reader {
 impl Drop for Reader {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use async_trait::async_trait;
+    use huddle_core::{Interaction, InteractionId, Limits, NewInteraction, Timestamp};
+
+    use super::*;
+    use crate::memory::MemoryStore;
+    use crate::traits::{Appended, Fence};
+    use crate::StoreOptions;
+
+    /// A memory ledger that counts its reads and never polls by itself.
+    struct Counting {
+        inner: MemoryStore,
+        reads: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Ledger for Counting {
+        fn limits(&self) -> &Limits {
+            self.inner.limits()
+        }
+        async fn append(&self, batch: Vec<NewInteraction>) -> Result<Vec<Appended>> {
+            self.inner.append(batch).await
+        }
+        async fn append_under(
+            &self,
+            fences: &[Fence],
+            close: bool,
+            batch: Vec<NewInteraction>,
+        ) -> Result<Vec<Appended>> {
+            self.inner.append_under(fences, close, batch).await
+        }
+        async fn read_forward(&self, after: Position, limit: usize) -> Result<ReadBatch> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            self.inner.read_forward(after, limit).await
+        }
+        async fn get(&self, id: InteractionId) -> Result<Option<Interaction>> {
+            self.inner.get(id).await
+        }
+        fn doorbell(&self) -> Doorbell {
+            self.inner.doorbell()
+        }
+        async fn now(&self) -> Result<Timestamp> {
+            self.inner.now().await
+        }
+        fn poll_interval(&self) -> Duration {
+            Duration::from_secs(3600)
+        }
+    }
+
+    fn row(text: &str) -> NewInteraction {
+        NewInteraction::new(
+            "lobby",
+            huddle_core::Verb::MessagePosted,
+            "ana",
+            huddle_core::Role::Human,
+            serde_json::json!({ "text": text }),
+        )
+    }
+
+    async fn step(sub: &mut Subscription) -> ReadStep {
+        tokio::time::timeout(Duration::from_secs(10), sub.next_step())
+            .await
+            .expect("a step in time")
+            .expect("read")
+    }
+
+    /// A full page is followed by a read at once; a read that caught up is followed
+    /// by the next only once the bell rings (a row committed meanwhile rings it), not
+    /// by a read that would find nothing.
+    #[tokio::test]
+    async fn a_caught_up_reader_reads_again_only_when_the_bell_rings() {
+        let ledger = Arc::new(Counting {
+            inner: MemoryStore::new(StoreOptions::default()),
+            reads: AtomicUsize::new(0),
+        });
+        let reads = || ledger.reads.load(Ordering::SeqCst);
+        for t in ["a", "b", "c"] {
+            ledger.append(vec![row(t)]).await.expect("append");
+        }
+        let mut sub = Subscription::new(ledger.clone(), Position::START, 2);
+        let full = step(&mut sub).await;
+        assert_eq!((full.batch.rows.len(), full.caught_up), (2, false));
+        let rest = step(&mut sub).await;
+        assert_eq!((rest.batch.rows.len(), rest.caught_up), (1, true));
+        assert_eq!(reads(), 2, "a full page is followed by a read at once");
+
+        // Caught up, nothing new, no bell: no read at all.
+        let idle = tokio::time::timeout(Duration::from_millis(300), sub.next_step()).await;
+        assert!(idle.is_err(), "an idle reader returns nothing: {idle:?}");
+        assert_eq!(
+            reads(),
+            2,
+            "a caught-up reader does not read before the bell"
+        );
+
+        // A row appended while nobody waits rings the bell all the same: the next
+        // step reads it with one read.
+        ledger.append(vec![row("d")]).await.expect("append");
+        let next = step(&mut sub).await;
+        assert_eq!(next.batch.rows.len(), 1);
+        assert_eq!(next.batch.rows[0].body["text"], "d");
+        assert!(next.caught_up && next.woken.is_some(), "{next:?}");
+        assert_eq!(reads(), 3);
     }
 }
