@@ -345,8 +345,9 @@ mod tests {
 
     /// A full page is followed by a read at once; a read that caught up is followed
     /// by the next only once the bell rings (a row committed meanwhile rings it), not
-    /// by a read that would find nothing.
-    #[tokio::test]
+    /// by a read that would find nothing. The clock is paused: the idle window below
+    /// ends only when every task is waiting, so a read made at once would come first.
+    #[tokio::test(start_paused = true)]
     async fn a_caught_up_reader_reads_again_only_when_the_bell_rings() {
         let ledger = Arc::new(Counting {
             inner: MemoryStore::new(StoreOptions::default()),
