@@ -592,6 +592,48 @@ impl Synchronizer {
     /// the first tick.
     pub fn next_wakeup(&self) -> Option<Timestamp> {
         let now = self.now?;
+        let mut best = self.wakeup_before_bid_windows(now);
+        let mut consider = |t: Timestamp| {
+            if t > now && t < best {
+                best = t;
+            }
+        };
+        if self.caught_up && !self.shutting_down {
+            for room in &self.rooms {
+                let config = self.config(room, None);
+                if config.allocation != Allocation::Bid {
+                    // Only bid windows change a ready task's claim right by themselves.
+                    continue;
+                }
+                // Found through the readiness-time index, not a walk of the frontier:
+                // a bid window closes `window` after readiness, and a winner's turn to
+                // claim ends one window later.
+                let window = ms_to_us(config.bid_window_ms);
+                let open_from = now.saturating_sub(window).saturating_add(1);
+                if let Some((since, _)) = self.dag.ready_since_from(room, open_from).next() {
+                    consider(since.saturating_add(window));
+                }
+                let won_from = open_from.saturating_sub(window);
+                for (since, t) in self.dag.ready_since_from(room, won_from) {
+                    if since >= open_from {
+                        break;
+                    }
+                    let right = claim_right(config, t, since, now);
+                    if let Some(at) = right.changes_at(config, since) {
+                        consider(at);
+                        break;
+                    }
+                }
+            }
+        }
+        Some(best)
+    }
+
+    /// The next wake-up from everything but the bid windows of ready tasks (which
+    /// [`Self::next_wakeup`] finds through the readiness-time index): the next
+    /// reconcile pass, responder delays, takes waiting for a view, back-offs,
+    /// benches and attempt deadlines.
+    pub(crate) fn wakeup_before_bid_windows(&self, now: Timestamp) -> Timestamp {
         let mut best = self.next_reconcile.unwrap_or(now);
         let mut consider = |t: Timestamp| {
             if t > now && t < best {
@@ -636,34 +678,8 @@ impl Synchronizer {
                     consider(at);
                 }
             }
-            for room in &self.rooms {
-                let config = self.config(room, None);
-                if config.allocation != Allocation::Bid {
-                    // Only bid windows change a ready task's claim right by themselves.
-                    continue;
-                }
-                // Found through the readiness-time index, not a walk of the frontier:
-                // a bid window closes `window` after readiness, and a winner's turn to
-                // claim ends one window later.
-                let window = ms_to_us(config.bid_window_ms);
-                let open_from = now.saturating_sub(window).saturating_add(1);
-                if let Some((since, _)) = self.dag.ready_since_from(room, open_from).next() {
-                    consider(since.saturating_add(window));
-                }
-                let won_from = open_from.saturating_sub(window);
-                for (since, t) in self.dag.ready_since_from(room, won_from) {
-                    if since >= open_from {
-                        break;
-                    }
-                    let right = claim_right(config, t, since, now);
-                    if let Some(at) = right.changes_at(config, since) {
-                        consider(at);
-                        break;
-                    }
-                }
-            }
         }
-        Some(best)
+        best
     }
 
     /// Handles one event and returns what to do, in order.
