@@ -130,7 +130,7 @@ fn bench_tasks_refuses_zero_rounds() {
 }
 
 #[test]
-fn bench_ledger_leaves_no_rows_in_the_database_it_was_given() {
+fn bench_ledger_rounds_leave_no_rows_in_the_database_it_was_given() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("given.db");
     let status = Command::new(huddle_bin())
@@ -151,11 +151,41 @@ fn bench_ledger_leaves_no_rows_in_the_database_it_was_given() {
             "2",
             "--batches",
             "1",
+            "--rounds",
+            "2",
         ],
     );
-    assert!(report["lines"][0]["huddle_per_s"]
-        .as_f64()
-        .is_some_and(|r| r > 0.0));
+    // Two rounds of the three scenarios (batch-1 appends, claims, reads), round by
+    // round, each a measurement of its own.
+    assert_eq!(report["rounds"], 2);
+    let lines = report["lines"].as_array().expect("lines");
+    assert_eq!(lines.len(), 6, "{report}");
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["round"], i / 3 + 1, "{line}");
+        assert!(
+            line["huddle_per_s"].as_f64().is_some_and(|r| r > 0.0),
+            "{line}"
+        );
+        assert!(
+            line["baseline_per_s"].as_f64().is_some_and(|r| r > 0.0),
+            "{line}"
+        );
+    }
+    // Per scenario, the range and middle of its two rounds' ratios.
+    let spread = report["spread"].as_array().expect("spread");
+    assert_eq!(spread.len(), 3, "{report}");
+    for (k, sp) in spread.iter().enumerate() {
+        assert_eq!(sp["scenario"], lines[k]["scenario"]);
+        assert_eq!(sp["rounds"], 2);
+        let (a, b) = (
+            lines[k]["ratio"].as_f64().expect("ratio"),
+            lines[k + 3]["ratio"].as_f64().expect("ratio"),
+        );
+        assert_eq!(sp["ratio_min"].as_f64(), Some(a.min(b)), "{sp}");
+        assert_eq!(sp["ratio_max"].as_f64(), Some(a.max(b)), "{sp}");
+        let median = sp["ratio_median"].as_f64().expect("median");
+        assert!((median - (a + b) / 2.0).abs() < 1e-12, "{sp}");
+    }
     let conn = rusqlite::Connection::open(&db).expect("open the given database");
     let rows: i64 = conn
         .query_row("SELECT count(*) FROM interaction", [], |r| r.get(0))
@@ -171,6 +201,21 @@ fn bench_ledger_leaves_no_rows_in_the_database_it_was_given() {
         .filter(|f| !f.starts_with("given.db"))
         .collect();
     assert_eq!(after, before, "the scratch database was left behind");
+}
+
+#[test]
+fn bench_ledger_refuses_zero_rounds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(huddle_bin())
+        .arg("--db")
+        .arg(dir.path().join("given.db"))
+        .args(["bench", "ledger", "--seconds", "0.2", "--rounds", "0"])
+        .output()
+        .expect("run huddle bench");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--rounds"), "{err}");
+    assert_nothing_left(dir.path());
 }
 
 #[test]

@@ -19,7 +19,10 @@
 //! the bench leaves no rows behind.
 //!
 //! Phases alternate baseline / huddle twice and report the mean, so drift on a busy
-//! machine hits both sides alike.
+//! machine hits both sides alike. `--rounds N` runs the whole bench N times, each round
+//! in a scratch database of its own with huddle first in each pair of phases of even
+//! rounds, and reports the smallest, median and largest ratio of every scenario over
+//! the rounds (plan 0075).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -45,6 +48,8 @@ pub struct LedgerBenchOptions {
     pub batches: Vec<usize>,
     /// huddle's appends are signed with this writer key, when given.
     pub signer: Option<huddle_core::keys::WriterSecret>,
+    /// Whole runs of the bench, each in a scratch database of its own.
+    pub rounds: usize,
 }
 
 /// One measured line.
@@ -52,6 +57,8 @@ pub struct LedgerBenchOptions {
 pub struct BenchLine {
     /// What was measured.
     pub scenario: String,
+    /// The round it was measured in (1-based).
+    pub round: usize,
     /// huddle's rate (interactions or acquisitions per second).
     pub huddle_per_s: f64,
     /// The baseline's rate.
@@ -71,8 +78,58 @@ pub struct LedgerBenchReport {
     pub seconds: f64,
     /// Whether huddle's rows were signed (and so verified when read).
     pub signed: bool,
-    /// Results.
+    /// Rounds run.
+    pub rounds: usize,
+    /// Results: every scenario of every round, round by round.
     pub lines: Vec<BenchLine>,
+    /// Per scenario, the ratio's range over the rounds.
+    pub spread: Vec<ScenarioSpread>,
+}
+
+/// The ratio of one scenario over the rounds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScenarioSpread {
+    /// What was measured.
+    pub scenario: String,
+    /// Rounds with a ratio.
+    pub rounds: usize,
+    /// The smallest ratio.
+    pub ratio_min: f64,
+    /// The median ratio (the mean of the middle two for an even count).
+    pub ratio_median: f64,
+    /// The largest ratio.
+    pub ratio_max: f64,
+}
+
+/// Per scenario (in the order the scenarios first appear), the range of the ratios of
+/// `lines` over the rounds; ratios that are not finite (a side measured nothing) are
+/// left out.
+pub fn spread(lines: &[BenchLine]) -> Vec<ScenarioSpread> {
+    let mut order: Vec<&str> = Vec::new();
+    for l in lines {
+        if !order.contains(&l.scenario.as_str()) {
+            order.push(&l.scenario);
+        }
+    }
+    order
+        .into_iter()
+        .filter_map(|scenario| {
+            let ratios: Vec<f64> = lines
+                .iter()
+                .filter(|l| l.scenario == scenario && l.ratio.is_finite())
+                .map(|l| l.ratio)
+                .collect();
+            let rounds = ratios.len();
+            let (ratio_min, ratio_median, ratio_max) = crate::bench_stats::min_median_max(ratios)?;
+            Some(ScenarioSpread {
+                scenario: scenario.to_string(),
+                rounds,
+                ratio_min,
+                ratio_median,
+                ratio_max,
+            })
+        })
+        .collect()
 }
 
 /// The plain baseline: the same rows and upserts without huddle.
@@ -494,16 +551,42 @@ fn bar(label: &str) -> ProgressBar {
 /// the same Postgres server, or a new SQLite file in the same directory), dropped
 /// afterwards: the rows both sides write (the baseline's ids are not content hashes)
 /// never reach a ledger a relay reads.
+/// With several rounds, each has a scratch database of its own.
 pub async fn run(opts: LedgerBenchOptions) -> anyhow::Result<LedgerBenchReport> {
-    let scratch = crate::scratch::ScratchDatabase::create(&opts.db, "huddle_bench_ledger").await?;
-    let result = measure_all(&scratch.url, &opts).await;
-    let dropped = scratch.drop_now().await;
-    let report = result?;
-    dropped?;
+    if opts.rounds == 0 {
+        anyhow::bail!("--rounds must be positive");
+    }
+    let mut report: Option<LedgerBenchReport> = None;
+    for round in 1..=opts.rounds {
+        let scratch =
+            crate::scratch::ScratchDatabase::create(&opts.db, "huddle_bench_ledger").await?;
+        let result = measure_all(&scratch.url, &opts, round).await;
+        let dropped = scratch.drop_now().await;
+        let this = result?;
+        dropped?;
+        match &mut report {
+            None => report = Some(this),
+            Some(r) => r.lines.extend(this.lines),
+        }
+    }
+    let mut report = report.expect("at least one round ran");
+    report.rounds = opts.rounds;
+    report.spread = spread(&report.lines);
     Ok(report)
 }
 
-async fn measure_all(db: &str, opts: &LedgerBenchOptions) -> anyhow::Result<LedgerBenchReport> {
+/// The two sides of a pair of phases, in the order they run: the plain side first in
+/// odd rounds, huddle first in even ones.
+fn sides(round: usize) -> [bool; 2] {
+    let huddle_first = round.is_multiple_of(2);
+    [huddle_first, !huddle_first]
+}
+
+async fn measure_all(
+    db: &str,
+    opts: &LedgerBenchOptions,
+    round: usize,
+) -> anyhow::Result<LedgerBenchReport> {
     let backend = huddle_store::parse_url(db)?;
     let store_opts = StoreOptions {
         relay: "bench".into(),
@@ -520,19 +603,23 @@ async fn measure_all(db: &str, opts: &LedgerBenchOptions) -> anyhow::Result<Ledg
     for &batch in &opts.batches {
         let mut h = 0.0;
         let mut b = 0.0;
-        for round in 0..2 {
-            let pb = bar(&format!(
-                "appends batch {batch}: baseline ({}/2)",
-                round + 1
-            ));
-            b += baseline.appends(batch, half, &pb).await?;
-            pb.finish_and_clear();
-            let pb = bar(&format!("appends batch {batch}: huddle ({}/2)", round + 1));
-            h += huddle_appends(&store, opts.writers, batch, half, &pb).await?;
-            pb.finish_and_clear();
+        for pair in 1..=2 {
+            for huddle in sides(round) {
+                let pb = bar(&format!(
+                    "appends batch {batch}: {} ({pair}/2)",
+                    side(huddle)
+                ));
+                if huddle {
+                    h += huddle_appends(&store, opts.writers, batch, half, &pb).await?;
+                } else {
+                    b += baseline.appends(batch, half, &pb).await?;
+                }
+                pb.finish_and_clear();
+            }
         }
         lines.push(BenchLine {
             scenario: format!("append, batch {batch}"),
+            round,
             huddle_per_s: h / 2.0,
             baseline_per_s: b / 2.0,
             ratio: h / b,
@@ -540,32 +627,40 @@ async fn measure_all(db: &str, opts: &LedgerBenchOptions) -> anyhow::Result<Ledg
     }
     let mut h = 0.0;
     let mut b = 0.0;
-    for round in 0..2 {
-        let pb = bar(&format!("contended claims: baseline ({}/2)", round + 1));
-        b += baseline.claims(half, &pb).await?;
-        pb.finish_and_clear();
-        let pb = bar(&format!("contended claims: huddle ({}/2)", round + 1));
-        h += huddle_claims(&store, opts.writers, half, &pb).await?;
-        pb.finish_and_clear();
+    for pair in 1..=2 {
+        for huddle in sides(round) {
+            let pb = bar(&format!("contended claims: {} ({pair}/2)", side(huddle)));
+            if huddle {
+                h += huddle_claims(&store, opts.writers, half, &pb).await?;
+            } else {
+                b += baseline.claims(half, &pb).await?;
+            }
+            pb.finish_and_clear();
+        }
     }
     lines.push(BenchLine {
         scenario: "claim acquire, 16 keys contended".into(),
+        round,
         huddle_per_s: h / 2.0,
         baseline_per_s: b / 2.0,
         ratio: h / b,
     });
     let mut h = 0.0;
     let mut b = 0.0;
-    for round in 0..2 {
-        let pb = bar(&format!("read forward: baseline ({}/2)", round + 1));
-        b += baseline.reads(&pb).await?;
-        pb.finish_and_clear();
-        let pb = bar(&format!("read forward: huddle ({}/2)", round + 1));
-        h += huddle_reads(&store, &pb).await?;
-        pb.finish_and_clear();
+    for pair in 1..=2 {
+        for huddle in sides(round) {
+            let pb = bar(&format!("read forward: {} ({pair}/2)", side(huddle)));
+            if huddle {
+                h += huddle_reads(&store, &pb).await?;
+            } else {
+                b += baseline.reads(&pb).await?;
+            }
+            pb.finish_and_clear();
+        }
     }
     lines.push(BenchLine {
         scenario: "read forward, every row appended above".into(),
+        round,
         huddle_per_s: h / 2.0,
         baseline_per_s: b / 2.0,
         ratio: h / b,
@@ -575,8 +670,19 @@ async fn measure_all(db: &str, opts: &LedgerBenchOptions) -> anyhow::Result<Ledg
         writers: opts.writers,
         seconds: opts.seconds,
         signed: opts.signer.is_some(),
+        rounds: 1,
         lines,
+        spread: Vec::new(),
     })
+}
+
+/// The name of a side in progress labels.
+fn side(huddle: bool) -> &'static str {
+    if huddle {
+        "huddle"
+    } else {
+        "baseline"
+    }
 }
 
 /// A markdown table of the report.
@@ -589,10 +695,80 @@ pub fn render(report: &LedgerBenchReport) -> String {
         if report.signed { ", huddle's rows signed" } else { "" }
     );
     for l in &report.lines {
+        let round = if report.rounds > 1 {
+            format!(", round {}", l.round)
+        } else {
+            String::new()
+        };
         s.push_str(&format!(
-            "| {} | {:.0} | {:.0} | {:.2} |\n",
+            "| {}{round} | {:.0} | {:.0} | {:.2} |\n",
             l.scenario, l.huddle_per_s, l.baseline_per_s, l.ratio
         ));
     }
+    s.push_str(&crate::bench_stats::spread_list(
+        report.rounds,
+        report.spread.iter().map(|sp| {
+            (
+                sp.scenario.clone(),
+                sp.ratio_min,
+                sp.ratio_median,
+                sp.ratio_max,
+            )
+        }),
+    ));
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(scenario: &str, round: usize, ratio: f64) -> BenchLine {
+        BenchLine {
+            scenario: scenario.into(),
+            round,
+            huddle_per_s: ratio,
+            baseline_per_s: 1.0,
+            ratio,
+        }
+    }
+
+    #[test]
+    fn the_spread_is_per_scenario_in_first_seen_order_without_unmeasured_ratios() {
+        let lines = vec![
+            line("append, batch 100", 1, 0.8),
+            line("claims", 1, 7.0),
+            line("append, batch 100", 2, 0.9),
+            line("claims", 2, f64::INFINITY),
+            line("append, batch 100", 3, 0.95),
+            line("reads", 1, f64::NAN),
+        ];
+        let got = spread(&lines);
+        assert_eq!(
+            got,
+            vec![
+                ScenarioSpread {
+                    scenario: "append, batch 100".into(),
+                    rounds: 3,
+                    ratio_min: 0.8,
+                    ratio_median: 0.9,
+                    ratio_max: 0.95,
+                },
+                ScenarioSpread {
+                    scenario: "claims".into(),
+                    rounds: 1,
+                    ratio_min: 7.0,
+                    ratio_median: 7.0,
+                    ratio_max: 7.0,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn odd_rounds_run_the_plain_side_first_and_even_rounds_huddle() {
+        assert_eq!(sides(1), [false, true]);
+        assert_eq!(sides(2), [true, false]);
+        assert_eq!(sides(3), [false, true]);
+    }
 }

@@ -159,21 +159,16 @@ pub fn spread(lines: &[Line]) -> Vec<Spread> {
         }
     }
     by_n.into_iter()
-        .map(|(tasks, mut rs)| {
-            rs.sort_by(f64::total_cmp);
-            let k = rs.len();
-            let ratio_median = if k % 2 == 1 {
-                rs[k / 2]
-            } else {
-                (rs[k / 2 - 1] + rs[k / 2]) / 2.0
-            };
-            Spread {
+        .filter_map(|(tasks, rs)| {
+            let rounds = rs.len();
+            let (ratio_min, ratio_median, ratio_max) = crate::bench_stats::min_median_max(rs)?;
+            Some(Spread {
                 tasks,
-                rounds: k,
-                ratio_min: rs[0],
+                rounds,
+                ratio_min,
                 ratio_median,
-                ratio_max: rs[k - 1],
-            }
+                ratio_max,
+            })
         })
         .collect()
 }
@@ -1073,18 +1068,17 @@ pub fn render(r: &TasksReport) -> String {
             row(n, format!("huddle{round}"), &l.huddle, l.ratio);
         }
     }
-    if r.rounds > 1 && !r.spread.is_empty() {
-        s.push_str(&format!(
-            "\nhuddle ÷ baseline over {} rounds (min / median / max):\n",
-            r.rounds
-        ));
-        for sp in &r.spread {
-            s.push_str(&format!(
-                "- {} tasks: {:.2} / {:.2} / {:.2}\n",
-                sp.tasks, sp.ratio_min, sp.ratio_median, sp.ratio_max
-            ));
-        }
-    }
+    s.push_str(&crate::bench_stats::spread_list(
+        r.rounds,
+        r.spread.iter().map(|sp| {
+            (
+                format!("{} tasks", sp.tasks),
+                sp.ratio_min,
+                sp.ratio_median,
+                sp.ratio_max,
+            )
+        }),
+    ));
     s
 }
 

@@ -7,6 +7,7 @@ mod bench_coord;
 mod bench_ledger;
 mod bench_sched;
 mod bench_startup;
+mod bench_stats;
 mod bench_tasks;
 mod demo;
 mod keys;
@@ -366,6 +367,11 @@ pub enum BenchCommand {
         /// Batch sizes, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
         batches: Vec<usize>,
+        /// Run the whole bench this many times, each round in a scratch database of
+        /// its own with the side that goes first alternating, and report every
+        /// scenario's smallest, median and largest ratio.
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
         /// JSON report instead of a table.
         #[arg(long)]
         json: bool,
@@ -651,11 +657,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     seconds,
                     writers,
                     batches,
+                    rounds,
                     json,
                 },
         } => {
-            if writers == 0 || batches.contains(&0) || seconds <= 0.0 {
-                anyhow::bail!("writers, batch sizes and seconds must be positive");
+            if writers == 0 || batches.contains(&0) || seconds <= 0.0 || rounds == 0 {
+                anyhow::bail!("writers, batch sizes, seconds and --rounds must be positive");
             }
             let report = bench_ledger::run(bench_ledger::LedgerBenchOptions {
                 db: db.clone(),
@@ -663,6 +670,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 writers,
                 batches,
                 signer: options.signer.clone(),
+                rounds,
             })
             .await?;
             if json {
