@@ -556,23 +556,27 @@ pub async fn run(opts: LedgerBenchOptions) -> anyhow::Result<LedgerBenchReport> 
     if opts.rounds == 0 {
         anyhow::bail!("--rounds must be positive");
     }
-    let mut report: Option<LedgerBenchReport> = None;
+    let mut backend = String::new();
+    let mut lines = Vec::new();
     for round in 1..=opts.rounds {
         let scratch =
             crate::scratch::ScratchDatabase::create(&opts.db, "huddle_bench_ledger").await?;
         let result = measure_all(&scratch.url, &opts, round).await;
         let dropped = scratch.drop_now().await;
-        let this = result?;
+        let (name, round_lines) = result?;
         dropped?;
-        match &mut report {
-            None => report = Some(this),
-            Some(r) => r.lines.extend(this.lines),
-        }
+        backend = name;
+        lines.extend(round_lines);
     }
-    let mut report = report.expect("at least one round ran");
-    report.rounds = opts.rounds;
-    report.spread = spread(&report.lines);
-    Ok(report)
+    Ok(LedgerBenchReport {
+        backend,
+        writers: opts.writers,
+        seconds: opts.seconds,
+        signed: opts.signer.is_some(),
+        rounds: opts.rounds,
+        spread: spread(&lines),
+        lines,
+    })
 }
 
 /// The two sides of a pair of phases, in the order they run: the plain side first in
@@ -582,11 +586,12 @@ fn sides(round: usize) -> [bool; 2] {
     [huddle_first, !huddle_first]
 }
 
+/// One round of every scenario in `db`: the store's backend name and the round's lines.
 async fn measure_all(
     db: &str,
     opts: &LedgerBenchOptions,
     round: usize,
-) -> anyhow::Result<LedgerBenchReport> {
+) -> anyhow::Result<(String, Vec<BenchLine>)> {
     let backend = huddle_store::parse_url(db)?;
     let store_opts = StoreOptions {
         relay: "bench".into(),
@@ -665,15 +670,7 @@ async fn measure_all(
         baseline_per_s: b / 2.0,
         ratio: h / b,
     });
-    Ok(LedgerBenchReport {
-        backend: store.backend_name().to_string(),
-        writers: opts.writers,
-        seconds: opts.seconds,
-        signed: opts.signer.is_some(),
-        rounds: 1,
-        lines,
-        spread: Vec::new(),
-    })
+    Ok((store.backend_name().to_string(), lines))
 }
 
 /// The name of a side in progress labels.
