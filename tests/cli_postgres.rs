@@ -84,18 +84,30 @@ async fn follower_survives_killed_listen_connections() {
         post(&url, "hank", &text);
         follower.expect_line(&text, Duration::from_secs(10), |l| l.contains(&text));
 
-        // Kill the follower's LISTEN connection (and wait until it is gone).
-        let killed: i64 = admin
-            .query_one(
-                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+        // Kill the follower's LISTEN connection and wait (at most 10 s) until its
+        // backend has exited: a backend that is still dying can deliver one more
+        // notification, and then the row below would not need the reconnect at all
+        // (nor would a LISTEN connection exist yet when the next round kills it).
+        let killed: Vec<bool> = admin
+            .query(
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity \
                  WHERE application_name = 'huddle-listen' AND datname = current_database() \
-                 AND pid <> pg_backend_pid()) t",
+                 AND pid <> pg_backend_pid()",
                 &[],
             )
             .await
             .expect("terminate")
-            .get(0);
-        assert!(killed >= 1, "no LISTEN connection found to kill");
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(
+            !killed.is_empty(),
+            "round {round}: no LISTEN connection found to kill"
+        );
+        assert!(
+            killed.iter().all(|&gone| gone),
+            "round {round}: a LISTEN backend did not exit within 10 s: {killed:?}"
+        );
         // The follower must notice, reconnect and LISTEN again; until it does, a row
         // appended now is only found by reading forward after the reconnect.
         let text = format!("after kill {round}");
