@@ -363,6 +363,7 @@ impl SqliteStore {
                 None,
                 Some(writer::Writer::spawn(
                     writer,
+                    conn::open_connection(path, ConnKind::Writer)?,
                     bell.clone(),
                     watcher::BellFile::new(std::path::Path::new(path)),
                 )?),

@@ -8,7 +8,8 @@
 //!                                                        SAVEPOINT; job 2; RELEASE (or ROLLBACK TO)
 //!                                                        ...
 //!                                                      COMMIT ──> each job answered, doorbell and bell file rung
-//!                                                      (log past 1,000 frames, nobody waiting: checkpoint)
+//!                                                      log past 1,000 frames: wake the checkpointer ──> checkpointer thread
+//!                                                      (past 4,000: checkpoint here)                     PASSIVE checkpoint
 //! ```
 //!
 //! Each job keeps its own all-or-nothing: it runs inside a savepoint, and a job that
@@ -19,12 +20,14 @@
 //! write that is not durable; when the commit fails, every job of the group is answered
 //! with that error (the callers' retries are idempotent). SQLite has one writer at a
 //! time anyway: this turns N commits of writers arriving together into one, and spares
-//! each write a hop through tokio's blocking pool. The log is checkpointed here too,
-//! after the answers, instead of inside a `COMMIT` that every job of the group would
-//! wait for (plan 0068).
+//! each write a hop through tokio's blocking pool. The log is checkpointed outside any
+//! `COMMIT` (which every job of the group would wait for, plan 0068), by a
+//! checkpointer thread on a connection of its own, while the writer goes on with the
+//! next groups (plan 0077); only a log that keeps growing under a steady stream of
+//! writes is checkpointed by the writer itself, between two groups.
 
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 
 use rusqlite::Connection;
@@ -134,17 +137,20 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    /// Starts the thread on `conn`, ringing `bell` after commits that call for it.
+    /// Starts the thread on `conn`, ringing `bell` after commits that call for it,
+    /// and its checkpointer on `checkpoints` (a second connection to the same file).
     /// `file` is the database's bell file, rung for the other processes' watchers.
     pub(crate) fn spawn(
         conn: Connection,
+        checkpoints: Connection,
         bell: watch::Sender<u64>,
         file: BellFile,
     ) -> Result<Writer> {
         let (queue, jobs) = mpsc::channel::<Box<dyn Job>>();
+        let checkpointer = Checkpointer::spawn(checkpoints)?;
         thread::Builder::new()
             .name("huddle-sqlite-writer".into())
-            .spawn(move || run(conn, jobs, bell, file))
+            .spawn(move || run(conn, checkpointer, jobs, bell, file))
             .map_err(|e| StoreError::Backend(format!("cannot start the SQLite writer: {e}")))?;
         Ok(Writer { queue })
     }
@@ -162,17 +168,20 @@ fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-/// Log frames (pages) past which the writer checkpoints the log into the database
-/// once its group is answered: SQLite's own automatic threshold.
+/// Log frames (pages) past which the checkpointer is woken to copy the log into the
+/// database: SQLite's own automatic threshold.
 const CHECKPOINT_FRAMES: i32 = 1000;
 
-/// A log this many frames long is checkpointed even while writes keep arriving.
+/// A log this many frames long is checkpointed by the writer itself, between two
+/// groups: under a steady stream of writes the checkpointer never finishes before the
+/// next commit, and SQLite restarts the log only when a write transaction begins with
+/// every frame copied.
 const CHECKPOINT_FRAMES_HARD: i32 = 4 * CHECKPOINT_FRAMES;
 
 /// Takes over SQLite's automatic checkpoint on the writer connection: it would run
 /// inside `COMMIT`, before the group's jobs are answered, copying up to a thousand
 /// pages while every caller waits. The hook only notes the log's length after each
-/// commit; [`checkpoint_due`] runs the checkpoint after the answers.
+/// commit; [`Checkpointer::after_commit`] decides who checkpoints.
 fn note_log_length(conn: &mut Connection) -> Arc<AtomicI32> {
     let frames = Arc::new(AtomicI32::new(0));
     let noted = Arc::clone(&frames);
@@ -187,50 +196,75 @@ fn note_log_length(conn: &mut Connection) -> Arc<AtomicI32> {
     frames
 }
 
-/// Checkpoints the log when it has grown past [`CHECKPOINT_FRAMES`] and no job waits,
-/// or past [`CHECKPOINT_FRAMES_HARD`] regardless; returns the next job when one
-/// arrived (it is run before any checkpoint). A checkpoint that cannot finish (a
-/// reader still needs the log) is simply tried again after a later commit.
-fn checkpoint_due(
-    conn: &Connection,
-    frames: &AtomicI32,
-    jobs: &mpsc::Receiver<Box<dyn Job>>,
-) -> Option<Box<dyn Job>> {
-    let logged = frames.load(Ordering::Relaxed);
-    if logged < CHECKPOINT_FRAMES {
-        return None;
-    }
-    if logged < CHECKPOINT_FRAMES_HARD {
-        if let Ok(next) = jobs.try_recv() {
-            return Some(next);
-        }
-    }
-    frames.store(0, Ordering::Relaxed);
+/// Copies as much of the log into the database as no reader still needs.
+fn checkpoint(conn: &Connection) {
     if let Err(e) = conn.wal_checkpoint_v2(
         Some(rusqlite::MAIN_DB),
         rusqlite::wal::CheckpointMode::PASSIVE,
     ) {
+        // Another process is checkpointing, or a reader still needs the log: tried
+        // again after a later commit.
         tracing::debug!(error = %e, "SQLite checkpoint did not run");
     }
-    None
+}
+
+/// The checkpointer: a thread with a connection of its own that copies the log into
+/// the database whenever the writer wakes it, while the writer goes on with the next
+/// groups (a passive checkpoint takes no write lock). It ends when the writer thread
+/// does (its end of the channel is dropped).
+struct Checkpointer {
+    /// One pending wake-up at most: wakes while it is busy are coalesced.
+    wake: mpsc::SyncSender<()>,
+    /// Held through every checkpoint of this store, the writer's too: SQLite answers
+    /// a second checkpoint of the same file with `SQLITE_BUSY` instead of waiting, and
+    /// the writer's must not be skipped.
+    running: Arc<Mutex<()>>,
+}
+
+impl Checkpointer {
+    fn spawn(conn: Connection) -> Result<Checkpointer> {
+        let (wake, woken) = mpsc::sync_channel::<()>(1);
+        let running = Arc::new(Mutex::new(()));
+        let held = Arc::clone(&running);
+        thread::Builder::new()
+            .name("huddle-sqlite-checkpointer".into())
+            .spawn(move || {
+                while woken.recv().is_ok() {
+                    let _running = held.lock().unwrap_or_else(|p| p.into_inner());
+                    checkpoint(&conn);
+                }
+            })
+            .map_err(|e| {
+                StoreError::Backend(format!("cannot start the SQLite checkpointer: {e}"))
+            })?;
+        Ok(Checkpointer { wake, running })
+    }
+
+    /// After each group: a log past [`CHECKPOINT_FRAMES`] wakes the checkpointer; one
+    /// past [`CHECKPOINT_FRAMES_HARD`] is checkpointed on the writer's connection
+    /// before the next group begins (after the checkpointer's run, if one is under
+    /// way), so that the log can restart from its beginning (plan 0077).
+    fn after_commit(&self, conn: &Connection, frames: &AtomicI32) {
+        let logged = frames.load(Ordering::Relaxed);
+        if logged >= CHECKPOINT_FRAMES_HARD {
+            frames.store(0, Ordering::Relaxed);
+            let _running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            checkpoint(conn);
+        } else if logged >= CHECKPOINT_FRAMES {
+            let _ = self.wake.try_send(());
+        }
+    }
 }
 
 fn run(
     mut conn: Connection,
+    checkpointer: Checkpointer,
     jobs: mpsc::Receiver<Box<dyn Job>>,
     bell: watch::Sender<u64>,
     mut file: BellFile,
 ) {
     let frames = note_log_length(&mut conn);
-    let mut next: Option<Box<dyn Job>> = None;
-    loop {
-        let first = match next.take() {
-            Some(j) => j,
-            None => match jobs.recv() {
-                Ok(j) => j,
-                Err(_) => break,
-            },
-        };
+    while let Ok(first) = jobs.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
             match jobs.try_recv() {
@@ -294,7 +328,7 @@ fn run(
         for r in ran {
             r.finish(committed.clone());
         }
-        next = checkpoint_due(&conn, &frames, &jobs);
+        checkpointer.after_commit(&conn, &frames);
     }
 }
 
@@ -327,7 +361,8 @@ mod tests {
         }))
         .expect("hook");
         let (bell, _) = watch::channel(0);
-        let w = Writer::spawn(conn, bell, BellFile::new(&path)).expect("spawn");
+        let checkpoints = Connection::open(&path).expect("open");
+        let w = Writer::spawn(conn, checkpoints, bell, BellFile::new(&path)).expect("spawn");
         (w, commits)
     }
 
