@@ -592,13 +592,47 @@ async fn a_held_append_blocks_writers_until_it_commits_and_keeps_commit_order() 
     assert_eq!(texts, vec![json!("held"), json!("waiting")]);
 }
 
-/// The length of the log of the database at `path`, in frames of `page` bytes.
-fn log_frames(path: &std::path::Path, page: u64) -> u64 {
-    let mut wal = path.as_os_str().to_owned();
+/// The length of the log of the backend's database, in frames (a page and its header).
+fn log_frames(b: &SqliteTestBackend) -> u64 {
+    let page: i64 = raw(b)
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .expect("page size");
+    let page = u64::try_from(page).expect("a page size");
+    let mut wal = b.path().as_os_str().to_owned();
     wal.push("-wal");
     std::fs::metadata(std::path::PathBuf::from(wal))
         .map(|m| m.len() / (page + 24))
         .unwrap_or(0)
+}
+
+/// Batch `i` of 100 messages of 3 kB by `actor`, numbered from `i * 100`.
+fn large_batch(actor: &str, i: u64) -> Vec<NewInteraction> {
+    let filler = "x".repeat(3000);
+    (0..100)
+        .map(|j| {
+            NewInteraction::new(
+                "r",
+                Verb::MessagePosted,
+                actor,
+                Role::Agent,
+                json!({ "text": filler, "n": i * 100 + j }),
+            )
+        })
+        .collect()
+}
+
+/// Reads the whole ledger forward; every row's id.
+async fn all_ids(s: &dyn Ledger) -> Vec<huddle_core::InteractionId> {
+    let mut cursor = Position::START;
+    let mut ids = Vec::new();
+    loop {
+        let step = s.read_forward(cursor, 1000).await.expect("read");
+        if step.rows.is_empty() {
+            return ids;
+        }
+        ids.extend(step.rows.iter().map(|r| r.id));
+        cursor = step.next;
+    }
 }
 
 /// Plan 0077: the checkpointer copies the log beside the writer, which never waits
@@ -611,48 +645,27 @@ fn log_frames(path: &std::path::Path, page: u64) -> u64 {
 async fn a_steady_stream_of_writes_keeps_the_log_bounded() {
     let b = backend().await;
     let s: Arc<dyn Ledger> = b.sqlite();
-    let page: i64 = raw(&b)
-        .query_row("PRAGMA page_size", [], |r| r.get(0))
-        .expect("page size");
-    let page = u64::try_from(page).expect("a page size");
-    let filler = "x".repeat(3000);
     let appenders: Vec<_> = (0..4)
         .map(|w| {
-            let (s, filler) = (s.clone(), filler.clone());
+            let s = s.clone();
             tokio::spawn(async move {
                 for i in 0..50 {
-                    let batch = (0..100)
-                        .map(|j| {
-                            NewInteraction::new(
-                                "r",
-                                Verb::MessagePosted,
-                                format!("w{w}"),
-                                Role::Agent,
-                                json!({ "text": filler, "n": i * 100 + j }),
-                            )
-                        })
-                        .collect();
-                    s.append(batch).await.expect("append");
+                    s.append(large_batch(&format!("w{w}"), i))
+                        .await
+                        .expect("append");
                 }
             })
         })
         .collect();
-    let mut largest = 0u64;
-    let mut running = appenders;
-    while !running.is_empty() {
-        largest = largest.max(log_frames(b.path(), page));
+    // Samples the log's length for as long as the appenders run.
+    let mut largest = log_frames(&b);
+    while appenders.iter().any(|a| !a.is_finished()) {
         tokio::time::sleep(Duration::from_millis(2)).await;
-        let mut still = Vec::new();
-        for a in running {
-            if a.is_finished() {
-                a.await.expect("appender");
-            } else {
-                still.push(a);
-            }
-        }
-        running = still;
+        largest = largest.max(log_frames(&b));
     }
-    largest = largest.max(log_frames(b.path(), page));
+    for a in appenders {
+        a.await.expect("appender");
+    }
     assert!(
         largest > 3_000,
         "the appends filled the log towards the writer's threshold: {largest} frames"
@@ -661,19 +674,10 @@ async fn a_steady_stream_of_writes_keeps_the_log_bounded() {
         largest < 6_000,
         "the log restarted under a steady stream of writes: at most {largest} frames"
     );
-    let mut cursor = Position::START;
-    let mut seen = std::collections::HashSet::new();
-    loop {
-        let step = s.read_forward(cursor, 1000).await.expect("read");
-        if step.rows.is_empty() {
-            break;
-        }
-        for row in &step.rows {
-            assert!(seen.insert(row.id), "a row read twice");
-        }
-        cursor = step.next;
-    }
-    assert_eq!(seen.len(), 20_000);
+    let ids = all_ids(s.as_ref()).await;
+    let distinct: std::collections::HashSet<_> = ids.iter().collect();
+    assert_eq!(distinct.len(), ids.len(), "a row read twice");
+    assert_eq!(ids.len(), 20_000);
 }
 
 /// Plan 0068: the log is checkpointed outside the writer's commits (SQLite's automatic
@@ -685,34 +689,12 @@ async fn a_steady_stream_of_writes_keeps_the_log_bounded() {
 async fn the_writer_checkpoints_the_log_and_keeps_it_bounded() {
     let b = backend().await;
     let s = b.sqlite();
-    let wal = {
-        let mut p = b.path().as_os_str().to_owned();
-        p.push("-wal");
-        std::path::PathBuf::from(p)
-    };
-    let page: i64 = raw(&b)
-        .query_row("PRAGMA page_size", [], |r| r.get(0))
-        .expect("page size");
-    let page = u64::try_from(page).expect("a page size");
-    let filler = "x".repeat(3000);
-    let mut largest = 0u64;
+    let mut frames = 0u64;
     // About 12,000 frames in all: 150 commits of 100 rows of 3 kB.
     for i in 0..150 {
-        let batch = (0..100)
-            .map(|j| {
-                NewInteraction::new(
-                    "r",
-                    Verb::MessagePosted,
-                    "ana",
-                    Role::Human,
-                    json!({ "text": filler, "n": i * 100 + j }),
-                )
-            })
-            .collect();
-        s.append(batch).await.expect("append");
-        largest = largest.max(std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0));
+        s.append(large_batch("ana", i)).await.expect("append");
+        frames = frames.max(log_frames(&b));
     }
-    let frames = largest / (page + 24);
     assert!(
         frames > 900,
         "the appends filled the log to its threshold: {frames} frames"
@@ -721,15 +703,5 @@ async fn the_writer_checkpoints_the_log_and_keeps_it_bounded() {
         frames < 4_500,
         "the log was checkpointed and reused: at most {frames} frames"
     );
-    let mut cursor = Position::START;
-    let mut read = 0;
-    loop {
-        let step = s.read_forward(cursor, 1000).await.expect("read");
-        if step.rows.is_empty() {
-            break;
-        }
-        read += step.rows.len();
-        cursor = step.next;
-    }
-    assert_eq!(read, 15_000);
+    assert_eq!(all_ids(s.as_ref()).await.len(), 15_000);
 }
