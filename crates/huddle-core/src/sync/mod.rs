@@ -1291,13 +1291,20 @@ impl Synchronizer {
         taskdrive_key_at(room, task, self.generation(room, task))
     }
 
-    /// Every local agent with a live turn or a claim in flight or held: computed once
-    /// per scheduling pass instead of scanning turns and claims per task and agent.
-    fn busy_agents(&self) -> BTreeSet<String> {
-        self.turns
+    /// Which local agents (in `self.agents` order) have a live turn or a claim in
+    /// flight or held: computed once per scheduling pass instead of scanning turns and
+    /// claims per task and agent, without copying a name (a pass runs after every
+    /// event, so this is on every event's path).
+    fn busy_flags(&self) -> Vec<bool> {
+        let busy: BTreeSet<&str> = self
+            .turns
             .values()
-            .map(|t| t.agent.clone())
-            .chain(self.claims.values().map(|s| s.purpose.agent().to_string()))
+            .map(|t| t.agent.as_str())
+            .chain(self.claims.values().map(|s| s.purpose.agent()))
+            .collect();
+        self.agents
+            .keys()
+            .map(|k| busy.contains(k.as_str()))
             .collect()
     }
 
@@ -1990,7 +1997,7 @@ impl Synchronizer {
         let cap = self.options.max_wakes_per_pass;
         let mut wakes = already;
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
-        let mut busy = self.busy_agents();
+        let mut busy = self.busy_flags();
         for room in rooms {
             let config = self.config(&room, None).clone();
             // A spent room budget stops new task claims (turns already running finish).
@@ -2012,10 +2019,11 @@ impl Synchronizer {
             // agent has something or the pass's cap is reached.
             // The free local agents, kept as the walk hands tasks out: the walk stops
             // when none is left, and picks among them only (not every agent per task).
-            let mut free: Vec<&LocalAgent> = self
+            let mut free: Vec<(usize, &LocalAgent)> = self
                 .agents
                 .values()
-                .filter(|a| !busy.contains(&a.key))
+                .enumerate()
+                .filter(|(i, _)| !busy[*i])
                 .collect();
             let spreading = self.dag.frontier_len(&room) > free.len();
             let order: Box<dyn Iterator<Item = &str> + '_> = if spreading {
@@ -2085,7 +2093,7 @@ impl Synchronizer {
                 } else {
                     holdings.get_or_insert_with(|| self.live_holdings(&room, now))
                 };
-                let pick = free.iter().position(|a| {
+                let pick = free.iter().position(|(_, a)| {
                     right.allows(&a.key, &a.capabilities, task)
                         && crate::resources::blockers(&a.key, &task.uses, live).is_empty()
                         && !self.outstanding_bid(&a.key, Some((&room, id)))
@@ -2093,9 +2101,9 @@ impl Synchronizer {
                         && !self.benched(&room, &a.key)
                 });
                 if let Some(i) = pick {
-                    let agent = free.remove(i).key.clone();
-                    busy.insert(agent.clone());
-                    chosen.push((id.to_string(), agent));
+                    let (at, a) = free.remove(i);
+                    busy[at] = true;
+                    chosen.push((id.to_string(), a.key.clone()));
                     wakes += 1;
                 }
             }
@@ -2111,14 +2119,11 @@ impl Synchronizer {
             // Each free agent with no bid out bids on one open window: the one that
             // hashes lowest with its key, so agents on different relays spread out.
             let agents: Vec<LocalAgent> = self.agents.values().cloned().collect();
-            for a in agents {
+            for (i, a) in agents.into_iter().enumerate() {
                 if wakes >= cap {
                     return;
                 }
-                if busy.contains(&a.key)
-                    || self.outstanding_bid(&a.key, None)
-                    || self.benched(&room, &a.key)
-                {
+                if busy[i] || self.outstanding_bid(&a.key, None) || self.benched(&room, &a.key) {
                     continue;
                 }
                 let pick = bidding
@@ -2275,6 +2280,10 @@ impl Synchronizer {
                     _ => None,
                 })
                 .collect();
+            // Then the checks that need the claim key, still before copying anything
+            // of the task: a claim in flight or held here, our own turn under this
+            // very lease just ended (its completion or failure is on its way into the
+            // fold), another relay's live claim.
             let claimed: Vec<(String, Option<String>)> = self
                 .dag
                 .claimed(&room)
@@ -2289,25 +2298,23 @@ impl Synchronizer {
                         && t.claimed_at
                             .is_some_and(|at| now < at.saturating_add(ttl_us)))
                 })
-                .map(|t| (t.id.clone(), t.owner.clone()))
+                .filter_map(|t| {
+                    let key = task_key_at(&room, &t.id, t.generation);
+                    let skip = self.claims.contains_key(&key)
+                        || t.epoch
+                            .is_some_and(|e| self.finished.contains(&(key.clone(), e)))
+                        || self.held_elsewhere(&key, now)
+                        || self
+                            .claims
+                            .contains_key(&taskdrive_key_at(&room, &t.id, t.generation));
+                    (!skip).then(|| (t.id.clone(), t.owner.clone()))
+                })
                 .collect();
             drop(running);
             for (id, owner) in claimed {
-                let key = self.tkey(&room, &id);
-                if self.task_busy(&room, &id, &key) || self.held_elsewhere(&key, now) {
-                    continue;
-                }
                 let Some(task) = self.dag.task(&room, &id) else {
                     continue;
                 };
-                if task
-                    .epoch
-                    .is_some_and(|e| self.finished.contains(&(key.clone(), e)))
-                {
-                    // Our own turn under this very lease just ended; its completion or
-                    // failure is on its way into the fold.
-                    continue;
-                }
                 let remote_owner = owner.as_ref().is_some_and(|o| !self.agents.contains_key(o));
                 if remote_owner
                     && task
@@ -2363,7 +2370,8 @@ impl Synchronizer {
     fn schedule_reviews(&mut self, now: Timestamp, out: &mut Vec<Intent>) -> usize {
         let cap = self.options.max_wakes_per_pass;
         let mut wakes = 0usize;
-        let mut busy = self.busy_agents();
+        // Built when the first review is wanted: most passes have none.
+        let mut busy: Option<BTreeSet<String>> = None;
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
         for room in rooms {
             let wanted: Vec<(String, u32, String)> = self
@@ -2382,6 +2390,14 @@ impl Synchronizer {
                 }
                 let key = review_key(&room, &task, generation);
                 let dkey = reviewdrive_key(&room, &task, generation);
+                let busy = busy.get_or_insert_with(|| {
+                    self.agents
+                        .keys()
+                        .zip(self.busy_flags())
+                        .filter(|(_, b)| *b)
+                        .map(|(k, _)| k.clone())
+                        .collect()
+                });
                 if busy.contains(&reviewer)
                     || self.benched(&room, &reviewer)
                     || self.claims.contains_key(&key)
