@@ -352,6 +352,82 @@ async fn dropping_a_store_closes_its_listen_and_notify_sessions() {
     }
 }
 
+/// A store opened with `PgOptions::listen` off (the bench's observer) opens no LISTEN
+/// session and its doorbell never rings; it still reads what others append, on its
+/// poll, and its own appends still wake a store that listens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_does_not_listen_reads_on_its_poll_and_still_rings_others() {
+    let db = test_database().await;
+    let quiet = Arc::new(
+        PgStore::connect_with(
+            &db.url,
+            StoreOptions {
+                poll_interval: Duration::from_millis(50),
+                ..StoreOptions::default()
+            },
+            PgOptions {
+                application_name: "huddle-quiet".into(),
+                listen: false,
+                ..PgOptions::default()
+            },
+        )
+        .await
+        .expect("connect quietly"),
+    );
+    let loud = PgStore::connect(&db.url, StoreOptions::default())
+        .await
+        .expect("connect");
+    assert!(loud.wait_listening(Duration::from_secs(20)).await);
+    assert!(
+        !quiet.wait_listening(Duration::from_millis(200)).await,
+        "a store that does not listen never reports listening"
+    );
+    let admin = raw_session(&db.url).await;
+    let listeners: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND application_name = 'huddle-listen'",
+            &[],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .get(0);
+    assert_eq!(
+        listeners, 1,
+        "only the listening store has a LISTEN session"
+    );
+
+    // The listening store's append: the quiet store's bell stays silent, and its
+    // subscription finds the row on its poll.
+    let quiet_bell = quiet.doorbell();
+    loud.append(vec![msg("from the loud store")])
+        .await
+        .expect("append");
+    loud.flush_doorbell().await;
+    let mut sub = Subscription::new(quiet.clone(), Position::START, 100);
+    let batch = tokio::time::timeout(Duration::from_secs(20), sub.next())
+        .await
+        .expect("the quiet store reads on its poll")
+        .expect("read");
+    assert_eq!(batch.rows[0].body["text"], json!("from the loud store"));
+    assert!(
+        !quiet_bell.has_changed().unwrap_or(true),
+        "nothing rang the quiet store's doorbell"
+    );
+
+    // The quiet store's append rings the listening store's doorbell.
+    let mut loud_bell = loud.doorbell();
+    loud_bell.borrow_and_update();
+    quiet
+        .append(vec![msg("from the quiet store")])
+        .await
+        .expect("append");
+    tokio::time::timeout(Duration::from_secs(20), loud_bell.changed())
+        .await
+        .expect("the quiet store's append rang the listening store")
+        .expect("bell open");
+}
+
 /// The SQL overlap of migration 0007 decides exactly as huddle-core's: thousands of
 /// generated glob pairs (over a small alphabet, so that they often meet), each asked
 /// of both, agree.

@@ -78,6 +78,13 @@ pub struct PgOptions {
     pub listen_backoff_min: Duration,
     /// Longest delay between LISTEN reconnect attempts (default 2 s).
     pub listen_backoff_max: Duration,
+    /// Whether the store LISTENs (default true). Without it no other store's append
+    /// rings its doorbell: its subscriptions read forward every
+    /// [`StoreOptions::poll_interval`] only, and the server sends it no notifications.
+    /// For a reader that need not hear of appends at once (`huddle bench tasks`'
+    /// observer), so that it adds no listener to the ones it measures. Its own appends
+    /// still NOTIFY the others.
+    pub listen: bool,
 }
 
 impl Default for PgOptions {
@@ -89,6 +96,7 @@ impl Default for PgOptions {
             pool_wait_timeout: Duration::from_secs(30),
             listen_backoff_min: Duration::from_millis(100),
             listen_backoff_max: Duration::from_secs(2),
+            listen: true,
         }
     }
 }
@@ -187,17 +195,22 @@ impl PgStore {
             &["synchronous_commit=off"],
         );
         let (listening_tx, listening) = watch::channel(false);
-        let tasks = vec![
-            tokio::spawn(doorbell::listen_loop(
+        let mut tasks = Vec::with_capacity(2);
+        if pg.listen {
+            tasks.push(tokio::spawn(doorbell::listen_loop(
                 listen_cfg,
                 bell.clone(),
                 listening_tx,
                 own.clone(),
                 pg.listen_backoff_min,
                 pg.listen_backoff_max,
-            )),
-            tokio::spawn(doorbell::notify_loop(notify_cfg, notifier.clone(), own)),
-        ];
+            )));
+        }
+        tasks.push(tokio::spawn(doorbell::notify_loop(
+            notify_cfg,
+            notifier.clone(),
+            own,
+        )));
         // Rechecks back off to at most 1 s (or the poll, if shorter) during a long block.
         let recheck = doorbell::Recheck::new(
             Duration::from_millis(10),
@@ -238,6 +251,7 @@ impl PgStore {
     /// returns whether it is. Subscriptions need not wait (the first LISTEN rings the
     /// bell and they read forward); this is for a caller that must know the doorbell
     /// is live, such as a test that proves a wake-up came from another process.
+    /// Always false for a store that does not listen ([`PgOptions::listen`]).
     pub async fn wait_listening(&self, timeout: Duration) -> bool {
         let mut listening = self.listening.clone();
         let up = tokio::time::timeout(timeout, listening.wait_for(|up| *up))
