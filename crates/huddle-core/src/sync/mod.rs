@@ -2300,13 +2300,10 @@ impl Synchronizer {
                 })
                 .filter_map(|t| {
                     let key = task_key_at(&room, &t.id, t.generation);
-                    let skip = self.claims.contains_key(&key)
+                    let skip = self.task_busy(&room, &t.id, &key)
                         || t.epoch
                             .is_some_and(|e| self.finished.contains(&(key.clone(), e)))
-                        || self.held_elsewhere(&key, now)
-                        || self
-                            .claims
-                            .contains_key(&taskdrive_key_at(&room, &t.id, t.generation));
+                        || self.held_elsewhere(&key, now);
                     (!skip).then(|| (t.id.clone(), t.owner.clone()))
                 })
                 .collect();
@@ -2371,7 +2368,7 @@ impl Synchronizer {
         let cap = self.options.max_wakes_per_pass;
         let mut wakes = 0usize;
         // Built when the first review is wanted: most passes have none.
-        let mut busy: Option<BTreeSet<String>> = None;
+        let mut busy: Option<Vec<bool>> = None;
         let rooms: Vec<String> = self.rooms.iter().cloned().collect();
         for room in rooms {
             let wanted: Vec<(String, u32, String)> = self
@@ -2390,15 +2387,12 @@ impl Synchronizer {
                 }
                 let key = review_key(&room, &task, generation);
                 let dkey = reviewdrive_key(&room, &task, generation);
-                let busy = busy.get_or_insert_with(|| {
-                    self.agents
-                        .keys()
-                        .zip(self.busy_flags())
-                        .filter(|(_, b)| *b)
-                        .map(|(k, _)| k.clone())
-                        .collect()
-                });
-                if busy.contains(&reviewer)
+                let busy = busy.get_or_insert_with(|| self.busy_flags());
+                // `wanted` holds only reviewers this relay hosts.
+                let Some(at) = self.agents.keys().position(|k| *k == reviewer) else {
+                    continue;
+                };
+                if busy[at]
                     || self.benched(&room, &reviewer)
                     || self.claims.contains_key(&key)
                     || self.claims.contains_key(&dkey)
@@ -2407,7 +2401,7 @@ impl Synchronizer {
                 {
                     continue;
                 }
-                busy.insert(reviewer.clone());
+                busy[at] = true;
                 let then = ChainedAcquire {
                     key: dkey,
                     holder: self.relay.clone(),
