@@ -49,13 +49,14 @@ pub fn archived_note(room: &str, row: &Interaction) -> String {
     )
 }
 
-/// Every row of `room`, in ledger order; a row the store could not verify makes the
-/// export fail (it could not be archived faithfully).
+/// Every row of `room` as stored (a `task.lot` as itself, not as its items: the
+/// archive matches the database row for row), in ledger order; a row the store could
+/// not verify makes the export fail (it could not be archived faithfully).
 async fn export(store: &dyn Store, room: &str) -> anyhow::Result<Vec<Interaction>> {
     let mut rows = Vec::new();
     let mut cursor = Position::START;
     loop {
-        let batch = store.read_room(room, cursor, 5000).await?;
+        let batch = store.read_room_rows(room, cursor, 5000).await?;
         if let Some(s) = batch.skipped.first() {
             bail!(
                 "room {room} holds a row that does not verify (at {}: {}); it cannot be \
@@ -79,7 +80,12 @@ fn unsettled(room: &str, rows: &[Interaction]) -> Option<String> {
     let mut authority = huddle_core::OwnerAuthority::new();
     let mut tally = huddle_sim::Tally::new(room);
     let mut last: Option<huddle_core::protocol::RoomSettledBody> = None;
-    for r in rows {
+    // What readers see: a lot's items (the export checked that every lot unpacks).
+    let limits = huddle_core::Limits::default();
+    let items = rows
+        .iter()
+        .flat_map(|r| r.clone().unpacked(&limits).unwrap_or_default());
+    for r in &items.collect::<Vec<_>>() {
         authority.apply(r);
         if authority.admits(r) {
             tally.apply(r);

@@ -17,6 +17,9 @@ pub enum ModelError {
     /// A body that is not valid JSON.
     #[error("body is not valid JSON: {0}")]
     BadBody(String),
+    /// A `task.lot` row whose items are not a list of allowed task-turn rows.
+    #[error("bad task.lot: {0}")]
+    BadLot(String),
     /// A row whose stored id is not the hash of its content.
     #[error("stored id {stored} does not match the content hash {computed}")]
     IdMismatch {

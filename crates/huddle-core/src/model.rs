@@ -17,6 +17,9 @@ use crate::keys::{OwnerKey, RowSignature};
 use crate::limits::Limits;
 use crate::verbs::Verb;
 
+mod lot;
+pub use lot::{LOT_ITEM_VERBS, MAX_LOT_ITEMS};
+
 /// Microseconds since the Unix epoch, as read from the **database** clock.
 ///
 /// The core never reads a clock; every `now` it sees is passed in. A distinct type so
@@ -298,7 +301,11 @@ impl NewInteraction {
                 });
             }
         }
-        check_hashed(&self.hashed(), limits, size)
+        check_hashed(&self.hashed(), limits, size)?;
+        if self.verb == Verb::TaskLot {
+            self.check_lot(limits)?;
+        }
+        Ok(())
     }
 
     fn hashed(&self) -> canonical::HashedFields<'_> {

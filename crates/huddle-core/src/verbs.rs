@@ -125,6 +125,9 @@ verbs! {
     ResourceReleased => "resource.released",
     /// A new version of a shared-state key (the version it makes, the value).
     StatePut => "state.put",
+    /// Several task turns' rows of one room and writer in one fenced row (plan 0080):
+    /// readers see its items, never the row itself.
+    TaskLot => "task.lot",
 }
 
 impl fmt::Display for Verb {

@@ -155,6 +155,15 @@ impl Ledger for MeteredStore {
         self.inner.read_room(room, after, limit).await
     }
 
+    async fn read_room_rows(
+        &self,
+        room: &str,
+        after: Position,
+        limit: usize,
+    ) -> huddle_store::Result<ReadBatch> {
+        self.inner.read_room_rows(room, after, limit).await
+    }
+
     async fn read_rooms(
         &self,
         rooms: &[String],

@@ -19,6 +19,8 @@ use crate::subscribe::Subscription;
 use crate::traits::{Acquired, ClaimRequest, Epoch, Fence, Store};
 use crate::StoreOptions;
 
+#[path = "conformance_lots.rs"]
+pub mod lots;
 #[path = "conformance_resources.rs"]
 pub mod resources;
 #[path = "conformance_rooms.rs"]
@@ -128,6 +130,11 @@ macro_rules! conformance_tests {
             archive_removes_a_room_and_leaves_its_row,
             archive_refuses_a_changed_room_or_live_claims,
             prune_removes_only_what_can_never_matter,
+        );
+        $crate::conformance_tests!(@each $make; lots::
+            a_lot_reads_as_its_items_in_its_place,
+            a_lot_is_refused_whole_when_one_item_is_not_under_its_claim,
+            a_corrupt_lot_is_skipped_whole,
         );
     };
     ($make:path, across_processes) => {

@@ -58,6 +58,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     11 "handoff_rows" "0011_handoff_rows.sql",
     12 "archived_rooms" "0012_archived_rooms.sql",
     13 "batch_acquire_inline" "0013_batch_acquire_inline.sql",
+    14 "task_lots" "0014_task_lots.sql",
 );
 
 /// SQLite migrations, in order.
@@ -72,6 +73,7 @@ pub const SQLITE: &[Migration] = migrations!("sqlite":
     8 "task_generations" "0008_task_generations.sql",
     9 "review_gates" "0009_review_gates.sql",
     10 "archived_rooms" "0010_archived_rooms.sql",
+    11 "task_lots" "0011_task_lots.sql",
 );
 
 /// Checks that the applied migrations are a prefix of `known` with equal checksums,

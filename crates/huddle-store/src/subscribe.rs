@@ -312,6 +312,15 @@ mod tests {
             self.reads.fetch_add(1, Ordering::SeqCst);
             self.inner.read_forward(after, limit).await
         }
+
+        async fn read_room_rows(
+            &self,
+            room: &str,
+            after: Position,
+            limit: usize,
+        ) -> Result<ReadBatch> {
+            self.inner.read_room_rows(room, after, limit).await
+        }
         async fn get(&self, id: InteractionId) -> Result<Option<Interaction>> {
             self.inner.get(id).await
         }

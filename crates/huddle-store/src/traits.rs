@@ -38,7 +38,9 @@ pub struct SkippedRow {
 /// One read-forward step.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ReadBatch {
-    /// Verified interactions, in ledger order.
+    /// Verified interactions, in ledger order; a `task.lot` row's items in its place
+    /// (each at the lot's position, plan 0080), unless read with
+    /// [`Ledger::read_room_rows`].
     pub rows: Vec<Interaction>,
     /// Rows that failed verification, in ledger order.
     pub skipped: Vec<SkippedRow>,
@@ -227,6 +229,27 @@ pub struct Handoff {
     pub appended: Vec<Option<Vec<Appended>>>,
 }
 
+/// Verifies a stored row and adds what it stands for to `rows`: the row, or a lot's
+/// items when `unpack` (a lot that does not unpack is refused either way, so the
+/// stored and the unpacked reads skip the same rows). The reason when it is skipped.
+pub(crate) fn read_row(
+    raw: huddle_core::RawRow,
+    unpack: bool,
+    rows: &mut Vec<Interaction>,
+) -> std::result::Result<(), String> {
+    if unpack {
+        return raw.read_into(rows).map_err(|e| e.to_string());
+    }
+    let row = raw.verify().map_err(|e| e.to_string())?;
+    if row.verb == huddle_core::Verb::TaskLot {
+        row.clone()
+            .unpacked(&Limits::default())
+            .map_err(|e| e.to_string())?;
+    }
+    rows.push(row);
+    Ok(())
+}
+
 /// The fences of `append` when every one of its conditions holds in `acquired`.
 pub fn conditions_hold(
     append: &ConditionalAppend,
@@ -380,7 +403,15 @@ pub trait Ledger: Send + Sync + 'static {
         }
     }
 
-    /// One interaction by id, if present and valid.
+    /// Like [`Ledger::read_room`], but the rows as they are stored: a `task.lot` row is
+    /// returned as itself (checked as its readers check it: a lot they would skip is
+    /// skipped here too), not as its items. What an export that must match the
+    /// database row for row reads (`huddle room archive`); everything else reads
+    /// items.
+    async fn read_room_rows(&self, room: &str, after: Position, limit: usize) -> Result<ReadBatch>;
+
+    /// One row by id, if present and valid: a row, never an item of a lot (a
+    /// `task.lot` row is returned as itself).
     async fn get(&self, id: InteractionId) -> Result<Option<Interaction>>;
 
     /// A doorbell receiver for this store.

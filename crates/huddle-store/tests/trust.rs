@@ -824,6 +824,158 @@ async fn claim_battery(honest: &dyn Store, attacker: &dyn Store, t: &mut Tally) 
     );
 }
 
+/// A lot of `items` in the battery's room (plan 0080).
+fn lot_of(items: &[NewInteraction]) -> NewInteraction {
+    NewInteraction::lot(
+        &items[0].room,
+        "relay",
+        items,
+        &huddle_core::Limits::default(),
+    )
+    .expect("a lot of valid items")
+}
+
+/// Task lots (plan 0080): the database checks every task item of a lot against its
+/// claim, as it checks the row the item stands for, and refuses the whole lot when one
+/// fails. Shared by both backends.
+async fn lot_battery(honest: &dyn Store, attacker: &dyn Store, t: &mut Tally) {
+    const FENCE_ERR: &[&str] = &["huddle:", "refused"];
+    let key = format!("task/{ROOM}/t3");
+    let epoch = won(honest.acquire(&key, "ada", TTL).await.expect("acquire"));
+    let fence = Fence {
+        key: key.clone(),
+        holder: "ada".into(),
+        epoch: ClaimEpoch(epoch),
+    };
+    let good = claimed("t3", "ada", epoch);
+    for (what, bad) in [
+        (
+            "a lot with an item for a task nobody claimed",
+            claimed("t8", "ada", 1),
+        ),
+        (
+            "a lot with an item by a non-holder",
+            completed("t3", "bo", epoch, "not the holder"),
+        ),
+        (
+            "a lot with an item at the next epoch",
+            completed("t3", "ada", epoch + 1, "next epoch"),
+        ),
+        (
+            "a lot with an item at epoch i64::MAX",
+            completed("t3", "ada", i64::MAX, "max epoch"),
+        ),
+        (
+            "a lot with an item whose epoch is text",
+            NewInteraction::new(
+                ROOM,
+                Verb::TaskCompleted,
+                "ada",
+                Role::Agent,
+                json!({ "task": "t3", "epoch": epoch.to_string(), "result": "x" }),
+            ),
+        ),
+        (
+            "a lot with an item whose epoch is past i64::MAX",
+            NewInteraction::new(
+                ROOM,
+                Verb::TaskCompleted,
+                "ada",
+                Role::Agent,
+                json!({ "task": "t3", "epoch": 9_999_999_999_999_999_999u64, "result": "x" }),
+            ),
+        ),
+        (
+            "a lot with an item naming no task",
+            NewInteraction::new(
+                ROOM,
+                Verb::TaskClaimed,
+                "ada",
+                Role::Agent,
+                json!({ "epoch": epoch }),
+            ),
+        ),
+    ] {
+        t.attempt(
+            what,
+            append(attacker, lot_of(&[good.clone(), bad])).await,
+            FENCE_ERR,
+        );
+    }
+    // The honest lot passes and closes the claim; a second completion lot is refused.
+    honest
+        .append_under(
+            std::slice::from_ref(&fence),
+            true,
+            vec![lot_of(&[good, completed("t3", "ada", epoch, "honest")])],
+        )
+        .await
+        .expect("the honest lot is accepted under its claim");
+    t.attempt(
+        "a completion lot under a closed claim",
+        append(
+            attacker,
+            lot_of(&[completed("t3", "ada", epoch, "after close")]),
+        )
+        .await,
+        FENCE_ERR,
+    );
+    // A released claim.
+    let key4 = format!("task/{ROOM}/t4");
+    let epoch4 = won(honest.acquire(&key4, "ada", TTL).await.expect("acquire"));
+    assert!(honest
+        .release(&key4, "ada", ClaimEpoch(epoch4))
+        .await
+        .expect("release"));
+    t.attempt(
+        "a lot with an item under a released claim",
+        append(
+            attacker,
+            lot_of(&[completed("t4", "ada", epoch4, "released")]),
+        )
+        .await,
+        FENCE_ERR,
+    );
+}
+
+/// Lot rows no writer builds, for a raw INSERT: `(what, role, body)`. Each must be
+/// refused by the database's insert check.
+fn misshapen_lots() -> Vec<(&'static str, &'static str, String)> {
+    let prompted = r#"{"verb":"turn.prompted","actor":"ada","role":"agent","body":{"turn":"x"}}"#;
+    vec![
+        (
+            "a lot with a config.set item",
+            "system",
+            r#"{"items":[{"verb":"config.set","actor":"ada","role":"agent","body":{}}]}"#.into(),
+        ),
+        (
+            "a lot with an owner's item",
+            "system",
+            r#"{"items":[{"verb":"task.completed","actor":"olga","role":"owner","body":{"task":"t1","epoch":1}}]}"#.into(),
+        ),
+        (
+            "a lot of 65 items",
+            "system",
+            format!(r#"{{"items":[{}]}}"#, vec![prompted; 65].join(",")),
+        ),
+        (
+            "a lot with no items",
+            "system",
+            r#"{"items":[]}"#.into(),
+        ),
+        (
+            "a lot with a key beside its items",
+            "system",
+            format!(r#"{{"items":[{prompted}],"also":1}}"#),
+        ),
+        (
+            "a lot written as an agent",
+            "agent",
+            format!(r#"{{"items":[{prompted}]}}"#),
+        ),
+    ]
+}
+
 #[tokio::test]
 async fn sqlite_refuses_forged_rows() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -843,9 +995,21 @@ async fn sqlite_refuses_forged_rows() {
     .expect("open");
     let mut t = Tally::default();
     claim_battery(&honest, &attacker, &mut t).await;
+    lot_battery(&honest, &attacker, &mut t).await;
 
     // Raw statements on the file (a writer not going through huddle at all).
     let conn = rusqlite::Connection::open(path).expect("open raw");
+    for (what, role, body) in misshapen_lots() {
+        let out = conn
+            .execute(
+                "INSERT INTO interaction (id, room, verb, actor, role, body, at, relay) \
+                 VALUES (randomblob(32), 'lobby', 'task.lot', 'relay', ?1, ?2, 0, 'x')",
+                rusqlite::params![role, body],
+            )
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        t.attempt(&format!("a raw INSERT of {what}"), out, &["huddle:"]);
+    }
     for (what, sql) in [
         (
             "UPDATE of an interaction",
@@ -954,6 +1118,7 @@ async fn postgres_refuses_forged_rows_and_statements() {
         .expect("connect as relay b");
     let mut t = Tally::default();
     claim_battery(&honest, &attacker, &mut t).await;
+    lot_battery(&honest, &attacker, &mut t).await;
 
     // Rows the honest relay wrote carry its role.
     let rows = honest
@@ -970,6 +1135,11 @@ async fn postgres_refuses_forged_rows_and_statements() {
     t.attempt(
         "task.claimed by another relay under a live claim it did not acquire",
         append(&attacker, claimed("t9", "ada", epoch)).await,
+        FENCE_ERR,
+    );
+    t.attempt(
+        "a lot by another relay with an item under a live claim it did not acquire",
+        append(&attacker, lot_of(&[claimed("t9", "ada", epoch)])).await,
         FENCE_ERR,
     );
     let fence = Fence {
@@ -1182,6 +1352,42 @@ async fn postgres_refuses_forged_rows_and_statements() {
         out,
         &["may not write as agent"],
     );
+    let out = attacker
+        .append_fenced(
+            &Fence {
+                key: vault_key.clone(),
+                holder: "ada".into(),
+                epoch: ClaimEpoch(vault_epoch),
+            },
+            vec![lot_of(&[NewInteraction {
+                room: VAULT.into(),
+                ..completed("t5", "ada", vault_epoch, "as a bound agent")
+            }])],
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string());
+    t.attempt(
+        "relay role: a lot with an item as a bound agent under a claim it acquired",
+        out,
+        &["may not write as agent"],
+    );
+    for (n, (what, role, body)) in misshapen_lots().into_iter().enumerate() {
+        let out = raw
+            .batch_execute(&format!(
+                "INSERT INTO interaction (id, room, verb, actor, role, body) \
+                 VALUES (decode(repeat('{:02x}', 32), 'hex'), 'lobby', 'task.lot', 'relay', \
+                         '{role}', '{body}')",
+                0x70 + n
+            ))
+            .await
+            .map_err(|e| db_error(&e));
+        t.attempt(
+            &format!("relay role: a raw INSERT of {what}"),
+            out,
+            &["huddle:"],
+        );
+    }
     for (what, sql) in [
         (
             "binding an agent to itself",

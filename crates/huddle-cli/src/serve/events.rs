@@ -7,7 +7,9 @@
 //! wait on: NOTIFY on Postgres, the `data_version` watcher on SQLite — or the bounded
 //! fallback poll, and reads again. The ledger's read-forward never skips a committed
 //! row, so a client that resumes from the last id it received misses nothing and
-//! receives nothing twice. Corrupt rows are sent as `event: skipped` (with their
+//! receives nothing twice — except the items of a `task.lot` (plan 0080), which share
+//! its position: only the last carries the id, so a client cut off inside a lot is
+//! sent all of it again (an interaction's `id` tells the repeats). Corrupt rows are sent as `event: skipped` (with their
 //! cursor as id), so the cursor moves past them and the stream goes on.
 
 use std::collections::VecDeque;
@@ -118,10 +120,7 @@ impl RoomStream {
                         match serde_json::to_string(row) {
                             Ok(data) => items.push((
                                 row.position,
-                                Event::default()
-                                    .event("interaction")
-                                    .id(row.position.to_string())
-                                    .data(data),
+                                Event::default().event("interaction").data(data),
                             )),
                             Err(e) => tracing::warn!(error = %e, "cannot encode a row"),
                         }
@@ -133,15 +132,23 @@ impl RoomStream {
                         });
                         items.push((
                             s.position,
-                            Event::default()
-                                .event("skipped")
-                                .id(s.position.to_string())
-                                .data(data.to_string()),
+                            Event::default().event("skipped").data(data.to_string()),
                         ));
                     }
-                    // Ledger order, so the last id a client saw is its resume point.
+                    // Ledger order, so the last id a client saw is its resume point. The
+                    // items of one lot share its position (plan 0080): only the last of
+                    // them carries the id, so a client cut off inside a lot resumes
+                    // before it and is sent the whole lot again, never half of it.
                     items.sort_by_key(|(p, _)| *p);
-                    self.pending.extend(items.into_iter().map(|(_, e)| e));
+                    let mut items = items.into_iter().peekable();
+                    while let Some((position, event)) = items.next() {
+                        let last_here = items.peek().is_none_or(|(next, _)| *next != position);
+                        self.pending.push_back(if last_here {
+                            event.id(position.to_string())
+                        } else {
+                            event
+                        });
+                    }
                     let moved = batch.next != self.cursor;
                     self.cursor = batch.next;
                     if moved {

@@ -218,6 +218,65 @@ impl Tables {
         Ok(())
     }
 
+    /// What both databases check of a `task.lot` row (migrations 0014 Postgres, 0011
+    /// SQLite): every fenced item (`task.claimed` / `task.completed` / `task.failed`)
+    /// names its task claim, held by the item's actor at the item's epoch, live or
+    /// closed by this very lot. Its shape is the writer's check
+    /// (`NewInteraction::validate`), which every append here runs first.
+    fn check_lots(
+        &mut self,
+        batch: &[NewInteraction],
+        ids: &[InteractionId],
+        now: Timestamp,
+    ) -> Result<()> {
+        use huddle_core::protocol::claims::task_key_at;
+        for (n, id) in batch.iter().zip(ids) {
+            if n.verb != huddle_core::Verb::TaskLot || self.by_id.contains_key(&id.0[..]) {
+                continue;
+            }
+            let items = n.body.get("items").and_then(|i| i.as_array());
+            for item in items.into_iter().flatten() {
+                let verb = item.get("verb").and_then(|v| v.as_str());
+                if !matches!(
+                    verb,
+                    Some("task.claimed" | "task.completed" | "task.failed")
+                ) {
+                    continue;
+                }
+                let body = &item["body"];
+                let task = body.get("task").and_then(|t| t.as_str());
+                let epoch = body.get("epoch").and_then(|e| e.as_i64());
+                let generation = body
+                    .get("generation")
+                    .map_or(Some(0), |g| g.as_u64().and_then(|g| u32::try_from(g).ok()));
+                let holder = item.get("actor").and_then(|a| a.as_str());
+                let held = match (task, epoch, generation, holder) {
+                    (Some(task), Some(epoch), Some(generation), Some(holder)) => {
+                        let key = task_key_at(&n.room, task, generation);
+                        match self.closed.get(&key) {
+                            Some(by) => {
+                                by == id
+                                    && self.claims.get(&key).is_some_and(|c| {
+                                        c.holder == holder && c.epoch.get() == epoch
+                                    })
+                            }
+                            None => self.live_claim(&key, holder, Epoch(epoch), now).is_some(),
+                        }
+                    }
+                    _ => false,
+                };
+                if !held {
+                    return Err(StoreError::Backend(
+                        "huddle: task.lot refused: an item's task claim is not live and held \
+                         by its actor at its epoch"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Stores `row` at the next position.
     fn push(&mut self, mut row: RawRow) {
         self.last_seq += 1;
@@ -432,6 +491,7 @@ impl Shared {
             }
             tables.check_state_puts(batch)?;
             tables.check_archived(batch, ids)?;
+            tables.check_lots(batch, ids, now)?;
             if let Some(id) = closing {
                 for fence in fences {
                     tables.closed.insert(fence.key.clone(), id);
@@ -524,6 +584,18 @@ impl MemoryStore {
             .commit(fences, closing, batch, &ids, &bodies, &self.options)
     }
 
+    /// Up to `limit` stored rows of `rooms` after `after`, in ledger order.
+    fn stored_rows(&self, rooms: &[String], after: Position, limit: usize) -> Vec<RawRow> {
+        let tables = self.shared.tables();
+        let first = tables.rows.partition_point(|r| r.position <= after);
+        tables.rows[first..]
+            .iter()
+            .filter(|r| rooms.contains(&r.room))
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+
     /// Runs `f` on the tables under the writer gate, at the clock's time now.
     async fn claims<T>(&self, f: impl FnOnce(&mut Tables, Timestamp) -> T) -> T {
         let _gate = self.shared.writer.lock().await;
@@ -532,14 +604,21 @@ impl MemoryStore {
     }
 }
 
-/// Verifies a stored row, logging and describing a corrupt or foreign one.
-fn verified(row: RawRow) -> std::result::Result<Interaction, SkippedRow> {
-    let position = row.position;
-    row.verify().map_err(|e| {
-        let reason = e.to_string();
-        tracing::warn!(%position, %reason, "skipping a corrupt or foreign ledger row");
-        SkippedRow { position, reason }
-    })
+/// Verifies stored rows into a batch after `after`: each row's interactions (a lot's
+/// items when `unpack`), logging and describing a corrupt or foreign one.
+fn verified(stored: Vec<RawRow>, after: Position, unpack: bool) -> ReadBatch {
+    let mut batch = ReadBatch {
+        next: stored.last().map_or(after, |r| r.position),
+        ..ReadBatch::default()
+    };
+    for row in stored {
+        let position = row.position;
+        if let Err(reason) = crate::traits::read_row(row, unpack, &mut batch.rows) {
+            tracing::warn!(%position, %reason, "skipping a corrupt or foreign ledger row");
+            batch.skipped.push(SkippedRow { position, reason });
+        }
+    }
+    batch
 }
 
 #[async_trait]
@@ -567,17 +646,7 @@ impl Ledger for MemoryStore {
             let first = tables.rows.partition_point(|r| r.position <= after);
             tables.rows[first..].iter().take(limit).cloned().collect()
         };
-        let mut batch = ReadBatch {
-            next: stored.last().map_or(after, |r| r.position),
-            ..ReadBatch::default()
-        };
-        for row in stored {
-            match verified(row) {
-                Ok(i) => batch.rows.push(i),
-                Err(skipped) => batch.skipped.push(skipped),
-            }
-        }
-        Ok(batch)
+        Ok(verified(stored, after, true))
     }
 
     async fn read_rooms(
@@ -586,27 +655,16 @@ impl Ledger for MemoryStore {
         after: Position,
         limit: usize,
     ) -> Result<ReadBatch> {
-        let stored: Vec<RawRow> = {
-            let tables = self.shared.tables();
-            let first = tables.rows.partition_point(|r| r.position <= after);
-            tables.rows[first..]
-                .iter()
-                .filter(|r| rooms.contains(&r.room))
-                .take(limit)
-                .cloned()
-                .collect()
-        };
-        let mut batch = ReadBatch {
-            next: stored.last().map_or(after, |r| r.position),
-            ..ReadBatch::default()
-        };
-        for row in stored {
-            match verified(row) {
-                Ok(i) => batch.rows.push(i),
-                Err(skipped) => batch.skipped.push(skipped),
-            }
-        }
-        Ok(batch)
+        Ok(verified(self.stored_rows(rooms, after, limit), after, true))
+    }
+
+    async fn read_room_rows(&self, room: &str, after: Position, limit: usize) -> Result<ReadBatch> {
+        let rooms = [room.to_string()];
+        Ok(verified(
+            self.stored_rows(&rooms, after, limit),
+            after,
+            false,
+        ))
     }
 
     async fn get(&self, id: InteractionId) -> Result<Option<Interaction>> {
@@ -614,7 +672,7 @@ impl Ledger for MemoryStore {
             let tables = self.shared.tables();
             tables.by_id.get(&id.0[..]).map(|&i| tables.rows[i].clone())
         };
-        Ok(stored.and_then(|row| verified(row).ok()))
+        Ok(stored.and_then(|row| verified(vec![row], Position::START, false).rows.pop()))
     }
 
     fn doorbell(&self) -> Doorbell {

@@ -295,7 +295,15 @@ impl PgStore {
 
     /// Reads forward, over all rooms or some (then on the room index; `next` is past
     /// the last row of those rooms returned).
-    async fn read(&self, scope: Scope<'_>, after: Position, limit: usize) -> Result<ReadBatch> {
+    /// `unpack`: a lot's items in its place (every reader), or the lot itself
+    /// ([`Ledger::read_room_rows`]).
+    async fn read(
+        &self,
+        scope: Scope<'_>,
+        after: Position,
+        limit: usize,
+        unpack: bool,
+    ) -> Result<ReadBatch> {
         if limit == 0 || matches!(scope, Scope::Rooms(rooms) if rooms.is_empty()) {
             return Ok(ReadBatch {
                 next: after,
@@ -356,7 +364,7 @@ impl PgStore {
         };
         drop(client);
         self.recheck.after_read(held_back, &self.bell);
-        let (rows, skipped) = self.decode_rows(rows)?;
+        let (rows, skipped) = self.decode_rows(rows, unpack)?;
         Ok(ReadBatch {
             rows,
             skipped,
@@ -364,13 +372,17 @@ impl PgStore {
         })
     }
 
-    fn decode_rows(&self, rows: Vec<Row>) -> Result<(Vec<Interaction>, Vec<SkippedRow>)> {
+    fn decode_rows(
+        &self,
+        rows: Vec<Row>,
+        unpack: bool,
+    ) -> Result<(Vec<Interaction>, Vec<SkippedRow>)> {
         let mut good = Vec::with_capacity(rows.len());
         let mut skipped = Vec::new();
         for row in rows {
             let (position, raw) = decode_row(&row)?;
-            match raw.and_then(|r| r.verify().map_err(|e| e.to_string())) {
-                Ok(i) => good.push(i),
+            match raw.and_then(|r| crate::traits::read_row(r, unpack, &mut good)) {
+                Ok(()) => {}
                 Err(reason) => {
                     tracing::warn!(%position, %reason, "skipping a corrupt or foreign ledger row");
                     self.skipped.fetch_add(1, Ordering::Relaxed);
@@ -960,11 +972,15 @@ impl Ledger for PgStore {
     }
 
     async fn read_forward(&self, after: Position, limit: usize) -> Result<ReadBatch> {
-        self.read(Scope::All, after, limit).await
+        self.read(Scope::All, after, limit, true).await
     }
 
     async fn read_room(&self, room: &str, after: Position, limit: usize) -> Result<ReadBatch> {
-        self.read(Scope::Room(room), after, limit).await
+        self.read(Scope::Room(room), after, limit, true).await
+    }
+
+    async fn read_room_rows(&self, room: &str, after: Position, limit: usize) -> Result<ReadBatch> {
+        self.read(Scope::Room(room), after, limit, false).await
     }
 
     async fn read_rooms(
@@ -974,7 +990,7 @@ impl Ledger for PgStore {
         limit: usize,
     ) -> Result<ReadBatch> {
         let rooms = crate::traits::distinct_rooms(rooms);
-        self.read(Scope::Rooms(&rooms), after, limit).await
+        self.read(Scope::Rooms(&rooms), after, limit, true).await
     }
 
     async fn get(&self, id: InteractionId) -> Result<Option<Interaction>> {
@@ -985,7 +1001,7 @@ impl Ledger for PgStore {
             .await
             .map_err(map_pg)?;
         drop(client);
-        let (mut good, _) = self.decode_rows(rows)?;
+        let (mut good, _) = self.decode_rows(rows, false)?;
         Ok(good.pop())
     }
 

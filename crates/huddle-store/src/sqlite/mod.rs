@@ -214,7 +214,15 @@ impl Inner {
 
     /// Reads up to `limit` rows after `after` (of `room` only, when given), verifying
     /// each outside the connection lock.
-    fn read_forward(&self, room: Option<&str>, after: Position, limit: usize) -> Result<ReadBatch> {
+    /// `unpack`: a lot's items in its place (every reader), or the lot itself
+    /// ([`Ledger::read_room_rows`]).
+    fn read_forward(
+        &self,
+        room: Option<&str>,
+        after: Position,
+        limit: usize,
+        unpack: bool,
+    ) -> Result<ReadBatch> {
         let batch = ReadBatch {
             next: after,
             ..ReadBatch::default()
@@ -228,7 +236,7 @@ impl Inner {
             None => ledger::query_rows(conn, READ_FORWARD, params![after_seq, limit]),
             Some(room) => ledger::query_rows(conn, READ_ROOM, params![room, after_seq, limit]),
         })?;
-        Ok(self.verify_rows(batch, stored))
+        Ok(self.verify_rows(batch, stored, unpack))
     }
 
     /// Reads up to `limit` rows of `rooms` (without repeats) after `after`: one indexed
@@ -261,19 +269,24 @@ impl Inner {
         })?;
         stored.sort_by_key(|r| r.position);
         stored.truncate(limit);
-        Ok(self.verify_rows(batch, stored))
+        Ok(self.verify_rows(batch, stored, true))
     }
 
     /// Verifies rows read back outside the connection lock, appending them to `batch`
     /// (or its skipped rows) and moving its cursor past each.
-    fn verify_rows(&self, mut batch: ReadBatch, stored: Vec<ledger::StoredRow>) -> ReadBatch {
+    fn verify_rows(
+        &self,
+        mut batch: ReadBatch,
+        stored: Vec<ledger::StoredRow>,
+        unpack: bool,
+    ) -> ReadBatch {
         for row in stored {
             batch.next = row.position;
             match row
                 .raw
-                .and_then(|raw| raw.verify().map_err(|e| e.to_string()))
+                .and_then(|raw| crate::traits::read_row(raw, unpack, &mut batch.rows))
             {
-                Ok(interaction) => batch.rows.push(interaction),
+                Ok(()) => {}
                 Err(reason) => {
                     tracing::warn!(
                         position = %row.position,
@@ -296,11 +309,12 @@ impl Inner {
         let Some(row) = stored.into_iter().next() else {
             return Ok(None);
         };
+        let mut rows = Vec::with_capacity(1);
         match row
             .raw
-            .and_then(|raw| raw.verify().map_err(|e| e.to_string()))
+            .and_then(|raw| crate::traits::read_row(raw, false, &mut rows))
         {
-            Ok(interaction) => Ok(Some(interaction)),
+            Ok(()) => Ok(rows.pop()),
             Err(reason) => {
                 tracing::warn!(
                     position = %row.position,
@@ -476,13 +490,19 @@ impl Ledger for SqliteStore {
     }
 
     async fn read_forward(&self, after: Position, limit: usize) -> Result<ReadBatch> {
-        self.blocking(move |inner| inner.read_forward(None, after, limit))
+        self.blocking(move |inner| inner.read_forward(None, after, limit, true))
             .await
     }
 
     async fn read_room(&self, room: &str, after: Position, limit: usize) -> Result<ReadBatch> {
         let room = room.to_string();
-        self.blocking(move |inner| inner.read_forward(Some(&room), after, limit))
+        self.blocking(move |inner| inner.read_forward(Some(&room), after, limit, true))
+            .await
+    }
+
+    async fn read_room_rows(&self, room: &str, after: Position, limit: usize) -> Result<ReadBatch> {
+        let room = room.to_string();
+        self.blocking(move |inner| inner.read_forward(Some(&room), after, limit, false))
             .await
     }
 

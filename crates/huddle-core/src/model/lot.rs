@@ -1,0 +1,484 @@
+//! Task lots (plan 0080): several task turns' rows of one room and one writer in one
+//! ledger row, `task.lot`.
+//!
+//! A lot's body is `{"items": [...]}`, each item an interaction of the room without
+//! the room (`verb`, `actor`, `role`, optional `thread`, `parent`, `caused_by`, and
+//! `body`). Items may only be the rows of a task turn written by an agent's relay:
+//! [`LOT_ITEM_VERBS`], role `agent`. Readers never see a lot: the stores unpack it
+//! ([`RawRow::read_into`]) into its items, each with the id it would have as a row of
+//! its own and the lot's position, time, writer and signer, in item order. A lot that
+//! is not exactly that is corrupt as a whole: no item of it is read.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Interaction, NewInteraction, RawRow, Role};
+use crate::error::ModelError;
+use crate::id::InteractionId;
+use crate::limits::Limits;
+use crate::verbs::Verb;
+
+/// The most items one lot carries.
+pub const MAX_LOT_ITEMS: usize = 64;
+
+/// The verbs an item of a lot may have: a task turn's rows, as its relay writes them.
+pub const LOT_ITEM_VERBS: &[Verb] = &[
+    Verb::TaskClaimed,
+    Verb::TurnPrompted,
+    Verb::TaskCompleted,
+    Verb::TurnReplied,
+    Verb::TaskFailed,
+    Verb::TurnFailed,
+];
+
+/// One item as encoded in a lot's body.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Item {
+    verb: Verb,
+    actor: String,
+    role: Role,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    thread: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parent: Option<InteractionId>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    caused_by: Vec<InteractionId>,
+    body: serde_json::Value,
+}
+
+impl Item {
+    /// The item as the interaction of `room` it stands for, checked.
+    fn into_content(self, room: &str) -> Result<NewInteraction, ModelError> {
+        if !LOT_ITEM_VERBS.contains(&self.verb) {
+            return Err(ModelError::BadLot(format!(
+                "an item's verb {} is not a task turn's row",
+                self.verb
+            )));
+        }
+        if self.role != Role::Agent {
+            return Err(ModelError::BadLot(format!(
+                "an item's role is {}, not agent",
+                self.role
+            )));
+        }
+        if !self.body.is_object() {
+            return Err(ModelError::BadLot("an item's body is not an object".into()));
+        }
+        Ok(NewInteraction {
+            room: room.to_string(),
+            thread: self.thread,
+            verb: self.verb,
+            actor: self.actor,
+            role: self.role,
+            parent: self.parent,
+            caused_by: self.caused_by,
+            body: self.body,
+            idempotency_key: None,
+        })
+    }
+}
+
+/// Checks the fields of a lot row other than its items: role `system`, no thread,
+/// causes or idempotency key (a lot is known by its content and fenced by its items'
+/// claims).
+fn check_envelope(
+    role: Role,
+    thread: Option<&str>,
+    parent: Option<&InteractionId>,
+    causes: usize,
+) -> Result<(), ModelError> {
+    if role != Role::System {
+        return Err(ModelError::BadLot(format!(
+            "its role is {role}, not system"
+        )));
+    }
+    if thread.is_some() || parent.is_some() || causes > 0 {
+        return Err(ModelError::BadLot(
+            "it has a thread or causes; its items carry their own".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn not_a_list() -> ModelError {
+    ModelError::BadLot("its body is not exactly {\"items\": [...]}".into())
+}
+
+/// A lot has 1 to [`MAX_LOT_ITEMS`] items.
+fn check_count(n: usize) -> Result<(), ModelError> {
+    if n == 0 || n > MAX_LOT_ITEMS {
+        return Err(ModelError::BadLot(format!(
+            "it has {n} items; a lot has 1 to {MAX_LOT_ITEMS}"
+        )));
+    }
+    Ok(())
+}
+
+/// The item values of a lot body: exactly `{"items": [1..=MAX_LOT_ITEMS values]}`.
+fn item_values(body: &serde_json::Value) -> Result<&Vec<serde_json::Value>, ModelError> {
+    let items = body
+        .as_object()
+        .filter(|o| o.len() == 1)
+        .and_then(|o| o.get("items"))
+        .and_then(|i| i.as_array())
+        .ok_or_else(not_a_list)?;
+    check_count(items.len())?;
+    Ok(items)
+}
+
+/// Decodes and checks one item, returning its content and its id.
+fn decode_item(
+    room: &str,
+    index: usize,
+    value: serde_json::Value,
+    limits: &Limits,
+) -> Result<(NewInteraction, InteractionId), ModelError> {
+    let at = |e: ModelError| {
+        ModelError::BadLot(match e {
+            ModelError::BadLot(reason) => format!("item {index}: {reason}"),
+            other => format!("item {index}: {other}"),
+        })
+    };
+    let item: Item =
+        serde_json::from_value(value).map_err(|e| at(ModelError::BadBody(e.to_string())))?;
+    let content = item.into_content(room).map_err(at)?;
+    let (id, _) = content.checked(limits).map_err(at)?;
+    Ok((content, id))
+}
+
+impl NewInteraction {
+    /// The lot of `items` (plan 0080): one `task.lot` row of `room`, written by the
+    /// relay `writer`, standing for every item in order. Every item must be of `room`,
+    /// a task turn's row ([`LOT_ITEM_VERBS`]) by an agent, without an idempotency key,
+    /// within `limits`; 1 to [`MAX_LOT_ITEMS`] of them.
+    pub fn lot(
+        room: &str,
+        writer: &str,
+        items: &[NewInteraction],
+        limits: &Limits,
+    ) -> Result<NewInteraction, ModelError> {
+        if items.is_empty() || items.len() > MAX_LOT_ITEMS {
+            return Err(ModelError::BadLot(format!(
+                "{} items; a lot has 1 to {MAX_LOT_ITEMS}",
+                items.len()
+            )));
+        }
+        let mut values = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            if item.room != room {
+                return Err(ModelError::BadLot(format!(
+                    "item {index} is of room {:?}, the lot of room {room:?}",
+                    item.room
+                )));
+            }
+            if item.idempotency_key.is_some() {
+                return Err(ModelError::BadLot(format!(
+                    "item {index} has an idempotency key; items are known by their content"
+                )));
+            }
+            let encoded = Item {
+                verb: item.verb,
+                actor: item.actor.clone(),
+                role: item.role,
+                thread: item.thread.clone(),
+                parent: item.parent,
+                caused_by: item.caused_by.clone(),
+                body: item.body.clone(),
+            };
+            values.push(
+                serde_json::to_value(encoded).map_err(|e| ModelError::BadLot(e.to_string()))?,
+            );
+        }
+        let lot = NewInteraction::new(
+            room,
+            Verb::TaskLot,
+            writer,
+            Role::System,
+            serde_json::json!({ "items": values }),
+        );
+        // The same rules the readers apply to every item (verb, role, limits).
+        lot.validate(limits)?;
+        Ok(lot)
+    }
+
+    /// For a `task.lot`: checks its envelope and every item as a reader will
+    /// ([`NewInteraction::validate`] calls this, so nothing a reader would skip is
+    /// written).
+    pub(super) fn check_lot(&self, limits: &Limits) -> Result<(), ModelError> {
+        check_envelope(
+            self.role,
+            self.thread.as_deref(),
+            self.parent.as_ref(),
+            self.caused_by.len(),
+        )?;
+        if self.idempotency_key.is_some() {
+            return Err(ModelError::BadLot(
+                "it has an idempotency key; a lot is known by its content".into(),
+            ));
+        }
+        for (index, value) in item_values(&self.body)?.iter().enumerate() {
+            decode_item(&self.room, index, value.clone(), limits)?;
+        }
+        Ok(())
+    }
+}
+
+impl Interaction {
+    /// Appends what this row stands for to `out`: itself, or a lot's items (each with
+    /// its own id and the lot's position, time, writer and signer, in order). A lot
+    /// that is not exactly a list of allowed items appends nothing.
+    pub fn unpack_into(
+        self,
+        limits: &Limits,
+        out: &mut Vec<Interaction>,
+    ) -> Result<(), ModelError> {
+        if self.verb != Verb::TaskLot {
+            out.push(self);
+            return Ok(());
+        }
+        check_envelope(
+            self.role,
+            self.thread.as_deref(),
+            self.parent.as_ref(),
+            self.caused_by.len(),
+        )?;
+        let Interaction {
+            position,
+            at,
+            relay,
+            room,
+            body,
+            signer,
+            ..
+        } = self;
+        let values = match body {
+            serde_json::Value::Object(mut object) if object.len() == 1 => {
+                match object.remove("items") {
+                    Some(serde_json::Value::Array(values)) => values,
+                    _ => return Err(not_a_list()),
+                }
+            }
+            _ => return Err(not_a_list()),
+        };
+        check_count(values.len())?;
+        let mut items = Vec::with_capacity(values.len());
+        for (index, value) in values.into_iter().enumerate() {
+            let (content, id) = decode_item(&room, index, value, limits)?;
+            items.push(Interaction {
+                id,
+                position,
+                at,
+                relay: relay.clone(),
+                room: content.room,
+                thread: content.thread,
+                verb: content.verb,
+                actor: content.actor,
+                role: content.role,
+                parent: content.parent,
+                caused_by: content.caused_by,
+                body: content.body,
+                signer,
+            });
+        }
+        out.extend(items);
+        Ok(())
+    }
+
+    /// What this row stands for: itself, or a lot's items ([`Self::unpack_into`]).
+    pub fn unpacked(self, limits: &Limits) -> Result<Vec<Interaction>, ModelError> {
+        let mut out = Vec::new();
+        self.unpack_into(limits, &mut out)?;
+        Ok(out)
+    }
+}
+
+impl RawRow {
+    /// Verifies the row ([`RawRow::verify`]) and appends what it stands for to `out`
+    /// ([`Interaction::unpack_into`]): how the stores read the ledger, so no reader
+    /// ever sees a `task.lot` row, only its items.
+    pub fn read_into(self, out: &mut Vec<Interaction>) -> Result<(), ModelError> {
+        let limits = Limits::default();
+        self.verify_within(&limits)?.unpack_into(&limits, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Position, Timestamp};
+    use serde_json::json;
+
+    fn item(verb: Verb, agent: &str, task: &str) -> NewInteraction {
+        NewInteraction::new(
+            "r",
+            verb,
+            agent,
+            Role::Agent,
+            json!({"task": task, "epoch": 3}),
+        )
+    }
+
+    /// The row a store would read back for `content`, at `position`.
+    fn stored(content: &NewInteraction, position: u64) -> RawRow {
+        let (id, body) = content.id_and_body();
+        RawRow {
+            id: id.0.to_vec(),
+            position: Position::new(0, position),
+            at: Timestamp(7),
+            relay: "relay-a".into(),
+            room: content.room.clone(),
+            thread: content.thread.clone(),
+            verb: content.verb.as_str().into(),
+            actor: content.actor.clone(),
+            role: content.role.as_str().into(),
+            parent: content.parent.map(|p| p.0.to_vec()),
+            caused_by: content.caused_by.iter().map(|c| c.0.to_vec()).collect(),
+            body,
+            sig: None,
+        }
+    }
+
+    fn read(raw: RawRow) -> Result<Vec<Interaction>, ModelError> {
+        let mut out = Vec::new();
+        raw.read_into(&mut out)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn a_lot_reads_as_its_items_with_the_ids_of_their_own_rows() {
+        let claimed = item(Verb::TaskClaimed, "ann", "t1");
+        let prompted = NewInteraction::new(
+            "r",
+            Verb::TurnPrompted,
+            "ann",
+            Role::Agent,
+            json!({"turn": "x"}),
+        )
+        .in_thread("work")
+        .with_parent(claimed.id());
+        let completed = item(Verb::TaskCompleted, "bob", "t2").with_caused_by(vec![claimed.id()]);
+        let items = vec![claimed, prompted, completed];
+        let lot = NewInteraction::lot("r", "relay-a", &items, &Limits::default()).unwrap();
+        assert_eq!(lot.verb, Verb::TaskLot);
+        assert_eq!(lot.role, Role::System);
+        let out = read(stored(&lot, 9)).unwrap();
+        assert_eq!(out.len(), 3);
+        for (got, want) in out.iter().zip(&items) {
+            assert_eq!(got.id, want.id(), "an item has the id of its own row");
+            assert_eq!(got.content(), *want);
+            assert_eq!(got.position, Position::new(0, 9));
+            assert_eq!(got.at, Timestamp(7));
+            assert_eq!(got.relay, "relay-a");
+        }
+        // A row that is not a lot reads as itself.
+        let plain = read(stored(&items[0], 10)).unwrap();
+        assert_eq!(plain.len(), 1);
+        assert_eq!(plain[0].id, items[0].id());
+    }
+
+    #[test]
+    fn a_writer_cannot_build_a_lot_readers_would_skip() {
+        let limits = Limits::default();
+        let ok = item(Verb::TaskCompleted, "ann", "t1");
+        let bad = [
+            (vec![], "1 to"),
+            (vec![ok.clone(); MAX_LOT_ITEMS + 1], "1 to"),
+            (vec![item(Verb::ConfigSet, "ann", "t1")], "not a task turn"),
+            (
+                vec![item(Verb::MessagePosted, "ann", "t1")],
+                "not a task turn",
+            ),
+            (
+                vec![NewInteraction {
+                    role: Role::Owner,
+                    ..ok.clone()
+                }],
+                "not agent",
+            ),
+            (
+                vec![NewInteraction {
+                    room: "other".into(),
+                    ..ok.clone()
+                }],
+                "room",
+            ),
+            (vec![ok.clone().with_idempotency_key("k")], "idempotency"),
+            (
+                vec![NewInteraction {
+                    actor: "a/b".into(),
+                    ..ok.clone()
+                }],
+                "actor",
+            ),
+            (
+                vec![NewInteraction {
+                    body: json!("text"),
+                    ..ok.clone()
+                }],
+                "object",
+            ),
+        ];
+        for (items, why) in bad {
+            let err = NewInteraction::lot("r", "relay-a", &items, &limits).unwrap_err();
+            assert!(err.to_string().contains(why), "{err} (expected {why:?})");
+        }
+        // Nor write one by hand: validate checks a lot's envelope and items.
+        let lot = NewInteraction::lot("r", "relay-a", std::slice::from_ref(&ok), &limits).unwrap();
+        for broken in [
+            NewInteraction {
+                role: Role::Agent,
+                ..lot.clone()
+            },
+            lot.clone().in_thread("t"),
+            lot.clone().with_idempotency_key("k"),
+            NewInteraction {
+                body: json!({"items": [], "more": 1}),
+                ..lot.clone()
+            },
+            NewInteraction {
+                body: json!({"items": [{"verb": "task.completed", "actor": "ann",
+                    "role": "agent", "body": {}, "extra": 1}]}),
+                ..lot.clone()
+            },
+        ] {
+            assert!(broken.validate(&limits).is_err(), "{broken:?}");
+        }
+    }
+
+    #[test]
+    fn a_corrupt_lot_is_skipped_whole() {
+        let good = json!({"verb": "task.completed", "actor": "ann", "role": "agent",
+            "body": {"task": "t1", "epoch": 1}});
+        let bodies = [
+            json!({"items": [good, {"verb": "config.set", "actor": "ann", "role": "agent", "body": {}}]}),
+            json!({"items": [good, {"verb": "task.claimed", "actor": "ann", "role": "owner", "body": {}}]}),
+            json!({"items": [good, {"verb": "task.nope", "actor": "ann", "role": "agent", "body": {}}]}),
+            json!({"items": [good, {"verb": "task.claimed", "actor": "", "role": "agent", "body": {}}]}),
+            json!({"items": [good, {"verb": "task.claimed", "actor": "ann", "role": "agent", "body": {"t": "\u{0}"}}]}),
+            json!({"items": [good], "also": 1}),
+            json!({"items": []}),
+            json!({"items": "x"}),
+            json!([good]),
+        ];
+        for body in bodies {
+            let lot = NewInteraction::new("r", Verb::TaskLot, "relay-a", Role::System, body);
+            let err = read(stored(&lot, 1)).unwrap_err();
+            assert!(
+                matches!(err, ModelError::BadLot(_) | ModelError::BadBody(_)),
+                "{err}"
+            );
+        }
+        // An envelope that is not a relay's: skipped as well.
+        let lot = NewInteraction::new(
+            "r",
+            Verb::TaskLot,
+            "ann",
+            Role::Agent,
+            json!({"items": [good]}),
+        );
+        assert!(read(stored(&lot, 1)).is_err());
+        let mut out = Vec::new();
+        assert!(stored(&lot, 1).read_into(&mut out).is_err());
+        assert!(out.is_empty(), "nothing of a corrupt lot is read");
+    }
+}
