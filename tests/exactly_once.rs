@@ -227,6 +227,37 @@ async fn short_turns_run_every_task_once(backend: Backend) {
         "tasks executed more than once: {repeated:?}"
     );
     assert_no_start_after_completion(&h, &log);
+    // Sixteen agents free at once: their hand-off goes as one lot, and turns that end
+    // together write their results as one (plan 0080).
+    let (handoffs, results) = lots_written(&h).await;
+    eprintln!("lots: {handoffs} hand-offs, {results} of results");
+    assert!(handoffs >= 1, "no hand-off was written as a lot");
+    assert!(results >= 1, "no results were written as a lot");
+}
+
+/// The `task.lot` rows of the room as stored (plan 0080): how many carried hand-offs
+/// (`task.claimed` items) and how many results.
+async fn lots_written(h: &Huddle) -> (usize, usize) {
+    let (mut handoffs, mut results) = (0, 0);
+    let mut cursor = huddle_core::Position::START;
+    loop {
+        let batch = h
+            .store
+            .read_room_rows(&h.room, cursor, 1000)
+            .await
+            .expect("read the room's rows");
+        assert!(batch.skipped.is_empty(), "{:?}", batch.skipped);
+        for row in batch.rows.iter().filter(|r| r.verb == Verb::TaskLot) {
+            match row.body["items"][0]["verb"].as_str() {
+                Some("task.claimed") => handoffs += 1,
+                _ => results += 1,
+            }
+        }
+        if batch.next == cursor {
+            return (handoffs, results);
+        }
+        cursor = batch.next;
+    }
 }
 
 /// A relay paused past the claim TTL while the other relay finishes everything must,

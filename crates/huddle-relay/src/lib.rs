@@ -9,6 +9,7 @@ pub mod commands;
 pub mod config;
 pub mod driver;
 pub mod identity;
+mod lots;
 pub mod metrics;
 pub mod runtime;
 pub mod snapshot;

@@ -1247,6 +1247,7 @@ impl Loop {
     fn executor(&self) -> Executor {
         Executor {
             store: self.store.clone(),
+            relay: self.summary.relay.clone(),
             agents: self.agents.clone(),
             feedback: self.feedback.clone(),
             give_up: self.give_up.clone(),
@@ -1553,6 +1554,8 @@ fn jittered(d: Duration) -> Duration {
 /// Performs one output of intents against the store and the drivers.
 struct Executor {
     store: Arc<dyn Store>,
+    /// The relay's id: the actor of the lots it writes.
+    relay: String,
     agents: Arc<BTreeMap<String, HostedAgent>>,
     feedback: mpsc::UnboundedSender<Feedback>,
     /// Cancelled when the relay stops waiting for its writes (end of shutdown grace).
@@ -1695,15 +1698,46 @@ impl Executor {
         &self,
         results: Vec<(Vec<ClaimRef>, Vec<NewInteraction>)>,
     ) -> Vec<ClaimRef> {
-        futures::future::join_all(
-            results
-                .into_iter()
-                .map(|(fences, batch)| self.append_intent(fences, true, batch)),
-        )
-        .await
-        .into_iter()
-        .flatten()
-        .collect()
+        // Task turns' results of one room go as one lot (plan 0080) under all their
+        // claims, closing them; the rest, and a lot's results when the lot is refused
+        // (one of its claims lost), one write each.
+        let (lots, left) = {
+            let writes: Vec<&[NewInteraction]> = results.iter().map(|r| r.1.as_slice()).collect();
+            crate::lots::pack(&writes, &self.relay, self.store.limits())
+        };
+        let results = &results;
+        let lone = left.into_iter().map(|i| {
+            Box::pin(self.append_intent(results[i].0.clone(), true, results[i].1.clone()))
+                as std::pin::Pin<Box<dyn std::future::Future<Output = Vec<ClaimRef>> + Send + '_>>
+        });
+        let packed = lots.into_iter().map(|lot| {
+            Box::pin(async move {
+                let fences: Vec<Fence> = lot
+                    .members
+                    .iter()
+                    .flat_map(|&i| results[i].0.iter().map(Fence::from))
+                    .collect();
+                match self.append_retrying(&fences, true, vec![lot.row]).await {
+                    Ok(()) => Vec::new(),
+                    Err(e) => {
+                        debug!(error = %e, results = lot.members.len(), "a lot of results was refused; writing them one by one");
+                        let each = lot.members.iter().map(|&i| {
+                            self.append_intent(results[i].0.clone(), true, results[i].1.clone())
+                        });
+                        futures::future::join_all(each)
+                            .await
+                            .into_iter()
+                            .flatten()
+                            .collect()
+                    }
+                }
+            }) as std::pin::Pin<Box<dyn std::future::Future<Output = Vec<ClaimRef>> + Send + '_>>
+        });
+        futures::future::join_all(lone.chain(packed))
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// Performs one append intent; returns its fences when the write was refused or
@@ -1759,11 +1793,12 @@ impl Executor {
         let store = self.store.clone();
         let feedback = self.feedback.clone();
         let metrics = self.metrics.clone();
+        let relay = self.relay.clone();
         tokio::spawn(async move {
+            let answer = (&*store, &feedback, &metrics, relay.as_str());
             match batch_requests(&acquires) {
                 Some((requests, slots)) => {
-                    answer_acquires(&*store, &feedback, &metrics, &acquires, &requests, &slots)
-                        .await;
+                    answer_acquires(answer, &acquires, &requests, &slots).await;
                 }
                 None => {
                     for mut one in acquires {
@@ -1778,8 +1813,7 @@ impl Executor {
                                 lone_request(&one)
                             }
                         };
-                        answer_acquires(&*store, &feedback, &metrics, &[one], &requests, &slots)
-                            .await;
+                        answer_acquires(answer, &[one], &requests, &slots).await;
                     }
                 }
             }
@@ -2137,12 +2171,52 @@ fn lone_request(a: &PendingAcquire) -> AcquireBatch {
     )
 }
 
+/// The conditional appends of a hand-off with those of one room's fresh tasks packed
+/// into one lot (plan 0080), conditional on every claim of its tasks; each with the
+/// acquires it stands for.
+fn lot_handoffs(
+    single: Vec<(usize, huddle_store::ConditionalAppend)>,
+    relay: &str,
+    limits: &huddle_core::Limits,
+) -> Vec<(Vec<usize>, huddle_store::ConditionalAppend)> {
+    let (lots, left) = {
+        let writes: Vec<&[NewInteraction]> =
+            single.iter().map(|(_, c)| c.rows.as_slice()).collect();
+        crate::lots::pack(&writes, relay, limits)
+    };
+    let mut out: Vec<(Vec<usize>, huddle_store::ConditionalAppend)> = lots
+        .into_iter()
+        .map(|lot| {
+            let when_won = lot
+                .members
+                .iter()
+                .flat_map(|&m| single[m].1.when_won.iter().copied())
+                .collect();
+            (
+                lot.members.iter().map(|&m| single[m].0).collect(),
+                huddle_store::ConditionalAppend {
+                    when_won,
+                    rows: vec![lot.row],
+                },
+            )
+        })
+        .collect();
+    out.extend(
+        left.into_iter()
+            .map(|m| (vec![single[m].0], single[m].1.clone())),
+    );
+    out
+}
+
 /// Sends one batch and answers every acquire in it (a failed batch answers each
 /// `Failed`: nobody is known to hold them, and a later pass may try again).
 async fn answer_acquires(
-    store: &dyn Store,
-    feedback: &mpsc::UnboundedSender<Feedback>,
-    metrics: &RelayMetrics,
+    (store, feedback, metrics, relay): (
+        &dyn Store,
+        &mpsc::UnboundedSender<Feedback>,
+        &RelayMetrics,
+        &str,
+    ),
     acquires: &[PendingAcquire],
     requests: &[ClaimRequest],
     slots: &[(usize, Option<usize>)],
@@ -2150,8 +2224,11 @@ async fn answer_acquires(
     // Before the call: the leases the store grants run from later.
     let from = Instant::now();
     // A fresh task's claim rows go in the same store call, written only when both of
-    // its claims are won at the epochs the rows carry (plan 0058).
-    let conditional: Vec<(usize, huddle_store::ConditionalAppend)> = acquires
+    // its claims are won at the epochs the rows carry (plan 0058); the rows of
+    // several fresh tasks of one room go as one lot, written only when every one of
+    // their claims is (plan 0080; when one is lost, nothing of it is written and the
+    // synchronizer writes each task's rows under the claims it won).
+    let single: Vec<(usize, huddle_store::ConditionalAppend)> = acquires
         .iter()
         .zip(slots)
         .enumerate()
@@ -2166,14 +2243,17 @@ async fn answer_acquires(
             ))
         })
         .collect();
+    let conditional = lot_handoffs(single, relay, store.limits());
     let mut written = vec![false; acquires.len()];
     let result = if conditional.is_empty() {
         store.acquire_batch(requests).await
     } else {
         let appends = conditional.iter().map(|(_, c)| c.clone()).collect();
         store.acquire_and_append(requests, appends).await.map(|h| {
-            for ((i, c), done) in conditional.iter().zip(&h.appended) {
-                written[*i] = done.is_some();
+            for ((members, c), done) in conditional.iter().zip(&h.appended) {
+                for i in members {
+                    written[*i] = done.is_some();
+                }
                 if done.is_some() {
                     metrics.appended(c.rows.len(), true);
                 }
