@@ -24,7 +24,7 @@ DECLARE
     n int;
     bad text;
     fenced int;
-    held int;
+    r record;
 BEGIN
     -- A duplicate (an idempotent retry) writes nothing: nothing to check.
     IF EXISTS (SELECT 1 FROM interaction WHERE id = p_id) THEN
@@ -100,10 +100,11 @@ BEGIN
         RETURN;
     END IF;
     -- ... under its claim, live and held by its actor at its epoch for this role, or
-    -- closed by this lot; locked until the lot commits.
-    WITH f AS (
-        SELECT DISTINCT
-               'task/' || p_room || '/' || (item -> 'body' ->> 'task')
+    -- closed by this lot; locked until the lot commits. One primary-key probe per
+    -- item, as a single row's check makes (a join over the items would be planned
+    -- once, generically, as a scan of every claim).
+    FOR r IN
+        SELECT 'task/' || p_room || '/' || (item -> 'body' ->> 'task')
                  || CASE WHEN jsonb_typeof(item -> 'body' -> 'generation') = 'number'
                               AND (item -> 'body' ->> 'generation') ~ '^[1-9][0-9]{0,9}$'
                          THEN '/' || (item -> 'body' ->> 'generation') ELSE '' END AS key,
@@ -111,20 +112,18 @@ BEGIN
                (item -> 'body' ->> 'epoch')::bigint AS epoch
         FROM jsonb_array_elements(doc -> 'items') AS it(item)
         WHERE item ->> 'verb' IN ('task.claimed', 'task.completed', 'task.failed')
-    ), locked AS (
-        SELECT x.key, x.holder, x.epoch
-        FROM external_claim x JOIN f ON x.key = f.key
-        WHERE x.holder = f.holder AND x.epoch = f.epoch
+    LOOP
+        PERFORM 1 FROM external_claim x
+        WHERE x.key = r.key AND x.holder = r.holder AND x.epoch = r.epoch
           AND x.acquired_by = session_user
           AND ((x.closed_by IS NULL AND x.expires_at > now()) OR x.closed_by = p_id)
-        FOR SHARE OF x
-    )
-    SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM locked) INTO fenced, held;
-    IF held < fenced THEN
-        RAISE EXCEPTION 'huddle: task.lot refused: % of its % task claims are not live and held by their items'' actors at their epochs for role %',
-            fenced - held, fenced, session_user
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
+        FOR SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'huddle: task.lot refused: claim % is not live and held by % at epoch % for role %',
+                r.key, r.holder, r.epoch, session_user
+                USING ERRCODE = 'insufficient_privilege';
+        END IF;
+    END LOOP;
 END;
 $$;
 

@@ -2173,9 +2173,9 @@ fn lone_request(a: &PendingAcquire) -> AcquireBatch {
 
 /// The conditional appends of a hand-off with those of one room's fresh tasks packed
 /// into one lot (plan 0080), conditional on every claim of its tasks; each with the
-/// acquires it stands for.
+/// indices into `single` it stands for.
 fn lot_handoffs(
-    single: Vec<(usize, huddle_store::ConditionalAppend)>,
+    single: &[(usize, huddle_store::ConditionalAppend)],
     relay: &str,
     limits: &huddle_core::Limits,
 ) -> Vec<(Vec<usize>, huddle_store::ConditionalAppend)> {
@@ -2193,7 +2193,7 @@ fn lot_handoffs(
                 .flat_map(|&m| single[m].1.when_won.iter().copied())
                 .collect();
             (
-                lot.members.iter().map(|&m| single[m].0).collect(),
+                lot.members,
                 huddle_store::ConditionalAppend {
                     when_won,
                     rows: vec![lot.row],
@@ -2201,10 +2201,7 @@ fn lot_handoffs(
             )
         })
         .collect();
-    out.extend(
-        left.into_iter()
-            .map(|m| (vec![single[m].0], single[m].1.clone())),
-    );
+    out.extend(left.into_iter().map(|m| (vec![m], single[m].1.clone())));
     out
 }
 
@@ -2243,24 +2240,65 @@ async fn answer_acquires(
             ))
         })
         .collect();
-    let conditional = lot_handoffs(single, relay, store.limits());
+    let conditional = lot_handoffs(&single, relay, store.limits());
     let mut written = vec![false; acquires.len()];
+    // Lots not written because one of their tasks' claims was lost.
+    let mut unwritten: Vec<&[usize]> = Vec::new();
     let result = if conditional.is_empty() {
         store.acquire_batch(requests).await
     } else {
         let appends = conditional.iter().map(|(_, c)| c.clone()).collect();
         store.acquire_and_append(requests, appends).await.map(|h| {
             for ((members, c), done) in conditional.iter().zip(&h.appended) {
-                for i in members {
-                    written[*i] = done.is_some();
-                }
                 if done.is_some() {
+                    for m in members {
+                        written[single[*m].0] = true;
+                    }
                     metrics.appended(c.rows.len(), true);
+                } else if members.len() > 1 {
+                    unwritten.push(members);
                 }
             }
             h.acquired
         })
     };
+    if let Ok(acquired) = &result {
+        // The tasks of such a lot whose claims were won as expected: their rows go in
+        // one more write, one lot again, rather than one write per task later.
+        for members in unwritten {
+            let mut fences = Vec::new();
+            let mut rows = Vec::new();
+            let mut held = Vec::new();
+            for &m in members {
+                if let Some(f) = huddle_store::conditions_hold(&single[m].1, requests, acquired) {
+                    fences.extend(f);
+                    rows.extend(single[m].1.rows.iter().cloned());
+                    held.push(single[m].0);
+                }
+            }
+            if held.is_empty() {
+                continue;
+            }
+            let batch = if held.len() > 1 {
+                match NewInteraction::lot(&rows[0].room, relay, &rows, store.limits()) {
+                    Ok(lot) => vec![lot],
+                    Err(_) => rows,
+                }
+            } else {
+                rows
+            };
+            let n = batch.len();
+            match store.append_under(&fences, false, batch).await {
+                Ok(_) => {
+                    metrics.appended(n, true);
+                    for i in held {
+                        written[i] = true;
+                    }
+                }
+                Err(e) => debug!(error = %e, "a hand-off's rows are left to the synchronizer"),
+            }
+        }
+    }
     let out = match result {
         Ok(out) => out,
         Err(e) => {
