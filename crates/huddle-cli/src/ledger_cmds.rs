@@ -343,10 +343,12 @@ async fn find_interaction(
         );
     }
     if let Ok(id) = wanted.parse::<huddle_core::InteractionId>() {
-        return match store.get(id).await? {
-            Some(row) if row.room == room => Ok(row),
-            _ => bail!("--reply-to: there is no interaction {wanted} in room {room}"),
-        };
+        match store.get(id).await? {
+            Some(row) if row.room == room => return Ok(row),
+            Some(_) => bail!("--reply-to: there is no interaction {wanted} in room {room}"),
+            // Not a row: an item of a task lot is found by reading the room.
+            None => {}
+        }
     }
     let mut found: Vec<huddle_core::Interaction> = Vec::new();
     let mut cursor = Position::START;
