@@ -1705,39 +1705,44 @@ impl Executor {
             let writes: Vec<&[NewInteraction]> = results.iter().map(|r| r.1.as_slice()).collect();
             crate::lots::pack(&writes, &self.relay, self.store.limits())
         };
-        let results = &results;
-        let lone = left.into_iter().map(|i| {
-            Box::pin(self.append_intent(results[i].0.clone(), true, results[i].1.clone()))
-                as std::pin::Pin<Box<dyn std::future::Future<Output = Vec<ClaimRef>> + Send + '_>>
-        });
-        let packed = lots.into_iter().map(|lot| {
-            Box::pin(async move {
-                let fences: Vec<Fence> = lot
+        let lone = futures::future::join_all(
+            left.into_iter()
+                .map(|i| self.append_intent(results[i].0.clone(), true, results[i].1.clone())),
+        );
+        let packed =
+            futures::future::join_all(lots.into_iter().map(|lot| self.append_lot(&results, lot)));
+        let (lone, packed) = futures::future::join(lone, packed).await;
+        lone.into_iter().chain(packed).flatten().collect()
+    }
+
+    /// Writes a lot of turn results (`lot.members` index `results`) under all their
+    /// claims, closing them; when it is refused, each result on its own. Returns the
+    /// fences of the writes refused or failed for good, as [`Self::append_intent`].
+    async fn append_lot(
+        &self,
+        results: &[(Vec<ClaimRef>, Vec<NewInteraction>)],
+        lot: crate::lots::Lot,
+    ) -> Vec<ClaimRef> {
+        let fences: Vec<Fence> = lot
+            .members
+            .iter()
+            .flat_map(|&i| results[i].0.iter().map(Fence::from))
+            .collect();
+        match self.append_retrying(&fences, true, vec![lot.row]).await {
+            Ok(()) => Vec::new(),
+            Err(e) => {
+                debug!(error = %e, results = lot.members.len(), "a lot of results was refused; writing them one by one");
+                let each = lot
                     .members
                     .iter()
-                    .flat_map(|&i| results[i].0.iter().map(Fence::from))
-                    .collect();
-                match self.append_retrying(&fences, true, vec![lot.row]).await {
-                    Ok(()) => Vec::new(),
-                    Err(e) => {
-                        debug!(error = %e, results = lot.members.len(), "a lot of results was refused; writing them one by one");
-                        let each = lot.members.iter().map(|&i| {
-                            self.append_intent(results[i].0.clone(), true, results[i].1.clone())
-                        });
-                        futures::future::join_all(each)
-                            .await
-                            .into_iter()
-                            .flatten()
-                            .collect()
-                    }
-                }
-            }) as std::pin::Pin<Box<dyn std::future::Future<Output = Vec<ClaimRef>> + Send + '_>>
-        });
-        futures::future::join_all(lone.chain(packed))
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
+                    .map(|&i| self.append_intent(results[i].0.clone(), true, results[i].1.clone()));
+                futures::future::join_all(each)
+                    .await
+                    .into_iter()
+                    .flatten()
+                    .collect()
+            }
+        }
     }
 
     /// Performs one append intent; returns its fences when the write was refused or
@@ -2527,5 +2532,131 @@ fn push_deps(prompt: &mut String, deps: &[huddle_core::sync::DepResult]) {
             d.label,
             d.result.as_deref().unwrap_or("")
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use huddle_core::tasks::TaskCompletedBody;
+    use huddle_store::memory::MemoryStore;
+    use huddle_store::StoreOptions;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    fn executor(store: Arc<dyn Store>) -> (Executor, mpsc::UnboundedReceiver<Feedback>) {
+        let (feedback, rx) = mpsc::unbounded_channel();
+        let exec = Executor {
+            store,
+            relay: "relay-t".into(),
+            agents: Arc::new(BTreeMap::new()),
+            feedback,
+            give_up: CancellationToken::new(),
+            metrics: RelayMetrics::new("relay-t"),
+        };
+        (exec, rx)
+    }
+
+    /// Takes task `task`'s claim for `agent`; its fence and its two result rows.
+    async fn turn(
+        store: &dyn Store,
+        task: &str,
+        agent: &str,
+    ) -> (Vec<ClaimRef>, Vec<NewInteraction>) {
+        let key = format!("task/r/{task}");
+        let Acquired::Won(c) = store.acquire(&key, agent, TTL).await.expect("acquire") else {
+            panic!("{key} is free");
+        };
+        let completed = NewInteraction::new(
+            "r",
+            Verb::TaskCompleted,
+            agent,
+            Role::Agent,
+            TaskCompletedBody {
+                task: task.into(),
+                epoch: c.epoch,
+                result: Some(format!("{task} done")),
+                tokens: None,
+                generation: 0,
+            }
+            .to_body(),
+        );
+        let replied = NewInteraction::new(
+            "r",
+            Verb::TurnReplied,
+            agent,
+            Role::Agent,
+            serde_json::json!({ "turn": format!("{task}-turn") }),
+        );
+        let fence = ClaimRef {
+            key,
+            holder: agent.into(),
+            epoch: c.epoch,
+        };
+        (vec![fence], vec![completed, replied])
+    }
+
+    async fn stored_verbs(store: &dyn Store) -> Vec<Verb> {
+        let batch = store
+            .read_room_rows("r", Position::START, 100)
+            .await
+            .expect("read");
+        batch.rows.iter().map(|r| r.verb).collect()
+    }
+
+    /// Results of turns that end together go as one lot that closes every claim; when
+    /// one claim was lost, the lot is refused and each result is written on its own:
+    /// the held ones land, the lost one is reported, nothing is written twice.
+    #[tokio::test]
+    async fn results_ending_together_go_as_one_lot_or_one_by_one() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new(StoreOptions::default()));
+        let (exec, _rx) = executor(store.clone());
+        let a = turn(&*store, "t1", "ann").await;
+        let b = turn(&*store, "t2", "bob").await;
+        let want: Vec<InteractionId> = a.1.iter().chain(&b.1).map(NewInteraction::id).collect();
+        let refused = exec.append_results(vec![a.clone(), b.clone()]).await;
+        assert!(refused.is_empty(), "{refused:?}");
+        assert_eq!(stored_verbs(&*store).await, vec![Verb::TaskLot]);
+        let read = store
+            .read_room("r", Position::START, 100)
+            .await
+            .expect("read");
+        assert_eq!(read.rows.iter().map(|r| r.id).collect::<Vec<_>>(), want);
+        for f in a.0.iter().chain(&b.0) {
+            let again = store.acquire(&f.key, "zed", TTL).await.expect("acquire");
+            assert!(
+                matches!(again, Acquired::Closed { .. }),
+                "{} closed by the lot",
+                f.key
+            );
+        }
+
+        // t4's claim is released and taken by someone else before the results are
+        // written: the lot is refused, t3's result lands alone, t4's is reported.
+        let c = turn(&*store, "t3", "cy").await;
+        let d = turn(&*store, "t4", "dee").await;
+        assert!(store
+            .release(&d.0[0].key, "dee", d.0[0].epoch)
+            .await
+            .expect("release"));
+        assert!(store
+            .acquire(&d.0[0].key, "eve", TTL)
+            .await
+            .expect("acquire")
+            .won());
+        let refused = exec.append_results(vec![c.clone(), d.clone()]).await;
+        assert_eq!(refused, d.0, "the lost claim's result is reported");
+        assert_eq!(
+            stored_verbs(&*store).await,
+            vec![Verb::TaskLot, Verb::TaskCompleted, Verb::TurnReplied]
+        );
+        let read = store
+            .read_room("r", Position::START, 100)
+            .await
+            .expect("read");
+        let ids: Vec<InteractionId> = read.rows.iter().map(|r| r.id).collect();
+        let mut want = want;
+        want.extend(c.1.iter().map(NewInteraction::id));
+        assert_eq!(ids, want);
     }
 }
