@@ -82,13 +82,13 @@ fn unsettled(room: &str, rows: &[Interaction]) -> Option<String> {
     let mut last: Option<huddle_core::protocol::RoomSettledBody> = None;
     // What readers see: a lot's items (the export checked that every lot unpacks).
     let limits = huddle_core::Limits::default();
-    let items = rows
+    for r in rows
         .iter()
-        .flat_map(|r| r.clone().unpacked(&limits).unwrap_or_default());
-    for r in &items.collect::<Vec<_>>() {
-        authority.apply(r);
-        if authority.admits(r) {
-            tally.apply(r);
+        .flat_map(|r| r.clone().unpacked(&limits).unwrap_or_default())
+    {
+        authority.apply(&r);
+        if authority.admits(&r) {
+            tally.apply(&r);
             if r.verb == Verb::RoomSettled {
                 last = serde_json::from_value(r.body.clone()).ok();
             }

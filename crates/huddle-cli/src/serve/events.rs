@@ -9,8 +9,9 @@
 //! row, so a client that resumes from the last id it received misses nothing and
 //! receives nothing twice — except the items of a `task.lot` (plan 0080), which share
 //! its position: only the last carries the id, so a client cut off inside a lot is
-//! sent all of it again (an interaction's `id` tells the repeats). Corrupt rows are sent as `event: skipped` (with their
-//! cursor as id), so the cursor moves past them and the stream goes on.
+//! sent all of it again (an interaction's `id` tells the repeats). Corrupt rows are
+//! sent as `event: skipped` (with their cursor as id), so the cursor moves past them
+//! and the stream goes on.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

@@ -157,12 +157,7 @@ impl NewInteraction {
         items: &[NewInteraction],
         limits: &Limits,
     ) -> Result<NewInteraction, ModelError> {
-        if items.is_empty() || items.len() > MAX_LOT_ITEMS {
-            return Err(ModelError::BadLot(format!(
-                "{} items; a lot has 1 to {MAX_LOT_ITEMS}",
-                items.len()
-            )));
-        }
+        check_count(items.len())?;
         let mut values = Vec::with_capacity(items.len());
         for (index, item) in items.iter().enumerate() {
             if item.room != room {
