@@ -227,11 +227,11 @@ async fn short_turns_run_every_task_once(backend: Backend) {
         "tasks executed more than once: {repeated:?}"
     );
     assert_no_start_after_completion(&h, &log);
-    // Turns that end together write their results as one lot (plan 0080); hand-offs
-    // stay rows (their rows may be appended again while their claims are live).
+    // Hand-offs of several fresh tasks, and turns that end together, are written as
+    // lots (plan 0080); `assert_all_done_exactly_once` found no interaction read twice.
     let (handoffs, results) = lots_written(&h).await;
     eprintln!("lots: {handoffs} hand-offs, {results} of results");
-    assert_eq!(handoffs, 0, "a hand-off was written as a lot");
+    assert!(handoffs >= 1, "no hand-off was written as a lot");
     assert!(results >= 1, "no results were written as a lot");
 }
 

@@ -467,6 +467,21 @@ fn checker_finds_unexplained_reexecution_phantom_completion_and_hash_split() {
 }
 
 #[test]
+fn checker_finds_an_interaction_read_twice() {
+    let mut w = World::clean();
+    // t1's claim written again (a row beside the lot item it already was).
+    let again = w
+        .rows
+        .0
+        .iter()
+        .find(|r| r.verb == Verb::TaskClaimed)
+        .cloned()
+        .expect("a claim row");
+    w.rows.0.push(again);
+    assert_eq!(invariants(&w.check()), ["interaction read twice"]);
+}
+
+#[test]
 fn side_effect_lines_parse_strictly() {
     let e = SideEffect::parse("start task/t1 a0 3 2 1700000000000001 77").expect("parse");
     assert_eq!(

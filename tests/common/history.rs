@@ -304,6 +304,14 @@ pub enum Violation {
         /// `(agent, epoch, attempt)` of every start, in time order.
         starts: Vec<(String, Option<i64>, u32)>,
     },
+    /// One interaction id read more than once: a row written again beside a lot that
+    /// carries it as an item (identical rows deduplicate; a row and an item do not).
+    ReadTwice {
+        /// The id, short.
+        id: String,
+        /// How many times it was read.
+        times: usize,
+    },
     /// The relays' fold hashes differ (from each other or from the test's fold).
     HashesDiffer {
         /// What differs.
@@ -324,6 +332,7 @@ impl Violation {
             Violation::UnexplainedReexecution { .. } => {
                 "re-execution without a kill/pause/partition"
             }
+            Violation::ReadTwice { .. } => "interaction read twice",
             Violation::HashesDiffer { .. } => "fold hashes differ",
         }
     }
@@ -484,10 +493,12 @@ pub fn check(h: &History<'_>) -> HistoryReport {
     let mut dag = TaskDag::new();
     let mut completions: BTreeMap<&str, Vec<(String, i64, bool, i64)>> = BTreeMap::new();
     let mut replies: BTreeMap<InteractionId, Vec<&Interaction>> = BTreeMap::new();
+    let mut read: BTreeMap<InteractionId, usize> = BTreeMap::new();
     for r in h.rows {
         if r.room != h.room {
             continue;
         }
+        *read.entry(r.id).or_default() += 1;
         if r.verb == Verb::TaskCompleted {
             report.raw_completions += 1;
             if let Some(b) = TaskCompletedBody::parse(&r.body) {
@@ -513,6 +524,13 @@ pub fn check(h: &History<'_>) -> HistoryReport {
             }
         }
         dag.apply(r);
+    }
+
+    for (id, times) in read.into_iter().filter(|(_, n)| *n > 1) {
+        report.violations.push(Violation::ReadTwice {
+            id: id.short(),
+            times,
+        });
     }
 
     // When each piece of work's result was committed (the first accepted completion,

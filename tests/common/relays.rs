@@ -817,6 +817,21 @@ impl Ledger {
             }
         }
         assert_eq!(done.len(), expected, "completions: {}", done.len());
+        // No interaction is read twice: a hand-off's rows are never written again
+        // beside the lot that carries them (plan 0080).
+        let mut read: BTreeMap<huddle_core::InteractionId, usize> = BTreeMap::new();
+        for (_, r) in self.room_rows() {
+            *read.entry(r.id).or_default() += 1;
+        }
+        let twice: Vec<String> = read
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(id, n)| format!("{} x{n}", id.short()))
+            .collect();
+        assert!(
+            twice.is_empty(),
+            "interactions read more than once: {twice:?}"
+        );
         let tasks = &self.dag.room(&self.room).expect("room has tasks").tasks;
         for (id, t) in tasks {
             let mine = &done[id];

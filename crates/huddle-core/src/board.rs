@@ -275,6 +275,15 @@ impl RoomBoard {
         .collect()
     }
 
+    /// The id of the latest prompted turn of subject `key` (the highest epoch), while
+    /// the board keeps the subject.
+    pub fn prompted_turn(&self, key: &str) -> Option<&str> {
+        self.turns
+            .get(key)
+            .and_then(|t| t.prompted.as_ref())
+            .map(|(_, turn, _)| turn.as_str())
+    }
+
     /// Turns in flight (prompted, not ended), as `(subject key, turn id, agent)`.
     pub fn open_turns(&self) -> Vec<(&str, &str, &str)> {
         self.turns

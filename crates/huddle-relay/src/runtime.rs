@@ -1798,11 +1798,13 @@ impl Executor {
         let store = self.store.clone();
         let feedback = self.feedback.clone();
         let metrics = self.metrics.clone();
+        let relay = self.relay.clone();
+        let give_up = self.give_up.clone();
         tokio::spawn(async move {
+            let answer = (&*store, &feedback, &metrics, relay.as_str(), &give_up);
             match batch_requests(&acquires) {
                 Some((requests, slots)) => {
-                    answer_acquires(&*store, &feedback, &metrics, &acquires, &requests, &slots)
-                        .await;
+                    answer_acquires(answer, &acquires, &requests, &slots).await;
                 }
                 None => {
                     for mut one in acquires {
@@ -1817,8 +1819,7 @@ impl Executor {
                                 lone_request(&one)
                             }
                         };
-                        answer_acquires(&*store, &feedback, &metrics, &[one], &requests, &slots)
-                            .await;
+                        answer_acquires(answer, &[one], &requests, &slots).await;
                     }
                 }
             }
@@ -2176,12 +2177,50 @@ fn lone_request(a: &PendingAcquire) -> AcquireBatch {
     )
 }
 
+/// The conditional appends of a hand-off with those of one room's fresh tasks packed
+/// into one lot (plan 0080), conditional on every claim of its tasks; each with the
+/// indices into `single` it stands for.
+fn lot_handoffs(
+    single: &[(usize, huddle_store::ConditionalAppend)],
+    relay: &str,
+    limits: &huddle_core::Limits,
+) -> Vec<(Vec<usize>, huddle_store::ConditionalAppend)> {
+    let (lots, left) = {
+        let writes: Vec<&[NewInteraction]> =
+            single.iter().map(|(_, c)| c.rows.as_slice()).collect();
+        crate::lots::pack(&writes, relay, limits)
+    };
+    let mut out: Vec<(Vec<usize>, huddle_store::ConditionalAppend)> = lots
+        .into_iter()
+        .map(|lot| {
+            let when_won = lot
+                .members
+                .iter()
+                .flat_map(|&m| single[m].1.when_won.iter().copied())
+                .collect();
+            (
+                lot.members,
+                huddle_store::ConditionalAppend {
+                    when_won,
+                    rows: vec![lot.row],
+                },
+            )
+        })
+        .collect();
+    out.extend(left.into_iter().map(|m| (vec![m], single[m].1.clone())));
+    out
+}
+
 /// Sends one batch and answers every acquire in it (a failed batch answers each
 /// `Failed`: nobody is known to hold them, and a later pass may try again).
 async fn answer_acquires(
-    store: &dyn Store,
-    feedback: &mpsc::UnboundedSender<Feedback>,
-    metrics: &RelayMetrics,
+    (store, feedback, metrics, relay, give_up): (
+        &dyn Store,
+        &mpsc::UnboundedSender<Feedback>,
+        &RelayMetrics,
+        &str,
+        &CancellationToken,
+    ),
     acquires: &[PendingAcquire],
     requests: &[ClaimRequest],
     slots: &[(usize, Option<usize>)],
@@ -2189,11 +2228,11 @@ async fn answer_acquires(
     // Before the call: the leases the store grants run from later.
     let from = Instant::now();
     // A fresh task's claim rows go in the same store call, written only when both of
-    // its claims are won at the epochs the rows carry (plan 0058). They stay rows, one
-    // group per task, not a lot (plan 0080): a hand-off's rows may be appended again
-    // while its claims are live (a turn resumed before the claim's answer, an
-    // ambiguous commit retried), and only identical rows are deduplicated.
-    let conditional: Vec<(usize, huddle_store::ConditionalAppend)> = acquires
+    // its claims are won at the epochs the rows carry (plan 0058); the rows of
+    // several fresh tasks of one room go as one lot, written only when every one of
+    // their claims is (plan 0080; when one is lost, nothing of it is written, and the
+    // won tasks' rows are written as rows right after).
+    let single: Vec<(usize, huddle_store::ConditionalAppend)> = acquires
         .iter()
         .zip(slots)
         .enumerate()
@@ -2208,21 +2247,85 @@ async fn answer_acquires(
             ))
         })
         .collect();
+    let conditional = lot_handoffs(&single, relay, store.limits());
+    let lots = conditional.iter().any(|(members, _)| members.len() > 1);
     let mut written = vec![false; acquires.len()];
-    let result = if conditional.is_empty() {
-        store.acquire_batch(requests).await
-    } else {
-        let appends = conditional.iter().map(|(_, c)| c.clone()).collect();
-        store.acquire_and_append(requests, appends).await.map(|h| {
-            for ((i, c), done) in conditional.iter().zip(&h.appended) {
-                written[*i] = done.is_some();
-                if done.is_some() {
-                    metrics.appended(c.rows.len(), true);
+    // Lots not written because one of their tasks' claims was lost.
+    let mut unwritten: Vec<&[usize]> = Vec::new();
+    let mut delay = RETRY_FIRST;
+    let result = loop {
+        let result = if conditional.is_empty() {
+            store
+                .acquire_batch(requests)
+                .await
+                .map(|acquired| huddle_store::Handoff {
+                    acquired,
+                    appended: Vec::new(),
+                })
+        } else {
+            let appends = conditional.iter().map(|(_, c)| c.clone()).collect();
+            store.acquire_and_append(requests, appends).await
+        };
+        match result {
+            // A call that carries a lot is sent again, identical, until its outcome
+            // is known: it may have committed, and its tasks' rows must then never
+            // be written in another grouping (a second copy of an item would be
+            // read; an identical lot deduplicates). A refusal for good committed
+            // nothing; a relay shutting down reads the ledger afresh when it starts.
+            Err(e) if lots && e.is_retryable() && !give_up.is_cancelled() => {
+                warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "a hand-off failed; sending it again");
+                tokio::select! {
+                    _ = tokio::time::sleep(jittered(delay)) => {}
+                    _ = give_up.cancelled() => {}
+                }
+                delay = (delay * 2).min(RETRY_MAX);
+            }
+            other => break other,
+        }
+    };
+    let result = result.map(|h| {
+        for ((members, c), done) in conditional.iter().zip(&h.appended) {
+            if done.is_some() {
+                for m in members {
+                    written[single[*m].0] = true;
+                }
+                metrics.appended(c.rows.len(), true);
+            } else if members.len() > 1 {
+                unwritten.push(members);
+            }
+        }
+        h.acquired
+    });
+    if let Ok(acquired) = &result {
+        // The tasks of such a lot whose claims were won as expected: their rows go in
+        // one more write, as rows (a retry of it by the synchronizer deduplicates),
+        // rather than one write per task later.
+        for members in unwritten {
+            let mut fences = Vec::new();
+            let mut rows = Vec::new();
+            let mut held = Vec::new();
+            for &m in members {
+                if let Some(f) = huddle_store::conditions_hold(&single[m].1, requests, acquired) {
+                    fences.extend(f);
+                    rows.extend(single[m].1.rows.iter().cloned());
+                    held.push(single[m].0);
                 }
             }
-            h.acquired
-        })
-    };
+            if held.is_empty() {
+                continue;
+            }
+            let n = rows.len();
+            match store.append_under(&fences, false, rows).await {
+                Ok(_) => {
+                    metrics.appended(n, true);
+                    for i in held {
+                        written[i] = true;
+                    }
+                }
+                Err(e) => debug!(error = %e, "a hand-off's rows are left to the synchronizer"),
+            }
+        }
+    }
     let out = match result {
         Ok(out) => out,
         Err(e) => {

@@ -2991,9 +2991,18 @@ impl Synchronizer {
         }
         let (turn, subject) = (rows.turn, rows.subject);
         batch.push(rows.prompted);
-        // A fresh hand-off's rows were written with its claims (one round trip):
-        // nothing is appended before the turn starts.
-        let written = prewritten && fresh && uses.is_empty();
+        // A hand-off's rows written with its claims (one round trip) are in the
+        // ledger, whether the view has read them (the turn looks resumed) or not:
+        // nothing is appended before the turn starts. Nor when a resumed turn's
+        // `turn.prompted` is in the view: its rows may be items of a lot (plan 0080),
+        // which an identical row would not deduplicate against.
+        let recorded = resuming
+            && self
+                .board
+                .room(&room)
+                .and_then(|b| b.prompted_turn(&subject.key()))
+                == Some(turn.0.as_str());
+        let written = uses.is_empty() && (prewritten || recorded);
         if !written {
             out.push(Intent::Append {
                 fences: [exclusive.clone(), drive.clone()]

@@ -1820,6 +1820,66 @@ fn resuming_the_same_lease_appends_no_new_claim() {
     assert_eq!(starts(&out).len(), 1);
 }
 
+/// A relay resuming bo's lease of `a` at epoch 4 with drive epoch 2, over a ledger
+/// that holds the claim and the `turn.prompted` of drive epoch `prompted_at`.
+fn resume_over_a_prompt(prompted_at: i64) -> Vec<Intent> {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let prompted = ix(
+        Verb::TurnPrompted,
+        "bo",
+        Role::Agent,
+        json!({"turn": format!("t/lobby/a/bo/4.{prompted_at}"),
+               "subject": {"kind": "task", "id": "a"},
+               "epoch": 4, "drive_epoch": prompted_at}),
+    );
+    let out = h.post(vec![created("a", &[]), claimed("a", "bo", 4), prompted]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    h.result(&task_key("lobby", "a"), "bo", true, 4);
+    h.result(&taskdrive_key("lobby", "a"), "r1", true, 2)
+}
+
+#[test]
+fn resuming_a_turn_whose_prompt_is_read_appends_nothing() {
+    // The ledger holds the turn's whole hand-off (a restarted relay): its rows may be
+    // items of a lot, which an identical row would not deduplicate against.
+    let out = resume_over_a_prompt(2);
+    assert!(appends(&out).is_empty(), "{out:?}");
+    assert_eq!(starts(&out).len(), 1);
+    assert_eq!(starts(&out)[0].turn.0, "t/lobby/a/bo/4.2");
+    // Another drive epoch is another turn: its prompt is appended.
+    let out = resume_over_a_prompt(1);
+    assert_eq!(appends(&out)[0].1, vec!["turn.prompted"]);
+    assert_eq!(starts(&out)[0].turn.0, "t/lobby/a/bo/4.2");
+}
+
+#[test]
+fn a_hand_off_read_back_before_its_answer_appends_nothing() {
+    let mut h = H::with(&["bo"], no_backoff());
+    h.start();
+    let out = h.post(vec![created("a", &[])]);
+    let w = write_of(&out, "a").expect("a fresh task is handed off in one call");
+    // The relay reads its own hand-off (written with the claims) before the store's
+    // answer reaches the synchronizer: the turn looks resumed, and its rows are in.
+    h.write(w.batch.clone());
+    h.read();
+    let expires_at = h.now + 60 * S;
+    let won = ClaimAnswer::Won {
+        epoch: ClaimEpoch::FIRST,
+        expires_at,
+    };
+    let out = h.sync.handle(Event::ClaimResult(ClaimOutcome {
+        key: task_key("lobby", "a"),
+        holder: "bo".into(),
+        answer: won,
+        then: Some(won),
+        written: true,
+    }));
+    assert!(appends(&out).is_empty(), "{out:?}");
+    assert_eq!(starts(&out).len(), 1);
+    assert_eq!(starts(&out)[0].turn.0, "t/lobby/a/bo/1.1");
+}
+
 #[test]
 fn another_relay_driving_the_same_agent_wins_the_drive() {
     let mut h = H::new(&["bo"]);
