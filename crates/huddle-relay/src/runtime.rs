@@ -2211,6 +2211,32 @@ fn lot_handoffs(
     out
 }
 
+/// Whether the lot `id` is in the ledger, asking again while the database is away.
+/// Asked after a re-sent hand-off whose last send did not write the lot: the send
+/// before it has finished by then (the last one took the same claims' row locks), so
+/// the answer is final. (A refusal for good, or a relay giving up at shutdown, counts
+/// as absent: its rows are then written as rows.)
+async fn lot_in_ledger(store: &dyn Store, id: InteractionId, give_up: &CancellationToken) -> bool {
+    let mut delay = RETRY_FIRST;
+    loop {
+        match store.get(id).await {
+            Ok(found) => return found.is_some(),
+            Err(e) if e.is_retryable() && !give_up.is_cancelled() => {
+                warn!(error = %e, "reading whether a hand-off's lot is in failed; asking again");
+                tokio::select! {
+                    _ = tokio::time::sleep(jittered(delay)) => {}
+                    _ = give_up.cancelled() => {}
+                }
+                delay = (delay * 2).min(RETRY_MAX);
+            }
+            Err(e) => {
+                warn!(error = %e, "could not read whether a hand-off's lot is in");
+                return false;
+            }
+        }
+    }
+}
+
 /// Sends one batch and answers every acquire in it (a failed batch answers each
 /// `Failed`: nobody is known to hold them, and a later pass may try again).
 async fn answer_acquires(
@@ -2253,6 +2279,7 @@ async fn answer_acquires(
     // Lots not written because one of their tasks' claims was lost.
     let mut unwritten: Vec<&[usize]> = Vec::new();
     let mut delay = RETRY_FIRST;
+    let mut retried = false;
     let result = loop {
         let result = if conditional.is_empty() {
             store
@@ -2279,10 +2306,14 @@ async fn answer_acquires(
                     _ = give_up.cancelled() => {}
                 }
                 delay = (delay * 2).min(RETRY_MAX);
+                retried = true;
             }
             other => break other,
         }
     };
+    // Lots of a re-sent call not written by the last send: an earlier send may have
+    // written them before one of their claims was lost.
+    let mut unsure: Vec<(&[usize], InteractionId)> = Vec::new();
     let result = result.map(|h| {
         for ((members, c), done) in conditional.iter().zip(&h.appended) {
             if done.is_some() {
@@ -2290,12 +2321,25 @@ async fn answer_acquires(
                     written[single[*m].0] = true;
                 }
                 metrics.appended(c.rows.len(), true);
+            } else if members.len() > 1 && retried {
+                unsure.push((members, c.rows[0].id()));
             } else if members.len() > 1 {
                 unwritten.push(members);
             }
         }
         h.acquired
     });
+    if result.is_ok() {
+        for (members, id) in unsure {
+            if lot_in_ledger(store, id, give_up).await {
+                for m in members {
+                    written[single[*m].0] = true;
+                }
+            } else {
+                unwritten.push(members);
+            }
+        }
+    }
     if let Ok(acquired) = &result {
         // The tasks of such a lot whose claims were won as expected: their rows go in
         // one more write, as rows (a retry of it by the synchronizer deduplicates),
@@ -2643,7 +2687,8 @@ mod tests {
     use super::*;
     use huddle_core::tasks::TaskCompletedBody;
     use huddle_store::memory::MemoryStore;
-    use huddle_store::StoreOptions;
+    use huddle_store::{Claims, Ledger, StoreOptions};
+    use std::sync::atomic::Ordering;
 
     const TTL: Duration = Duration::from_secs(30);
 
@@ -2761,5 +2806,257 @@ mod tests {
         let mut want = want;
         want.extend(c.1.iter().map(NewInteraction::id));
         assert_eq!(ids, want);
+    }
+
+    /// A store whose first `lose` hand-off calls are performed and then answered as
+    /// if the connection dropped before the answer came; before that answer, the
+    /// claim `steal` (key, holder) goes to `zed`, as if it lapsed and was re-taken.
+    struct LostAnswers {
+        inner: MemoryStore,
+        lose: std::sync::atomic::AtomicU32,
+        steal: Option<(String, String)>,
+    }
+
+    #[async_trait::async_trait]
+    impl huddle_store::Ledger for LostAnswers {
+        fn limits(&self) -> &huddle_core::Limits {
+            self.inner.limits()
+        }
+        async fn append(
+            &self,
+            batch: Vec<NewInteraction>,
+        ) -> huddle_store::Result<Vec<huddle_store::Appended>> {
+            self.inner.append(batch).await
+        }
+        async fn append_under(
+            &self,
+            fences: &[Fence],
+            close: bool,
+            batch: Vec<NewInteraction>,
+        ) -> huddle_store::Result<Vec<huddle_store::Appended>> {
+            self.inner.append_under(fences, close, batch).await
+        }
+        async fn read_forward(
+            &self,
+            after: Position,
+            limit: usize,
+        ) -> huddle_store::Result<huddle_store::ReadBatch> {
+            self.inner.read_forward(after, limit).await
+        }
+        async fn read_room_rows(
+            &self,
+            room: &str,
+            after: Position,
+            limit: usize,
+        ) -> huddle_store::Result<huddle_store::ReadBatch> {
+            self.inner.read_room_rows(room, after, limit).await
+        }
+        async fn get(
+            &self,
+            id: InteractionId,
+        ) -> huddle_store::Result<Option<huddle_core::Interaction>> {
+            self.inner.get(id).await
+        }
+        fn doorbell(&self) -> huddle_store::Doorbell {
+            self.inner.doorbell()
+        }
+        async fn now(&self) -> huddle_store::Result<huddle_core::Timestamp> {
+            self.inner.now().await
+        }
+        fn poll_interval(&self) -> Duration {
+            self.inner.poll_interval()
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl huddle_store::Claims for LostAnswers {
+        async fn acquire(
+            &self,
+            key: &str,
+            holder: &str,
+            ttl: Duration,
+        ) -> huddle_store::Result<Acquired> {
+            self.inner.acquire(key, holder, ttl).await
+        }
+        async fn renew(
+            &self,
+            key: &str,
+            holder: &str,
+            epoch: huddle_store::Epoch,
+            ttl: Duration,
+        ) -> huddle_store::Result<Option<huddle_store::ClaimState>> {
+            self.inner.renew(key, holder, epoch, ttl).await
+        }
+        async fn release(
+            &self,
+            key: &str,
+            holder: &str,
+            epoch: huddle_store::Epoch,
+        ) -> huddle_store::Result<bool> {
+            self.inner.release(key, holder, epoch).await
+        }
+        async fn list_claims(
+            &self,
+            prefix: &str,
+        ) -> huddle_store::Result<Vec<huddle_store::ClaimRow>> {
+            self.inner.list_claims(prefix).await
+        }
+        async fn acquire_resources(
+            &self,
+            room: &str,
+            holder: &str,
+            wanted: &[huddle_core::resources::Wanted],
+            ttl: Duration,
+        ) -> huddle_store::Result<huddle_store::resources::ResourcesAcquired> {
+            self.inner
+                .acquire_resources(room, holder, wanted, ttl)
+                .await
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Store for LostAnswers {
+        fn backend_name(&self) -> &'static str {
+            self.inner.backend_name()
+        }
+        async fn acquire_and_append(
+            &self,
+            requests: &[ClaimRequest],
+            appends: Vec<huddle_store::ConditionalAppend>,
+        ) -> huddle_store::Result<huddle_store::Handoff> {
+            let done = self.inner.acquire_and_append(requests, appends).await?;
+            if self
+                .lose
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_err()
+            {
+                return Ok(done);
+            }
+            if let Some((key, holder)) = &self.steal {
+                let held = self.inner.list_claims(key).await?;
+                let epoch = held
+                    .iter()
+                    .find(|c| &c.state.key == key)
+                    .map(|c| c.state.epoch);
+                let epoch = epoch.expect("the claim to steal was taken");
+                assert!(self.inner.release(key, holder, epoch).await?);
+                assert!(self.inner.acquire(key, "zed", TTL).await?.won());
+            }
+            Err(StoreError::Unavailable("the answer was lost".into()))
+        }
+        async fn archive_room(
+            &self,
+            request: huddle_store::ArchiveRequest,
+        ) -> huddle_store::Result<huddle_store::ArchiveOutcome> {
+            self.inner.archive_room(request).await
+        }
+        async fn prune_claims(
+            &self,
+            older_than: Duration,
+        ) -> huddle_store::Result<huddle_store::PrunedClaims> {
+            self.inner.prune_claims(older_than).await
+        }
+    }
+
+    /// The acquire of fresh task `task` for `agent` with its drive claim, carrying its
+    /// `task.claimed` and `turn.prompted` to write when both are won at epoch 1.
+    fn fresh_handoff(task: &str, agent: &str) -> PendingAcquire {
+        use huddle_core::protocol::{Subject, TurnPromptedBody};
+        use huddle_core::tasks::TaskClaimedBody;
+        let first = ClaimEpoch::FIRST;
+        let claimed = TaskClaimedBody {
+            task: task.into(),
+            epoch: first,
+            attempt: 1,
+            generation: 0,
+        };
+        let prompted = TurnPromptedBody {
+            turn: format!("t/r/{task}/{agent}/1.1"),
+            subject: Subject::task(task.to_string(), None),
+            epoch: first,
+            drive_epoch: first,
+        };
+        let row = |verb, body| NewInteraction::new("r", verb, agent, Role::Agent, body);
+        PendingAcquire {
+            key: format!("task/r/{task}"),
+            holder: agent.into(),
+            ttl: TTL,
+            then: Some(huddle_core::sync::ChainedAcquire {
+                key: format!("taskdrive/r/{task}"),
+                holder: "relay-t".into(),
+                ttl: TTL,
+            }),
+            write: Some(huddle_core::sync::WriteIfWon {
+                epoch: first,
+                then_epoch: first,
+                batch: vec![
+                    row(Verb::TaskClaimed, claimed.to_body()),
+                    row(
+                        Verb::TurnPrompted,
+                        serde_json::to_value(&prompted).expect("a body"),
+                    ),
+                ],
+            }),
+        }
+    }
+
+    /// A hand-off of two fresh tasks goes as one lot; when the answer to a call that
+    /// wrote it is lost, the call is sent again, identical, and the lot deduplicates:
+    /// both turns are answered as written and every item is read once. When one of
+    /// its claims went to someone else before the second send, the lot the first
+    /// wrote is found in the ledger: the other task's rows are not written again.
+    #[tokio::test]
+    async fn a_hand_off_lot_whose_answer_is_lost_is_written_once() {
+        for steal in [false, true] {
+            let store = Arc::new(LostAnswers {
+                inner: MemoryStore::new(StoreOptions::default()),
+                lose: std::sync::atomic::AtomicU32::new(1),
+                steal: steal.then(|| ("task/r/t2".to_string(), "bob".to_string())),
+            });
+            let (exec, mut rx) = executor(store.clone());
+            let sent = [fresh_handoff("t1", "ann"), fresh_handoff("t2", "bob")];
+            let want: Vec<InteractionId> = sent
+                .iter()
+                .flat_map(|a| a.write.as_ref().map(|w| w.batch.clone()))
+                .flatten()
+                .map(|r| r.id())
+                .collect();
+            exec.acquire_all(sent.into());
+            let mut answers = BTreeMap::new();
+            while answers.len() < 2 {
+                let next = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                    .await
+                    .expect("answers in time")
+                    .expect("the executor is alive");
+                if let Feedback::Claim(c) = next {
+                    answers.insert(c.key.clone(), c);
+                }
+            }
+            let t1 = &answers["task/r/t1"];
+            assert!(
+                matches!(t1.answer, ClaimAnswer::Won { .. }) && t1.written,
+                "steal {steal}: {t1:?}"
+            );
+            let t2 = &answers["task/r/t2"];
+            if steal {
+                assert!(matches!(t2.answer, ClaimAnswer::Lost { .. }), "{t2:?}");
+            } else {
+                assert!(
+                    matches!(t2.answer, ClaimAnswer::Won { .. }) && t2.written,
+                    "{t2:?}"
+                );
+            }
+            assert_eq!(
+                stored_verbs(&*store).await,
+                vec![Verb::TaskLot],
+                "steal {steal}"
+            );
+            let read = store
+                .read_room("r", Position::START, 100)
+                .await
+                .expect("read");
+            let ids: Vec<InteractionId> = read.rows.iter().map(|r| r.id).collect();
+            assert_eq!(ids, want, "steal {steal}: each item once, in order");
+        }
     }
 }
