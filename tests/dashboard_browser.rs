@@ -65,9 +65,13 @@ fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, Val
         if let Some(found) = complete(&raw) {
             break found;
         }
-        let n = s
-            .read(&mut buf)
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let n = match s.read(&mut buf) {
+            Ok(n) => n,
+            // A signal (a child process of the test exiting) interrupted the wait:
+            // nothing was read, read again.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
         if n == 0 {
             break complete(&raw).unwrap_or_else(|| {
                 let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0);
