@@ -1473,6 +1473,16 @@ impl Loop {
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
+/// Waits out `delay` (jittered) before a write or read is tried again, or until the
+/// relay gives up; the next wait is twice as long, up to [`RETRY_MAX`].
+async fn back_off(delay: &mut Duration, give_up: &CancellationToken) {
+    tokio::select! {
+        _ = tokio::time::sleep(jittered(*delay)) => {}
+        _ = give_up.cancelled() => {}
+    }
+    *delay = (*delay * 2).min(RETRY_MAX);
+}
+
 /// Most pieces of feedback handled with one scheduling pass.
 const FEEDBACK_BATCH: usize = 512;
 
@@ -1983,11 +1993,7 @@ impl Executor {
                             let _ = self.feedback.send(Feedback::WriteRetried);
                         }
                         warn!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "append failed; retrying");
-                        tokio::select! {
-                            _ = tokio::time::sleep(jittered(delay)) => {}
-                            _ = self.give_up.cancelled() => {}
-                        }
-                        delay = (delay * 2).min(RETRY_MAX);
+                        back_off(&mut delay, &self.give_up).await;
                     }
                     Err(e) => return Err(e),
                 }
@@ -2223,11 +2229,7 @@ async fn lot_in_ledger(store: &dyn Store, id: InteractionId, give_up: &Cancellat
             Ok(found) => return found.is_some(),
             Err(e) if e.is_retryable() && !give_up.is_cancelled() => {
                 warn!(error = %e, "reading whether a hand-off's lot is in failed; asking again");
-                tokio::select! {
-                    _ = tokio::time::sleep(jittered(delay)) => {}
-                    _ = give_up.cancelled() => {}
-                }
-                delay = (delay * 2).min(RETRY_MAX);
+                back_off(&mut delay, give_up).await;
             }
             Err(e) => {
                 warn!(error = %e, "could not read whether a hand-off's lot is in");
@@ -2301,11 +2303,7 @@ async fn answer_acquires(
             // nothing; a relay shutting down reads the ledger afresh when it starts.
             Err(e) if lots && e.is_retryable() && !give_up.is_cancelled() => {
                 warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "a hand-off failed; sending it again");
-                tokio::select! {
-                    _ = tokio::time::sleep(jittered(delay)) => {}
-                    _ = give_up.cancelled() => {}
-                }
-                delay = (delay * 2).min(RETRY_MAX);
+                back_off(&mut delay, give_up).await;
                 retried = true;
             }
             other => break other,
