@@ -157,3 +157,45 @@ async fn pattern_writes_from_the_command_line(backend: Backend) {
     });
     assert!(lease.starts_with("coordinator [held] cy"), "{lease}");
 }
+
+/// A command sees the write of the command before it even when that row is held back
+/// behind another writer's transaction that is still open (Postgres: the gap-free
+/// cursor does not read past an older open transaction). The agent's catch-up reads
+/// again while committed rows are held back, for up to a second; here the other
+/// transaction commits 0.7 s after the two commands start, so without that wait
+/// `approval status` would not find the request it follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_sees_the_write_before_it_behind_an_open_transaction() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let db = database.url.clone();
+    seed_tasks(&db, ROOM, &[], 1000).await;
+    let (other, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    other
+        .batch_execute("BEGIN; SELECT pg_current_xact_id()")
+        .await
+        .expect("an open transaction with an id");
+    let url = db.clone();
+    let commands = tokio::task::spawn_blocking(move || {
+        let asked = json(&ok(agent_cmd(
+            &url,
+            &["approval", "request"],
+            "bo",
+            &["--action", "deploy", "--json"],
+        )));
+        let id = asked["approval"]["id"].as_str().expect("an id").to_string();
+        let status = run(agent_cmd(&url, &["approval", "status"], "bo", &[&id]));
+        (id, status)
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    other.batch_execute("COMMIT").await.expect("commit");
+    let (id, status) = commands.await.expect("join");
+    let stdout = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success() && stdout.contains(&format!("!approve {id}")),
+        "status of {id}: {}\n{stdout}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+}

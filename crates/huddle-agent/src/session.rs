@@ -28,6 +28,9 @@ const REPLY_LEASE: Duration = Duration::from_secs(30);
 
 /// Rows per read-forward page.
 const PAGE: usize = 1000;
+/// The longest a catch-up waits for committed rows held back behind another
+/// writer's open transaction (see [`huddle_store::ReadBatch::held_back`]).
+const HELD_BACK_WAIT: Duration = Duration::from_secs(1);
 /// Default and largest `limit` of `read`.
 const READ_DEFAULT: u32 = 50;
 const READ_MAX: u32 = 500;
@@ -185,10 +188,21 @@ impl AgentSession {
         Ok(st)
     }
 
-    /// Reads forward from the cursor until nothing more is readable.
+    /// Reads forward from the cursor until nothing more is readable, and nothing
+    /// committed is held back (read-your-writes across processes: a row this agent's
+    /// previous command committed may sit behind another writer's open transaction
+    /// for a moment). Waits for held-back rows up to [`HELD_BACK_WAIT`].
     pub(crate) async fn catch_up(&self, st: &mut Folded) -> Result<()> {
+        let mut waited_since: Option<Instant> = None;
         loop {
             let batch = self.store.read_room(&self.room, st.cursor, PAGE).await?;
+            if batch.rows.is_empty() && batch.skipped.is_empty() && batch.held_back {
+                let since = *waited_since.get_or_insert_with(Instant::now);
+                if since.elapsed() < HELD_BACK_WAIT {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+            }
             for row in &batch.rows {
                 st.threads.observe(row);
                 st.authority.apply(row);

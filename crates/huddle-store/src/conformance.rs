@@ -483,6 +483,16 @@ pub async fn no_gaps_when_a_lower_sequence_commits_last(b: &impl TestBackend) {
         batch.next, cursor,
         "the cursor moved past an open transaction"
     );
+    // The committed row behind the open transaction is reported as held back (what a
+    // one-shot reader waits for to see its own write), in the room's read too.
+    let concurrent = b.writers() == Writers::Concurrent;
+    assert_eq!(
+        batch.held_back, concurrent,
+        "held back behind an open transaction"
+    );
+    let room = s.read_room("r", cursor, 100).await.expect("read room");
+    assert!(room.rows.is_empty(), "{:?}", room.rows);
+    assert_eq!(room.held_back, concurrent);
     held.commit().await.expect("commit held");
     if b.writers() == Writers::Serialized {
         writer.await.expect("join").expect("fast append");
@@ -492,6 +502,12 @@ pub async fn no_gaps_when_a_lower_sequence_commits_last(b: &impl TestBackend) {
         seen.iter().map(|r| r.id).collect::<Vec<_>>(),
         vec![slow.id(), fast.id()],
         "every row exactly once, the held (lower) one first"
+    );
+    let (_, _, end) = read_all(&*s, cursor).await;
+    let after = s.read_forward(end, 100).await.expect("read at the end");
+    assert!(
+        after.rows.is_empty() && !after.held_back,
+        "nothing held back any more"
     );
     // A fresh reader from the start sees the same order.
     let (all, _, _) = read_all(&*s, Position::START).await;

@@ -47,6 +47,12 @@ pub struct ReadBatch {
     /// The cursor to read from next: past every row returned or skipped. Equal to the
     /// `after` given when nothing new was readable.
     pub next: Position,
+    /// Committed rows of what was read lie past `next` (Postgres, after a short read):
+    /// held back behind an older transaction still open — the gap-free cursor waits
+    /// for it — or committed since the read. Reading again shortly returns them; a
+    /// reader that must see a write it just made (a one-shot command in a new
+    /// process) reads again while this is set.
+    pub held_back: bool,
 }
 
 /// What the appender presents to write under a claim.
@@ -394,6 +400,7 @@ pub trait Ledger: Send + Sync + 'static {
             let page = self.read_forward(out.next, want).await?;
             let short = page.rows.len() + page.skipped.len() < want;
             out.next = page.next;
+            out.held_back = page.held_back;
             out.skipped.extend(page.skipped);
             out.rows
                 .extend(page.rows.into_iter().filter(|r| rooms.contains(&r.room)));

@@ -369,6 +369,7 @@ impl PgStore {
             rows,
             skipped,
             next,
+            held_back,
         })
     }
 
