@@ -184,6 +184,10 @@ pub async fn run(
                 .snapshot_min_interval_ms
                 .map(std::time::Duration::from_millis)
                 .unwrap_or(RelayOptions::default().snapshot_min_interval),
+            batch_hold: cfg
+                .batch_hold_ms
+                .map(std::time::Duration::from_millis)
+                .unwrap_or(huddle_relay::runtime::DEFAULT_BATCH_HOLD),
             ..RelayOptions::default()
         },
     );

@@ -10,6 +10,7 @@
 //!                                   # (default: <relay>.snapshot beside this file; false: none)
 //! snapshot_every_rows = 100000      # rows folded between two snapshots while running
 //! snapshot_min_interval_ms = 60000  # and at most this often
+//! batch_hold_ms = 2                 # how long a task result waits for others to share its write
 //!
 //! [[agent]]
 //! key = "ada"                       # the agent's id in rooms and claims
@@ -192,6 +193,10 @@ pub struct RelayConfig {
     /// milliseconds (default 60,000).
     #[serde(default)]
     pub snapshot_min_interval_ms: Option<u64>,
+    /// How long a task turn's result waits for other task turns of the relay to end
+    /// so their results share one write, in milliseconds (default 2; 0: never).
+    #[serde(default)]
+    pub batch_hold_ms: Option<u64>,
 }
 
 /// `snapshot = ...` in `huddle.toml`: a path, or on / off.

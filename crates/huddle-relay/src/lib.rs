@@ -5,6 +5,7 @@
 //! the resulting intents against a store. Drivers run the agent turns.
 #![warn(missing_docs)]
 
+mod batch;
 pub mod commands;
 pub mod config;
 pub mod driver;

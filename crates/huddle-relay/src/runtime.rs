@@ -90,6 +90,10 @@ pub struct RelayOptions {
     /// The shortest time between two snapshots written while the relay runs
     /// (default 60 s).
     pub snapshot_min_interval: Duration,
+    /// How long a task turn's result waits for other task turns of the relay to end,
+    /// so their results share one write (plan 0081; default 2 ms). Results never
+    /// wait when no other task turn runs; zero: never.
+    pub batch_hold: Duration,
 }
 
 impl Default for RelayOptions {
@@ -103,9 +107,13 @@ impl Default for RelayOptions {
             snapshot: None,
             snapshot_every_rows: crate::snapshot::DEFAULT_EVERY_ROWS,
             snapshot_min_interval: Duration::from_secs(60),
+            batch_hold: DEFAULT_BATCH_HOLD,
         }
     }
 }
+
+/// How long a task result waits for others by default ([`RelayOptions::batch_hold`]).
+pub const DEFAULT_BATCH_HOLD: Duration = Duration::from_millis(2);
 
 /// What a relay reports when it stops: enough to check that relays converged.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -295,6 +303,11 @@ struct Loop {
     clock_base: Instant,
     /// Outputs being performed (their writes may be retrying).
     inflight: tokio::task::JoinSet<()>,
+    /// Task results and claim acquisitions waiting to go as one batch (plan 0081),
+    /// and whether a batch is being performed (one at a time).
+    batch: crate::batch::Batch,
+    batch_in_flight: Arc<std::sync::atomic::AtomicBool>,
+    batch_hold: Duration,
     /// The leases of claims this relay won, by key and epoch: the start deadline of
     /// a turn is computed from them.
     leases: HashMap<(String, ClaimEpoch), Lease>,
@@ -418,6 +431,9 @@ impl Relay {
             refreshed_for: None,
             clock_base: Instant::now(),
             inflight: tokio::task::JoinSet::new(),
+            batch: crate::batch::Batch::default(),
+            batch_in_flight: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            batch_hold: self.options.batch_hold,
             leases: HashMap::new(),
             give_up: CancellationToken::new(),
             rooms: self.rooms.clone(),
@@ -515,6 +531,7 @@ impl Relay {
                 // relay id is ours (a second process refused beside a live one writes
                 // nothing).
                 snapshot_now = lp.inflight.is_empty()
+                    && lp.batch.is_empty()
                     && lp
                         .snap
                         .as_ref()
@@ -565,6 +582,7 @@ impl Relay {
             let tick_at = (tokio::time::Instant::now()
                 + lp.until_next_wakeup(self.options.max_tick))
             .min(last_tick + self.options.max_tick);
+            let batch_due = lp.batch_due();
             tokio::select! {
                 step = reader.recv(), if !stopping => {
                     match step {
@@ -590,7 +608,12 @@ impl Relay {
                         break;
                     }
                 }
-                Some(_) = lp.inflight.join_next(), if !lp.inflight.is_empty() => {}
+                Some(_) = lp.inflight.join_next(), if !lp.inflight.is_empty() => {
+                    lp.send_batch(false);
+                }
+                _ = tokio::time::sleep_until(batch_due.unwrap_or(tick_at)), if batch_due.is_some() => {
+                    lp.send_batch(false);
+                }
                 _ = tokio::time::sleep_until(tick_at) => {
                     last_tick = tokio::time::Instant::now();
                     if let Err(e) = lp.tick().await {
@@ -636,12 +659,18 @@ impl Relay {
         // ends, then give up on the rest (counted as lost).
         let grace_end = stop_deadline
             .unwrap_or_else(|| tokio::time::Instant::now() + self.options.shutdown_grace);
+        lp.send_batch(true);
         while !lp.inflight.is_empty() {
             match tokio::time::timeout_at(grace_end, lp.inflight.join_next()).await {
-                Ok(_) => {}
+                Ok(_) => lp.send_batch(true),
                 Err(_) => {
                     lp.give_up.cancel();
-                    while lp.inflight.join_next().await.is_some() {}
+                    loop {
+                        lp.send_batch(true);
+                        if lp.inflight.join_next().await.is_none() {
+                            break;
+                        }
+                    }
                 }
             }
         }
@@ -854,6 +883,7 @@ impl Loop {
         self.sync.is_idle()
             && self.turns.is_empty()
             && self.inflight.is_empty()
+            && self.batch.is_empty()
             && self.held.is_none()
     }
 
@@ -1462,9 +1492,49 @@ impl Loop {
                 self.summary.turns_started += 1;
             }
         }
+        let ordered = self.batch.take(ordered, tokio::time::Instant::now());
+        if !ordered.is_empty() {
+            let exec = self.executor();
+            self.inflight
+                .spawn(async move { exec.perform(ordered, starts).await });
+        }
+        self.send_batch(false);
+    }
+
+    /// When the waiting batch is due, if one waits and none is in flight.
+    fn batch_due(&self) -> Option<tokio::time::Instant> {
+        if self
+            .batch_in_flight
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return None;
+        }
+        let task_turns = self.turns.values().any(|t| t.work == WorkKind::Task);
+        self.batch.due(self.batch_hold, task_turns)
+    }
+
+    /// Sends the waiting batch when it is due (`now`: at once, at shutdown) and no
+    /// batch is in flight.
+    fn send_batch(&mut self, now: bool) {
+        use std::sync::atomic::Ordering;
+        if self.batch_in_flight.load(Ordering::Acquire) || self.batch.is_empty() {
+            return;
+        }
+        if !now
+            && self
+                .batch_due()
+                .is_some_and(|due| due > tokio::time::Instant::now())
+        {
+            return;
+        }
+        let intents = self.batch.drain();
+        self.batch_in_flight.store(true, Ordering::Release);
+        let in_flight = self.batch_in_flight.clone();
         let exec = self.executor();
-        self.inflight
-            .spawn(async move { exec.perform(ordered, starts).await });
+        self.inflight.spawn(async move {
+            exec.perform(intents, HashMap::new()).await;
+            in_flight.store(false, Ordering::Release);
+        });
     }
 }
 
@@ -1583,9 +1653,12 @@ impl Executor {
         // concurrently: each is its own transaction under its own turn's claims, and
         // none refers to another, so the order they commit in does not matter.
         let mut results: Vec<(Vec<ClaimRef>, Vec<NewInteraction>)> = Vec::new();
+        // The hand-offs sent: the output is performed once they are answered (a
+        // batch's successor waits for them, plan 0081).
+        let mut handoffs = Vec::new();
         for intent in intents {
             if !matches!(intent, Intent::Acquire { .. }) && !acquires.is_empty() {
-                self.acquire_all(std::mem::take(&mut acquires));
+                handoffs.push(self.acquire_all(std::mem::take(&mut acquires)));
             }
             let is_result =
                 matches!(&intent, Intent::Append { close: true, fences, .. } if !fences.is_empty());
@@ -1699,7 +1772,10 @@ impl Executor {
             self.append_results(results).await;
         }
         if !acquires.is_empty() {
-            self.acquire_all(acquires);
+            handoffs.push(self.acquire_all(acquires));
+        }
+        for h in handoffs {
+            let _ = h.await;
         }
     }
 
@@ -1804,7 +1880,7 @@ impl Executor {
     /// one batch in a task of its own, and answers each with a claim result. A batch
     /// the store cannot take in key order as given (a chained key sorting before its
     /// first, or one key twice) goes as one batch per acquire instead.
-    fn acquire_all(&self, acquires: Vec<PendingAcquire>) {
+    fn acquire_all(&self, acquires: Vec<PendingAcquire>) -> tokio::task::JoinHandle<()> {
         let store = self.store.clone();
         let feedback = self.feedback.clone();
         let metrics = self.metrics.clone();
@@ -1833,7 +1909,7 @@ impl Executor {
                     }
                 }
             }
-        });
+        })
     }
 
     /// Takes a task's `[uses ...]` resources in one store call that does not wait;

@@ -758,3 +758,123 @@ async fn a_relay_resumes_from_its_snapshot_and_runs_each_task_once() {
     );
     assert_eq!(other.turns_started, 1);
 }
+
+/// Counts the turns it really runs (side effects, not rows), then runs them with the
+/// simulated driver.
+struct Counted {
+    inner: SimDriver,
+    runs: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl huddle_relay::driver::Driver for Counted {
+    async fn run(
+        &self,
+        request: huddle_relay::driver::TurnRequest,
+        cancel: CancellationToken,
+    ) -> huddle_relay::driver::TurnOutcome {
+        self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.run(request, cancel).await
+    }
+}
+
+/// Plan 0081: task turns of one relay that end apart, in passes of their own, share
+/// one write when they end within the relay's batch hold — one `task.lot` row closing
+/// all their claims — and each goes alone when the hold is zero. Either way every
+/// task runs once and completes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn task_results_ending_within_the_hold_share_one_write() {
+    for (hold, lots_expected) in [(Duration::from_secs(5), 1usize), (Duration::ZERO, 0)] {
+        let (_dir, path, admin) = lobby().await;
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        // Four agents whose turns end 40 ms apart.
+        let agents = [40u64, 80, 120, 160]
+            .iter()
+            .enumerate()
+            .map(|(i, ms)| HostedAgent {
+                local: LocalAgent::new(format!("a{i}")),
+                name: format!("a{i}"),
+                driver: Arc::new(Counted {
+                    inner: SimDriver::new(SimSettings {
+                        turn_ms: *ms,
+                        ..Default::default()
+                    }),
+                    runs: runs.clone(),
+                }),
+            })
+            .collect();
+        let shutdown = CancellationToken::new();
+        let relay = Relay::new(
+            store(&path, "relay-0").await,
+            "relay-0",
+            vec!["lobby".into()],
+            agents,
+            RelayOptions {
+                batch_hold: hold,
+                ..RelayOptions::default()
+            },
+        );
+        let running = tokio::spawn(relay.run(shutdown.clone()));
+        owner_command(
+            &*admin,
+            "!delegate\nt1: one\nt2: two\nt3: three\nt4: four\n",
+        )
+        .await;
+        wait_ledger(&*admin, "four tasks done", |dag, _| {
+            let s = dag.summary("lobby");
+            s.total == 4 && s.done == 4
+        })
+        .await;
+        shutdown.cancel();
+        running.await.expect("join").expect("relay ran");
+        assert_eq!(
+            runs.load(std::sync::atomic::Ordering::SeqCst),
+            4,
+            "hold {hold:?}"
+        );
+        // The rows as stored: lots are containers here.
+        let mut stored = Vec::new();
+        let mut cursor = Position::START;
+        loop {
+            let batch = admin
+                .read_room_rows("lobby", cursor, 1000)
+                .await
+                .expect("read rows");
+            if batch.next == cursor {
+                break;
+            }
+            cursor = batch.next;
+            stored.extend(batch.rows);
+        }
+        let lots: Vec<_> = stored.iter().filter(|r| r.verb == Verb::TaskLot).collect();
+        let completions_in_lots: usize = lots
+            .iter()
+            .map(|l| {
+                l.body["items"].as_array().map_or(0, |items| {
+                    items
+                        .iter()
+                        .filter(|i| i["verb"] == "task.completed")
+                        .count()
+                })
+            })
+            .sum();
+        let completion_rows = stored
+            .iter()
+            .filter(|r| r.verb == Verb::TaskCompleted)
+            .count();
+        // The hand-off of four fresh tasks is a lot of its own; count result lots.
+        let result_lots = lots
+            .iter()
+            .filter(|l| {
+                l.body["items"]
+                    .as_array()
+                    .is_some_and(|items| items.iter().any(|i| i["verb"] == "task.completed"))
+            })
+            .count();
+        assert_eq!(result_lots, lots_expected, "hold {hold:?}: {lots:?}");
+        assert_eq!(completions_in_lots + completion_rows, 4, "hold {hold:?}");
+        if lots_expected == 1 {
+            assert_eq!(completions_in_lots, 4, "all four results in the one lot");
+        }
+    }
+}
