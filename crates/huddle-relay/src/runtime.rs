@@ -1645,6 +1645,10 @@ struct Executor {
 
 impl Executor {
     async fn perform(self, intents: Vec<Intent>, mut starts: HashMap<TurnId, TurnPrep>) {
+        let intents = match self.results_with_handoff(intents).await {
+            Some(rest) => rest,
+            None => return,
+        };
         let mut refused: Vec<ClaimRef> = Vec::new();
         // Consecutive acquires go to the store as one batch (one round trip, one
         // commit), sent before the next intent, as each single acquire was.
@@ -1666,21 +1670,8 @@ impl Executor {
                 refused.extend(self.append_results(std::mem::take(&mut results)).await);
             }
             match intent {
-                Intent::Acquire {
-                    key,
-                    holder,
-                    ttl,
-                    then,
-                    write,
-                    ..
-                } => {
-                    acquires.push(PendingAcquire {
-                        key,
-                        holder,
-                        ttl,
-                        then,
-                        write,
-                    });
+                Intent::Acquire { .. } => {
+                    acquires.extend(PendingAcquire::of(intent));
                     continue;
                 }
                 Intent::Append { fences, batch, .. } if is_result => {
@@ -1777,6 +1768,99 @@ impl Executor {
         for h in handoffs {
             let _ = h.await;
         }
+    }
+
+    /// A batch of task results then acquisitions (plan 0081) whose results make one
+    /// write (one lot, or one result alone) goes as one store call with the hand-off
+    /// (plan 0082); returns `None` when it did, else the intents untouched. When the
+    /// results' write is refused (a claim lost) or fails for good, the hand-off goes
+    /// alone and the results are then written as before (lot, then one by one).
+    async fn results_with_handoff(&self, intents: Vec<Intent>) -> Option<Vec<Intent>> {
+        let split = intents
+            .iter()
+            .position(|i| matches!(i, Intent::Acquire { .. }))
+            .unwrap_or(intents.len());
+        let shaped = split > 0
+            && split < intents.len()
+            && intents[..split].iter().all(|i| {
+                matches!(i, Intent::Append { close: true, fences, batch }
+                    if !fences.is_empty() && crate::lots::lottable(batch))
+            })
+            && intents[split..]
+                .iter()
+                .all(|i| matches!(i, Intent::Acquire { .. }));
+        if !shaped {
+            return Some(intents);
+        }
+        let results: Vec<(Vec<ClaimRef>, Vec<NewInteraction>)> = intents[..split]
+            .iter()
+            .filter_map(|i| match i {
+                Intent::Append { fences, batch, .. } => Some((fences.clone(), batch.clone())),
+                _ => None,
+            })
+            .collect();
+        let acquires: Vec<PendingAcquire> = intents[split..]
+            .iter()
+            .cloned()
+            .filter_map(PendingAcquire::of)
+            .collect();
+        let Some((requests, slots)) = batch_requests(&acquires) else {
+            return Some(intents);
+        };
+        let (mut lots, left) = {
+            let writes: Vec<&[NewInteraction]> = results.iter().map(|r| r.1.as_slice()).collect();
+            crate::lots::pack(&writes, &self.relay, self.store.limits())
+        };
+        enum One {
+            Lot(Box<crate::lots::Lot>),
+            Alone(usize),
+        }
+        let (one, first) = match (lots.len(), left.as_slice()) {
+            (1, []) => {
+                let lot = lots.remove(0);
+                let fences = lot
+                    .members
+                    .iter()
+                    .flat_map(|&i| results[i].0.iter().map(Fence::from))
+                    .collect();
+                let rows = vec![lot.row.clone()];
+                (One::Lot(Box::new(lot)), (fences, rows))
+            }
+            (0, [i]) => (
+                One::Alone(*i),
+                (
+                    results[*i].0.iter().map(Fence::from).collect(),
+                    results[*i].1.clone(),
+                ),
+            ),
+            _ => return Some(intents),
+        };
+        let first = huddle_store::FencedWrite {
+            fences: first.0,
+            close: true,
+            rows: first.1,
+        };
+        let _queued = self.metrics.outbox_entry();
+        let answer = (
+            &*self.store,
+            &self.feedback,
+            &self.metrics,
+            self.relay.as_str(),
+            &self.give_up,
+        );
+        let written = answer_acquires(answer, &acquires, &requests, &slots, Some(first)).await;
+        if !written {
+            match one {
+                One::Lot(lot) => {
+                    self.append_lot(&results, *lot).await;
+                }
+                One::Alone(i) => {
+                    let (fences, batch) = results[i].clone();
+                    self.append_intent(fences, true, batch).await;
+                }
+            }
+        }
+        None
     }
 
     /// Writes turn results concurrently; returns the claims of those refused.
@@ -1890,7 +1974,7 @@ impl Executor {
             let answer = (&*store, &feedback, &metrics, relay.as_str(), &give_up);
             match batch_requests(&acquires) {
                 Some((requests, slots)) => {
-                    answer_acquires(answer, &acquires, &requests, &slots).await;
+                    answer_acquires(answer, &acquires, &requests, &slots, None).await;
                 }
                 None => {
                     for mut one in acquires {
@@ -1905,7 +1989,7 @@ impl Executor {
                                 lone_request(&one)
                             }
                         };
-                        answer_acquires(answer, &[one], &requests, &slots).await;
+                        answer_acquires(answer, &[one], &requests, &slots, None).await;
                     }
                 }
             }
@@ -2204,6 +2288,29 @@ struct PendingAcquire {
     write: Option<huddle_core::sync::WriteIfWon>,
 }
 
+impl PendingAcquire {
+    /// The acquire an `Intent::Acquire` asks for (`None` for any other intent).
+    fn of(intent: Intent) -> Option<PendingAcquire> {
+        match intent {
+            Intent::Acquire {
+                key,
+                holder,
+                ttl,
+                then,
+                write,
+                ..
+            } => Some(PendingAcquire {
+                key,
+                holder,
+                ttl,
+                then,
+                write,
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// A batch's store requests, and for each acquire the index of its request and of its
 /// chained one's.
 type AcquireBatch = (Vec<ClaimRequest>, Vec<(usize, Option<usize>)>);
@@ -2328,7 +2435,8 @@ async fn answer_acquires(
     acquires: &[PendingAcquire],
     requests: &[ClaimRequest],
     slots: &[(usize, Option<usize>)],
-) {
+    first: Option<huddle_store::FencedWrite>,
+) -> bool {
     // Before the call: the leases the store grants run from later.
     let from = Instant::now();
     // A fresh task's claim rows go in the same store call, written only when both of
@@ -2358,8 +2466,33 @@ async fn answer_acquires(
     let mut unwritten: Vec<&[usize]> = Vec::new();
     let mut delay = RETRY_FIRST;
     let mut retried = false;
+    // A write sent ahead of the hand-off in the same call (plan 0082), until it is
+    // written or refused for good; whether it was written.
+    let mut first = first;
+    let mut first_written = false;
     let result = loop {
-        let result = if conditional.is_empty() {
+        let result = if let Some(f) = &first {
+            let appends = conditional.iter().map(|(_, c)| c.clone()).collect();
+            match store
+                .append_then_hand_off(f.clone(), requests, appends)
+                .await
+            {
+                Ok((_, h)) => {
+                    first_written = true;
+                    metrics.appended(f.rows.len(), true);
+                    Ok(h)
+                }
+                Err(e) if e.is_retryable() && !give_up.is_cancelled() => Err(e),
+                Err(e) => {
+                    // Refused (one of its claims lost) or failed for good: nothing of
+                    // the call was done (or, where the store makes two calls, the
+                    // hand-off was not); the hand-off goes alone, the write after it.
+                    debug!(error = %e, "a write sent with a hand-off was not written; the hand-off goes alone");
+                    first = None;
+                    continue;
+                }
+            }
+        } else if conditional.is_empty() {
             store
                 .acquire_batch(requests)
                 .await
@@ -2377,7 +2510,7 @@ async fn answer_acquires(
             // be written in another grouping (a second copy of an item would be
             // read; an identical lot deduplicates). A refusal for good committed
             // nothing; a relay shutting down reads the ledger afresh when it starts.
-            Err(e) if lots && e.is_retryable() && !give_up.is_cancelled() => {
+            Err(e) if (lots || first.is_some()) && e.is_retryable() && !give_up.is_cancelled() => {
                 warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "a hand-off failed; sending it again");
                 back_off(&mut delay, give_up).await;
                 retried = true;
@@ -2460,7 +2593,7 @@ async fn answer_acquires(
                 )));
             }
             let _ = feedback.send(Feedback::Failed(e));
-            return;
+            return first_written;
         }
     };
     let answer = |a: &Acquired, key: &str, holder: &str, ttl: Duration| {
@@ -2519,6 +2652,7 @@ async fn answer_acquires(
             written: written[n],
         }));
     }
+    first_written
 }
 
 /// Writes a turn's progress notes as `turn.progress` rows, fenced by the turn's claims
@@ -2818,6 +2952,19 @@ mod tests {
         (vec![fence], vec![completed, replied])
     }
 
+    /// `claim` (held by `holder`) is released and taken by `eve`: lost to its turn.
+    async fn hand_to_eve(store: &dyn Store, claim: &ClaimRef, holder: &str) {
+        assert!(store
+            .release(&claim.key, holder, claim.epoch)
+            .await
+            .expect("release"));
+        assert!(store
+            .acquire(&claim.key, "eve", TTL)
+            .await
+            .expect("acquire")
+            .won());
+    }
+
     async fn stored_verbs(store: &dyn Store) -> Vec<Verb> {
         let batch = store
             .read_room_rows("r", Position::START, 100)
@@ -2857,15 +3004,7 @@ mod tests {
         // written: the lot is refused, t3's result lands alone, t4's is reported.
         let c = turn(&*store, "t3", "cy").await;
         let d = turn(&*store, "t4", "dee").await;
-        assert!(store
-            .release(&d.0[0].key, "dee", d.0[0].epoch)
-            .await
-            .expect("release"));
-        assert!(store
-            .acquire(&d.0[0].key, "eve", TTL)
-            .await
-            .expect("acquire")
-            .won());
+        hand_to_eve(&*store, &d.0[0], "dee").await;
         let refused = exec.append_results(vec![c.clone(), d.clone()]).await;
         assert_eq!(refused, d.0, "the lost claim's result is reported");
         assert_eq!(
@@ -2889,6 +3028,8 @@ mod tests {
         inner: MemoryStore,
         lose: std::sync::atomic::AtomicU32,
         steal: Option<(String, String)>,
+        /// Calls of `append_then_hand_off` (each makes the two calls in turn).
+        combined: std::sync::atomic::AtomicU32,
     }
 
     #[async_trait::async_trait]
@@ -3018,6 +3159,18 @@ mod tests {
             }
             Err(StoreError::Unavailable("the answer was lost".into()))
         }
+        async fn append_then_hand_off(
+            &self,
+            first: huddle_store::FencedWrite,
+            requests: &[ClaimRequest],
+            appends: Vec<huddle_store::ConditionalAppend>,
+        ) -> huddle_store::Result<(Vec<huddle_store::Appended>, huddle_store::Handoff)> {
+            self.combined.fetch_add(1, Ordering::SeqCst);
+            let written = self
+                .append_under(&first.fences, first.close, first.rows)
+                .await?;
+            Ok((written, self.acquire_and_append(requests, appends).await?))
+        }
         async fn archive_room(
             &self,
             request: huddle_store::ArchiveRequest,
@@ -3086,6 +3239,7 @@ mod tests {
                 inner: MemoryStore::new(StoreOptions::default()),
                 lose: std::sync::atomic::AtomicU32::new(1),
                 steal: steal.then(|| ("task/r/t2".to_string(), "bob".to_string())),
+                combined: std::sync::atomic::AtomicU32::new(0),
             });
             let (exec, mut rx) = executor(store.clone());
             let sent = [fresh_handoff("t1", "ann"), fresh_handoff("t2", "bob")];
@@ -3131,6 +3285,124 @@ mod tests {
                 .expect("read");
             let ids: Vec<InteractionId> = read.rows.iter().map(|r| r.id).collect();
             assert_eq!(ids, want, "steal {steal}: each item once, in order");
+        }
+    }
+
+    fn acquire_intent(a: PendingAcquire) -> Intent {
+        let task = a.key.trim_start_matches("task/r/").to_string();
+        Intent::Acquire {
+            purpose: huddle_core::sync::ClaimPurpose::Task {
+                room: "r".into(),
+                task,
+                agent: a.holder.clone(),
+                generation: 0,
+            },
+            key: a.key,
+            holder: a.holder,
+            ttl: a.ttl,
+            then: a.then,
+            write: a.write,
+        }
+    }
+
+    /// A batch of task results and a hand-off (plan 0081) is one store call (plan
+    /// 0082): the results' lot closes their claims, the hand-off's lot is written with
+    /// its claims, and a lost answer sends the call again, identical — every item is
+    /// read once. When one result's claim went to someone else first, the hand-off
+    /// goes alone and the results are written as before: the other result alone, the
+    /// lost one reported.
+    #[tokio::test]
+    async fn results_and_a_hand_off_go_as_one_call_or_fall_back() {
+        for steal in [false, true] {
+            let store = Arc::new(LostAnswers {
+                inner: MemoryStore::new(StoreOptions::default()),
+                lose: std::sync::atomic::AtomicU32::new(u32::from(!steal)),
+                steal: None,
+                combined: std::sync::atomic::AtomicU32::new(0),
+            });
+            let (exec, mut rx) = executor(store.clone());
+            let a = turn(&*store, "d1", "cy").await;
+            let b = turn(&*store, "d2", "dee").await;
+            if steal {
+                hand_to_eve(&*store, &b.0[0], "dee").await;
+            }
+            let handed = [fresh_handoff("t1", "ann"), fresh_handoff("t2", "bob")];
+            let mut want: Vec<InteractionId> = Vec::new();
+            if !steal {
+                want.extend(a.1.iter().chain(&b.1).map(NewInteraction::id));
+            }
+            want.extend(
+                handed
+                    .iter()
+                    .flat_map(|h| h.write.as_ref().map(|w| w.batch.clone()))
+                    .flatten()
+                    .map(|r| r.id()),
+            );
+            if steal {
+                want.extend(a.1.iter().map(NewInteraction::id));
+            }
+            let result = |t: &(Vec<ClaimRef>, Vec<NewInteraction>)| Intent::Append {
+                fences: t.0.clone(),
+                close: true,
+                batch: t.1.clone(),
+            };
+            let intents = vec![
+                result(&a),
+                result(&b),
+                acquire_intent(fresh_handoff("t1", "ann")),
+                acquire_intent(fresh_handoff("t2", "bob")),
+            ];
+            exec.perform(intents, HashMap::new()).await;
+            assert_eq!(
+                store.combined.load(Ordering::SeqCst),
+                if steal { 1 } else { 2 }
+            );
+            let mut answers = BTreeMap::new();
+            let mut lost = Vec::new();
+            while let Ok(fb) = rx.try_recv() {
+                match fb {
+                    Feedback::Claim(c) => {
+                        answers.insert(c.key.clone(), c);
+                    }
+                    Feedback::Lost { key, .. } => lost.push(key),
+                    _ => {}
+                }
+            }
+            for t in ["task/r/t1", "task/r/t2"] {
+                let c = &answers[t];
+                assert!(
+                    matches!(c.answer, ClaimAnswer::Won { .. }) && c.written,
+                    "steal {steal}: {c:?}"
+                );
+            }
+            let expected_verbs = if steal {
+                vec![Verb::TaskLot, Verb::TaskCompleted, Verb::TurnReplied]
+            } else {
+                vec![Verb::TaskLot, Verb::TaskLot]
+            };
+            assert_eq!(stored_verbs(&*store).await, expected_verbs, "steal {steal}");
+            assert_eq!(
+                lost,
+                if steal {
+                    vec![b.0[0].key.clone()]
+                } else {
+                    Vec::new()
+                }
+            );
+            let read = store
+                .read_room("r", Position::START, 100)
+                .await
+                .expect("read");
+            let ids: Vec<InteractionId> = read.rows.iter().map(|r| r.id).collect();
+            assert_eq!(ids, want, "steal {steal}: each item once, in order");
+            let closed = store
+                .acquire(&a.0[0].key, "zed", TTL)
+                .await
+                .expect("acquire");
+            assert!(
+                matches!(closed, Acquired::Closed { .. }),
+                "d1's result closed its claim"
+            );
         }
     }
 }

@@ -110,6 +110,7 @@ macro_rules! conformance_tests {
             a_batch_acquire_answers_each_claim_as_acquire_would,
             a_batch_acquire_out_of_order_takes_nothing,
             a_handoff_writes_its_rows_only_at_the_epochs_expected,
+            a_write_then_hand_off_writes_first_or_does_nothing,
             concurrent_batch_acquires_have_one_winner_per_claim,
             a_duplicate_under_a_lost_fence_is_refused,
             a_refreshed_reader_reports_a_read_that_began_after_the_request,
@@ -1275,6 +1276,92 @@ pub async fn a_handoff_writes_its_rows_only_at_the_epochs_expected(b: &impl Test
     assert!(
         s.list_claims("task/r/t9").await.expect("list").is_empty(),
         "a refused hand-off takes nothing"
+    );
+}
+
+/// A fenced write sent ahead of a hand-off (plan 0082): written (closing its claims)
+/// with the hand-off's claims and rows; sent again, identical, it deduplicates and the
+/// claims are taken at the same epochs; refused by its fence, nothing of the call is
+/// done — no claim of the hand-off taken, none of its rows written.
+pub async fn a_write_then_hand_off_writes_first_or_does_nothing(b: &impl TestBackend) {
+    let s = b.store();
+    let other = b.reopen("second").await.expect("reopen");
+    let ttl = Duration::from_secs(30);
+    let d1 = s.acquire("task/r/d1", "ada", ttl).await.expect("acquire");
+    assert!(d1.won());
+    let first = crate::FencedWrite {
+        fences: vec![Fence {
+            key: "task/r/d1".into(),
+            holder: "ada".into(),
+            epoch: d1.state().epoch,
+        }],
+        close: true,
+        rows: vec![message("r", "ada", "d1 done")],
+    };
+    let requests = vec![ClaimRequest::new("task/r/n1", "ada", ttl)];
+    let rows = |text: &str| crate::ConditionalAppend {
+        when_won: vec![(0, Epoch(1))],
+        rows: vec![message("r", "ada", text)],
+    };
+    for round in 0..2 {
+        let (written, h) = s
+            .append_then_hand_off(first.clone(), &requests, vec![rows("n1 claimed")])
+            .await
+            .expect("write, then hand-off");
+        assert_eq!(written.len(), 1);
+        assert_eq!(written[0].id, first.rows[0].id());
+        assert_eq!(written[0].inserted, round == 0, "round {round}");
+        assert!(matches!(&h.acquired[0], Some(Acquired::Won(st)) if st.epoch == Epoch(1)));
+        assert!(h.appended[0].is_some(), "round {round}");
+    }
+    assert!(
+        matches!(
+            s.acquire("task/r/d1", "bo", ttl).await.expect("acquire"),
+            Acquired::Closed { .. }
+        ),
+        "the write closed its claim"
+    );
+    // Refused by its fence: nothing of the call happens.
+    assert!(other
+        .acquire("task/r/d2", "bo", ttl)
+        .await
+        .expect("acquire")
+        .won());
+    let refused = crate::FencedWrite {
+        fences: vec![Fence {
+            key: "task/r/d2".into(),
+            holder: "ada".into(),
+            epoch: Epoch(1),
+        }],
+        close: true,
+        rows: vec![message("r", "ada", "d2 done")],
+    };
+    let err = s
+        .append_then_hand_off(
+            refused,
+            &[ClaimRequest::new("task/r/n2", "ada", ttl)],
+            vec![rows("n2 claimed")],
+        )
+        .await
+        .expect_err("a fence that does not hold");
+    assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
+    assert!(
+        s.list_claims("task/r/n2").await.expect("list").is_empty(),
+        "no claim of a refused call is taken"
+    );
+    let (all, _, _) = read_all(&*s, Position::START).await;
+    let texts: Vec<String> = all.iter().map(|r| r.body.to_string()).collect();
+    assert!(texts.iter().any(|t| t.contains("n1 claimed")), "{texts:?}");
+    assert!(
+        !texts
+            .iter()
+            .any(|t| t.contains("d2 done") || t.contains("n2 claimed")),
+        "{texts:?}"
+    );
+    assert_eq!(
+        texts.iter().filter(|t| t.contains("d1 done")).count(),
+        1,
+        "the write sent twice is in once"
     );
 }
 

@@ -224,6 +224,17 @@ pub struct ConditionalAppend {
     pub rows: Vec<NewInteraction>,
 }
 
+/// A write under claims sent ahead of a hand-off ([`Store::append_then_hand_off`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FencedWrite {
+    /// The claims it is written under.
+    pub fences: Vec<Fence>,
+    /// Whether the write closes them ([`Ledger::append_under`]).
+    pub close: bool,
+    /// The rows (not empty).
+    pub rows: Vec<NewInteraction>,
+}
+
 /// What [`Store::acquire_and_append`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Handoff {
@@ -622,6 +633,28 @@ pub trait Store: Ledger + Claims {
             appended.push(written);
         }
         Ok(Handoff { acquired, appended })
+    }
+
+    /// A fenced write, then a hand-off (plan 0082): `first` is appended as by
+    /// [`Ledger::append_under`], then the hand-off is performed as by
+    /// [`Store::acquire_and_append`]. Postgres does both in one statement — one
+    /// transaction, one commit — so when `first` is refused (`Err(Fenced)`) nothing of
+    /// the call is done. The default makes the two calls in turn: `first` is written
+    /// or refused before the hand-off is sent, and an error after it was written
+    /// leaves it written. Either way a caller that does not know the outcome may send
+    /// the call again, identical: `first`'s rows deduplicate and its closing fences
+    /// accept the same closing row again.
+    async fn append_then_hand_off(
+        &self,
+        first: FencedWrite,
+        requests: &[ClaimRequest],
+        appends: Vec<ConditionalAppend>,
+    ) -> Result<(Vec<Appended>, Handoff)> {
+        let written = self
+            .append_under(&first.fences, first.close, first.rows)
+            .await?;
+        let handoff = self.acquire_and_append(requests, appends).await?;
+        Ok((written, handoff))
     }
 
     /// Archives a settled room: in one transaction, checks that the room exists, is

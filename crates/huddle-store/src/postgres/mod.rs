@@ -732,6 +732,36 @@ async fn insert_batch<C: Session>(
 /// Each item's outcome from the `(id, idempotency_key)` rows an insert returned: an
 /// item not among them was a duplicate, and a duplicate idempotency key answers the
 /// id stored under that key (read with one more statement, only when there is one).
+/// The parallel key, holder and epoch arrays of `fences`, as `huddle_append_under`
+/// takes them.
+fn fence_columns(fences: &[Fence]) -> (Vec<&str>, Vec<&str>, Vec<i64>) {
+    (
+        fences.iter().map(|f| f.key.as_str()).collect(),
+        fences.iter().map(|f| f.holder.as_str()).collect(),
+        fences.iter().map(|f| f.epoch.get()).collect(),
+    )
+}
+
+/// The fence a [`sql::FENCE_REFUSED`] error names (its 1-based index is the error's
+/// detail), as [`StoreError::Fenced`].
+fn fence_refused(e: tokio_postgres::Error, fences: &[Fence]) -> StoreError {
+    let index = e
+        .as_db_error()
+        .and_then(|d| d.detail())
+        .and_then(|d| d.trim().parse::<usize>().ok())
+        .and_then(|i| i.checked_sub(1))
+        .filter(|i| *i < fences.len())
+        .unwrap_or(0);
+    match fences.get(index) {
+        Some(fence) => StoreError::Fenced {
+            key: fence.key.clone(),
+            holder: fence.holder.clone(),
+            epoch: fence.epoch,
+        },
+        None => map_pg(e),
+    }
+}
+
 async fn resolve_inserted<C: Session>(
     client: &C,
     batch: &[NewInteraction],
@@ -921,9 +951,7 @@ impl Ledger for PgStore {
             .prepare_cached(sql::APPEND_UNDER)
             .await
             .map_err(map_pg)?;
-        let keys: Vec<&str> = fences.iter().map(|f| f.key.as_str()).collect();
-        let holders: Vec<&str> = fences.iter().map(|f| f.holder.as_str()).collect();
-        let epochs: Vec<i64> = fences.iter().map(|f| f.epoch.get()).collect();
+        let (keys, holders, epochs) = fence_columns(fences);
         let closing_bytes: Option<Vec<u8>> = closing.map(|id| id.0.to_vec());
         let sigs = self.signatures(&ids);
         let columns = Columns::new(&batch, &ids, &bodies, &sigs);
@@ -948,19 +976,7 @@ impl Ledger for PgStore {
         let rows = match client.query(&statement, &params).await {
             Ok(rows) => rows,
             Err(e) if e.code().map(|c| c.code()) == Some(sql::FENCE_REFUSED) => {
-                let index = e
-                    .as_db_error()
-                    .and_then(|d| d.detail())
-                    .and_then(|d| d.trim().parse::<usize>().ok())
-                    .and_then(|i| i.checked_sub(1))
-                    .filter(|i| *i < fences.len())
-                    .unwrap_or(0);
-                let fence = &fences[index];
-                return Err(StoreError::Fenced {
-                    key: fence.key.clone(),
-                    holder: fence.holder.clone(),
-                    epoch: fence.epoch,
-                });
+                return Err(fence_refused(e, fences));
             }
             Err(e) => return Err(map_pg(e)),
         };
@@ -1153,6 +1169,151 @@ impl Claims for PgStore {
     }
 }
 
+impl PgStore {
+    /// A hand-off (`huddle_handoff`), after `first` (`huddle_append_under`) in the
+    /// same statement when given (plan 0082): one transaction, one commit; a fence of
+    /// `first` that does not hold aborts the whole statement (`Err(Fenced)`).
+    async fn handoff(
+        &self,
+        first: Option<crate::FencedWrite>,
+        requests: &[ClaimRequest],
+        appends: Vec<crate::ConditionalAppend>,
+    ) -> Result<(Vec<Appended>, crate::Handoff)> {
+        crate::traits::check_claim_batch(requests)?;
+        crate::traits::check_appends(requests, &appends)?;
+        let batch: Vec<NewInteraction> = appends.iter().flat_map(|a| a.rows.clone()).collect();
+        let (ids, bodies) = self.validate(&batch)?;
+        let sigs = self.signatures(&ids);
+        let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
+        let holders: Vec<&str> = requests.iter().map(|r| r.holder.as_str()).collect();
+        let ttls: Vec<i64> = requests.iter().map(|r| micros(r.ttl)).collect();
+        let one_based = |i: usize| i32::try_from(i + 1).unwrap_or(i32::MAX);
+        let after: Vec<i32> = requests
+            .iter()
+            .map(|r| r.after.map_or(0, one_based))
+            .collect();
+        let mut cond_group: Vec<i32> = Vec::new();
+        let mut cond_idx: Vec<i32> = Vec::new();
+        let mut cond_epoch: Vec<i64> = Vec::new();
+        let mut row_group: Vec<i32> = Vec::with_capacity(batch.len());
+        for (g, a) in appends.iter().enumerate() {
+            for (i, e) in &a.when_won {
+                cond_group.push(one_based(g));
+                cond_idx.push(one_based(*i));
+                cond_epoch.push(e.get());
+            }
+            row_group.extend(std::iter::repeat_n(one_based(g), a.rows.len()));
+        }
+        let columns = Columns::new(&batch, &ids, &bodies, &sigs);
+        let [p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19] = columns.params();
+        // `first`'s parameters, as `append_under` sends them.
+        let first_rows: Vec<NewInteraction> =
+            first.as_ref().map(|f| f.rows.clone()).unwrap_or_default();
+        let (first_ids, first_bodies) = self.validate(&first_rows)?;
+        let closing = match &first {
+            Some(f) => crate::traits::closing_id(f.close, &f.rows)?,
+            None => None,
+        };
+        let fences: &[Fence] = first.as_ref().map_or(&[], |f| f.fences.as_slice());
+        let (f_keys, f_holders, f_epochs) = fence_columns(fences);
+        let closing_bytes: Option<Vec<u8>> = closing.map(|id| id.0.to_vec());
+        let first_sigs = self.signatures(&first_ids);
+        let first_columns = Columns::new(&first_rows, &first_ids, &first_bodies, &first_sigs);
+        let [f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15] = first_columns.params();
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(34);
+        if first.is_some() {
+            params.extend([
+                &f_keys as &(dyn ToSql + Sync),
+                &f_holders,
+                &f_epochs,
+                &closing_bytes,
+                f5,
+                f6,
+                f7,
+                f8,
+                f9,
+                f10,
+                f11,
+                f12,
+                f13,
+                f14,
+                f15,
+            ]);
+        }
+        params.extend([
+            &keys as &(dyn ToSql + Sync),
+            &holders,
+            &ttls,
+            &after,
+            &cond_group,
+            &cond_idx,
+            &cond_epoch,
+            &row_group,
+            p9,
+            p10,
+            p11,
+            p12,
+            p13,
+            p14,
+            p15,
+            p16,
+            p17,
+            p18,
+            p19,
+        ]);
+        let client = self.client().await?;
+        let text = if first.is_some() {
+            sql::APPEND_THEN_HANDOFF
+        } else {
+            sql::HANDOFF
+        };
+        let statement = client.prepare_cached(text).await.map_err(map_pg)?;
+        let rows = match client.query(&statement, &params).await {
+            Ok(rows) => rows,
+            Err(e) if first.is_some() && e.code().map(|c| c.code()) == Some(sql::FENCE_REFUSED) => {
+                return Err(fence_refused(e, fences));
+            }
+            Err(e) => return Err(map_pg(e)),
+        };
+        drop(client);
+        let kind = |r: &Row| r.try_get::<_, i32>(0).unwrap_or(-1);
+        let acquired = batch_answers(requests, rows.iter().filter(|r| kind(r) == 0), 1)?;
+        let mut inserted: HashSet<Vec<u8>> = HashSet::new();
+        for r in rows.iter().filter(|r| kind(r) == 1 || kind(r) == 2) {
+            inserted.insert(r.try_get(7).map_err(map_pg)?);
+        }
+        let first_out: Vec<Appended> = first_ids
+            .iter()
+            .map(|id| Appended {
+                id: *id,
+                inserted: inserted.contains(&id.0[..]),
+            })
+            .collect();
+        let mut appended = Vec::with_capacity(appends.len());
+        let mut next = 0usize;
+        let mut all = first_out.clone();
+        for a in &appends {
+            let these = &ids[next..next + a.rows.len()];
+            next += a.rows.len();
+            if crate::traits::conditions_hold(a, requests, &acquired).is_none() {
+                appended.push(None);
+                continue;
+            }
+            let out: Vec<Appended> = these
+                .iter()
+                .map(|id| Appended {
+                    id: *id,
+                    inserted: inserted.contains(&id.0[..]),
+                })
+                .collect();
+            all.extend(out.iter().copied());
+            appended.push(Some(out));
+        }
+        self.appended(&all);
+        Ok((first_out, crate::Handoff { acquired, appended }))
+    }
+}
+
 #[async_trait::async_trait]
 impl Store for PgStore {
     fn backend_name(&self) -> &'static str {
@@ -1270,86 +1431,23 @@ impl Store for PgStore {
         requests: &[ClaimRequest],
         appends: Vec<crate::ConditionalAppend>,
     ) -> Result<crate::Handoff> {
-        crate::traits::check_claim_batch(requests)?;
-        crate::traits::check_appends(requests, &appends)?;
-        let batch: Vec<NewInteraction> = appends.iter().flat_map(|a| a.rows.clone()).collect();
-        let (ids, bodies) = self.validate(&batch)?;
-        let sigs = self.signatures(&ids);
-        let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
-        let holders: Vec<&str> = requests.iter().map(|r| r.holder.as_str()).collect();
-        let ttls: Vec<i64> = requests.iter().map(|r| micros(r.ttl)).collect();
-        let one_based = |i: usize| i32::try_from(i + 1).unwrap_or(i32::MAX);
-        let after: Vec<i32> = requests
-            .iter()
-            .map(|r| r.after.map_or(0, one_based))
-            .collect();
-        let mut cond_group: Vec<i32> = Vec::new();
-        let mut cond_idx: Vec<i32> = Vec::new();
-        let mut cond_epoch: Vec<i64> = Vec::new();
-        let mut row_group: Vec<i32> = Vec::with_capacity(batch.len());
-        for (g, a) in appends.iter().enumerate() {
-            for (i, e) in &a.when_won {
-                cond_group.push(one_based(g));
-                cond_idx.push(one_based(*i));
-                cond_epoch.push(e.get());
-            }
-            row_group.extend(std::iter::repeat_n(one_based(g), a.rows.len()));
+        Ok(self.handoff(None, requests, appends).await?.1)
+    }
+
+    async fn append_then_hand_off(
+        &self,
+        first: crate::FencedWrite,
+        requests: &[ClaimRequest],
+        appends: Vec<crate::ConditionalAppend>,
+    ) -> Result<(Vec<Appended>, crate::Handoff)> {
+        if first.rows.iter().any(|r| r.idempotency_key.is_some()) {
+            // A keyed row's duplicate is resolved by a second statement: two calls.
+            let written = self
+                .append_under(&first.fences, first.close, first.rows)
+                .await?;
+            return Ok((written, self.acquire_and_append(requests, appends).await?));
         }
-        let columns = Columns::new(&batch, &ids, &bodies, &sigs);
-        let [p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19] = columns.params();
-        let params: [&(dyn ToSql + Sync); 19] = [
-            &keys,
-            &holders,
-            &ttls,
-            &after,
-            &cond_group,
-            &cond_idx,
-            &cond_epoch,
-            &row_group,
-            p9,
-            p10,
-            p11,
-            p12,
-            p13,
-            p14,
-            p15,
-            p16,
-            p17,
-            p18,
-            p19,
-        ];
-        let client = self.client().await?;
-        let statement = client.prepare_cached(sql::HANDOFF).await.map_err(map_pg)?;
-        let rows = client.query(&statement, &params).await.map_err(map_pg)?;
-        drop(client);
-        let kind = |r: &Row| r.try_get::<_, i32>(0).unwrap_or(-1);
-        let acquired = batch_answers(requests, rows.iter().filter(|r| kind(r) == 0), 1)?;
-        let mut inserted: HashSet<Vec<u8>> = HashSet::new();
-        for r in rows.iter().filter(|r| kind(r) == 1) {
-            inserted.insert(r.try_get(7).map_err(map_pg)?);
-        }
-        let mut appended = Vec::with_capacity(appends.len());
-        let mut next = 0usize;
-        let mut all = Vec::new();
-        for a in &appends {
-            let these = &ids[next..next + a.rows.len()];
-            next += a.rows.len();
-            if crate::traits::conditions_hold(a, requests, &acquired).is_none() {
-                appended.push(None);
-                continue;
-            }
-            let out: Vec<Appended> = these
-                .iter()
-                .map(|id| Appended {
-                    id: *id,
-                    inserted: inserted.contains(&id.0[..]),
-                })
-                .collect();
-            all.extend(out.iter().copied());
-            appended.push(Some(out));
-        }
-        self.appended(&all);
-        Ok(crate::Handoff { acquired, appended })
+        self.handoff(Some(first), requests, appends).await
     }
 }
 
