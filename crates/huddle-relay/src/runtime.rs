@@ -2511,6 +2511,10 @@ async fn answer_acquires(
             // read; an identical lot deduplicates). A refusal for good committed
             // nothing; a relay shutting down reads the ledger afresh when it starts.
             Err(e) if (lots || first.is_some()) && e.is_retryable() && !give_up.is_cancelled() => {
+                if first.is_some() && !retried {
+                    // A turn's result is among what is retried (the relay's count).
+                    let _ = feedback.send(Feedback::WriteRetried);
+                }
                 warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "a hand-off failed; sending it again");
                 back_off(&mut delay, give_up).await;
                 retried = true;
