@@ -99,7 +99,10 @@ async fn a_relay_serves_its_metrics_and_they_follow_its_work(backend: Backend) {
         ) >= 2.0
     );
     assert!(get(&mid, "huddle_relay_rows_folded_total", "") > folded_at_start);
-    assert!(get(&mid, "huddle_relay_appends_total", "fenced=\"true\"") >= 2.0);
+    // Writes are counted when their answer arrives, after the ledger shows them, and
+    // results and hand-offs of turns ending together share one write (plans 0081,
+    // 0082): the first hand-off, at least, is counted by now.
+    assert!(get(&mid, "huddle_relay_appends_total", "fenced=\"true\"") >= 1.0);
 
     h.wait_until("every task done", secs(60), |l| l.summary().done == 8)
         .await;
@@ -134,6 +137,8 @@ async fn a_relay_serves_its_metrics_and_they_follow_its_work(backend: Backend) {
         .sum();
     assert_eq!(started, ended, "every task turn started has ended");
     assert_eq!(get(&end, "huddle_relay_turns_running", ""), 0.0);
+    // The chain a1 → a4 ends one turn at a time: four result writes at least.
+    assert!(get(&end, "huddle_relay_appends_total", "fenced=\"true\"") >= 4.0);
     assert!(
         get(
             &end,
