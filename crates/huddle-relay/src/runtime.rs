@@ -3409,4 +3409,37 @@ mod tests {
             );
         }
     }
+
+    /// A snapshot whose last row folded is an item of a lot (not a row of its own) is
+    /// still recognised in the ledger (a CI run saw a relay refuse its own snapshot
+    /// after its last write was a lot); an id found nowhere is refused.
+    #[tokio::test]
+    async fn a_snapshot_whose_last_row_is_a_lot_item_is_recognised() {
+        use crate::snapshot::{Refused, Snapshot};
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new(StoreOptions::default()));
+        let (exec, _rx) = executor(store.clone());
+        let a = turn(&*store, "t1", "ann").await;
+        let b = turn(&*store, "t2", "bob").await;
+        assert!(exec.append_results(vec![a, b]).await.is_empty());
+        assert_eq!(stored_verbs(&*store).await, vec![Verb::TaskLot]);
+        let read = store
+            .read_forward(Position::START, 100)
+            .await
+            .expect("read");
+        let last = read.rows.last().expect("the lot's items");
+        let snapshot = |id: InteractionId| Snapshot {
+            cursor: read.next,
+            last: Some((id, last.position)),
+            rows: read.rows.len() as u64,
+            state: Default::default(),
+        };
+        snapshot(last.id)
+            .check_ledger(&*store)
+            .await
+            .expect("the lot's last item is in the ledger");
+        assert!(matches!(
+            snapshot(InteractionId([9; 32])).check_ledger(&*store).await,
+            Err(Refused::LedgerMissing(_))
+        ));
+    }
 }

@@ -287,6 +287,27 @@ impl Snapshot {
                 expected: position,
                 found: row.position,
             }),
+            // A lot's item is not a row of its own (plan 0080): it is found among the
+            // items read at its lot's position (nothing lies between the position just
+            // before it and it).
+            Ok(None) if position.minor > 0 => {
+                let before = Position {
+                    major: position.major,
+                    minor: position.minor - 1,
+                };
+                match store.read_forward(before, 1).await {
+                    Ok(batch)
+                        if batch
+                            .rows
+                            .iter()
+                            .any(|r| r.id == id && r.position == position) =>
+                    {
+                        Ok(())
+                    }
+                    Ok(_) => Err(Refused::LedgerMissing(id.short())),
+                    Err(e) => Err(Refused::Store(e.to_string())),
+                }
+            }
             Ok(None) => Err(Refused::LedgerMissing(id.short())),
             Err(e) => Err(Refused::Store(e.to_string())),
         }
