@@ -308,6 +308,9 @@ struct Loop {
     batch: crate::batch::Batch,
     batch_in_flight: Arc<std::sync::atomic::AtomicBool>,
     batch_hold: Duration,
+    /// The turn preparations of turn starts that went into the waiting batch (a pass
+    /// that had to keep its order).
+    batch_starts: HashMap<TurnId, TurnPrep>,
     /// The leases of claims this relay won, by key and epoch: the start deadline of
     /// a turn is computed from them.
     leases: HashMap<(String, ClaimEpoch), Lease>,
@@ -434,6 +437,7 @@ impl Relay {
             batch: crate::batch::Batch::default(),
             batch_in_flight: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             batch_hold: self.options.batch_hold,
+            batch_starts: HashMap::new(),
             leases: HashMap::new(),
             give_up: CancellationToken::new(),
             rooms: self.rooms.clone(),
@@ -1493,6 +1497,16 @@ impl Loop {
             }
         }
         let ordered = self.batch.take(ordered, tokio::time::Instant::now());
+        let kept: std::collections::HashSet<&TurnId> = ordered
+            .iter()
+            .filter_map(|i| match i {
+                Intent::StartTurn(s) => Some(&s.turn),
+                _ => None,
+            })
+            .collect();
+        let (starts, waiting): (HashMap<_, _>, HashMap<_, _>) =
+            starts.into_iter().partition(|(t, _)| kept.contains(t));
+        self.batch_starts.extend(waiting);
         if !ordered.is_empty() {
             let exec = self.executor();
             self.inflight
@@ -1503,9 +1517,10 @@ impl Loop {
 
     /// When the waiting batch is due, if one waits and none is in flight.
     fn batch_due(&self) -> Option<tokio::time::Instant> {
-        if self
-            .batch_in_flight
-            .load(std::sync::atomic::Ordering::Acquire)
+        if self.batch.is_empty()
+            || self
+                .batch_in_flight
+                .load(std::sync::atomic::Ordering::Acquire)
         {
             return None;
         }
@@ -1528,11 +1543,12 @@ impl Loop {
             return;
         }
         let intents = self.batch.drain();
+        let starts = std::mem::take(&mut self.batch_starts);
         self.batch_in_flight.store(true, Ordering::Release);
         let in_flight = self.batch_in_flight.clone();
         let exec = self.executor();
         self.inflight.spawn(async move {
-            exec.perform(intents, HashMap::new()).await;
+            exec.perform(intents, starts).await;
             in_flight.store(false, Ordering::Release);
         });
     }
