@@ -78,6 +78,14 @@ fn bench_tasks_runs_each_task_once_and_leaves_nothing_behind() {
     assert_eq!(line["huddle"]["executions_per_task"].as_f64(), Some(1.0));
     assert_eq!(line["baseline"]["executions_per_task"].as_f64(), Some(1.0));
     assert!(line["huddle"]["per_s"].as_f64().is_some_and(|r| r > 0.0));
+    // Pickup as the relays measured it (plan 0083): three agents with ten tasks
+    // each had gaps between their turns, and a gap is never 0.
+    assert!(
+        line["huddle"]["pickup_p50_ms"]
+            .as_f64()
+            .is_some_and(|p| p > 0.0),
+        "{line}"
+    );
     assert!(line["huddle"]["relay_peak_rss_mib"]
         .as_f64()
         .is_some_and(|m| m > 0.0));

@@ -15,8 +15,10 @@
 //!
 //! Reported per side: tasks per second (huddle: from the first `!delegate` to the
 //! last completion, database clock), executions per task (huddle: turns the relays
-//! started; must be 1.00), pickup latency (from an agent or worker becoming free, or
-//! the task becoming ready if later, to its next claim), CPU per task of the clients
+//! started; must be 1.00), pickup latency (from an agent's or worker's turn ending to
+//! its next turn starting, both sides: the relays measure it and report it in their
+//! summaries, in buckets, so huddle's percentiles are a bucket's upper bound; plan
+//! 0083), CPU per task of the clients
 //! (the relay processes, or the bench process running the workers) and of the
 //! database server (Postgres on this machine: the postmaster and its children; on
 //! SQLite the database is inside the clients), and the relays' peak resident memory.
@@ -563,10 +565,21 @@ async fn run_huddle(
         .filter_map(|r| peak_rss_mib(r.pid()))
         .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
     let mut turns = 0u64;
+    let mut idle = huddle_relay::metrics::IdleGaps::default();
     for r in relays {
         let id = r.id.clone();
         match r.stop() {
-            Some(s) => turns += s["turns_started"].as_u64().unwrap_or(0),
+            Some(s) => {
+                turns += s["turns_started"].as_u64().unwrap_or(0);
+                match serde_json::from_value::<huddle_relay::metrics::IdleGaps>(
+                    s["agent_idle"].clone(),
+                ) {
+                    Ok(g) => idle.merge(&g),
+                    Err(e) => {
+                        tracing::warn!(relay = %id, error = %e, "no idle gaps in the relay's summary")
+                    }
+                }
+            }
             None => tracing::warn!(relay = %id, "no summary from the relay"),
         }
     }
@@ -577,10 +590,14 @@ async fn run_huddle(
         side.seconds = last.micros_since(first) as f64 / 1e6;
         side.per_s = n as f64 / side.seconds.max(1e-9);
     }
-    let mut pickups = tally.pickups_us.clone();
-    pickups.sort_unstable();
-    side.pickup_p50_ms = percentile_ms(&pickups, 0.5);
-    side.pickup_p99_ms = percentile_ms(&pickups, 0.99);
+    // Pickup as the relays measured it (plan 0083): an agent's result and its next
+    // claim often commit together, so the ledger cannot show the wait before them.
+    let ms = |q: f64| {
+        idle.quantile_us(q)
+            .map_or(f64::NAN, |us| us as f64 / 1000.0)
+    };
+    side.pickup_p50_ms = ms(0.5);
+    side.pickup_p99_ms = ms(0.99);
     Ok(side)
 }
 
@@ -825,13 +842,13 @@ async fn pg_queue(
                 }
                 tally.executions.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(turn).await;
+                free_since = Instant::now();
+                last_work = free_since;
                 client.execute(&complete, &[&id, &worker]).await?;
                 tally.done.fetch_add(1, Ordering::Relaxed);
                 if let Some(b) = &progress {
                     b.inc(1);
                 }
-                free_since = Instant::now();
-                last_work = free_since;
             }
         }));
     }
@@ -936,6 +953,8 @@ fn sqlite_queue(
                     }
                     tally.executions.fetch_add(1, Ordering::Relaxed);
                     std::thread::sleep(turn);
+                    free_since = Instant::now();
+                    last_work = free_since;
                     let tx =
                         conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
                     tx.prepare_cached(insert)?
@@ -946,8 +965,6 @@ fn sqlite_queue(
                     if let Some(b) = progress {
                         b.inc(1);
                     }
-                    free_since = Instant::now();
-                    last_work = free_since;
                 }
             }));
         }

@@ -15,14 +15,16 @@
 //! assert!(text.ends_with("# EOF\n"));
 //! ```
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
 
 /// The content type of [`RelayMetrics::encode`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -175,6 +177,71 @@ const WAKE_BUCKETS: [f64; 14] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5, 10.0,
 ];
 
+/// Upper bounds of [`IdleGaps`]' buckets, microseconds: 25 µs to 10 s, fine enough
+/// below 10 ms for the percentiles `huddle bench tasks` reports.
+pub const IDLE_BOUNDS_US: [u64; 30] = [
+    25, 50, 75, 100, 150, 200, 300, 400, 500, 750, 1_000, 1_500, 2_000, 3_000, 4_000, 5_000, 7_500,
+    10_000, 15_000, 20_000, 30_000, 50_000, 75_000, 100_000, 250_000, 500_000, 1_000_000,
+    2_500_000, 5_000_000, 10_000_000,
+];
+
+/// Agents' idle time between two turns on a relay, counted in the buckets of
+/// [`IDLE_BOUNDS_US`] (plan 0083): from a turn's driver returning to the same agent's
+/// next turn being started, which covers waiting for work, the previous result's
+/// write and the next claim. Reported in the relay's summary; `bench tasks` merges
+/// the relays' and reports its percentiles as the pickup latency.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdleGaps {
+    /// `counts[i]`: gaps at most `IDLE_BOUNDS_US[i]` (and above the bound before it);
+    /// the one count past the last bound holds the longer gaps. Empty when none.
+    pub counts: Vec<u64>,
+}
+
+impl IdleGaps {
+    /// Counts one gap.
+    pub fn observe(&mut self, gap: Duration) {
+        let us = u64::try_from(gap.as_micros()).unwrap_or(u64::MAX);
+        let i = IDLE_BOUNDS_US.partition_point(|&b| b < us);
+        if self.counts.len() <= IDLE_BOUNDS_US.len() {
+            self.counts.resize(IDLE_BOUNDS_US.len() + 1, 0);
+        }
+        self.counts[i] += 1;
+    }
+
+    /// Adds `other`'s counts to these.
+    pub fn merge(&mut self, other: &IdleGaps) {
+        if self.counts.len() < other.counts.len() {
+            self.counts.resize(other.counts.len(), 0);
+        }
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+    }
+
+    /// Gaps counted.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// The upper bound of the bucket holding quantile `q` (0 to 1), microseconds;
+    /// `None` when nothing was counted or it lies past the last bound.
+    pub fn quantile_us(&self, q: f64) -> Option<u64> {
+        let total = self.total();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return IDLE_BOUNDS_US.get(i).copied();
+            }
+        }
+        None
+    }
+}
+
 type Labels2 = [(&'static str, &'static str); 2];
 type Labels1 = [(&'static str, &'static str); 1];
 
@@ -204,6 +271,11 @@ struct Inner {
     /// `[work]`
     durations: Vec<Histogram>,
     wake: Histogram,
+    idle: Histogram,
+    /// The same gaps as `idle`, in the summary's finer buckets.
+    idle_gaps: Mutex<IdleGaps>,
+    /// When each agent's last turn on this relay ended (until its next starts).
+    free_since: Mutex<HashMap<String, Instant>>,
     outbox: Gauge,
     running: Gauge,
 }
@@ -355,6 +427,13 @@ impl RelayMetrics {
              the rows it read reaching the event loop",
             wake.clone(),
         );
+        let idle = Histogram::new(WAKE_BUCKETS);
+        registry.register(
+            "agent_idle_seconds",
+            "From an agent's turn ending on this relay to its next turn starting there: \
+             waiting for work, for the result's write and for the next claim",
+            idle.clone(),
+        );
         let outbox = Gauge::default();
         registry.register(
             "outbox_depth",
@@ -379,6 +458,9 @@ impl RelayMetrics {
                 ended,
                 durations,
                 wake,
+                idle,
+                idle_gaps: Mutex::new(IdleGaps::default()),
+                free_since: Mutex::new(HashMap::new()),
                 outbox,
                 running,
             }),
@@ -442,6 +524,38 @@ impl RelayMetrics {
         self.inner.wake.observe(latency.as_secs_f64());
     }
 
+    /// `agent`'s turn ended (its driver returned): it is idle from now.
+    pub fn agent_free(&self, agent: &str) {
+        if let Ok(mut m) = self.inner.free_since.lock() {
+            m.insert(agent.to_string(), Instant::now());
+        }
+    }
+
+    /// A turn of `agent` is being started: the gap since its last turn ended on this
+    /// relay (if one did) is counted.
+    pub fn agent_busy(&self, agent: &str) {
+        let since = match self.inner.free_since.lock() {
+            Ok(mut m) => m.remove(agent),
+            Err(_) => None,
+        };
+        if let Some(since) = since {
+            let gap = since.elapsed();
+            self.inner.idle.observe(gap.as_secs_f64());
+            if let Ok(mut g) = self.inner.idle_gaps.lock() {
+                g.observe(gap);
+            }
+        }
+    }
+
+    /// The agents' idle gaps counted so far.
+    pub fn idle_gaps(&self) -> IdleGaps {
+        self.inner
+            .idle_gaps
+            .lock()
+            .map(|g| g.clone())
+            .unwrap_or_default()
+    }
+
     /// A turn started.
     pub fn turn_started(&self, work: WorkKind) {
         self.inner.started[index(&WorkKind::ALL, work)].inc();
@@ -478,6 +592,45 @@ impl Drop for OutboxEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn idle_gaps_are_counted_in_their_buckets_and_merge() {
+        let mut a = IdleGaps::default();
+        assert_eq!(a.quantile_us(0.5), None);
+        a.observe(Duration::from_micros(25)); // at a bound: that bucket
+        a.observe(Duration::from_micros(26)); // just past it: the next
+        a.observe(Duration::from_millis(3));
+        a.observe(Duration::from_secs(11)); // past the last bound
+        assert_eq!(a.total(), 4);
+        assert_eq!(a.counts.len(), IDLE_BOUNDS_US.len() + 1);
+        assert_eq!((a.counts[0], a.counts[1]), (1, 1));
+        assert_eq!(a.quantile_us(0.25), Some(25));
+        assert_eq!(a.quantile_us(0.5), Some(50));
+        assert_eq!(a.quantile_us(0.75), Some(3_000));
+        assert_eq!(a.quantile_us(1.0), None);
+        let mut b = IdleGaps::default();
+        b.observe(Duration::from_millis(3));
+        b.merge(&a);
+        assert_eq!(b.total(), 5);
+        assert_eq!(b.quantile_us(0.6), Some(3_000));
+        // A summary without gaps merges as nothing.
+        b.merge(&IdleGaps::default());
+        assert_eq!(b.total(), 5);
+    }
+
+    #[test]
+    fn an_agents_gap_runs_from_its_turn_end_to_its_next_start() {
+        let m = RelayMetrics::new("r0");
+        m.agent_busy("ada"); // its first turn: no gap yet
+        m.agent_free("ada");
+        m.agent_busy("ada");
+        m.agent_busy("bo");
+        let gaps = m.idle_gaps();
+        assert_eq!(gaps.total(), 1);
+        assert!(m
+            .encode()
+            .contains("huddle_relay_agent_idle_seconds_count{relay=\"r0\"} 1"));
+    }
 
     #[test]
     fn series_exist_from_the_start_and_move() {

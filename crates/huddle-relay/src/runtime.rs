@@ -174,6 +174,8 @@ pub struct RelaySummary {
     pub rows_resumed: u64,
     /// Snapshots of its folds it began writing (a write that fails is logged).
     pub snapshots_written: u64,
+    /// Its agents' idle time between turns (plan 0083).
+    pub agent_idle: crate::metrics::IdleGaps,
 }
 
 /// Why a relay stopped with an error.
@@ -507,6 +509,7 @@ impl Relay {
                 },
                 _ = shutdown.cancelled() => {
                     info!(relay = %lp.summary.relay, "shutting down before catching up");
+                    lp.summary.agent_idle = lp.metrics.idle_gaps();
                     return Ok(lp.summary);
                 }
             }
@@ -755,6 +758,7 @@ impl Relay {
                 "rows without a valid owner signature were ignored"
             );
         }
+        lp.summary.agent_idle = lp.metrics.idle_gaps();
         Ok(lp.summary)
     }
 }
@@ -2210,8 +2214,14 @@ impl Executor {
         request.start_by = Some(start_by);
         let stall =
             (start.stall_timeout_ms > 0).then(|| Duration::from_millis(start.stall_timeout_ms));
+        self.metrics.agent_busy(&start.agent);
+        let metrics = self.metrics.clone();
         tokio::spawn(async move {
             let outcome = run_watched(driver, request, token, stall).await;
+            // A turn that never started leaves no end to measure the next gap from.
+            if !matches!(outcome, TurnOutcome::NotStarted) {
+                metrics.agent_free(&start.agent);
+            }
             // Every note the turn sent is written before its outcome is (progress
             // never lands after the reply), unless writing them hangs.
             let abort = progress.abort_handle();

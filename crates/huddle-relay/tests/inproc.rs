@@ -878,3 +878,43 @@ async fn task_results_ending_within_the_hold_share_one_write() {
         }
     }
 }
+
+/// An agent's idle time between turns is measured on the relay (plan 0083): one gap
+/// per turn after its first, and a gap spent waiting for work is counted whole.
+#[tokio::test]
+async fn an_agents_idle_time_between_turns_is_measured() {
+    let (_dir, path, admin) = lobby().await;
+    let shutdown = CancellationToken::new();
+    let relay = Relay::new(
+        store(&path, "relay-0").await,
+        "relay-0",
+        vec!["lobby".into()],
+        vec![sim_agent("ada", 20)],
+        RelayOptions::default(),
+    );
+    let running = tokio::spawn(relay.run(shutdown.clone()));
+    owner_command(&*admin, "!delegate\nt1: one\nt2: two\nt3: three\n").await;
+    wait_ledger(&*admin, "three tasks done", |dag, _| {
+        dag.summary("lobby").done == 3
+    })
+    .await;
+    // The agent now waits for work: a known idle time before the fourth task.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    owner_command(&*admin, "!delegate\nt4: four\n").await;
+    wait_ledger(&*admin, "four tasks done", |dag, _| {
+        dag.summary("lobby").done == 4
+    })
+    .await;
+    shutdown.cancel();
+    let summary = running.await.expect("join").expect("relay ran");
+    assert_eq!(summary.turns_started, 4);
+    let gaps = &summary.agent_idle;
+    // Four turns of one agent, one after another: three gaps.
+    assert_eq!(gaps.total(), 3, "{gaps:?}");
+    // The longest is the wait for the fourth task: at least the 300 ms it had no work.
+    let longest = gaps.quantile_us(1.0).expect("a bucket within 10 s");
+    assert!(longest >= 300_000, "longest gap {longest} µs: {gaps:?}");
+    // The two between tasks that were ready were shorter.
+    let shorter = gaps.quantile_us(0.5).expect("a bucket");
+    assert!(shorter < longest, "{gaps:?}");
+}
