@@ -214,13 +214,13 @@ impl IdleGaps {
             self.counts.resize(other.counts.len(), 0);
         }
         for (a, b) in self.counts.iter_mut().zip(&other.counts) {
-            *a += b;
+            *a = a.saturating_add(*b);
         }
     }
 
     /// Gaps counted.
     pub fn total(&self) -> u64 {
-        self.counts.iter().sum()
+        self.counts.iter().fold(0, |t, c| t.saturating_add(*c))
     }
 
     /// The upper bound of the bucket holding quantile `q` (0 to 1), microseconds;
@@ -233,7 +233,7 @@ impl IdleGaps {
         let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
         let mut seen = 0;
         for (i, c) in self.counts.iter().enumerate() {
-            seen += c;
+            seen = c.saturating_add(seen);
             if seen >= rank {
                 return IDLE_BOUNDS_US.get(i).copied();
             }
@@ -616,6 +616,13 @@ mod tests {
         // A summary without gaps merges as nothing.
         b.merge(&IdleGaps::default());
         assert_eq!(b.total(), 5);
+        // Counts read from a summary never overflow a merge (or its total).
+        let huge = IdleGaps {
+            counts: vec![u64::MAX; IDLE_BOUNDS_US.len() + 3],
+        };
+        b.merge(&huge);
+        assert_eq!(b.total(), u64::MAX);
+        assert_eq!(b.quantile_us(0.5), Some(IDLE_BOUNDS_US[0]));
     }
 
     #[test]
