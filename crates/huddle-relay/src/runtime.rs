@@ -2461,7 +2461,7 @@ async fn answer_acquires(
     acquires: &[PendingAcquire],
     requests: &[ClaimRequest],
     slots: &[(usize, Option<usize>)],
-    first: Option<huddle_store::FencedWrite>,
+    mut first: Option<huddle_store::FencedWrite>,
 ) -> bool {
     // Before the call: the leases the store grants run from later.
     let from = Instant::now();
@@ -2494,7 +2494,6 @@ async fn answer_acquires(
     let mut retried = false;
     // A write sent ahead of the hand-off in the same call (plan 0082), until it is
     // written or refused for good; whether it was written.
-    let mut first = first;
     let mut first_written = false;
     let result = loop {
         let result = if let Some(f) = &first {

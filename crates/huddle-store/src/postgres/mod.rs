@@ -729,17 +729,29 @@ async fn insert_batch<C: Session>(
     resolve_inserted(client, batch, ids, rows).await
 }
 
-/// Each item's outcome from the `(id, idempotency_key)` rows an insert returned: an
-/// item not among them was a duplicate, and a duplicate idempotency key answers the
-/// id stored under that key (read with one more statement, only when there is one).
-/// The parallel key, holder and epoch arrays of `fences`, as `huddle_append_under`
-/// takes them.
-fn fence_columns(fences: &[Fence]) -> (Vec<&str>, Vec<&str>, Vec<i64>) {
-    (
-        fences.iter().map(|f| f.key.as_str()).collect(),
-        fences.iter().map(|f| f.holder.as_str()).collect(),
-        fences.iter().map(|f| f.epoch.get()).collect(),
-    )
+/// `huddle_append_under`'s first four parameters: the parallel key, holder and epoch
+/// arrays of the fences, and the id of the row that closes them (if it does). The
+/// rows' [`Columns`] follow them.
+struct FenceParams<'a> {
+    keys: Vec<&'a str>,
+    holders: Vec<&'a str>,
+    epochs: Vec<i64>,
+    closing: Option<Vec<u8>>,
+}
+
+impl<'a> FenceParams<'a> {
+    fn new(fences: &'a [Fence], closing: Option<InteractionId>) -> FenceParams<'a> {
+        FenceParams {
+            keys: fences.iter().map(|f| f.key.as_str()).collect(),
+            holders: fences.iter().map(|f| f.holder.as_str()).collect(),
+            epochs: fences.iter().map(|f| f.epoch.get()).collect(),
+            closing: closing.map(|id| id.0.to_vec()),
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 4] {
+        [&self.keys, &self.holders, &self.epochs, &self.closing]
+    }
 }
 
 /// The fence a [`sql::FENCE_REFUSED`] error names (its 1-based index is the error's
@@ -762,6 +774,9 @@ fn fence_refused(e: tokio_postgres::Error, fences: &[Fence]) -> StoreError {
     }
 }
 
+/// Each item's outcome from the `(id, idempotency_key)` rows an insert returned: an
+/// item not among them was a duplicate, and a duplicate idempotency key answers the
+/// id stored under that key (read with one more statement, only when there is one).
 async fn resolve_inserted<C: Session>(
     client: &C,
     batch: &[NewInteraction],
@@ -951,28 +966,12 @@ impl Ledger for PgStore {
             .prepare_cached(sql::APPEND_UNDER)
             .await
             .map_err(map_pg)?;
-        let (keys, holders, epochs) = fence_columns(fences);
-        let closing_bytes: Option<Vec<u8>> = closing.map(|id| id.0.to_vec());
+        let fenced = FenceParams::new(fences, closing);
         let sigs = self.signatures(&ids);
         let columns = Columns::new(&batch, &ids, &bodies, &sigs);
-        let [p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15] = columns.params();
-        let params: [&(dyn ToSql + Sync); 15] = [
-            &keys,
-            &holders,
-            &epochs,
-            &closing_bytes,
-            p5,
-            p6,
-            p7,
-            p8,
-            p9,
-            p10,
-            p11,
-            p12,
-            p13,
-            p14,
-            p15,
-        ];
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(15);
+        params.extend(fenced.params());
+        params.extend(columns.params());
         let rows = match client.query(&statement, &params).await {
             Ok(rows) => rows,
             Err(e) if e.code().map(|c| c.code()) == Some(sql::FENCE_REFUSED) => {
@@ -1205,7 +1204,6 @@ impl PgStore {
             row_group.extend(std::iter::repeat_n(one_based(g), a.rows.len()));
         }
         let columns = Columns::new(&batch, &ids, &bodies, &sigs);
-        let [p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19] = columns.params();
         // `first`'s parameters, as `append_under` sends them.
         let first_rows: Vec<NewInteraction> =
             first.as_ref().map(|f| f.rows.clone()).unwrap_or_default();
@@ -1215,30 +1213,13 @@ impl PgStore {
             None => None,
         };
         let fences: &[Fence] = first.as_ref().map_or(&[], |f| f.fences.as_slice());
-        let (f_keys, f_holders, f_epochs) = fence_columns(fences);
-        let closing_bytes: Option<Vec<u8>> = closing.map(|id| id.0.to_vec());
+        let first_fenced = FenceParams::new(fences, closing);
         let first_sigs = self.signatures(&first_ids);
         let first_columns = Columns::new(&first_rows, &first_ids, &first_bodies, &first_sigs);
-        let [f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15] = first_columns.params();
         let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(34);
         if first.is_some() {
-            params.extend([
-                &f_keys as &(dyn ToSql + Sync),
-                &f_holders,
-                &f_epochs,
-                &closing_bytes,
-                f5,
-                f6,
-                f7,
-                f8,
-                f9,
-                f10,
-                f11,
-                f12,
-                f13,
-                f14,
-                f15,
-            ]);
+            params.extend(first_fenced.params());
+            params.extend(first_columns.params());
         }
         params.extend([
             &keys as &(dyn ToSql + Sync),
@@ -1249,18 +1230,8 @@ impl PgStore {
             &cond_idx,
             &cond_epoch,
             &row_group,
-            p9,
-            p10,
-            p11,
-            p12,
-            p13,
-            p14,
-            p15,
-            p16,
-            p17,
-            p18,
-            p19,
         ]);
+        params.extend(columns.params());
         let client = self.client().await?;
         let text = if first.is_some() {
             sql::APPEND_THEN_HANDOFF
