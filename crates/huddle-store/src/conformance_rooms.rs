@@ -6,7 +6,7 @@ use huddle_core::protocol::{ArchiveDigest, RoomArchivedBody};
 use huddle_core::{Interaction, NewInteraction, Position, Role, Verb};
 use serde_json::json;
 
-use super::{message, read_all, wait_for_db_time, TestBackend, Writers};
+use super::{message, read_all, settled, wait_for_db_time, TestBackend, Writers};
 use crate::error::StoreError;
 use crate::traits::{Acquired, ArchiveRefusal, ArchiveRequest, Fence, Store};
 
@@ -26,10 +26,7 @@ async fn read_rooms_all(
     let mut cursor = after;
     let mut empty = 0;
     loop {
-        let batch = store
-            .read_rooms(rooms, cursor, page)
-            .await
-            .expect("read_rooms");
+        let batch = settled(|| store.read_rooms(rooms, cursor, page)).await;
         assert!(batch.next >= cursor, "cursor went backwards");
         let n = batch.rows.len() + batch.skipped.len();
         assert!(n <= page, "a page of {page} returned {n} rows");
