@@ -293,6 +293,16 @@ impl NewInteraction {
     }
 
     fn validate_fields(&self, limits: &Limits, size: usize) -> Result<(), ModelError> {
+        self.validate_own_fields(limits, size)?;
+        if self.verb == Verb::TaskLot {
+            self.check_lot(limits)?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::validate_fields`] but a lot's items: the row's own names, body size
+    /// and key.
+    fn validate_own_fields(&self, limits: &Limits, size: usize) -> Result<(), ModelError> {
         if let Some(k) = &self.idempotency_key {
             if k.is_empty() || k.len() > limits.max_name_bytes {
                 return Err(ModelError::BadName {
@@ -301,11 +311,7 @@ impl NewInteraction {
                 });
             }
         }
-        check_hashed(&self.hashed(), limits, size)?;
-        if self.verb == Verb::TaskLot {
-            self.check_lot(limits)?;
-        }
-        Ok(())
+        check_hashed(&self.hashed(), limits, size)
     }
 
     fn hashed(&self) -> canonical::HashedFields<'_> {

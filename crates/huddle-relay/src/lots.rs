@@ -92,11 +92,8 @@ pub(crate) fn pack(
             left.extend(members);
             continue;
         }
-        let items: Vec<NewInteraction> = members
-            .iter()
-            .flat_map(|&i| writes[i].iter().cloned())
-            .collect();
-        match NewInteraction::lot(&items[0].room, writer, &items, limits) {
+        let items: Vec<&NewInteraction> = members.iter().flat_map(|&i| writes[i]).collect();
+        match NewInteraction::lot_of(&items[0].room, writer, items.iter().copied(), limits) {
             Ok(row) => lots.push(Lot { members, row }),
             Err(e) => {
                 tracing::debug!(error = %e, "these writes do not make a lot; written one by one");

@@ -107,6 +107,7 @@ macro_rules! conformance_tests {
             a_closed_claim_is_never_acquired_again,
             an_append_under_two_claims_needs_both,
             a_retried_closing_append_is_idempotent,
+            a_closing_append_under_many_fences_closes_all_or_none,
             a_batch_acquire_answers_each_claim_as_acquire_would,
             a_batch_acquire_out_of_order_takes_nothing,
             a_handoff_writes_its_rows_only_at_the_epochs_expected,
@@ -1528,6 +1529,59 @@ pub async fn a_retried_closing_append_is_idempotent(b: &impl TestBackend) {
     ));
     let (rows, _, _) = read_all(&*s, Position::START).await;
     assert_eq!(rows.len(), 1);
+}
+
+/// A closing append under many fences (a relay's completion lot: a task claim and a
+/// drive claim a task) closes every one of them or, when any does not hold, none: the
+/// error names the first that does not, and a plain append under the others still
+/// passes afterwards. Retried once it succeeded, it passes again (closed by itself).
+pub async fn a_closing_append_under_many_fences_closes_all_or_none(b: &impl TestBackend) {
+    let s = b.store();
+    let ttl = Duration::from_secs(30);
+    let mut fences = Vec::new();
+    for i in 0..6 {
+        let key = format!("task/r/m{i}");
+        let won = s.acquire(&key, "ada", ttl).await.expect("acquire");
+        assert!(won.won());
+        fences.push(Fence {
+            key,
+            holder: "ada".into(),
+            epoch: won.state().epoch,
+        });
+    }
+    // The fifth names an epoch the claim never had.
+    let mut stale = fences.clone();
+    stale[4].epoch = Epoch(stale[4].epoch.0 + 1);
+    let err = s
+        .append_under(&stale, true, vec![message("r", "ada", "refused")])
+        .await
+        .expect_err("one fence does not hold");
+    assert!(
+        matches!(&err, StoreError::Fenced { key, .. } if key == "task/r/m4"),
+        "{err}"
+    );
+    // Nothing was closed: every claim still fences a plain append.
+    s.append_under(&fences, false, vec![message("r", "ada", "still held")])
+        .await
+        .expect("every fence still holds");
+    let batch = vec![message("r", "ada", "all done")];
+    let done = s
+        .append_under(&fences, true, batch.clone())
+        .await
+        .expect("every fence holds");
+    assert!(done[0].inserted);
+    let again = s
+        .append_under(&fences, true, batch)
+        .await
+        .expect("a retry of the same closing append");
+    assert!(!again[0].inserted);
+    for fence in &fences {
+        let retry = s.acquire(&fence.key, "ada", ttl).await.expect("acquire");
+        assert!(!retry.won(), "{} was closed by the append", fence.key);
+    }
+    let (rows, _, _) = read_all(&*s, Position::START).await;
+    let texts: Vec<_> = rows.iter().map(|r| r.body["text"].clone()).collect();
+    assert_eq!(texts, vec![json!("still held"), json!("all done")]);
 }
 
 /// Re-appending rows that are already in the ledger (a relay restarted after a kill

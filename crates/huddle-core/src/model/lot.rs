@@ -46,24 +46,37 @@ struct Item {
     body: serde_json::Value,
 }
 
+/// What only a lot's items must be: a task turn's row ([`LOT_ITEM_VERBS`]) by an
+/// agent, with an object body.
+fn check_item_kind(verb: Verb, role: Role, body: &serde_json::Value) -> Result<(), ModelError> {
+    if !LOT_ITEM_VERBS.contains(&verb) {
+        return Err(ModelError::BadLot(format!(
+            "an item's verb {verb} is not a task turn's row"
+        )));
+    }
+    if role != Role::Agent {
+        return Err(ModelError::BadLot(format!(
+            "an item's role is {role}, not agent"
+        )));
+    }
+    if !body.is_object() {
+        return Err(ModelError::BadLot("an item's body is not an object".into()));
+    }
+    Ok(())
+}
+
+/// An item's error, naming the item.
+fn at_item(index: usize, e: ModelError) -> ModelError {
+    ModelError::BadLot(match e {
+        ModelError::BadLot(reason) => format!("item {index}: {reason}"),
+        other => format!("item {index}: {other}"),
+    })
+}
+
 impl Item {
     /// The item as the interaction of `room` it stands for, checked.
     fn into_content(self, room: &str) -> Result<NewInteraction, ModelError> {
-        if !LOT_ITEM_VERBS.contains(&self.verb) {
-            return Err(ModelError::BadLot(format!(
-                "an item's verb {} is not a task turn's row",
-                self.verb
-            )));
-        }
-        if self.role != Role::Agent {
-            return Err(ModelError::BadLot(format!(
-                "an item's role is {}, not agent",
-                self.role
-            )));
-        }
-        if !self.body.is_object() {
-            return Err(ModelError::BadLot("an item's body is not an object".into()));
-        }
+        check_item_kind(self.verb, self.role, &self.body)?;
         Ok(NewInteraction {
             room: room.to_string(),
             thread: self.thread,
@@ -133,12 +146,7 @@ fn decode_item(
     value: serde_json::Value,
     limits: &Limits,
 ) -> Result<(NewInteraction, InteractionId), ModelError> {
-    let at = |e: ModelError| {
-        ModelError::BadLot(match e {
-            ModelError::BadLot(reason) => format!("item {index}: {reason}"),
-            other => format!("item {index}: {other}"),
-        })
-    };
+    let at = |e: ModelError| at_item(index, e);
     let item: Item =
         serde_json::from_value(value).map_err(|e| at(ModelError::BadBody(e.to_string())))?;
     let content = item.into_content(room).map_err(at)?;
@@ -157,9 +165,19 @@ impl NewInteraction {
         items: &[NewInteraction],
         limits: &Limits,
     ) -> Result<NewInteraction, ModelError> {
+        Self::lot_of(room, writer, items.iter(), limits)
+    }
+
+    /// [`Self::lot`] of borrowed items (a relay's pending writes, not copied first).
+    pub fn lot_of<'a>(
+        room: &str,
+        writer: &str,
+        items: impl ExactSizeIterator<Item = &'a NewInteraction>,
+        limits: &Limits,
+    ) -> Result<NewInteraction, ModelError> {
         check_count(items.len())?;
         let mut values = Vec::with_capacity(items.len());
-        for (index, item) in items.iter().enumerate() {
+        for (index, item) in items.enumerate() {
             if item.room != room {
                 return Err(ModelError::BadLot(format!(
                     "item {index} is of room {:?}, the lot of room {room:?}",
@@ -171,6 +189,11 @@ impl NewInteraction {
                     "item {index} has an idempotency key; items are known by their content"
                 )));
             }
+            // The rules the readers apply to every item (verb, role, limits), checked
+            // on the item itself rather than decoded back from the lot's body.
+            check_item_kind(item.verb, item.role, &item.body)
+                .and_then(|()| item.validate(limits))
+                .map_err(|e| at_item(index, e))?;
             let encoded = Item {
                 verb: item.verb,
                 actor: item.actor.clone(),
@@ -191,8 +214,8 @@ impl NewInteraction {
             Role::System,
             serde_json::json!({ "items": values }),
         );
-        // The same rules the readers apply to every item (verb, role, limits).
-        lot.validate(limits)?;
+        // The lot's own fields (its size above all); its items were checked above.
+        lot.validate_own_fields(limits, lot.body_text().len())?;
         Ok(lot)
     }
 
@@ -417,6 +440,31 @@ mod tests {
             let err = NewInteraction::lot("r", "relay-a", &items, &limits).unwrap_err();
             assert!(err.to_string().contains(why), "{err} (expected {why:?})");
         }
+        // Items each within the body limit, but not the lot of them.
+        let small = Limits {
+            max_body_bytes: 300,
+            ..Limits::default()
+        };
+        let wordy = NewInteraction {
+            body: json!({"task": "t1", "text": "x".repeat(120)}),
+            ..ok.clone()
+        };
+        assert!(wordy.validate(&small).is_ok());
+        let err = NewInteraction::lot("r", "relay-a", &[wordy.clone(), wordy.clone()], &small)
+            .unwrap_err();
+        assert!(matches!(err, ModelError::BodyTooLarge { .. }), "{err}");
+        // An item over the limit is named.
+        let err = NewInteraction::lot(
+            "r",
+            "relay-a",
+            &[ok.clone(), wordy],
+            &Limits {
+                max_body_bytes: 100,
+                ..Limits::default()
+            },
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("item 1"), "{err}");
         // Nor write one by hand: validate checks a lot's envelope and items.
         let lot = NewInteraction::lot("r", "relay-a", std::slice::from_ref(&ok), &limits).unwrap();
         for broken in [
