@@ -42,13 +42,26 @@ fn msg(text: &str) -> NewInteraction {
     in_room("lobby", text)
 }
 
+/// Every row, once the test's own writes are all readable: a read may hold rows back
+/// while a transaction it cannot place might still commit below them (`held_back`;
+/// a woken reader reads again), so an empty read that held rows back is retried, for
+/// up to 10 s.
 async fn read_all(ledger: &dyn Ledger) -> Vec<huddle_core::Interaction> {
     let mut out = Vec::new();
     let mut cursor = Position::START;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let batch = ledger.read_forward(cursor, 7).await.expect("read");
         if batch.rows.is_empty() && batch.skipped.is_empty() {
-            return out;
+            if !batch.held_back {
+                return out;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "rows held back for 10 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            continue;
         }
         cursor = batch.next;
         out.extend(batch.rows);
