@@ -179,6 +179,9 @@ impl Tally {
         let mut admitted = BTreeMap::new();
         let mut cursor = Position::START;
         let mut skipped = 0;
+        // Rows held back (a transaction the read cannot place might still commit
+        // below them) are read again, as a woken reader would, for up to 10 s.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             let batch = store.read_forward(cursor, 500).await.expect("read");
             skipped += batch.skipped.len();
@@ -187,6 +190,10 @@ impl Tally {
                 admitted.insert(row.id, authority.admits(row));
             }
             if batch.next == cursor {
+                if batch.held_back && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    continue;
+                }
                 break;
             }
             cursor = batch.next;
