@@ -203,7 +203,7 @@ async fn read_all(store: &dyn Store, after: Position) -> (Vec<Interaction>, usiz
 /// transaction the store cannot yet place, on Postgres one still open (or just ended)
 /// elsewhere on the server ([`crate::ReadBatch::held_back`]). A reader is woken again
 /// for them; a test reading its own writes reads again, for up to 10 s.
-pub(crate) async fn settled<F, Fut>(read: F) -> crate::ReadBatch
+pub async fn settled<F, Fut>(read: F) -> crate::ReadBatch
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<crate::ReadBatch>>,

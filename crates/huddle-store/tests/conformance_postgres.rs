@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use huddle_core::{InteractionId, NewInteraction, Position, RawRow, Role, Timestamp, Verb};
-use huddle_store::conformance::TestBackend;
+use huddle_store::conformance::{settled, TestBackend};
 use huddle_store::postgres::{PgOptions, PgStore, PgTestBackend};
 use huddle_store::{Ledger, StoreError, StoreOptions, Subscription};
 use huddle_testkit::test_database;
@@ -42,26 +42,15 @@ fn msg(text: &str) -> NewInteraction {
     in_room("lobby", text)
 }
 
-/// Every row, once the test's own writes are all readable: a read may hold rows back
-/// while a transaction it cannot place might still commit below them (`held_back`;
-/// a woken reader reads again), so an empty read that held rows back is retried, for
-/// up to 10 s.
+/// Every row, once the test's own writes are all readable (rows held back are read
+/// again: [`settled`]).
 async fn read_all(ledger: &dyn Ledger) -> Vec<huddle_core::Interaction> {
     let mut out = Vec::new();
     let mut cursor = Position::START;
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let batch = ledger.read_forward(cursor, 7).await.expect("read");
+        let batch = settled(|| ledger.read_forward(cursor, 7)).await;
         if batch.rows.is_empty() && batch.skipped.is_empty() {
-            if !batch.held_back {
-                return out;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "rows held back for 10 s"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            continue;
+            return out;
         }
         cursor = batch.next;
         out.extend(batch.rows);

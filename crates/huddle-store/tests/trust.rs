@@ -21,6 +21,7 @@ use huddle_core::tasks::{
 };
 use huddle_core::ClaimEpoch;
 use huddle_core::{Fold, InteractionId, NewInteraction, OwnerAuthority, Position, Role, Verb};
+use huddle_store::conformance::settled;
 use huddle_store::postgres::admin::{self, LoginKind};
 use huddle_store::postgres::PgStore;
 use huddle_store::sqlite::SqliteStore;
@@ -179,21 +180,15 @@ impl Tally {
         let mut admitted = BTreeMap::new();
         let mut cursor = Position::START;
         let mut skipped = 0;
-        // Rows held back (a transaction the read cannot place might still commit
-        // below them) are read again, as a woken reader would, for up to 10 s.
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
-            let batch = store.read_forward(cursor, 500).await.expect("read");
+            // Rows held back are read again, as a woken reader would ([`settled`]).
+            let batch = settled(|| store.read_forward(cursor, 500)).await;
             skipped += batch.skipped.len();
             for row in &batch.rows {
                 authority.apply(row);
                 admitted.insert(row.id, authority.admits(row));
             }
             if batch.next == cursor {
-                if batch.held_back && tokio::time::Instant::now() < deadline {
-                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                    continue;
-                }
                 break;
             }
             cursor = batch.next;
