@@ -113,7 +113,9 @@ macro_rules! both_backends {
 
 both_backends!(
     short_turns_run_every_task_once,
+    short_turns_holding_tasks_ahead_run_every_task_once,
     paused_relay_never_reruns_finished_work,
+    paused_relay_holding_tasks_ahead_never_reruns_finished_work,
     same_agent_on_two_relays_completes_once,
     delegates_at_page_and_batch_boundaries_all_land,
     a_relay_resuming_from_its_snapshot_reruns_nothing,
@@ -199,6 +201,16 @@ async fn a_relay_resuming_from_its_snapshot_reruns_nothing(backend: Backend) {
 /// exactly 300 executions (the relay used to re-claim a task it had just finished
 /// before reading its own completion back).
 async fn short_turns_run_every_task_once(backend: Backend) {
+    short_turns(backend, false).await;
+}
+
+/// The same with `lease-ahead on` (plan 0084): every agent holds its next task while
+/// it works, and still every task runs exactly once.
+async fn short_turns_holding_tasks_ahead_run_every_task_once(backend: Backend) {
+    short_turns(backend, true).await;
+}
+
+async fn short_turns(backend: Backend, ahead: bool) {
     let mut h = Huddle::new(backend).await;
     let log = h.dir().join("effects.log");
     let agent = recording_agent(&h, "quick.sh", &log, "0.001");
@@ -209,6 +221,9 @@ async fn short_turns_run_every_task_once(backend: Backend) {
     );
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     h.wait_registered(&refs).await;
+    if ahead {
+        h.config("lease-ahead on").await;
+    }
     h.delegate(&task_lines("t", 300)).await;
     h.wait_until("300 tasks done", secs(120), |l| l.summary().done == 300)
         .await;
@@ -264,6 +279,17 @@ async fn lots_written(h: &Huddle) -> (usize, usize) {
 /// once resumed, run none of the finished tasks again (its view is older than the
 /// claims it could win: closed claims refuse it).
 async fn paused_relay_never_reruns_finished_work(backend: Backend) {
+    paused_relay(backend, false).await;
+}
+
+/// The same with `lease-ahead on` (plan 0084): the paused relay's agent holds its
+/// next task when it is paused; that task's lease lapses and the other relay takes
+/// it, and once resumed the relay starts none of what it held.
+async fn paused_relay_holding_tasks_ahead_never_reruns_finished_work(backend: Backend) {
+    paused_relay(backend, true).await;
+}
+
+async fn paused_relay(backend: Backend, ahead: bool) {
     let mut h = Huddle::new(backend).await;
     let log = h.dir().join("effects.log");
     let agent = recording_agent(&h, "steady.sh", &log, "0.05");
@@ -271,6 +297,9 @@ async fn paused_relay_never_reruns_finished_work(backend: Backend) {
     h.spawn_relay("r1", vec![AgentSpec::exec("q0", &agent)]);
     h.wait_registered(&["p0", "q0"]).await;
     h.config("claim-ttl 1s").await;
+    if ahead {
+        h.config("lease-ahead on").await;
+    }
     h.delegate(&task_lines("t", 40)).await;
     h.wait_until("p0 has started a task", secs(30), |_| {
         executions(&log).iter().any(|e| e.agent == "p0")

@@ -89,6 +89,10 @@ pub struct TasksArgs {
     /// Skip the plain-SQL baseline.
     #[arg(long)]
     pub no_baseline: bool,
+    /// The owner sets `!config lease-ahead on` before delegating: a busy agent holds
+    /// its next task while it works (plan 0084).
+    #[arg(long)]
+    pub lease_ahead: bool,
     /// Run every task count this many times, each round in a fresh scratch database,
     /// the side that runs first alternating; the report gives the ratio's range.
     #[arg(long, default_value_t = 1)]
@@ -190,6 +194,8 @@ pub struct TasksReport {
     pub relays: usize,
     /// Turn length, ms.
     pub turn_ms: u64,
+    /// Whether the room ran with `lease-ahead on`.
+    pub lease_ahead: bool,
     /// Rounds run.
     pub rounds: usize,
     /// One line per task count and round.
@@ -622,7 +628,13 @@ async fn drive(
     let (cpu0, db0) = (cpu_of(&pids), db_cpu(postmaster));
     let room = tally.room.clone();
     let mut delegate_at = None;
-    for text in workload(args, n).delegate_messages() {
+    let config = args
+        .lease_ahead
+        .then(|| "!config lease-ahead on".to_string());
+    for text in config
+        .into_iter()
+        .chain(workload(args, n).delegate_messages())
+    {
         let signed = key.sign(NewInteraction::new(
             room.as_str(),
             Verb::MessagePosted,
@@ -631,7 +643,8 @@ async fn drive(
             json!({ "text": text }),
         ));
         let appended = owner.append(vec![signed]).await?;
-        if delegate_at.is_none() {
+        // Timed from the first `!delegate`, not from the configuration before it.
+        if delegate_at.is_none() && !text.starts_with("!config") {
             if let Some(a) = appended.first() {
                 delegate_at = owner.get(a.id).await?.map(|r| r.at);
             }
@@ -1006,6 +1019,7 @@ pub async fn run(args: TasksArgs, db: String) -> anyhow::Result<TasksReport> {
         agents: args.agents,
         relays: args.relays,
         turn_ms: args.turn_ms,
+        lease_ahead: args.lease_ahead,
         rounds: args.rounds,
         lines,
         spread,
@@ -1067,10 +1081,14 @@ pub fn render(r: &TasksReport) -> String {
         Shape::Lanes => format!("{} lanes", r.lanes),
     };
     let mut s = format!(
-        "backend: {}, {shape}, {} agents over {} relay processes, {} ms turns\n\n\
+        "backend: {}, {shape}, {} agents over {} relay processes, {} ms turns{}\n\n\
          | tasks | side | tasks/s | executions/task | pickup p50 / p99 ms | client CPU ms/task | db CPU ms/task | relay peak RSS MiB | huddle ÷ baseline |\n\
          |---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
-        r.backend, r.agents, r.relays, r.turn_ms
+        r.backend,
+        r.agents,
+        r.relays,
+        r.turn_ms,
+        if r.lease_ahead { ", lease ahead" } else { "" }
     );
     let opt = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |v| format!("{v:.p$}"));
     let mut row = |n: usize, name: String, side: &Side, ratio: Option<f64>| {

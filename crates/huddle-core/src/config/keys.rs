@@ -209,6 +209,10 @@ pub struct RoomConfig {
     /// good, when its line does not say (default 3).
     #[serde(default = "default_review_rounds")]
     pub review_rounds: u32,
+    /// Whether a busy agent may hold its next task while it works (plan 0084;
+    /// default off).
+    #[serde(default)]
+    pub lease_ahead: bool,
 }
 
 fn default_review_rounds() -> u32 {
@@ -283,6 +287,7 @@ impl Default for RoomConfig {
             breaker_cooldown_ms: default_breaker_cooldown(),
             stall_timeout_ms: 0,
             review_rounds: default_review_rounds(),
+            lease_ahead: false,
         }
     }
 }
@@ -383,6 +388,8 @@ pub enum ConfigKey {
     StallTimeout,
     /// `review-rounds`: rejections a reviewed task may have before it fails for good.
     ReviewRounds,
+    /// `lease-ahead`: whether a busy agent may hold its next task while it works.
+    LeaseAhead,
 }
 
 /// The kind of value a [`ConfigKey`] takes.
@@ -446,7 +453,7 @@ pub const MAX_BUDGET: u64 = 1_000_000_000_000;
 
 impl ConfigKey {
     /// Every key, in documentation order.
-    pub const ALL: [ConfigKey; 29] = [
+    pub const ALL: [ConfigKey; 30] = [
         ConfigKey::Topology,
         ConfigKey::Responder,
         ConfigKey::ResponderAgent,
@@ -476,6 +483,7 @@ impl ConfigKey {
         ConfigKey::BreakerCooldown,
         ConfigKey::StallTimeout,
         ConfigKey::ReviewRounds,
+        ConfigKey::LeaseAhead,
     ];
 
     /// The key as typed in `!config` and stored in `config.set`.
@@ -510,6 +518,7 @@ impl ConfigKey {
             ConfigKey::BreakerCooldown => "breaker-cooldown",
             ConfigKey::StallTimeout => "stall-timeout",
             ConfigKey::ReviewRounds => "review-rounds",
+            ConfigKey::LeaseAhead => "lease-ahead",
         }
     }
 
@@ -553,7 +562,9 @@ impl ConfigKey {
             | ConfigKey::MaxReplyFailures
             | ConfigKey::Breaker
             | ConfigKey::ReviewRounds => ValueKind::Count,
-            ConfigKey::RequireMention | ConfigKey::RequireSignatures => ValueKind::Flag,
+            ConfigKey::RequireMention | ConfigKey::RequireSignatures | ConfigKey::LeaseAhead => {
+                ValueKind::Flag
+            }
             ConfigKey::Budget => ValueKind::Budget,
             ConfigKey::Delegators => ValueKind::Agents,
             ConfigKey::Agents => ValueKind::Bindings,
@@ -595,7 +606,8 @@ impl ConfigKey {
             | ConfigKey::GroupReply
             | ConfigKey::Topology
             | ConfigKey::RelayKeys
-            | ConfigKey::RequireSignatures => None,
+            | ConfigKey::RequireSignatures
+            | ConfigKey::LeaseAhead => None,
         }
     }
 
@@ -650,6 +662,11 @@ impl ConfigKey {
             ConfigKey::RequireSignatures => {
                 "whether rows count only when signed by a key in relay-keys (owner-signed \
                  commands and the rows they derive always count; room-wide)"
+            }
+            ConfigKey::LeaseAhead => {
+                "whether an agent busy with a task may claim its next one while it works, so \
+                 the next turn starts without waiting for the database (trades fairness for \
+                 throughput: a task held ahead waits for that agent)"
             }
             ConfigKey::ReplyHorizon => {
                 "how old a message may be and still be answered; an older unanswered one \
@@ -1106,6 +1123,7 @@ impl RoomConfig {
     pub fn get(&self, key: ConfigKey) -> ConfigValue {
         match key {
             ConfigKey::Responder => ConfigValue::Responder(self.responder),
+            ConfigKey::LeaseAhead => ConfigValue::Flag(self.lease_ahead),
             ConfigKey::ResponderAgent => ConfigValue::Agent(self.responder_agent.clone()),
             ConfigKey::ResponderWindow => ConfigValue::Millis(self.responder_window_ms),
             ConfigKey::Allocation => ConfigValue::Allocation(self.allocation),
@@ -1200,6 +1218,7 @@ impl RoomConfig {
                 self.relay_keys = normalized(list).filter(|_| valid).unwrap_or_default();
             }
             (ConfigKey::RequireSignatures, ConfigValue::Flag(b)) => self.require_signatures = b,
+            (ConfigKey::LeaseAhead, ConfigValue::Flag(b)) => self.lease_ahead = b,
             (ConfigKey::RetryBackoff, ConfigValue::Millis(n)) => {
                 self.retry_backoff_ms = bounds.clamp(n)
             }

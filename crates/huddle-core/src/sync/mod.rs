@@ -219,6 +219,13 @@ enum LiveWork {
     },
 }
 
+/// A turn held ahead: started when its agent's running turn ends (plan 0084).
+#[derive(Clone, Debug)]
+struct Parked {
+    start: Box<TurnStart>,
+    live: LiveTurn,
+}
+
 #[derive(Clone, Debug)]
 struct LiveTurn {
     agent: String,
@@ -340,6 +347,9 @@ pub struct Synchronizer {
     /// waits for a view covering that time before anything is written under them
     /// ([`Synchronizer::drive_task_won`]).
     awaiting_view: BTreeMap<String, (WonTake, Timestamp)>,
+    /// Next tasks held ahead (plan 0084, `lease-ahead`), by agent: the turn each
+    /// starts when the agent's running turn ends, its claims held and renewed.
+    ahead: BTreeMap<String, Parked>,
     /// Resources won for a task claim `(key, epoch)` whose turn has not started yet.
     uses_won: BTreeMap<(String, ClaimEpoch), Vec<crate::resources::Holding>>,
     /// Task claim keys backing off because their resources were taken, by room: a
@@ -461,6 +471,7 @@ impl Synchronizer {
             held_elsewhere: BTreeMap::new(),
             pending_uses: BTreeMap::new(),
             awaiting_view: BTreeMap::new(),
+            ahead: BTreeMap::new(),
             uses_won: BTreeMap::new(),
             resource_waits: BTreeMap::new(),
             watchers: BTreeMap::new(),
@@ -742,7 +753,14 @@ impl Synchronizer {
                 outcome,
                 tokens,
                 activity,
-            } => self.on_turn_ended(&turn, outcome, tokens, activity, out),
+            } => {
+                let agent = self.turns.get(&turn).map(|t| t.agent.clone());
+                self.on_turn_ended(&turn, outcome, tokens, activity, out);
+                // Its next task, if it holds one ahead, starts at once (plan 0084).
+                if let Some(agent) = agent {
+                    self.start_ahead(&agent, out);
+                }
+            }
             Event::ClaimLost { key, epoch } => self.on_claim_lost(&key, epoch, out),
             Event::ResourcesResult { key, epoch, answer } => {
                 self.on_resources(&key, epoch, answer, out)
@@ -787,6 +805,9 @@ impl Synchronizer {
                 // Won claims that wait for a view start nothing now: let them go.
                 for (tkey, (p, _)) in std::mem::take(&mut self.awaiting_view) {
                     self.release_unused_take(&tkey, &p, out);
+                }
+                for (_, p) in std::mem::take(&mut self.ahead) {
+                    self.drop_parked(p, out);
                 }
                 for (id, t) in self.turns.iter_mut() {
                     if !t.cancel_sent {
@@ -1305,6 +1326,38 @@ impl Synchronizer {
         self.agents
             .keys()
             .map(|k| busy.contains(k.as_str()))
+            .collect()
+    }
+
+    /// The agents that may take a task ahead in `room` (plan 0084): each runs one
+    /// task turn of the room, not lost or being cancelled, holds no claim but that
+    /// turn's and holds nothing ahead. Their indexes in the agents' order.
+    fn ahead_candidates(&self, room: &str) -> Vec<usize> {
+        let mut running: BTreeMap<&str, (usize, Option<&LiveTurn>)> = BTreeMap::new();
+        for t in self.turns.values() {
+            let e = running.entry(t.agent.as_str()).or_default();
+            e.0 += 1;
+            e.1 = Some(t);
+        }
+        let mut held: BTreeMap<&str, usize> = BTreeMap::new();
+        for s in self.claims.values() {
+            *held.entry(s.purpose.agent()).or_default() += 1;
+        }
+        self.agents
+            .values()
+            .enumerate()
+            .filter(|(_, a)| {
+                let Some((1, Some(t))) = running.get(a.key.as_str()).copied() else {
+                    return false;
+                };
+                t.room == room
+                    && matches!(t.work, LiveWork::Task { .. })
+                    && !t.lost
+                    && !t.cancel_sent
+                    && !self.ahead.contains_key(&a.key)
+                    && held.get(a.key.as_str()).copied().unwrap_or(0) == 2 + t.uses.len()
+            })
+            .map(|(i, _)| i)
             .collect()
     }
 
@@ -2019,12 +2072,28 @@ impl Synchronizer {
             // agent has something or the pass's cap is reached.
             // The free local agents, kept as the walk hands tasks out: the walk stops
             // when none is left, and picks among them only (not every agent per task).
-            let mut free: Vec<(usize, &LocalAgent)> = self
+            // After every free agent (never ahead of one): agents at work on one task
+            // turn of this room, holding nothing else and nothing ahead, may take
+            // their next task (plan 0084), flagged.
+            let ahead = if config.lease_ahead {
+                self.ahead_candidates(&room)
+            } else {
+                Vec::new()
+            };
+            let mut free: Vec<(usize, &LocalAgent, bool)> = self
                 .agents
                 .values()
                 .enumerate()
                 .filter(|(i, _)| !busy[*i])
+                .map(|(i, a)| (i, a, false))
                 .collect();
+            free.extend(
+                self.agents
+                    .values()
+                    .enumerate()
+                    .filter(|(i, _)| ahead.contains(i))
+                    .map(|(i, a)| (i, a, true)),
+            );
             let spreading = self.dag.frontier_len(&room) > free.len();
             let order: Box<dyn Iterator<Item = &str> + '_> = if spreading {
                 Box::new(
@@ -2093,15 +2162,16 @@ impl Synchronizer {
                 } else {
                     holdings.get_or_insert_with(|| self.live_holdings(&room, now))
                 };
-                let pick = free.iter().position(|(_, a)| {
+                let pick = free.iter().position(|(_, a, ahead)| {
                     right.allows(&a.key, &a.capabilities, task)
+                        && (task.uses.is_empty() || !*ahead)
                         && crate::resources::blockers(&a.key, &task.uses, live).is_empty()
                         && !self.outstanding_bid(&a.key, Some((&room, id)))
                         && benched != Some(a.key.as_str())
                         && !self.benched(&room, &a.key)
                 });
                 if let Some(i) = pick {
-                    let (at, a) = free.remove(i);
+                    let (at, a, _) = free.remove(i);
                     busy[at] = true;
                     chosen.push((id.to_string(), a.key.clone()));
                     wakes += 1;
@@ -2211,8 +2281,12 @@ impl Synchronizer {
     fn reconcile(&mut self, now: Timestamp, out: &mut Vec<Intent>) {
         let interval = self.reconcile_interval_ms();
         self.next_reconcile = Some(now.saturating_add(ms_to_us(interval)));
-        // Renew only the claims of turns that are alive.
-        for t in self.turns.values() {
+        // Renew only the claims of turns that are alive, or held ahead (plan 0084).
+        for t in self
+            .turns
+            .values()
+            .chain(self.ahead.values().map(|p| &p.live))
+        {
             if t.lost {
                 continue;
             }
@@ -3246,7 +3320,7 @@ impl Synchronizer {
             },
         );
         let coordination = self.delivery.take_fresh(&room, &agent, block.as_ref());
-        out.push(Intent::StartTurn(Box::new(TurnStart {
+        let start = Box::new(TurnStart {
             turn: turn.clone(),
             agent: agent.clone(),
             room: room.clone(),
@@ -3260,24 +3334,74 @@ impl Synchronizer {
                 .collect(),
             coordination,
             stall_timeout_ms: self.config(&room, thread.as_deref()).stall_timeout_ms,
-        })));
-        self.turns.insert(
-            turn,
-            LiveTurn {
-                agent,
-                room,
-                thread,
-                subject,
-                work: live,
-                exclusive,
-                drive,
-                uses,
-                lost: false,
-                cancel_sent: false,
-                stopped: None,
-                overdue: false,
-            },
-        );
+        });
+        let live = LiveTurn {
+            agent,
+            room,
+            thread,
+            subject,
+            work: live,
+            exclusive,
+            drive,
+            uses,
+            lost: false,
+            cancel_sent: false,
+            stopped: None,
+            overdue: false,
+        };
+        // A task taken ahead for an agent still at work (plan 0084) waits for the
+        // agent's running turn to end.
+        if matches!(live.work, LiveWork::Task { .. })
+            && self.config(&live.room, None).lease_ahead
+            && !self.ahead.contains_key(&live.agent)
+            && self.turns.values().any(|t| t.agent == live.agent)
+        {
+            self.ahead
+                .insert(live.agent.clone(), Parked { start, live });
+            return;
+        }
+        out.push(Intent::StartTurn(start));
+        self.turns.insert(turn, live);
+    }
+
+    /// The turn `agent` holds ahead, if any, once its running turn has ended: started
+    /// when its claims are still held at their epochs, its task still open to it,
+    /// the agent not benched and the relay not stopping; otherwise its claims are let
+    /// go, and nothing ran (plan 0084).
+    fn start_ahead(&mut self, agent: &str, out: &mut Vec<Intent>) {
+        let Some(p) = self.ahead.remove(agent) else {
+            return;
+        };
+        let LiveWork::Task { task } = &p.live.work else {
+            return self.drop_parked(p, out);
+        };
+        let alive = self.dag.task(&p.live.room, task).is_some_and(|t| {
+            matches!(t.status, TaskStatus::Open | TaskStatus::Claimed)
+                && t.epoch.is_none_or(|e| e <= p.live.exclusive.epoch)
+        });
+        let held = self.held_at(&p.live.exclusive.key, p.live.exclusive.epoch)
+            && self.held_at(&p.live.drive.key, p.live.drive.epoch);
+        // Benched meanwhile (its running turn tripped the breaker): it takes no work.
+        let benched = self.benched(&p.live.room, agent);
+        if !alive || !held || benched || self.shutting_down {
+            return self.drop_parked(p, out);
+        }
+        let turn = p.start.turn.clone();
+        out.push(Intent::StartTurn(p.start));
+        self.turns.insert(turn, p.live);
+    }
+
+    /// Lets a held-ahead turn's claims go (it never started).
+    fn drop_parked(&mut self, p: Parked, out: &mut Vec<Intent>) {
+        self.give_back_uses(&p.live.room, &p.live.agent, &p.live.uses, true, out);
+        for c in [&p.live.drive, &p.live.exclusive] {
+            self.forget_at(&c.key, c.epoch);
+            out.push(Intent::Release {
+                key: c.key.clone(),
+                holder: c.holder.clone(),
+                epoch: c.epoch,
+            });
+        }
     }
 
     // -----------------------------------------------------------------------------
@@ -3887,6 +4011,22 @@ impl Synchronizer {
     }
 
     fn on_claim_lost(&mut self, key: &str, epoch: ClaimEpoch, out: &mut Vec<Intent>) {
+        // A turn held ahead under this claim never starts.
+        let parked: Vec<String> = self
+            .ahead
+            .iter()
+            .filter(|(_, p)| {
+                [&p.live.exclusive, &p.live.drive]
+                    .into_iter()
+                    .any(|c| c.key == key && c.epoch == epoch)
+            })
+            .map(|(a, _)| a.clone())
+            .collect();
+        for agent in parked {
+            if let Some(p) = self.ahead.remove(&agent) {
+                self.drop_parked(p, out);
+            }
+        }
         for (id, t) in self.turns.iter_mut() {
             let uses = [&t.exclusive, &t.drive]
                 .into_iter()

@@ -135,6 +135,7 @@ impl Synchronizer {
             held_elsewhere: _,
             pending_uses: _,
             awaiting_view: _,
+            ahead: _,
             uses_won: _,
             resource_waits: _,
             closed: _,

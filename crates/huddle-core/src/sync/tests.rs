@@ -1644,15 +1644,8 @@ fn reconcile_renews_live_turns_only_and_retakes_lapsed_tasks() {
     // The next reconcile falls at TTL / 4.
     assert_eq!(h.sync.next_wakeup(), Some(T0 + 15 * S));
     let out = h.tick(T0 + 15 * S);
-    let renews: Vec<String> = out
-        .iter()
-        .filter_map(|i| match i {
-            Intent::Renew { key, .. } => Some(key.clone()),
-            _ => None,
-        })
-        .collect();
     assert_eq!(
-        renews,
+        renewals(&out),
         vec![task_key("lobby", "a"), taskdrive_key("lobby", "a")]
     );
     // x is backed off until zed's lease would lapse.
@@ -3300,6 +3293,16 @@ fn won_holding(name: &str, mode: crate::resources::Mode, epoch: i64) -> crate::r
     }
 }
 
+/// The keys of the claims `out` renews.
+fn renewals(out: &[Intent]) -> Vec<String> {
+    out.iter()
+        .filter_map(|i| match i {
+            Intent::Renew { key, .. } => Some(key.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The keys of the claims `out` releases.
 fn releases(out: &[Intent]) -> Vec<String> {
     out.iter()
@@ -3606,4 +3609,216 @@ fn a_cancelled_task_stops_its_turn_and_a_retried_one_is_claimed_under_fresh_keys
         h.sync.tasks().task("lobby", "a").unwrap().status,
         TaskStatus::Done
     );
+}
+
+// ---------------------------------------------------------------------------------
+// Lease ahead (plan 0084)
+// ---------------------------------------------------------------------------------
+
+/// Ends `turn` with a reply.
+fn finish(h: &mut H, turn: &TurnId) -> Vec<Intent> {
+    h.ended(
+        turn,
+        TurnOutcome::Replied {
+            text: "built".into(),
+        },
+    )
+}
+
+fn ahead_config(on: bool) -> RoomConfig {
+    RoomConfig {
+        lease_ahead: on,
+        ..no_backoff()
+    }
+}
+
+/// Takes `task` for `agent` (task claim at `epoch`, drive claim at 1) and returns
+/// what the drive claim's answer produced, its appends written and read back.
+fn win_task(h: &mut H, task: &str, agent: &str, epoch: i64) -> Vec<Intent> {
+    let out = h.result(&task_key("lobby", task), agent, true, epoch);
+    assert_eq!(
+        acquires(&out),
+        vec![(taskdrive_key("lobby", task), "r1".into())],
+        "{out:?}"
+    );
+    let out = h.result(&taskdrive_key("lobby", task), "r1", true, 1);
+    h.apply_appends(&out);
+    let mut all = out;
+    all.extend(h.read());
+    all
+}
+
+fn task_of(s: &TurnStart) -> &str {
+    match &s.work {
+        TurnWork::Task(t) => t.id.as_str(),
+        other => panic!("not a task turn: {other:?}"),
+    }
+}
+
+/// Three ready tasks, one agent: `bo` runs `a` and holds `b` ahead. Returns the
+/// turn of `a`.
+fn one_held_ahead(h: &mut H) -> TurnId {
+    h.start();
+    let out = h.post(vec![
+        created("a", &[]),
+        created("b", &[]),
+        created("c", &[]),
+    ]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    let out = win_task(h, "a", "bo", 1);
+    let started = starts(&out);
+    assert_eq!(started.len(), 1, "{out:?}");
+    assert_eq!(task_of(started[0]), "a");
+    let turn = started[0].turn.clone();
+    // Busy with `a`, with more ready tasks than free agents: `bo` claims `b` ahead.
+    assert_eq!(
+        acquires(&out),
+        vec![(task_key("lobby", "b"), "bo".into())],
+        "{out:?}"
+    );
+    // Won: its claim rows are written now, its turn waits for `a`'s end, and
+    // nothing more is claimed (one task ahead at most).
+    let out = win_task(h, "b", "bo", 1);
+    assert!(starts(&out).is_empty(), "held, not started: {out:?}");
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    assert_eq!(
+        h.sync.tasks().task("lobby", "b").unwrap().owner.as_deref(),
+        Some("bo")
+    );
+    turn
+}
+
+#[test]
+fn a_task_held_ahead_starts_when_the_running_turn_ends() {
+    let mut h = H::with(&["bo"], ahead_config(true));
+    let turn = one_held_ahead(&mut h);
+    let out = finish(&mut h, &turn);
+    // `a` completes under its claims, `b` starts at once, `c` is claimed ahead.
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!(
+                "{}@bo#1 + {}@r1#1 (closes)",
+                task_key("lobby", "a"),
+                taskdrive_key("lobby", "a")
+            )),
+            vec!["task.completed", "turn.replied"]
+        )]
+    );
+    let started = starts(&out);
+    assert_eq!(started.len(), 1, "{out:?}");
+    assert_eq!(task_of(started[0]), "b");
+    assert_eq!(started[0].agent, "bo");
+    assert_eq!(
+        started[0]
+            .claims
+            .iter()
+            .map(|c| format!("{}@{}#{}", c.key, c.holder, c.epoch.get()))
+            .collect::<Vec<_>>(),
+        vec![
+            format!("{}@bo#1", task_key("lobby", "b")),
+            format!("{}@r1#1", taskdrive_key("lobby", "b"))
+        ]
+    );
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "c"), "bo".into())]);
+    // Renewed with the running turn while held: both claims of `c` once won.
+    h.apply_appends(&out);
+    h.read();
+    let out = win_task(&mut h, "c", "bo", 1);
+    assert!(starts(&out).is_empty(), "{out:?}");
+    let out = h.tick(h.now + 20 * S);
+    let renewed = renewals(&out);
+    for key in [
+        task_key("lobby", "b"),
+        taskdrive_key("lobby", "b"),
+        task_key("lobby", "c"),
+        taskdrive_key("lobby", "c"),
+    ] {
+        assert!(renewed.contains(&key), "{key} not renewed: {out:?}");
+    }
+}
+
+#[test]
+fn without_lease_ahead_a_busy_agent_claims_nothing_more() {
+    let mut h = H::with(&["bo"], ahead_config(false));
+    h.start();
+    h.post(vec![created("a", &[]), created("b", &[])]);
+    let out = win_task(&mut h, "a", "bo", 1);
+    assert_eq!(starts(&out).len(), 1, "{out:?}");
+    assert!(acquires(&out).is_empty(), "{out:?}");
+}
+
+#[test]
+fn a_free_agent_takes_a_ready_task_before_a_busy_one_holds_it_ahead() {
+    let mut h = H::with(&["bo", "cy"], ahead_config(true));
+    h.start();
+    let out = h.post(vec![created("a", &[])]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    let out = win_task(&mut h, "a", "bo", 1);
+    assert_eq!(starts(&out).len(), 1, "{out:?}");
+    assert!(acquires(&out).is_empty(), "nothing else is ready: {out:?}");
+    // One more ready task: the free agent takes it, not `bo` ahead.
+    let out = h.post(vec![created("b", &[])]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "b"), "cy".into())]);
+}
+
+#[test]
+fn a_task_held_ahead_whose_claim_is_lost_never_starts() {
+    let mut h = H::with(&["bo"], ahead_config(true));
+    let turn = one_held_ahead(&mut h);
+    let out = h.sync.handle(Event::ClaimLost {
+        key: task_key("lobby", "b"),
+        epoch: ClaimEpoch(1),
+    });
+    let released = releases(&out);
+    assert!(
+        released.contains(&taskdrive_key("lobby", "b")),
+        "the drive claim it held goes back: {out:?}"
+    );
+    assert!(
+        !kinds(&out).contains(&"cancel"),
+        "the running turn is not touched: {out:?}"
+    );
+    let out = finish(&mut h, &turn);
+    assert!(
+        starts(&out).iter().all(|s| task_of(s) != "b"),
+        "b never starts under the lost claim: {out:?}"
+    );
+}
+
+#[test]
+fn a_relay_stopping_lets_its_tasks_held_ahead_go() {
+    let mut h = H::with(&["bo"], ahead_config(true));
+    let turn = one_held_ahead(&mut h);
+    let out = h.sync.handle(Event::Shutdown);
+    let mut released = releases(&out);
+    released.sort();
+    assert_eq!(
+        released,
+        vec![task_key("lobby", "b"), taskdrive_key("lobby", "b")],
+        "{out:?}"
+    );
+    let out = h.ended(&turn, TurnOutcome::Cancelled);
+    assert!(starts(&out).is_empty(), "{out:?}");
+}
+
+#[test]
+fn a_task_held_ahead_that_was_cancelled_meanwhile_is_let_go() {
+    let mut h = H::with(&["bo"], ahead_config(true));
+    let turn = one_held_ahead(&mut h);
+    // The owner cancels `b` while it is held ahead.
+    h.post(vec![NewInteraction::new(
+        "lobby",
+        Verb::TaskCancelled,
+        "ana",
+        Role::Owner,
+        json!({"task": "b"}),
+    )]);
+    let out = finish(&mut h, &turn);
+    assert!(
+        starts(&out).iter().all(|s| task_of(s) != "b"),
+        "a cancelled task never starts: {out:?}"
+    );
+    let released = releases(&out);
+    assert!(released.contains(&task_key("lobby", "b")), "{out:?}");
 }
