@@ -627,24 +627,22 @@ async fn drive(
     let pids: Vec<u32> = relays.iter().map(RelayChild::pid).collect();
     let (cpu0, db0) = (cpu_of(&pids), db_cpu(postmaster));
     let room = tally.room.clone();
-    let mut delegate_at = None;
-    let config = args
-        .lease_ahead
-        .then(|| "!config lease-ahead on".to_string());
-    for text in config
-        .into_iter()
-        .chain(workload(args, n).delegate_messages())
-    {
-        let signed = key.sign(NewInteraction::new(
+    let say = |text: String| {
+        owner.append(vec![key.sign(NewInteraction::new(
             room.as_str(),
             Verb::MessagePosted,
             "bench-owner",
             Role::Owner,
             json!({ "text": text }),
-        ));
-        let appended = owner.append(vec![signed]).await?;
-        // Timed from the first `!delegate`, not from the configuration before it.
-        if delegate_at.is_none() && !text.starts_with("!config") {
+        ))])
+    };
+    if args.lease_ahead {
+        say("!config lease-ahead on".into()).await?;
+    }
+    let mut delegate_at = None;
+    for text in workload(args, n).delegate_messages() {
+        let appended = say(text).await?;
+        if delegate_at.is_none() {
             if let Some(a) = appended.first() {
                 delegate_at = owner.get(a.id).await?.map(|r| r.at);
             }

@@ -1331,8 +1331,9 @@ impl Synchronizer {
 
     /// The agents that may take a task ahead in `room` (plan 0084): each runs one
     /// task turn of the room, not lost or being cancelled, holds no claim but that
-    /// turn's and holds nothing ahead. Their indexes in the agents' order.
-    fn ahead_candidates(&self, room: &str) -> Vec<usize> {
+    /// turn's and holds nothing ahead. One flag per agent, in the agents' order (as
+    /// [`Self::busy_flags`]).
+    fn ahead_flags(&self, room: &str) -> Vec<bool> {
         let mut running: BTreeMap<&str, (usize, Option<&LiveTurn>)> = BTreeMap::new();
         for t in self.turns.values() {
             let e = running.entry(t.agent.as_str()).or_default();
@@ -1345,8 +1346,7 @@ impl Synchronizer {
         }
         self.agents
             .values()
-            .enumerate()
-            .filter(|(_, a)| {
+            .map(|a| {
                 let Some((1, Some(t))) = running.get(a.key.as_str()).copied() else {
                     return false;
                 };
@@ -1357,7 +1357,6 @@ impl Synchronizer {
                     && !self.ahead.contains_key(&a.key)
                     && held.get(a.key.as_str()).copied().unwrap_or(0) == 2 + t.uses.len()
             })
-            .map(|(i, _)| i)
             .collect()
     }
 
@@ -2072,14 +2071,6 @@ impl Synchronizer {
             // agent has something or the pass's cap is reached.
             // The free local agents, kept as the walk hands tasks out: the walk stops
             // when none is left, and picks among them only (not every agent per task).
-            // After every free agent (never ahead of one): agents at work on one task
-            // turn of this room, holding nothing else and nothing ahead, may take
-            // their next task (plan 0084), flagged.
-            let ahead = if config.lease_ahead {
-                self.ahead_candidates(&room)
-            } else {
-                Vec::new()
-            };
             let mut free: Vec<(usize, &LocalAgent, bool)> = self
                 .agents
                 .values()
@@ -2087,13 +2078,19 @@ impl Synchronizer {
                 .filter(|(i, _)| !busy[*i])
                 .map(|(i, a)| (i, a, false))
                 .collect();
-            free.extend(
-                self.agents
-                    .values()
-                    .enumerate()
-                    .filter(|(i, _)| ahead.contains(i))
-                    .map(|(i, a)| (i, a, true)),
-            );
+            // After every free agent (never ahead of one): agents at work on one task
+            // turn of this room, holding nothing else and nothing ahead, may take
+            // their next task (plan 0084), flagged.
+            if config.lease_ahead {
+                let may_hold = self.ahead_flags(&room);
+                free.extend(
+                    self.agents
+                        .values()
+                        .enumerate()
+                        .filter(|(i, _)| may_hold[*i])
+                        .map(|(i, a)| (i, a, true)),
+                );
+            }
             let spreading = self.dag.frontier_len(&room) > free.len();
             let order: Box<dyn Iterator<Item = &str> + '_> = if spreading {
                 Box::new(
@@ -4012,20 +4009,16 @@ impl Synchronizer {
 
     fn on_claim_lost(&mut self, key: &str, epoch: ClaimEpoch, out: &mut Vec<Intent>) {
         // A turn held ahead under this claim never starts.
-        let parked: Vec<String> = self
-            .ahead
-            .iter()
-            .filter(|(_, p)| {
+        let (lost, kept): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut self.ahead)
+            .into_iter()
+            .partition(|(_, p)| {
                 [&p.live.exclusive, &p.live.drive]
                     .into_iter()
                     .any(|c| c.key == key && c.epoch == epoch)
-            })
-            .map(|(a, _)| a.clone())
-            .collect();
-        for agent in parked {
-            if let Some(p) = self.ahead.remove(&agent) {
-                self.drop_parked(p, out);
-            }
+            });
+        self.ahead = kept;
+        for p in lost.into_values() {
+            self.drop_parked(p, out);
         }
         for (id, t) in self.turns.iter_mut() {
             let uses = [&t.exclusive, &t.drive]
