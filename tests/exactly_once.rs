@@ -204,8 +204,9 @@ async fn short_turns_run_every_task_once(backend: Backend) {
     short_turns(backend, false).await;
 }
 
-/// The same with `lease-ahead on` (plan 0084): every agent holds its next task while
-/// it works, and still every task runs exactly once.
+/// The same with `lease-ahead on` and `lease-depth 8` (plans 0084, 0085): every agent
+/// holds up to eight next tasks while it works, and still every task runs exactly
+/// once.
 async fn short_turns_holding_tasks_ahead_run_every_task_once(backend: Backend) {
     short_turns(backend, true).await;
 }
@@ -223,6 +224,7 @@ async fn short_turns(backend: Backend, ahead: bool) {
     h.wait_registered(&refs).await;
     if ahead {
         h.config("lease-ahead on").await;
+        h.config("lease-depth 8").await;
     }
     h.delegate(&task_lines("t", 300)).await;
     h.wait_until("300 tasks done", secs(120), |l| l.summary().done == 300)
@@ -282,9 +284,10 @@ async fn paused_relay_never_reruns_finished_work(backend: Backend) {
     paused_relay(backend, false).await;
 }
 
-/// The same with `lease-ahead on` (plan 0084): the paused relay's agent holds its
-/// next task when it is paused; that task's lease lapses and the other relay takes
-/// it, and once resumed the relay starts none of what it held.
+/// The same with `lease-ahead on` (plan 0084, at the default `lease-depth` of 4): the
+/// paused relay's agent holds its next tasks when it is paused; their leases lapse and
+/// the other relay takes them, and once resumed the relay starts none of what it
+/// held.
 async fn paused_relay_holding_tasks_ahead_never_reruns_finished_work(backend: Backend) {
     paused_relay(backend, true).await;
 }

@@ -93,6 +93,10 @@ pub struct TasksArgs {
     /// its next task while it works (plan 0084).
     #[arg(long)]
     pub lease_ahead: bool,
+    /// With `--lease-ahead`: the owner also sets `!config lease-depth N`, how many
+    /// tasks one agent may hold ahead (plan 0085; the room's default otherwise).
+    #[arg(long, requires = "lease_ahead", value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub lease_depth: Option<u32>,
     /// Run every task count this many times, each round in a fresh scratch database,
     /// the side that runs first alternating; the report gives the ratio's range.
     #[arg(long, default_value_t = 1)]
@@ -196,6 +200,8 @@ pub struct TasksReport {
     pub turn_ms: u64,
     /// Whether the room ran with `lease-ahead on`.
     pub lease_ahead: bool,
+    /// The `lease-depth` the owner set, if any.
+    pub lease_depth: Option<u32>,
     /// Rounds run.
     pub rounds: usize,
     /// One line per task count and round.
@@ -639,6 +645,9 @@ async fn drive(
     if args.lease_ahead {
         say("!config lease-ahead on".into()).await?;
     }
+    if let Some(depth) = args.lease_depth {
+        say(format!("!config lease-depth {depth}")).await?;
+    }
     let mut delegate_at = None;
     for text in workload(args, n).delegate_messages() {
         let appended = say(text).await?;
@@ -1018,6 +1027,7 @@ pub async fn run(args: TasksArgs, db: String) -> anyhow::Result<TasksReport> {
         relays: args.relays,
         turn_ms: args.turn_ms,
         lease_ahead: args.lease_ahead,
+        lease_depth: args.lease_depth,
         rounds: args.rounds,
         lines,
         spread,
@@ -1086,7 +1096,11 @@ pub fn render(r: &TasksReport) -> String {
         r.agents,
         r.relays,
         r.turn_ms,
-        if r.lease_ahead { ", lease ahead" } else { "" }
+        match (r.lease_ahead, r.lease_depth) {
+            (false, _) => String::new(),
+            (true, None) => ", lease ahead".to_string(),
+            (true, Some(d)) => format!(", lease ahead {d} deep"),
+        }
     );
     let opt = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |v| format!("{v:.p$}"));
     let mut row = |n: usize, name: String, side: &Side, ratio: Option<f64>| {

@@ -213,6 +213,14 @@ pub struct RoomConfig {
     /// default off).
     #[serde(default)]
     pub lease_ahead: bool,
+    /// How many tasks an agent may hold ahead under `lease_ahead` (plan 0085; default
+    /// 4).
+    #[serde(default = "default_lease_depth")]
+    pub lease_depth: u32,
+}
+
+fn default_lease_depth() -> u32 {
+    4
 }
 
 fn default_review_rounds() -> u32 {
@@ -288,6 +296,7 @@ impl Default for RoomConfig {
             stall_timeout_ms: 0,
             review_rounds: default_review_rounds(),
             lease_ahead: false,
+            lease_depth: default_lease_depth(),
         }
     }
 }
@@ -390,6 +399,8 @@ pub enum ConfigKey {
     ReviewRounds,
     /// `lease-ahead`: whether a busy agent may hold its next task while it works.
     LeaseAhead,
+    /// `lease-depth`: how many tasks an agent may hold ahead under `lease-ahead`.
+    LeaseDepth,
 }
 
 /// The kind of value a [`ConfigKey`] takes.
@@ -453,7 +464,7 @@ pub const MAX_BUDGET: u64 = 1_000_000_000_000;
 
 impl ConfigKey {
     /// Every key, in documentation order.
-    pub const ALL: [ConfigKey; 30] = [
+    pub const ALL: [ConfigKey; 31] = [
         ConfigKey::Topology,
         ConfigKey::Responder,
         ConfigKey::ResponderAgent,
@@ -484,6 +495,7 @@ impl ConfigKey {
         ConfigKey::StallTimeout,
         ConfigKey::ReviewRounds,
         ConfigKey::LeaseAhead,
+        ConfigKey::LeaseDepth,
     ];
 
     /// The key as typed in `!config` and stored in `config.set`.
@@ -519,6 +531,7 @@ impl ConfigKey {
             ConfigKey::StallTimeout => "stall-timeout",
             ConfigKey::ReviewRounds => "review-rounds",
             ConfigKey::LeaseAhead => "lease-ahead",
+            ConfigKey::LeaseDepth => "lease-depth",
         }
     }
 
@@ -561,7 +574,8 @@ impl ConfigKey {
             | ConfigKey::ThreadContext
             | ConfigKey::MaxReplyFailures
             | ConfigKey::Breaker
-            | ConfigKey::ReviewRounds => ValueKind::Count,
+            | ConfigKey::ReviewRounds
+            | ConfigKey::LeaseDepth => ValueKind::Count,
             ConfigKey::RequireMention | ConfigKey::RequireSignatures | ConfigKey::LeaseAhead => {
                 ValueKind::Flag
             }
@@ -597,6 +611,7 @@ impl ConfigKey {
             ConfigKey::BreakerCooldown => b(SECOND, 24 * HOUR),
             ConfigKey::StallTimeout => b(0, 24 * HOUR),
             ConfigKey::ReviewRounds => b(1, u64::from(crate::protocol::task::MAX_REVIEW_ROUNDS)),
+            ConfigKey::LeaseDepth => b(1, 16),
             ConfigKey::Responder
             | ConfigKey::ResponderAgent
             | ConfigKey::Allocation
@@ -667,6 +682,10 @@ impl ConfigKey {
                 "whether an agent busy with a task may claim its next one while it works, so \
                  the next turn starts without waiting for the database (trades fairness for \
                  throughput: a task held ahead waits for that agent)"
+            }
+            ConfigKey::LeaseDepth => {
+                "how many tasks an agent busy with a task may hold ahead under lease-ahead \
+                 on; deeper keeps short turns fed, at more tasks waiting for one agent"
             }
             ConfigKey::ReplyHorizon => {
                 "how old a message may be and still be answered; an older unanswered one \
@@ -1152,6 +1171,7 @@ impl RoomConfig {
             ConfigKey::BreakerCooldown => ConfigValue::Millis(self.breaker_cooldown_ms),
             ConfigKey::StallTimeout => ConfigValue::Millis(self.stall_timeout_ms),
             ConfigKey::ReviewRounds => ConfigValue::Count(self.review_rounds.into()),
+            ConfigKey::LeaseDepth => ConfigValue::Count(self.lease_depth.into()),
         }
     }
 
@@ -1179,6 +1199,7 @@ impl RoomConfig {
             (ConfigKey::BidWindow, ConfigValue::Millis(n)) => self.bid_window_ms = bounds.clamp(n),
             (ConfigKey::MaxAttempts, ConfigValue::Count(n)) => self.max_attempts = count(n),
             (ConfigKey::ReviewRounds, ConfigValue::Count(n)) => self.review_rounds = count(n),
+            (ConfigKey::LeaseDepth, ConfigValue::Count(n)) => self.lease_depth = count(n),
             (ConfigKey::LoopMax, ConfigValue::Count(n)) => self.loop_max = count(n),
             (ConfigKey::LoopCooldown, ConfigValue::Millis(n)) => {
                 self.loop_cooldown_ms = bounds.clamp(n)

@@ -349,7 +349,7 @@ pub struct Synchronizer {
     awaiting_view: BTreeMap<String, (WonTake, Timestamp)>,
     /// Next tasks held ahead (plan 0084, `lease-ahead`), by agent: the turn each
     /// starts when the agent's running turn ends, its claims held and renewed.
-    ahead: BTreeMap<String, Parked>,
+    ahead: BTreeMap<String, std::collections::VecDeque<Parked>>,
     /// Resources won for a task claim `(key, epoch)` whose turn has not started yet.
     uses_won: BTreeMap<(String, ClaimEpoch), Vec<crate::resources::Holding>>,
     /// Task claim keys backing off because their resources were taken, by room: a
@@ -806,7 +806,7 @@ impl Synchronizer {
                 for (tkey, (p, _)) in std::mem::take(&mut self.awaiting_view) {
                     self.release_unused_take(&tkey, &p, out);
                 }
-                for (_, p) in std::mem::take(&mut self.ahead) {
+                for p in std::mem::take(&mut self.ahead).into_values().flatten() {
                     self.drop_parked(p, out);
                 }
                 for (id, t) in self.turns.iter_mut() {
@@ -1329,11 +1329,12 @@ impl Synchronizer {
             .collect()
     }
 
-    /// The agents that may take a task ahead in `room` (plan 0084): each runs one
-    /// task turn of the room, not lost or being cancelled, holds no claim but that
-    /// turn's and holds nothing ahead. One flag per agent, in the agents' order (as
-    /// [`Self::busy_flags`]).
-    fn ahead_flags(&self, room: &str) -> Vec<bool> {
+    /// How many more tasks each agent may take ahead in `room` (plans 0084, 0085):
+    /// for an agent that runs one task turn of the room, not lost or being cancelled,
+    /// and holds no claim but that turn's and those of the turns it holds ahead (none
+    /// in flight), `depth` less the turns it holds ahead; 0 for every other agent.
+    /// One count per agent, in the agents' order (as [`Self::busy_flags`]).
+    fn ahead_room(&self, room: &str, depth: usize) -> Vec<usize> {
         let mut running: BTreeMap<&str, (usize, Option<&LiveTurn>)> = BTreeMap::new();
         for t in self.turns.values() {
             let e = running.entry(t.agent.as_str()).or_default();
@@ -1348,14 +1349,20 @@ impl Synchronizer {
             .values()
             .map(|a| {
                 let Some((1, Some(t))) = running.get(a.key.as_str()).copied() else {
-                    return false;
+                    return 0;
                 };
-                t.room == room
+                let parked = self.parked(&a.key);
+                let open = t.room == room
                     && matches!(t.work, LiveWork::Task { .. })
                     && !t.lost
                     && !t.cancel_sent
-                    && !self.ahead.contains_key(&a.key)
-                    && held.get(a.key.as_str()).copied().unwrap_or(0) == 2 + t.uses.len()
+                    && held.get(a.key.as_str()).copied().unwrap_or(0)
+                        == 2 + t.uses.len() + 2 * parked;
+                if open {
+                    depth.saturating_sub(parked)
+                } else {
+                    0
+                }
             })
             .collect()
     }
@@ -2079,17 +2086,21 @@ impl Synchronizer {
                 .map(|(i, a)| (i, a, false))
                 .collect();
             // After every free agent (never ahead of one): agents at work on one task
-            // turn of this room, holding nothing else and nothing ahead, may take
-            // their next task (plan 0084), flagged.
+            // turn of this room, with no claim in flight, may take their next tasks up
+            // to the room's lease depth (plans 0084, 0085), one entry a task, flagged,
+            // in rounds (every such agent's first task ahead before anyone's second).
             if config.lease_ahead {
-                let may_hold = self.ahead_flags(&room);
-                free.extend(
-                    self.agents
-                        .values()
-                        .enumerate()
-                        .filter(|(i, _)| may_hold[*i])
-                        .map(|(i, a)| (i, a, true)),
-                );
+                let room_for = self.ahead_room(&room, config.lease_depth as usize);
+                let deepest = room_for.iter().copied().max().unwrap_or(0);
+                for round in 0..deepest {
+                    free.extend(
+                        self.agents
+                            .values()
+                            .enumerate()
+                            .filter(|(i, _)| room_for[*i] > round)
+                            .map(|(i, a)| (i, a, true)),
+                    );
+                }
             }
             let spreading = self.dag.frontier_len(&room) > free.len();
             let order: Box<dyn Iterator<Item = &str> + '_> = if spreading {
@@ -2168,10 +2179,14 @@ impl Synchronizer {
                         && !self.benched(&room, &a.key)
                 });
                 if let Some(i) = pick {
-                    let (at, a, _) = free.remove(i);
+                    let (at, a, ahead) = free.remove(i);
                     busy[at] = true;
                     chosen.push((id.to_string(), a.key.clone()));
-                    wakes += 1;
+                    // Tasks taken ahead are bounded by the agents and the lease depth,
+                    // not by the pass's cap (plan 0085).
+                    if !ahead {
+                        wakes += 1;
+                    }
                 }
             }
             for (id, agent) in chosen {
@@ -2282,7 +2297,7 @@ impl Synchronizer {
         for t in self
             .turns
             .values()
-            .chain(self.ahead.values().map(|p| &p.live))
+            .chain(self.ahead.values().flatten().map(|p| &p.live))
         {
             if t.lost {
                 continue;
@@ -3350,11 +3365,12 @@ impl Synchronizer {
         // agent's running turn to end.
         if matches!(live.work, LiveWork::Task { .. })
             && self.config(&live.room, None).lease_ahead
-            && !self.ahead.contains_key(&live.agent)
             && self.turns.values().any(|t| t.agent == live.agent)
         {
             self.ahead
-                .insert(live.agent.clone(), Parked { start, live });
+                .entry(live.agent.clone())
+                .or_default()
+                .push_back(Parked { start, live });
             return;
         }
         out.push(Intent::StartTurn(start));
@@ -3366,11 +3382,25 @@ impl Synchronizer {
     /// the agent not benched and the relay not stopping; otherwise its claims are let
     /// go, and nothing ran (plan 0084).
     fn start_ahead(&mut self, agent: &str, out: &mut Vec<Intent>) {
-        let Some(p) = self.ahead.remove(agent) else {
-            return;
-        };
+        while let Some(p) = self.ahead.get_mut(agent).and_then(|q| q.pop_front()) {
+            if self.ahead.get(agent).is_some_and(|q| q.is_empty()) {
+                self.ahead.remove(agent);
+            }
+            if self.try_start_parked(agent, p, out) {
+                return;
+            }
+        }
+    }
+
+    /// How many turns `agent` holds ahead.
+    fn parked(&self, agent: &str) -> usize {
+        self.ahead.get(agent).map_or(0, |q| q.len())
+    }
+
+    fn try_start_parked(&mut self, agent: &str, p: Parked, out: &mut Vec<Intent>) -> bool {
         let LiveWork::Task { task } = &p.live.work else {
-            return self.drop_parked(p, out);
+            self.drop_parked(p, out);
+            return false;
         };
         let alive = self.dag.task(&p.live.room, task).is_some_and(|t| {
             matches!(t.status, TaskStatus::Open | TaskStatus::Claimed)
@@ -3381,11 +3411,13 @@ impl Synchronizer {
         // Benched meanwhile (its running turn tripped the breaker): it takes no work.
         let benched = self.benched(&p.live.room, agent);
         if !alive || !held || benched || self.shutting_down {
-            return self.drop_parked(p, out);
+            self.drop_parked(p, out);
+            return false;
         }
         let turn = p.start.turn.clone();
         out.push(Intent::StartTurn(p.start));
         self.turns.insert(turn, p.live);
+        true
     }
 
     /// Lets a held-ahead turn's claims go (it never started).
@@ -4009,15 +4041,18 @@ impl Synchronizer {
 
     fn on_claim_lost(&mut self, key: &str, epoch: ClaimEpoch, out: &mut Vec<Intent>) {
         // A turn held ahead under this claim never starts.
-        let (lost, kept): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut self.ahead)
-            .into_iter()
-            .partition(|(_, p)| {
+        let mut lost = Vec::new();
+        for q in self.ahead.values_mut() {
+            let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(q).into_iter().partition(|p| {
                 [&p.live.exclusive, &p.live.drive]
                     .into_iter()
                     .any(|c| c.key == key && c.epoch == epoch)
             });
-        self.ahead = kept;
-        for p in lost.into_values() {
+            *q = kept.into();
+            lost.extend(gone);
+        }
+        self.ahead.retain(|_, q| !q.is_empty());
+        for p in lost {
             self.drop_parked(p, out);
         }
         for (id, t) in self.turns.iter_mut() {

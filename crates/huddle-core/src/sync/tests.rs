@@ -3625,9 +3625,11 @@ fn finish(h: &mut H, turn: &TurnId) -> Vec<Intent> {
     )
 }
 
+/// `lease-ahead` on or off, one task ahead at most.
 fn ahead_config(on: bool) -> RoomConfig {
     RoomConfig {
         lease_ahead: on,
+        lease_depth: 1,
         ..no_backoff()
     }
 }
@@ -3821,4 +3823,136 @@ fn a_task_held_ahead_that_was_cancelled_meanwhile_is_let_go() {
     );
     let released = releases(&out);
     assert!(released.contains(&task_key("lobby", "b")), "{out:?}");
+}
+
+// -----------------------------------------------------------------------------------
+// Lease depth (plan 0085)
+// -----------------------------------------------------------------------------------
+
+fn deep_config(depth: u32) -> RoomConfig {
+    RoomConfig {
+        lease_ahead: true,
+        lease_depth: depth,
+        ..no_backoff()
+    }
+}
+
+/// The task claims asked for in `out`, by task id.
+fn task_acquires(out: &[Intent]) -> Vec<String> {
+    acquires(out)
+        .into_iter()
+        .filter_map(|(k, _)| k.strip_prefix("task/lobby/").map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn an_agent_holds_up_to_the_lease_depth_ahead_and_runs_them_in_order() {
+    let mut h = H::with(&["bo"], deep_config(3));
+    h.start();
+    let ids = ["a", "b", "c", "d", "e", "f"];
+    let out = h.post(ids.iter().map(|t| created(t, &[])).collect());
+    let first = task_acquires(&out);
+    assert_eq!(first.len(), 1, "{out:?}");
+    let first = first[0].clone();
+    // Busy with its first task: three tasks ahead asked for in one pass.
+    let out = win_task(&mut h, &first, "bo", 1);
+    assert_eq!(starts(&out).len(), 1, "{out:?}");
+    let mut ahead = task_acquires(&out);
+    assert_eq!(ahead.len(), 3, "{out:?}");
+    // Nothing more while they are in flight, nor once all three are held.
+    for (n, t) in ahead.clone().iter().enumerate() {
+        let out = win_task(&mut h, t, "bo", 1);
+        assert!(starts(&out).is_empty(), "held, not started: {out:?}");
+        assert!(acquires(&out).is_empty(), "after {} held: {out:?}", n + 1);
+    }
+    // Each turn's end starts the oldest held task and asks for one more.
+    let mut turn = h.sync.live_turns()[0].0.clone();
+    let mut ran = vec![first];
+    for _ in 0..3 {
+        let out = finish(&mut h, &turn);
+        let started = starts(&out);
+        assert_eq!(started.len(), 1, "{out:?}");
+        ran.push(task_of(started[0]).to_string());
+        turn = started[0].turn.clone();
+        let more = task_acquires(&out);
+        assert!(more.len() <= 1, "one freed place, one claim: {out:?}");
+        h.apply_appends(&out);
+        h.read();
+        for t in more {
+            win_task(&mut h, &t, "bo", 1);
+            ahead.push(t);
+        }
+    }
+    assert_eq!(
+        ran[1..],
+        ahead[..3],
+        "held tasks start in the order they were won"
+    );
+    let mut all = ran.clone();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), ran.len(), "no task ran twice: {ran:?}");
+}
+
+#[test]
+fn a_lost_claim_drops_only_that_held_task_and_the_next_one_starts() {
+    let mut h = H::with(&["bo"], deep_config(2));
+    h.start();
+    h.post(vec![
+        created("a", &[]),
+        created("b", &[]),
+        created("c", &[]),
+    ]);
+    let out = win_task(&mut h, "a", "bo", 1);
+    let turn = starts(&out)[0].turn.clone();
+    let ahead = task_acquires(&out);
+    assert_eq!(ahead.len(), 2, "{out:?}");
+    for t in &ahead {
+        win_task(&mut h, t, "bo", 1);
+    }
+    // The first held task's claim is lost: it is let go, the other stays held.
+    let out = h.sync.handle(Event::ClaimLost {
+        key: task_key("lobby", &ahead[0]),
+        epoch: ClaimEpoch(1),
+    });
+    let released = releases(&out);
+    assert!(
+        released.contains(&taskdrive_key("lobby", &ahead[0])),
+        "{out:?}"
+    );
+    assert!(
+        !released
+            .iter()
+            .any(|k| k.ends_with(&format!("/{}", ahead[1]))),
+        "{out:?}"
+    );
+    let out = finish(&mut h, &turn);
+    let started = starts(&out);
+    assert_eq!(started.len(), 1, "{out:?}");
+    assert_eq!(task_of(started[0]), ahead[1]);
+}
+
+#[test]
+fn tasks_taken_ahead_do_not_count_against_the_pass_cap_and_free_agents_come_first() {
+    // 16 agents, one busy: the 15 free ones take a task each, and the busy one its
+    // two ahead in the same pass, after them: 17 claims, past the pass's cap of 16.
+    let agents: Vec<String> = (0..16).map(|i| format!("ag{i:02}")).collect();
+    let refs: Vec<&str> = agents.iter().map(String::as_str).collect();
+    let mut h = H::with(&refs, deep_config(2));
+    h.start();
+    let out = h.post(vec![created("t00", &[])]);
+    assert_eq!(task_acquires(&out), vec!["t00"]);
+    let holder = acquires(&out)[0].1.clone();
+    let out = win_task(&mut h, "t00", &holder, 1);
+    assert_eq!(starts(&out).len(), 1, "{out:?}");
+    let ids: Vec<String> = (1..40).map(|i| format!("t{i:02}")).collect();
+    let out = h.post(ids.iter().map(|t| created(t, &[])).collect());
+    let claims = acquires(&out);
+    let by_busy = claims.iter().filter(|(_, a)| *a == holder).count();
+    assert_eq!(claims.len() - by_busy, 15, "every free agent: {out:?}");
+    assert_eq!(by_busy, 2, "the lease depth for the busy one: {out:?}");
+    assert!(
+        claims[15..].iter().all(|(_, a)| *a == holder),
+        "free agents are served first: {claims:?}"
+    );
 }
