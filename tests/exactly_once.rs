@@ -114,6 +114,7 @@ macro_rules! both_backends {
 both_backends!(
     short_turns_run_every_task_once,
     short_turns_holding_tasks_ahead_run_every_task_once,
+    three_relays_holding_tasks_deep_run_every_task_once,
     paused_relay_never_reruns_finished_work,
     paused_relay_holding_tasks_ahead_never_reruns_finished_work,
     same_agent_on_two_relays_completes_once,
@@ -250,6 +251,49 @@ async fn short_turns(backend: Backend, ahead: bool) {
     eprintln!("lots: {handoffs} hand-offs, {results} of results");
     assert!(handoffs >= 1, "no hand-off was written as a lot");
     assert!(results >= 1, "no results were written as a lot");
+}
+
+/// Three relay processes, four agents each, `lease-ahead on` at `lease-depth 8`
+/// (plans 0084, 0085), 300 short tasks: the relays contend for the same ready tasks
+/// with many claims in flight at once, so some hand-off lots are refused (a claim lost
+/// to another relay) and their won tasks' rows are written after their claims. Every
+/// task still runs exactly once (executions counted) and is done: a held turn never
+/// starts before its rows are in, so its result is never written before them.
+async fn three_relays_holding_tasks_deep_run_every_task_once(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    let log = h.dir().join("effects.log");
+    let agent = recording_agent(&h, "deep.sh", &log, "0.001");
+    let mut keys = Vec::new();
+    for r in 0..3 {
+        let mine: Vec<String> = (0..4).map(|i| format!("d{r}{i}")).collect();
+        h.spawn_relay(
+            &format!("r{r}"),
+            mine.iter().map(|k| AgentSpec::exec(k, &agent)).collect(),
+        );
+        keys.extend(mine);
+    }
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    h.wait_registered(&refs).await;
+    h.config("lease-ahead on").await;
+    h.config("lease-depth 8").await;
+    h.delegate(&task_lines("t", 300)).await;
+    h.wait_until("300 tasks done", secs(180), |l| l.summary().done == 300)
+        .await;
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+    h.ledger.assert_all_done_exactly_once(300);
+    let starts = starts_per_subject(&log);
+    let repeated: Vec<(&String, usize)> = starts
+        .iter()
+        .filter(|(_, s)| s.len() != 1)
+        .map(|(t, s)| (t, s.len()))
+        .collect();
+    assert_eq!(starts.len(), 300, "tasks executed");
+    assert!(
+        repeated.is_empty(),
+        "tasks executed more than once: {repeated:?}"
+    );
+    assert_no_start_after_completion(&h, &log);
 }
 
 /// The `task.lot` rows of the room as stored (plan 0080): how many carried hand-offs

@@ -224,6 +224,10 @@ enum LiveWork {
 struct Parked {
     start: Box<TurnStart>,
     live: LiveTurn,
+    /// Its claim rows were not written with its claims but appended after (plan
+    /// 0085): it starts only once the view shows them, so its result can never be
+    /// written before them (a write that would then be refused, its claims closed).
+    rows_pending: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -707,6 +711,18 @@ impl Synchronizer {
         let mut wants_pass = false;
         for event in events {
             wants_pass |= self.apply_event(event, &mut out);
+        }
+        // Held turns that waited for their rows to be read back (plan 0085).
+        if !self.ahead.is_empty() {
+            let idle: Vec<String> = self
+                .ahead
+                .keys()
+                .filter(|a| !self.turns.values().any(|t| &t.agent == *a))
+                .cloned()
+                .collect();
+            for agent in idle {
+                self.start_ahead(&agent, &mut out);
+            }
         }
         if wants_pass {
             self.pass(&mut out);
@@ -3131,6 +3147,7 @@ impl Synchronizer {
                 }
             }),
         });
+        let held = (!written).then(|| (agent.clone(), turn.clone()));
         self.start_turn(
             turn,
             agent,
@@ -3144,6 +3161,18 @@ impl Synchronizer {
             use_refs,
             out,
         );
+        // Held ahead with its rows appended now rather than written with its claims:
+        // it waits for them to be read back before it starts (plan 0085).
+        if let Some((agent, turn)) = held {
+            if let Some(p) = self
+                .ahead
+                .get_mut(&agent)
+                .and_then(|q| q.back_mut())
+                .filter(|p| p.start.turn == turn)
+            {
+                p.rows_pending = true;
+            }
+        }
     }
 
     /// Whether `task` of `room` is still waiting for the verdict on the submission of
@@ -3365,12 +3394,17 @@ impl Synchronizer {
         // agent's running turn to end.
         if matches!(live.work, LiveWork::Task { .. })
             && self.config(&live.room, None).lease_ahead
-            && self.turns.values().any(|t| t.agent == live.agent)
+            && (self.turns.values().any(|t| t.agent == live.agent)
+                || self.ahead.contains_key(&live.agent))
         {
             self.ahead
                 .entry(live.agent.clone())
                 .or_default()
-                .push_back(Parked { start, live });
+                .push_back(Parked {
+                    start,
+                    live,
+                    rows_pending: false,
+                });
             return;
         }
         out.push(Intent::StartTurn(start));
@@ -3382,7 +3416,21 @@ impl Synchronizer {
     /// the agent not benched and the relay not stopping; otherwise its claims are let
     /// go, and nothing ran (plan 0084).
     fn start_ahead(&mut self, agent: &str, out: &mut Vec<Intent>) {
-        while let Some(p) = self.ahead.get_mut(agent).and_then(|q| q.pop_front()) {
+        if self.turns.values().any(|t| t.agent == agent) {
+            return;
+        }
+        loop {
+            let Some(head) = self.ahead.get(agent).and_then(|q| q.front()) else {
+                self.ahead.remove(agent);
+                return;
+            };
+            // Rows appended after its claims were won: it waits until they are read.
+            if head.rows_pending && !self.prompt_recorded(&head.live, &head.start.turn) {
+                return;
+            }
+            let Some(p) = self.ahead.get_mut(agent).and_then(|q| q.pop_front()) else {
+                return;
+            };
             if self.ahead.get(agent).is_some_and(|q| q.is_empty()) {
                 self.ahead.remove(agent);
             }
@@ -3390,6 +3438,14 @@ impl Synchronizer {
                 return;
             }
         }
+    }
+
+    /// Whether the view shows `turn` as the latest prompted turn of `live`'s subject.
+    fn prompt_recorded(&self, live: &LiveTurn, turn: &TurnId) -> bool {
+        self.board
+            .room(&live.room)
+            .and_then(|b| b.prompted_turn(&live.subject.key()))
+            == Some(turn.0.as_str())
     }
 
     /// How many turns `agent` holds ahead.

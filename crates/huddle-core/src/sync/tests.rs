@@ -3956,3 +3956,65 @@ fn tasks_taken_ahead_do_not_count_against_the_pass_cap_and_free_agents_come_firs
         "free agents are served first: {claims:?}"
     );
 }
+
+#[test]
+fn a_task_held_ahead_whose_rows_came_after_its_claims_waits_until_they_are_read() {
+    // Its claims won without its rows (a hand-off lot refused, the rows appended
+    // after): the held turn must not start before they are in the view, or its result
+    // could be written first and its rows then refused, the claims closed.
+    let mut h = H::with(&["bo"], deep_config(2));
+    h.start();
+    let out = h.post(vec![created("a", &[]), created("b", &[])]);
+    let first = task_acquires(&out)[0].clone();
+    let out = win_task(&mut h, &first, "bo", 1);
+    let turn = starts(&out)[0].turn.clone();
+    let next = task_acquires(&out);
+    assert_eq!(next.len(), 1, "{out:?}");
+    let next = next[0].clone();
+    // Won, the rows appended by the synchronizer, not read back yet.
+    h.result(&task_key("lobby", &next), "bo", true, 1);
+    let rows = h.result(&taskdrive_key("lobby", &next), "r1", true, 1);
+    assert_eq!(
+        appends(&rows)[0].1,
+        vec!["task.claimed", "turn.prompted"],
+        "{rows:?}"
+    );
+    assert!(starts(&rows).is_empty(), "{rows:?}");
+    // The running turn ends: the held one waits for its rows.
+    let out = finish(&mut h, &turn);
+    assert!(
+        starts(&out).is_empty(),
+        "started before its rows were read: {out:?}"
+    );
+    h.apply_appends(&out);
+    // Once they are read back, it starts.
+    h.apply_appends(&rows);
+    let out = h.read();
+    let started = starts(&out);
+    assert_eq!(started.len(), 1, "{out:?}");
+    assert_eq!(task_of(started[0]), next);
+}
+
+#[test]
+fn a_task_held_ahead_whose_rows_were_refused_never_starts() {
+    let mut h = H::with(&["bo"], deep_config(2));
+    h.start();
+    let out = h.post(vec![created("a", &[]), created("b", &[])]);
+    let first = task_acquires(&out)[0].clone();
+    let out = win_task(&mut h, &first, "bo", 1);
+    let turn = starts(&out)[0].turn.clone();
+    let next = task_acquires(&out)[0].clone();
+    h.result(&task_key("lobby", &next), "bo", true, 1);
+    h.result(&taskdrive_key("lobby", &next), "r1", true, 1);
+    // Its rows' append is refused: the relay reports the claim lost.
+    let out = h.sync.handle(Event::ClaimLost {
+        key: task_key("lobby", &next),
+        epoch: ClaimEpoch(1),
+    });
+    assert!(
+        releases(&out).contains(&taskdrive_key("lobby", &next)),
+        "{out:?}"
+    );
+    let out = finish(&mut h, &turn);
+    assert!(starts(&out).iter().all(|s| task_of(s) != next), "{out:?}");
+}
