@@ -733,6 +733,11 @@ async fn insert_batch<C: Session>(
 /// arrays of the fences, and the id of the row that closes them (if it does). The
 /// rows' [`Columns`] follow them.
 struct FenceParams<'a> {
+    /// The fences in key order, as sent: every write locks the claims it is fenced by
+    /// in the order batch acquires lock theirs, so two writers whose claims overlap
+    /// cannot deadlock (one relay's write under claims it won beside another relay's
+    /// acquisition of some of them did, in `bench tasks`).
+    sorted: Vec<&'a Fence>,
     keys: Vec<&'a str>,
     holders: Vec<&'a str>,
     epochs: Vec<i64>,
@@ -741,11 +746,14 @@ struct FenceParams<'a> {
 
 impl<'a> FenceParams<'a> {
     fn new(fences: &'a [Fence], closing: Option<InteractionId>) -> FenceParams<'a> {
+        let mut sorted: Vec<&Fence> = fences.iter().collect();
+        sorted.sort_by(|a, b| a.key.as_bytes().cmp(b.key.as_bytes()));
         FenceParams {
-            keys: fences.iter().map(|f| f.key.as_str()).collect(),
-            holders: fences.iter().map(|f| f.holder.as_str()).collect(),
-            epochs: fences.iter().map(|f| f.epoch.get()).collect(),
+            keys: sorted.iter().map(|f| f.key.as_str()).collect(),
+            holders: sorted.iter().map(|f| f.holder.as_str()).collect(),
+            epochs: sorted.iter().map(|f| f.epoch.get()).collect(),
             closing: closing.map(|id| id.0.to_vec()),
+            sorted,
         }
     }
 
@@ -754,9 +762,9 @@ impl<'a> FenceParams<'a> {
     }
 }
 
-/// The fence a [`sql::FENCE_REFUSED`] error names (its 1-based index is the error's
-/// detail), as [`StoreError::Fenced`].
-fn fence_refused(e: tokio_postgres::Error, fences: &[Fence]) -> StoreError {
+/// The fence a [`sql::FENCE_REFUSED`] error names (its 1-based index into the fences
+/// as sent is the error's detail), as [`StoreError::Fenced`].
+fn fence_refused(e: tokio_postgres::Error, fences: &[&Fence]) -> StoreError {
     let index = e
         .as_db_error()
         .and_then(|d| d.detail())
@@ -975,7 +983,7 @@ impl Ledger for PgStore {
         let rows = match client.query(&statement, &params).await {
             Ok(rows) => rows,
             Err(e) if e.code().map(|c| c.code()) == Some(sql::FENCE_REFUSED) => {
-                return Err(fence_refused(e, fences));
+                return Err(fence_refused(e, &fenced.sorted));
             }
             Err(e) => return Err(map_pg(e)),
         };
@@ -1242,7 +1250,7 @@ impl PgStore {
         let rows = match client.query(&statement, &params).await {
             Ok(rows) => rows,
             Err(e) if first.is_some() && e.code().map(|c| c.code()) == Some(sql::FENCE_REFUSED) => {
-                return Err(fence_refused(e, fences));
+                return Err(fence_refused(e, &first_fenced.sorted));
             }
             Err(e) => return Err(map_pg(e)),
         };
