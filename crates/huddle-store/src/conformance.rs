@@ -1086,6 +1086,17 @@ pub async fn an_append_under_two_claims_needs_both(b: &impl TestBackend) {
         matches!(&err, StoreError::Fenced { key, .. } if key == "taskdrive/r/t1"),
         "{err}"
     );
+    // Given out of key order (a store may check them in key order): the refusal
+    // still names the fence that does not hold.
+    let reversed = [fences_b[1].clone(), fences_b[0].clone()];
+    let err = other
+        .append_under(&reversed, true, vec![message("r", "ada", "not my drive")])
+        .await
+        .expect_err("relay-b does not hold the drive claim");
+    assert!(
+        matches!(&err, StoreError::Fenced { key, .. } if key == "taskdrive/r/t1"),
+        "{err}"
+    );
     // Nothing was closed by the refused writes.
     assert!(other
         .acquire("task/r/t1", "ada", Duration::from_secs(30))
