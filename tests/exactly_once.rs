@@ -95,6 +95,23 @@ fn task_lines(prefix: &str, n: usize) -> String {
         .join("\n")
 }
 
+/// Side effects counted: the agents' log shows `n` tasks started, each exactly once,
+/// and none started after its completion was written.
+fn assert_each_task_ran_once(h: &Huddle, log: &Path, n: usize) {
+    let starts = starts_per_subject(log);
+    assert_eq!(starts.len(), n, "tasks executed");
+    let repeated: Vec<(&String, usize)> = starts
+        .iter()
+        .filter(|(_, s)| s.len() != 1)
+        .map(|(t, s)| (t, s.len()))
+        .collect();
+    assert!(
+        repeated.is_empty(),
+        "tasks executed more than once: {repeated:?}"
+    );
+    assert_no_start_after_completion(h, log);
+}
+
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
@@ -184,18 +201,7 @@ async fn a_relay_resuming_from_its_snapshot_reruns_nothing(backend: Backend) {
     // The resumed fold equals the test's own fold of every row.
     h.assert_converged(std::slice::from_ref(&last));
     h.ledger.assert_all_done_exactly_once(80);
-    let starts = starts_per_subject(&log);
-    assert_eq!(starts.len(), 80, "tasks executed");
-    let repeated: Vec<(&String, usize)> = starts
-        .iter()
-        .filter(|(_, s)| s.len() != 1)
-        .map(|(t, s)| (t, s.len()))
-        .collect();
-    assert!(
-        repeated.is_empty(),
-        "tasks executed more than once: {repeated:?}"
-    );
-    assert_no_start_after_completion(&h, &log);
+    assert_each_task_ran_once(&h, &log, 80);
 }
 
 /// One relay, 16 agents with turns of a few milliseconds, 300 independent tasks:
@@ -233,18 +239,7 @@ async fn short_turns(backend: Backend, ahead: bool) {
     h.wait_quiescent(secs(30)).await;
     h.stop_all().await;
     h.ledger.assert_all_done_exactly_once(300);
-    let starts = starts_per_subject(&log);
-    let repeated: Vec<(&String, usize)> = starts
-        .iter()
-        .filter(|(_, s)| s.len() != 1)
-        .map(|(t, s)| (t, s.len()))
-        .collect();
-    assert_eq!(starts.len(), 300, "tasks executed");
-    assert!(
-        repeated.is_empty(),
-        "tasks executed more than once: {repeated:?}"
-    );
-    assert_no_start_after_completion(&h, &log);
+    assert_each_task_ran_once(&h, &log, 300);
     // Hand-offs of several fresh tasks, and turns that end together, are written as
     // lots (plan 0080); `assert_all_done_exactly_once` found no interaction read twice.
     let (handoffs, results) = lots_written(&h).await;
@@ -282,18 +277,7 @@ async fn three_relays_holding_tasks_deep_run_every_task_once(backend: Backend) {
     h.wait_quiescent(secs(30)).await;
     h.stop_all().await;
     h.ledger.assert_all_done_exactly_once(300);
-    let starts = starts_per_subject(&log);
-    let repeated: Vec<(&String, usize)> = starts
-        .iter()
-        .filter(|(_, s)| s.len() != 1)
-        .map(|(t, s)| (t, s.len()))
-        .collect();
-    assert_eq!(starts.len(), 300, "tasks executed");
-    assert!(
-        repeated.is_empty(),
-        "tasks executed more than once: {repeated:?}"
-    );
-    assert_no_start_after_completion(&h, &log);
+    assert_each_task_ran_once(&h, &log, 300);
 }
 
 /// The `task.lot` rows of the room as stored (plan 0080): how many carried hand-offs

@@ -712,7 +712,8 @@ impl Synchronizer {
         for event in events {
             wants_pass |= self.apply_event(event, &mut out);
         }
-        // Held turns that waited for their rows to be read back (plan 0085).
+        // Held turns of agents no longer at work start: at their running turn's end,
+        // or once their rows are read back (plans 0084, 0085).
         if !self.ahead.is_empty() {
             let idle: Vec<String> = self
                 .ahead
@@ -769,14 +770,7 @@ impl Synchronizer {
                 outcome,
                 tokens,
                 activity,
-            } => {
-                let agent = self.turns.get(&turn).map(|t| t.agent.clone());
-                self.on_turn_ended(&turn, outcome, tokens, activity, out);
-                // Its next task, if it holds one ahead, starts at once (plan 0084).
-                if let Some(agent) = agent {
-                    self.start_ahead(&agent, out);
-                }
-            }
+            } => self.on_turn_ended(&turn, outcome, tokens, activity, out),
             Event::ClaimLost { key, epoch } => self.on_claim_lost(&key, epoch, out),
             Event::ResourcesResult { key, epoch, answer } => {
                 self.on_resources(&key, epoch, answer, out)
@@ -3411,32 +3405,25 @@ impl Synchronizer {
         self.turns.insert(turn, live);
     }
 
-    /// The turn `agent` holds ahead, if any, once its running turn has ended: started
-    /// when its claims are still held at their epochs, its task still open to it,
-    /// the agent not benched and the relay not stopping; otherwise its claims are let
-    /// go, and nothing ran (plan 0084).
+    /// The oldest turn `agent` holds ahead, once it has no running turn: started when
+    /// its claims are still held at their epochs, its task still open to it, the agent
+    /// not benched and the relay not stopping; otherwise its claims are let go, nothing
+    /// ran, and the next one is tried (plans 0084, 0085).
     fn start_ahead(&mut self, agent: &str, out: &mut Vec<Intent>) {
-        if self.turns.values().any(|t| t.agent == agent) {
-            return;
-        }
-        loop {
-            let Some(head) = self.ahead.get(agent).and_then(|q| q.front()) else {
-                self.ahead.remove(agent);
-                return;
-            };
+        while let Some(head) = self.ahead.get(agent).and_then(|q| q.front()) {
             // Rows appended after its claims were won: it waits until they are read.
             if head.rows_pending && !self.prompt_recorded(&head.live, &head.start.turn) {
                 return;
             }
             let Some(p) = self.ahead.get_mut(agent).and_then(|q| q.pop_front()) else {
-                return;
+                break;
             };
-            if self.ahead.get(agent).is_some_and(|q| q.is_empty()) {
-                self.ahead.remove(agent);
-            }
             if self.try_start_parked(agent, p, out) {
-                return;
+                break;
             }
+        }
+        if self.ahead.get(agent).is_some_and(|q| q.is_empty()) {
+            self.ahead.remove(agent);
         }
     }
 
@@ -3453,6 +3440,7 @@ impl Synchronizer {
         self.ahead.get(agent).map_or(0, |q| q.len())
     }
 
+    /// Starts the held turn `p` of `agent`, or lets its claims go; whether it started.
     fn try_start_parked(&mut self, agent: &str, p: Parked, out: &mut Vec<Intent>) -> bool {
         let LiveWork::Task { task } = &p.live.work else {
             self.drop_parked(p, out);

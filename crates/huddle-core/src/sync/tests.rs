@@ -3957,16 +3957,14 @@ fn tasks_taken_ahead_do_not_count_against_the_pass_cap_and_free_agents_come_firs
     );
 }
 
-#[test]
-fn a_task_held_ahead_whose_rows_came_after_its_claims_waits_until_they_are_read() {
-    // Its claims won without its rows (a hand-off lot refused, the rows appended
-    // after): the held turn must not start before they are in the view, or its result
-    // could be written first and its rows then refused, the claims closed.
-    let mut h = H::with(&["bo"], deep_config(2));
+/// Two ready tasks, one agent at depth 2: `bo` runs one and holds the other ahead,
+/// its claims won without its rows (a hand-off lot refused), which the synchronizer
+/// then appends. Returns the running turn, the held task and that append's output.
+fn held_with_rows_after(h: &mut H) -> (TurnId, String, Vec<Intent>) {
     h.start();
     let out = h.post(vec![created("a", &[]), created("b", &[])]);
     let first = task_acquires(&out)[0].clone();
-    let out = win_task(&mut h, &first, "bo", 1);
+    let out = win_task(h, &first, "bo", 1);
     let turn = starts(&out)[0].turn.clone();
     let next = task_acquires(&out);
     assert_eq!(next.len(), 1, "{out:?}");
@@ -3980,6 +3978,15 @@ fn a_task_held_ahead_whose_rows_came_after_its_claims_waits_until_they_are_read(
         "{rows:?}"
     );
     assert!(starts(&rows).is_empty(), "{rows:?}");
+    (turn, next, rows)
+}
+
+#[test]
+fn a_task_held_ahead_whose_rows_came_after_its_claims_waits_until_they_are_read() {
+    // The held turn must not start before its rows are in the view, or its result
+    // could be written first and its rows then refused, the claims closed.
+    let mut h = H::with(&["bo"], deep_config(2));
+    let (turn, next, rows) = held_with_rows_after(&mut h);
     // The running turn ends: the held one waits for its rows.
     let out = finish(&mut h, &turn);
     assert!(
@@ -3998,14 +4005,7 @@ fn a_task_held_ahead_whose_rows_came_after_its_claims_waits_until_they_are_read(
 #[test]
 fn a_task_held_ahead_whose_rows_were_refused_never_starts() {
     let mut h = H::with(&["bo"], deep_config(2));
-    h.start();
-    let out = h.post(vec![created("a", &[]), created("b", &[])]);
-    let first = task_acquires(&out)[0].clone();
-    let out = win_task(&mut h, &first, "bo", 1);
-    let turn = starts(&out)[0].turn.clone();
-    let next = task_acquires(&out)[0].clone();
-    h.result(&task_key("lobby", &next), "bo", true, 1);
-    h.result(&taskdrive_key("lobby", &next), "r1", true, 1);
+    let (turn, next, _) = held_with_rows_after(&mut h);
     // Its rows' append is refused: the relay reports the claim lost.
     let out = h.sync.handle(Event::ClaimLost {
         key: task_key("lobby", &next),
