@@ -16,7 +16,7 @@ use tokio::sync::Barrier;
 
 use crate::error::{Result, StoreError};
 use crate::subscribe::Subscription;
-use crate::traits::{Acquired, ClaimRequest, Epoch, Fence, Store};
+use crate::traits::{Acquired, ClaimRequest, ClaimRow, Epoch, Fence, Store};
 use crate::StoreOptions;
 
 #[path = "conformance_lots.rs"]
@@ -1826,6 +1826,48 @@ pub async fn claims_are_listed_by_prefix(b: &impl TestBackend) {
     // A prefix with LIKE wildcards is matched literally.
     assert!(s.list_claims("task/%").await.expect("list").is_empty());
     assert!(s.list_claims("task/_/").await.expect("list").is_empty());
+    // The edges of a prefix's range, byte order (upper case before lower, a longer
+    // key after its prefix), keys beyond ASCII, and an exact key as the prefix.
+    for key in [
+        "task0",
+        "tas",
+        "task/r/B",
+        "task/r/a/2",
+        "task/ü/x",
+        "task/r/\u{10FFFF}",
+    ] {
+        assert!(s.acquire(key, "h", ttl).await.expect("acquire").won());
+    }
+    let keys =
+        |rows: Vec<ClaimRow>| -> Vec<String> { rows.into_iter().map(|c| c.state.key).collect() };
+    assert_eq!(
+        keys(s.list_claims("task/").await.expect("list")),
+        vec![
+            "task/r/B",
+            "task/r/a",
+            "task/r/a/2",
+            "task/r/b",
+            "task/r/\u{10FFFF}",
+            "task/ü/x"
+        ]
+    );
+    assert_eq!(
+        keys(s.list_claims("task/r/a").await.expect("list")),
+        vec!["task/r/a", "task/r/a/2"]
+    );
+    assert_eq!(
+        keys(s.list_claims("task/ü").await.expect("list")),
+        vec!["task/ü/x"]
+    );
+    assert_eq!(
+        keys(s.list_claims("task/r/\u{10FFFF}").await.expect("list")),
+        vec!["task/r/\u{10FFFF}"]
+    );
+    assert_eq!(
+        keys(s.list_claims("task0").await.expect("list")),
+        vec!["task0"]
+    );
+    assert_eq!(s.list_claims("").await.expect("list").len(), 9);
 }
 
 /// Set in the child process of [`a_commit_in_another_process_wakes_a_subscriber`]: the

@@ -124,6 +124,22 @@ pub enum Backend {
     Postgres(String),
 }
 
+/// The least string greater than every string that starts with `prefix`: the prefix
+/// with its last character replaced by the next one. Claim keys compare as UTF-8 bytes (SQLite's `BINARY`, Postgres's `"C"`),
+/// which orders like code points, so `[prefix, bound)` is exactly the strings that
+/// start with `prefix`. `None` when no such string exists.
+pub(crate) fn prefix_upper_bound(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
 /// Parses a database URL: `postgres://` / `postgresql://` select Postgres; `sqlite://PATH`,
 /// `sqlite:PATH`, `sqlite::memory:` or a plain file path select SQLite.
 pub fn parse_url(url: &str) -> Result<Backend> {
@@ -183,5 +199,24 @@ mod tests {
         );
         assert!(parse_url("mysql://x").is_err());
         assert!(parse_url("").is_err());
+    }
+
+    #[test]
+    fn prefix_bounds_cover_exactly_the_prefixed_keys() {
+        assert_eq!(prefix_upper_bound(""), None);
+        assert_eq!(prefix_upper_bound("task/").as_deref(), Some("task0"));
+        // Skips the surrogate gap.
+        assert_eq!(
+            prefix_upper_bound("a\u{D7FF}").as_deref(),
+            Some("a\u{E000}")
+        );
+        let max = char::MAX.to_string();
+        assert_eq!(prefix_upper_bound(&format!("a{max}")).as_deref(), Some("b"));
+        assert_eq!(prefix_upper_bound(&max), None);
+        let upper = prefix_upper_bound("ü/").expect("bound");
+        for key in ["ü/", "ü/x", &format!("ü/{max}")] {
+            assert!(key >= "ü/" && key < upper.as_str(), "{key}");
+        }
+        assert!("ü0" >= upper.as_str());
     }
 }

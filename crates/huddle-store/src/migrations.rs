@@ -59,6 +59,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     12 "archived_rooms" "0012_archived_rooms.sql",
     13 "batch_acquire_inline" "0013_batch_acquire_inline.sql",
     14 "task_lots" "0014_task_lots.sql",
+    15 "claim_keys_bytewise" "0015_claim_keys_bytewise.sql",
 );
 
 /// SQLite migrations, in order.

@@ -14,7 +14,7 @@ use huddle_core::{InteractionId, NewInteraction, Position, RawRow, Role, Timesta
 use huddle_store::conformance::{settled, TestBackend};
 use huddle_store::postgres::{PgOptions, PgStore, PgTestBackend};
 use huddle_store::{Ledger, StoreError, StoreOptions, Subscription};
-use huddle_testkit::test_database;
+use huddle_testkit::{test_database, test_database_collated};
 use serde_json::json;
 
 async fn make_backend() -> PgTestBackend {
@@ -26,6 +26,20 @@ async fn make_backend() -> PgTestBackend {
 }
 
 huddle_store::conformance_tests!(make_backend, across_processes);
+
+/// Claim keys sort byte by byte whatever the database's default collation (migration
+/// 0015): on a database that sorts text as English does (`a` before `B`, punctuation
+/// weighed differently), a prefix is still exactly a range of keys and the listing is
+/// still in byte order.
+#[tokio::test]
+async fn claims_are_listed_by_prefix_on_a_database_with_a_locale_collation() {
+    let db = test_database_collated("en").await;
+    let backend = PgTestBackend::new(&db.url)
+        .await
+        .expect("connect to the test database")
+        .holding(db);
+    huddle_store::conformance::claims_are_listed_by_prefix(&backend).await;
+}
 
 /// A human message in `room`.
 fn in_room(room: &str, text: &str) -> NewInteraction {

@@ -17,5 +17,7 @@
 pub mod pg;
 pub mod proxy;
 
-pub use pg::{test_database, ClusterError, PgCluster, TestDb, TEST_DATABASE_URL_ENV};
+pub use pg::{
+    test_database, test_database_collated, ClusterError, PgCluster, TestDb, TEST_DATABASE_URL_ENV,
+};
 pub use proxy::FaultProxy;

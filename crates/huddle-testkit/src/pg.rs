@@ -369,6 +369,27 @@ fn shared_cluster() -> &'static PgCluster {
 /// Panics, with a message saying how to fix the machine, when neither works: a
 /// missing Postgres is a loud failure, never a silent skip.
 pub async fn test_database() -> TestDb {
+    create_test_database("").await
+}
+
+/// [`test_database`] whose default collation is the ICU locale `icu_locale` (`en`,
+/// say) rather than the cluster's: text then sorts as people read it, not byte by
+/// byte, as on many production databases.
+pub async fn test_database_collated(icu_locale: &str) -> TestDb {
+    assert!(
+        icu_locale
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+        "not an ICU locale name: {icu_locale:?}"
+    );
+    create_test_database(&format!(
+        " TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE '{icu_locale}'"
+    ))
+    .await
+}
+
+/// Creates the database with `options` after its name.
+async fn create_test_database(options: &str) -> TestDb {
     let external = std::env::var(TEST_DATABASE_URL_ENV)
         .ok()
         .filter(|u| !u.trim().is_empty());
@@ -385,7 +406,7 @@ pub async fn test_database() -> TestDb {
             .unwrap_or(0),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     );
-    if let Err(e) = admin_execute(&admin, &format!("CREATE DATABASE \"{name}\"")).await {
+    if let Err(e) = admin_execute(&admin, &format!("CREATE DATABASE \"{name}\"{options}")).await {
         let origin = match &external {
             Some(_) => format!("{TEST_DATABASE_URL_ENV}={}", redact(&admin)),
             None => "the private test cluster".to_string(),

@@ -1144,11 +1144,19 @@ impl Claims for PgStore {
 
     async fn list_claims(&self, prefix: &str) -> Result<Vec<ClaimRow>> {
         let client = self.client().await?;
+        let upper = crate::prefix_upper_bound(prefix);
         let statement = client
-            .prepare_cached(sql::LIST_CLAIMS)
+            .prepare_cached(match upper {
+                Some(_) => sql::LIST_CLAIMS,
+                None => sql::LIST_CLAIMS_UNBOUNDED,
+            })
             .await
             .map_err(map_pg)?;
-        let rows = client.query(&statement, &[&prefix]).await.map_err(map_pg)?;
+        let rows = match &upper {
+            Some(upper) => client.query(&statement, &[&prefix, upper]).await,
+            None => client.query(&statement, &[&prefix]).await,
+        }
+        .map_err(map_pg)?;
         rows.iter()
             .map(|row| {
                 Ok(ClaimRow {
@@ -1446,15 +1454,9 @@ mod tests {
         out
     }
 
-    /// The read statements must stay index range scans on `(txid, seq)` however
-    /// large the ledger grows: the horizon is computed once (an InitPlan), not per row.
-    ///
-    /// The plan is read as JSON, by node type, relation, index and parent
-    /// relationship, which every supported Postgres major version reports alike (the
-    /// text form names an InitPlan's output `$0` before version 17 and
-    /// `(InitPlan 1).col1` from it on).
-    #[tokio::test]
-    async fn reads_use_the_cursor_index() {
+    /// A session on a fresh database where the planner avoids sequential and bitmap
+    /// scans whenever an index can serve (a tiny table would otherwise be scanned).
+    async fn planning_session() -> (huddle_testkit::TestDb, PgStore, deadpool_postgres::Object) {
         let db = huddle_testkit::test_database().await;
         let store = PgStore::connect(&db.url, StoreOptions::default())
             .await
@@ -1464,6 +1466,45 @@ mod tests {
             .batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off")
             .await
             .expect("set");
+        (db, store, client)
+    }
+
+    /// The JSON plan of `sql` prepared as `q_<name>` and executed with `params`.
+    async fn explain(
+        client: &tokio_postgres::Client,
+        name: &str,
+        sql: &str,
+        params: &str,
+    ) -> Value {
+        client
+            .batch_execute(&format!("PREPARE q_{name} AS {sql}"))
+            .await
+            .expect("prepare");
+        // The simple protocol returns the json column as text.
+        let messages = client
+            .simple_query(&format!("EXPLAIN (FORMAT JSON) EXECUTE q_{name}{params}"))
+            .await
+            .expect("explain");
+        let text = messages
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0),
+                _ => None,
+            })
+            .expect("a plan row");
+        serde_json::from_str(text).expect("plan JSON")
+    }
+
+    /// The read statements must stay index range scans on `(txid, seq)` however
+    /// large the ledger grows: the horizon is computed once (an InitPlan), not per row.
+    ///
+    /// The plan is read as JSON, by node type, relation, index and parent
+    /// relationship, which every supported Postgres major version reports alike (the
+    /// text form names an InitPlan's output `$0` before version 17 and
+    /// `(InitPlan 1).col1` from it on).
+    #[tokio::test]
+    async fn reads_use_the_cursor_index() {
+        let (_db, _store, client) = planning_session().await;
         for (name, sql, params) in [
             ("read_forward", sql::READ_FORWARD, "('0', 0, 100)"),
             ("held_back", sql::HELD_BACK, "('0', 0)"),
@@ -1480,23 +1521,7 @@ mod tests {
                 "('0', 0, '{lobby,hall}')",
             ),
         ] {
-            client
-                .batch_execute(&format!("PREPARE q_{name} AS {sql}"))
-                .await
-                .expect("prepare");
-            // The simple protocol returns the json column as text.
-            let messages = client
-                .simple_query(&format!("EXPLAIN (FORMAT JSON) EXECUTE q_{name}{params}"))
-                .await
-                .expect("explain");
-            let text = messages
-                .iter()
-                .find_map(|m| match m {
-                    tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0),
-                    _ => None,
-                })
-                .expect("a plan row");
-            let explained: Value = serde_json::from_str(text).expect("plan JSON");
+            let explained = explain(&client, name, sql, params).await;
             let nodes = plan_nodes(&explained[0]["Plan"]);
             let shown = serde_json::to_string_pretty(&explained).unwrap_or_default();
             let index = if name.contains("room") {
@@ -1554,6 +1579,40 @@ mod tests {
                     "{name}: the horizon should be computed once per statement:\n{shown}"
                 );
             }
+        }
+    }
+
+    /// Listing the claims under a prefix (a relay lists one key each time it loses a
+    /// claim) is a range of the primary key's index, not a read of every claim ever
+    /// taken, in a generic plan as in a custom one.
+    #[tokio::test]
+    async fn claim_listing_is_a_range_of_the_key_index() {
+        let (_db, _store, client) = planning_session().await;
+        for mode in ["force_custom_plan", "force_generic_plan"] {
+            client
+                .batch_execute(&format!("DEALLOCATE ALL; SET plan_cache_mode = {mode}"))
+                .await
+                .expect("set");
+            let explained = explain(
+                &client,
+                "list_claims",
+                sql::LIST_CLAIMS,
+                "('task/r/t1', 'task/r/t2')",
+            )
+            .await;
+            let nodes = plan_nodes(&explained[0]["Plan"]);
+            let shown = serde_json::to_string_pretty(&explained).unwrap_or_default();
+            assert!(
+                nodes
+                    .iter()
+                    .all(|n| !n["Node Type"].as_str().is_some_and(|t| t.contains("Sort")))
+                    && nodes.iter().any(|n| n["Relation Name"] == "external_claim"
+                        && n["Index Name"] == "external_claim_pkey"
+                        && n["Index Cond"]
+                            .as_str()
+                            .is_some_and(|c| c.contains("key >="))),
+                "{mode}: listing a prefix must be a range of external_claim_pkey:\n{shown}"
+            );
         }
     }
 }

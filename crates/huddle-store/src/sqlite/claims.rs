@@ -9,6 +9,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::conn::now_us;
 use crate::error::{Result, StoreError};
+use crate::prefix_upper_bound;
 use crate::traits::{Acquired, ClaimRequest, ClaimRow, ClaimState, Epoch};
 
 /// The longest lease we store (100 years): keeps `now + ttl` far from integer
@@ -76,22 +77,6 @@ const LIST_UNBOUNDED: &str = concat!(
     " FROM external_claim WHERE key >= ?1 AND substr(key, 1, length(?1)) = ?1 ",
     "ORDER BY key"
 );
-
-/// The least string greater than every string that starts with `prefix`: the prefix
-/// with its last character replaced by the next one. Text compares as UTF-8 bytes,
-/// which orders like code points, so `[prefix, bound)` is exactly the strings that
-/// start with `prefix`. `None` when no such string exists.
-pub(super) fn prefix_upper_bound(prefix: &str) -> Option<String> {
-    let mut chars: Vec<char> = prefix.chars().collect();
-    while let Some(last) = chars.pop() {
-        let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
-        if let Some(next) = next {
-            chars.push(next);
-            return Some(chars.into_iter().collect());
-        }
-    }
-    None
-}
 
 /// A lease length in µs, clamped to [`MAX_TTL_US`].
 pub(super) fn ttl_us(ttl: Duration) -> i64 {
@@ -212,28 +197,4 @@ pub(crate) fn list(conn: &Connection, prefix: &str) -> Result<Vec<ClaimRow>> {
         out.push(ClaimRow { state, live });
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::prefix_upper_bound;
-
-    #[test]
-    fn prefix_bounds_cover_exactly_the_prefixed_keys() {
-        assert_eq!(prefix_upper_bound(""), None);
-        assert_eq!(prefix_upper_bound("task/").as_deref(), Some("task0"));
-        // Skips the surrogate gap.
-        assert_eq!(
-            prefix_upper_bound("a\u{D7FF}").as_deref(),
-            Some("a\u{E000}")
-        );
-        let max = char::MAX.to_string();
-        assert_eq!(prefix_upper_bound(&format!("a{max}")).as_deref(), Some("b"));
-        assert_eq!(prefix_upper_bound(&max), None);
-        let upper = prefix_upper_bound("ü/").expect("bound");
-        for key in ["ü/", "ü/x", &format!("ü/{max}")] {
-            assert!(key >= "ü/" && key < upper.as_str(), "{key}");
-        }
-        assert!("ü0" >= upper.as_str());
-    }
 }

@@ -8,9 +8,10 @@ use std::time::Duration;
 use huddle_core::resources::{blockers, resource_key, room_prefix, Wanted};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::claims::{claim_state, corrupt, prefix_upper_bound, ttl_us, ACQUIRE};
+use super::claims::{claim_state, corrupt, ttl_us, ACQUIRE};
 use super::conn::now_us;
 use crate::error::{Result, StoreError};
+use crate::prefix_upper_bound;
 use crate::resources::{holding, won_holding, ResourcesAcquired};
 use crate::traits::{ClaimRow, ClaimState};
 
