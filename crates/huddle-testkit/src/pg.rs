@@ -366,11 +366,36 @@ fn shared_cluster() -> &'static PgCluster {
 /// A fresh database for one test: created on [`TEST_DATABASE_URL_ENV`] when it is
 /// set, else on one cluster started on first use and stopped when the process exits.
 ///
+/// Its default collation is ICU English ([`test_database_collated`]`("en")`), as on
+/// many production databases, so nothing passes only because the cluster happens to
+/// sort text byte by byte; on a server without ICU (or before Postgres 15) it is the
+/// cluster's, said once on stderr.
+///
 /// Panics, with a message saying how to fix the machine, when neither works: a
 /// missing Postgres is a loud failure, never a silent skip.
 pub async fn test_database() -> TestDb {
+    static ICU: OnceLock<bool> = OnceLock::new();
+    if *ICU.get().unwrap_or(&true) {
+        match try_create_test_database(ICU_ENGLISH).await {
+            Ok(db) => {
+                let _ = ICU.set(true);
+                return db;
+            }
+            Err(e) => {
+                if ICU.set(false).is_ok() {
+                    eprintln!(
+                        "huddle-testkit: test databases take the cluster's default collation: \
+                         the server could not create one collated as ICU English ({e})"
+                    );
+                }
+            }
+        }
+    }
     create_test_database("").await
 }
+
+/// The options of a database whose default collation is ICU English.
+const ICU_ENGLISH: &str = " TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en'";
 
 /// [`test_database`] whose default collation is the ICU locale `icu_locale` (`en`,
 /// say) rather than the cluster's: text then sorts as people read it, not byte by
@@ -388,8 +413,17 @@ pub async fn test_database_collated(icu_locale: &str) -> TestDb {
     .await
 }
 
-/// Creates the database with `options` after its name.
+/// Creates the database with `options` after its name, or panics saying how to fix
+/// the machine.
 async fn create_test_database(options: &str) -> TestDb {
+    match try_create_test_database(options).await {
+        Ok(db) => db,
+        Err(e) => panic!("{e}\n\n{HOW_TO_FIX}"),
+    }
+}
+
+/// Creates the database with `options` after its name.
+async fn try_create_test_database(options: &str) -> Result<TestDb, String> {
     let external = std::env::var(TEST_DATABASE_URL_ENV)
         .ok()
         .filter(|u| !u.trim().is_empty());
@@ -411,13 +445,15 @@ async fn create_test_database(options: &str) -> TestDb {
             Some(_) => format!("{TEST_DATABASE_URL_ENV}={}", redact(&admin)),
             None => "the private test cluster".to_string(),
         };
-        panic!("huddle-testkit could not create a test database on {origin}: {e}\n\n{HOW_TO_FIX}");
+        return Err(format!(
+            "huddle-testkit could not create a test database on {origin}: {e}"
+        ));
     }
-    TestDb {
+    Ok(TestDb {
         url: url_with_database(&admin, &name),
         name,
         drop_from: external.map(|_| admin),
-    }
+    })
 }
 
 async fn admin_execute(url: &str, sql: &str) -> Result<(), String> {
