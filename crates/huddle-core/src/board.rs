@@ -908,20 +908,20 @@ impl CoordinationView {
 
     fn render(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "<coordination room=\"{}\">", clean(&self.room, 256));
+        let _ = writeln!(out, "<coordination room=\"{}\">", Clean(&self.room, 256));
         if let Some(o) = &self.owner {
-            let _ = writeln!(out, "owner: {}", clean(o, 256));
+            let _ = writeln!(out, "owner: {}", Clean(o, 256));
         }
         if !self.agents.is_empty() {
             out.push_str("agents:\n");
             for (agent, p) in &self.agents {
-                let _ = write!(out, "- {}: {}", clean(agent, 256), p.state.as_str());
+                let _ = write!(out, "- {}: {}", Clean(agent, 256), p.state.as_str());
                 if let Some(on) = &p.on {
-                    let _ = write!(out, " on {}", describe(on));
+                    let _ = write!(out, " on {}", Describe(on));
                 }
-                let _ = write!(out, " since {}", format_timestamp(p.since));
+                let _ = write!(out, " since {}", Iso(p.since));
                 if let Some(n) = &p.note {
-                    let _ = write!(out, " ({})", clean(n, 200));
+                    let _ = write!(out, " ({})", Clean(n, 200));
                 }
                 out.push('\n');
             }
@@ -941,9 +941,9 @@ impl CoordinationView {
                 let _ = writeln!(
                     out,
                     "- {}: {} failed turns in a row; offered no work until {}",
-                    clean(&b.agent, 256),
+                    Clean(&b.agent, 256),
                     b.failed,
-                    format_timestamp(b.until)
+                    Iso(b.until)
                 );
             }
         }
@@ -954,7 +954,7 @@ impl CoordinationView {
                     out,
                     "- message {} by {}",
                     short_hex(message),
-                    clean(&d.agent, 256)
+                    Clean(&d.agent, 256)
                 );
             }
         }
@@ -969,7 +969,7 @@ impl CoordinationView {
         if !self.notices.is_empty() {
             out.push_str("notices:\n");
             for n in &self.notices {
-                let _ = writeln!(out, "- {}", clean(&n.text, 600));
+                let _ = writeln!(out, "- {}", Clean(&n.text, 600));
             }
         }
         out.push_str("</coordination>\n");
@@ -991,15 +991,15 @@ impl CoordinationView {
         if !p.decisions.is_empty() {
             out.push_str("decisions:\n");
             for d in &p.decisions {
-                let _ = write!(out, "- {} ({})", clean(&d.id, 64), clean(&d.status, 16));
+                let _ = write!(out, "- {} ({})", Clean(&d.id, 64), Clean(&d.status, 16));
                 if !d.question.is_empty() {
-                    let _ = write!(out, " \"{}\"", clean(&d.question, 120));
+                    let _ = write!(out, " \"{}\"", Clean(&d.question, 120));
                 }
                 if d.status == "open" {
                     if !d.waiting_for.is_empty() {
                         let _ = write!(out, " waiting for {}", names(&d.waiting_for));
                     }
-                    let _ = write!(out, "; closes {}", format_timestamp(d.deadline));
+                    let _ = write!(out, "; closes {}", Iso(d.deadline));
                 } else {
                     out.push_str(": the owner decides");
                 }
@@ -1012,9 +1012,9 @@ impl CoordinationView {
                 let _ = writeln!(
                     out,
                     "- {} waiting for {}; times out {}",
-                    clean(&b.phase, 64),
+                    Clean(&b.phase, 64),
                     names(&b.missing),
-                    format_timestamp(b.deadline)
+                    Iso(b.deadline)
                 );
             }
         }
@@ -1022,10 +1022,10 @@ impl CoordinationView {
             let _ = writeln!(
                 out,
                 "lease {}: {} at epoch {} until {}",
-                clean(&l.name, 64),
-                clean(&l.holder, 256),
+                Clean(&l.name, 64),
+                Clean(&l.holder, 256),
                 l.epoch,
-                format_timestamp(l.until)
+                Iso(l.until)
             );
         }
         if !p.resources.is_empty() {
@@ -1034,10 +1034,10 @@ impl CoordinationView {
                 let _ = writeln!(
                     out,
                     "- {} {} by {} until {}",
-                    clean(&r.name, 200),
-                    clean(&r.mode, 24),
-                    clean(&r.holder, 256),
-                    format_timestamp(r.until)
+                    Clean(&r.name, 200),
+                    Clean(&r.mode, 24),
+                    Clean(&r.holder, 256),
+                    Iso(r.until)
                 );
             }
             if p.resources.len() > RENDER_RESOURCE_LINES {
@@ -1050,9 +1050,9 @@ impl CoordinationView {
                 let _ = writeln!(
                     out,
                     "- {} by {}: {}",
-                    clean(&a.id, 64),
-                    clean(&a.by, 256),
-                    clean(&a.action, 160)
+                    Clean(&a.id, 64),
+                    Clean(&a.by, 256),
+                    Clean(&a.action, 160)
                 );
             }
         }
@@ -1094,53 +1094,90 @@ impl CoordinationDelivery {
 /// become spaces, angle brackets become `‹ ›` (so no text can close the block), and
 /// it is cut to `max` bytes.
 pub fn clean(text: &str, max: usize) -> String {
-    let s: String = text
-        .chars()
-        .map(|c| match c {
-            '<' => '‹',
-            '>' => '›',
-            c if c.is_control() => ' ',
-            c => c,
-        })
-        .collect();
-    truncate_text(&s, max)
+    Clean(text, max).to_string()
 }
 
-/// A subject as one line of the `<coordination>` block.
-fn describe(subject: &Subject) -> String {
-    match subject.kind {
-        SubjectKind::Message => format!("message {}", short_hex(&subject.id)),
-        SubjectKind::Task => match &subject.label {
-            Some(l) => format!("task {} \"{}\"", clean(&subject.id, 128), clean(l, 80)),
-            None => format!("task {}", clean(&subject.id, 128)),
-        },
-        SubjectKind::Review => match &subject.label {
-            Some(l) => format!(
-                "review of task {} \"{}\"",
-                clean(&subject.id, 128),
-                clean(l, 80)
-            ),
-            None => format!("review of task {}", clean(&subject.id, 128)),
-        },
+/// [`clean`] as a [`std::fmt::Display`]: written straight into the block, with no
+/// copy of the text (the block is rendered at every turn start).
+pub struct Clean<'a>(pub &'a str, pub usize);
+
+impl std::fmt::Display for Clean<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Clean(text, max) = *self;
+        // The mapped text cut at the last character that fits in `max` bytes, as
+        // `truncate_text` cuts it; unmapped runs are written as slices.
+        let mut used = 0usize;
+        let mut run_start = 0usize;
+        for (i, c) in text.char_indices() {
+            let mapped = match c {
+                '<' => Some('‹'),
+                '>' => Some('›'),
+                c if c.is_control() => Some(' '),
+                _ => None,
+            };
+            let out = mapped.unwrap_or(c);
+            if used + out.len_utf8() > max {
+                f.write_str(&text[run_start..i])?;
+                return Ok(());
+            }
+            used += out.len_utf8();
+            if let Some(m) = mapped {
+                f.write_str(&text[run_start..i])?;
+                f.write_char(m)?;
+                run_start = i + c.len_utf8();
+            }
+        }
+        f.write_str(&text[run_start..])
     }
 }
 
-fn short_hex(id: &str) -> String {
-    clean(&id.chars().take(12).collect::<String>(), 12)
+/// A subject as one line of the `<coordination>` block.
+struct Describe<'a>(&'a Subject);
+
+impl std::fmt::Display for Describe<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let subject = self.0;
+        let id = Clean(&subject.id, 128);
+        match (subject.kind, &subject.label) {
+            (SubjectKind::Message, _) => write!(f, "message {}", short_hex(&subject.id)),
+            (SubjectKind::Task, Some(l)) => write!(f, "task {id} \"{}\"", Clean(l, 80)),
+            (SubjectKind::Task, None) => write!(f, "task {id}"),
+            (SubjectKind::Review, Some(l)) => {
+                write!(f, "review of task {id} \"{}\"", Clean(l, 80))
+            }
+            (SubjectKind::Review, None) => write!(f, "review of task {id}"),
+        }
+    }
+}
+
+/// The first 12 characters of an id, cleaned.
+fn short_hex(id: &str) -> Clean<'_> {
+    let end = id.char_indices().nth(12).map_or(id.len(), |(i, _)| i);
+    Clean(&id[..end], 12)
 }
 
 /// Formats microseconds since the Unix epoch as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
 pub fn format_timestamp(us: Timestamp) -> String {
-    let secs = us.as_micros().div_euclid(1_000_000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    Iso(us).to_string()
+}
+
+/// [`format_timestamp`] as a [`std::fmt::Display`], written without a copy.
+pub struct Iso(pub Timestamp);
+
+impl std::fmt::Display for Iso {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secs = self.0.as_micros().div_euclid(1_000_000);
+        let days = secs.div_euclid(86_400);
+        let rem = secs.rem_euclid(86_400);
+        let (y, m, d) = civil_from_days(days);
+        write!(
+            f,
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+            rem / 3600,
+            (rem % 3600) / 60,
+            rem % 60
+        )
+    }
 }
 
 /// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
@@ -1421,6 +1458,46 @@ notices:\n\
         assert!(d
             .take_fresh("lobby", "bo", b.coordination("lobby", "bo", None).as_ref())
             .is_some());
+    }
+
+    /// `Clean` writes exactly what mapping every character and then cutting the
+    /// result to `max` bytes at a character boundary gives (how `clean` was written
+    /// before it became a `Display`).
+    #[test]
+    fn clean_maps_then_cuts_at_a_character_boundary() {
+        fn reference(text: &str, max: usize) -> String {
+            let s: String = text
+                .chars()
+                .map(|c| match c {
+                    '<' => '‹',
+                    '>' => '›',
+                    c if c.is_control() => ' ',
+                    c => c,
+                })
+                .collect();
+            truncate_text(&s, max)
+        }
+        let texts = [
+            "",
+            "plain",
+            "<b>bold</b>",
+            "tab\there\nnew line\u{7}",
+            "ünïcödé <é> 漢字",
+            "<<<<",
+            "a\u{0}b",
+            "😀<😀>😀",
+        ];
+        for text in texts {
+            for max in 0..=text.len() * 3 + 2 {
+                assert_eq!(
+                    Clean(text, max).to_string(),
+                    reference(text, max),
+                    "{text:?} cut at {max}"
+                );
+            }
+        }
+        assert_eq!(short_hex("0123456789abcdef").to_string(), "0123456789ab");
+        assert_eq!(short_hex("<ab>").to_string(), "‹ab›");
     }
 
     #[test]

@@ -2365,11 +2365,14 @@ impl Synchronizer {
             let config = self.config(&room, None).clone();
             let ttl_us = ms_to_us(config.claim_ttl_ms.max(1));
             // The cheap refusals first, over the claimed set, without allocating: a
-            // task whose turn runs here, and another relay's claim younger than a
-            // lease (see below), are not probed.
+            // task whose turn runs or is held ahead here (its claims held: plans 0084,
+            // 0085), and another relay's claim younger than a lease (see below), are
+            // not probed. (With deep lease-ahead most of the claimed set is held here;
+            // a pass runs after every event.)
             let running: BTreeSet<&str> = self
                 .turns
                 .values()
+                .chain(self.ahead.values().flatten().map(|p| &p.live))
                 .filter(|lt| lt.room == room)
                 .filter_map(|lt| match &lt.work {
                     LiveWork::Task { task } => Some(task.as_str()),
