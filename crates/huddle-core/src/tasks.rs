@@ -496,10 +496,22 @@ impl TaskDag {
 
     /// Tasks currently held by an owner, sorted by id.
     pub fn claimed(&self, room: &str) -> Vec<&Task> {
+        self.claimed_except(room, |_| false).collect()
+    }
+
+    /// The claimed tasks of the room but those whose id `skip` picks, looked up only
+    /// once past it (a scheduling pass skips the tasks it runs or holds itself).
+    pub fn claimed_except<'a>(
+        &'a self,
+        room: &str,
+        skip: impl Fn(&str) -> bool + 'a,
+    ) -> impl Iterator<Item = &'a Task> + 'a {
         self.rooms
             .get(room)
-            .map(|r| r.index.claimed().filter_map(|id| r.tasks.get(id)).collect())
-            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|r| r.index.claimed().map(move |id| (r, id)))
+            .filter(move |(_, id)| !skip(id))
+            .filter_map(|(r, id)| r.tasks.get(id))
     }
 
     /// When `task` became ready: the latest of its creation, its dependencies'

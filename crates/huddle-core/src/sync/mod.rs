@@ -2385,9 +2385,7 @@ impl Synchronizer {
             // fold), another relay's live claim.
             let claimed: Vec<(String, Option<String>)> = self
                 .dag
-                .claimed(&room)
-                .into_iter()
-                .filter(|t| !running.contains(t.id.as_str()))
+                .claimed_except(&room, |id| running.contains(id))
                 .filter(|t| {
                     let remote = t
                         .owner
