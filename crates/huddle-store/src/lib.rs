@@ -125,9 +125,10 @@ pub enum Backend {
 }
 
 /// The least string greater than every string that starts with `prefix`: the prefix
-/// with its last character replaced by the next one. Claim keys compare as UTF-8 bytes (SQLite's `BINARY`, Postgres's `"C"`),
-/// which orders like code points, so `[prefix, bound)` is exactly the strings that
-/// start with `prefix`. `None` when no such string exists.
+/// with its last character replaced by the next one. Claim keys compare as UTF-8
+/// bytes (SQLite's `BINARY`, Postgres's `"C"`), which orders like code points, so
+/// `[prefix, bound)` is exactly the strings that start with `prefix`. `None` when no
+/// such string exists.
 pub(crate) fn prefix_upper_bound(prefix: &str) -> Option<String> {
     let mut chars: Vec<char> = prefix.chars().collect();
     while let Some(last) = chars.pop() {

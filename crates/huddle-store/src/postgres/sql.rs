@@ -254,23 +254,27 @@ pub(crate) const RENEW: &str = "SELECT * FROM huddle_claim_renew($1, $2, $3, $4)
 /// stays so the epoch never goes backwards.
 pub(crate) const RELEASE: &str = "SELECT huddle_claim_release($1, $2, $3)";
 
+/// The columns and table of the claim listings below.
+macro_rules! list_claims_from {
+    () => {
+        "SELECT key, holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8,
+       expires_at > now()
+FROM external_claim
+"
+    };
+}
+
 /// Claims whose key lies in `[$1, $2)`: the keys starting with the prefix `$1` when
 /// `$2` is its [`crate::prefix_upper_bound`], in byte order of the key (a range of the
 /// primary key's index, whose collation is "C" since migration 0015).
-pub(crate) const LIST_CLAIMS: &str = "\
-SELECT key, holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8,
-       expires_at > now()
-FROM external_claim
-WHERE key >= $1 AND key < $2
-ORDER BY key";
+pub(crate) const LIST_CLAIMS: &str = concat!(
+    list_claims_from!(),
+    "WHERE key >= $1 AND key < $2\nORDER BY key"
+);
 
 /// [`LIST_CLAIMS`] for a prefix with no upper bound (empty, or only `U+10FFFF`).
-pub(crate) const LIST_CLAIMS_UNBOUNDED: &str = "\
-SELECT key, holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8,
-       expires_at > now()
-FROM external_claim
-WHERE key >= $1
-ORDER BY key";
+pub(crate) const LIST_CLAIMS_UNBOUNDED: &str =
+    concat!(list_claims_from!(), "WHERE key >= $1\nORDER BY key");
 
 /// Archives a room (migration 0012's `huddle_room_archive`): the room, the rows its
 /// export read, then the `room.archived` row's id, actor, canonical body and `sig`.
