@@ -132,6 +132,7 @@ both_backends!(
     short_turns_run_every_task_once,
     short_turns_holding_tasks_ahead_run_every_task_once,
     three_relays_holding_tasks_deep_run_every_task_once,
+    three_relays_with_two_batches_in_flight_run_every_task_once,
     paused_relay_never_reruns_finished_work,
     paused_relay_holding_tasks_ahead_never_reruns_finished_work,
     same_agent_on_two_relays_completes_once,
@@ -255,15 +256,27 @@ async fn short_turns(backend: Backend, ahead: bool) {
 /// task still runs exactly once (executions counted) and is done: a held turn never
 /// starts before its rows are in, so its result is never written before them.
 async fn three_relays_holding_tasks_deep_run_every_task_once(backend: Backend) {
+    three_relays_deep(backend, 1).await;
+}
+
+/// The same with each relay keeping two batches of results and claims in flight at
+/// once (plan 0087): its hand-off statements overlap, and still every task runs
+/// exactly once.
+async fn three_relays_with_two_batches_in_flight_run_every_task_once(backend: Backend) {
+    three_relays_deep(backend, 2).await;
+}
+
+async fn three_relays_deep(backend: Backend, batches_in_flight: usize) {
     let mut h = Huddle::new(backend).await;
     let log = h.dir().join("effects.log");
     let agent = recording_agent(&h, "deep.sh", &log, "0.001");
     let mut keys = Vec::new();
     for r in 0..3 {
         let mine: Vec<String> = (0..4).map(|i| format!("d{r}{i}")).collect();
-        h.spawn_relay(
+        h.spawn_relay_with(
             &format!("r{r}"),
             mine.iter().map(|k| AgentSpec::exec(k, &agent)).collect(),
+            &format!("batches_in_flight = {batches_in_flight}"),
         );
         keys.extend(mine);
     }

@@ -97,6 +97,10 @@ pub struct TasksArgs {
     /// tasks one agent may hold ahead (plan 0085; the room's default otherwise).
     #[arg(long, requires = "lease_ahead", value_parser = clap::value_parser!(u32).range(1..=16))]
     pub lease_depth: Option<u32>,
+    /// Each relay keeps up to N batches of results and claims in flight at once
+    /// (`batches_in_flight` in its configuration, plan 0087; default 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4))]
+    pub batches_in_flight: u32,
     /// Run every task count this many times, each round in a fresh scratch database,
     /// the side that runs first alternating; the report gives the ratio's range.
     #[arg(long, default_value_t = 1)]
@@ -202,6 +206,8 @@ pub struct TasksReport {
     pub lease_ahead: bool,
     /// The `lease-depth` the owner set, if any.
     pub lease_depth: Option<u32>,
+    /// Batches each relay kept in flight at most.
+    pub batches_in_flight: u32,
     /// Rounds run.
     pub rounds: usize,
     /// One line per task count and round.
@@ -447,13 +453,15 @@ fn toml_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
 }
 
-fn relay_toml(id: &str, db: &str, room: &str, agents: &[String], turn_ms: u64) -> String {
+fn relay_toml(id: &str, db: &str, room: &str, agents: &[String], args: &TasksArgs) -> String {
     let mut t = format!(
-        "relay = {}\ndatabase = {}\nrooms = [{}]\n",
+        "relay = {}\ndatabase = {}\nrooms = [{}]\nbatches_in_flight = {}\n",
         toml_str(id),
         toml_str(db),
-        toml_str(room)
+        toml_str(room),
+        args.batches_in_flight
     );
+    let turn_ms = args.turn_ms;
     for a in agents {
         t.push_str(&format!(
             "\n[[agent]]\nkey = {}\ncapabilities = []\ndriver = \"sim\"\n\
@@ -566,7 +574,7 @@ async fn run_huddle(
             .map(|(_, a)| a.clone())
             .collect();
         let config = PathBuf::from(dir.db(&format!("{id}.toml")));
-        std::fs::write(&config, relay_toml(&id, db, &room, &mine, args.turn_ms))?;
+        std::fs::write(&config, relay_toml(&id, db, &room, &mine, args))?;
         let log = PathBuf::from(dir.db(&format!("{id}.log")));
         relays.push(RelayChild::spawn(&id, &config, &log)?);
     }
@@ -1030,6 +1038,7 @@ pub async fn run(args: TasksArgs, db: String) -> anyhow::Result<TasksReport> {
         turn_ms: args.turn_ms,
         lease_ahead: args.lease_ahead,
         lease_depth: args.lease_depth,
+        batches_in_flight: args.batches_in_flight,
         rounds: args.rounds,
         lines,
         spread,
@@ -1091,7 +1100,7 @@ pub fn render(r: &TasksReport) -> String {
         Shape::Lanes => format!("{} lanes", r.lanes),
     };
     let mut s = format!(
-        "backend: {}, {shape}, {} agents over {} relay processes, {} ms turns{}\n\n\
+        "backend: {}, {shape}, {} agents over {} relay processes, {} ms turns{}{}\n\n\
          | tasks | side | tasks/s | executions/task | pickup p50 / p99 ms | client CPU ms/task | db CPU ms/task | relay peak RSS MiB | huddle ÷ baseline |\n\
          |---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
         r.backend,
@@ -1102,6 +1111,11 @@ pub fn render(r: &TasksReport) -> String {
             (false, _) => String::new(),
             (true, None) => ", lease ahead".to_string(),
             (true, Some(d)) => format!(", lease ahead {d} deep"),
+        },
+        if r.batches_in_flight > 1 {
+            format!(", {} batches in flight", r.batches_in_flight)
+        } else {
+            String::new()
         }
     );
     let opt = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |v| format!("{v:.p$}"));

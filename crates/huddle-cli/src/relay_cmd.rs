@@ -188,6 +188,7 @@ pub async fn run(
                 .batch_hold_ms
                 .map(std::time::Duration::from_millis)
                 .unwrap_or(huddle_relay::runtime::DEFAULT_BATCH_HOLD),
+            batches_in_flight: cfg.batches_in_flight.unwrap_or(1),
             ..RelayOptions::default()
         },
     );

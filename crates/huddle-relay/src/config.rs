@@ -11,6 +11,7 @@
 //! snapshot_every_rows = 100000      # rows folded between two snapshots while running
 //! snapshot_min_interval_ms = 60000  # and at most this often
 //! batch_hold_ms = 2                 # how long a task result waits for others to share its write
+//! batches_in_flight = 1             # batches of results and claims sent at once (1 - 4)
 //!
 //! [[agent]]
 //! key = "ada"                       # the agent's id in rooms and claims
@@ -197,6 +198,10 @@ pub struct RelayConfig {
     /// so their results share one write, in milliseconds (default 2; 0: never).
     #[serde(default)]
     pub batch_hold_ms: Option<u64>,
+    /// How many batches of task results and claim acquisitions may be in flight at
+    /// once (plan 0087; 1 to 4, default 1).
+    #[serde(default)]
+    pub batches_in_flight: Option<usize>,
 }
 
 /// `snapshot = ...` in `huddle.toml`: a path, or on / off.
@@ -355,6 +360,13 @@ impl RelayConfig {
             return Err((
                 Some("snapshot_every_rows".into()),
                 "snapshot_every_rows must be at least 1".into(),
+            ));
+        }
+        let most = crate::runtime::MAX_BATCHES_IN_FLIGHT;
+        if let Some(n) = self.batches_in_flight.filter(|n| !(1..=most).contains(n)) {
+            return Err((
+                Some("batches_in_flight".into()),
+                format!("batches_in_flight must be between 1 and {most}, not {n}"),
             ));
         }
         if let Some(pool) = self.pool.filter(|p| !(1..=64).contains(p)) {
@@ -563,6 +575,26 @@ acp = { preset = "codex", permissions = ["read", "edit"] }
         for bad in ["snapshot = \"\"", "snapshot = 3", "snapshot_every_rows = 0"] {
             let e = with(bad).expect_err(bad);
             assert!(e.to_string().contains("snapshot"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn batches_in_flight_is_bounded() {
+        let with = |line: &str| RelayConfig::parse("f.toml", &format!("{line}\n{GOOD}"));
+        assert_eq!(with("").expect("default").batches_in_flight, None);
+        assert_eq!(
+            with("batches_in_flight = 2")
+                .expect("two")
+                .batches_in_flight,
+            Some(2)
+        );
+        for bad in ["batches_in_flight = 0", "batches_in_flight = 5"] {
+            let e = with(bad).expect_err(bad);
+            assert!(
+                e.to_string()
+                    .contains("batches_in_flight must be between 1 and 4"),
+                "{bad}: {e}"
+            );
         }
     }
 

@@ -94,6 +94,11 @@ pub struct RelayOptions {
     /// so their results share one write (plan 0081; default 2 ms). Results never
     /// wait when no other task turn runs; zero: never.
     pub batch_hold: Duration,
+    /// How many batches of task results and claim acquisitions may be in flight at
+    /// once (plan 0087; 1 – [`MAX_BATCHES_IN_FLIGHT`], default 1). More than one
+    /// overlaps the relay's statements: worth it when the database has a core to
+    /// spare, a cost when it has none (docs/benchmarks.md).
+    pub batches_in_flight: usize,
 }
 
 impl Default for RelayOptions {
@@ -108,12 +113,16 @@ impl Default for RelayOptions {
             snapshot_every_rows: crate::snapshot::DEFAULT_EVERY_ROWS,
             snapshot_min_interval: Duration::from_secs(60),
             batch_hold: DEFAULT_BATCH_HOLD,
+            batches_in_flight: 1,
         }
     }
 }
 
 /// How long a task result waits for others by default ([`RelayOptions::batch_hold`]).
 pub const DEFAULT_BATCH_HOLD: Duration = Duration::from_millis(2);
+
+/// The most batches a relay may keep in flight ([`RelayOptions::batches_in_flight`]).
+pub const MAX_BATCHES_IN_FLIGHT: usize = 4;
 
 /// What a relay reports when it stops: enough to check that relays converged.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -308,7 +317,9 @@ struct Loop {
     /// Task results and claim acquisitions waiting to go as one batch (plan 0081),
     /// and whether a batch is being performed (one at a time).
     batch: crate::batch::Batch,
-    batch_in_flight: Arc<std::sync::atomic::AtomicBool>,
+    /// Batches in flight now, and the most allowed at once.
+    batch_in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    batches_in_flight: usize,
     batch_hold: Duration,
     /// The turn preparations of turn starts that went into the waiting batch (a pass
     /// that had to keep its order).
@@ -437,7 +448,11 @@ impl Relay {
             clock_base: Instant::now(),
             inflight: tokio::task::JoinSet::new(),
             batch: crate::batch::Batch::default(),
-            batch_in_flight: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            batch_in_flight: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            batches_in_flight: self
+                .options
+                .batches_in_flight
+                .clamp(1, MAX_BATCHES_IN_FLIGHT),
             batch_hold: self.options.batch_hold,
             batch_starts: HashMap::new(),
             leases: HashMap::new(),
@@ -1519,12 +1534,14 @@ impl Loop {
         self.send_batch(false);
     }
 
-    /// When the waiting batch is due, if one waits and none is in flight.
+    /// When the waiting batch is due, if one waits and fewer batches than allowed
+    /// ([`RelayOptions::batches_in_flight`]) are in flight.
     fn batch_due(&self) -> Option<tokio::time::Instant> {
         if self.batch.is_empty()
             || self
                 .batch_in_flight
                 .load(std::sync::atomic::Ordering::Acquire)
+                >= self.batches_in_flight
         {
             return None;
         }
@@ -1532,11 +1549,13 @@ impl Loop {
         self.batch.due(self.batch_hold, task_turns)
     }
 
-    /// Sends the waiting batch when it is due (`now`: at once, at shutdown) and no
-    /// batch is in flight.
+    /// Sends the waiting batch when it is due (`now`: at once, at shutdown) and fewer
+    /// batches than allowed are in flight.
     fn send_batch(&mut self, now: bool) {
         use std::sync::atomic::Ordering;
-        if self.batch_in_flight.load(Ordering::Acquire) || self.batch.is_empty() {
+        if self.batch_in_flight.load(Ordering::Acquire) >= self.batches_in_flight
+            || self.batch.is_empty()
+        {
             return;
         }
         if !now
@@ -1548,12 +1567,12 @@ impl Loop {
         }
         let intents = self.batch.drain();
         let starts = std::mem::take(&mut self.batch_starts);
-        self.batch_in_flight.store(true, Ordering::Release);
+        self.batch_in_flight.fetch_add(1, Ordering::AcqRel);
         let in_flight = self.batch_in_flight.clone();
         let exec = self.executor();
         self.inflight.spawn(async move {
             exec.perform(intents, starts).await;
-            in_flight.store(false, Ordering::Release);
+            in_flight.fetch_sub(1, Ordering::AcqRel);
         });
     }
 }

@@ -778,6 +778,29 @@ impl huddle_relay::driver::Driver for Counted {
     }
 }
 
+/// Simulated agents `a0`, `a1`, ... whose turns take `turn_ms` each, every turn
+/// counted in `runs`.
+fn counted_agents(
+    turn_ms: &[u64],
+    runs: &Arc<std::sync::atomic::AtomicUsize>,
+) -> Vec<HostedAgent> {
+    turn_ms
+        .iter()
+        .enumerate()
+        .map(|(i, ms)| HostedAgent {
+            local: LocalAgent::new(format!("a{i}")),
+            name: format!("a{i}"),
+            driver: Arc::new(Counted {
+                inner: SimDriver::new(SimSettings {
+                    turn_ms: *ms,
+                    ..Default::default()
+                }),
+                runs: runs.clone(),
+            }),
+        })
+        .collect()
+}
+
 /// Plan 0081: task turns of one relay that end apart, in passes of their own, share
 /// one write when they end within the relay's batch hold — one `task.lot` row closing
 /// all their claims — and each goes alone when the hold is zero. Either way every
@@ -788,21 +811,7 @@ async fn task_results_ending_within_the_hold_share_one_write() {
         let (_dir, path, admin) = lobby().await;
         let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         // Four agents whose turns end 40 ms apart.
-        let agents = [40u64, 80, 120, 160]
-            .iter()
-            .enumerate()
-            .map(|(i, ms)| HostedAgent {
-                local: LocalAgent::new(format!("a{i}")),
-                name: format!("a{i}"),
-                driver: Arc::new(Counted {
-                    inner: SimDriver::new(SimSettings {
-                        turn_ms: *ms,
-                        ..Default::default()
-                    }),
-                    runs: runs.clone(),
-                }),
-            })
-            .collect();
+        let agents = counted_agents(&[40, 80, 120, 160], &runs);
         let shutdown = CancellationToken::new();
         let relay = Relay::new(
             store(&path, "relay-0").await,
@@ -917,4 +926,245 @@ async fn an_agents_idle_time_between_turns_is_measured() {
     // The two between tasks that were ready were shorter.
     let shorter = gaps.quantile_us(0.5).expect("a bucket");
     assert!(shorter < longest, "{gaps:?}");
+}
+
+/// A store that holds every batch statement (a batch acquire or a hand-off) for
+/// `hold` before performing it, and counts how many run at once (plan 0087).
+struct HeldBatches {
+    inner: Arc<dyn Store>,
+    hold: Duration,
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+impl HeldBatches {
+    async fn held<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        use std::sync::atomic::Ordering;
+        let at_once = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(at_once, Ordering::SeqCst);
+        tokio::time::sleep(self.hold).await;
+        let out = call.await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        out
+    }
+}
+
+#[async_trait::async_trait]
+impl huddle_store::Ledger for HeldBatches {
+    fn limits(&self) -> &huddle_core::Limits {
+        self.inner.limits()
+    }
+    async fn append(
+        &self,
+        batch: Vec<NewInteraction>,
+    ) -> huddle_store::Result<Vec<huddle_store::Appended>> {
+        self.inner.append(batch).await
+    }
+    async fn append_fenced(
+        &self,
+        fence: &huddle_store::Fence,
+        batch: Vec<NewInteraction>,
+    ) -> huddle_store::Result<Vec<huddle_store::Appended>> {
+        self.inner.append_fenced(fence, batch).await
+    }
+    async fn append_under(
+        &self,
+        fences: &[huddle_store::Fence],
+        close: bool,
+        batch: Vec<NewInteraction>,
+    ) -> huddle_store::Result<Vec<huddle_store::Appended>> {
+        self.inner.append_under(fences, close, batch).await
+    }
+    async fn read_forward(
+        &self,
+        after: Position,
+        limit: usize,
+    ) -> huddle_store::Result<huddle_store::ReadBatch> {
+        self.inner.read_forward(after, limit).await
+    }
+    async fn read_room(
+        &self,
+        room: &str,
+        after: Position,
+        limit: usize,
+    ) -> huddle_store::Result<huddle_store::ReadBatch> {
+        self.inner.read_room(room, after, limit).await
+    }
+    async fn read_rooms(
+        &self,
+        rooms: &[String],
+        after: Position,
+        limit: usize,
+    ) -> huddle_store::Result<huddle_store::ReadBatch> {
+        self.inner.read_rooms(rooms, after, limit).await
+    }
+    async fn read_room_rows(
+        &self,
+        room: &str,
+        after: Position,
+        limit: usize,
+    ) -> huddle_store::Result<huddle_store::ReadBatch> {
+        self.inner.read_room_rows(room, after, limit).await
+    }
+    async fn get(
+        &self,
+        id: huddle_core::InteractionId,
+    ) -> huddle_store::Result<Option<huddle_core::Interaction>> {
+        self.inner.get(id).await
+    }
+    fn doorbell(&self) -> huddle_store::Doorbell {
+        self.inner.doorbell()
+    }
+    async fn now(&self) -> huddle_store::Result<huddle_core::Timestamp> {
+        self.inner.now().await
+    }
+    fn poll_interval(&self) -> Duration {
+        self.inner.poll_interval()
+    }
+    async fn flush(&self) {
+        self.inner.flush().await
+    }
+}
+
+#[async_trait::async_trait]
+impl huddle_store::Claims for HeldBatches {
+    async fn acquire(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> huddle_store::Result<huddle_store::Acquired> {
+        self.inner.acquire(key, holder, ttl).await
+    }
+    async fn acquire_batch(
+        &self,
+        requests: &[huddle_store::ClaimRequest],
+    ) -> huddle_store::Result<Vec<Option<huddle_store::Acquired>>> {
+        self.held(self.inner.acquire_batch(requests)).await
+    }
+    async fn renew(
+        &self,
+        key: &str,
+        holder: &str,
+        epoch: huddle_store::Epoch,
+        ttl: Duration,
+    ) -> huddle_store::Result<Option<huddle_store::ClaimState>> {
+        self.inner.renew(key, holder, epoch, ttl).await
+    }
+    async fn release(
+        &self,
+        key: &str,
+        holder: &str,
+        epoch: huddle_store::Epoch,
+    ) -> huddle_store::Result<bool> {
+        self.inner.release(key, holder, epoch).await
+    }
+    async fn list_claims(&self, prefix: &str) -> huddle_store::Result<Vec<huddle_store::ClaimRow>> {
+        self.inner.list_claims(prefix).await
+    }
+    async fn acquire_resources(
+        &self,
+        room: &str,
+        holder: &str,
+        wanted: &[huddle_core::resources::Wanted],
+        ttl: Duration,
+    ) -> huddle_store::Result<huddle_store::ResourcesAcquired> {
+        self.inner
+            .acquire_resources(room, holder, wanted, ttl)
+            .await
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for HeldBatches {
+    fn backend_name(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+    fn writer(&self) -> Option<String> {
+        self.inner.writer()
+    }
+    fn signer(&self) -> Option<huddle_core::keys::WriterKey> {
+        self.inner.signer()
+    }
+    async fn acquire_and_append(
+        &self,
+        requests: &[huddle_store::ClaimRequest],
+        appends: Vec<huddle_store::ConditionalAppend>,
+    ) -> huddle_store::Result<huddle_store::Handoff> {
+        self.held(self.inner.acquire_and_append(requests, appends))
+            .await
+    }
+    async fn append_then_hand_off(
+        &self,
+        first: huddle_store::FencedWrite,
+        requests: &[huddle_store::ClaimRequest],
+        appends: Vec<huddle_store::ConditionalAppend>,
+    ) -> huddle_store::Result<(Vec<huddle_store::Appended>, huddle_store::Handoff)> {
+        self.held(self.inner.append_then_hand_off(first, requests, appends))
+            .await
+    }
+    async fn archive_room(
+        &self,
+        request: huddle_store::ArchiveRequest,
+    ) -> huddle_store::Result<huddle_store::ArchiveOutcome> {
+        self.inner.archive_room(request).await
+    }
+    async fn prune_claims(
+        &self,
+        older_than: Duration,
+    ) -> huddle_store::Result<huddle_store::PrunedClaims> {
+        self.inner.prune_claims(older_than).await
+    }
+}
+
+/// Plan 0087: a relay keeps at most `batches_in_flight` batches of results and claims
+/// in flight. Four agents whose turns end 40 ms apart, each batch statement held
+/// 300 ms by the store: with two allowed, a second batch goes while the first is
+/// held; with the default one, never. Either way every task's turn runs exactly once
+/// (counted at the driver) and every task completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_overlaps_at_most_its_batches_in_flight() {
+    for (allowed, want_most) in [(2usize, 2usize), (1, 1)] {
+        let (_dir, path, admin) = lobby().await;
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let agents = counted_agents(&[20, 60, 100, 140], &runs);
+        let held = Arc::new(HeldBatches {
+            inner: store(&path, "relay-0").await,
+            hold: Duration::from_millis(300),
+            now: Default::default(),
+            most: Default::default(),
+        });
+        let shutdown = CancellationToken::new();
+        let relay = Relay::new(
+            held.clone(),
+            "relay-0",
+            vec!["lobby".into()],
+            agents,
+            RelayOptions {
+                batch_hold: Duration::ZERO,
+                batches_in_flight: allowed,
+                ..RelayOptions::default()
+            },
+        );
+        let running = tokio::spawn(relay.run(shutdown.clone()));
+        let tasks: String = (1..=12).map(|i| format!("t{i}: task {i}\n")).collect();
+        owner_command(&*admin, &format!("!delegate\n{tasks}")).await;
+        wait_ledger(&*admin, "twelve tasks done", |dag, _| {
+            let s = dag.summary("lobby");
+            s.total == 12 && s.done == 12
+        })
+        .await;
+        shutdown.cancel();
+        running.await.expect("join").expect("relay ran");
+        assert_eq!(
+            runs.load(std::sync::atomic::Ordering::SeqCst),
+            12,
+            "{allowed} in flight: each task's turn ran once"
+        );
+        assert_eq!(
+            held.most.load(std::sync::atomic::Ordering::SeqCst),
+            want_most,
+            "{allowed} allowed in flight"
+        );
+    }
 }
