@@ -169,7 +169,13 @@ pub async fn run(
         None => None,
     };
     let agents = hosted_agents(&cfg).await?;
-    tracing::info!(relay = %cfg.relay, agents = agents.len(), rooms = ?cfg.rooms, "relay starting");
+    tracing::info!(
+        relay = %cfg.relay,
+        agents = agents.len(),
+        rooms = ?cfg.rooms,
+        batches_in_flight = cfg.batches_in_flight.unwrap_or(1),
+        "relay starting"
+    );
     let relay = Relay::new(
         store,
         cfg.relay.clone(),

@@ -780,10 +780,7 @@ impl huddle_relay::driver::Driver for Counted {
 
 /// Simulated agents `a0`, `a1`, ... whose turns take `turn_ms` each, every turn
 /// counted in `runs`.
-fn counted_agents(
-    turn_ms: &[u64],
-    runs: &Arc<std::sync::atomic::AtomicUsize>,
-) -> Vec<HostedAgent> {
+fn counted_agents(turn_ms: &[u64], runs: &Arc<std::sync::atomic::AtomicUsize>) -> Vec<HostedAgent> {
     turn_ms
         .iter()
         .enumerate()
