@@ -122,6 +122,40 @@ fn bench_tasks_rounds_each_run_once_in_a_database_of_their_own() {
     assert_nothing_left(dir.path());
 }
 
+/// `--batches-in-flight N` goes to every relay's configuration (plan 0087; a key the
+/// relays did not know would stop them at start-up) and is in the report; every task
+/// still runs once. Outside 1 - 4 it is refused before anything is created.
+#[test]
+fn bench_tasks_passes_batches_in_flight_to_its_relays() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("given.db");
+    let report = bench_report(
+        &db,
+        &tasks_args(
+            "40",
+            "4",
+            "2",
+            &["--no-baseline", "--lease-ahead", "--batches-in-flight", "2"],
+        ),
+    );
+    assert_eq!(report["batches_in_flight"], 2, "{report}");
+    let line = &report["lines"][0];
+    assert_eq!(line["huddle"]["executions_per_task"].as_f64(), Some(1.0));
+    assert_nothing_left(dir.path());
+    for bad in ["0", "5"] {
+        let out = Command::new(huddle_bin())
+            .arg("--db")
+            .arg(&db)
+            .args(["bench", "tasks", "--tasks", "5", "--batches-in-flight", bad])
+            .output()
+            .expect("run huddle bench");
+        assert!(!out.status.success(), "--batches-in-flight {bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("batches-in-flight"), "{err}");
+        assert_nothing_left(dir.path());
+    }
+}
+
 #[test]
 fn bench_tasks_refuses_zero_rounds() {
     let dir = tempfile::tempdir().expect("tempdir");
