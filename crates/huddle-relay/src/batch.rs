@@ -5,8 +5,9 @@
 //! used to send its own writes: the result of the one turn that just ended, the
 //! hand-off of the one task its agent takes next. A statement's cost is mostly fixed
 //! (plan 0078), so the relay now keeps **one batch of task results and claim
-//! acquisitions in flight at a time**: what passes produce while one is in flight
-//! waits and goes together as the next, and results are held a little longer
+//! acquisitions in flight at a time** (or up to the relay's `batches_in_flight`,
+//! plan 0087): what passes produce meanwhile waits and goes together as the next,
+//! and results are held a little longer
 //! (`hold`, default 2 ms) while other task turns of the relay are still running, so
 //! turns that end close together share one lot. Everything else a pass produces
 //! (turn starts, renewals, releases, other writes) is performed at once, as before.

@@ -314,12 +314,14 @@ struct Loop {
     clock_base: Instant,
     /// Outputs being performed (their writes may be retrying).
     inflight: tokio::task::JoinSet<()>,
-    /// Task results and claim acquisitions waiting to go as one batch (plan 0081),
-    /// and whether a batch is being performed (one at a time).
+    /// Task results and claim acquisitions waiting to go as one batch (plan 0081).
     batch: crate::batch::Batch,
-    /// Batches in flight now, and the most allowed at once.
-    batch_in_flight: Arc<std::sync::atomic::AtomicUsize>,
-    batches_in_flight: usize,
+    /// How many batches are being performed now (each task that performs one
+    /// counts itself out when it ends).
+    batches_now: Arc<std::sync::atomic::AtomicUsize>,
+    /// The most batches performed at once ([`RelayOptions::batches_in_flight`],
+    /// plan 0087).
+    batches_at_most: usize,
     batch_hold: Duration,
     /// The turn preparations of turn starts that went into the waiting batch (a pass
     /// that had to keep its order).
@@ -448,8 +450,8 @@ impl Relay {
             clock_base: Instant::now(),
             inflight: tokio::task::JoinSet::new(),
             batch: crate::batch::Batch::default(),
-            batch_in_flight: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-            batches_in_flight: self
+            batches_now: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            batches_at_most: self
                 .options
                 .batches_in_flight
                 .clamp(1, MAX_BATCHES_IN_FLIGHT),
@@ -1538,10 +1540,7 @@ impl Loop {
     /// ([`RelayOptions::batches_in_flight`]) are in flight.
     fn batch_due(&self) -> Option<tokio::time::Instant> {
         if self.batch.is_empty()
-            || self
-                .batch_in_flight
-                .load(std::sync::atomic::Ordering::Acquire)
-                >= self.batches_in_flight
+            || self.batches_now.load(std::sync::atomic::Ordering::Acquire) >= self.batches_at_most
         {
             return None;
         }
@@ -1553,8 +1552,7 @@ impl Loop {
     /// batches than allowed are in flight.
     fn send_batch(&mut self, now: bool) {
         use std::sync::atomic::Ordering;
-        if self.batch_in_flight.load(Ordering::Acquire) >= self.batches_in_flight
-            || self.batch.is_empty()
+        if self.batches_now.load(Ordering::Acquire) >= self.batches_at_most || self.batch.is_empty()
         {
             return;
         }
@@ -1567,8 +1565,8 @@ impl Loop {
         }
         let intents = self.batch.drain();
         let starts = std::mem::take(&mut self.batch_starts);
-        self.batch_in_flight.fetch_add(1, Ordering::AcqRel);
-        let in_flight = self.batch_in_flight.clone();
+        self.batches_now.fetch_add(1, Ordering::AcqRel);
+        let in_flight = self.batches_now.clone();
         let exec = self.executor();
         self.inflight.spawn(async move {
             exec.perform(intents, starts).await;
