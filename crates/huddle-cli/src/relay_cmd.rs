@@ -169,11 +169,14 @@ pub async fn run(
         None => None,
     };
     let agents = hosted_agents(&cfg).await?;
+    let batches_in_flight = cfg
+        .batches_in_flight
+        .unwrap_or(RelayOptions::default().batches_in_flight);
     tracing::info!(
         relay = %cfg.relay,
         agents = agents.len(),
         rooms = ?cfg.rooms,
-        batches_in_flight = cfg.batches_in_flight.unwrap_or(1),
+        batches_in_flight,
         "relay starting"
     );
     let relay = Relay::new(
@@ -194,7 +197,7 @@ pub async fn run(
                 .batch_hold_ms
                 .map(std::time::Duration::from_millis)
                 .unwrap_or(huddle_relay::runtime::DEFAULT_BATCH_HOLD),
-            batches_in_flight: cfg.batches_in_flight.unwrap_or(1),
+            batches_in_flight,
             ..RelayOptions::default()
         },
     );
