@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use huddle_core::{InteractionId, NewInteraction, Position, Role, Verb};
 use huddle_store::conformance::TestBackend;
 use huddle_store::postgres::{PgOptions, PgStore, PgTestBackend, LISTEN_APPLICATION_NAME};
-use huddle_store::{Ledger, StoreError, StoreOptions, Subscription};
+use huddle_store::{
+    ClaimRequest, Fence, FencedWrite, Ledger, StoreError, StoreOptions, Subscription,
+};
 use huddle_testkit::{test_database, PgCluster};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -320,4 +322,114 @@ async fn a_session_stuck_in_a_transaction_is_cut_and_readers_move_on() {
         .expect_err("the stuck session was terminated");
     assert!(err.is_retryable(), "{err:?}");
     assert!(s.get(stuck.id()).await.expect("get").is_none());
+}
+
+/// Backends of this database waiting for a lock.
+async fn lock_waiters(admin: &tokio_postgres::Client) -> i64 {
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .get(0)
+}
+
+async fn wait_lock_waiters(admin: &tokio_postgres::Client, n: i64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while lock_waiters(admin).await < n {
+        assert!(Instant::now() < deadline, "{what}: never waited for a lock");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// (d) Two relays' results-then-hand-off statements whose fences and acquisitions
+/// cross (plan 0088): one writes under `b` and `c` and asks for `a`, the other writes
+/// under `a` and asks for `b`. Were each statement to lock its fences and then its
+/// acquisitions, each in key order, the first would hold `b` waiting for `c` (held
+/// here by a third session), the second would hold `a` waiting for `b`, and once `c`
+/// is free the first would wait for `a`: a deadlock, one statement aborted. Every
+/// claim row a statement names is locked in one key order, so both complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crossing_fences_and_acquisitions_do_not_deadlock() {
+    let db = test_database().await;
+    let b = PgTestBackend::new(&db.url)
+        .await
+        .expect("connect")
+        .holding(db);
+    let s = b.store();
+    let other = b.reopen("second").await.expect("reopen");
+    let admin = admin_session(b.url()).await;
+    let ttl = Duration::from_secs(60);
+    let mut epoch = std::collections::HashMap::new();
+    for (key, holder) in [("task/r/a", "bo"), ("task/r/b", "ada"), ("task/r/c", "ada")] {
+        let got = s.acquire(key, holder, ttl).await.expect("acquire");
+        assert!(got.won(), "{key}: {got:?}");
+        epoch.insert(key, got.state().epoch);
+    }
+    let fence = |key: &'static str, holder: &str| Fence {
+        key: key.into(),
+        holder: holder.into(),
+        epoch: epoch[key],
+    };
+    let ada = FencedWrite {
+        fences: vec![fence("task/r/b", "ada"), fence("task/r/c", "ada")],
+        close: true,
+        rows: vec![msg("ada's results")],
+    };
+    let bo = FencedWrite {
+        fences: vec![fence("task/r/a", "bo")],
+        close: true,
+        rows: vec![msg("bo's result")],
+    };
+
+    // A third session holds `c`.
+    let mut blocker = admin_session(b.url()).await;
+    let held = blocker.transaction().await.expect("begin");
+    held.execute(
+        "SELECT 1 FROM external_claim WHERE key = 'task/r/c' FOR UPDATE",
+        &[],
+    )
+    .await
+    .expect("lock c");
+    let first = tokio::spawn(async move {
+        s.append_then_hand_off(ada, &[ClaimRequest::new("task/r/a", "ada", ttl)], vec![])
+            .await
+    });
+    wait_lock_waiters(&admin, 1, "ada's statement").await;
+    let second = tokio::spawn(async move {
+        other
+            .append_then_hand_off(bo, &[ClaimRequest::new("task/r/b", "bo", ttl)], vec![])
+            .await
+    });
+    wait_lock_waiters(&admin, 2, "bo's statement").await;
+    held.commit().await.expect("release c");
+
+    let within = Duration::from_secs(30);
+    let (ada_written, ada_handoff) = tokio::time::timeout(within, first)
+        .await
+        .expect("ada's statement finished")
+        .expect("join")
+        .expect("ada's statement succeeds");
+    let (bo_written, bo_handoff) = tokio::time::timeout(within, second)
+        .await
+        .expect("bo's statement finished")
+        .expect("join")
+        .expect("bo's statement succeeds");
+    assert!(ada_written.iter().all(|a| a.inserted), "{ada_written:?}");
+    assert!(bo_written.iter().all(|a| a.inserted), "{bo_written:?}");
+    // Each asked for a claim the other held (or had just closed): neither won it.
+    for (who, h) in [("ada", &ada_handoff), ("bo", &bo_handoff)] {
+        let answer = h.acquired[0].as_ref().expect("tried");
+        assert!(
+            !answer.won(),
+            "{who} took a claim held by the other: {answer:?}"
+        );
+    }
+    // And both writes closed their fences: no claim is live.
+    let claims = b.store().list_claims("task/r/").await.expect("list");
+    assert_eq!(claims.len(), 3, "{claims:?}");
+    assert!(claims.iter().all(|c| !c.live), "{claims:?}");
 }
