@@ -60,7 +60,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     13 "batch_acquire_inline" "0013_batch_acquire_inline.sql",
     14 "task_lots" "0014_task_lots.sql",
     15 "claim_keys_bytewise" "0015_claim_keys_bytewise.sql",
-    16 "one_lock_order" "0016_one_lock_order.sql",
+    16 "acquire_without_waiting_on_held" "0016_acquire_without_waiting_on_held.sql",
 );
 
 /// SQLite migrations, in order.

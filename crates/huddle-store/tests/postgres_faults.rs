@@ -347,11 +347,13 @@ async fn wait_lock_waiters(admin: &tokio_postgres::Client, n: i64, what: &str) {
 
 /// (d) Two relays' results-then-hand-off statements whose fences and acquisitions
 /// cross (plan 0088): one writes under `b` and `c` and asks for `a`, the other writes
-/// under `a` and asks for `b`. Were each statement to lock its fences and then its
-/// acquisitions, each in key order, the first would hold `b` waiting for `c` (held
-/// here by a third session), the second would hold `a` waiting for `b`, and once `c`
-/// is free the first would wait for `a`: a deadlock, one statement aborted. Every
-/// claim row a statement names is locked in one key order, so both complete.
+/// under `a` and asks for `b` (as a relay does for a task whose `task.claimed` it has
+/// not read yet). A statement locks its fences, then its acquisitions, each in key
+/// order; were an acquisition to wait for a claim it cannot win, the first would hold
+/// `b` waiting for `c` (held here by a third session), the second would hold `a`
+/// waiting for `b`, and once `c` is free the first would wait for `a`: a deadlock,
+/// one statement aborted. A claim another holder keeps live is answered as it stands,
+/// without waiting for its row, so both complete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crossing_fences_and_acquisitions_do_not_deadlock() {
     let db = test_database().await;
@@ -404,7 +406,16 @@ async fn crossing_fences_and_acquisitions_do_not_deadlock() {
             .append_then_hand_off(bo, &[ClaimRequest::new("task/r/b", "bo", ttl)], vec![])
             .await
     });
-    wait_lock_waiters(&admin, 2, "bo's statement").await;
+    // bo's statement either finishes (its acquisition of `b` does not wait) or waits
+    // for ada's row; only then is `c` let go.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !second.is_finished() && lock_waiters(&admin).await < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "bo's statement neither ended nor waited"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     held.commit().await.expect("release c");
 
     let within = Duration::from_secs(30);

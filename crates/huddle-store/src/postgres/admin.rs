@@ -48,8 +48,6 @@ const CLAIM_FUNCTIONS: &[&str] = &[
     "huddle_claim_acquire_batch(text[], text[], bigint[], int[])",
     "huddle_append_under(text[], text[], bigint[], bytea, bytea[], text[], text[], text[], text[], text[], bytea[], bytea[], text[], text[], text[])",
     "huddle_handoff(text[], text[], bigint[], int[], int[], int[], bigint[], int[], bytea[], text[], text[], text[], text[], text[], bytea[], bytea[], text[], text[], text[])",
-    "huddle_claim_lock(text[])",
-    "huddle_append_then_handoff(text[], text[], bigint[], bytea, bytea[], text[], text[], text[], text[], text[], bytea[], bytea[], text[], text[], text[], text[], text[], bigint[], int[], int[], int[], bigint[], int[], bytea[], text[], text[], text[], text[], text[], bytea[], bytea[], text[], text[], text[])",
 ];
 
 /// The function an owner archives a room with (migration 0012). Owners (the writer

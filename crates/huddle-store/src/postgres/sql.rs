@@ -88,20 +88,19 @@ $4::int4[], $5::int4[], $6::int4[], $7::int8[], $8::int4[], $9::bytea[], $10::te
 $11::text[], $12::text[], $13::text[], $14::text[], $15::bytea[], $16::bytea[], $17::text[], \
 $18::text[], $19::text[])";
 
-/// A fenced write, then a hand-off, in one statement (plan 0082; migration 0016's
-/// `huddle_append_then_handoff`): [`APPEND_UNDER`] with `$1..$15`, then [`HANDOFF`]
-/// with `$16..$34`, after every existing claim row either names is locked in key
-/// order (plan 0088: two orders, fences then acquisitions, could deadlock). The
-/// write's inserted rows come first, with `o_kind` 2 (ids in `o_id`); a fence of the
-/// write that does not hold raises [`FENCE_REFUSED`] and the whole statement — the
-/// hand-off too — is undone.
-pub(crate) const APPEND_THEN_HANDOFF: &str = "SELECT o_kind, o_idx, o_holder, o_epoch, \
-o_expires_us, o_won, o_closed_by, o_id, o_ikey FROM huddle_append_then_handoff($1::text[], \
+/// A fenced write, then a hand-off, in one statement (plan 0082): [`APPEND_UNDER`]
+/// with `$1..$15`, then [`HANDOFF`] with `$16..$34`. The write's inserted rows come
+/// first, with `o_kind` 2 (ids in `o_id`); a fence of the write that does not hold
+/// raises [`FENCE_REFUSED`] and the whole statement — the hand-off too — is undone.
+/// (An `Append` node runs its inputs in order: the write before the claims.)
+pub(crate) const APPEND_THEN_HANDOFF: &str = "SELECT 2, NULL::int4, NULL::text, NULL::int8, \
+NULL::int8, NULL::bool, NULL::bytea, w.o_id, w.o_ikey FROM huddle_append_under($1::text[], \
 $2::text[], $3::int8[], $4::bytea, $5::bytea[], $6::text[], $7::text[], $8::text[], $9::text[], \
-$10::text[], $11::bytea[], $12::bytea[], $13::text[], $14::text[], $15::text[], $16::text[], \
-$17::text[], $18::int8[], $19::int4[], $20::int4[], $21::int4[], $22::int8[], $23::int4[], \
-$24::bytea[], $25::text[], $26::text[], $27::text[], $28::text[], $29::text[], $30::bytea[], \
-$31::bytea[], $32::text[], $33::text[], $34::text[])";
+$10::text[], $11::bytea[], $12::bytea[], $13::text[], $14::text[], $15::text[]) AS w \
+UNION ALL SELECT o_kind, o_idx, o_holder, o_epoch, o_expires_us, o_won, o_closed_by, o_id, \
+o_ikey FROM huddle_handoff($16::text[], $17::text[], $18::int8[], $19::int4[], $20::int4[], \
+$21::int4[], $22::int8[], $23::int4[], $24::bytea[], $25::text[], $26::text[], $27::text[], \
+$28::text[], $29::text[], $30::bytea[], $31::bytea[], $32::text[], $33::text[], $34::text[])";
 
 /// The columns every read decodes, in this order. (The first is named `txid` but is
 /// text: ORDER BY must name `interaction.txid`, or it would sort by the text.)
