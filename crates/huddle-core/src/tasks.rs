@@ -514,6 +514,39 @@ impl TaskDag {
             .filter_map(|(r, id)| r.tasks.get(id))
     }
 
+    /// The claimed tasks of the room a re-take pass may probe (plan 0089), sorted by
+    /// id, each once: those without an owner or held by an owner `local` names, and
+    /// the others only once claimed at least `lease_us` before `now` (or at an unknown
+    /// time) — another relay's claim younger than a lease cannot have lapsed — but
+    /// those whose id `skip` picks (looked up only past it). Costs what it returns,
+    /// plus the local owners' claims: not a walk of the claimed set.
+    pub fn claimed_for_retake<'a>(
+        &'a self,
+        room: &str,
+        now: Timestamp,
+        lease_us: i64,
+        local: impl IntoIterator<Item = &'a str>,
+        skip: impl Fn(&str) -> bool,
+    ) -> Vec<&'a Task> {
+        let Some(r) = self.rooms.get(room) else {
+            return Vec::new();
+        };
+        let mut ids: Vec<&str> = r.index.claimed_by("").collect();
+        for owner in local {
+            ids.extend(r.index.claimed_by(owner));
+        }
+        ids.extend(
+            r.index
+                .claimed_by_time()
+                .take_while(|(at, _)| at.is_none_or(|at| now >= at.saturating_add(lease_us)))
+                .map(|(_, id)| id),
+        );
+        ids.retain(|id| !skip(id));
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter().filter_map(|id| r.tasks.get(id)).collect()
+    }
+
     /// When `task` became ready: the latest of its creation, its dependencies'
     /// completions and its last give-back. `None` when it is not ready.
     pub fn ready_since(&self, room: &str, task: &str) -> Option<Timestamp> {
@@ -1653,6 +1686,53 @@ mod tests {
             .map(|t| t.id.clone())
             .collect();
         prop_assert_eq!(ids(dag.claimed("lobby")), claimed);
+        // A re-take pass's candidates (plan 0089): the claimed set walked and filtered.
+        let owners: Vec<&str> = r
+            .tasks
+            .values()
+            .filter_map(|t| t.owner.as_deref())
+            .collect();
+        let times: Vec<Timestamp> = r.tasks.values().filter_map(|t| t.claimed_at).collect();
+        for local in [
+            Vec::new(),
+            owners.iter().take(1).copied().collect::<Vec<_>>(),
+        ] {
+            let edges = [Timestamp(0), Timestamp(i64::MAX)];
+            for now in times.iter().take(4).copied().chain(edges) {
+                for lease in [0i64, 1, 1_000_000] {
+                    let walked: Vec<String> = r
+                        .tasks
+                        .values()
+                        .filter(|t| t.status == TaskStatus::Claimed)
+                        .filter(|t| match &t.owner {
+                            None => true,
+                            Some(o) => {
+                                local.contains(&o.as_str())
+                                    || t.claimed_at
+                                        .is_none_or(|at| now >= at.saturating_add(lease))
+                            }
+                        })
+                        .map(|t| t.id.clone())
+                        .collect();
+                    let found =
+                        dag.claimed_for_retake("lobby", now, lease, local.iter().copied(), |_| {
+                            false
+                        });
+                    prop_assert_eq!(ids(found), walked.clone());
+                    // Skipping one id leaves exactly the others.
+                    if let Some(first) = walked.first() {
+                        let found = dag.claimed_for_retake(
+                            "lobby",
+                            now,
+                            lease,
+                            local.iter().copied(),
+                            |id| id == first,
+                        );
+                        prop_assert_eq!(ids(found), walked[1..].to_vec());
+                    }
+                }
+            }
+        }
         let due: Vec<String> = r
             .tasks
             .values()

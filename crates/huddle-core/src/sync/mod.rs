@@ -2364,11 +2364,12 @@ impl Synchronizer {
         for room in rooms {
             let config = self.config(&room, None).clone();
             let ttl_us = ms_to_us(config.claim_ttl_ms.max(1));
-            // The cheap refusals first, over the claimed set, without allocating: a
-            // task whose turn runs or is held ahead here (its claims held: plans 0084,
-            // 0085), and another relay's claim younger than a lease (see below), are
-            // not probed. (With deep lease-ahead most of the claimed set is held here;
-            // a pass runs after every event.)
+            // The cheap refusals first, before a task is looked up: another relay's
+            // claim younger than a lease (see below) is not even visited — the room
+            // index files claims by owner and by claim time (plan 0089) — and a task
+            // whose turn runs or is held ahead here (its claims held: plans 0084,
+            // 0085) is not probed. (With deep lease-ahead most of the claimed set is
+            // held somewhere; a pass runs after every event.)
             let running: BTreeSet<&str> = self
                 .turns
                 .values()
@@ -2385,7 +2386,14 @@ impl Synchronizer {
             // fold), another relay's live claim.
             let claimed: Vec<(String, Option<String>)> = self
                 .dag
-                .claimed_except(&room, |id| running.contains(id))
+                .claimed_for_retake(
+                    &room,
+                    now,
+                    ttl_us,
+                    self.agents.keys().map(String::as_str),
+                    |id| running.contains(id),
+                )
+                .into_iter()
                 .filter(|t| {
                     let remote = t
                         .owner

@@ -8,6 +8,7 @@
 //!                                                   ├─ frontier:   BTreeSet<FrontierKey>        (ready tasks)
 //!                                                   ├─ by_since:   BTreeSet<(ready_since, id)>  (timers)
 //!                                                   ├─ claimed, notices_due: BTreeSet<id>
+//!                                                   ├─ claims:     by owner, by claim time (re-takes)
 //!                                                   └─ X done / X abandoned / X created:
 //!                                                        propagate to dependents[X] (counts only)
 //! ```
@@ -102,6 +103,9 @@ struct Derived {
     class: Class,
     /// Its frontier key and ready time while it is ready.
     ready: Option<(FrontierKey, Timestamp)>,
+    /// While it is claimed: the owner ("" for none) and claim time it is filed under
+    /// in `claims_by_owner` and `claims_by_time`.
+    claim: Option<(String, Option<Timestamp>)>,
 }
 
 /// The derived indexes of one room. See the [module docs](self).
@@ -115,6 +119,11 @@ pub struct RoomIndex {
     frontier: BTreeSet<FrontierKey>,
     by_since: BTreeSet<(Timestamp, String)>,
     claimed: BTreeSet<String>,
+    /// The claimed tasks by owner ("" for a claimed task without one), and by claim
+    /// time (`None`, unknown, first): the two ways a re-take pass finds the few
+    /// claimed tasks it may probe without walking the claimed set (plan 0089).
+    claims_by_owner: BTreeMap<String, BTreeSet<String>>,
+    claims_by_time: BTreeSet<(Option<Timestamp>, String)>,
     /// Submitted tasks waiting for their reviewer's verdict.
     in_review: BTreeSet<String>,
     notices_due: BTreeSet<String>,
@@ -128,6 +137,8 @@ impl PartialEq for RoomIndex {
             && self.frontier == o.frontier
             && self.by_since == o.by_since
             && self.claimed == o.claimed
+            && self.claims_by_owner == o.claims_by_owner
+            && self.claims_by_time == o.claims_by_time
             && self.in_review == o.in_review
             && self.notices_due == o.notices_due
             && self.summary == o.summary
@@ -201,6 +212,7 @@ impl RoomIndex {
                 finishable: finishable.contains(t.id.as_str()),
                 class: Class::Blocked,
                 ready: None,
+                claim: None,
             };
             ix.derived.insert(t.id.clone(), d);
             ix.summary.total += 1;
@@ -241,6 +253,7 @@ impl RoomIndex {
                 finishable: false,
                 class: Class::Blocked,
                 ready: None,
+                claim: None,
             },
         );
         self.summary.total += 1;
@@ -333,6 +346,11 @@ impl RoomIndex {
         });
         let old_class = x.class;
         let old_ready = x.ready.clone();
+        // Where it is filed among the claims, and where it was (copied only on a move).
+        let claim =
+            (class == Class::Claimed).then(|| (t.owner.as_deref().unwrap_or(""), t.claimed_at));
+        let claim_moved = claim != x.claim.as_ref().map(|(o, at)| (o.as_str(), *at));
+        let old_claim = if claim_moved { x.claim.clone() } else { None };
         if old_class != class || old_ready != ready {
             if let Some(j) = &mut self.journal {
                 j.push(t.id.clone());
@@ -361,11 +379,32 @@ impl RoomIndex {
                 self.by_since.insert((*since, key.id.clone()));
             }
         }
-        if class == Class::Claimed {
-            self.claimed.insert(t.id.clone());
-        } else {
-            self.claimed.remove(&t.id);
+        if class != old_class {
+            if class == Class::Claimed {
+                self.claimed.insert(t.id.clone());
+            } else if old_class == Class::Claimed {
+                self.claimed.remove(&t.id);
+            }
         }
+        if claim_moved {
+            if let Some((owner, at)) = old_claim {
+                if let Some(ids) = self.claims_by_owner.get_mut(&owner) {
+                    ids.remove(&t.id);
+                    if ids.is_empty() {
+                        self.claims_by_owner.remove(&owner);
+                    }
+                }
+                self.claims_by_time.remove(&(at, t.id.clone()));
+            }
+            if let Some((owner, at)) = claim {
+                self.claims_by_owner
+                    .entry(owner.to_string())
+                    .or_default()
+                    .insert(t.id.clone());
+                self.claims_by_time.insert((at, t.id.clone()));
+            }
+        }
+        let claim = claim_moved.then(|| claim.map(|(o, at)| (o.to_string(), at)));
         if class == Class::Submitted {
             self.in_review.insert(t.id.clone());
         } else {
@@ -379,6 +418,9 @@ impl RoomIndex {
         if let Some(x) = self.derived.get_mut(id) {
             x.class = class;
             x.ready = ready;
+            if let Some(claim) = claim {
+                x.claim = claim;
+            }
         }
     }
 
@@ -482,6 +524,23 @@ impl RoomIndex {
     /// Ids of claimed tasks, sorted.
     pub fn claimed(&self) -> impl Iterator<Item = &str> + '_ {
         self.claimed.iter().map(String::as_str)
+    }
+
+    /// Ids of the claimed tasks `owner` holds ("" : those without an owner), sorted.
+    pub fn claimed_by(&self, owner: &str) -> impl Iterator<Item = &str> + '_ {
+        self.claims_by_owner
+            .get(owner)
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+    }
+
+    /// The claimed tasks by claim time, earliest first (an unknown time before all):
+    /// `(claimed at, id)`.
+    pub fn claimed_by_time(&self) -> impl Iterator<Item = (Option<Timestamp>, &str)> + '_ {
+        self.claims_by_time
+            .iter()
+            .map(|(at, id)| (*at, id.as_str()))
     }
 
     /// Ids of submitted tasks waiting for their reviewer, sorted.
