@@ -172,6 +172,7 @@ pub async fn run(
     let batches_in_flight = cfg
         .batches_in_flight
         .unwrap_or(RelayOptions::default().batches_in_flight);
+    let signals = stop_signals();
     tracing::info!(
         relay = %cfg.relay,
         agents = agents.len(),
@@ -204,7 +205,7 @@ pub async fn run(
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        signals.await;
         stop.cancel();
     });
     // The metrics server outlives the relay's shutdown grace, so the last counts can
@@ -276,24 +277,37 @@ fn ignore_sigpipe() {
     }
 }
 
-async fn wait_for_signal() {
+/// The signals that stop the relay (SIGTERM, SIGINT), registered when this is called:
+/// before the start line, so a signal sent as soon as the relay says it is starting
+/// stops it cleanly instead of killing it with the default disposition. The future
+/// ends at the first of them.
+fn stop_signals() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+        let term = signal(SignalKind::terminate()).ok();
+        let int = signal(SignalKind::interrupt()).ok();
+        async move {
+            match (term, int) {
+                (Some(mut term), Some(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                (Some(mut one), None) | (None, Some(mut one)) => {
+                    one.recv().await;
+                }
+                (None, None) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
