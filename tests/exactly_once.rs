@@ -288,9 +288,37 @@ async fn three_relays_deep(backend: Backend, batches_in_flight: usize) {
     h.wait_until("300 tasks done", secs(180), |l| l.summary().done == 300)
         .await;
     h.wait_quiescent(secs(30)).await;
-    h.stop_all().await;
+    let summaries = h.stop_all().await;
+    h.refresh().await;
     h.ledger.assert_all_done_exactly_once(300);
     assert_each_task_ran_once(&h, &log, 300);
+    assert_command_results_sent_once(&h, &summaries);
+}
+
+/// Each owner command's results were sent by one relay (plan 0090): the rows the
+/// relays sent together are the rows the commands derived, not once per relay.
+fn assert_command_results_sent_once(h: &Huddle, summaries: &[common::relays::RelaySummary]) {
+    let rows = &h.ledger.rows;
+    let commands: std::collections::BTreeSet<_> = rows
+        .iter()
+        .filter(|r| r.verb == Verb::MessagePosted && r.role == Role::Owner)
+        .map(|r| r.id)
+        .collect();
+    let derived = rows
+        .iter()
+        .filter(|r| r.parent.is_some_and(|p| commands.contains(&p)))
+        .count() as u64;
+    let sent: u64 = summaries.iter().map(|s| s.command_rows_sent).sum();
+    assert!(derived > 300, "{derived} rows derived from owner commands");
+    assert_eq!(
+        sent,
+        derived,
+        "owner-command result rows sent by all relays together: {:?}",
+        summaries
+            .iter()
+            .map(|s| (&s.relay, s.command_rows_sent))
+            .collect::<Vec<_>>()
+    );
 }
 
 /// The `task.lot` rows of the room as stored (plan 0080): how many carried hand-offs

@@ -367,6 +367,8 @@ pub struct RelaySummary {
     pub forged_writer_rows: u64,
     /// Rows not read because the relay resumed from its snapshot.
     pub rows_resumed: u64,
+    /// Rows of owner-command results the relay sent to the store (plan 0090).
+    pub command_rows_sent: u64,
 }
 
 impl RelaySummary {
@@ -396,6 +398,7 @@ impl RelaySummary {
             unsigned_rows: n("unsigned_rows")?,
             forged_writer_rows: n("forged_writer_rows")?,
             rows_resumed: n("rows_resumed").unwrap_or(0),
+            command_rows_sent: n("command_rows_sent")?,
         })
     }
 }

@@ -4,7 +4,8 @@
 //! same interactions: `task.created` rows, a `config.set` row and a reply message,
 //! each with the command message as parent. Their content is deterministic, so when
 //! several relays append them the ledger keeps one copy (identical content is the same
-//! interaction). Only the room owner's messages signed by the room's owner key are
+//! interaction); one relay writes them, elected by the command's result claim (plan
+//! 0090, in the runtime). Only the room owner's messages signed by the room's owner key are
 //! executed; agent text never is. `task.created` and `config.set` rows that no
 //! verified command produced (forged, hand-written) are dropped here, before any
 //! other fold sees them, and counted ([`OwnerAuthority`]).

@@ -265,6 +265,8 @@ enum Feedback {
     WriteRetried,
     /// A result could not be written and was given up.
     ResultLost,
+    /// Rows of owner-command results sent to the store.
+    CommandRowsSent(u64),
 }
 
 /// What the relay knows of a claim it holds: the store granted or renewed it for
@@ -342,6 +344,12 @@ struct Loop {
     held: Option<HeldResults>,
     /// The snapshot file it keeps, when configured.
     snap: Option<SnapshotKeeper>,
+    /// The last row of each owner command's results a write of this relay waits
+    /// for (another relay holds the command's result claim): woken when read.
+    results_awaited: HashMap<InteractionId, Arc<tokio::sync::Notify>>,
+    /// Cancelled when the relay starts to stop: writes that only wait for another
+    /// relay's end then.
+    stopping: CancellationToken,
 }
 
 /// What a relay knows of the snapshot it keeps (plan 0063).
@@ -464,6 +472,8 @@ impl Relay {
             metrics: self.metrics.clone(),
             held: Some(HeldResults::default()),
             snap: None,
+            results_awaited: HashMap::new(),
+            stopping: shutdown.clone(),
         };
         let mut cursor = Position::START;
         if let Some(path) = self.options.snapshot.clone() {
@@ -708,6 +718,7 @@ impl Relay {
                     lp.summary.writes_retried += 1;
                     lp.metrics.write_retried();
                 }
+                Feedback::CommandRowsSent(n) => lp.summary.command_rows_sent += n,
                 _ => {}
             }
         }
@@ -1187,11 +1198,19 @@ impl Loop {
             }
         }
         // Owner commands are executed by every relay: their results are deterministic
-        // content, so the ledger keeps one copy whoever appends first.
+        // content, written by the one relay that wins the command's result claim
+        // (plan 0090); the others wait for them here.
         let seen: Vec<InteractionId> = match self.held {
             Some(_) => rows.iter().map(|r| r.id).collect(),
             None => Vec::new(),
         };
+        if !self.results_awaited.is_empty() {
+            for row in &rows {
+                if let Some(seen) = self.results_awaited.remove(&row.id) {
+                    seen.notify_one();
+                }
+            }
+        }
         let observed = self.commands.observe(rows);
         if !observed.appends.is_empty() {
             self.write_command_results(observed.appends);
@@ -1255,14 +1274,14 @@ impl Loop {
         }
     }
 
-    /// Writes the results of owner commands, one command at a time (chunked when larger
-    /// than a batch, retried while the database is away). A result that cannot be
-    /// written is answered with a notice to the command's author instead of vanishing.
+    /// Writes the results of owner commands: one write per command, elected among the
+    /// relays by the command's result claim (plan 0090, [`Executor::write_command_result`]).
+    /// The last row of each command's results is filed in `results_awaited`, so a
+    /// relay waiting for another to write them learns from its reader when they are in.
     fn write_command_results(&mut self, appends: Vec<NewInteraction>) {
         if let Some(held) = self.held.as_mut() {
             return held.hold(appends);
         }
-        self.summary.command_rows_sent += appends.len() as u64;
         let mut groups: Vec<Vec<NewInteraction>> = Vec::new();
         for row in appends {
             match groups.last_mut() {
@@ -1270,33 +1289,21 @@ impl Loop {
                 _ => groups.push(vec![row]),
             }
         }
-        let exec = self.executor();
-        self.inflight.spawn(async move {
-            for group in groups {
-                let command = group[0].parent;
-                let (room, thread) = (group[0].room.clone(), group[0].thread.clone());
-                let rows = group.len();
-                if let Err(e) = exec.append_retrying(&[], false, group).await {
-                    warn!(room, rows, error = %e, "the result of an owner command could not be written");
-                    let _ = exec.feedback.send(Feedback::ResultLost);
-                    let Some(command) = command else { continue };
-                    let mut notice = NewInteraction::new(
-                        room,
-                        Verb::MessagePosted,
-                        SYSTEM_ACTOR,
-                        Role::System,
-                        serde_json::json!({
-                            "text": format!("this command was not carried out: its result could not be written ({e})")
-                        }),
-                    )
-                    .with_parent(command);
-                    notice.thread = thread;
-                    if let Err(e) = exec.append_retrying(&[], false, vec![notice]).await {
-                        warn!(error = %e, "the notice about a failed owner command could not be written either");
-                    }
+        for group in groups {
+            let seen = match (group[0].parent, group.last()) {
+                (Some(_), Some(last)) => {
+                    let seen = Arc::new(tokio::sync::Notify::new());
+                    self.results_awaited.insert(last.id(), seen.clone());
+                    Some(seen)
                 }
-            }
-        });
+                _ => None,
+            };
+            let exec = self.executor();
+            let stopping = self.stopping.clone();
+            self.inflight.spawn(async move {
+                exec.write_command_result(group, seen, stopping).await;
+            });
+        }
     }
 
     fn executor(&self) -> Executor {
@@ -1391,6 +1398,10 @@ impl Loop {
             Feedback::ResultLost => {
                 self.summary.results_lost += 1;
                 self.metrics.result_lost();
+                return None;
+            }
+            Feedback::CommandRowsSent(n) => {
+                self.summary.command_rows_sent += n;
                 return None;
             }
         })
@@ -1589,6 +1600,14 @@ async fn back_off(delay: &mut Duration, give_up: &CancellationToken) {
     }
     *delay = (*delay * 2).min(RETRY_MAX);
 }
+
+/// How long a relay holds the claim to write an owner command's results
+/// (`cmdresult/<room>/<command>`, plan 0090); the others wait for the rows at most
+/// this long before trying to take it over.
+const COMMAND_RESULT_LEASE: Duration = Duration::from_secs(10);
+/// How many leases of another holder a relay waits out before writing an owner
+/// command's results itself anyway (they dedupe).
+const COMMAND_RESULT_WAITS: u32 = 3;
 
 /// Most pieces of feedback handled with one scheduling pass.
 const FEEDBACK_BATCH: usize = 512;
@@ -2197,6 +2216,142 @@ impl Executor {
             }
         }
         Ok(())
+    }
+
+    /// Writes one owner command's results unless another relay does (plan 0090): the
+    /// relays elect the writer with the claim `cmdresult/<room>/<command>`. Won: write
+    /// them, the last chunk closing the claim. Closed: they are in. Held by another:
+    /// wait for their last row to be read (`seen`), for the holder's lease to lapse
+    /// (then try again) or for the relay to stop; after [`COMMAND_RESULT_WAITS`] such
+    /// waits, write them anyway (they dedupe), so a holder that never writes cannot
+    /// withhold them.
+    async fn write_command_result(
+        &self,
+        group: Vec<NewInteraction>,
+        seen: Option<Arc<tokio::sync::Notify>>,
+        stopping: CancellationToken,
+    ) {
+        let (Some(command), Some(seen)) = (group[0].parent, seen) else {
+            return self.send_command_rows(group, None).await;
+        };
+        let key = huddle_core::protocol::command_result_key(&group[0].room, &command);
+        let mut waits = 0;
+        let fence = loop {
+            let answer = match self.acquire_retrying(&key).await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    // Not a claim this store will grant (nor a database that is
+                    // away: that is retried): write without it.
+                    warn!(key, error = %e, "the claim of an owner command's results could not be taken; writing them without it");
+                    break None;
+                }
+            };
+            let held = match answer {
+                Acquired::Won(state) => {
+                    break Some(Fence {
+                        key: state.key,
+                        holder: state.holder,
+                        epoch: state.epoch,
+                    })
+                }
+                Acquired::Closed { .. } => return,
+                Acquired::HeldBy(held) => held,
+            };
+            if waits == COMMAND_RESULT_WAITS {
+                warn!(key, holder = %held.holder, "another relay has held the claim of an owner command's results for several leases without writing them; writing them");
+                break None;
+            }
+            waits += 1;
+            let left = match self.store.now().await {
+                Ok(now) => {
+                    Duration::from_micros(held.expires_at.0.saturating_sub(now.0).max(0) as u64)
+                }
+                Err(_) => COMMAND_RESULT_LEASE,
+            };
+            let wait = left.min(COMMAND_RESULT_LEASE) + Duration::from_millis(10);
+            debug!(key, holder = %held.holder, wait_ms = wait.as_millis() as u64, "another relay writes an owner command's results");
+            tokio::select! {
+                _ = seen.notified() => return,
+                _ = stopping.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        };
+        self.send_command_rows(group, fence).await;
+    }
+
+    /// Takes the result claim `key` for this relay, retrying while the database is
+    /// away (until the relay gives up its writes).
+    async fn acquire_retrying(&self, key: &str) -> Result<Acquired, StoreError> {
+        let mut delay = RETRY_FIRST;
+        loop {
+            match self
+                .store
+                .acquire(key, &self.relay, COMMAND_RESULT_LEASE)
+                .await
+            {
+                Err(e) if e.is_retryable() && !self.give_up.is_cancelled() => {
+                    warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "taking a claim failed; retrying");
+                    back_off(&mut delay, &self.give_up).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Sends one command's result rows: chunked when larger than a batch, the last
+    /// chunk under `fence` and closing it when given. A result that cannot be written
+    /// is answered with a notice to the command's author instead of vanishing.
+    async fn send_command_rows(&self, mut group: Vec<NewInteraction>, fence: Option<Fence>) {
+        let _ = self
+            .feedback
+            .send(Feedback::CommandRowsSent(group.len() as u64));
+        let command = group[0].parent;
+        let (room, thread) = (group[0].room.clone(), group[0].thread.clone());
+        let rows = group.len();
+        let max = self.store.limits().max_batch.max(1);
+        let last = group.split_off(group.len() - 1 - (group.len() - 1) % max);
+        let mut result = match group.is_empty() {
+            true => Ok(()),
+            false => self.append_retrying(&[], false, group).await,
+        };
+        if result.is_ok() {
+            result = match &fence {
+                Some(f) => {
+                    match self
+                        .append_retrying(std::slice::from_ref(f), true, last.clone())
+                        .await
+                    {
+                        // The lease lapsed and another relay took the claim over: it
+                        // writes them too; these dedupe.
+                        Err(StoreError::Fenced { .. }) => {
+                            self.append_retrying(&[], false, last).await
+                        }
+                        other => other,
+                    }
+                }
+                None => self.append_retrying(&[], false, last).await,
+            };
+        }
+        let Err(e) = result else { return };
+        warn!(room, rows, error = %e, "the result of an owner command could not be written");
+        let _ = self.feedback.send(Feedback::ResultLost);
+        let Some(command) = command else { return };
+        let mut notice = NewInteraction::new(
+            room,
+            Verb::MessagePosted,
+            SYSTEM_ACTOR,
+            Role::System,
+            serde_json::json!({
+                "text": format!("this command was not carried out: its result could not be written ({e})")
+            }),
+        )
+        .with_parent(command);
+        notice.thread = thread;
+        let fences: Vec<Fence> = fence.into_iter().collect();
+        let close = !fences.is_empty();
+        if let Err(e) = self.append_retrying(&fences, close, vec![notice]).await {
+            warn!(error = %e, "the notice about a failed owner command could not be written either");
+        }
     }
 
     fn start_turn(

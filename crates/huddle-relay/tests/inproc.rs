@@ -238,6 +238,133 @@ async fn a_relay_catching_up_does_not_rewrite_command_results() {
     );
 }
 
+/// The rows every owner command derived (those whose parent is a message the owner
+/// posted), and the id of the message saying `text`.
+fn command_rows(rows: &[huddle_core::Interaction]) -> u64 {
+    let commands: std::collections::BTreeSet<_> = rows
+        .iter()
+        .filter(|r| r.verb == Verb::MessagePosted && r.role == Role::Owner)
+        .map(|r| r.id)
+        .collect();
+    rows.iter()
+        .filter(|r| r.parent.is_some_and(|p| commands.contains(&p)))
+        .count() as u64
+}
+
+fn message_id(rows: &[huddle_core::Interaction], text: &str) -> huddle_core::InteractionId {
+    rows.iter()
+        .find(|r| r.verb == Verb::MessagePosted && r.body["text"] == text)
+        .map(|r| r.id)
+        .expect("message in the ledger")
+}
+
+/// Two relays serving the room both derive each owner command's results, and one of
+/// them writes them (plan 0090): together they send exactly the rows the commands
+/// derived, not twice as many. Counted in rows sent, not rows stored (those dedupe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn command_results_are_written_by_one_relay() {
+    let (_dir, path, admin) = lobby().await;
+    let shutdown = CancellationToken::new();
+    let mut relays = Vec::new();
+    for r in 0..2 {
+        let relay = Relay::new(
+            store(&path, &format!("relay-{r}")).await,
+            format!("relay-{r}"),
+            vec!["lobby".into()],
+            vec![sim_agent(&format!("a{r}"), 5)],
+            RelayOptions::default(),
+        );
+        relays.push(tokio::spawn(relay.run(shutdown.clone())));
+    }
+    // Both relays are serving before the commands come.
+    owner_command(&*admin, "!config reply-delay 0").await;
+    wait_ledger(&*admin, "the first command answered", |_, rows| {
+        command_rows(rows) > 0
+    })
+    .await;
+    let tasks: Vec<String> = (0..40).map(|i| format!("t{i}: task {i}")).collect();
+    owner_command(&*admin, &format!("!delegate\n{}", tasks.join("\n"))).await;
+    owner_command(&*admin, "!config max-turns 50").await;
+    wait_ledger(&*admin, "every task created and done", |dag, _| {
+        let s = dag.summary("lobby");
+        s.total == 40 && s.done == 40
+    })
+    .await;
+    wait_ledger(&*admin, "the last command answered", |_, rows| {
+        let id = message_id(rows, "!config max-turns 50");
+        rows.iter().any(|r| r.parent == Some(id))
+    })
+    .await;
+    shutdown.cancel();
+    let mut sent = 0;
+    for r in relays {
+        let summary = r.await.expect("join").expect("relay ran");
+        sent += summary.command_rows_sent;
+    }
+    let (_, rows) = fold_all(&*admin).await;
+    let derived = command_rows(&rows);
+    assert!(derived >= 43, "{derived} rows derived");
+    assert_eq!(
+        sent, derived,
+        "the two relays sent each command's results once between them"
+    );
+}
+
+/// A relay that took an owner command's result claim and died before writing (here:
+/// a holder that never writes) holds the results back only until its lease lapses:
+/// the relay serving the room then takes the claim over and writes them, once, and
+/// the claim ends closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_writer_of_command_results_is_taken_over() {
+    let (_dir, path, admin) = lobby().await;
+    let text = "!delegate\nt1: one\nt2: two [after t1]";
+    owner_command(&*admin, text).await;
+    let (_, rows) = fold_all(&*admin).await;
+    let key = huddle_core::protocol::command_result_key("lobby", &message_id(&rows, text));
+    let dead = admin
+        .acquire(&key, "relay-dead", Duration::from_millis(1500))
+        .await
+        .expect("acquire");
+    let huddle_store::Acquired::Won(dead) = dead else {
+        panic!("the claim was free: {dead:?}")
+    };
+    let shutdown = CancellationToken::new();
+    let relay = Relay::new(
+        store(&path, "relay-a").await,
+        "relay-a".to_string(),
+        vec!["lobby".into()],
+        vec![sim_agent("a0", 5)],
+        RelayOptions::default(),
+    );
+    let run = tokio::spawn(relay.run(shutdown.clone()));
+    wait_ledger(&*admin, "the tasks created and done", |dag, _| {
+        let s = dag.summary("lobby");
+        s.total == 2 && s.done == 2
+    })
+    .await;
+    shutdown.cancel();
+    let summary = run.await.expect("join").expect("relay ran");
+    let (_, rows) = fold_all(&*admin).await;
+    let command = message_id(&rows, text);
+    let results: Vec<_> = rows.iter().filter(|r| r.parent == Some(command)).collect();
+    assert_eq!(results.len(), 3, "two tasks and the reply");
+    for r in &results {
+        assert!(
+            r.at >= dead.expires_at,
+            "{:?} written at {:?}, before the dead holder's lease lapsed at {:?}",
+            r.verb,
+            r.at,
+            dead.expires_at
+        );
+    }
+    assert_eq!(summary.command_rows_sent, 3, "written once");
+    let after = admin
+        .acquire(&key, "someone", Duration::from_secs(1))
+        .await
+        .expect("acquire");
+    assert!(after.closed(), "the write closed the claim: {after:?}");
+}
+
 /// A reply turn in a thread gets the `<coordination>` block and a `<related-context>`
 /// block with the related message of a sibling thread, before the message itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

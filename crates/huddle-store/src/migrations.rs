@@ -61,6 +61,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     14 "task_lots" "0014_task_lots.sql",
     15 "claim_keys_bytewise" "0015_claim_keys_bytewise.sql",
     16 "acquire_without_waiting_on_held" "0016_acquire_without_waiting_on_held.sql",
+    17 "command_result_claims" "0017_command_result_claims.sql",
 );
 
 /// SQLite migrations, in order.

@@ -570,3 +570,43 @@ async fn pooled_sessions_plan_each_statement_once_unless_the_url_says_otherwise(
     let (mode, _) = s.session_plans().await.expect("plans");
     assert_eq!(mode, "auto");
 }
+
+/// Postgres's `huddle_claim_room` (what archiving and `prune-claims` go by) files
+/// every claim kind under the room `room_of_claim` gives, and no other: the two
+/// lists of room-scoped kinds agree (migration 0017 added `cmdresult`).
+#[tokio::test]
+async fn the_database_knows_the_room_of_every_room_scoped_claim_kind() {
+    let db = test_database().await;
+    let _store = PgStore::connect(&db.url, StoreOptions::default())
+        .await
+        .expect("connect");
+    let (client, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let mut keys: Vec<String> = huddle_core::protocol::ROOM_CLAIM_KINDS
+        .iter()
+        .map(|kind| format!("{kind}/lobby/x"))
+        .collect();
+    keys.extend([
+        "relay/lobby".into(),
+        "other/lobby/x".into(),
+        "task//x".into(),
+    ]);
+    keys.push(huddle_core::protocol::command_result_key(
+        "lobby",
+        &InteractionId([7; 32]),
+    ));
+    for key in &keys {
+        let room: Option<String> = client
+            .query_one("SELECT huddle_claim_room($1)", &[key])
+            .await
+            .expect("huddle_claim_room")
+            .get(0);
+        assert_eq!(
+            room.as_deref(),
+            huddle_core::protocol::room_of_claim(key),
+            "the room of {key}"
+        );
+    }
+}

@@ -8,6 +8,7 @@
 //! | `taskdrive/<room>/<task>` | relay id | the one relay that drives the owner's task turn |
 //! | `review/<room>/<task>` | agent key | the reviewer's one verdict on a task's submission |
 //! | `reviewdrive/<room>/<task>` | relay id | the one relay that drives the review turn |
+//! | `cmdresult/<room>/<command>` | relay id | the one relay that writes an owner command's results |
 //!
 //! Task and review keys end in `/<generation>` from a task's generation 1 on (after
 //! the owner's `!retry` or a reviewer's rejection).
@@ -274,6 +275,12 @@ pub fn drive_key(room: &str, agent: &str, message: &InteractionId) -> String {
     format!("drive/{room}/{agent}/{message}")
 }
 
+/// `cmdresult/<room>/<command>`: the one relay that writes the results of an owner
+/// command (plan 0090); the write of the last result rows closes it.
+pub fn command_result_key(room: &str, command: &InteractionId) -> String {
+    format!("cmdresult/{room}/{command}")
+}
+
 /// `task/<room>/<task>`.
 pub fn task_key(room: &str, task: &str) -> String {
     format!("task/{room}/{task}")
@@ -326,7 +333,7 @@ pub fn reviewdrive_key(room: &str, task: &str, generation: u32) -> String {
 /// The kinds of claim key that belong to one room: `<kind>/<room>/...` (resource
 /// claims are `resource/<room>/...`, leases `lease/<room>/...`). Every other kind
 /// (`relay/<id>`) belongs to no room. Postgres's `huddle_claim_room` (migration 0012)
-/// holds the same list.
+/// holds the same list (`cmdresult` since migration 0017).
 pub const ROOM_CLAIM_KINDS: &[&str] = &[
     "reply",
     "drive",
@@ -336,6 +343,7 @@ pub const ROOM_CLAIM_KINDS: &[&str] = &[
     "reviewdrive",
     "lease",
     "resource",
+    "cmdresult",
 ];
 
 /// The room a claim key belongs to, when it is of a room-scoped kind
@@ -360,6 +368,10 @@ mod tests {
             Some("lobby")
         );
         assert_eq!(room_of_claim("lease/lobby/coordinator"), Some("lobby"));
+        assert_eq!(
+            room_of_claim(&command_result_key("lobby", &InteractionId([2; 32]))),
+            Some("lobby")
+        );
         assert_eq!(room_of_claim("relay/lobby"), None);
         assert_eq!(room_of_claim("task//t1"), None);
         assert_eq!(room_of_claim("task"), None);

@@ -22,10 +22,10 @@ pub mod task;
 pub mod turn;
 
 pub use claims::{
-    directed_reply_key, drive_key, message_effect_key, reply_key, reply_key_for, review_effect_key,
-    review_key, reviewdrive_key, room_of_claim, task_effect_key, task_key, task_key_at,
-    task_round_effect_key, taskdrive_key, taskdrive_key_at, ClaimEpoch, ClaimKey, ClaimRef,
-    ROOM_CLAIM_KINDS,
+    command_result_key, directed_reply_key, drive_key, message_effect_key, reply_key,
+    reply_key_for, review_effect_key, review_key, reviewdrive_key, room_of_claim, task_effect_key,
+    task_key, task_key_at, task_round_effect_key, taskdrive_key, taskdrive_key_at, ClaimEpoch,
+    ClaimKey, ClaimRef, ROOM_CLAIM_KINDS,
 };
 pub use coord::{
     CoordNoteBody, DesignationBody, NoticeBody, PresenceBody, PresenceState, Subject, SubjectKind,
