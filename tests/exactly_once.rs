@@ -5,7 +5,8 @@
 //! Each test is one of the failures the exactly-once work fixed: short turns re-running
 //! finished tasks, a paused relay re-taking finished work, the same agent on two relays
 //! completing a task twice, two processes with one relay id, reads stalling on a page
-//! boundary, a large `!delegate` lost, and a result dropped while the database restarts.
+//! boundary, a large `!delegate` lost, a result dropped while the database restarts,
+//! and a relay killed while it writes an owner command's results.
 
 use crate::common;
 
@@ -570,4 +571,131 @@ async fn a_result_written_while_the_database_restarts_is_not_lost() {
         "the relay retried a write: {summaries:?}"
     );
     assert_eq!(summaries[0].results_lost, 0, "{summaries:?}");
+}
+
+/// The relay that won an owner command's result claim (plan 0090) is killed with
+/// SIGKILL while its write of the results waits inside the database (a test trigger
+/// holds every `task.created` insert on an advisory lock the test owns), and its
+/// database session is ended: the write dies with it. Once its lease lapses, one of the two other relay processes takes the
+/// claim over and writes the results; every task is created and done exactly once,
+/// the survivors sent the command's rows once between them, and none of them was
+/// written before the dead writer's lease ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_while_writing_command_results_is_taken_over() {
+    const GATE: i64 = 0x0090;
+    let mut h = Huddle::new(Backend::Postgres).await;
+    let (sql, conn) = tokio_postgres::connect(&h.db.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    sql.batch_execute(&format!(
+        "CREATE FUNCTION test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_advisory_xact_lock_shared({GATE}); RETURN NEW; END $$;
+         CREATE TRIGGER test_gate BEFORE INSERT ON interaction FOR EACH ROW
+         WHEN (NEW.verb = 'task.created') EXECUTE FUNCTION test_gate();
+         SELECT pg_advisory_lock({GATE});"
+    ))
+    .await
+    .expect("the gate");
+    for r in 0..3 {
+        h.spawn_relay(
+            &format!("r{r}"),
+            vec![
+                AgentSpec::sim(&format!("k{r}0"), 5),
+                AgentSpec::sim(&format!("k{r}1"), 5),
+            ],
+        );
+    }
+    h.wait_registered(&["k00", "k01", "k10", "k11", "k20", "k21"])
+        .await;
+    let command = h.owner_posts(&format!("!delegate\n{}", task_lines("t", 40)));
+    let key = huddle_core::protocol::command_result_key("lobby", &command);
+    // The winner is inside its insert, waiting on the gate.
+    let deadline = std::time::Instant::now() + secs(30);
+    let (holder, expires_us) = loop {
+        let held = sql
+            .query_opt(
+                "SELECT holder, (extract(epoch FROM expires_at) * 1e6)::int8 FROM external_claim
+                 WHERE key = $1",
+                &[&key],
+            )
+            .await
+            .expect("read the claim");
+        if let (Some(row), true) = (held, waiting_writers(&sql).await > 0) {
+            break (row.get::<_, String>(0), row.get::<_, i64>(1));
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no relay took the command's result claim and started writing"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        waiting_writers(&sql).await,
+        1,
+        "one relay writes the results"
+    );
+    // The relay dies, and so does its connection's session (a backend waiting on a
+    // lock would otherwise finish the insert for the dead client once the gate opens).
+    h.relay(&holder).kill9();
+    let waiting: Vec<i32> = sql
+        .query(
+            "SELECT pid FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'",
+            &[],
+        )
+        .await
+        .expect("the dead relay's session")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(waiting.len(), 1, "the dead relay's write was waiting");
+    let ended: bool = sql
+        .query_one("SELECT pg_terminate_backend($1)", &[&waiting[0]])
+        .await
+        .expect("end the dead relay's session")
+        .get(0);
+    assert!(ended, "the dead relay's session ended");
+    sql.batch_execute(&format!("SELECT pg_advisory_unlock({GATE})"))
+        .await
+        .expect("open the gate");
+    h.wait_until("40 tasks done", secs(60), |l| l.summary().done == 40)
+        .await;
+    h.wait_quiescent(secs(30)).await;
+    let summaries = h.stop_all().await;
+    assert_eq!(
+        summaries.len(),
+        2,
+        "the two survivors stopped: {summaries:?}"
+    );
+    h.ledger.assert_all_done_exactly_once(40);
+    let results: Vec<_> = h
+        .ledger
+        .rows
+        .iter()
+        .filter(|r| r.parent == Some(command))
+        .collect();
+    assert_eq!(results.len(), 41, "40 tasks and the reply");
+    for r in &results {
+        assert!(
+            r.at.0 >= expires_us,
+            "{:?} written at {}, before the killed writer's lease lapsed at {expires_us}",
+            r.verb,
+            r.at.0
+        );
+    }
+    let sent: u64 = summaries.iter().map(|s| s.command_rows_sent).sum();
+    assert_eq!(sent, 41, "one survivor wrote the results: {summaries:?}");
+}
+
+/// Backends waiting on the test's advisory lock.
+async fn waiting_writers(sql: &tokio_postgres::Client) -> i64 {
+    sql.query_one(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'",
+        &[],
+    )
+    .await
+    .expect("read pg_stat_activity")
+    .get(0)
 }

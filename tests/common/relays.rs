@@ -1228,14 +1228,20 @@ impl Huddle {
         out.iter().map(|a| a.id).collect()
     }
 
-    /// Posts `text` as the owner with the CLI and waits for the relays' reply to it.
-    pub async fn owner_says(&mut self, text: &str) -> String {
+    /// The owner posts `text` with the CLI (signed with the owner's key), without
+    /// waiting for anything; returns the message's id.
+    pub fn owner_posts(&self, text: &str) -> InteractionId {
         let id = super::ok({
             let mut c = super::huddle(&self.db.url);
             c.args(["post", "--room", &self.room, "--as", &self.owner, text]);
             c
         });
-        let id: InteractionId = id.trim().parse().expect("post prints the id");
+        id.trim().parse().expect("post prints the id")
+    }
+
+    /// Posts `text` as the owner with the CLI and waits for the relays' reply to it.
+    pub async fn owner_says(&mut self, text: &str) -> String {
+        let id = self.owner_posts(text);
         let what = format!("the reply to the owner's {:?}", first_line(text));
         self.wait_for(&what, secs(30), |l| {
             l.system_reply(id).map(|r| {
