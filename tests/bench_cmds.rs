@@ -72,6 +72,8 @@ fn bench_tasks_runs_each_task_once_and_leaves_nothing_behind() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("given.db");
     let report = bench_report(&db, &tasks_args("30", "3", "2", &[]));
+    // Unset, the relays keep their own default: one batch in flight on SQLite.
+    assert_eq!(report["batches_in_flight"], 1, "{report}");
     let line = &report["lines"][0];
     assert_eq!(line["tasks"], 30);
     // Executions are counted from the turns the relays started, not from rows.

@@ -276,6 +276,11 @@ fn relay_start_lines_and_config_relative_paths() {
         "{room}"
     );
     assert!(line("hosting agent: sim").contains("agent=ada"), "{text}");
+    // One batch in flight by default on SQLite (plan 0091).
+    assert!(
+        line("relay starting").contains("batches_in_flight=1"),
+        "{text}"
+    );
     let bob = line("hosting agent: exec");
     assert!(bob.contains("agent=bob"), "{bob}");
     assert!(

@@ -6,6 +6,7 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::relays::{AgentSpec, Backend, Huddle};
 use common::*;
 
 async fn db() -> huddle_testkit::TestDb {
@@ -140,4 +141,31 @@ async fn follower_survives_killed_listen_connections() {
         c
     });
     assert_eq!(all.lines().count(), 1 + 6, "{all}");
+}
+
+/// A relay on Postgres keeps two batches of results and claims in flight unless its
+/// configuration says otherwise (plan 0091), and says so in its start line; with
+/// `batches_in_flight = 1` it keeps one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_on_postgres_keeps_two_batches_in_flight_by_default() {
+    let mut h = Huddle::new(Backend::Postgres).await;
+    let url = h.db.url.clone();
+    h.spawn_relay_full("r0", vec![AgentSpec::sim("a0", 5)], &url, Some("info"), "");
+    h.spawn_relay_full(
+        "r1",
+        vec![AgentSpec::sim("a1", 5)],
+        &url,
+        Some("info"),
+        "batches_in_flight = 1",
+    );
+    h.wait_registered(&["a0", "a1"]).await;
+    for (relay, want) in [("r0", "batches_in_flight=2"), ("r1", "batches_in_flight=1")] {
+        let log = h.relay(relay).log_tail(10_000);
+        let start = log
+            .lines()
+            .find(|l| l.contains("relay starting"))
+            .unwrap_or_else(|| panic!("no start line: {log}"));
+        assert!(start.contains(want), "{relay}: {start}");
+    }
+    h.stop_all().await;
 }

@@ -98,9 +98,10 @@ pub struct TasksArgs {
     #[arg(long, requires = "lease_ahead", value_parser = clap::value_parser!(u32).range(1..=16))]
     pub lease_depth: Option<u32>,
     /// Each relay keeps up to N batches of results and claims in flight at once
-    /// (`batches_in_flight` in its configuration, plan 0087; default 1).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4))]
-    pub batches_in_flight: u32,
+    /// (`batches_in_flight` in its configuration, plan 0087; default: the relays'
+    /// own, 2 on Postgres and 1 on SQLite, plan 0091).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
+    pub batches_in_flight: Option<u32>,
     /// Run every task count this many times, each round in a fresh scratch database,
     /// the side that runs first alternating; the report gives the ratio's range.
     #[arg(long, default_value_t = 1)]
@@ -455,12 +456,14 @@ fn toml_str(s: &str) -> String {
 
 fn relay_toml(id: &str, db: &str, room: &str, agents: &[String], args: &TasksArgs) -> String {
     let mut t = format!(
-        "relay = {}\ndatabase = {}\nrooms = [{}]\nbatches_in_flight = {}\n",
+        "relay = {}\ndatabase = {}\nrooms = [{}]\n",
         toml_str(id),
         toml_str(db),
         toml_str(room),
-        args.batches_in_flight
     );
+    if let Some(n) = args.batches_in_flight {
+        t.push_str(&format!("batches_in_flight = {n}\n"));
+    }
     let turn_ms = args.turn_ms;
     for a in agents {
         t.push_str(&format!(
@@ -1038,7 +1041,9 @@ pub async fn run(args: TasksArgs, db: String) -> anyhow::Result<TasksReport> {
         turn_ms: args.turn_ms,
         lease_ahead: args.lease_ahead,
         lease_depth: args.lease_depth,
-        batches_in_flight: args.batches_in_flight,
+        batches_in_flight: args
+            .batches_in_flight
+            .unwrap_or_else(|| huddle_relay::runtime::default_batches_in_flight(&db) as u32),
         rounds: args.rounds,
         lines,
         spread,

@@ -171,7 +171,7 @@ pub async fn run(
     let agents = hosted_agents(&cfg).await?;
     let batches_in_flight = cfg
         .batches_in_flight
-        .unwrap_or(RelayOptions::default().batches_in_flight);
+        .unwrap_or_else(|| huddle_relay::runtime::default_batches_in_flight(&cfg.database));
     let signals = stop_signals();
     tracing::info!(
         relay = %cfg.relay,

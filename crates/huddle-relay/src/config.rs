@@ -11,7 +11,8 @@
 //! snapshot_every_rows = 100000      # rows folded between two snapshots while running
 //! snapshot_min_interval_ms = 60000  # and at most this often
 //! batch_hold_ms = 2                 # how long a task result waits for others to share its write
-//! batches_in_flight = 1             # batches of results and claims sent at once (1 - 4)
+//! batches_in_flight = 2             # batches of results and claims sent at once (1 - 4;
+//!                                   # default 2 on Postgres, 1 on SQLite)
 //!
 //! [[agent]]
 //! key = "ada"                       # the agent's id in rooms and claims

@@ -95,9 +95,10 @@ pub struct RelayOptions {
     /// wait when no other task turn runs; zero: never.
     pub batch_hold: Duration,
     /// How many batches of task results and claim acquisitions may be in flight at
-    /// once (plan 0087; 1 – [`MAX_BATCHES_IN_FLIGHT`], default 1). More than one
-    /// overlaps the relay's statements: worth it when the database has a core to
-    /// spare, a cost when it has none (docs/benchmarks.md).
+    /// once (plan 0087; 1 – [`MAX_BATCHES_IN_FLIGHT`], default 1 here; `huddle relay`
+    /// defaults to [`default_batches_in_flight`] of its backend, plan 0091). More
+    /// than one overlaps the relay's statements: worth it where the database works on
+    /// two at once (docs/benchmarks.md).
     pub batches_in_flight: usize,
 }
 
@@ -123,6 +124,18 @@ pub const DEFAULT_BATCH_HOLD: Duration = Duration::from_millis(2);
 
 /// The most batches a relay may keep in flight ([`RelayOptions::batches_in_flight`]).
 pub const MAX_BATCHES_IN_FLIGHT: usize = 4;
+
+/// The batches a relay on `database` (a store URL) keeps in flight unless configured
+/// (plan 0091): two on Postgres, whose server works on two statements at once (one
+/// relay ran a third to two fifths more tasks a second with two; three relays sharing
+/// two cores with the server, the same), one on SQLite, whose one writer runs them one
+/// after the other anyway (two ran about a tenth fewer there).
+pub fn default_batches_in_flight(database: &str) -> usize {
+    match huddle_store::parse_url(database) {
+        Ok(huddle_store::Backend::Postgres(_)) => 2,
+        _ => 1,
+    }
+}
 
 /// What a relay reports when it stops: enough to check that relays converged.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -3100,6 +3113,15 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     const TTL: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn two_batches_in_flight_by_default_on_postgres_only() {
+        assert_eq!(default_batches_in_flight("postgres://u@h/db"), 2);
+        assert_eq!(default_batches_in_flight("postgresql://u@h/db"), 2);
+        assert_eq!(default_batches_in_flight("sqlite:///tmp/h.db"), 1);
+        assert_eq!(default_batches_in_flight("./huddle.db"), 1);
+        assert_eq!(default_batches_in_flight("sqlite::memory:"), 1);
+    }
 
     fn executor(store: Arc<dyn Store>) -> (Executor, mpsc::UnboundedReceiver<Feedback>) {
         let (feedback, rx) = mpsc::unbounded_channel();
