@@ -363,6 +363,9 @@ struct Loop {
     /// Cancelled when the relay starts to stop: writes that only wait for another
     /// relay's end then.
     stopping: CancellationToken,
+    /// Ends when the last owner-command results handed to a write are done: the next
+    /// write waits for it (results in command order).
+    command_writes: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 /// What a relay knows of the snapshot it keeps (plan 0063).
@@ -487,6 +490,7 @@ impl Relay {
             snap: None,
             results_awaited: HashMap::new(),
             stopping: shutdown.clone(),
+            command_writes: None,
         };
         let mut cursor = Position::START;
         if let Some(path) = self.options.snapshot.clone() {
@@ -1291,6 +1295,12 @@ impl Loop {
     /// relays by the command's result claim (plan 0090, [`Executor::write_command_result`]).
     /// The last row of each command's results is filed in `results_awaited`, so a
     /// relay waiting for another to write them learns from its reader when they are in.
+    ///
+    /// Commands are handled one after the other, in ledger order (each call's writes
+    /// start once the previous call's have ended): a relay turns to a command only
+    /// when the previous one's results are in the ledger (written here, read, or
+    /// closed by their writer), so whichever relays write them, commands' results —
+    /// their replies above all — are in the ledger in the order of the commands.
     fn write_command_results(&mut self, appends: Vec<NewInteraction>) {
         if let Some(held) = self.held.as_mut() {
             return held.hold(appends);
@@ -1302,21 +1312,35 @@ impl Loop {
                 _ => groups.push(vec![row]),
             }
         }
-        for group in groups {
-            let seen = match (group[0].parent, group.last()) {
-                (Some(_), Some(last)) => {
-                    let seen = Arc::new(tokio::sync::Notify::new());
-                    self.results_awaited.insert(last.id(), seen.clone());
-                    Some(seen)
-                }
-                _ => None,
-            };
-            let exec = self.executor();
-            let stopping = self.stopping.clone();
-            self.inflight.spawn(async move {
-                exec.write_command_result(group, seen, stopping).await;
-            });
-        }
+        let groups: Vec<_> = groups
+            .into_iter()
+            .map(|group| {
+                let seen = match (group[0].parent, group.last()) {
+                    (Some(_), Some(last)) => {
+                        let seen = Arc::new(tokio::sync::Notify::new());
+                        self.results_awaited.insert(last.id(), seen.clone());
+                        Some(seen)
+                    }
+                    _ => None,
+                };
+                (group, seen)
+            })
+            .collect();
+        let exec = self.executor();
+        let stopping = self.stopping.clone();
+        let (done, next) = tokio::sync::oneshot::channel::<()>();
+        let previous = self.command_writes.replace(next);
+        self.inflight.spawn(async move {
+            if let Some(previous) = previous {
+                // Ended (or dropped, if it failed): either way, this one's turn.
+                let _ = previous.await;
+            }
+            for (group, seen) in groups {
+                exec.write_command_result(group, seen, stopping.clone())
+                    .await;
+            }
+            drop(done);
+        });
     }
 
     fn executor(&self) -> Executor {

@@ -310,6 +310,74 @@ async fn command_results_are_written_by_one_relay() {
     );
 }
 
+/// Owner commands posted together are answered in their order (plan 0090): each
+/// relay turns to a command's results only once the previous command's are in the
+/// ledger, whichever relay writes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn command_replies_follow_the_order_of_the_commands() {
+    let (_dir, path, admin) = lobby().await;
+    let shutdown = CancellationToken::new();
+    let mut relays = Vec::new();
+    for r in 0..2 {
+        let relay = Relay::new(
+            store(&path, &format!("relay-{r}")).await,
+            format!("relay-{r}"),
+            vec!["lobby".into()],
+            vec![sim_agent(&format!("a{r}"), 5)],
+            RelayOptions::default(),
+        );
+        relays.push(tokio::spawn(relay.run(shutdown.clone())));
+    }
+    owner_command(&*admin, "!config reply-delay 0").await;
+    wait_ledger(&*admin, "the relays answer", |_, rows| {
+        command_rows(rows) > 0
+    })
+    .await;
+    let texts: Vec<String> = (1..=8)
+        .map(|i| format!("!config max-turns {}", 40 + i))
+        .collect();
+    let commands = admin
+        .append(
+            texts
+                .iter()
+                .map(|t| {
+                    olga_key().sign(NewInteraction::new(
+                        "lobby",
+                        Verb::MessagePosted,
+                        "olga",
+                        Role::Owner,
+                        json!({ "text": t }),
+                    ))
+                })
+                .collect(),
+        )
+        .await
+        .expect("the commands");
+    let ids: Vec<_> = commands.iter().map(|a| a.id).collect();
+    wait_ledger(&*admin, "every command answered", |_, rows| {
+        ids.iter().all(|id| {
+            rows.iter()
+                .any(|r| r.parent == Some(*id) && r.verb == Verb::MessagePosted)
+        })
+    })
+    .await;
+    shutdown.cancel();
+    for r in relays {
+        r.await.expect("join").expect("relay ran");
+    }
+    let (_, rows) = fold_all(&*admin).await;
+    let answered: Vec<_> = rows
+        .iter()
+        .filter(|r| r.verb == Verb::MessagePosted && r.role == Role::System)
+        .filter_map(|r| ids.iter().position(|id| r.parent == Some(*id)))
+        .collect();
+    assert_eq!(
+        answered,
+        (0..8).collect::<Vec<_>>(),
+        "replies in command order"
+    );
+}
+
 /// A relay that took an owner command's result claim and died before writing (here:
 /// a holder that never writes) holds the results back only until its lease lapses:
 /// the relay serving the room then takes the claim over and writes them, once, and
