@@ -378,6 +378,36 @@ async fn command_replies_follow_the_order_of_the_commands() {
     );
 }
 
+/// The owner posts `text`, and `holder` takes its result claim for `lease` before any
+/// relay runs: the claim's key and the answer.
+async fn command_claimed_first(
+    admin: &Arc<dyn Store>,
+    text: &str,
+    holder: &str,
+    lease: Duration,
+) -> (String, huddle_store::Acquired) {
+    owner_command(&**admin, text).await;
+    let (_, rows) = fold_all(&**admin).await;
+    let key = huddle_core::protocol::command_result_key("lobby", &message_id(&rows, text));
+    let answer = admin.acquire(&key, holder, lease).await.expect("acquire");
+    (key, answer)
+}
+
+/// Relay `relay-a` with one simulated agent, running until `shutdown`.
+async fn run_relay_a(
+    path: &str,
+    shutdown: &CancellationToken,
+) -> tokio::task::JoinHandle<Result<huddle_relay::RelaySummary, huddle_relay::RelayError>> {
+    let relay = Relay::new(
+        store(path, "relay-a").await,
+        "relay-a".to_string(),
+        vec!["lobby".into()],
+        vec![sim_agent("a0", 5)],
+        RelayOptions::default(),
+    );
+    tokio::spawn(relay.run(shutdown.clone()))
+}
+
 /// A relay that took an owner command's result claim and died before writing (here:
 /// a holder that never writes) holds the results back only until its lease lapses:
 /// the relay serving the room then takes the claim over and writes them, once, and
@@ -386,25 +416,13 @@ async fn command_replies_follow_the_order_of_the_commands() {
 async fn a_dead_writer_of_command_results_is_taken_over() {
     let (_dir, path, admin) = lobby().await;
     let text = "!delegate\nt1: one\nt2: two [after t1]";
-    owner_command(&*admin, text).await;
-    let (_, rows) = fold_all(&*admin).await;
-    let key = huddle_core::protocol::command_result_key("lobby", &message_id(&rows, text));
-    let dead = admin
-        .acquire(&key, "relay-dead", Duration::from_millis(1500))
-        .await
-        .expect("acquire");
+    let (key, dead) =
+        command_claimed_first(&admin, text, "relay-dead", Duration::from_millis(1500)).await;
     let huddle_store::Acquired::Won(dead) = dead else {
         panic!("the claim was free: {dead:?}")
     };
     let shutdown = CancellationToken::new();
-    let relay = Relay::new(
-        store(&path, "relay-a").await,
-        "relay-a".to_string(),
-        vec!["lobby".into()],
-        vec![sim_agent("a0", 5)],
-        RelayOptions::default(),
-    );
-    let run = tokio::spawn(relay.run(shutdown.clone()));
+    let run = run_relay_a(&path, &shutdown).await;
     wait_ledger(&*admin, "the tasks created and done", |dag, _| {
         let s = dag.summary("lobby");
         s.total == 2 && s.done == 2
@@ -431,6 +449,51 @@ async fn a_dead_writer_of_command_results_is_taken_over() {
         .await
         .expect("acquire");
     assert!(after.closed(), "the write closed the claim: {after:?}");
+}
+
+/// A holder of an owner command's result claim that keeps renewing it and never
+/// writes (a relay gone wrong, or a hostile writer) holds the results back for at
+/// most three of its leases: the relay serving the room then writes them without the
+/// claim (plan 0090), once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_that_never_writes_cannot_withhold_command_results() {
+    let (_dir, path, admin) = lobby().await;
+    let lease = Duration::from_millis(600);
+    let (key, first) =
+        command_claimed_first(&admin, "!delegate\nt1: one", "relay-stuck", lease).await;
+    assert!(matches!(first, huddle_store::Acquired::Won(_)), "{first:?}");
+    // The stuck holder renews well within its lease, for as long as the test runs.
+    let renewing = {
+        let (admin, key) = (admin.clone(), key.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let again = admin.acquire(&key, "relay-stuck", lease).await;
+                assert!(
+                    matches!(again, Ok(huddle_store::Acquired::Won(_))),
+                    "the stuck holder keeps its claim: {again:?}"
+                );
+            }
+        })
+    };
+    let shutdown = CancellationToken::new();
+    let run = run_relay_a(&path, &shutdown).await;
+    wait_ledger(&*admin, "the task created and done", |dag, _| {
+        dag.summary("lobby").done == 1
+    })
+    .await;
+    renewing.abort();
+    shutdown.cancel();
+    let summary = run.await.expect("join").expect("relay ran");
+    assert_eq!(summary.command_rows_sent, 2, "the task and the reply, once");
+    let now = admin
+        .acquire(&key, "someone", Duration::from_secs(1))
+        .await
+        .expect("acquire");
+    assert!(
+        !now.closed(),
+        "written without the claim, which its holder kept: {now:?}"
+    );
 }
 
 /// A reply turn in a thread gets the `<coordination>` block and a `<related-context>`
