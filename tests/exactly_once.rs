@@ -621,7 +621,7 @@ async fn a_relay_killed_while_writing_command_results_is_taken_over() {
             )
             .await
             .expect("read the claim");
-        if let (Some(row), true) = (held, waiting_writers(&sql).await > 0) {
+        if let (Some(row), false) = (held, waiting_writers(&sql).await.is_empty()) {
             break (row.get::<_, String>(0), row.get::<_, i64>(1));
         }
         assert!(
@@ -631,24 +631,14 @@ async fn a_relay_killed_while_writing_command_results_is_taken_over() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     };
     assert_eq!(
-        waiting_writers(&sql).await,
+        waiting_writers(&sql).await.len(),
         1,
         "one relay writes the results"
     );
     // The relay dies, and so does its connection's session (a backend waiting on a
     // lock would otherwise finish the insert for the dead client once the gate opens).
     h.relay(&holder).kill9();
-    let waiting: Vec<i32> = sql
-        .query(
-            "SELECT pid FROM pg_stat_activity
-             WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'",
-            &[],
-        )
-        .await
-        .expect("the dead relay's session")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let waiting = waiting_writers(&sql).await;
     assert_eq!(waiting.len(), 1, "the dead relay's write was waiting");
     let ended: bool = sql
         .query_one("SELECT pg_terminate_backend($1)", &[&waiting[0]])
@@ -688,14 +678,16 @@ async fn a_relay_killed_while_writing_command_results_is_taken_over() {
     assert_eq!(sent, 41, "one survivor wrote the results: {summaries:?}");
 }
 
-/// Backends waiting on the test's advisory lock.
-async fn waiting_writers(sql: &tokio_postgres::Client) -> i64 {
-    sql.query_one(
-        "SELECT count(*) FROM pg_stat_activity
+/// The backends (process ids) waiting on the test's advisory lock.
+async fn waiting_writers(sql: &tokio_postgres::Client) -> Vec<i32> {
+    sql.query(
+        "SELECT pid FROM pg_stat_activity
          WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'",
         &[],
     )
     .await
     .expect("read pg_stat_activity")
-    .get(0)
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
 }

@@ -238,6 +238,24 @@ async fn a_relay_catching_up_does_not_rewrite_command_results() {
     );
 }
 
+/// Relay `id` serving `lobby` with one simulated agent `agent`, running until
+/// `shutdown`.
+async fn run_relay(
+    path: &str,
+    id: &str,
+    agent: &str,
+    shutdown: &CancellationToken,
+) -> tokio::task::JoinHandle<Result<huddle_relay::RelaySummary, huddle_relay::RelayError>> {
+    let relay = Relay::new(
+        store(path, id).await,
+        id.to_string(),
+        vec!["lobby".into()],
+        vec![sim_agent(agent, 5)],
+        RelayOptions::default(),
+    );
+    tokio::spawn(relay.run(shutdown.clone()))
+}
+
 /// The rows every owner command derived (those whose parent is a message the owner
 /// posted), and the id of the message saying `text`.
 fn command_rows(rows: &[huddle_core::Interaction]) -> u64 {
@@ -265,17 +283,10 @@ fn message_id(rows: &[huddle_core::Interaction], text: &str) -> huddle_core::Int
 async fn command_results_are_written_by_one_relay() {
     let (_dir, path, admin) = lobby().await;
     let shutdown = CancellationToken::new();
-    let mut relays = Vec::new();
-    for r in 0..2 {
-        let relay = Relay::new(
-            store(&path, &format!("relay-{r}")).await,
-            format!("relay-{r}"),
-            vec!["lobby".into()],
-            vec![sim_agent(&format!("a{r}"), 5)],
-            RelayOptions::default(),
-        );
-        relays.push(tokio::spawn(relay.run(shutdown.clone())));
-    }
+    let relays = vec![
+        run_relay(&path, "relay-0", "a0", &shutdown).await,
+        run_relay(&path, "relay-1", "a1", &shutdown).await,
+    ];
     // Both relays are serving before the commands come.
     owner_command(&*admin, "!config reply-delay 0").await;
     wait_ledger(&*admin, "the first command answered", |_, rows| {
@@ -317,17 +328,10 @@ async fn command_results_are_written_by_one_relay() {
 async fn command_replies_follow_the_order_of_the_commands() {
     let (_dir, path, admin) = lobby().await;
     let shutdown = CancellationToken::new();
-    let mut relays = Vec::new();
-    for r in 0..2 {
-        let relay = Relay::new(
-            store(&path, &format!("relay-{r}")).await,
-            format!("relay-{r}"),
-            vec!["lobby".into()],
-            vec![sim_agent(&format!("a{r}"), 5)],
-            RelayOptions::default(),
-        );
-        relays.push(tokio::spawn(relay.run(shutdown.clone())));
-    }
+    let relays = vec![
+        run_relay(&path, "relay-0", "a0", &shutdown).await,
+        run_relay(&path, "relay-1", "a1", &shutdown).await,
+    ];
     owner_command(&*admin, "!config reply-delay 0").await;
     wait_ledger(&*admin, "the relays answer", |_, rows| {
         command_rows(rows) > 0
@@ -393,21 +397,6 @@ async fn command_claimed_first(
     (key, answer)
 }
 
-/// Relay `relay-a` with one simulated agent, running until `shutdown`.
-async fn run_relay_a(
-    path: &str,
-    shutdown: &CancellationToken,
-) -> tokio::task::JoinHandle<Result<huddle_relay::RelaySummary, huddle_relay::RelayError>> {
-    let relay = Relay::new(
-        store(path, "relay-a").await,
-        "relay-a".to_string(),
-        vec!["lobby".into()],
-        vec![sim_agent("a0", 5)],
-        RelayOptions::default(),
-    );
-    tokio::spawn(relay.run(shutdown.clone()))
-}
-
 /// A relay that took an owner command's result claim and died before writing (here:
 /// a holder that never writes) holds the results back only until its lease lapses:
 /// the relay serving the room then takes the claim over and writes them, once, and
@@ -422,7 +411,7 @@ async fn a_dead_writer_of_command_results_is_taken_over() {
         panic!("the claim was free: {dead:?}")
     };
     let shutdown = CancellationToken::new();
-    let run = run_relay_a(&path, &shutdown).await;
+    let run = run_relay(&path, "relay-a", "a0", &shutdown).await;
     wait_ledger(&*admin, "the tasks created and done", |dag, _| {
         let s = dag.summary("lobby");
         s.total == 2 && s.done == 2
@@ -477,7 +466,7 @@ async fn a_holder_that_never_writes_cannot_withhold_command_results() {
         })
     };
     let shutdown = CancellationToken::new();
-    let run = run_relay_a(&path, &shutdown).await;
+    let run = run_relay(&path, "relay-a", "a0", &shutdown).await;
     wait_ledger(&*admin, "the task created and done", |dag, _| {
         dag.summary("lobby").done == 1
     })
