@@ -1059,11 +1059,19 @@ impl CoordinationView {
     }
 }
 
-/// Remembers, per `(room, reader)`, the version of the last `<coordination>` block
-/// delivered, so each change is delivered once.
+/// Remembers, per room and reader, the version of the last `<coordination>` block
+/// delivered, so each change is delivered once, and when the block was last looked
+/// at, so it is rendered at most once per refresh interval (plan 0092).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CoordinationDelivery {
-    last: BTreeMap<(String, String), [u8; 32]>,
+    last: BTreeMap<String, BTreeMap<String, Seen>>,
+}
+
+/// What a reader was last shown in a room, and when its block was last looked at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seen {
+    version: Option<[u8; 32]>,
+    looked: Timestamp,
 }
 
 impl CoordinationDelivery {
@@ -1072,20 +1080,42 @@ impl CoordinationDelivery {
         Self::default()
     }
 
+    /// Whether `reader`'s block in `room` is to be looked at again at `now`: never
+    /// looked at, or last looked at `every_us` or more before `now`.
+    pub fn due(&self, room: &str, reader: &str, now: Timestamp, every_us: i64) -> bool {
+        self.last
+            .get(room)
+            .and_then(|r| r.get(reader))
+            .is_none_or(|s| now >= s.looked.saturating_add(every_us))
+    }
+
     /// Returns the block's text if its version differs from the last one delivered
-    /// to `reader` in `room`, and records it as delivered; `None` when unchanged.
+    /// to `reader` in `room`, and records it as delivered; `None` when unchanged (or
+    /// when there is no block). Either way `now` is recorded as the last look.
     pub fn take_fresh(
         &mut self,
         room: &str,
         reader: &str,
         block: Option<&CoordinationBlock>,
+        now: Timestamp,
     ) -> Option<String> {
+        let readers = match self.last.get_mut(room) {
+            Some(r) => r,
+            None => self.last.entry(room.to_string()).or_default(),
+        };
+        let seen = match readers.get_mut(reader) {
+            Some(s) => s,
+            None => readers.entry(reader.to_string()).or_insert(Seen {
+                version: None,
+                looked: now,
+            }),
+        };
+        seen.looked = now;
         let block = block?;
-        let key = (room.to_string(), reader.to_string());
-        if self.last.get(&key) == Some(&block.version) {
+        if seen.version == Some(block.version) {
             return None;
         }
-        self.last.insert(key, block.version);
+        seen.version = Some(block.version);
         Some(block.text.clone())
     }
 }
@@ -1437,27 +1467,65 @@ notices:\n\
 
     #[test]
     fn delivery_is_once_per_change() {
+        let t = Timestamp(1_000_000);
         let mut rows = vec![prompted("cy", "api", 1)];
         let mut d = CoordinationDelivery::new();
         let b = fold(rows.clone());
         let block = b.coordination("lobby", "bo", None);
-        assert!(d.take_fresh("lobby", "bo", block.as_ref()).is_some());
-        assert!(d.take_fresh("lobby", "bo", block.as_ref()).is_none());
+        assert!(d.take_fresh("lobby", "bo", block.as_ref(), t).is_some());
+        assert!(d.take_fresh("lobby", "bo", block.as_ref(), t).is_none());
         // Another reader gets its own first delivery.
         let other = b.coordination("lobby", "dee", None);
-        assert!(d.take_fresh("lobby", "dee", other.as_ref()).is_some());
+        assert!(d.take_fresh("lobby", "dee", other.as_ref(), t).is_some());
         // A change of the reader's own presence is not a change for it.
         rows.push(prompted("bo", "db", 1));
         let b = fold(rows.clone());
         assert!(d
-            .take_fresh("lobby", "bo", b.coordination("lobby", "bo", None).as_ref())
+            .take_fresh(
+                "lobby",
+                "bo",
+                b.coordination("lobby", "bo", None).as_ref(),
+                t
+            )
             .is_none());
         // A change of someone else's is.
         rows.push(replied("cy", "api", 1));
         let b = fold(rows);
         assert!(d
-            .take_fresh("lobby", "bo", b.coordination("lobby", "bo", None).as_ref())
+            .take_fresh(
+                "lobby",
+                "bo",
+                b.coordination("lobby", "bo", None).as_ref(),
+                t
+            )
             .is_some());
+    }
+
+    #[test]
+    fn a_block_is_due_a_refresh_interval_after_the_last_look() {
+        let every = 1_000_000;
+        let t = Timestamp(5_000_000);
+        let mut d = CoordinationDelivery::new();
+        // Never looked at: due, whatever the time.
+        assert!(d.due("lobby", "bo", t, every));
+        let b = fold(vec![prompted("cy", "api", 1)]);
+        d.take_fresh(
+            "lobby",
+            "bo",
+            b.coordination("lobby", "bo", None).as_ref(),
+            t,
+        );
+        assert!(!d.due("lobby", "bo", t, every));
+        assert!(!d.due("lobby", "bo", t.saturating_add(every - 1), every));
+        assert!(d.due("lobby", "bo", t.saturating_add(every), every));
+        // Per reader and per room.
+        assert!(d.due("lobby", "dee", t, every));
+        assert!(d.due("other", "bo", t, every));
+        // A look that found no block is a look too.
+        d.take_fresh("other", "bo", None, t);
+        assert!(!d.due("other", "bo", t, every));
+        // An interval of zero: every turn start looks.
+        assert!(d.due("lobby", "bo", t, 0));
     }
 
     /// `Clean` writes exactly what mapping every character and then cutting the

@@ -66,6 +66,11 @@ pub struct SyncOptions {
     pub max_reply_bytes: usize,
     /// How many message authors are remembered for reply-to addressing (default 65,536).
     pub remembered_authors: usize,
+    /// Shortest time between two looks at an agent's `<coordination>` block in a room
+    /// (default 1 s; plan 0092): a turn started sooner gets no block, as when it has
+    /// not changed, and the first turn after it gets the block if it changed. Zero
+    /// looks at every turn start.
+    pub coordination_refresh: std::time::Duration,
 }
 
 impl Default for SyncOptions {
@@ -74,6 +79,7 @@ impl Default for SyncOptions {
             max_wakes_per_pass: 16,
             max_reply_bytes: 64 * 1024,
             remembered_authors: 65_536,
+            coordination_refresh: std::time::Duration::from_secs(1),
         }
     }
 }

@@ -529,7 +529,7 @@ impl Synchronizer {
             && self.uses_won.is_empty()
             && self.unconfirmed.iter().all(|u| match &u.undo {
                 // Read back: the fold no longer shows the claim this write closed.
-                Undo::Task { key, epoch } => !still_claimed_at(&self.dag, key, *epoch),
+                Undo::Task { key, epoch } => outcome_read(&self.dag, key, *epoch),
                 Undo::Review { key } => !still_in_review(&self.dag, key),
                 Undo::Reply { .. } => false,
             })
@@ -1305,6 +1305,19 @@ impl Synchronizer {
     /// told apart from the first).
     fn task_busy(&self, room: &str, task: &str, key: &str) -> bool {
         self.claims.contains_key(key) || self.claims.contains_key(&self.dkey(room, task))
+    }
+
+    /// Whether a turn under task claim `key` ended here and the fold does not show
+    /// its outcome yet ([`outcome_read`]): its task is not to be taken again, whatever
+    /// the view shows meanwhile (ready, its claim not read yet; or claimed by the
+    /// agent with no turn of it running), or the claim would be asked for while the
+    /// result that closes it is on its way, and the store grants a live claim to its
+    /// own holder: a second execution under the same lease.
+    fn ended_here(&self, key: &str) -> bool {
+        self.finished
+            .range((key.to_string(), ClaimEpoch(i64::MIN))..)
+            .take_while(|(k, _)| k == key)
+            .any(|(k, e)| !outcome_read(&self.dag, k, *e))
     }
 
     /// The generation of `task` in `room` (0 for an unknown task).
@@ -2142,7 +2155,10 @@ impl Synchronizer {
                     break;
                 }
                 let key = self.tkey(&room, id);
-                if self.task_busy(&room, id, &key) || self.held_elsewhere(&key, now) {
+                if self.task_busy(&room, id, &key)
+                    || self.held_elsewhere(&key, now)
+                    || self.ended_here(&key)
+                {
                     continue;
                 }
                 let (Some(task), Some(since)) =
@@ -2335,8 +2351,10 @@ impl Synchronizer {
             dag.task(room, task)
                 .is_some_and(|t| t.status == TaskStatus::Claimed && t.attempts == *attempt)
         });
+        // Kept until the fold shows the turn's outcome, not merely until it stops
+        // showing the claim: it may not have read the claim yet.
         self.finished
-            .retain(|(key, epoch)| still_claimed_at(dag, key, *epoch));
+            .retain(|(key, epoch)| !outcome_read(dag, key, *epoch));
         self.bids_sent.retain(|(room, task, attempt, _)| {
             dag.task(room, task)
                 .is_some_and(|t| t.next_attempt() == *attempt && t.status == TaskStatus::Open)
@@ -2406,8 +2424,7 @@ impl Synchronizer {
                 .filter_map(|t| {
                     let key = task_key_at(&room, &t.id, t.generation);
                     let skip = self.task_busy(&room, &t.id, &key)
-                        || t.epoch
-                            .is_some_and(|e| self.finished.contains(&(key.clone(), e)))
+                        || self.ended_here(&key)
                         || self.held_elsewhere(&key, now);
                     (!skip).then(|| (t.id.clone(), t.owner.clone()))
                 })
@@ -3352,18 +3369,27 @@ impl Synchronizer {
         uses: Vec<ClaimRef>,
         out: &mut Vec<Intent>,
     ) {
-        let held = crate::board::resource_lines(&self.resources, &room, self.now);
-        let block = self.board.coordination_with(
-            &room,
-            &agent,
-            Some(self.dag.summary(&room)),
-            crate::board::PatternLines {
-                resources: held,
-                benched: self.benched_lines(&room),
-                ..Default::default()
-            },
-        );
-        let coordination = self.delivery.take_fresh(&room, &agent, block.as_ref());
+        // The block is looked at no more than once per refresh interval per agent
+        // (plan 0092): a turn started sooner gets none, as when it has not changed.
+        let now = self.now.unwrap_or(Timestamp(0));
+        let every_us =
+            i64::try_from(self.options.coordination_refresh.as_micros()).unwrap_or(i64::MAX);
+        let coordination = if self.delivery.due(&room, &agent, now, every_us) {
+            let held = crate::board::resource_lines(&self.resources, &room, self.now);
+            let block = self.board.coordination_with(
+                &room,
+                &agent,
+                Some(self.dag.summary(&room)),
+                crate::board::PatternLines {
+                    resources: held,
+                    benched: self.benched_lines(&room),
+                    ..Default::default()
+                },
+            );
+            self.delivery.take_fresh(&room, &agent, block.as_ref(), now)
+        } else {
+            None
+        };
         let start = Box::new(TurnStart {
             turn: turn.clone(),
             agent: agent.clone(),
@@ -4302,17 +4328,25 @@ fn spread(agent: &str, room: &str, task: &str) -> [u8; 8] {
 
 /// Whether task claim `key` is still held at `epoch` as far as the fold shows (its
 /// ending row not read back yet).
-fn still_claimed_at(dag: &TaskDag, key: &str, epoch: ClaimEpoch) -> bool {
-    match ClaimKey::parse(key) {
-        Some(ClaimKey::Task {
-            room,
-            task,
-            generation,
-        }) => dag.task(&room, &task).is_some_and(|t| {
-            t.status == TaskStatus::Claimed && t.generation == generation && t.epoch == Some(epoch)
-        }),
-        _ => false,
-    }
+/// Whether the fold shows the outcome of the turn that ran under task claim `key` at
+/// `epoch`: the task finished, failed or was released at that epoch, was claimed at a
+/// later one or moved on to a later generation (or is gone). Not while the fold still
+/// shows it claimed at that epoch — nor while it has not read that claim yet: a turn
+/// may end before its relay reads the claim rows written with its claims.
+fn outcome_read(dag: &TaskDag, key: &str, epoch: ClaimEpoch) -> bool {
+    let Some(ClaimKey::Task {
+        room,
+        task,
+        generation,
+    }) = ClaimKey::parse(key)
+    else {
+        return true;
+    };
+    dag.task(&room, &task).is_none_or(|t| {
+        t.generation > generation
+            || t.epoch
+                .is_some_and(|e| e > epoch || (e == epoch && t.status != TaskStatus::Claimed))
+    })
 }
 
 /// Whether review claim `key`'s task is still waiting for its verdict in the fold.

@@ -28,8 +28,12 @@ impl H {
     }
 
     fn with(agents: &[&str], config: RoomConfig) -> Self {
+        Self::with_options(agents, config, SyncOptions::default())
+    }
+
+    fn with_options(agents: &[&str], config: RoomConfig, options: SyncOptions) -> Self {
         let agents = agents.iter().map(|a| LocalAgent::new(*a)).collect();
-        let mut sync = Synchronizer::new("r1", ["lobby"], agents);
+        let mut sync = Synchronizer::new("r1", ["lobby"], agents).with_options(options);
         sync.handle(Event::Config {
             room: "lobby".into(),
             thread: None,
@@ -2133,9 +2137,10 @@ fn shutdown_cancels_releases_and_stops() {
     assert!(acquires(&h.read()).is_empty());
 }
 
-#[test]
-fn coordination_block_is_delivered_once_per_change() {
-    let mut h = H::new(&["bo", "cy"]);
+/// Two agents, bo and cy, four ready tasks: bo's turn starts, then cy's, whose first
+/// block shows bo at work; cy's task is completed and read back, and cy's next task
+/// won. Returns cy's first turn start and the task of its next one.
+fn cy_sees_bo_then_finishes(h: &mut H) -> (TurnStart, String) {
     h.start();
     let out = h.post(vec![
         created("a", &[]),
@@ -2143,19 +2148,10 @@ fn coordination_block_is_delivered_once_per_change() {
         created("c", &[]),
         created("d", &[]),
     ]);
-    // More ready tasks than free agents: which ones this relay goes for first is its
-    // own spread order, so take the tasks from the acquisitions.
-    let task_for = |out: &[Intent], agent: &str| -> String {
-        acquires(out)
-            .into_iter()
-            .find(|(_, a)| a == agent)
-            .and_then(|(k, _)| k.rsplit('/').next().map(str::to_string))
-            .expect("an acquisition for the agent")
-    };
     let (ta, tb) = (task_for(&out, "bo"), task_for(&out, "cy"));
-    run_task_to_start(&mut h, &ta, "bo", 1);
+    run_task_to_start(h, &ta, "bo", 1);
     // cy's first turn sees bo working on its task.
-    let sb = run_task_to_start(&mut h, &tb, "cy", 1);
+    let sb = run_task_to_start(h, &tb, "cy", 1);
     let block = sb.coordination.clone().expect("first delivery");
     assert!(
         block.contains(&format!("- bo: working on task {ta}")),
@@ -2165,16 +2161,62 @@ fn coordination_block_is_delivered_once_per_change() {
         !block.contains("- cy:"),
         "the reader is not shown to itself"
     );
-    // Complete cy's task; cy's next turn sees bo unchanged but the task summary
-    // changed, so the block is delivered again.
     let mut out = h.ended(&sb.turn, TurnOutcome::Replied { text: "ok".into() });
     h.apply_appends(&out);
     out.extend(h.read());
     let tc = task_for(&out, "cy");
     assert!(tc != ta && tc != tb);
+    (sb, tc)
+}
+
+/// The task `agent` goes for in `out`. More ready tasks than free agents: which ones
+/// this relay goes for first is its own spread order, so take the tasks from the
+/// acquisitions.
+fn task_for(out: &[Intent], agent: &str) -> String {
+    acquires(out)
+        .into_iter()
+        .find(|(_, a)| a == agent)
+        .and_then(|(k, _)| k.rsplit('/').next().map(str::to_string))
+        .expect("an acquisition for the agent")
+}
+
+#[test]
+fn coordination_block_is_delivered_once_per_change() {
+    // Looked at on every turn start (a refresh interval of zero).
+    let options = SyncOptions {
+        coordination_refresh: Duration::ZERO,
+        ..SyncOptions::default()
+    };
+    let mut h = H::with_options(&["bo", "cy"], RoomConfig::default(), options);
+    let (_, tc) = cy_sees_bo_then_finishes(&mut h);
+    // cy's next turn sees bo unchanged but the task summary changed, so the block is
+    // delivered again.
     let sc = run_task_to_start(&mut h, &tc, "cy", 2);
     let again = sc.coordination.expect("changed, so delivered");
     assert!(again.contains("1 done"), "{again}");
+}
+
+#[test]
+fn a_turn_inside_the_refresh_interval_gets_no_block_and_the_next_one_the_change() {
+    // The default interval (1 s, plan 0092).
+    let mut h = H::new(&["bo", "cy"]);
+    let (_, tc) = cy_sees_bo_then_finishes(&mut h);
+    // cy's next turn starts well inside the second after its last block: no block,
+    // although the task summary changed.
+    let sc = run_task_to_start(&mut h, &tc, "cy", 2);
+    assert_eq!(sc.coordination, None, "looked at a moment ago");
+    // That turn ends a second later; the next one starts more than a second after
+    // the last look and gets the block, with both changes.
+    h.now = h.now.saturating_add(S);
+    let mut out = h.ended(&sc.turn, TurnOutcome::Replied { text: "ok".into() });
+    h.apply_appends(&out);
+    out.extend(h.read());
+    let td = task_for(&out, "cy");
+    let sd = run_task_to_start(&mut h, &td, "cy", 3);
+    let block = sd
+        .coordination
+        .expect("an interval later, the changed block");
+    assert!(block.contains("2 done"), "{block}");
 }
 
 #[test]
@@ -4017,4 +4059,103 @@ fn a_task_held_ahead_whose_rows_were_refused_never_starts() {
     );
     let out = finish(&mut h, &turn);
     assert!(starts(&out).iter().all(|s| task_of(s) != next), "{out:?}");
+}
+
+/// A turn that ended before this relay read its own claim rows (the rows went with
+/// the claims; the readers lag): until the fold shows the turn's outcome, nothing may
+/// take its task again here — not the pass right after the turn's end (the view still
+/// shows the task ready), not a reconcile, not the pass after the claim rows are read
+/// (the view shows it claimed by the agent, with no turn of it running). Any of them
+/// would ask for the task's claim while the result that closes it is on its way, and
+/// the store grants a live claim to its own holder: a second execution under the
+/// same lease (seen in three-relay runs while the readers lagged behind the seeds).
+#[test]
+fn a_turn_ended_before_its_claim_rows_are_read_is_not_run_again() {
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let out = h.post(vec![created("a", &[])]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    h.result(&task_key("lobby", "a"), "bo", true, 1);
+    let handoff = h.result(&taskdrive_key("lobby", "a"), "r1", true, 1);
+    assert_eq!(
+        appends(&handoff)[0].1,
+        vec!["task.claimed", "turn.prompted"]
+    );
+    let start = starts(&handoff)[0].clone();
+    // The claim rows are written, not read yet; the turn ends and its result is on
+    // its way.
+    h.apply_appends(&handoff);
+    let result = h.ended(&start.turn, TurnOutcome::Replied { text: "ok".into() });
+    assert_eq!(
+        appends(&result)[0].1,
+        vec!["task.completed", "turn.replied"]
+    );
+    assert!(
+        acquires(&result).is_empty(),
+        "taken again at once: {result:?}"
+    );
+    // A reconcile while the view still shows `a` ready, not claimed.
+    let out = h.tick(h.now + 20 * S);
+    assert!(
+        acquires(&out).is_empty(),
+        "taken again on a reconcile: {out:?}"
+    );
+    // The claim rows are read (the completion is not yet): `a` shows claimed by bo at
+    // epoch 1, and no turn of it runs here — but it ended here.
+    let out = h.read();
+    assert!(
+        acquires(&out).is_empty() && starts(&out).is_empty(),
+        "taken again once its claim rows are read: {out:?}"
+    );
+    let out = h.tick(h.now + 20 * S);
+    assert!(acquires(&out).is_empty(), "{out:?}");
+    h.apply_appends(&result);
+    let out = h.read();
+    assert!(
+        acquires(&out).is_empty() && starts(&out).is_empty(),
+        "{out:?}"
+    );
+    assert_eq!(
+        h.sync.tasks().task("lobby", "a").map(|t| t.status),
+        Some(TaskStatus::Done)
+    );
+    // Its outcome read, the note that it ended here is dropped on the next reconcile.
+    h.tick(h.now + 20 * S);
+    assert!(h.sync.finished.is_empty(), "{:?}", h.sync.finished);
+}
+
+/// The same, for a turn that failed: once the failure is read, the task's next
+/// attempt is taken as usual (the note that the turn ended here does not hold it).
+#[test]
+fn a_failed_turn_s_task_is_retried_once_its_failure_is_read() {
+    let config = RoomConfig {
+        retry_backoff_ms: 0,
+        ..RoomConfig::default()
+    };
+    let mut h = H::with(&["bo"], config);
+    h.start();
+    h.post(vec![created("a", &[])]);
+    h.result(&task_key("lobby", "a"), "bo", true, 1);
+    let handoff = h.result(&taskdrive_key("lobby", "a"), "r1", true, 1);
+    let start = starts(&handoff)[0].clone();
+    h.apply_appends(&handoff);
+    let failed = h.ended(
+        &start.turn,
+        TurnOutcome::Failed {
+            reason: "exit status 1".into(),
+        },
+    );
+    assert!(
+        acquires(&failed).is_empty(),
+        "retried before the failure is read: {failed:?}"
+    );
+    h.apply_appends(&failed);
+    let mut out = h.read();
+    // (Alone, the agent whose attempt failed retries after one responder window.)
+    out.extend(h.tick(h.now + 5 * S));
+    assert_eq!(
+        acquires(&out),
+        vec![(task_key("lobby", "a"), "bo".into())],
+        "the next attempt, once the failure is read"
+    );
 }
