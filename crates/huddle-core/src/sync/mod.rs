@@ -1313,11 +1313,19 @@ impl Synchronizer {
     /// agent with no turn of it running), or the claim would be asked for while the
     /// result that closes it is on its way, and the store grants a live claim to its
     /// own holder: a second execution under the same lease.
-    fn ended_here(&self, key: &str) -> bool {
-        self.finished
+    /// `key` is the claim key of `task` of `room` at its generation in the view.
+    fn ended_here(&self, room: &str, task: &str, key: &str) -> bool {
+        let mut notes = self
+            .finished
             .range((key.to_string(), ClaimEpoch(i64::MIN))..)
             .take_while(|(k, _)| k == key)
-            .any(|(k, e)| !outcome_read(&self.dag, k, *e))
+            .peekable();
+        if notes.peek().is_none() {
+            return false;
+        }
+        let t = self.dag.task(room, task);
+        let generation = t.map_or(0, |t| t.generation);
+        notes.any(|(_, e)| !outcome_read_of(t, generation, *e))
     }
 
     /// The generation of `task` in `room` (0 for an unknown task).
@@ -2157,7 +2165,7 @@ impl Synchronizer {
                 let key = self.tkey(&room, id);
                 if self.task_busy(&room, id, &key)
                     || self.held_elsewhere(&key, now)
-                    || self.ended_here(&key)
+                    || self.ended_here(&room, id, &key)
                 {
                     continue;
                 }
@@ -2424,7 +2432,7 @@ impl Synchronizer {
                 .filter_map(|t| {
                     let key = task_key_at(&room, &t.id, t.generation);
                     let skip = self.task_busy(&room, &t.id, &key)
-                        || self.ended_here(&key)
+                        || self.ended_here(&room, &t.id, &key)
                         || self.held_elsewhere(&key, now);
                     (!skip).then(|| (t.id.clone(), t.owner.clone()))
                 })
@@ -4342,7 +4350,13 @@ fn outcome_read(dag: &TaskDag, key: &str, epoch: ClaimEpoch) -> bool {
     else {
         return true;
     };
-    dag.task(&room, &task).is_none_or(|t| {
+    outcome_read_of(dag.task(&room, &task), generation, epoch)
+}
+
+/// [`outcome_read`] of the task `t` (as the fold shows it, if at all), for its claim
+/// of `generation` at `epoch`.
+fn outcome_read_of(t: Option<&crate::tasks::Task>, generation: u32, epoch: ClaimEpoch) -> bool {
+    t.is_none_or(|t| {
         t.generation > generation
             || t.epoch
                 .is_some_and(|e| e > epoch || (e == epoch && t.status != TaskStatus::Claimed))
