@@ -96,6 +96,71 @@ fn bench_tasks_runs_each_task_once_and_leaves_nothing_behind() {
     assert_nothing_left(dir.path());
 }
 
+/// A run that is not clean (here: it stops early, its one turn outlasting the stall
+/// limit) fails, keeps its relays' logs and configurations, and says where; the
+/// scratch database is still dropped.
+#[test]
+fn bench_tasks_keeps_the_relay_logs_of_a_run_that_is_not_clean() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tmp = tempfile::tempdir().expect("tempdir for the scratch directory");
+    let db = dir.path().join("given.db");
+    let out = Command::new(huddle_bin())
+        .env("TMPDIR", tmp.path())
+        .arg("--db")
+        .arg(&db)
+        .arg("bench")
+        .args([
+            "tasks",
+            "--tasks",
+            "2",
+            "--agents",
+            "1",
+            "--relays",
+            "1",
+            "--turn-ms",
+            "6000",
+            "--stall-s",
+            "2",
+            "--no-baseline",
+            "--json",
+        ])
+        .output()
+        .expect("run huddle bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a run that stopped early must fail: {stderr}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("the report, printed before the failure");
+    assert!(
+        report["lines"][0]["huddle"]["stopped_early"].is_string(),
+        "{report}"
+    );
+    let kept: Vec<std::path::PathBuf> = std::fs::read_dir(tmp.path())
+        .expect("read the temporary directory")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("huddle-bench-tasks-"))
+        })
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}; {stderr}");
+    assert!(
+        stderr.contains("not clean") && stderr.contains(&kept[0].display().to_string()),
+        "the failure names the kept directory: {stderr}"
+    );
+    let inside = files(&kept[0]);
+    assert!(
+        inside.contains(&"bench-relay-0.log".to_string())
+            && inside.contains(&"bench-relay-0.toml".to_string()),
+        "{inside:?}"
+    );
+    let log = std::fs::read_to_string(kept[0].join("bench-relay-0.log")).expect("the log");
+    assert!(log.contains("huddle_relay"), "the relay's own lines: {log}");
+    assert_nothing_left(dir.path());
+}
+
 #[test]
 fn bench_tasks_rounds_each_run_once_in_a_database_of_their_own() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -135,6 +135,13 @@ pub struct Side {
     pub stopped_early: Option<String>,
 }
 
+impl Side {
+    /// Every task done, each executed exactly once.
+    pub fn clean(&self) -> bool {
+        self.stopped_early.is_none() && (self.executions_per_task - 1.0).abs() < 1e-9
+    }
+}
+
 /// One task count in one round.
 #[derive(Clone, Debug, Serialize)]
 pub struct Line {
@@ -220,9 +227,7 @@ pub struct TasksReport {
 impl TasksReport {
     /// Whether every huddle run finished with exactly one execution per task.
     pub fn clean(&self) -> bool {
-        self.lines.iter().all(|l| {
-            l.huddle.stopped_early.is_none() && (l.huddle.executions_per_task - 1.0).abs() < 1e-9
-        })
+        self.lines.iter().all(|l| l.huddle.clean())
     }
 }
 
@@ -383,7 +388,9 @@ impl RelayChild {
             .arg(config)
             .env(
                 "HUDDLE_LOG",
-                std::env::var("HUDDLE_BENCH_LOG").unwrap_or("warn".into()),
+                // Lost claims and refused writes are logged at `info`: what a run
+                // that was not clean is read for.
+                std::env::var("HUDDLE_BENCH_LOG").unwrap_or("warn,huddle_relay=info".into()),
             )
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
@@ -547,7 +554,7 @@ async fn run_huddle(
     quiet: bool,
 ) -> anyhow::Result<Side> {
     let room = format!("bench-tasks-{n}-{}", unique_tag());
-    let dir = ScratchDir::create("huddle-bench-tasks")?;
+    let mut dir = ScratchDir::create("huddle-bench-tasks")?;
     let owner = open_bench_store(db).await?;
     let ledger: Arc<dyn Ledger> = owner.clone();
     let mut sub = Subscription::new(ledger, Position::START, 5000);
@@ -623,6 +630,15 @@ async fn run_huddle(
     };
     side.pickup_p50_ms = ms(0.5);
     side.pickup_p99_ms = ms(0.99);
+    if !side.clean() {
+        // What the relays logged is what explains it: kept, and said where.
+        tracing::warn!(
+            dir = %dir.keep().display(),
+            stopped_early = side.stopped_early.as_deref().unwrap_or("no"),
+            executions_per_task = side.executions_per_task,
+            "the huddle run was not clean: its relays' logs and configurations are kept"
+        );
+    }
     Ok(side)
 }
 

@@ -2,9 +2,11 @@
 
 use std::path::PathBuf;
 
-/// A fresh directory under the system's temporary directory, removed on drop.
+/// A fresh directory under the system's temporary directory, removed on drop unless
+/// [`ScratchDir::keep`] was called.
 pub struct ScratchDir {
     dir: PathBuf,
+    keep: bool,
 }
 
 impl ScratchDir {
@@ -18,7 +20,14 @@ impl ScratchDir {
         std::fs::create_dir_all(&dir).map_err(|e| {
             anyhow::anyhow!("cannot create a temporary directory {}: {e}", dir.display())
         })?;
-        Ok(ScratchDir { dir })
+        Ok(ScratchDir { dir, keep: false })
+    }
+
+    /// Leaves the directory in place when this is dropped (what went wrong in it is
+    /// to be read), and returns its path.
+    pub fn keep(&mut self) -> &std::path::Path {
+        self.keep = true;
+        &self.dir
     }
 
     /// The path of database file `name` in the directory.
@@ -29,6 +38,9 @@ impl ScratchDir {
 
 impl Drop for ScratchDir {
     fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {
             tracing::debug!(dir = %self.dir.display(), error = %e, "temporary directory not removed");
         }
