@@ -46,6 +46,29 @@ struct Item {
     body: serde_json::Value,
 }
 
+/// `item` as encoded in a lot's body: the value serializing an [`Item`] gives, built
+/// directly (the body copied once, not through a serializer;
+/// `item_value_is_what_serializing_an_item_gives` holds the two together).
+fn item_value(item: &NewInteraction) -> serde_json::Value {
+    use serde_json::Value;
+    let mut m = serde_json::Map::with_capacity(7);
+    m.insert("verb".into(), Value::String(item.verb.as_str().into()));
+    m.insert("actor".into(), Value::String(item.actor.clone()));
+    m.insert("role".into(), Value::String(item.role.as_str().into()));
+    if let Some(thread) = &item.thread {
+        m.insert("thread".into(), Value::String(thread.clone()));
+    }
+    if let Some(parent) = &item.parent {
+        m.insert("parent".into(), Value::String(parent.to_hex()));
+    }
+    if !item.caused_by.is_empty() {
+        let causes = item.caused_by.iter().map(|c| Value::String(c.to_hex()));
+        m.insert("caused_by".into(), Value::Array(causes.collect()));
+    }
+    m.insert("body".into(), item.body.clone());
+    Value::Object(m)
+}
+
 /// What only a lot's items must be: a task turn's row ([`LOT_ITEM_VERBS`]) by an
 /// agent, with an object body.
 fn check_item_kind(verb: Verb, role: Role, body: &serde_json::Value) -> Result<(), ModelError> {
@@ -194,18 +217,7 @@ impl NewInteraction {
             check_item_kind(item.verb, item.role, &item.body)
                 .and_then(|()| item.validate(limits))
                 .map_err(|e| at_item(index, e))?;
-            let encoded = Item {
-                verb: item.verb,
-                actor: item.actor.clone(),
-                role: item.role,
-                thread: item.thread.clone(),
-                parent: item.parent,
-                caused_by: item.caused_by.clone(),
-                body: item.body.clone(),
-            };
-            values.push(
-                serde_json::to_value(encoded).map_err(|e| ModelError::BadLot(e.to_string()))?,
-            );
+            values.push(item_value(item));
         }
         let lot = NewInteraction::new(
             room,
@@ -334,6 +346,37 @@ mod tests {
             Role::Agent,
             json!({"task": task, "epoch": 3}),
         )
+    }
+
+    #[test]
+    fn item_value_is_what_serializing_an_item_gives() {
+        let plain = item(Verb::TaskClaimed, "bo", "t1");
+        let parent = plain.id();
+        let threaded = item(Verb::TurnReplied, "cy", "t2")
+            .in_thread("ops \"quoted\" \u{7}")
+            .with_parent(parent)
+            .with_caused_by(vec![parent, item(Verb::TaskCompleted, "bo", "t1").id()]);
+        let mut nested = item(Verb::TurnPrompted, "dee", "t3");
+        nested.body = json!({"subject": {"id": "t3", "label": "ünïcode ✓", "n": [1, 2.5, null]}});
+        for i in [plain, threaded, nested] {
+            let serialized = serde_json::to_value(Item {
+                verb: i.verb,
+                actor: i.actor.clone(),
+                role: i.role,
+                thread: i.thread.clone(),
+                parent: i.parent,
+                caused_by: i.caused_by.clone(),
+                body: i.body.clone(),
+            })
+            .expect("serialize");
+            let built = item_value(&i);
+            assert_eq!(built, serialized);
+            // The same canonical text, so the same lot id.
+            assert_eq!(
+                crate::canonical::canonical_json(&built),
+                crate::canonical::canonical_json(&serialized)
+            );
+        }
     }
 
     /// The row a store would read back for `content`, at `position`.
