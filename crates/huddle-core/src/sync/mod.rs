@@ -171,6 +171,52 @@ impl OpenMessage {
     }
 }
 
+/// Task claims `(key, epoch)` under which a turn ended here (`Synchronizer::finished`),
+/// by key, so the scheduling walk asks about a task without building a tuple.
+#[derive(Clone, Debug, Default)]
+struct EndedTurns(std::collections::HashMap<String, Vec<ClaimEpoch>>);
+
+impl EndedTurns {
+    fn insert(&mut self, key: &str, epoch: ClaimEpoch) {
+        let epochs = match self.0.get_mut(key) {
+            Some(e) => e,
+            None => self.0.entry(key.to_string()).or_default(),
+        };
+        if !epochs.contains(&epoch) {
+            epochs.push(epoch);
+        }
+    }
+
+    fn contains(&self, key: &str, epoch: ClaimEpoch) -> bool {
+        self.0.get(key).is_some_and(|e| e.contains(&epoch))
+    }
+
+    fn epochs(&self, key: &str) -> Option<&[ClaimEpoch]> {
+        self.0.get(key).map(Vec::as_slice)
+    }
+
+    fn remove(&mut self, key: &str, epoch: ClaimEpoch) {
+        if let Some(epochs) = self.0.get_mut(key) {
+            epochs.retain(|e| *e != epoch);
+            if epochs.is_empty() {
+                self.0.remove(key);
+            }
+        }
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&str, ClaimEpoch) -> bool) {
+        self.0.retain(|key, epochs| {
+            epochs.retain(|e| keep(key, *e));
+            !epochs.is_empty()
+        });
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// A write that finished work (a reply, a task's completion or failure), appended but
 /// not yet read back. Its claims may have lapsed before it was written (the relay was
 /// paused between the turn and the write): if the store refuses it, the work is not
@@ -397,7 +443,7 @@ pub struct Synchronizer {
     prewrite_rejections: BTreeMap<String, Vec<(String, String, u32, String)>>,
     /// Task claims `(key, epoch)` whose turn ended here: never resumed, even while the
     /// fold has not yet caught up with the completion or failure appended for them.
-    finished: BTreeSet<(String, ClaimEpoch)>,
+    finished: EndedTurns,
     /// Review claim keys whose verdict this relay wrote: never reviewed again, even
     /// while the fold has not yet read the verdict.
     reviews_finished: BTreeSet<String>,
@@ -492,7 +538,7 @@ impl Synchronizer {
             settled: BTreeMap::new(),
             unsettled: BTreeSet::new(),
             next_settle_check: None,
-            finished: BTreeSet::new(),
+            finished: EndedTurns::default(),
             prewrite_rejections: BTreeMap::new(),
             reviews_finished: BTreeSet::new(),
             unconfirmed: Vec::new(),
@@ -1315,17 +1361,12 @@ impl Synchronizer {
     /// own holder: a second execution under the same lease.
     /// `key` is the claim key of `task` of `room` at its generation in the view.
     fn ended_here(&self, room: &str, task: &str, key: &str) -> bool {
-        let mut notes = self
-            .finished
-            .range((key.to_string(), ClaimEpoch(i64::MIN))..)
-            .take_while(|(k, _)| k == key)
-            .peekable();
-        if notes.peek().is_none() {
+        let Some(epochs) = self.finished.epochs(key) else {
             return false;
-        }
+        };
         let t = self.dag.task(room, task);
         let generation = t.map_or(0, |t| t.generation);
-        notes.any(|(_, e)| !outcome_read_of(t, generation, *e))
+        epochs.iter().any(|e| !outcome_read_of(t, generation, *e))
     }
 
     /// The generation of `task` in `room` (0 for an unknown task).
@@ -2301,7 +2342,7 @@ impl Synchronizer {
                     .filter(|t| {
                         !t.epoch.is_some_and(|e| {
                             self.finished
-                                .contains(&(task_key_at(r, &t.id, t.generation), e))
+                                .contains(&task_key_at(r, &t.id, t.generation), e)
                         })
                     })
                     .count()
@@ -2362,7 +2403,7 @@ impl Synchronizer {
         // Kept until the fold shows the turn's outcome, not merely until it stops
         // showing the claim: it may not have read the claim yet.
         self.finished
-            .retain(|(key, epoch)| !outcome_read(dag, key, *epoch));
+            .retain(|key, epoch| !outcome_read(dag, key, epoch));
         self.bids_sent.retain(|(room, task, attempt, _)| {
             dag.task(room, task)
                 .is_some_and(|t| t.next_attempt() == *attempt && t.status == TaskStatus::Open)
@@ -2372,7 +2413,7 @@ impl Synchronizer {
         let finished = &self.finished;
         let reviews_finished = &self.reviews_finished;
         self.unconfirmed.retain(|u| match &u.undo {
-            Undo::Task { key, epoch } => finished.contains(&(key.clone(), *epoch)),
+            Undo::Task { key, epoch } => finished.contains(key, *epoch),
             Undo::Review { key } => reviews_finished.contains(key),
             Undo::Reply { .. } => true,
         });
@@ -2396,7 +2437,7 @@ impl Synchronizer {
             // whose turn runs or is held ahead here (its claims held: plans 0084,
             // 0085) is not probed. (With deep lease-ahead most of the claimed set is
             // held somewhere; a pass runs after every event.)
-            let running: BTreeSet<&str> = self
+            let running: std::collections::HashSet<&str> = self
                 .turns
                 .values()
                 .chain(self.ahead.values().flatten().map(|p| &p.live))
@@ -3007,7 +3048,7 @@ impl Synchronizer {
         // Resuming a lease the ledger already records (a restarted relay, or another
         // relay hosting the same agent went away): no new claim to append.
         let resuming =
-            t.is_held_by(agent, task_epoch) && !self.finished.contains(&(tkey.clone(), task_epoch));
+            t.is_held_by(agent, task_epoch) && !self.finished.contains(&tkey, task_epoch);
         let fresh = !resuming
             && t.epoch.is_none_or(|e| task_epoch > e)
             && (t.status == TaskStatus::Claimed || self.dag.is_ready(room, task));
@@ -3568,8 +3609,7 @@ impl Synchronizer {
             // A turn that ended under its claim appends its completion or failure: never
             // resume that lease, even before the fold shows the outcome.
             LiveWork::Task { .. } if !lt.lost && !not_started => {
-                self.finished
-                    .insert((lt.exclusive.key.clone(), lt.exclusive.epoch));
+                self.finished.insert(&lt.exclusive.key, lt.exclusive.epoch);
                 self.unconfirmed.push(Unconfirmed {
                     claims: [lt.exclusive.clone(), lt.drive.clone()],
                     undo: Undo::Task {
@@ -4169,7 +4209,7 @@ impl Synchronizer {
         for u in undone {
             match u.undo {
                 Undo::Task { key, epoch } => {
-                    self.finished.remove(&(key, epoch));
+                    self.finished.remove(&key, epoch);
                 }
                 Undo::Review { key } => {
                     self.reviews_finished.remove(&key);
