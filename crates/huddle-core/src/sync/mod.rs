@@ -574,7 +574,7 @@ impl Synchronizer {
             && self.pending_uses.is_empty()
             && self.uses_won.is_empty()
             && self.unconfirmed.iter().all(|u| match &u.undo {
-                // Read back: the fold no longer shows the claim this write closed.
+                // Read back: the fold shows the outcome this write recorded.
                 Undo::Task { key, epoch } => outcome_read(&self.dag, key, *epoch),
                 Undo::Review { key } => !still_in_review(&self.dag, key),
                 Undo::Reply { .. } => false,
@@ -4374,8 +4374,6 @@ fn spread(agent: &str, room: &str, task: &str) -> [u8; 8] {
     out
 }
 
-/// Whether task claim `key` is still held at `epoch` as far as the fold shows (its
-/// ending row not read back yet).
 /// Whether the fold shows the outcome of the turn that ran under task claim `key` at
 /// `epoch`: the task finished, failed or was released at that epoch, was claimed at a
 /// later one or moved on to a later generation (or is gone). Not while the fold still

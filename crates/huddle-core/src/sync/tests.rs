@@ -4061,6 +4061,22 @@ fn a_task_held_ahead_whose_rows_were_refused_never_starts() {
     assert!(starts(&out).iter().all(|s| task_of(s) != next), "{out:?}");
 }
 
+/// bo takes task `a` (created and read) and its turn starts; the claim rows are
+/// written to the ledger, not read yet.
+fn started_with_claim_rows_unread(h: &mut H) -> TurnStart {
+    h.start();
+    let out = h.post(vec![created("a", &[])]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    h.result(&task_key("lobby", "a"), "bo", true, 1);
+    let handoff = h.result(&taskdrive_key("lobby", "a"), "r1", true, 1);
+    assert_eq!(
+        appends(&handoff)[0].1,
+        vec!["task.claimed", "turn.prompted"]
+    );
+    h.apply_appends(&handoff);
+    starts(&handoff)[0].clone()
+}
+
 /// A turn that ended before this relay read its own claim rows (the rows went with
 /// the claims; the readers lag): until the fold shows the turn's outcome, nothing may
 /// take its task again here — not the pass right after the turn's end (the view still
@@ -4072,19 +4088,8 @@ fn a_task_held_ahead_whose_rows_were_refused_never_starts() {
 #[test]
 fn a_turn_ended_before_its_claim_rows_are_read_is_not_run_again() {
     let mut h = H::new(&["bo"]);
-    h.start();
-    let out = h.post(vec![created("a", &[])]);
-    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
-    h.result(&task_key("lobby", "a"), "bo", true, 1);
-    let handoff = h.result(&taskdrive_key("lobby", "a"), "r1", true, 1);
-    assert_eq!(
-        appends(&handoff)[0].1,
-        vec!["task.claimed", "turn.prompted"]
-    );
-    let start = starts(&handoff)[0].clone();
-    // The claim rows are written, not read yet; the turn ends and its result is on
-    // its way.
-    h.apply_appends(&handoff);
+    let start = started_with_claim_rows_unread(&mut h);
+    // The turn ends and its result is on its way.
     let result = h.ended(&start.turn, TurnOutcome::Replied { text: "ok".into() });
     assert_eq!(
         appends(&result)[0].1,
@@ -4133,12 +4138,7 @@ fn a_failed_turn_s_task_is_retried_once_its_failure_is_read() {
         ..RoomConfig::default()
     };
     let mut h = H::with(&["bo"], config);
-    h.start();
-    h.post(vec![created("a", &[])]);
-    h.result(&task_key("lobby", "a"), "bo", true, 1);
-    let handoff = h.result(&taskdrive_key("lobby", "a"), "r1", true, 1);
-    let start = starts(&handoff)[0].clone();
-    h.apply_appends(&handoff);
+    let start = started_with_claim_rows_unread(&mut h);
     let failed = h.ended(
         &start.turn,
         TurnOutcome::Failed {
