@@ -295,7 +295,7 @@ impl NewInteraction {
     fn validate_fields(&self, limits: &Limits, size: usize) -> Result<(), ModelError> {
         self.validate_own_fields(limits, size)?;
         if self.verb == Verb::TaskLot {
-            self.check_lot(limits)?;
+            self.check_lot(limits, size)?;
         }
         Ok(())
     }

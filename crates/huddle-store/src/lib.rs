@@ -85,9 +85,9 @@ impl Default for StoreOptions {
 /// Checks a batch against `limits` before anything is written: its size, then every
 /// interaction. Returns each item's id and canonical body text (each body encoded
 /// once). One bad interaction refuses the whole batch.
-pub(crate) fn checked_batch(
+pub(crate) fn checked_batch<N: std::borrow::Borrow<NewInteraction>>(
     limits: &Limits,
-    batch: &[NewInteraction],
+    batch: &[N],
 ) -> Result<(Vec<InteractionId>, Vec<String>)> {
     if batch.len() > limits.max_batch {
         return Err(StoreError::BatchTooLarge {
@@ -98,7 +98,7 @@ pub(crate) fn checked_batch(
     let mut ids = Vec::with_capacity(batch.len());
     let mut bodies = Vec::with_capacity(batch.len());
     for n in batch {
-        let (id, body) = n.checked(limits)?;
+        let (id, body) = n.borrow().checked(limits)?;
         ids.push(id);
         bodies.push(body);
     }

@@ -46,6 +46,26 @@ struct Item {
     body: serde_json::Value,
 }
 
+/// One item of a lot body as [`NewInteraction::check_lot`] reads it: the fields
+/// [`Item`] reads, by the same rules, borrowed where they lie (the body is looked at
+/// in place, not copied).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ItemRef<'a> {
+    verb: Verb,
+    #[serde(borrow)]
+    actor: &'a str,
+    role: Role,
+    #[serde(default, borrow)]
+    thread: Option<&'a str>,
+    #[serde(default)]
+    parent: Option<InteractionId>,
+    #[serde(default)]
+    caused_by: Vec<InteractionId>,
+    #[allow(dead_code)]
+    body: serde::de::IgnoredAny,
+}
+
 /// `item` as encoded in a lot's body: the value serializing an [`Item`] gives, built
 /// directly (the body copied once, not through a serializer;
 /// `item_value_is_what_serializing_an_item_gives` holds the two together).
@@ -162,6 +182,31 @@ fn item_values(body: &serde_json::Value) -> Result<&Vec<serde_json::Value>, Mode
     Ok(items)
 }
 
+/// Checks one item of a lot of `room` in place, as [`decode_item`] would: its fields,
+/// its kind, and its names, causes and body within `limits`, `size` bounding its
+/// body's canonical text.
+fn check_item(
+    room: &str,
+    value: &serde_json::Value,
+    limits: &Limits,
+    size: usize,
+) -> Result<(), ModelError> {
+    let item = ItemRef::deserialize(value).map_err(|e| ModelError::BadBody(e.to_string()))?;
+    let body = value.get("body").unwrap_or(&serde_json::Value::Null);
+    check_item_kind(item.verb, item.role, body)?;
+    let fields = crate::canonical::HashedFields {
+        room,
+        thread: item.thread,
+        verb: item.verb.as_str(),
+        actor: item.actor,
+        role: item.role.as_str(),
+        parent: item.parent.as_ref(),
+        caused_by: &item.caused_by,
+        body,
+    };
+    super::check_hashed(&fields, limits, size)
+}
+
 /// Decodes and checks one item, returning its content and its id.
 fn decode_item(
     room: &str,
@@ -199,8 +244,9 @@ impl NewInteraction {
         limits: &Limits,
     ) -> Result<NewInteraction, ModelError> {
         check_count(items.len())?;
+        let items: Vec<&NewInteraction> = items.collect();
         let mut values = Vec::with_capacity(items.len());
-        for (index, item) in items.enumerate() {
+        for (index, &item) in items.iter().enumerate() {
             if item.room != room {
                 return Err(ModelError::BadLot(format!(
                     "item {index} is of room {:?}, the lot of room {room:?}",
@@ -212,10 +258,12 @@ impl NewInteraction {
                     "item {index} has an idempotency key; items are known by their content"
                 )));
             }
-            // The rules the readers apply to every item (verb, role, limits), checked
-            // on the item itself rather than decoded back from the lot's body.
+            // The rules the readers apply to every item (verb, role, names, causes),
+            // checked on the item itself rather than decoded back from the lot's body.
+            // Its body's size is bounded by the lot's, checked below (the item's
+            // canonical body is a part of the lot's).
             check_item_kind(item.verb, item.role, &item.body)
-                .and_then(|()| item.validate(limits))
+                .and_then(|()| super::check_hashed(&item.hashed(), limits, 0))
                 .map_err(|e| at_item(index, e))?;
             values.push(item_value(item));
         }
@@ -226,15 +274,33 @@ impl NewInteraction {
             Role::System,
             serde_json::json!({ "items": values }),
         );
-        // The lot's own fields (its size above all); its items were checked above.
-        lot.validate_own_fields(limits, lot.body_text().len())?;
+        let size = lot.body_text().len();
+        if size > limits.max_body_bytes {
+            // Name an item that is over the limit by itself, if one is.
+            for (index, item) in items.iter().enumerate() {
+                let own = item.body_text().len();
+                if own > limits.max_body_bytes {
+                    let e = ModelError::BodyTooLarge {
+                        size: own,
+                        max: limits.max_body_bytes,
+                    };
+                    return Err(at_item(index, e));
+                }
+            }
+        }
+        // The lot's own fields, its size above all.
+        lot.validate_own_fields(limits, size)?;
         Ok(lot)
     }
 
     /// For a `task.lot`: checks its envelope and every item as a reader will
     /// ([`NewInteraction::validate`] calls this, so nothing a reader would skip is
     /// written).
-    pub(super) fn check_lot(&self, limits: &Limits) -> Result<(), ModelError> {
+    ///
+    /// `size` is the length of the lot's canonical body text, already checked against
+    /// the limit: every item's body is a part of that text, so within the limit too,
+    /// and no item is encoded or hashed here (readers do both, for its id).
+    pub(super) fn check_lot(&self, limits: &Limits, size: usize) -> Result<(), ModelError> {
         check_envelope(
             self.role,
             self.thread.as_deref(),
@@ -247,7 +313,7 @@ impl NewInteraction {
             ));
         }
         for (index, value) in item_values(&self.body)?.iter().enumerate() {
-            decode_item(&self.room, index, value.clone(), limits)?;
+            check_item(&self.room, value, limits, size).map_err(|e| at_item(index, e))?;
         }
         Ok(())
     }
@@ -541,6 +607,14 @@ mod tests {
             json!({"items": [good, {"verb": "task.nope", "actor": "ann", "role": "agent", "body": {}}]}),
             json!({"items": [good, {"verb": "task.claimed", "actor": "", "role": "agent", "body": {}}]}),
             json!({"items": [good, {"verb": "task.claimed", "actor": "ann", "role": "agent", "body": {"t": "\u{0}"}}]}),
+            json!({"items": [good, {"verb": "task.claimed", "actor": "ann", "role": "agent", "body": {}, "extra": 1}]}),
+            json!({"items": [good, {"verb": "task.claimed", "actor": "ann", "role": "agent"}]}),
+            json!({"items": [good, {"verb": "task.claimed", "actor": 7, "role": "agent", "body": {}}]}),
+            json!({"items": [good, {"verb": "task.claimed", "actor": "ann", "role": "agent", "body": {}, "thread": "a/b"}]}),
+            json!({"items": [good, {"verb": "task.claimed", "actor": "ann", "role": "agent", "body": {}, "parent": "beef"}]}),
+            json!({"items": [good, {"verb": "task.claimed", "actor": "ann", "role": "agent", "body": {}, "caused_by": ["x"]}]}),
+            json!({"items": [good, {"verb": "task.claimed", "actor": "ann", "role": "agent", "body": []}]}),
+            json!({"items": [good, "task.claimed"]}),
             json!({"items": [good], "also": 1}),
             json!({"items": []}),
             json!({"items": "x"}),
@@ -553,6 +627,29 @@ mod tests {
                 matches!(err, ModelError::BadLot(_) | ModelError::BadBody(_)),
                 "{err}"
             );
+            // What readers skip, writers refuse: the two checks agree.
+            assert!(lot.validate(&Limits::default()).is_err(), "{lot:?}");
+        }
+        // And what one accepts, so does the other, optional fields and nulls included.
+        let parent = item(Verb::TaskClaimed, "ann", "t1").id();
+        for extra in [
+            json!({}),
+            json!({"thread": "work", "parent": parent.to_hex(), "caused_by": [parent.to_hex()]}),
+            json!({"thread": null, "parent": null}),
+        ] {
+            let mut one = good.clone();
+            for (k, v) in extra.as_object().unwrap() {
+                one[k] = v.clone();
+            }
+            let lot = NewInteraction::new(
+                "r",
+                Verb::TaskLot,
+                "relay-a",
+                Role::System,
+                json!({ "items": [good, one] }),
+            );
+            assert!(lot.validate(&Limits::default()).is_ok(), "{lot:?}");
+            assert_eq!(read(stored(&lot, 1)).unwrap().len(), 2);
         }
         // An envelope that is not a relay's: skipped as well.
         let lot = NewInteraction::new(

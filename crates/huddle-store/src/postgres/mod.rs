@@ -34,6 +34,7 @@ mod sql;
 #[cfg(feature = "testing")]
 mod test_backend;
 
+use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -272,7 +273,10 @@ impl PgStore {
 
     /// Checks the batch and every item; returns each item's id and canonical body
     /// text (each body encoded once).
-    fn validate(&self, batch: &[NewInteraction]) -> Result<(Vec<InteractionId>, Vec<String>)> {
+    fn validate<N: Borrow<NewInteraction>>(
+        &self,
+        batch: &[N],
+    ) -> Result<(Vec<InteractionId>, Vec<String>)> {
         crate::checked_batch(&self.options.limits, batch)
     }
 
@@ -671,29 +675,33 @@ struct Columns<'a> {
 }
 
 impl<'a> Columns<'a> {
-    fn new(
-        batch: &'a [NewInteraction],
+    fn new<N: Borrow<NewInteraction>>(
+        batch: &'a [N],
         ids: &'a [InteractionId],
         bodies: &'a [String],
         sigs: &'a [Option<String>],
     ) -> Self {
+        let batch = batch.iter().map(Borrow::borrow);
         Columns {
             ids: ids.iter().map(|i| &i.0[..]).collect(),
-            rooms: batch.iter().map(|n| n.room.as_str()).collect(),
-            threads: batch.iter().map(|n| n.thread.as_deref()).collect(),
-            verbs: batch.iter().map(|n| n.verb.as_str()).collect(),
-            actors: batch.iter().map(|n| n.actor.as_str()).collect(),
-            roles: batch.iter().map(|n| n.role.as_str()).collect(),
+            rooms: batch.clone().map(|n| n.room.as_str()).collect(),
+            threads: batch.clone().map(|n| n.thread.as_deref()).collect(),
+            verbs: batch.clone().map(|n| n.verb.as_str()).collect(),
+            actors: batch.clone().map(|n| n.actor.as_str()).collect(),
+            roles: batch.clone().map(|n| n.role.as_str()).collect(),
             parents: batch
-                .iter()
+                .clone()
                 .map(|n| n.parent.as_ref().map(|p| &p.0[..]))
                 .collect(),
             causes: batch
-                .iter()
+                .clone()
                 .map(|n| n.caused_by.iter().flat_map(|c| c.0).collect())
                 .collect(),
             bodies: bodies.iter().map(String::as_str).collect(),
-            keys: batch.iter().map(|n| n.idempotency_key.as_deref()).collect(),
+            keys: batch
+                .clone()
+                .map(|n| n.idempotency_key.as_deref())
+                .collect(),
             sigs,
         }
     }
@@ -1196,7 +1204,7 @@ impl PgStore {
     ) -> Result<(Vec<Appended>, crate::Handoff)> {
         crate::traits::check_claim_batch(requests)?;
         crate::traits::check_appends(requests, &appends)?;
-        let batch: Vec<NewInteraction> = appends.iter().flat_map(|a| a.rows.clone()).collect();
+        let batch: Vec<&NewInteraction> = appends.iter().flat_map(|a| &a.rows).collect();
         let (ids, bodies) = self.validate(&batch)?;
         let sigs = self.signatures(&ids);
         let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
@@ -1221,9 +1229,8 @@ impl PgStore {
         }
         let columns = Columns::new(&batch, &ids, &bodies, &sigs);
         // `first`'s parameters, as `append_under` sends them.
-        let first_rows: Vec<NewInteraction> =
-            first.as_ref().map(|f| f.rows.clone()).unwrap_or_default();
-        let (first_ids, first_bodies) = self.validate(&first_rows)?;
+        let first_rows: &[NewInteraction] = first.as_ref().map_or(&[], |f| f.rows.as_slice());
+        let (first_ids, first_bodies) = self.validate(first_rows)?;
         let closing = match &first {
             Some(f) => crate::traits::closing_id(f.close, &f.rows)?,
             None => None,
@@ -1231,7 +1238,7 @@ impl PgStore {
         let fences: &[Fence] = first.as_ref().map_or(&[], |f| f.fences.as_slice());
         let first_fenced = FenceParams::new(fences, closing);
         let first_sigs = self.signatures(&first_ids);
-        let first_columns = Columns::new(&first_rows, &first_ids, &first_bodies, &first_sigs);
+        let first_columns = Columns::new(first_rows, &first_ids, &first_bodies, &first_sigs);
         let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(34);
         if first.is_some() {
             params.extend(first_fenced.params());
