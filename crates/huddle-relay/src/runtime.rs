@@ -3332,13 +3332,11 @@ mod tests {
 
     #[async_trait::async_trait]
     impl huddle_store::Claims for LostAnswers {
-        async fn acquire(
+        async fn acquire_request(
             &self,
-            key: &str,
-            holder: &str,
-            ttl: Duration,
+            request: &huddle_store::ClaimRequest,
         ) -> huddle_store::Result<Acquired> {
-            self.inner.acquire(key, holder, ttl).await
+            self.inner.acquire_request(request).await
         }
         async fn renew(
             &self,

@@ -1276,13 +1276,11 @@ impl huddle_store::Ledger for HeldBatches {
 
 #[async_trait::async_trait]
 impl huddle_store::Claims for HeldBatches {
-    async fn acquire(
+    async fn acquire_request(
         &self,
-        key: &str,
-        holder: &str,
-        ttl: Duration,
+        request: &huddle_store::ClaimRequest,
     ) -> huddle_store::Result<huddle_store::Acquired> {
-        self.inner.acquire(key, holder, ttl).await
+        self.inner.acquire_request(request).await
     }
     async fn acquire_batch(
         &self,

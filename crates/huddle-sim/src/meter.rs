@@ -221,14 +221,10 @@ impl MeteredStore {
 
 #[async_trait]
 impl Claims for MeteredStore {
-    async fn acquire(
-        &self,
-        key: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> huddle_store::Result<Acquired> {
+    async fn acquire_request(&self, request: &ClaimRequest) -> huddle_store::Result<Acquired> {
+        let (key, holder) = (request.key.as_str(), request.holder.as_str());
         let t = Instant::now();
-        let r = self.inner.acquire(key, holder, ttl).await;
+        let r = self.inner.acquire_request(request).await;
         add_elapsed(&self.meter.acquire_us, t);
         if let Ok(a) = &r {
             self.count(key, holder, a);

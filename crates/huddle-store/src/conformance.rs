@@ -98,6 +98,7 @@ macro_rules! conformance_tests {
             signed_rows_are_verified_on_read,
             claim_has_exactly_one_winner_among_32,
             same_holder_renews_without_new_epoch,
+            a_live_claim_is_kept_only_for_its_driver,
             other_holder_wins_only_after_expiry,
             release_then_reacquire_bumps_epoch,
             fenced_append_refused_after_handover,
@@ -810,6 +811,137 @@ pub async fn same_holder_renews_without_new_epoch(b: &impl TestBackend) {
         .await
         .expect("renew")
         .is_none());
+}
+
+/// A claim taken for a driver (plan 0094) is kept, its epoch with it, only for the
+/// same holder and the same driver; the same holder for another driver, or for none,
+/// finds it held, by a lone acquire, a batch and a hand-off alike (whose rows are
+/// then not written). A claim taken without a driver is held against a driver in the
+/// same way. Once it lapses, another driver takes it at a higher epoch, and the fences
+/// of the epoch before are refused.
+pub async fn a_live_claim_is_kept_only_for_its_driver(b: &impl TestBackend) {
+    let s = b.store();
+    let other = b.reopen("second").await.expect("reopen");
+    let ttl = Duration::from_secs(30);
+    let driven = |key: &str, driver: &str, ttl: Duration| {
+        ClaimRequest::new(key, "ada", ttl).driven_by(driver)
+    };
+    let first = s
+        .acquire_request(&driven("task/r/t1", "relay-a", Duration::from_millis(400)))
+        .await
+        .expect("acquire");
+    let Acquired::Won(first) = first else {
+        panic!("free claim not won: {first:?}")
+    };
+    let again = s
+        .acquire_request(&driven("task/r/t1", "relay-a", Duration::from_millis(400)))
+        .await
+        .expect("acquire");
+    assert!(again.won(), "the same holder and driver keep it: {again:?}");
+    assert_eq!(again.state().epoch, first.epoch);
+    let held = |a: &Acquired| matches!(a, Acquired::HeldBy(st) if st.holder == "ada" && st.epoch == first.epoch);
+    let by_b = other
+        .acquire_request(&driven("task/r/t1", "relay-b", ttl))
+        .await
+        .expect("acquire");
+    assert!(held(&by_b), "another driver finds it held: {by_b:?}");
+    let undriven = other
+        .acquire("task/r/t1", "ada", ttl)
+        .await
+        .expect("acquire");
+    assert!(held(&undriven), "no driver finds it held: {undriven:?}");
+    let batch = other
+        .acquire_batch(&[
+            driven("task/r/t1", "relay-b", ttl),
+            driven("task/r/t2", "relay-b", ttl),
+        ])
+        .await
+        .expect("batch");
+    assert!(held(batch[0].as_ref().expect("tried")), "{batch:?}");
+    assert!(batch[1].as_ref().is_some_and(Acquired::won), "{batch:?}");
+    let claimed = |task: &str| {
+        NewInteraction::new(
+            "r",
+            Verb::TaskClaimed,
+            "ada",
+            Role::Agent,
+            json!({ "task": task, "epoch": 1, "attempt": 1 }),
+        )
+    };
+    let h = other
+        .acquire_and_append(
+            &[driven("task/r/t1", "relay-b", ttl)],
+            vec![crate::ConditionalAppend {
+                when_won: vec![(0, Epoch(1))],
+                rows: vec![claimed("t1")],
+            }],
+        )
+        .await
+        .expect("hand-off");
+    assert!(held(h.acquired[0].as_ref().expect("tried")), "{h:?}");
+    assert_eq!(
+        h.appended[0], None,
+        "a hand-off held by another driver writes nothing"
+    );
+    // The driver that won writes under the claim; the holder alone names it.
+    let fence = Fence {
+        key: "task/r/t1".into(),
+        holder: "ada".into(),
+        epoch: first.epoch,
+    };
+    s.append_under(std::slice::from_ref(&fence), false, vec![claimed("t1")])
+        .await
+        .expect("the winning driver's fence holds");
+    // A claim taken without a driver is held against one, and kept without one.
+    let plain = s.acquire("task/r/t3", "ada", ttl).await.expect("acquire");
+    assert!(plain.won());
+    let h = other
+        .acquire_and_append(
+            &[driven("task/r/t3", "relay-b", ttl)],
+            vec![crate::ConditionalAppend {
+                when_won: vec![(0, Epoch(1))],
+                rows: vec![claimed("t3")],
+            }],
+        )
+        .await
+        .expect("hand-off");
+    assert!(matches!(&h.acquired[0], Some(Acquired::HeldBy(_))), "{h:?}");
+    assert_eq!(h.appended[0], None);
+    let kept = s.acquire("task/r/t3", "ada", ttl).await.expect("acquire");
+    assert!(
+        kept.won() && kept.state().epoch == plain.state().epoch,
+        "{kept:?}"
+    );
+    // Lapsed: another driver takes it, at the next epoch, and the old fence fails.
+    wait_for_db_time(&*s, again.state().expires_at).await;
+    let taken = other
+        .acquire_request(&driven("task/r/t1", "relay-b", ttl))
+        .await
+        .expect("acquire");
+    assert!(
+        taken.won(),
+        "a lapsed claim goes to another driver: {taken:?}"
+    );
+    assert_eq!(taken.state().epoch, first.epoch.next());
+    let back = s
+        .acquire_request(&driven("task/r/t1", "relay-a", ttl))
+        .await
+        .expect("acquire");
+    assert!(
+        matches!(&back, Acquired::HeldBy(st) if st.epoch == first.epoch.next()),
+        "{back:?}"
+    );
+    let refused = s
+        .append_under(
+            std::slice::from_ref(&fence),
+            false,
+            vec![message("r", "ada", "late")],
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Fenced { .. })),
+        "{refused:?}"
+    );
 }
 
 /// A different holder wins only after the lease expired by the database clock, with

@@ -62,6 +62,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     15 "claim_keys_bytewise" "0015_claim_keys_bytewise.sql",
     16 "acquire_without_waiting_on_held" "0016_acquire_without_waiting_on_held.sql",
     17 "command_result_claims" "0017_command_result_claims.sql",
+    18 "claim_drivers" "0018_claim_drivers.sql",
 );
 
 /// SQLite migrations, in order.
@@ -77,6 +78,7 @@ pub const SQLITE: &[Migration] = migrations!("sqlite":
     9 "review_gates" "0009_review_gates.sql",
     10 "archived_rooms" "0010_archived_rooms.sql",
     11 "task_lots" "0011_task_lots.sql",
+    12 "claim_drivers" "0012_claim_drivers.sql",
 );
 
 /// Checks that the applied migrations are a prefix of `known` with equal checksums,

@@ -159,8 +159,17 @@ pub struct ClaimRequest {
     /// Lease length.
     pub ttl: Duration,
     /// Tried only when the request at this index (an earlier one of the same batch)
-    /// was won: a task's drive claim after its task claim. `None`: always tried.
+    /// was won: a review's drive claim after its review claim. `None`: always tried.
     pub after: Option<usize>,
+    /// The relay that runs the holder's turn under the claim, when it is taken for one
+    /// (plan 0094): a live claim is extended only for the same holder **and** the
+    /// same driver (none and none count as the same); the same holder with another
+    /// driver finds it held. So one claim elects both the agent and the one relay
+    /// that drives it, even when several relays host that agent. Renew, release and
+    /// fences need not name it: the driver changes only when the claim is re-taken
+    /// after it lapsed, which moves the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
 }
 
 impl ClaimRequest {
@@ -171,7 +180,15 @@ impl ClaimRequest {
             holder: holder.into(),
             ttl,
             after: None,
+            driver: None,
         }
+    }
+
+    /// This request, taken for `driver` to drive the holder's turn
+    /// ([`ClaimRequest::driver`]).
+    pub fn driven_by(mut self, driver: impl Into<String>) -> Self {
+        self.driver = Some(driver.into());
+        self
     }
 
     /// This request, tried only when request `index` of the batch was won.
@@ -454,8 +471,17 @@ pub trait Claims: Send + Sync + 'static {
     /// Takes `key` for `holder` for `ttl` when it is free, expired, or already held by
     /// `holder` (then the lease is extended and the epoch kept). The epoch increases
     /// whenever the holder changes or an expired claim is re-taken. A closed claim is
-    /// never taken: the answer is [`Acquired::Closed`].
-    async fn acquire(&self, key: &str, holder: &str, ttl: Duration) -> Result<Acquired>;
+    /// never taken: the answer is [`Acquired::Closed`]. The claim is taken without a
+    /// driver ([`Claims::acquire_request`]).
+    async fn acquire(&self, key: &str, holder: &str, ttl: Duration) -> Result<Acquired> {
+        self.acquire_request(&ClaimRequest::new(key, holder, ttl))
+            .await
+    }
+
+    /// [`Claims::acquire`] for one request, with its driver: a live claim is kept
+    /// (extended, its epoch kept) only for the same holder and the same driver
+    /// ([`ClaimRequest::driver`]). `request.after` is ignored.
+    async fn acquire_request(&self, request: &ClaimRequest) -> Result<Acquired>;
 
     /// Takes several claims in one go (one statement and one commit where the backend
     /// can), in the order given, each exactly as [`Claims::acquire`] would. A request
@@ -470,7 +496,7 @@ pub trait Claims: Send + Sync + 'static {
         for r in requests {
             let tried = tried(r, &out);
             out.push(if tried {
-                Some(self.acquire(&r.key, &r.holder, r.ttl).await?)
+                Some(self.acquire_request(r).await?)
             } else {
                 None
             });

@@ -47,8 +47,8 @@ use tokio::sync::watch;
 
 use crate::error::{Result, StoreError};
 use crate::traits::{
-    Acquired, Appended, ArchiveOutcome, ArchiveRefusal, ArchiveRequest, ClaimRow, ClaimState,
-    Claims, Doorbell, Epoch, Fence, Ledger, PrunedClaims, ReadBatch, SkippedRow, Store,
+    Acquired, Appended, ArchiveOutcome, ArchiveRefusal, ArchiveRequest, ClaimRequest, ClaimRow,
+    ClaimState, Claims, Doorbell, Epoch, Fence, Ledger, PrunedClaims, ReadBatch, SkippedRow, Store,
 };
 use crate::StoreOptions;
 use huddle_core::protocol::room_of_claim;
@@ -122,6 +122,9 @@ struct Tables {
     claims: BTreeMap<String, ClaimState>,
     /// Closed claims: key → the id of the interaction whose append closed it.
     closed: HashMap<String, InteractionId>,
+    /// The drivers of claims taken for one (`ClaimRequest::driver`); a claim not
+    /// here has none.
+    drivers: HashMap<String, String>,
     /// Archived rooms → the id of their `room.archived` row.
     archived: HashMap<String, InteractionId>,
     /// The last sequence number given (never reused, even after an archive).
@@ -371,6 +374,8 @@ impl Tables {
         self.claims
             .retain(|key, _| room_of_claim(key) != Some(room.as_str()));
         self.closed
+            .retain(|key, _| room_of_claim(key) != Some(room.as_str()));
+        self.drivers
             .retain(|key, _| room_of_claim(key) != Some(room.as_str()));
         let claims_removed = (claims_before - self.claims.len()) as u64;
         self.archived.insert(room, id);
@@ -690,8 +695,10 @@ impl Ledger for MemoryStore {
 
 #[async_trait]
 impl Claims for MemoryStore {
-    async fn acquire(&self, key: &str, holder: &str, ttl: Duration) -> Result<Acquired> {
-        let ttl = micros(ttl);
+    async fn acquire_request(&self, request: &ClaimRequest) -> Result<Acquired> {
+        let (key, holder) = (request.key.as_str(), request.holder.as_str());
+        let driver = request.driver.as_deref();
+        let ttl = micros(request.ttl);
         Ok(self
             .claims(|tables, now| {
                 let taken = |epoch| ClaimState {
@@ -705,15 +712,23 @@ impl Claims for MemoryStore {
                     let state = state.clone();
                     return Acquired::Closed { state, by: *by };
                 }
+                let same_driver = tables.drivers.get(key).map(String::as_str) == driver;
                 let state = match tables.claims.get(key) {
                     None => taken(Epoch::FIRST),
-                    // The same holder extending a live lease keeps its epoch.
-                    Some(c) if c.expires_at > now && c.holder == holder => taken(c.epoch),
+                    // The same holder, for the same driver, extending a live lease
+                    // keeps its epoch.
+                    Some(c) if c.expires_at > now && c.holder == holder && same_driver => {
+                        taken(c.epoch)
+                    }
                     Some(c) if c.expires_at > now => return Acquired::HeldBy(c.clone()),
                     // Free again (expired or released): a new epoch, whoever takes it.
                     Some(c) => taken(c.epoch.next()),
                 };
                 tables.claims.insert(key.to_string(), state.clone());
+                match driver {
+                    Some(d) => tables.drivers.insert(key.to_string(), d.to_string()),
+                    None => tables.drivers.remove(key),
+                };
                 Acquired::Won(state)
             })
             .await)
@@ -801,6 +816,7 @@ impl Claims for MemoryStore {
                         epoch,
                         expires_at: now.saturating_add(ttl),
                     };
+                    tables.drivers.remove(&key);
                     tables.claims.insert(key, state.clone());
                     won.push(crate::resources::won_holding(
                         holder, &w.name, w.mode, state,

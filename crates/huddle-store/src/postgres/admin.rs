@@ -37,7 +37,7 @@ pub const WRITER_ROLE: &str = "huddle_writer";
 /// Group role of relays: write, and use claims.
 pub const RELAY_ROLE: &str = "huddle_relay";
 
-/// The claim functions a relay may call (migration 0003), with their signatures.
+/// The claim functions a relay may call (migrations 0003 on), with their signatures.
 const CLAIM_FUNCTIONS: &[&str] = &[
     "huddle_claim_acquire(text, text, bigint)",
     "huddle_claim_renew(text, text, bigint, bigint)",
@@ -48,6 +48,8 @@ const CLAIM_FUNCTIONS: &[&str] = &[
     "huddle_claim_acquire_batch(text[], text[], bigint[], int[])",
     "huddle_append_under(text[], text[], bigint[], bytea, bytea[], text[], text[], text[], text[], text[], bytea[], bytea[], text[], text[], text[])",
     "huddle_handoff(text[], text[], bigint[], int[], int[], int[], bigint[], int[], bytea[], text[], text[], text[], text[], text[], bytea[], bytea[], text[], text[], text[])",
+    "huddle_claim_acquire_batch(text[], text[], bigint[], int[], text[])",
+    "huddle_handoff(text[], text[], bigint[], int[], int[], int[], bigint[], int[], bytea[], text[], text[], text[], text[], text[], bytea[], bytea[], text[], text[], text[], text[])",
 ];
 
 /// The function an owner archives a room with (migration 0012). Owners (the writer

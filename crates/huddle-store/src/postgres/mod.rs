@@ -1053,10 +1053,56 @@ impl Ledger for PgStore {
     }
 }
 
+impl PgStore {
+    /// A batch acquire in one statement (`huddle_claim_acquire_batch`), the drivers
+    /// with it.
+    async fn batch_acquire(&self, requests: &[ClaimRequest]) -> Result<Vec<Option<Acquired>>> {
+        let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
+        let holders: Vec<&str> = requests.iter().map(|r| r.holder.as_str()).collect();
+        let ttls: Vec<i64> = requests.iter().map(|r| micros(r.ttl)).collect();
+        // 1-based in SQL; 0 for none. Indexes fit: a batch this long is not sent.
+        let after: Vec<i32> = requests
+            .iter()
+            .map(|r| {
+                r.after
+                    .map_or(0, |j| i32::try_from(j + 1).unwrap_or(i32::MAX))
+            })
+            .collect();
+        let drivers: Vec<Option<&str>> = requests.iter().map(|r| r.driver.as_deref()).collect();
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql::ACQUIRE_BATCH)
+            .await
+            .map_err(map_pg)?;
+        let rows = client
+            .query(&statement, &[&keys, &holders, &ttls, &after, &drivers])
+            .await
+            .map_err(map_pg)?;
+        drop(client);
+        batch_answers(requests, rows.iter(), 0)
+    }
+}
+
 #[async_trait]
 impl Claims for PgStore {
-    async fn acquire(&self, key: &str, holder: &str, ttl: Duration) -> Result<Acquired> {
-        let ttl = micros(ttl);
+    async fn acquire_request(&self, request: &ClaimRequest) -> Result<Acquired> {
+        if request.driver.is_some() {
+            // Taken for a driver: the batch statement carries it.
+            let one = ClaimRequest {
+                after: None,
+                ..request.clone()
+            };
+            let mut answers = self.batch_acquire(std::slice::from_ref(&one)).await?;
+            return match answers.pop().flatten() {
+                Some(a) => Ok(a),
+                None => Err(StoreError::Backend(format!(
+                    "claim {:?} was not answered",
+                    request.key
+                ))),
+            };
+        }
+        let (key, holder) = (request.key.as_str(), request.holder.as_str());
+        let ttl = micros(request.ttl);
         let client = self.client().await?;
         let acquire = client
             .prepare_cached(sql::ACQUIRE_OR_HOLDER)
@@ -1091,35 +1137,14 @@ impl Claims for PgStore {
         crate::traits::check_claim_batch(requests)?;
         match requests {
             [] => return Ok(Vec::new()),
-            [one] => {
+            [one] if one.driver.is_none() => {
                 return Ok(vec![Some(
                     self.acquire(&one.key, &one.holder, one.ttl).await?,
                 )])
             }
             _ => {}
         }
-        let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
-        let holders: Vec<&str> = requests.iter().map(|r| r.holder.as_str()).collect();
-        let ttls: Vec<i64> = requests.iter().map(|r| micros(r.ttl)).collect();
-        // 1-based in SQL; 0 for none. Indexes fit: a batch this long is not sent.
-        let after: Vec<i32> = requests
-            .iter()
-            .map(|r| {
-                r.after
-                    .map_or(0, |j| i32::try_from(j + 1).unwrap_or(i32::MAX))
-            })
-            .collect();
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(sql::ACQUIRE_BATCH)
-            .await
-            .map_err(map_pg)?;
-        let rows = client
-            .query(&statement, &[&keys, &holders, &ttls, &after])
-            .await
-            .map_err(map_pg)?;
-        drop(client);
-        batch_answers(requests, rows.iter(), 0)
+        self.batch_acquire(requests).await
     }
 
     async fn renew(
@@ -1239,7 +1264,8 @@ impl PgStore {
         let first_fenced = FenceParams::new(fences, closing);
         let first_sigs = self.signatures(&first_ids);
         let first_columns = Columns::new(first_rows, &first_ids, &first_bodies, &first_sigs);
-        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(34);
+        let drivers: Vec<Option<&str>> = requests.iter().map(|r| r.driver.as_deref()).collect();
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(35);
         if first.is_some() {
             params.extend(first_fenced.params());
             params.extend(first_columns.params());
@@ -1255,6 +1281,7 @@ impl PgStore {
             &row_group,
         ]);
         params.extend(columns.params());
+        params.push(&drivers);
         let client = self.client().await?;
         let text = if first.is_some() {
             sql::APPEND_THEN_HANDOFF

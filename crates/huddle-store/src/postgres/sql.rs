@@ -70,26 +70,28 @@ $15::text[])";
 /// The SQLSTATE `huddle_append_under` raises for a fence that does not hold.
 pub(crate) const FENCE_REFUSED: &str = "HUF01";
 
-/// Several claims in one statement (migration 0008's `huddle_claim_acquire_batch`):
-/// parallel arrays of keys, holders, leases (µs) and conditions (1-based index of
-/// the request that must have been won, 0 for none). One row per request tried:
-/// its 1-based index, then the columns of [`ACQUIRE_OR_HOLDER`].
+/// Several claims in one statement (migration 0018's `huddle_claim_acquire_batch`):
+/// parallel arrays of keys, holders, leases (µs), conditions (1-based index of the
+/// request that must have been won, 0 for none) and drivers (NULL for none). One row
+/// per request tried: its 1-based index, then the columns of [`ACQUIRE_OR_HOLDER`].
 pub(crate) const ACQUIRE_BATCH: &str = "SELECT o_idx, o_holder, o_epoch, o_expires_us, \
-o_won, o_closed_by FROM huddle_claim_acquire_batch($1::text[], $2::text[], $3::int8[], $4::int4[])";
+o_won, o_closed_by FROM huddle_claim_acquire_batch($1::text[], $2::text[], $3::int8[], \
+$4::int4[], $5::text[])";
 
-/// A hand-off in one statement (migration 0011's `huddle_handoff`): the batch acquire
+/// A hand-off in one statement (migration 0018's `huddle_handoff`): the batch acquire
 /// `$1..$4` as [`ACQUIRE_BATCH`], the conditions `$5..$7` (group, 1-based request,
-/// epoch), each row's group `$8`, and the row columns `$9..$19` as [`APPEND_UNDER`]'s
-/// `$5..$15`. Rows with `o_kind` 0 answer the requests as [`ACQUIRE_BATCH`] does;
+/// epoch), each row's group `$8`, the row columns `$9..$19` as [`APPEND_UNDER`]'s
+/// `$5..$15`, and the requests' drivers `$20` ([`ACQUIRE_BATCH`]'s `$5`). Rows with
+/// `o_kind` 0 answer the requests as [`ACQUIRE_BATCH`] does;
 /// rows with `o_kind` 1 name the rows inserted.
 pub(crate) const HANDOFF: &str = "SELECT o_kind, o_idx, o_holder, o_epoch, o_expires_us, \
 o_won, o_closed_by, o_id, o_ikey FROM huddle_handoff($1::text[], $2::text[], $3::int8[], \
 $4::int4[], $5::int4[], $6::int4[], $7::int8[], $8::int4[], $9::bytea[], $10::text[], \
 $11::text[], $12::text[], $13::text[], $14::text[], $15::bytea[], $16::bytea[], $17::text[], \
-$18::text[], $19::text[])";
+$18::text[], $19::text[], $20::text[])";
 
 /// A fenced write, then a hand-off, in one statement (plan 0082): [`APPEND_UNDER`]
-/// with `$1..$15`, then [`HANDOFF`] with `$16..$34`. The write's inserted rows come
+/// with `$1..$15`, then [`HANDOFF`] with `$16..$35`. The write's inserted rows come
 /// first, with `o_kind` 2 (ids in `o_id`); a fence of the write that does not hold
 /// raises [`FENCE_REFUSED`] and the whole statement — the hand-off too — is undone.
 /// (An `Append` node runs its inputs in order: the write before the claims.)
@@ -100,7 +102,8 @@ $10::text[], $11::bytea[], $12::bytea[], $13::text[], $14::text[], $15::text[]) 
 UNION ALL SELECT o_kind, o_idx, o_holder, o_epoch, o_expires_us, o_won, o_closed_by, o_id, \
 o_ikey FROM huddle_handoff($16::text[], $17::text[], $18::int8[], $19::int4[], $20::int4[], \
 $21::int4[], $22::int8[], $23::int4[], $24::bytea[], $25::text[], $26::text[], $27::text[], \
-$28::text[], $29::text[], $30::bytea[], $31::bytea[], $32::text[], $33::text[], $34::text[])";
+$28::text[], $29::text[], $30::bytea[], $31::bytea[], $32::text[], $33::text[], $34::text[], \
+$35::text[])";
 
 /// The columns every read decodes, in this order. (The first is named `txid` but is
 /// text: ORDER BY must name `interaction.txid`, or it would sort by the text.)

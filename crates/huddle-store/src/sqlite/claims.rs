@@ -17,29 +17,30 @@ use crate::traits::{Acquired, ClaimRequest, ClaimRow, ClaimState, Epoch};
 const MAX_TTL_US: i64 = 100 * 365 * 24 * 3600 * 1_000_000;
 
 /// One upsert: insert at epoch 1, or take over a row that is expired or already held
-/// by the same holder. The epoch is kept only when the same holder extends an
-/// unexpired lease; a new holder or a re-take after expiry bumps it. When the row is
-/// someone else's live claim, or closed, the `WHERE` leaves it alone and nothing is
-/// returned.
+/// by the same holder for the same driver (`?4`; none and none count as the same,
+/// `IS`). The epoch is kept only when that holder and driver extend an unexpired
+/// lease; a new holder or driver, or a re-take after expiry, bumps it. When the row is
+/// someone else's live claim (or the same holder's for another driver), or closed, the
+/// `WHERE` leaves it alone and nothing is returned.
 pub(super) const ACQUIRE: &str = concat!(
-    "INSERT INTO external_claim (key, holder, epoch, expires_at, acquired_at, renewed_at) ",
+    "INSERT INTO external_claim (key, holder, epoch, expires_at, acquired_at, renewed_at, driver) ",
     "VALUES (?1, ?2, 1, ",
     now_us!(),
     " + ?3, ",
     now_us!(),
     ", ",
     now_us!(),
-    ") ON CONFLICT (key) DO UPDATE SET ",
-    "epoch = CASE WHEN external_claim.holder = excluded.holder AND external_claim.expires_at > ",
+    ", ?4) ON CONFLICT (key) DO UPDATE SET ",
+    "epoch = CASE WHEN external_claim.holder = excluded.holder AND external_claim.driver IS excluded.driver AND external_claim.expires_at > ",
     now_us!(),
     " THEN external_claim.epoch ELSE external_claim.epoch + 1 END, ",
-    "acquired_at = CASE WHEN external_claim.holder = excluded.holder AND external_claim.expires_at > ",
+    "acquired_at = CASE WHEN external_claim.holder = excluded.holder AND external_claim.driver IS excluded.driver AND external_claim.expires_at > ",
     now_us!(),
     " THEN external_claim.acquired_at ELSE excluded.acquired_at END, ",
-    "holder = excluded.holder, expires_at = excluded.expires_at, renewed_at = excluded.renewed_at ",
+    "holder = excluded.holder, driver = excluded.driver, expires_at = excluded.expires_at, renewed_at = excluded.renewed_at ",
     "WHERE external_claim.closed_by IS NULL AND (external_claim.expires_at <= ",
     now_us!(),
-    " OR external_claim.holder = excluded.holder) ",
+    " OR (external_claim.holder = excluded.holder AND external_claim.driver IS excluded.driver)) ",
     "RETURNING key, holder, epoch, expires_at"
 );
 
@@ -113,7 +114,7 @@ pub(crate) fn acquire_batch_in(
     for r in requests {
         let tried = crate::traits::tried(r, &out);
         out.push(if tried {
-            Some(acquire_in(tx, &r.key, &r.holder, r.ttl)?)
+            Some(acquire_in(tx, r)?)
         } else {
             None
         });
@@ -122,15 +123,14 @@ pub(crate) fn acquire_batch_in(
 }
 
 /// One acquire inside the caller's write transaction.
-pub(crate) fn acquire_in(
-    tx: &Connection,
-    key: &str,
-    holder: &str,
-    ttl: Duration,
-) -> Result<Acquired> {
+pub(crate) fn acquire_in(tx: &Connection, request: &ClaimRequest) -> Result<Acquired> {
+    let key = request.key.as_str();
     let won = tx
         .prepare_cached(ACQUIRE)?
-        .query_row(params![key, holder, ttl_us(ttl)], claim_state)
+        .query_row(
+            params![key, request.holder, ttl_us(request.ttl), request.driver],
+            claim_state,
+        )
         .optional()?;
     Ok(match won {
         Some(state) => Acquired::Won(state.map_err(|r| corrupt(key, r))?),

@@ -536,13 +536,10 @@ impl Ledger for SqliteStore {
 
 #[async_trait]
 impl Claims for SqliteStore {
-    async fn acquire(&self, key: &str, holder: &str, ttl: Duration) -> Result<Acquired> {
-        let (key, holder) = (key.to_string(), holder.to_string());
-        self.write(
-            move |_, conn| claims::acquire_in(conn, &key, &holder, ttl),
-            |_| false,
-        )
-        .await
+    async fn acquire_request(&self, request: &ClaimRequest) -> Result<Acquired> {
+        let request = request.clone();
+        self.write(move |_, conn| claims::acquire_in(conn, &request), |_| false)
+            .await
     }
 
     async fn acquire_batch(&self, requests: &[ClaimRequest]) -> Result<Vec<Option<Acquired>>> {

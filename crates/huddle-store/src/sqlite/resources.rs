@@ -74,7 +74,10 @@ pub(crate) fn acquire_in(
         let key = resource_key(room, holder, w.mode, &w.name);
         let state: Option<ClaimState> = tx
             .prepare_cached(ACQUIRE)?
-            .query_row(params![key, holder, ttl_us(ttl)], claim_state)
+            .query_row(
+                params![key, holder, ttl_us(ttl), None::<String>],
+                claim_state,
+            )
             .optional()?
             .map(|s| s.map_err(|r| corrupt(&key, r)))
             .transpose()?;
