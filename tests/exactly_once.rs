@@ -137,6 +137,7 @@ both_backends!(
     paused_relay_never_reruns_finished_work,
     paused_relay_holding_tasks_ahead_never_reruns_finished_work,
     same_agent_on_two_relays_completes_once,
+    same_agents_on_two_live_relays_run_every_task_once,
     delegates_at_page_and_batch_boundaries_all_land,
     a_relay_resuming_from_its_snapshot_reruns_nothing,
 );
@@ -421,8 +422,8 @@ async fn paused_relay(backend: Backend, ahead: bool) {
 
 /// The same agent hosted on two relays: one relay is paused mid-turn past the TTL, the
 /// other re-takes the task as the same agent and completes it; the resumed relay's
-/// completion is refused (fenced by the drive claim as well as the task claim) and
-/// it starts nothing it no longer drives.
+/// completion is refused (fenced by the task claim, re-taken at a higher epoch by the
+/// other relay as its driver) and it starts nothing it no longer drives.
 async fn same_agent_on_two_relays_completes_once(backend: Backend) {
     let mut h = Huddle::new(backend).await;
     let log = h.dir().join("effects.log");
@@ -466,6 +467,52 @@ async fn same_agent_on_two_relays_completes_once(backend: Backend) {
         "one run per relay: {:?}",
         starts["j1"]
     );
+}
+
+/// The same two agents hosted by two live relay processes at once (plan 0094: one
+/// claim a task turn, the relay its driver): both relays contend for every task as
+/// the same agents, and each task runs exactly once (executions counted from the
+/// agents' own log), is completed once, and no relay takes a task the other drives.
+async fn same_agents_on_two_live_relays_run_every_task_once(backend: Backend) {
+    let mut h = Huddle::new(backend).await;
+    // One log per relay process: the agents are the same, their runs are told apart.
+    let logs = [
+        h.dir().join("effects-r0.log"),
+        h.dir().join("effects-r1.log"),
+    ];
+    let scripts = [
+        recording_agent(&h, "twin0.sh", &logs[0], "0.05"),
+        recording_agent(&h, "twin1.sh", &logs[1], "0.05"),
+    ];
+    let agents = |s: &Path| vec![AgentSpec::exec("ada", s), AgentSpec::exec("bo", s)];
+    h.spawn_relay("r0", agents(&scripts[0]));
+    h.spawn_relay("r1", agents(&scripts[1]));
+    h.wait_registered(&["ada", "bo"]).await;
+    h.delegate(&task_lines("w", 40)).await;
+    h.wait_until("40 tasks done", secs(90), |l| l.summary().done == 40)
+        .await;
+    h.wait_quiescent(secs(30)).await;
+    h.stop_all().await;
+    h.ledger.assert_all_done_exactly_once(40);
+    let mut starts: BTreeMap<String, usize> = BTreeMap::new();
+    for log in &logs {
+        assert_no_start_after_completion(&h, log);
+        for (task, runs) in starts_per_subject(log) {
+            *starts.entry(task).or_default() += runs.len();
+        }
+    }
+    assert_eq!(starts.len(), 40, "every task ran: {:?}", starts.keys());
+    let twice: Vec<_> = starts.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "tasks run more than once: {twice:?}");
+    let raw = h.ledger.of_verb(Verb::TaskCompleted).count();
+    assert_eq!(raw, 40, "raw task.completed rows");
+    for log in &logs {
+        assert!(
+            !starts_per_subject(log).is_empty(),
+            "both relays drove some of the work: {} ran nothing",
+            log.display()
+        );
+    }
 }
 
 /// `!delegate`s whose rows end exactly at a read page (500) or exceed one append batch

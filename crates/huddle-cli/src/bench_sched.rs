@@ -200,13 +200,13 @@ fn one(args: &SchedArgs, n: usize) -> SchedLine {
                         }
                     };
                     let answer = won(&key);
-                    // A chained acquire (a task's drive claim) is won in the same call,
+                    // A chained acquire (a review's drive claim) is won in the same call,
                     // as the relay's store does.
                     let then = then.map(|c| won(&c.key));
                     // A fresh hand-off's rows go in with its claims when they were won
                     // at the epochs the rows carry, as the relay's store does.
                     let written = match (&write, answer.won(), then.and_then(|t| t.won())) {
-                        (Some(w), Some(e), Some(t)) if e == w.epoch && t == w.then_epoch => {
+                        (Some(w), Some(e), t) if e == w.epoch && t == w.then_epoch => {
                             for r in &w.batch {
                                 rows.push(ledger.row(r.clone()));
                             }

@@ -725,8 +725,12 @@ pub async fn claims(
         println!("no claims");
     }
     for row in rows {
+        let driven = row
+            .driver
+            .as_deref()
+            .map_or(String::new(), |d| format!(" driven by {d}"));
         println!(
-            "{} held by {} epoch {} {} {}",
+            "{} held by {}{driven} epoch {} {} {}",
             row.state.key,
             row.state.holder,
             row.state.epoch,

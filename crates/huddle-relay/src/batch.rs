@@ -132,6 +132,7 @@ mod tests {
         Intent::Acquire {
             key: key.into(),
             holder: "a".into(),
+            driver: Some("relay-t".into()),
             ttl: Duration::from_secs(30),
             purpose: ClaimPurpose::Task {
                 room: "r".into(),

@@ -2517,9 +2517,11 @@ async fn run_watched(
 struct PendingAcquire {
     key: String,
     holder: String,
+    /// The relay the claim is taken to drive the holder's turn for (plan 0094).
+    driver: Option<String>,
     ttl: Duration,
     then: Option<ChainedAcquire>,
-    /// Rows to write with both claims when won at the epochs they carry.
+    /// Rows to write with the claims when won at the epochs they carry.
     write: Option<huddle_core::sync::WriteIfWon>,
 }
 
@@ -2530,6 +2532,7 @@ impl PendingAcquire {
             Intent::Acquire {
                 key,
                 holder,
+                driver,
                 ttl,
                 then,
                 write,
@@ -2537,6 +2540,7 @@ impl PendingAcquire {
             } => Some(PendingAcquire {
                 key,
                 holder,
+                driver,
                 ttl,
                 then,
                 write,
@@ -2554,12 +2558,13 @@ type AcquireBatch = (Vec<ClaimRequest>, Vec<(usize, Option<usize>)>);
 /// its request and of its chained one's. `None` when the keys cannot go in one batch
 /// (a key twice, or a chained key not after its first).
 fn batch_requests(acquires: &[PendingAcquire]) -> Option<AcquireBatch> {
-    // (key, holder, ttl, acquire index, chained?)
-    let mut items: Vec<(&str, &str, Duration, usize, bool)> = Vec::new();
+    // (key, holder, driver, ttl, acquire index, chained?)
+    type Item<'a> = (&'a str, &'a str, Option<&'a str>, Duration, usize, bool);
+    let mut items: Vec<Item<'_>> = Vec::new();
     for (i, a) in acquires.iter().enumerate() {
-        items.push((&a.key, &a.holder, a.ttl, i, false));
+        items.push((&a.key, &a.holder, a.driver.as_deref(), a.ttl, i, false));
         if let Some(c) = &a.then {
-            items.push((&c.key, &c.holder, c.ttl, i, true));
+            items.push((&c.key, &c.holder, None, c.ttl, i, true));
         }
     }
     items.sort_by(|x, y| x.0.as_bytes().cmp(y.0.as_bytes()));
@@ -2568,17 +2573,18 @@ fn batch_requests(acquires: &[PendingAcquire]) -> Option<AcquireBatch> {
     }
     let mut slots: Vec<(Option<usize>, Option<usize>)> = vec![(None, None); acquires.len()];
     for (pos, item) in items.iter().enumerate() {
-        if item.4 {
-            slots[item.3].1 = Some(pos);
+        if item.5 {
+            slots[item.4].1 = Some(pos);
         } else {
-            slots[item.3].0 = Some(pos);
+            slots[item.4].0 = Some(pos);
         }
     }
     let mut requests = Vec::with_capacity(items.len());
     for item in &items {
-        let mut r = ClaimRequest::new(item.0, item.1, item.2);
-        if item.4 {
-            let first = slots[item.3].0?;
+        let mut r = ClaimRequest::new(item.0, item.1, item.3);
+        r.driver = item.2.map(str::to_string);
+        if item.5 {
+            let first = slots[item.4].0?;
             if first >= requests.len() {
                 return None;
             }
@@ -2595,10 +2601,9 @@ fn batch_requests(acquires: &[PendingAcquire]) -> Option<AcquireBatch> {
 
 /// The request of an acquire sent alone, without its chain.
 fn lone_request(a: &PendingAcquire) -> AcquireBatch {
-    (
-        vec![ClaimRequest::new(a.key.clone(), a.holder.clone(), a.ttl)],
-        vec![(0, None)],
-    )
+    let mut r = ClaimRequest::new(a.key.clone(), a.holder.clone(), a.ttl);
+    r.driver = a.driver.clone();
+    (vec![r], vec![(0, None)])
 }
 
 /// The conditional appends of a hand-off with those of one room's fresh tasks packed
@@ -2685,10 +2690,18 @@ async fn answer_acquires(
         .enumerate()
         .filter_map(|(i, (a, (first, then)))| {
             let w = a.write.as_ref()?;
+            let mut when_won = vec![(*first, w.epoch)];
+            match (then, w.then_epoch) {
+                (Some(t), Some(e)) => when_won.push((*t, e)),
+                (None, None) => {}
+                // A write conditional on a chained claim not taken (or the other
+                // way round) is not sent; the rows are appended once it is won.
+                _ => return None,
+            }
             Some((
                 i,
                 huddle_store::ConditionalAppend {
-                    when_won: vec![(*first, w.epoch), ((*then)?, w.then_epoch)],
+                    when_won,
                     rows: w.batch.clone(),
                 },
             ))
@@ -3430,8 +3443,8 @@ mod tests {
         }
     }
 
-    /// The acquire of fresh task `task` for `agent` with its drive claim, carrying its
-    /// `task.claimed` and `turn.prompted` to write when both are won at epoch 1.
+    /// The acquire of fresh task `task` for `agent`, driven by this relay, carrying its
+    /// `task.claimed` and `turn.prompted` to write when it is won at epoch 1.
     fn fresh_handoff(task: &str, agent: &str) -> PendingAcquire {
         use huddle_core::protocol::{Subject, TurnPromptedBody};
         use huddle_core::tasks::TaskClaimedBody;
@@ -3452,15 +3465,12 @@ mod tests {
         PendingAcquire {
             key: format!("task/r/{task}"),
             holder: agent.into(),
+            driver: Some("relay-t".into()),
             ttl: TTL,
-            then: Some(huddle_core::sync::ChainedAcquire {
-                key: format!("taskdrive/r/{task}"),
-                holder: "relay-t".into(),
-                ttl: TTL,
-            }),
+            then: None,
             write: Some(huddle_core::sync::WriteIfWon {
                 epoch: first,
-                then_epoch: first,
+                then_epoch: None,
                 batch: vec![
                     row(Verb::TaskClaimed, claimed.to_body()),
                     row(
@@ -3544,6 +3554,7 @@ mod tests {
             },
             key: a.key,
             holder: a.holder,
+            driver: a.driver,
             ttl: a.ttl,
             then: a.then,
             write: a.write,

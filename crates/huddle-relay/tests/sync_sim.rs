@@ -240,14 +240,17 @@ impl Sim {
                 Intent::Acquire {
                     key,
                     holder,
+                    driver,
                     ttl,
                     then,
                     write,
                     ..
                 } => {
                     // A chained acquire goes in one batch with the first, as the
-                    // relay's executor sends it.
-                    let mut requests = vec![ClaimRequest::new(key.clone(), holder.clone(), ttl)];
+                    // relay's executor sends it; the first with its driver.
+                    let mut first = ClaimRequest::new(key.clone(), holder.clone(), ttl);
+                    first.driver = driver;
+                    let mut requests = vec![first];
                     if let Some(c) = &then {
                         requests.push(
                             ClaimRequest::new(c.key.clone(), c.holder.clone(), c.ttl).after(0),
@@ -255,9 +258,11 @@ impl Sim {
                     }
                     // A fresh hand-off's rows go with its claims (plan 0058).
                     let appends: Vec<huddle_store::ConditionalAppend> = write
-                        .filter(|_| requests.len() == 2)
+                        .filter(|w| (requests.len() == 2) == w.then_epoch.is_some())
                         .map(|w| huddle_store::ConditionalAppend {
-                            when_won: vec![(0, w.epoch), (1, w.then_epoch)],
+                            when_won: std::iter::once((0, w.epoch))
+                                .chain(w.then_epoch.map(|e| (1, e)))
+                                .collect(),
                             rows: w.batch,
                         })
                         .into_iter()

@@ -839,6 +839,9 @@ pub async fn a_live_claim_is_kept_only_for_its_driver(b: &impl TestBackend) {
         .expect("acquire");
     assert!(again.won(), "the same holder and driver keep it: {again:?}");
     assert_eq!(again.state().epoch, first.epoch);
+    let listed = s.list_claims("task/r/t1").await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].driver.as_deref(), Some("relay-a"), "{listed:?}");
     let held = |a: &Acquired| matches!(a, Acquired::HeldBy(st) if st.holder == "ada" && st.epoch == first.epoch);
     let by_b = other
         .acquire_request(&driven("task/r/t1", "relay-b", ttl))
@@ -895,6 +898,8 @@ pub async fn a_live_claim_is_kept_only_for_its_driver(b: &impl TestBackend) {
     // A claim taken without a driver is held against one, and kept without one.
     let plain = s.acquire("task/r/t3", "ada", ttl).await.expect("acquire");
     assert!(plain.won());
+    let listed = s.list_claims("task/r/t3").await.expect("list");
+    assert_eq!(listed[0].driver, None, "{listed:?}");
     let h = other
         .acquire_and_append(
             &[driven("task/r/t3", "relay-b", ttl)],

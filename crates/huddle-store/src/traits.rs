@@ -338,6 +338,10 @@ pub struct ClaimRow {
     pub state: ClaimState,
     /// Whether it is unexpired by the database clock at listing time.
     pub live: bool,
+    /// The relay it was taken to drive the holder's turn for, if any
+    /// ([`ClaimRequest::driver`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
 }
 
 /// A doorbell: its value changes whenever new rows may be readable (a local append,

@@ -1694,3 +1694,64 @@ async fn postgres_rows_leave_only_by_their_owners_archive() {
     drop(admin_raw);
     let _ = admin_driver.await;
 }
+
+/// Claim drivers under relay roles (plan 0094): a relay role hands off a task with one
+/// claim driven by its relay id, in one statement (the new signatures are granted to
+/// relay roles), and a relay of the release before — calling the batch acquire
+/// without drivers, as it did — finds the claim held, as does the same role for
+/// another driver. Only the same driver keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_claim_drivers_hold_against_older_relays_and_other_drivers() {
+    let db = test_database().await;
+    admin::init(&db.url).await.expect("admin init");
+    let tag = db.name.trim_start_matches("huddle_t_").replace('_', "-");
+    let url = admin::add_login(&db.url, &format!("rd-{tag}"), LoginKind::Relay)
+        .await
+        .expect("add relay")
+        .url;
+    let relay = PgStore::connect(&url, StoreOptions::default())
+        .await
+        .expect("connect as relay");
+    let key = "task/lobby/t1";
+    let h = relay
+        .acquire_and_append(
+            &[huddle_store::ClaimRequest::new(key, "ada", TTL).driven_by("relay-1")],
+            vec![huddle_store::ConditionalAppend {
+                when_won: vec![(0, huddle_store::Epoch(1))],
+                rows: vec![claimed("t1", "ada", 1)],
+            }],
+        )
+        .await
+        .expect("hand-off");
+    assert!(h.acquired[0].as_ref().is_some_and(Acquired::won), "{h:?}");
+    assert!(
+        h.appended[0].is_some(),
+        "the hand-off's row is written: {h:?}"
+    );
+    let (raw, conn) = raw_session(&url).await;
+    // A relay of the release before (the four-argument batch acquire, no driver),
+    // another driver, and the same driver.
+    let args = "ARRAY['task/lobby/t1'], ARRAY['ada'], ARRAY[60000000::int8], ARRAY[0]";
+    for (drivers, want, why) in [
+        ("", (false, 1), "an older relay finds the driven claim held"),
+        (
+            ", ARRAY['relay-2']",
+            (false, 1),
+            "another driver finds it held",
+        ),
+        (
+            ", ARRAY['relay-1']",
+            (true, 1),
+            "the same driver keeps it at its epoch",
+        ),
+    ] {
+        let sql = format!("SELECT o_won, o_epoch FROM huddle_claim_acquire_batch({args}{drivers})");
+        let row = raw.query_one(sql.as_str(), &[]).await.expect("acquire");
+        let got = (row.get::<_, bool>(0), row.get::<_, i64>(1));
+        assert_eq!(got, want, "{why}");
+    }
+    let listed = relay.list_claims(key).await.expect("list");
+    assert_eq!(listed[0].driver.as_deref(), Some("relay-1"), "{listed:?}");
+    drop(raw);
+    conn.abort();
+}

@@ -566,7 +566,10 @@ fn claims_html(out: &mut String, claims: &[huddle_store::ClaimRow], now: Timesta
             "<tr class=\"claim\"><td>{key}</td><td>{holder}</td><td>{epoch}</td>\
              <td class=\"left\" data-expires=\"{exp}\">{left:.1} s</td></tr>",
             key = esc(&c.state.key),
-            holder = esc(&c.state.holder),
+            holder = match &c.driver {
+                Some(d) => format!("{} (driven by {})", esc(&c.state.holder), esc(d)),
+                None => esc(&c.state.holder),
+            },
             epoch = c.state.epoch,
             exp = c.state.expires_at.as_micros(),
         );

@@ -202,18 +202,19 @@ pub struct ChainedAcquire {
     pub ttl: Duration,
 }
 
-/// Rows to write in the store call that takes a claim and the one chained after it
-/// ([`Intent::Acquire`]'s `write`), only when they are won at exactly `epoch` and
-/// `then_epoch`: a fresh task's `task.claimed` and `turn.prompted` written with its
-/// claims, one round trip for the hand-off. A claim never taken before is won at
+/// Rows to write in the store call that takes a claim (and the one chained after it,
+/// if any) ([`Intent::Acquire`]'s `write`), only when they are won at exactly `epoch`
+/// (and `then_epoch`): a fresh task's `task.claimed` and `turn.prompted` written with
+/// its claim, one round trip for the hand-off. A claim never taken before is won at
 /// [`ClaimEpoch::FIRST`], which is what the rows carry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WriteIfWon {
     /// The epoch the claim must be won at.
     pub epoch: ClaimEpoch,
-    /// The epoch the chained claim must be won at.
-    pub then_epoch: ClaimEpoch,
-    /// The rows, written under both claims.
+    /// The epoch the chained claim must be won at, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub then_epoch: Option<ClaimEpoch>,
+    /// The rows, written under the claims.
     pub batch: Vec<NewInteraction>,
 }
 
@@ -396,7 +397,9 @@ pub enum ClaimPurpose {
         #[serde(default)]
         each: bool,
     },
-    /// `task/..` for `agent`; when won: acquire the task drive claim.
+    /// `task/..` for `agent`, driven by this relay (the claim's driver, plan 0094);
+    /// when won: append `task.claimed` (+ rejections) and `turn.prompted` fenced by it,
+    /// and start the task turn.
     Task {
         /// Room.
         room: String,
@@ -407,25 +410,6 @@ pub enum ClaimPurpose {
         /// The task's generation (its claim keys: `protocol::task_key_at`).
         #[serde(default)]
         generation: u32,
-    },
-    /// `taskdrive/..` for this relay; when won: append `task.claimed` (+ rejections) and
-    /// `turn.prompted` fenced by the task claim, and start the task turn.
-    DriveTask {
-        /// Room.
-        room: String,
-        /// Task id.
-        task: String,
-        /// The agent whose turn it is.
-        agent: String,
-        /// The epoch of the task claim won.
-        task_epoch: ClaimEpoch,
-        /// The task's generation.
-        #[serde(default)]
-        generation: u32,
-        /// The task's `task.claimed` and `turn.prompted` were written with the claims
-        /// (the hand-off's [`WriteIfWon`]): nothing is appended before the turn starts.
-        #[serde(default)]
-        prewritten: bool,
     },
     /// `review/..` for the reviewer `agent`; when won: acquire the review drive claim.
     Review {
@@ -461,7 +445,6 @@ impl ClaimPurpose {
             ClaimPurpose::Reply { agent, .. }
             | ClaimPurpose::DriveReply { agent, .. }
             | ClaimPurpose::Task { agent, .. }
-            | ClaimPurpose::DriveTask { agent, .. }
             | ClaimPurpose::Review { agent, .. }
             | ClaimPurpose::DriveReview { agent, .. } => agent,
         }
@@ -473,7 +456,6 @@ impl ClaimPurpose {
             ClaimPurpose::Reply { room, .. }
             | ClaimPurpose::DriveReply { room, .. }
             | ClaimPurpose::Task { room, .. }
-            | ClaimPurpose::DriveTask { room, .. }
             | ClaimPurpose::Review { room, .. }
             | ClaimPurpose::DriveReview { room, .. } => room,
         }
@@ -498,12 +480,6 @@ impl ClaimPurpose {
                 ..
             } => crate::protocol::reply_key_for(room, message, agent, *each),
             ClaimPurpose::Task {
-                room,
-                task,
-                generation,
-                ..
-            }
-            | ClaimPurpose::DriveTask {
                 room,
                 task,
                 generation,
@@ -670,6 +646,10 @@ pub enum Intent {
         key: String,
         /// Holder (agent key or relay id).
         holder: String,
+        /// The relay that drives the holder's turn under the claim, when it is taken
+        /// for one (a task claim, plan 0094): the store keeps a live claim only for the
+        /// same holder and driver, so this one claim elects the relay too.
+        driver: Option<String>,
         /// Lease length.
         ttl: Duration,
         /// Why, and so what happens when it is won.
@@ -678,9 +658,9 @@ pub enum Intent {
         /// call; its answer comes back in [`ClaimOutcome::then`]. A relay that does
         /// not chain answers `then: None`, and the synchronizer asks again for it.
         then: Option<ChainedAcquire>,
-        /// Rows to write with both claims in the same store call when they are won at
+        /// Rows to write with the claims in the same store call when they are won at
         /// the epochs given ([`WriteIfWon`]); [`ClaimOutcome::written`] says whether
-        /// they were. Only with `then`.
+        /// they were.
         write: Option<WriteIfWon>,
     },
     /// Append `batch` in one transaction; when `fence` is set, only while that claim is

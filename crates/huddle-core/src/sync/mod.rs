@@ -52,8 +52,8 @@
 //!   designation (fenced) and contends for `drive/<room>/<agent>/<message>` (holder =
 //!   relay); the drive winner appends `turn.prompted` (fenced) and starts the turn.
 //! - **Scheduling.** Ready tasks are allocated by [`crate::policy::claim_right`]:
-//!   `task/<room>/<task>` (holder = agent), then `taskdrive/<room>/<task>` (holder =
-//!   relay), then `task.claimed` (+ `task.rejected` for every losing bidder) and
+//!   `task/<room>/<task>` (holder = agent, driver = this relay: one claim elects both,
+//!   plan 0094), then `task.claimed` (+ `task.rejected` for every losing bidder) and
 //!   `turn.prompted`, fenced by the task claim, and the turn. At most
 //!   [`SyncOptions::max_wakes_per_pass`] claims or bids per pass.
 //! - **Completion.** A turn that replies appends `task.completed` fenced by the task
@@ -223,7 +223,7 @@ impl EndedTurns {
 /// finished, and what this relay noted as finished is undone.
 #[derive(Clone, Debug)]
 struct Unconfirmed {
-    claims: [ClaimRef; 2],
+    claims: Vec<ClaimRef>,
     undo: Undo,
 }
 
@@ -284,6 +284,9 @@ struct LiveTurn {
     subject: Subject,
     work: LiveWork,
     exclusive: ClaimRef,
+    /// The claim that elects this relay to drive the turn: a reply's or review's
+    /// drive claim; for a task turn the task claim itself, taken with this relay as
+    /// its driver (plan 0094).
     drive: ClaimRef,
     /// The resources of a task's `[uses ...]` its turn holds (renewed with it,
     /// released when it ends).
@@ -296,7 +299,24 @@ struct LiveTurn {
     overdue: bool,
 }
 
-/// A task whose claims (task and drive) are won: what
+impl LiveTurn {
+    /// The distinct claims the turn runs under ([`turn_claims`]).
+    fn claims(&self) -> Vec<ClaimRef> {
+        turn_claims(&self.exclusive, &self.drive)
+    }
+}
+
+/// The distinct claims of a turn: its exclusive claim, then its drive claim when that
+/// is another claim (a task turn runs under its task claim alone, plan 0094).
+fn turn_claims(exclusive: &ClaimRef, drive: &ClaimRef) -> Vec<ClaimRef> {
+    let mut claims = vec![exclusive.clone()];
+    if drive.key != exclusive.key {
+        claims.push(drive.clone());
+    }
+    claims
+}
+
+/// A task whose claim is won (with this relay as its driver): what
 /// [`Synchronizer::drive_task_won`] starts a turn from, kept while the turn waits for
 /// something — its `[uses ...]` resources being taken ([`Intent::AcquireResources`]),
 /// or a view that covers the time its claims were won.
@@ -307,7 +327,6 @@ struct WonTake {
     generation: u32,
     agent: String,
     task_epoch: ClaimEpoch,
-    drive_epoch: ClaimEpoch,
 }
 
 /// What [`Synchronizer::claim_rows`] gives: the rows of a task claim and its turn.
@@ -1346,11 +1365,11 @@ impl Synchronizer {
         }
     }
 
-    /// Whether this relay is already acquiring or holding the task's claim or its
-    /// drive claim (the drive key is per task, so a second acquisition could not be
-    /// told apart from the first).
-    fn task_busy(&self, room: &str, task: &str, key: &str) -> bool {
-        self.claims.contains_key(key) || self.claims.contains_key(&self.dkey(room, task))
+    /// Whether this relay is already acquiring or holding the task's claim `key` (one
+    /// claim a task turn, plan 0094: a second acquisition could not be told apart from
+    /// the first).
+    fn task_busy(&self, key: &str) -> bool {
+        self.claims.contains_key(key)
     }
 
     /// Whether a turn under task claim `key` ended here and the fold does not show
@@ -1377,11 +1396,6 @@ impl Synchronizer {
     /// The task claim key of `task`'s current generation.
     fn tkey(&self, room: &str, task: &str) -> String {
         task_key_at(room, task, self.generation(room, task))
-    }
-
-    /// The drive claim key of `task`'s current generation.
-    fn dkey(&self, room: &str, task: &str) -> String {
-        taskdrive_key_at(room, task, self.generation(room, task))
     }
 
     /// Which local agents (in `self.agents` order) have a live turn or a claim in
@@ -1428,8 +1442,9 @@ impl Synchronizer {
                     && matches!(t.work, LiveWork::Task { .. })
                     && !t.lost
                     && !t.cancel_sent
+                    // One claim a task turn (plan 0094), and its resources.
                     && held.get(a.key.as_str()).copied().unwrap_or(0)
-                        == 2 + t.uses.len() + 2 * parked;
+                        == 1 + t.uses.len() + parked;
                 if open {
                     depth.saturating_sub(parked)
                 } else {
@@ -1663,15 +1678,15 @@ impl Synchronizer {
         purpose: ClaimPurpose,
         out: &mut Vec<Intent>,
     ) {
-        self.acquire_then(key, holder, purpose, None, None, out);
+        self.acquire_with(key, holder, purpose, (None, None, None), out);
     }
 
-    /// Acquires a task claim for `agent` with this relay's drive claim of the task
-    /// chained after it: one store call takes both when the first is won. For a task
-    /// no claim of this generation was ever accepted for (`fresh`, from the ready
-    /// frontier), the store call also writes its `task.claimed` and `turn.prompted`
-    /// when both claims are won at the first epoch (plan 0058): the hand-off is one
-    /// round trip. Otherwise they are appended once the claims are won.
+    /// Acquires a task claim for `agent`, driven by this relay (plan 0094: the claim's
+    /// driver elects the relay that runs the turn, so one claim is taken a task
+    /// turn). For a task no claim of this generation was ever accepted for (`fresh`,
+    /// from the ready frontier), the store call also writes its `task.claimed` and
+    /// `turn.prompted` when the claim is won at the first epoch (plan 0058): the
+    /// hand-off is one round trip. Otherwise they are appended once it is won.
     fn acquire_task(
         &mut self,
         room: &str,
@@ -1682,11 +1697,6 @@ impl Synchronizer {
     ) {
         let generation = self.generation(room, task);
         let key = task_key_at(room, task, generation);
-        let then = ChainedAcquire {
-            key: taskdrive_key_at(room, task, generation),
-            holder: self.relay.clone(),
-            ttl: self.ttl(room),
-        };
         let write = self
             .dag
             .task(room, task)
@@ -1706,7 +1716,7 @@ impl Synchronizer {
                 batch.push(rows.prompted);
                 WriteIfWon {
                     epoch: first,
-                    then_epoch: first,
+                    then_epoch: None,
                     batch,
                 }
             });
@@ -1716,7 +1726,8 @@ impl Synchronizer {
             agent: agent.clone(),
             generation,
         };
-        self.acquire_then(key, agent, purpose, Some(then), write, out);
+        let driver = Some(self.relay.clone());
+        self.acquire_with(key, agent, purpose, (driver, None, write), out);
     }
 
     /// The rows that record a claim of `t` by `agent` at `(task_epoch, drive_epoch)`
@@ -1783,13 +1794,14 @@ impl Synchronizer {
         }
     }
 
-    fn acquire_then(
+    /// Asks for claim `key` for `holder` (for `driver`, when it drives the turn), with
+    /// an acquire chained after it and rows written with it, when given.
+    fn acquire_with(
         &mut self,
         key: String,
         holder: String,
         purpose: ClaimPurpose,
-        then: Option<ChainedAcquire>,
-        write: Option<WriteIfWon>,
+        (driver, then, write): (Option<String>, Option<ChainedAcquire>, Option<WriteIfWon>),
         out: &mut Vec<Intent>,
     ) {
         let ttl = self.ttl(purpose.room());
@@ -1804,6 +1816,7 @@ impl Synchronizer {
         out.push(Intent::Acquire {
             key,
             holder,
+            driver,
             ttl,
             purpose,
             then,
@@ -2204,7 +2217,7 @@ impl Synchronizer {
                     break;
                 }
                 let key = self.tkey(&room, id);
-                if self.task_busy(&room, id, &key)
+                if self.task_busy(&key)
                     || self.held_elsewhere(&key, now)
                     || self.ended_here(&room, id, &key)
                 {
@@ -2378,7 +2391,7 @@ impl Synchronizer {
                 continue;
             }
             let ttl = Duration::from_millis(self.config(&t.room, None).claim_ttl_ms.max(1));
-            for c in [&t.exclusive, &t.drive].into_iter().chain(&t.uses) {
+            for c in t.claims().iter().chain(&t.uses) {
                 out.push(Intent::Renew {
                     key: c.key.clone(),
                     holder: c.holder.clone(),
@@ -2472,7 +2485,7 @@ impl Synchronizer {
                 })
                 .filter_map(|t| {
                     let key = task_key_at(&room, &t.id, t.generation);
-                    let skip = self.task_busy(&room, &t.id, &key)
+                    let skip = self.task_busy(&key)
                         || self.ended_here(&room, &t.id, &key)
                         || self.held_elsewhere(&key, now);
                     (!skip).then(|| (t.id.clone(), t.owner.clone()))
@@ -2584,7 +2597,7 @@ impl Synchronizer {
                     agent: reviewer.clone(),
                     generation,
                 };
-                self.acquire_then(key, reviewer, purpose, Some(then), None, out);
+                self.acquire_with(key, reviewer, purpose, (None, Some(then), None), out);
                 wakes += 1;
             }
         }
@@ -2676,9 +2689,7 @@ impl Synchronizer {
             self.closed.insert(r.key.clone());
             if matches!(
                 purpose,
-                ClaimPurpose::DriveReply { .. }
-                    | ClaimPurpose::DriveTask { .. }
-                    | ClaimPurpose::DriveReview { .. }
+                ClaimPurpose::DriveReply { .. } | ClaimPurpose::DriveReview { .. }
             ) {
                 let k = purpose.exclusive_key();
                 self.forget(&k);
@@ -2697,9 +2708,6 @@ impl Synchronizer {
             let exclusive = match &purpose {
                 ClaimPurpose::DriveReply { reply_epoch, .. } => {
                     Some((purpose.exclusive_key(), *reply_epoch))
-                }
-                ClaimPurpose::DriveTask { task_epoch, .. } => {
-                    Some((purpose.exclusive_key(), *task_epoch))
                 }
                 ClaimPurpose::DriveReview { review_epoch, .. } => {
                     Some((purpose.exclusive_key(), *review_epoch))
@@ -2760,32 +2768,10 @@ impl Synchronizer {
                 task,
                 agent,
                 generation,
-            } => self.task_won(room, (task, generation), agent, (r.then, r.written), out),
-            ClaimPurpose::DriveTask {
-                room,
-                task,
-                agent,
-                task_epoch,
-                generation,
-                prewritten,
             } => {
-                // The time the claims were won (database time): the drive claim was
-                // taken with, or just after, the task claim.
-                let won_at = match r.answer {
-                    ClaimAnswer::Won { expires_at, .. } => Some(
-                        expires_at.saturating_sub(ms_to_us(self.ttl(&room).as_millis() as u64)),
-                    ),
-                    _ => None,
-                };
-                let take = WonTake {
-                    room,
-                    task,
-                    generation,
-                    agent,
-                    task_epoch,
-                    drive_epoch: epoch,
-                };
-                self.drive_task_won(take, (prewritten, won_at), out)
+                let won_at = self.won_at(&room, r.answer);
+                let won = (epoch, r.written, won_at);
+                self.task_won(room, (task, generation), agent, won, out)
             }
             ClaimPurpose::Review {
                 room,
@@ -2955,62 +2941,44 @@ impl Synchronizer {
         );
     }
 
-    /// The task claim was won; `drive` is the answer to the drive claim chained after
-    /// it, when the relay took both in one call (otherwise it is acquired now).
+    /// The time a claim answered `answer` in `room` was won (database time): its
+    /// expiry less the room's lease.
+    fn won_at(&self, room: &str, answer: ClaimAnswer) -> Option<Timestamp> {
+        match answer {
+            ClaimAnswer::Won { expires_at, .. } => {
+                Some(expires_at.saturating_sub(ms_to_us(self.ttl(room).as_millis() as u64)))
+            }
+            _ => None,
+        }
+    }
+
+    /// The task claim was won at `epoch`, with this relay as its driver (plan 0094):
+    /// the turn is this relay's to run. `written`: its rows were written with it;
+    /// `won_at`: when (database time).
     fn task_won(
         &mut self,
         room: String,
         (task, generation): (String, u32),
         agent: String,
-        (drive, written): (Option<ClaimAnswer>, bool),
+        (epoch, written, won_at): (ClaimEpoch, bool, Option<Timestamp>),
         out: &mut Vec<Intent>,
     ) {
         let key = task_key_at(&room, &task, generation);
-        let dkey = taskdrive_key_at(&room, &task, generation);
         let alive = self.dag.task(&room, &task).is_some_and(|t| {
             matches!(t.status, TaskStatus::Open | TaskStatus::Claimed) && t.generation == generation
         });
-        let task_epoch = self.claims.get(&key).and_then(|s| s.epoch);
-        let (true, Some(task_epoch)) = (alive, task_epoch) else {
-            if !alive {
-                self.forget(&key);
-            }
-            // A drive claim taken along with it is of no use: let it go at once
-            // rather than have other relays wait out its lease.
-            if let Some(ClaimAnswer::Won { epoch, .. }) = drive {
-                out.push(Intent::Release {
-                    key: dkey,
-                    holder: self.relay.clone(),
-                    epoch,
-                });
-            }
+        if !alive {
+            self.forget(&key);
             return;
-        };
-        let purpose = ClaimPurpose::DriveTask {
-            room: room.clone(),
-            task: task.clone(),
-            agent,
-            task_epoch,
-            generation,
-            prewritten: written,
-        };
-        match drive {
-            Some(answer) => {
-                // Taken along with the task claim: record the slot as if it had been
-                // asked for now, and take the answer.
-                self.claims.insert(
-                    dkey.clone(),
-                    Slot {
-                        holder: self.relay.clone(),
-                        purpose,
-                        epoch: None,
-                    },
-                );
-                let outcome = ClaimOutcome::new(dkey, self.relay.clone(), answer);
-                self.on_claim_result(outcome, out);
-            }
-            None => self.acquire(dkey, self.relay.clone(), purpose, out),
         }
+        let take = WonTake {
+            room,
+            task,
+            generation,
+            agent,
+            task_epoch: epoch,
+        };
+        self.drive_task_won(take, (written, won_at), out);
     }
 
     fn drive_task_won(
@@ -3019,11 +2987,9 @@ impl Synchronizer {
         (prewritten, won_at): (bool, Option<Timestamp>),
         out: &mut Vec<Intent>,
     ) {
-        let (generation, task_epoch, drive_epoch) =
-            (take.generation, take.task_epoch, take.drive_epoch);
+        let (generation, task_epoch) = (take.generation, take.task_epoch);
         let (room, task, agent) = (&take.room, &take.task, &take.agent);
         let tkey = task_key_at(room, task, generation);
-        let dkey = taskdrive_key_at(room, task, generation);
         let Some(t) = self
             .dag
             .task(room, task)
@@ -3032,7 +2998,6 @@ impl Synchronizer {
         else {
             self.drop_uses_won(room, agent, &tkey, task_epoch, out);
             self.forget_at(&tkey, task_epoch);
-            self.forget(&dkey);
             return;
         };
         let exclusive = ClaimRef {
@@ -3040,11 +3005,8 @@ impl Synchronizer {
             holder: agent.clone(),
             epoch: task_epoch,
         };
-        let drive = ClaimRef {
-            key: dkey.clone(),
-            holder: self.relay.clone(),
-            epoch: drive_epoch,
-        };
+        // The task claim is the drive claim too: its driver is this relay.
+        let drive = exclusive.clone();
         // Resuming a lease the ledger already records (a restarted relay, or another
         // relay hosting the same agent went away): no new claim to append.
         let resuming =
@@ -3055,7 +3017,6 @@ impl Synchronizer {
         if !resuming && !fresh {
             self.drop_uses_won(room, agent, &tkey, task_epoch, out);
             self.forget_at(&tkey, task_epoch);
-            self.forget(&dkey);
             return;
         }
         if fresh && !prewritten {
@@ -3122,7 +3083,8 @@ impl Synchronizer {
         } else {
             t.next_attempt()
         };
-        let rows = self.claim_rows(&room, &t, &agent, (task_epoch, drive_epoch), attempt);
+        // Turn ids keep their `<task epoch>.<drive epoch>` form: one claim, one epoch.
+        let rows = self.claim_rows(&room, &t, &agent, (task_epoch, task_epoch), attempt);
         let mut batch = Vec::new();
         if fresh {
             batch.extend(rows.claimed.iter().take(1).cloned());
@@ -3131,19 +3093,16 @@ impl Synchronizer {
                 // failed for good (the fold abandons it); nothing is started.
                 // It finishes the task: the claims close with it.
                 out.push(Intent::Append {
-                    fences: vec![exclusive.clone(), drive.clone()],
+                    fences: vec![exclusive.clone()],
                     close: true,
                     batch,
                 });
-                for c in [drive, exclusive] {
-                    out.push(Intent::Release {
-                        key: c.key,
-                        holder: c.holder,
-                        epoch: c.epoch,
-                    });
-                }
+                out.push(Intent::Release {
+                    key: exclusive.key,
+                    holder: exclusive.holder,
+                    epoch: exclusive.epoch,
+                });
                 self.forget_at(&tkey, task_epoch);
-                self.forget(&dkey);
                 return;
             }
             batch.extend(rows.claimed.iter().skip(1).cloned());
@@ -3176,7 +3135,7 @@ impl Synchronizer {
         let written = uses.is_empty() && (prewritten || recorded);
         if !written {
             out.push(Intent::Append {
-                fences: [exclusive.clone(), drive.clone()]
+                fences: turn_claims(&exclusive, &drive)
                     .into_iter()
                     .chain(use_refs.iter().cloned())
                     .collect(),
@@ -3447,7 +3406,7 @@ impl Synchronizer {
             subject: subject.clone(),
             work,
             epoch: exclusive.epoch,
-            claims: [exclusive.clone(), drive.clone()]
+            claims: turn_claims(&exclusive, &drive)
                 .into_iter()
                 .chain(uses.iter().cloned())
                 .collect(),
@@ -3551,7 +3510,7 @@ impl Synchronizer {
     /// Lets a held-ahead turn's claims go (it never started).
     fn drop_parked(&mut self, p: Parked, out: &mut Vec<Intent>) {
         self.give_back_uses(&p.live.room, &p.live.agent, &p.live.uses, true, out);
-        for c in [&p.live.drive, &p.live.exclusive] {
+        for c in p.live.claims().iter().rev() {
             self.forget_at(&c.key, c.epoch);
             out.push(Intent::Release {
                 key: c.key.clone(),
@@ -3611,7 +3570,7 @@ impl Synchronizer {
             LiveWork::Task { .. } if !lt.lost && !not_started => {
                 self.finished.insert(&lt.exclusive.key, lt.exclusive.epoch);
                 self.unconfirmed.push(Unconfirmed {
-                    claims: [lt.exclusive.clone(), lt.drive.clone()],
+                    claims: lt.claims(),
                     undo: Undo::Task {
                         key: lt.exclusive.key.clone(),
                         epoch: lt.exclusive.epoch,
@@ -3624,7 +3583,7 @@ impl Synchronizer {
             {
                 self.reviews_finished.insert(lt.exclusive.key.clone());
                 self.unconfirmed.push(Unconfirmed {
-                    claims: [lt.exclusive.clone(), lt.drive.clone()],
+                    claims: lt.claims(),
                     undo: Undo::Review {
                         key: lt.exclusive.key.clone(),
                     },
@@ -3679,7 +3638,7 @@ impl Synchronizer {
             row
         };
         let release_both = |out: &mut Vec<Intent>| {
-            for c in [&lt.drive, &lt.exclusive] {
+            for c in lt.claims().iter().rev() {
                 out.push(Intent::Release {
                     key: c.key.clone(),
                     holder: c.holder.clone(),
@@ -3783,7 +3742,7 @@ impl Synchronizer {
                     .map(Box::new);
                 self.answered(&lt.room, *message, &lt.agent);
                 self.unconfirmed.push(Unconfirmed {
-                    claims: [lt.exclusive.clone(), lt.drive.clone()],
+                    claims: lt.claims(),
                     undo: Undo::Reply {
                         room: lt.room.clone(),
                         message: *message,
@@ -3795,7 +3754,7 @@ impl Synchronizer {
                 // claim and the drive claim, and closing both, so no relay (however
                 // stale its view) can ever answer it again.
                 out.push(Intent::Append {
-                    fences: vec![lt.exclusive.clone(), lt.drive.clone()],
+                    fences: lt.claims(),
                     close: true,
                     batch: vec![reply, replied_row],
                 });
@@ -3823,7 +3782,7 @@ impl Synchronizer {
                 // Fenced by the review claim and its drive claim, closing both: the
                 // submission is judged once, whatever any stale relay believes.
                 out.push(Intent::Append {
-                    fences: vec![lt.exclusive.clone(), lt.drive.clone()],
+                    fences: lt.claims(),
                     close: true,
                     batch: vec![
                         NewInteraction::new(
@@ -3890,11 +3849,11 @@ impl Synchronizer {
                     reply: None,
                     activity,
                 };
-                // Fenced by the task claim and the drive claim (the same agent on two
-                // relays completes once) and closing both: a finished task is never
-                // acquired again, by any relay, however stale its view.
+                // Fenced by the task claim, whose driver is this relay (the same agent
+                // on two relays completes once), and closing it: a finished task is
+                // never acquired again, by any relay, however stale its view.
                 out.push(Intent::Append {
-                    fences: vec![lt.exclusive.clone(), lt.drive.clone()],
+                    fences: lt.claims(),
                     close: true,
                     batch: vec![
                         NewInteraction::new(
@@ -3933,7 +3892,7 @@ impl Synchronizer {
                         .task(&lt.room, task)
                         .is_some_and(|t| t.attempts >= t.max_attempts);
                 out.push(Intent::Append {
-                    fences: vec![lt.exclusive.clone(), lt.drive.clone()],
+                    fences: lt.claims(),
                     close: last,
                     batch: vec![
                         NewInteraction::new(
@@ -4080,19 +4039,12 @@ impl Synchronizer {
     /// no attempt was used, and a later pass decides again.
     fn release_unused_take(&mut self, tkey: &str, p: &WonTake, out: &mut Vec<Intent>) {
         self.drop_uses_won(&p.room, &p.agent, tkey, p.task_epoch, out);
-        let dkey = taskdrive_key_at(&p.room, &p.task, p.generation);
-        for (k, holder, e) in [
-            (dkey.clone(), self.relay.clone(), p.drive_epoch),
-            (tkey.to_string(), p.agent.clone(), p.task_epoch),
-        ] {
-            out.push(Intent::Release {
-                key: k,
-                holder,
-                epoch: e,
-            });
-        }
+        out.push(Intent::Release {
+            key: tkey.to_string(),
+            holder: p.agent.clone(),
+            epoch: p.task_epoch,
+        });
         self.forget_at(tkey, p.task_epoch);
-        self.forget(&dkey);
     }
 
     /// Gives back resources won for a task claim whose turn will not start.
@@ -4171,8 +4123,9 @@ impl Synchronizer {
         let mut lost = Vec::new();
         for q in self.ahead.values_mut() {
             let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(q).into_iter().partition(|p| {
-                [&p.live.exclusive, &p.live.drive]
-                    .into_iter()
+                p.live
+                    .claims()
+                    .iter()
                     .any(|c| c.key == key && c.epoch == epoch)
             });
             *q = kept.into();
@@ -4183,8 +4136,9 @@ impl Synchronizer {
             self.drop_parked(p, out);
         }
         for (id, t) in self.turns.iter_mut() {
-            let uses = [&t.exclusive, &t.drive]
-                .into_iter()
+            let uses = t
+                .claims()
+                .iter()
                 .chain(&t.uses)
                 .any(|c| c.key == key && c.epoch == epoch);
             if uses {

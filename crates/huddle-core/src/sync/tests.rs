@@ -501,7 +501,7 @@ fn a_completion_refused_by_its_fence_leaves_the_task_to_be_taken_again() {
     );
     assert_eq!(appends(&out)[0].1, vec!["task.completed", "turn.replied"]);
     let out = h.sync.handle(Event::ClaimLost {
-        key: taskdrive_key("lobby", "a"),
+        key: task_key("lobby", "a"),
         epoch: ClaimEpoch(1),
     });
     assert_eq!(
@@ -916,23 +916,18 @@ fn no_backoff() -> RoomConfig {
     }
 }
 
+/// Answers the task claim of `task` won by `agent` at `epoch` (taken with this relay
+/// as its driver: the one claim of the turn, plan 0094) and returns the turn started.
 fn run_task_to_start(h: &mut H, task: &str, agent: &str, epoch: i64) -> TurnStart {
     let tkey = task_key("lobby", task);
     let out = h.result(&tkey, agent, true, epoch);
     assert_eq!(
-        acquires(&out),
-        vec![(taskdrive_key("lobby", task), "r1".into())]
-    );
-    let out = h.result(&taskdrive_key("lobby", task), "r1", true, 1);
-    assert_eq!(
         appends(&out),
         vec![(
-            Some(format!(
-                "{tkey}@{agent}#{epoch} + {}@r1#1",
-                taskdrive_key("lobby", task)
-            )),
+            Some(format!("{tkey}@{agent}#{epoch}")),
             vec!["task.claimed", "turn.prompted"]
-        )]
+        )],
+        "{out:?}"
     );
     h.apply_appends(&out);
     h.read();
@@ -964,24 +959,12 @@ fn claim_answers_handled_together_start_every_turn_once() {
     ]);
     let wanted = acquires(&out);
     assert_eq!(wanted.len(), 3, "{out:?}");
-    // Every task claim answered in one go: one drive acquire each, nothing twice.
+    // Every task claim answered in one go: three turns, each under its own fence,
+    // nothing asked twice, and no further acquire (every agent is busy).
     let now = h.now;
     let out = h
         .sync
         .handle_all(wanted.iter().map(|(k, a)| won(k, a, 1, now)));
-    let mut drives = acquires(&out);
-    drives.sort();
-    let mut expected: Vec<(String, String)> = ["a", "b", "c"]
-        .iter()
-        .map(|t| (taskdrive_key("lobby", t), "r1".to_string()))
-        .collect();
-    expected.sort();
-    assert_eq!(drives, expected, "{out:?}");
-    // Every drive answered in one go: three turns, each under its own fences, and
-    // no further acquire (every agent is busy).
-    let out = h
-        .sync
-        .handle_all(drives.iter().map(|(k, a)| won(k, a, 1, now)));
     let mut started: Vec<(String, String)> = starts(&out)
         .iter()
         .map(|s| match &s.work {
@@ -1038,11 +1021,7 @@ fn pull_schedules_ready_tasks_and_completes_under_the_fence() {
     assert_eq!(
         appends(&out),
         vec![(
-            Some(format!(
-                "{}@bo#5 + {}@r1#1 (closes)",
-                task_key("lobby", "a"),
-                taskdrive_key("lobby", "a")
-            )),
+            Some(format!("{}@bo#5 (closes)", task_key("lobby", "a"))),
             vec!["task.completed", "turn.replied"]
         )]
     );
@@ -1178,8 +1157,7 @@ fn a_local_reviewer_judges_a_submission_and_a_rejection_sends_the_work_back() {
         .into_iter()
         .find(|(k, _)| *k == tkey)
         .expect("the task is offered again");
-    h.result(&tkey, &who, true, 1);
-    let out = h.result(&taskdrive_key_at("lobby", "a", 1), "r1", true, 1);
+    let out = h.result(&tkey, &who, true, 1);
     let st = starts(&out)[0].clone();
     let TurnWork::Task(brief) = &st.work else {
         panic!("a task turn");
@@ -1342,14 +1320,14 @@ fn the_owners_stop_cancels_matching_turns_and_records_why() {
         "{}",
         failed.reason
     );
-    // No completion (nothing closes the claims); they are given back, so the task is
+    // No completion (nothing closes the claim); it is given back, so the task is
     // offered again.
     assert!(
         !out.iter()
             .any(|i| matches!(i, Intent::Append { close: true, .. })),
         "{out:?}"
     );
-    assert_eq!(kinds(&out).iter().filter(|k| **k == "release").count(), 2);
+    assert_eq!(releases(&out), vec![task_key("lobby", "a")]);
     // A room-wide stop takes cy's turn too.
     let out = stop(&mut h, "lobby", None, None);
     assert_eq!(
@@ -1376,15 +1354,11 @@ fn a_failed_task_turn_fails_the_attempt_never_completes() {
         assert_eq!(
             appends(&out),
             vec![(
-                Some(format!(
-                    "{}@bo#2 + {}@r1#1",
-                    task_key("lobby", "a"),
-                    taskdrive_key("lobby", "a")
-                )),
+                Some(format!("{}@bo#2", task_key("lobby", "a"))),
                 vec!["task.failed", "turn.failed"]
             )]
         );
-        assert_eq!(kinds(&out)[1..3], ["release", "release"]);
+        assert_eq!(kinds(&out)[1..], ["release"]);
         h.apply_appends(&out);
         let out = h.read();
         let t = h.sync.tasks().task("lobby", "a").unwrap();
@@ -1421,8 +1395,8 @@ fn a_task_turn_that_never_started_writes_nothing_under_its_claims_and_is_taken_a
         "{}",
         failed.reason
     );
-    // Both claims are let go, and the same relay takes the task again at once.
-    assert_eq!(kinds(&out)[1..3], ["release", "release"]);
+    // The claim is let go, and the same relay takes the task again at once.
+    assert_eq!(kinds(&out)[1..3], ["release", "acquire"]);
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
     h.apply_appends(&out);
     h.read();
@@ -1473,19 +1447,14 @@ fn a_remote_claim_is_probed_only_once_its_lease_can_have_lapsed() {
 }
 
 /// A relay whose claim answer arrives before it read what happened meanwhile: the
-/// task claim of `a`, asked for on a view where `a` was fresh, is won at `epoch`
-/// (with the drive claim at 1), while `between` rows were written but not read.
+/// task claim of `a`, asked for on a view where `a` was fresh, is won at `epoch`,
+/// while `between` rows were written but not read.
 fn won_over_unread_rows(h: &mut H, epoch: i64, between: Vec<NewInteraction>) -> Vec<Intent> {
     let out = h.post(vec![created("a", &[])]);
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "cy".into())]);
     h.write(between);
     h.now += S / 10;
-    let out = h.result(&task_key("lobby", "a"), "cy", true, epoch);
-    assert_eq!(
-        acquires(&out),
-        vec![(taskdrive_key("lobby", "a"), "r1".into())]
-    );
-    h.result(&taskdrive_key("lobby", "a"), "r1", true, 1)
+    h.result(&task_key("lobby", "a"), "cy", true, epoch)
 }
 
 #[test]
@@ -1522,10 +1491,7 @@ fn a_claim_won_over_an_unread_failure_waits_out_the_back_off() {
                 _ => None,
             })
             .collect::<Vec<_>>(),
-        vec![
-            (taskdrive_key("lobby", "a"), 1),
-            (task_key("lobby", "a"), 2)
-        ]
+        vec![(task_key("lobby", "a"), 2)]
     );
     assert!(acquires(&out).is_empty(), "{out:?}");
     assert_eq!(h.sync.awaiting_coverage(), None);
@@ -1555,11 +1521,7 @@ fn an_epoch_gap_no_row_explains_is_taken_once_the_view_covers_the_win() {
     assert_eq!(
         appends(&out),
         vec![(
-            Some(format!(
-                "{}@cy#3 + {}@r1#1",
-                task_key("lobby", "a"),
-                taskdrive_key("lobby", "a")
-            )),
+            Some(format!("{}@cy#3", task_key("lobby", "a"))),
             vec!["task.claimed", "turn.prompted"]
         )]
     );
@@ -1572,7 +1534,7 @@ fn an_epoch_gap_no_row_explains_is_taken_once_the_view_covers_the_win() {
     won_over_unread_rows(&mut h, 3, Vec::new());
     assert_eq!(
         kinds(&h.sync.handle(Event::Shutdown)),
-        ["release", "release", "stopped"]
+        ["release", "stopped"]
     );
 }
 
@@ -1648,10 +1610,7 @@ fn reconcile_renews_live_turns_only_and_retakes_lapsed_tasks() {
     // The next reconcile falls at TTL / 4.
     assert_eq!(h.sync.next_wakeup(), Some(T0 + 15 * S));
     let out = h.tick(T0 + 15 * S);
-    assert_eq!(
-        renewals(&out),
-        vec![task_key("lobby", "a"), taskdrive_key("lobby", "a")]
-    );
+    assert_eq!(renewals(&out), vec![task_key("lobby", "a")]);
     // x is backed off until zed's lease would lapse.
     assert!(acquires(&out).is_empty(), "{out:?}");
 
@@ -1662,11 +1621,6 @@ fn reconcile_renews_live_turns_only_and_retakes_lapsed_tasks() {
         "{out:?}"
     );
     let out = h.result(&task_key("lobby", "x"), "cy", true, 2);
-    let out = {
-        let mut o = out;
-        o.extend(h.result(&taskdrive_key("lobby", "x"), "r1", true, 1));
-        o
-    };
     // Won over a claim the view shows held: nothing is written until a read covers
     // the time the claims were won (zed's attempt may have ended just before).
     assert!(
@@ -1678,11 +1632,7 @@ fn reconcile_renews_live_turns_only_and_retakes_lapsed_tasks() {
     assert_eq!(
         appends(&out),
         vec![(
-            Some(format!(
-                "{}@cy#2 + {}@r1#1",
-                task_key("lobby", "x"),
-                taskdrive_key("lobby", "x")
-            )),
+            Some(format!("{}@cy#2", task_key("lobby", "x"))),
             vec!["task.claimed", "turn.prompted"]
         )]
     );
@@ -1811,14 +1761,14 @@ fn resuming_the_same_lease_appends_no_new_claim() {
     // pass probes the lease at once.
     let out = h.post(vec![created("a", &[]), claimed("a", "bo", 4)]);
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
-    h.result(&task_key("lobby", "a"), "bo", true, 4);
-    let out = h.result(&taskdrive_key("lobby", "a"), "r1", true, 2);
+    let out = h.result(&task_key("lobby", "a"), "bo", true, 4);
     assert_eq!(appends(&out)[0].1, vec!["turn.prompted"]);
     assert_eq!(starts(&out).len(), 1);
 }
 
-/// A relay resuming bo's lease of `a` at epoch 4 with drive epoch 2, over a ledger
-/// that holds the claim and the `turn.prompted` of drive epoch `prompted_at`.
+/// A relay resuming bo's lease of `a` at epoch 4 (the turn `4.4`: one claim, plan
+/// 0094), over a ledger that holds the claim and the `turn.prompted` of drive epoch
+/// `prompted_at`.
 fn resume_over_a_prompt(prompted_at: i64) -> Vec<Intent> {
     let mut h = H::new(&["bo"]);
     h.start();
@@ -1832,22 +1782,22 @@ fn resume_over_a_prompt(prompted_at: i64) -> Vec<Intent> {
     );
     let out = h.post(vec![created("a", &[]), claimed("a", "bo", 4), prompted]);
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
-    h.result(&task_key("lobby", "a"), "bo", true, 4);
-    h.result(&taskdrive_key("lobby", "a"), "r1", true, 2)
+    h.result(&task_key("lobby", "a"), "bo", true, 4)
 }
 
 #[test]
 fn resuming_a_turn_whose_prompt_is_read_appends_nothing() {
     // The ledger holds the turn's whole hand-off (a restarted relay): its rows may be
     // items of a lot, which an identical row would not deduplicate against.
-    let out = resume_over_a_prompt(2);
+    let out = resume_over_a_prompt(4);
     assert!(appends(&out).is_empty(), "{out:?}");
     assert_eq!(starts(&out).len(), 1);
-    assert_eq!(starts(&out)[0].turn.0, "t/lobby/a/bo/4.2");
-    // Another drive epoch is another turn: its prompt is appended.
+    assert_eq!(starts(&out)[0].turn.0, "t/lobby/a/bo/4.4");
+    // Another drive epoch (a turn a relay of the release before prompted under its
+    // drive claim) is another turn: its prompt is appended.
     let out = resume_over_a_prompt(1);
     assert_eq!(appends(&out)[0].1, vec!["turn.prompted"]);
-    assert_eq!(starts(&out)[0].turn.0, "t/lobby/a/bo/4.2");
+    assert_eq!(starts(&out)[0].turn.0, "t/lobby/a/bo/4.4");
 }
 
 #[test]
@@ -1869,23 +1819,12 @@ fn a_hand_off_read_back_before_its_answer_appends_nothing() {
         key: task_key("lobby", "a"),
         holder: "bo".into(),
         answer: won,
-        then: Some(won),
+        then: None,
         written: true,
     }));
     assert!(appends(&out).is_empty(), "{out:?}");
     assert_eq!(starts(&out).len(), 1);
     assert_eq!(starts(&out)[0].turn.0, "t/lobby/a/bo/1.1");
-}
-
-#[test]
-fn another_relay_driving_the_same_agent_wins_the_drive() {
-    let mut h = H::new(&["bo"]);
-    h.start();
-    h.post(vec![created("a", &[])]);
-    h.result(&task_key("lobby", "a"), "bo", true, 1);
-    let out = h.result(&taskdrive_key("lobby", "a"), "r1", false, 9);
-    assert!(out.is_empty(), "{out:?}");
-    assert!(h.sync.live_turns().is_empty());
 }
 
 #[test]
@@ -1981,8 +1920,7 @@ fn bid_window_then_winner_claims_and_losers_are_rejected() {
     let out = h.read();
     // Equal load 0: the lower agent id wins.
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
-    h.result(&task_key("lobby", "a"), "bo", true, 1);
-    let out = h.result(&taskdrive_key("lobby", "a"), "r1", true, 1);
+    let out = h.result(&task_key("lobby", "a"), "bo", true, 1);
     assert_eq!(
         appends(&out)[0].1,
         vec![
@@ -2494,9 +2432,6 @@ mod robustness {
         let (key, holder) = acquires(&out)[0].clone();
         // Epoch 2 on a view that has seen no attempt: the take waits for its view.
         let out = h.result(&key, &holder, true, 2);
-        h.apply_appends(&out);
-        let (key, holder) = acquires(&out)[0].clone();
-        let out = h.result(&key, &holder, true, 1);
         assert!(
             appends(&out).is_empty(),
             "nothing is written before the view: {out:?}"
@@ -2734,36 +2669,6 @@ fn stuck_tasks_get_one_owner_notice_each() {
     }
 }
 
-/// The answer of a task acquire with its drive claim chained after it.
-fn chained(
-    h: &mut H,
-    task: &str,
-    agent: &str,
-    epoch: i64,
-    drive: Option<(bool, i64)>,
-) -> Vec<Intent> {
-    let expires_at = h.now + 60 * S;
-    let answer = ClaimAnswer::Won {
-        epoch: ClaimEpoch(epoch),
-        expires_at,
-    };
-    let then = drive.map(|(won, e)| {
-        let epoch = ClaimEpoch(e);
-        if won {
-            ClaimAnswer::Won { epoch, expires_at }
-        } else {
-            ClaimAnswer::Lost { epoch, expires_at }
-        }
-    });
-    h.sync.handle(Event::ClaimResult(ClaimOutcome {
-        key: task_key("lobby", task),
-        holder: agent.into(),
-        answer,
-        then,
-        written: false,
-    }))
-}
-
 /// The rows a task acquire asks to write with its claims, if any.
 fn write_of(out: &[Intent], task: &str) -> Option<WriteIfWon> {
     out.iter().find_map(|i| match i {
@@ -2779,10 +2684,7 @@ fn a_fresh_hand_off_writes_its_rows_with_its_claims() {
     let out = h.post(vec![created("a", &[]), created("b", &[])]);
     // A fresh task's acquire carries its claim rows at the first epochs.
     let w = write_of(&out, "a").expect("a fresh task is handed off in one call");
-    assert_eq!(
-        (w.epoch, w.then_epoch),
-        (ClaimEpoch::FIRST, ClaimEpoch::FIRST)
-    );
+    assert_eq!((w.epoch, w.then_epoch), (ClaimEpoch::FIRST, None));
     let verbs: Vec<Verb> = w.batch.iter().map(|r| r.verb).collect();
     assert_eq!(verbs, vec![Verb::TaskClaimed, Verb::TurnPrompted]);
     assert_eq!(w.batch[0].body["epoch"], 1);
@@ -2797,7 +2699,7 @@ fn a_fresh_hand_off_writes_its_rows_with_its_claims() {
         key: task_key("lobby", "a"),
         holder: "bo".into(),
         answer: won(1),
-        then: Some(won(1)),
+        then: None,
         written: true,
     }));
     assert!(appends(&out).is_empty(), "{out:?}");
@@ -2808,17 +2710,13 @@ fn a_fresh_hand_off_writes_its_rows_with_its_claims() {
         key: task_key("lobby", "b"),
         holder: "cy".into(),
         answer: won(3),
-        then: Some(won(2)),
+        then: None,
         written: false,
     }));
     assert_eq!(
         appends(&out),
         vec![(
-            Some(format!(
-                "{}@cy#3 + {}@r1#2",
-                task_key("lobby", "b"),
-                taskdrive_key("lobby", "b")
-            )),
+            Some(format!("{}@cy#3", task_key("lobby", "b"))),
             vec!["task.claimed", "turn.prompted"]
         )]
     );
@@ -2845,73 +2743,66 @@ fn a_fresh_hand_off_writes_its_rows_with_its_claims() {
 }
 
 #[test]
-fn a_task_acquire_chains_its_drive_claim_and_one_answer_starts_the_turn() {
+fn a_task_acquire_names_this_relay_as_driver_and_one_answer_starts_the_turn() {
     let mut h = H::new(&["bo"]);
     h.start();
     let out = h.post(vec![created("a", &[])]);
-    let chained_to: Vec<_> = out
+    let asked: Vec<_> = out
         .iter()
         .filter_map(|i| match i {
             Intent::Acquire {
-                key, then: Some(c), ..
-            } => Some((key.clone(), c.key.clone(), c.holder.clone())),
+                key,
+                holder,
+                driver,
+                then,
+                ..
+            } => Some((key.clone(), holder.clone(), driver.clone(), then.is_some())),
             _ => None,
         })
         .collect();
     assert_eq!(
-        chained_to,
+        asked,
         vec![(
             task_key("lobby", "a"),
-            taskdrive_key("lobby", "a"),
-            "r1".to_string()
-        )]
+            "bo".to_string(),
+            Some("r1".to_string()),
+            false
+        )],
+        "one claim, driven by this relay, nothing chained"
     );
-    // Both won in one call: no second acquire, the claim and prompt are appended
-    // under both claims and the turn starts.
-    let out = chained(&mut h, "a", "bo", 3, Some((true, 2)));
+    // Won: no second acquire, the claim and prompt are appended under the one claim
+    // and the turn starts under it.
+    let out = h.result(&task_key("lobby", "a"), "bo", true, 3);
     assert!(acquires(&out).is_empty(), "{out:?}");
     assert_eq!(
         appends(&out),
         vec![(
-            Some(format!(
-                "{}@bo#3 + {}@r1#2",
-                task_key("lobby", "a"),
-                taskdrive_key("lobby", "a")
-            )),
+            Some(format!("{}@bo#3", task_key("lobby", "a"))),
             vec!["task.claimed", "turn.prompted"]
         )]
     );
-    assert_eq!(starts(&out).len(), 1);
-    assert_eq!(starts(&out)[0].claims[1].epoch, ClaimEpoch(2));
+    let st = starts(&out)[0];
+    assert_eq!(st.claims.len(), 1, "{:?}", st.claims);
+    assert_eq!(st.turn.0, "t/lobby/a/bo/3.3");
 }
 
+/// Another relay hosting the same agent holds the task claim (the store answers
+/// held: another driver): nothing starts here, and this relay backs off while it is
+/// held.
 #[test]
-fn a_chained_drive_claim_lost_to_another_relay_starts_nothing() {
+fn a_task_claim_held_for_the_same_agent_by_another_relay_starts_nothing() {
     let mut h = H::new(&["bo"]);
     h.start();
     h.post(vec![created("a", &[])]);
-    let out = chained(&mut h, "a", "bo", 1, Some((false, 4)));
+    let out = h.result(&task_key("lobby", "a"), "bo", false, 4);
     assert!(out.is_empty(), "{out:?}");
     assert!(h.sync.live_turns().is_empty());
-    // It backs off: the next pass does not ask again while the drive is held.
     let out = h.tick(h.now + S);
     assert!(acquires(&out).is_empty(), "{out:?}");
 }
 
 #[test]
-fn without_a_chained_answer_the_drive_claim_is_asked_for_separately() {
-    let mut h = H::new(&["bo"]);
-    h.start();
-    h.post(vec![created("a", &[])]);
-    let out = chained(&mut h, "a", "bo", 1, None);
-    assert_eq!(
-        acquires(&out),
-        vec![(taskdrive_key("lobby", "a"), "r1".into())]
-    );
-}
-
-#[test]
-fn a_chained_drive_claim_for_a_task_no_longer_open_is_released() {
+fn a_task_claim_won_for_a_task_no_longer_open_starts_nothing() {
     let mut h = H::new(&["bo"]);
     h.start();
     h.post(vec![created("a", &[])]);
@@ -2920,20 +2811,10 @@ fn a_chained_drive_claim_for_a_task_no_longer_open_is_released() {
         claimed("a", "zed", 1),
         crate::testing::completed("a", "zed", 1),
     ]);
-    let out = chained(&mut h, "a", "bo", 2, Some((true, 1)));
-    let released: Vec<_> = out
-        .iter()
-        .filter_map(|i| match i {
-            Intent::Release { key, holder, epoch } => Some((key.clone(), holder.clone(), *epoch)),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(
-        released,
-        vec![(taskdrive_key("lobby", "a"), "r1".to_string(), ClaimEpoch(1))]
-    );
-    assert!(starts(&out).is_empty());
-    assert!(appends(&out).is_empty());
+    let out = h.result(&task_key("lobby", "a"), "bo", true, 2);
+    assert!(starts(&out).is_empty(), "{out:?}");
+    assert!(appends(&out).is_empty(), "{out:?}");
+    assert!(h.sync.live_turns().is_empty());
 }
 
 #[test]
@@ -3355,12 +3236,12 @@ fn releases(out: &[Intent]) -> Vec<String> {
         .collect()
 }
 
-/// bo wins both claims of task `a`, which uses `file:src/**`, at epoch 3: the relay
+/// bo wins the claim of task `a`, which uses `file:src/**`, at epoch 3: the relay
 /// now waits for the resources. Returns the task claim's key.
 fn waiting_for_src(h: &mut H) -> String {
     h.start();
     h.post(vec![created_using("a", &[("file:src/**", "exclusive")])]);
-    chained(h, "a", "bo", 3, Some((true, 2)));
+    h.result(&task_key("lobby", "a"), "bo", true, 3);
     task_key("lobby", "a")
 }
 
@@ -3384,8 +3265,8 @@ fn a_task_that_uses_resources_takes_them_before_its_claim_row_and_gives_them_bac
     )]);
     let tkey = task_key("lobby", "a");
     assert_eq!(acquires(&out), vec![(tkey.clone(), "bo".into())]);
-    // Both claims won: the resources are asked for, nothing is written yet.
-    let out = chained(&mut h, "a", "bo", 3, Some((true, 2)));
+    // The claim won: the resources are asked for, nothing is written yet.
+    let out = h.result(&task_key("lobby", "a"), "bo", true, 3);
     assert_eq!(
         resources_asked(&out),
         vec![(
@@ -3399,7 +3280,7 @@ fn a_task_that_uses_resources_takes_them_before_its_claim_row_and_gives_them_bac
     );
     assert!(appends(&out).is_empty(), "{out:?}");
     assert!(starts(&out).is_empty());
-    // Taken: the claim row, the acquisition and the prompt go under all four claims,
+    // Taken: the claim row, the acquisition and the prompt go under all three claims,
     // and the turn holds the resources too.
     let held = vec![
         won_holding("file:src/**", Mode::Exclusive, 7),
@@ -3428,7 +3309,7 @@ fn a_task_that_uses_resources_takes_them_before_its_claim_row_and_gives_them_bac
     let acquired = appended_body(&out, Verb::ResourceAcquired);
     assert_eq!(acquired["reason"], "task a");
     let st = starts(&out)[0].clone();
-    assert_eq!(st.claims.len(), 4);
+    assert_eq!(st.claims.len(), 3);
     h.apply_appends(&out);
     h.read();
     // Reconcile renews the resources with the turn's claims.
@@ -3531,8 +3412,8 @@ fn a_task_whose_resources_are_taken_uses_no_attempt_and_waits_for_a_release() {
     let tkey = waiting_for_src(&mut h);
     let until = h.now.saturating_add(600 * S);
     let out = resources_answered(&mut h, &tkey, 3, ResourcesAnswer::Blocked { until });
-    // Both claims go back with nothing written: no attempt is used.
-    assert_eq!(kinds(&out), vec!["release", "release"], "{out:?}");
+    // The claim goes back with nothing written: no attempt is used.
+    assert_eq!(kinds(&out), vec!["release"], "{out:?}");
     assert!(appends(&out).is_empty());
     assert_eq!(h.sync.tasks().task("lobby", "a").unwrap().attempts, 0);
     // It is not tried again while the holding is live ...
@@ -3624,10 +3505,7 @@ fn a_cancelled_task_stops_its_turn_and_a_retried_one_is_claimed_under_fresh_keys
             epoch: ClaimEpoch(1),
             expires_at: h.now + 60 * S,
         },
-        then: Some(ClaimAnswer::Won {
-            epoch: ClaimEpoch(1),
-            expires_at: h.now + 60 * S,
-        }),
+        then: None,
         written: false,
     }));
     let claimed = appended_body(&out, Verb::TaskClaimed);
@@ -3637,7 +3515,8 @@ fn a_cancelled_task_stops_its_turn_and_a_retried_one_is_claimed_under_fresh_keys
     );
     let st = starts(&out)[0].clone();
     assert!(st.turn.0.ends_with(".g1"), "{}", st.turn);
-    assert_eq!(st.claims[1].key, taskdrive_key_at("lobby", "a", 1));
+    assert_eq!(st.claims.len(), 1);
+    assert_eq!(st.claims[0].key, task_key_at("lobby", "a", 1));
     h.apply_appends(&out);
     h.read();
     let out = h.ended(&st.turn, TurnOutcome::Replied { text: "ok".into() });
@@ -3676,16 +3555,10 @@ fn ahead_config(on: bool) -> RoomConfig {
     }
 }
 
-/// Takes `task` for `agent` (task claim at `epoch`, drive claim at 1) and returns
-/// what the drive claim's answer produced, its appends written and read back.
+/// Takes `task` for `agent` (task claim at `epoch`) and returns what the claim's
+/// answer produced, its appends written and read back.
 fn win_task(h: &mut H, task: &str, agent: &str, epoch: i64) -> Vec<Intent> {
     let out = h.result(&task_key("lobby", task), agent, true, epoch);
-    assert_eq!(
-        acquires(&out),
-        vec![(taskdrive_key("lobby", task), "r1".into())],
-        "{out:?}"
-    );
-    let out = h.result(&taskdrive_key("lobby", task), "r1", true, 1);
     h.apply_appends(&out);
     let mut all = out;
     all.extend(h.read());
@@ -3741,11 +3614,7 @@ fn a_task_held_ahead_starts_when_the_running_turn_ends() {
     assert_eq!(
         appends(&out),
         vec![(
-            Some(format!(
-                "{}@bo#1 + {}@r1#1 (closes)",
-                task_key("lobby", "a"),
-                taskdrive_key("lobby", "a")
-            )),
+            Some(format!("{}@bo#1 (closes)", task_key("lobby", "a"))),
             vec!["task.completed", "turn.replied"]
         )]
     );
@@ -3759,25 +3628,17 @@ fn a_task_held_ahead_starts_when_the_running_turn_ends() {
             .iter()
             .map(|c| format!("{}@{}#{}", c.key, c.holder, c.epoch.get()))
             .collect::<Vec<_>>(),
-        vec![
-            format!("{}@bo#1", task_key("lobby", "b")),
-            format!("{}@r1#1", taskdrive_key("lobby", "b"))
-        ]
+        vec![format!("{}@bo#1", task_key("lobby", "b"))]
     );
     assert_eq!(acquires(&out), vec![(task_key("lobby", "c"), "bo".into())]);
-    // Renewed with the running turn while held: both claims of `c` once won.
+    // Renewed with the running turn while held: the claim of `c` once won.
     h.apply_appends(&out);
     h.read();
     let out = win_task(&mut h, "c", "bo", 1);
     assert!(starts(&out).is_empty(), "{out:?}");
     let out = h.tick(h.now + 20 * S);
     let renewed = renewals(&out);
-    for key in [
-        task_key("lobby", "b"),
-        taskdrive_key("lobby", "b"),
-        task_key("lobby", "c"),
-        taskdrive_key("lobby", "c"),
-    ] {
+    for key in [task_key("lobby", "b"), task_key("lobby", "c")] {
         assert!(renewed.contains(&key), "{key} not renewed: {out:?}");
     }
 }
@@ -3814,10 +3675,10 @@ fn a_task_held_ahead_whose_claim_is_lost_never_starts() {
         key: task_key("lobby", "b"),
         epoch: ClaimEpoch(1),
     });
-    let released = releases(&out);
-    assert!(
-        released.contains(&taskdrive_key("lobby", "b")),
-        "the drive claim it held goes back: {out:?}"
+    assert_eq!(
+        releases(&out),
+        vec![task_key("lobby", "b")],
+        "what it held goes back: {out:?}"
     );
     assert!(
         !kinds(&out).contains(&"cancel"),
@@ -3837,11 +3698,7 @@ fn a_relay_stopping_lets_its_tasks_held_ahead_go() {
     let out = h.sync.handle(Event::Shutdown);
     let mut released = releases(&out);
     released.sort();
-    assert_eq!(
-        released,
-        vec![task_key("lobby", "b"), taskdrive_key("lobby", "b")],
-        "{out:?}"
-    );
+    assert_eq!(released, vec![task_key("lobby", "b")], "{out:?}");
     let out = h.ended(&turn, TurnOutcome::Cancelled);
     assert!(starts(&out).is_empty(), "{out:?}");
 }
@@ -3958,10 +3815,7 @@ fn a_lost_claim_drops_only_that_held_task_and_the_next_one_starts() {
         epoch: ClaimEpoch(1),
     });
     let released = releases(&out);
-    assert!(
-        released.contains(&taskdrive_key("lobby", &ahead[0])),
-        "{out:?}"
-    );
+    assert_eq!(released, vec![task_key("lobby", &ahead[0])], "{out:?}");
     assert!(
         !released
             .iter()
@@ -4012,8 +3866,7 @@ fn held_with_rows_after(h: &mut H) -> (TurnId, String, Vec<Intent>) {
     assert_eq!(next.len(), 1, "{out:?}");
     let next = next[0].clone();
     // Won, the rows appended by the synchronizer, not read back yet.
-    h.result(&task_key("lobby", &next), "bo", true, 1);
-    let rows = h.result(&taskdrive_key("lobby", &next), "r1", true, 1);
+    let rows = h.result(&task_key("lobby", &next), "bo", true, 1);
     assert_eq!(
         appends(&rows)[0].1,
         vec!["task.claimed", "turn.prompted"],
@@ -4053,10 +3906,7 @@ fn a_task_held_ahead_whose_rows_were_refused_never_starts() {
         key: task_key("lobby", &next),
         epoch: ClaimEpoch(1),
     });
-    assert!(
-        releases(&out).contains(&taskdrive_key("lobby", &next)),
-        "{out:?}"
-    );
+    assert_eq!(releases(&out), vec![task_key("lobby", &next)], "{out:?}");
     let out = finish(&mut h, &turn);
     assert!(starts(&out).iter().all(|s| task_of(s) != next), "{out:?}");
 }
@@ -4067,8 +3917,7 @@ fn started_with_claim_rows_unread(h: &mut H) -> TurnStart {
     h.start();
     let out = h.post(vec![created("a", &[])]);
     assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
-    h.result(&task_key("lobby", "a"), "bo", true, 1);
-    let handoff = h.result(&taskdrive_key("lobby", "a"), "r1", true, 1);
+    let handoff = h.result(&task_key("lobby", "a"), "bo", true, 1);
     assert_eq!(
         appends(&handoff)[0].1,
         vec!["task.claimed", "turn.prompted"]

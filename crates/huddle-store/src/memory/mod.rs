@@ -787,6 +787,7 @@ impl Claims for MemoryStore {
                         crate::resources::holding(&ClaimRow {
                             state: c.clone(),
                             live: true,
+                            driver: None,
                         })
                     })
                     .collect();
@@ -834,9 +835,10 @@ impl Claims for MemoryStore {
             .claims
             .range(prefix.to_string()..)
             .take_while(|(key, _)| key.starts_with(prefix))
-            .map(|(_, state)| ClaimRow {
+            .map(|(key, state)| ClaimRow {
                 state: state.clone(),
                 live: state.expires_at > now,
+                driver: tables.drivers.get(key).cloned(),
             })
             .collect())
     }

@@ -1200,6 +1200,7 @@ impl Claims for PgStore {
                         expires_at: Timestamp(row.try_get(3).map_err(map_pg)?),
                     },
                     live: row.try_get(4).map_err(map_pg)?,
+                    driver: row.try_get(5).map_err(map_pg)?,
                 })
             })
             .collect()

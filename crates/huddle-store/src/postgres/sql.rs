@@ -261,7 +261,7 @@ pub(crate) const RELEASE: &str = "SELECT huddle_claim_release($1, $2, $3)";
 macro_rules! list_claims_from {
     () => {
         "SELECT key, holder, epoch, (extract(epoch FROM expires_at) * 1000000)::int8,
-       expires_at > now()
+       expires_at > now(), driver
 FROM external_claim
 "
     };

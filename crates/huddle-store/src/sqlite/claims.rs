@@ -67,7 +67,7 @@ const RELEASE: &str = concat!(
 const LIST: &str = concat!(
     "SELECT key, holder, epoch, expires_at, expires_at > ",
     now_us!(),
-    " FROM external_claim WHERE key >= ?1 AND key < ?2 AND substr(key, 1, length(?1)) = ?1 ",
+    ", driver FROM external_claim WHERE key >= ?1 AND key < ?2 AND substr(key, 1, length(?1)) = ?1 ",
     "ORDER BY key"
 );
 
@@ -75,7 +75,7 @@ const LIST: &str = concat!(
 const LIST_UNBOUNDED: &str = concat!(
     "SELECT key, holder, epoch, expires_at, expires_at > ",
     now_us!(),
-    " FROM external_claim WHERE key >= ?1 AND substr(key, 1, length(?1)) = ?1 ",
+    ", driver FROM external_claim WHERE key >= ?1 AND substr(key, 1, length(?1)) = ?1 ",
     "ORDER BY key"
 );
 
@@ -194,7 +194,12 @@ pub(crate) fn list(conn: &Connection, prefix: &str) -> Result<Vec<ClaimRow>> {
     while let Some(row) = rows.next()? {
         let state = claim_state(row)?.map_err(|r| corrupt(prefix, r))?;
         let live: bool = row.get(4).map_err(|e| corrupt(&state.key, e.to_string()))?;
-        out.push(ClaimRow { state, live });
+        let driver: Option<String> = row.get(5).map_err(|e| corrupt(&state.key, e.to_string()))?;
+        out.push(ClaimRow {
+            state,
+            live,
+            driver,
+        });
     }
     Ok(out)
 }

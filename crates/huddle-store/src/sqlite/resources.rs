@@ -51,7 +51,11 @@ pub(crate) fn acquire_in(
         let mut live = Vec::new();
         while let Some(row) = rows.next()? {
             let state = claim_state(row)?.map_err(|r| corrupt(&prefix, r))?;
-            match holding(&ClaimRow { state, live: true }) {
+            match holding(&ClaimRow {
+                state,
+                live: true,
+                driver: None,
+            }) {
                 Some(h) => live.push(h),
                 None => tracing::warn!(room, "a resource claim key of a foreign shape is ignored"),
             }
