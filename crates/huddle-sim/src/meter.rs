@@ -41,7 +41,8 @@ pub struct MeterReport {
     pub task_acquires: u64,
     /// Of those, won.
     pub task_won: u64,
-    /// `taskdrive/...` acquisitions.
+    /// `taskdrive/...` acquisitions (none since plan 0094: a task claim names its
+    /// driver relay).
     pub drive_acquires: u64,
     /// Of those, won.
     pub drive_won: u64,

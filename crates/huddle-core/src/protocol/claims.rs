@@ -4,8 +4,8 @@
 //! |---|---|---|
 //! | `reply/<room>/<message>` | agent key | the one agent that answers a message |
 //! | `drive/<room>/<agent>/<message>` | relay id | the one relay that drives that agent's reply turn |
-//! | `task/<room>/<task>` | agent key | the one owner of a task (epoch = fencing token) |
-//! | `taskdrive/<room>/<task>` | relay id | the one relay that drives the owner's task turn |
+//! | `task/<room>/<task>` | agent key (driver: relay id) | the one owner of a task (epoch = fencing token), and the one relay that drives its turn (plan 0094) |
+//! | `taskdrive/<room>/<task>` | relay id | the one relay that drives the owner's task turn (relays before plan 0094) |
 //! | `review/<room>/<task>` | agent key | the reviewer's one verdict on a task's submission |
 //! | `reviewdrive/<room>/<task>` | relay id | the one relay that drives the review turn |
 //! | `cmdresult/<room>/<command>` | relay id | the one relay that writes an owner command's results |

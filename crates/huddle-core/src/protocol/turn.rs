@@ -18,7 +18,8 @@ pub struct TurnPromptedBody {
     pub subject: Subject,
     /// Epoch of the subject's exclusive claim (`reply/..` or `task/..`).
     pub epoch: ClaimEpoch,
-    /// Epoch of the drive claim (`drive/..` or `taskdrive/..`).
+    /// Epoch of the drive claim (`drive/..`, `reviewdrive/..`; for a task turn the task
+    /// claim's own, since it names its driver relay — plan 0094; `taskdrive/..` before).
     pub drive_epoch: ClaimEpoch,
 }
 
