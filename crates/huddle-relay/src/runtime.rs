@@ -2526,6 +2526,13 @@ struct PendingAcquire {
 }
 
 impl PendingAcquire {
+    /// The store request for this acquire (without its chain), with its driver.
+    fn request(&self) -> ClaimRequest {
+        let mut r = ClaimRequest::new(self.key.clone(), self.holder.clone(), self.ttl);
+        r.driver = self.driver.clone();
+        r
+    }
+
     /// The acquire an `Intent::Acquire` asks for (`None` for any other intent).
     fn of(intent: Intent) -> Option<PendingAcquire> {
         match intent {
@@ -2558,33 +2565,34 @@ type AcquireBatch = (Vec<ClaimRequest>, Vec<(usize, Option<usize>)>);
 /// its request and of its chained one's. `None` when the keys cannot go in one batch
 /// (a key twice, or a chained key not after its first).
 fn batch_requests(acquires: &[PendingAcquire]) -> Option<AcquireBatch> {
-    // (key, holder, driver, ttl, acquire index, chained?)
-    type Item<'a> = (&'a str, &'a str, Option<&'a str>, Duration, usize, bool);
-    let mut items: Vec<Item<'_>> = Vec::new();
+    // (request, acquire index, chained?)
+    let mut items: Vec<(ClaimRequest, usize, bool)> = Vec::new();
     for (i, a) in acquires.iter().enumerate() {
-        items.push((&a.key, &a.holder, a.driver.as_deref(), a.ttl, i, false));
+        items.push((a.request(), i, false));
         if let Some(c) = &a.then {
-            items.push((&c.key, &c.holder, None, c.ttl, i, true));
+            items.push((
+                ClaimRequest::new(c.key.clone(), c.holder.clone(), c.ttl),
+                i,
+                true,
+            ));
         }
     }
-    items.sort_by(|x, y| x.0.as_bytes().cmp(y.0.as_bytes()));
-    if items.windows(2).any(|w| w[0].0 == w[1].0) {
+    items.sort_by(|x, y| x.0.key.as_bytes().cmp(y.0.key.as_bytes()));
+    if items.windows(2).any(|w| w[0].0.key == w[1].0.key) {
         return None;
     }
     let mut slots: Vec<(Option<usize>, Option<usize>)> = vec![(None, None); acquires.len()];
-    for (pos, item) in items.iter().enumerate() {
-        if item.5 {
-            slots[item.4].1 = Some(pos);
+    for (pos, (_, i, chained)) in items.iter().enumerate() {
+        if *chained {
+            slots[*i].1 = Some(pos);
         } else {
-            slots[item.4].0 = Some(pos);
+            slots[*i].0 = Some(pos);
         }
     }
     let mut requests = Vec::with_capacity(items.len());
-    for item in &items {
-        let mut r = ClaimRequest::new(item.0, item.1, item.3);
-        r.driver = item.2.map(str::to_string);
-        if item.5 {
-            let first = slots[item.4].0?;
+    for (mut r, i, chained) in items {
+        if chained {
+            let first = slots[i].0?;
             if first >= requests.len() {
                 return None;
             }
@@ -2601,9 +2609,7 @@ fn batch_requests(acquires: &[PendingAcquire]) -> Option<AcquireBatch> {
 
 /// The request of an acquire sent alone, without its chain.
 fn lone_request(a: &PendingAcquire) -> AcquireBatch {
-    let mut r = ClaimRequest::new(a.key.clone(), a.holder.clone(), a.ttl);
-    r.driver = a.driver.clone();
-    (vec![r], vec![(0, None)])
+    (vec![a.request()], vec![(0, None)])
 }
 
 /// The conditional appends of a hand-off with those of one room's fresh tasks packed

@@ -737,6 +737,43 @@ async fn insert_batch<C: Session>(
     resolve_inserted(client, batch, ids, rows).await
 }
 
+/// A batch acquire's parameters (`huddle_claim_acquire_batch`, and the first four and
+/// the last of `huddle_handoff`): parallel arrays of keys, holders, leases (µs),
+/// conditions (1-based index of the request that must have been won, 0 for none) and
+/// drivers, one element per request.
+struct RequestParams<'a> {
+    keys: Vec<&'a str>,
+    holders: Vec<&'a str>,
+    ttls: Vec<i64>,
+    after: Vec<i32>,
+    drivers: Vec<Option<&'a str>>,
+}
+
+impl<'a> RequestParams<'a> {
+    fn new(requests: &'a [ClaimRequest]) -> RequestParams<'a> {
+        RequestParams {
+            keys: requests.iter().map(|r| r.key.as_str()).collect(),
+            holders: requests.iter().map(|r| r.holder.as_str()).collect(),
+            ttls: requests.iter().map(|r| micros(r.ttl)).collect(),
+            after: requests
+                .iter()
+                .map(|r| r.after.map_or(0, one_based))
+                .collect(),
+            drivers: requests.iter().map(|r| r.driver.as_deref()).collect(),
+        }
+    }
+
+    /// Keys, holders, leases and conditions, in that order (the drivers go last).
+    fn params(&self) -> [&(dyn ToSql + Sync); 4] {
+        [&self.keys, &self.holders, &self.ttls, &self.after]
+    }
+}
+
+/// A 0-based index as SQL's 1-based one. Indexes fit: a batch this long is not sent.
+fn one_based(i: usize) -> i32 {
+    i32::try_from(i + 1).unwrap_or(i32::MAX)
+}
+
 /// `huddle_append_under`'s first four parameters: the parallel key, holder and epoch
 /// arrays of the fences, and the id of the row that closes them (if it does). The
 /// rows' [`Columns`] follow them.
@@ -1057,27 +1094,15 @@ impl PgStore {
     /// A batch acquire in one statement (`huddle_claim_acquire_batch`), the drivers
     /// with it.
     async fn batch_acquire(&self, requests: &[ClaimRequest]) -> Result<Vec<Option<Acquired>>> {
-        let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
-        let holders: Vec<&str> = requests.iter().map(|r| r.holder.as_str()).collect();
-        let ttls: Vec<i64> = requests.iter().map(|r| micros(r.ttl)).collect();
-        // 1-based in SQL; 0 for none. Indexes fit: a batch this long is not sent.
-        let after: Vec<i32> = requests
-            .iter()
-            .map(|r| {
-                r.after
-                    .map_or(0, |j| i32::try_from(j + 1).unwrap_or(i32::MAX))
-            })
-            .collect();
-        let drivers: Vec<Option<&str>> = requests.iter().map(|r| r.driver.as_deref()).collect();
+        let request = RequestParams::new(requests);
+        let mut params: Vec<&(dyn ToSql + Sync)> = request.params().to_vec();
+        params.push(&request.drivers);
         let client = self.client().await?;
         let statement = client
             .prepare_cached(sql::ACQUIRE_BATCH)
             .await
             .map_err(map_pg)?;
-        let rows = client
-            .query(&statement, &[&keys, &holders, &ttls, &after, &drivers])
-            .await
-            .map_err(map_pg)?;
+        let rows = client.query(&statement, &params).await.map_err(map_pg)?;
         drop(client);
         batch_answers(requests, rows.iter(), 0)
     }
@@ -1233,14 +1258,7 @@ impl PgStore {
         let batch: Vec<&NewInteraction> = appends.iter().flat_map(|a| &a.rows).collect();
         let (ids, bodies) = self.validate(&batch)?;
         let sigs = self.signatures(&ids);
-        let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
-        let holders: Vec<&str> = requests.iter().map(|r| r.holder.as_str()).collect();
-        let ttls: Vec<i64> = requests.iter().map(|r| micros(r.ttl)).collect();
-        let one_based = |i: usize| i32::try_from(i + 1).unwrap_or(i32::MAX);
-        let after: Vec<i32> = requests
-            .iter()
-            .map(|r| r.after.map_or(0, one_based))
-            .collect();
+        let request = RequestParams::new(requests);
         let mut cond_group: Vec<i32> = Vec::new();
         let mut cond_idx: Vec<i32> = Vec::new();
         let mut cond_epoch: Vec<i64> = Vec::new();
@@ -1265,24 +1283,20 @@ impl PgStore {
         let first_fenced = FenceParams::new(fences, closing);
         let first_sigs = self.signatures(&first_ids);
         let first_columns = Columns::new(first_rows, &first_ids, &first_bodies, &first_sigs);
-        let drivers: Vec<Option<&str>> = requests.iter().map(|r| r.driver.as_deref()).collect();
         let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(35);
         if first.is_some() {
             params.extend(first_fenced.params());
             params.extend(first_columns.params());
         }
+        params.extend(request.params());
         params.extend([
-            &keys as &(dyn ToSql + Sync),
-            &holders,
-            &ttls,
-            &after,
-            &cond_group,
+            &cond_group as &(dyn ToSql + Sync),
             &cond_idx,
             &cond_epoch,
             &row_group,
         ]);
         params.extend(columns.params());
-        params.push(&drivers);
+        params.push(&request.drivers);
         let client = self.client().await?;
         let text = if first.is_some() {
             sql::APPEND_THEN_HANDOFF
