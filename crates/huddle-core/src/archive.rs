@@ -240,21 +240,15 @@ mod tests {
 
     /// `content` as read back at position `(0, seq)`.
     fn stored(content: NewInteraction, seq: u64) -> Interaction {
-        Interaction {
-            id: content.id(),
-            position: Position::new(0, seq),
-            at: Timestamp(1),
-            relay: "cli".into(),
-            room: content.room,
-            thread: content.thread,
-            verb: content.verb,
-            actor: content.actor,
-            role: content.role,
-            parent: content.parent,
-            caused_by: content.caused_by,
-            body: content.body,
-            signer: None,
-        }
+        let id = content.id();
+        Interaction::as_read(
+            content,
+            id,
+            Position::new(0, seq),
+            Timestamp(1),
+            "cli",
+            None,
+        )
     }
 
     fn check(

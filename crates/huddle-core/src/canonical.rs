@@ -41,7 +41,13 @@ pub struct HashedFields<'a> {
 impl HashedFields<'_> {
     /// The content id: blake3 of [`encode_fields`].
     pub fn id(&self) -> InteractionId {
-        InteractionId(*blake3::hash(&encode_fields(self)).as_bytes())
+        self.id_with_body(&canonical_json(self.body))
+    }
+
+    /// [`Self::id`] with the body's canonical JSON already at hand (it must be
+    /// `canonical_json(self.body)`; `self.body` itself is not read).
+    pub fn id_with_body(&self, body: &str) -> InteractionId {
+        InteractionId(*blake3::hash(&encode_fields_with_body(self, body)).as_bytes())
     }
 }
 
@@ -91,7 +97,7 @@ pub fn canonical_json(v: &Value) -> String {
     out
 }
 
-fn write_json(out: &mut String, v: &Value) {
+pub(crate) fn write_json(out: &mut String, v: &Value) {
     match v {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
@@ -132,7 +138,7 @@ fn write_json(out: &mut String, v: &Value) {
 /// (`"` and `\` escaped, the short forms `\b \f \n \r \t`, other control
 /// characters as `\u00xx` in lower-case hex, everything else as is), without
 /// copying it first. `writes_strings_as_serde_json_does` holds the two together.
-fn write_str(out: &mut String, s: &str) {
+pub(crate) fn write_str(out: &mut String, s: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.reserve(s.len() + 2);
     out.push('"');

@@ -281,8 +281,7 @@ impl NewInteraction {
     /// The content id and the canonical body text, encoding the body once.
     pub fn id_and_body(&self) -> (InteractionId, String) {
         let body = self.body_text();
-        let bytes = canonical::encode_fields_with_body(&self.hashed(), &body);
-        (InteractionId(*blake3::hash(&bytes).as_bytes()), body)
+        (self.hashed().id_with_body(&body), body)
     }
 
     /// Checks every field against `limits`: names, body size, key length. Called by
@@ -496,6 +495,35 @@ pub struct RawRow {
     pub body: String,
     /// The writer's row signature as stored (`ed25519:<key>:<signature>`), if any.
     pub sig: Option<String>,
+}
+
+impl Interaction {
+    /// `content` as read back: under `id` (its own, or an item's), at `position` and
+    /// `at`, written by `relay` and signed by `signer`.
+    pub(crate) fn as_read(
+        content: NewInteraction,
+        id: InteractionId,
+        position: Position,
+        at: Timestamp,
+        relay: &str,
+        signer: Option<OwnerKey>,
+    ) -> Interaction {
+        Interaction {
+            id,
+            position,
+            at,
+            relay: relay.to_string(),
+            room: content.room,
+            thread: content.thread,
+            verb: content.verb,
+            actor: content.actor,
+            role: content.role,
+            parent: content.parent,
+            caused_by: content.caused_by,
+            body: content.body,
+            signer,
+        }
+    }
 }
 
 impl RawRow {

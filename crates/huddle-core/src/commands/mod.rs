@@ -351,21 +351,8 @@ fn derived_row(message: &Interaction, verb: Verb, body: serde_json::Value) -> Ne
 /// `n` as a reader sees it at `position`, for folding rows before they are in a
 /// ledger (time unknown: zero).
 fn read_back(n: &NewInteraction, position: crate::model::Position) -> Interaction {
-    Interaction {
-        id: n.id(),
-        position,
-        at: crate::model::Timestamp(0),
-        relay: String::new(),
-        room: n.room.clone(),
-        thread: n.thread.clone(),
-        verb: n.verb,
-        actor: n.actor.clone(),
-        role: n.role,
-        parent: n.parent,
-        caused_by: n.caused_by.clone(),
-        body: n.body.clone(),
-        signer: None,
-    }
+    let at = crate::model::Timestamp(0);
+    Interaction::as_read(n.clone(), n.id(), position, at, "", None)
 }
 
 /// The rows an accepted owner command produces besides its reply: one `task.created`

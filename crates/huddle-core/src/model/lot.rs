@@ -360,21 +360,9 @@ impl Interaction {
         let mut items = Vec::with_capacity(values.len());
         for (index, value) in values.into_iter().enumerate() {
             let (content, id) = decode_item(&room, index, value, limits)?;
-            items.push(Interaction {
-                id,
-                position,
-                at,
-                relay: relay.clone(),
-                room: content.room,
-                thread: content.thread,
-                verb: content.verb,
-                actor: content.actor,
-                role: content.role,
-                parent: content.parent,
-                caused_by: content.caused_by,
-                body: content.body,
-                signer,
-            });
+            items.push(Interaction::as_read(
+                content, id, position, at, &relay, signer,
+            ));
         }
         out.extend(items);
         Ok(())
@@ -392,9 +380,137 @@ impl RawRow {
     /// Verifies the row ([`RawRow::verify`]) and appends what it stands for to `out`
     /// ([`Interaction::unpack_into`]): how the stores read the ledger, so no reader
     /// ever sees a `task.lot` row, only its items.
+    ///
+    /// An unsigned lot in canonical form is read by [`RawRow::read_lot_typed`], which
+    /// gives exactly what the general path gives for it; anything else (and any lot
+    /// the typed reading does not accept) goes the general path, which decides.
     pub fn read_into(self, out: &mut Vec<Interaction>) -> Result<(), ModelError> {
         let limits = Limits::default();
+        if self.verb == Verb::TaskLot.as_str() && self.sig.is_none() {
+            if let Some(items) = self.read_lot_typed(&limits) {
+                out.extend(items);
+                return Ok(());
+            }
+        }
         self.verify_within(&limits)?.unpack_into(&limits, out)
+    }
+
+    /// An unsigned lot read without building its body as JSON values first: its
+    /// items decoded straight from the text, the text required to be exactly the
+    /// canonical form of what was decoded (so it is what the general path would hash),
+    /// the lot's id checked on that text, every rule the general path applies applied.
+    /// `None` when any of that does not hold: the caller then reads the row the
+    /// general way, so the result (items or error) never depends on which path ran
+    /// (`typed_lot_reading_agrees_with_the_general_path` pins it).
+    fn read_lot_typed(&self, limits: &Limits) -> Option<Vec<Interaction>> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Wire {
+            items: Vec<Item>,
+        }
+        let id = InteractionId::from_slice(&self.id).ok()?;
+        let role: Role = self.role.parse().ok()?;
+        if self.parent.is_some() || !self.caused_by.is_empty() {
+            return None;
+        }
+        check_envelope(role, self.thread.as_deref(), None, 0).ok()?;
+        let wire: Wire = serde_json::from_str(&self.body).ok()?;
+        check_count(wire.items.len()).ok()?;
+        // The canonical text of what was decoded must be the stored text.
+        // (Where each item's body lies in it: the body's own canonical text.)
+        let mut text = String::with_capacity(self.body.len());
+        let mut bodies = Vec::with_capacity(wire.items.len());
+        text.push_str("{\"items\":[");
+        for (i, item) in wire.items.iter().enumerate() {
+            if i > 0 {
+                text.push(',');
+            }
+            bodies.push(item.write_canonical(&mut text));
+        }
+        text.push_str("]}");
+        if text != self.body {
+            return None;
+        }
+        // The lot's own rules (names, size, no NUL anywhere in it), then its id.
+        let null = serde_json::Value::Null;
+        let fields = crate::canonical::HashedFields {
+            room: &self.room,
+            thread: None,
+            verb: Verb::TaskLot.as_str(),
+            actor: &self.actor,
+            role: role.as_str(),
+            parent: None,
+            caused_by: &[],
+            body: &null,
+        };
+        super::check_hashed(&fields, limits, self.body.len()).ok()?;
+        let nul = wire.items.iter().any(|i| {
+            i.actor.contains('\0')
+                || i.thread.as_deref().is_some_and(|t| t.contains('\0'))
+                || super::contains_nul(&i.body)
+        });
+        if nul {
+            return None;
+        }
+        if fields.id_with_body(&self.body) != id {
+            return None;
+        }
+        let mut out = Vec::with_capacity(wire.items.len());
+        for (item, body) in wire.items.into_iter().zip(bodies) {
+            let content = item.into_content(&self.room).ok()?;
+            // As `NewInteraction::checked`, with the body's canonical text at hand.
+            let body = &text[body];
+            content.validate_own_fields(limits, body.len()).ok()?;
+            let id = content.hashed().id_with_body(body);
+            out.push(Interaction::as_read(
+                content,
+                id,
+                self.position,
+                self.at,
+                &self.relay,
+                None,
+            ));
+        }
+        Some(out)
+    }
+}
+
+impl Item {
+    /// Writes the item's canonical JSON: what `canonical_json` gives for the value
+    /// [`item_value`] builds of it (keys in byte order, absent fields left out).
+    /// Returns where its body's canonical text lies in `out`.
+    fn write_canonical(&self, out: &mut String) -> std::ops::Range<usize> {
+        use crate::canonical::{write_json, write_str};
+        out.push_str("{\"actor\":");
+        write_str(out, &self.actor);
+        out.push_str(",\"body\":");
+        let start = out.len();
+        write_json(out, &self.body);
+        let body = start..out.len();
+        if !self.caused_by.is_empty() {
+            out.push_str(",\"caused_by\":[");
+            for (i, c) in self.caused_by.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_str(out, &c.to_hex());
+            }
+            out.push(']');
+        }
+        if let Some(parent) = &self.parent {
+            out.push_str(",\"parent\":");
+            write_str(out, &parent.to_hex());
+        }
+        out.push_str(",\"role\":");
+        write_str(out, self.role.as_str());
+        if let Some(thread) = &self.thread {
+            out.push_str(",\"thread\":");
+            write_str(out, thread);
+        }
+        out.push_str(",\"verb\":");
+        write_str(out, self.verb.as_str());
+        out.push('}');
+        body
     }
 }
 
@@ -402,6 +518,7 @@ impl RawRow {
 mod tests {
     use super::*;
     use crate::model::{Position, Timestamp};
+    use proptest::prelude::*;
     use serde_json::json;
 
     fn item(verb: Verb, agent: &str, task: &str) -> NewInteraction {
@@ -663,5 +780,197 @@ mod tests {
         let mut out = Vec::new();
         assert!(stored(&lot, 1).read_into(&mut out).is_err());
         assert!(out.is_empty(), "nothing of a corrupt lot is read");
+    }
+
+    /// The general path's reading of `raw` (the typed one never runs).
+    fn read_general(raw: RawRow) -> Result<Vec<Interaction>, ModelError> {
+        let limits = Limits::default();
+        let mut out = Vec::new();
+        raw.verify_within(&limits)?.unpack_into(&limits, &mut out)?;
+        Ok(out)
+    }
+
+    /// Asserts that reading `raw` gives what the general path gives, and that the
+    /// typed reading accepts nothing the general path refuses; whether it was used.
+    fn agrees(raw: &RawRow) -> bool {
+        let typed = raw.read_lot_typed(&Limits::default());
+        let general = read_general(raw.clone());
+        if let Some(items) = &typed {
+            assert_eq!(
+                general.as_ref(),
+                Ok(items),
+                "the typed reading accepted what the general one reads otherwise: {raw:?}"
+            );
+        }
+        assert_eq!(read(raw.clone()), general, "{raw:?}");
+        typed.is_some()
+    }
+
+    fn with_text(raw: &RawRow, text: String) -> RawRow {
+        RawRow {
+            body: text,
+            ..raw.clone()
+        }
+    }
+
+    #[test]
+    fn typed_lot_reading_agrees_with_the_general_path() {
+        let claimed = item(Verb::TaskClaimed, "ann", "t1");
+        let mut prompted = item(Verb::TurnPrompted, "ann", "t1")
+            .in_thread("w \"q\" é")
+            .with_parent(claimed.id());
+        prompted.body = json!({"turn": "3.3", "subject": {"kind": "task", "id": "t1",
+            "n": [1, -2, 2.5, 1e300, null, true], "s": "tab\there \\ \u{1f}"}});
+        let completed = item(Verb::TaskCompleted, "bob", "t2")
+            .with_caused_by(vec![claimed.id(), prompted.id()]);
+        let items = vec![claimed, prompted, completed];
+        let lot = NewInteraction::lot("r", "relay-a", &items, &Limits::default()).unwrap();
+        let raw = stored(&lot, 4);
+        assert!(agrees(&raw), "a relay's lot is read the typed way");
+        assert_eq!(read(raw.clone()).unwrap().len(), 3);
+
+        // Texts that are not the canonical form, under the id of the canonical one:
+        // the general path accepts them (it hashes what it parsed), the typed one
+        // leaves them to it.
+        let text = raw.body.clone();
+        let spaced = text.replacen("\"items\":", "\"items\" : ", 1);
+        let swapped = text
+            .replacen(
+                "{\"actor\":\"ann\",",
+                "{\"verb\":\"task.claimed\",\"actor\":\"ann\",",
+                1,
+            )
+            .replacen(",\"verb\":\"task.claimed\"}", "}", 1);
+        let escaped = text.replacen("\"actor\":\"ann\"", "\"actor\":\"\\u0061nn\"", 1);
+        let upper = text.replacen(
+            &items[0].id().to_hex(),
+            &items[0].id().to_hex().to_uppercase(),
+            1,
+        );
+        let duplicated = text.replacen("{\"items\":", "{\"items\":[],\"items\":", 1);
+        for variant in [spaced, swapped, escaped, upper, duplicated] {
+            assert_ne!(variant, text);
+            let v = with_text(&raw, variant.clone());
+            assert!(!agrees(&v), "{}", v.body);
+            // The same text under an id hashed over it as it stands: not the typed
+            // reading's to accept (the general path refuses most of these, its id not
+            // being the content's; upper-case ids it reads, as it always has).
+            let fields = crate::canonical::HashedFields {
+                room: "r",
+                thread: None,
+                verb: Verb::TaskLot.as_str(),
+                actor: "relay-a",
+                role: Role::System.as_str(),
+                parent: None,
+                caused_by: &[],
+                body: &serde_json::Value::Null,
+            };
+            let forged_id = fields.id_with_body(&variant);
+            let mut forged = with_text(&raw, variant);
+            forged.id = forged_id.0.to_vec();
+            assert!(!agrees(&forged), "{}", forged.body);
+        }
+        // Nulls for absent fields: accepted by both checks (above), read the general way.
+        let good = json!({"verb": "task.completed", "actor": "ann", "role": "agent",
+            "body": {"task": "t1", "epoch": 1}});
+        let nulls = json!({"verb": "task.completed", "actor": "ann", "role": "agent",
+            "body": {"task": "t1", "epoch": 1}, "thread": null, "parent": null});
+        let lot = NewInteraction::new(
+            "r",
+            Verb::TaskLot,
+            "relay-a",
+            Role::System,
+            json!({"items": [good, nulls]}),
+        );
+        let v = stored(&lot, 1);
+        assert!(!agrees(&v));
+        assert_eq!(read(v).unwrap().len(), 2);
+        // A lot with the wrong id, a signed one, a foreign envelope: not the typed way.
+        let mut wrong = raw.clone();
+        wrong.id[0] ^= 1;
+        assert!(!agrees(&wrong));
+        let mut agent = stored(
+            &NewInteraction {
+                role: Role::Agent,
+                ..lot.clone()
+            },
+            1,
+        );
+        assert!(!agrees(&agent));
+        agent.role = "system".into();
+        assert!(!agrees(&agent));
+    }
+
+    fn arb_body() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| json!(f)),
+            ".{0,8}".prop_map(serde_json::Value::String),
+        ];
+        let tree = leaf.prop_recursive(3, 24, 5, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::Array),
+                prop::collection::btree_map(".{0,5}", inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        });
+        prop::collection::btree_map(".{0,5}", tree, 0..4)
+            .prop_map(|m| serde_json::Value::Object(m.into_iter().collect()))
+    }
+
+    fn arb_item() -> impl Strategy<Value = NewInteraction> {
+        (
+            prop::sample::select(LOT_ITEM_VERBS.to_vec()),
+            "[a-z][a-z0-9_-]{0,7}",
+            prop::option::of("[a-z][ a-z0-9]{0,7}"),
+            any::<bool>(),
+            0..3usize,
+            arb_body(),
+        )
+            .prop_map(|(verb, actor, thread, parent, causes, body)| {
+                let cause = |i: usize| {
+                    NewInteraction::new("r", Verb::TaskClaimed, "x", Role::Agent, json!({"i": i}))
+                        .id()
+                };
+                let mut i = NewInteraction::new("r", verb, &actor, Role::Agent, body);
+                i.thread = thread;
+                if parent {
+                    i.parent = Some(cause(99));
+                }
+                i.caused_by = (0..causes).map(cause).collect();
+                i
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Every lot a writer can build is read the typed way, with the general
+        /// path's items; and a byte of its text changed (the id kept) is never
+        /// accepted by the typed reading unless the general one reads it the same.
+        #[test]
+        fn typed_lot_reading_agrees_on_any_lot(
+            items in prop::collection::vec(arb_item(), 1..6),
+            at in any::<prop::sample::Index>(),
+            byte in 0x20u8..0x7f,
+        ) {
+            let lot = NewInteraction::lot("r", "relay-a", &items, &Limits::default());
+            prop_assume!(lot.is_ok(), "a lot no writer builds");
+            let lot = lot.unwrap();
+            let raw = stored(&lot, 2);
+            prop_assert!(agrees(&raw));
+            let mut bytes = raw.body.clone().into_bytes();
+            let i = at.index(bytes.len());
+            if bytes[i].is_ascii() {
+                bytes[i] = byte;
+                if let Ok(text) = String::from_utf8(bytes) {
+                    agrees(&with_text(&raw, text));
+                }
+            }
+        }
     }
 }
