@@ -1885,48 +1885,61 @@ impl Executor {
         if !shaped {
             return Some(intents);
         }
-        let results: Vec<(Vec<ClaimRef>, Vec<NewInteraction>)> = intents[..split]
+        // Whether the batch can go as one call is decided on the intents as they are
+        // (the acquires' keys, how the results pack); only then are they taken apart,
+        // their rows moved, not copied.
+        let mut acquires: Vec<PendingAcquire> = intents[split..]
             .iter()
-            .filter_map(|i| match i {
-                Intent::Append { fences, batch, .. } => Some((fences.clone(), batch.clone())),
-                _ => None,
-            })
-            .collect();
-        let acquires: Vec<PendingAcquire> = intents[split..]
-            .iter()
-            .cloned()
-            .filter_map(PendingAcquire::of)
+            .filter_map(PendingAcquire::without_rows)
             .collect();
         let Some((requests, slots)) = batch_requests(&acquires) else {
             return Some(intents);
         };
         let (mut lots, left) = {
-            let writes: Vec<&[NewInteraction]> = results.iter().map(|r| r.1.as_slice()).collect();
+            let writes: Vec<&[NewInteraction]> = intents[..split]
+                .iter()
+                .filter_map(|i| match i {
+                    Intent::Append { batch, .. } => Some(batch.as_slice()),
+                    _ => None,
+                })
+                .collect();
             crate::lots::pack(&writes, &self.relay, self.store.limits())
         };
         enum One {
             Lot(Box<crate::lots::Lot>),
             Alone(usize),
         }
-        let (one, first) = match (lots.len(), left.as_slice()) {
-            (1, []) => {
-                let lot = lots.remove(0);
+        let one = match (lots.len(), left.as_slice()) {
+            (1, []) => One::Lot(Box::new(lots.remove(0))),
+            (0, [i]) => One::Alone(*i),
+            _ => return Some(intents),
+        };
+        let mut intents = intents;
+        for (a, intent) in acquires.iter_mut().zip(intents.split_off(split)) {
+            if let Intent::Acquire { write, .. } = intent {
+                a.write = write;
+            }
+        }
+        let results: Vec<(Vec<ClaimRef>, Vec<NewInteraction>)> = intents
+            .into_iter()
+            .filter_map(|i| match i {
+                Intent::Append { fences, batch, .. } => Some((fences, batch)),
+                _ => None,
+            })
+            .collect();
+        let first = match &one {
+            One::Lot(lot) => {
                 let fences = lot
                     .members
                     .iter()
                     .flat_map(|&i| results[i].0.iter().map(Fence::from))
                     .collect();
-                let rows = vec![lot.row.clone()];
-                (One::Lot(Box::new(lot)), (fences, rows))
+                (fences, vec![lot.row.clone()])
             }
-            (0, [i]) => (
-                One::Alone(*i),
-                (
-                    results[*i].0.iter().map(Fence::from).collect(),
-                    results[*i].1.clone(),
-                ),
+            One::Alone(i) => (
+                results[*i].0.iter().map(Fence::from).collect(),
+                results[*i].1.clone(),
             ),
-            _ => return Some(intents),
         };
         let first = huddle_store::FencedWrite {
             fences: first.0,
@@ -2533,8 +2546,9 @@ impl PendingAcquire {
         r
     }
 
-    /// The acquire an `Intent::Acquire` asks for (`None` for any other intent).
-    fn of(intent: Intent) -> Option<PendingAcquire> {
+    /// [`Self::of`] an intent looked at in place, without the rows it writes when won
+    /// (`write: None`; the caller moves them in once it keeps the acquire).
+    fn without_rows(intent: &Intent) -> Option<PendingAcquire> {
         match intent {
             Intent::Acquire {
                 key,
@@ -2542,18 +2556,26 @@ impl PendingAcquire {
                 driver,
                 ttl,
                 then,
-                write,
                 ..
             } => Some(PendingAcquire {
-                key,
-                holder,
-                driver,
-                ttl,
-                then,
-                write,
+                key: key.clone(),
+                holder: holder.clone(),
+                driver: driver.clone(),
+                ttl: *ttl,
+                then: then.clone(),
+                write: None,
             }),
             _ => None,
         }
+    }
+
+    /// The acquire an `Intent::Acquire` asks for (`None` for any other intent).
+    fn of(intent: Intent) -> Option<PendingAcquire> {
+        let mut a = Self::without_rows(&intent)?;
+        if let Intent::Acquire { write, .. } = intent {
+            a.write = write;
+        }
+        Some(a)
     }
 }
 
