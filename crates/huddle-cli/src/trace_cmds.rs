@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 
+use huddle_core::protocol::carried_turn;
 use huddle_core::{Interaction, InteractionId, TaskStatus, Timestamp, Verb};
 use huddle_sim::Tally;
 use huddle_store::StoreOptions;
@@ -221,8 +222,9 @@ impl<'a> Tree<'a> {
                     }
                 }
             }
-            if r.verb == Verb::TurnPrompted {
-                if let Some(turn) = r.body.get("turn").and_then(|t| t.as_str()) {
+            // A turn starts with its `turn.prompted`, or the `task.claimed` carrying it.
+            if let Some((Verb::TurnPrompted, body)) = carried_turn(r.verb, &r.body) {
+                if let Some(turn) = body.get("turn").and_then(|t| t.as_str()) {
                     turn_started.entry(turn.to_string()).or_insert(r.at);
                 }
             }
@@ -286,15 +288,14 @@ impl<'a> Tree<'a> {
     }
 
     fn leaf(&self, r: &Interaction, origin: Timestamp) -> TraceNode {
-        let took = match r.verb {
-            Verb::TurnReplied | Verb::TurnFailed => r
-                .body
+        let took = match (r.verb, carried_turn(r.verb, &r.body)) {
+            (Verb::TaskCompleted, _) => task_of(r)
+                .zip(epoch(r))
+                .and_then(|k| self.claimed_at.get(&k)),
+            (_, Some((Verb::TurnReplied | Verb::TurnFailed, body))) => body
                 .get("turn")
                 .and_then(|t| t.as_str())
                 .and_then(|t| self.turn_started.get(t)),
-            Verb::TaskCompleted => task_of(r)
-                .zip(epoch(r))
-                .and_then(|k| self.claimed_at.get(&k)),
             _ => None,
         };
         TraceNode {

@@ -22,7 +22,7 @@ use serde_json::Value;
 use crate::fold::{hash_state, Fold};
 use crate::model::{Interaction, InteractionId, Role, Timestamp};
 use crate::protocol::task::{valid_capability, valid_task_id, MAX_CAPABILITIES};
-use crate::protocol::{parse_body, truncate_text, ClaimEpoch};
+use crate::protocol::{carried_turn, parse_body, truncate_text, ClaimEpoch};
 use crate::tasks::TaskSummary;
 use crate::verbs::Verb;
 
@@ -331,24 +331,24 @@ impl RoomBoard {
         }
     }
 
-    /// Moves the agent's [`FailStreak`] by one of its own turn endings.
-    fn note_streak(&mut self, i: &Interaction) {
-        if i.verb == Verb::TurnReplied {
-            self.failing.remove(&i.actor);
+    /// Moves `agent`'s [`FailStreak`] by one of its own turn endings (`replied`, or
+    /// failed with `body`'s reason) at `at`.
+    fn note_streak(&mut self, agent: &str, at: Timestamp, replied: bool, body: &Value) {
+        if replied {
+            self.failing.remove(agent);
             return;
         }
-        let counts = i
-            .body
+        let counts = body
             .get("reason")
             .and_then(Value::as_str)
             .is_none_or(counts_against_agent);
         if counts {
-            let s = self.failing.entry(i.actor.clone()).or_insert(FailStreak {
+            let s = self.failing.entry(agent.to_string()).or_insert(FailStreak {
                 failed: 0,
-                last: i.at,
+                last: at,
             });
             s.failed = s.failed.saturating_add(1);
-            s.last = s.last.max(i.at);
+            s.last = s.last.max(at);
         }
     }
 
@@ -399,40 +399,6 @@ impl RoomBoard {
                 self.set_presence(&i.actor, PresenceState::Idle, None, i.at);
             }
             Verb::CoordNote => self.note(i),
-            Verb::TurnPrompted if i.role == Role::Agent => {
-                let Some(b) = parse_body::<TurnPromptedBody>(&i.body) else {
-                    self.malformed += 1;
-                    return;
-                };
-                let cand = (b.epoch, b.turn.clone(), i.actor.clone());
-                self.turn_row(b.subject.key(), i.at, |entry| {
-                    if entry.prompted.as_ref().is_none_or(|p| cand > *p) {
-                        entry.prompted = Some(cand);
-                    }
-                });
-                self.set_presence(&i.actor, PresenceState::Working, Some(b.subject), i.at);
-            }
-            Verb::TurnReplied | Verb::TurnFailed if i.role == Role::Agent => {
-                let parsed = if i.verb == Verb::TurnReplied {
-                    parse_body::<TurnRepliedBody>(&i.body).map(|b| (b.subject, b.epoch))
-                } else {
-                    parse_body::<TurnFailedBody>(&i.body).map(|b| (b.subject, b.epoch))
-                };
-                let Some((subject, epoch)) = parsed else {
-                    self.malformed += 1;
-                    return;
-                };
-                self.note_streak(i);
-                self.turn_row(subject.key(), i.at, |entry| {
-                    entry.ended = Some(entry.ended.map_or(epoch, |e| e.max(epoch)));
-                });
-                let state = if i.verb == Verb::TurnReplied {
-                    PresenceState::Done
-                } else {
-                    PresenceState::Failed
-                };
-                self.set_presence(&i.actor, state, Some(subject), i.at);
-            }
             // A progress note keeps the agent working on its subject and says how it
             // goes; it ends nothing.
             Verb::TurnProgress if i.role == Role::Agent => {
@@ -481,6 +447,55 @@ impl RoomBoard {
                 self.set_presence(&i.actor, state, Some(Subject::task(task, label)), i.at);
             }
             _ => {}
+        }
+        // A turn's start or end: a `turn.*` row, or the task row carrying it (plan
+        // 0095), read after the task row's own effect as if it followed it.
+        if i.role == Role::Agent {
+            if let Some((verb, body)) = carried_turn(i.verb, &i.body) {
+                self.apply_turn(i, verb, body);
+            }
+        }
+    }
+
+    /// A turn's `turn.prompted` / `turn.replied` / `turn.failed` (`verb`, `body`)
+    /// by agent `i.actor`, at `i.at`.
+    fn apply_turn(&mut self, i: &Interaction, verb: Verb, body: &Value) {
+        match verb {
+            Verb::TurnPrompted => {
+                let Some(b) = parse_body::<TurnPromptedBody>(body) else {
+                    self.malformed += 1;
+                    return;
+                };
+                let cand = (b.epoch, b.turn.clone(), i.actor.clone());
+                self.turn_row(b.subject.key(), i.at, |entry| {
+                    if entry.prompted.as_ref().is_none_or(|p| cand > *p) {
+                        entry.prompted = Some(cand);
+                    }
+                });
+                self.set_presence(&i.actor, PresenceState::Working, Some(b.subject), i.at);
+            }
+            _ => {
+                let replied = verb == Verb::TurnReplied;
+                let parsed = if replied {
+                    parse_body::<TurnRepliedBody>(body).map(|b| (b.subject, b.epoch))
+                } else {
+                    parse_body::<TurnFailedBody>(body).map(|b| (b.subject, b.epoch))
+                };
+                let Some((subject, epoch)) = parsed else {
+                    self.malformed += 1;
+                    return;
+                };
+                self.note_streak(&i.actor, i.at, replied, body);
+                self.turn_row(subject.key(), i.at, |entry| {
+                    entry.ended = Some(entry.ended.map_or(epoch, |e| e.max(epoch)));
+                });
+                let state = if replied {
+                    PresenceState::Done
+                } else {
+                    PresenceState::Failed
+                };
+                self.set_presence(&i.actor, state, Some(subject), i.at);
+            }
         }
     }
 

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fold::{hash_state, Fold};
 use crate::model::Interaction;
+use crate::protocol::carried_turn;
 use crate::verbs::Verb;
 
 pub use crate::protocol::turn::{TokensBody, TurnUsageBody};
@@ -93,13 +94,17 @@ impl BudgetFold {
 
 impl Fold for BudgetFold {
     fn apply(&mut self, i: &Interaction) {
-        if !matches!(i.verb, Verb::TurnReplied | Verb::TurnFailed) {
+        // A turn's end: its `turn.*` row, or the task row carrying it (plan 0095; a
+        // task row's own `tokens` are not counted, only its turn's).
+        let Some((_, body)) = carried_turn(i.verb, &i.body)
+            .filter(|(v, _)| matches!(v, Verb::TurnReplied | Verb::TurnFailed))
+        else {
             return;
-        }
+        };
         let room = self.rooms.entry(i.room.clone()).or_default();
         // Read `tokens` alone, so the rest of the body (owned by others) never makes
         // this fold fail.
-        let tokens = match i.body.get("tokens") {
+        let tokens = match body.get("tokens") {
             None | Some(serde_json::Value::Null) => None,
             Some(v) => match TokensBody::deserialize(v) {
                 Ok(t) => Some(t.total()),

@@ -5,9 +5,10 @@
 use std::collections::BTreeMap;
 
 use huddle_core::board::{SubjectKind, TurnFailedBody, TurnRepliedBody};
+use huddle_core::protocol::carried_turn;
 use huddle_core::tasks::{TaskClaimedBody, TaskCompletedBody};
 use huddle_core::{Board, ClaimEpoch, Fold, Interaction, Role, TaskDag, Timestamp, Verb};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What one agent did, from the ledger.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
@@ -125,17 +126,36 @@ impl Tally {
         }
         self.rows += 1;
         match row.verb {
-            Verb::TaskCreated => {
-                self.first_created_at.get_or_insert(row.at);
+            Verb::TaskClaimed => self.claimed(index, row),
+            Verb::TaskCompleted => self.completed(index, row),
+            _ => {
+                if row.verb == Verb::TaskCreated {
+                    self.first_created_at.get_or_insert(row.at);
+                }
+                if row.verb == Verb::AgentRegistered && row.role == Role::Agent {
+                    self.agents.entry(row.actor.clone()).or_default();
+                    self.free_since.entry(row.actor.clone()).or_insert(row.at);
+                }
+                self.fold(row);
             }
-            Verb::TaskClaimed => return self.claimed(index, row),
-            Verb::TaskCompleted => return self.completed(index, row),
-            Verb::TurnPrompted if row.role == Role::Agent => {
+        }
+        // A turn's start or end: its `turn.*` row, or the task row carrying it.
+        if row.role == Role::Agent {
+            if let Some((verb, body)) = carried_turn(row.verb, &row.body) {
+                self.turn(row, verb, body);
+            }
+        }
+    }
+
+    /// A turn's `turn.*` row (`verb`, `body`) by agent `row.actor`.
+    fn turn(&mut self, row: &Interaction, verb: Verb, body: &serde_json::Value) {
+        match verb {
+            Verb::TurnPrompted => {
                 self.agents.entry(row.actor.clone()).or_default().turns += 1;
             }
-            Verb::TurnReplied if row.role == Role::Agent => {
+            Verb::TurnReplied => {
                 self.free_since.insert(row.actor.clone(), row.at);
-                if let Ok(b) = serde_json::from_value::<TurnRepliedBody>(row.body.clone()) {
+                if let Ok(b) = TurnRepliedBody::deserialize(body) {
                     let a = self.agents.entry(row.actor.clone()).or_default();
                     a.tokens += b.tokens;
                     if b.subject.kind == SubjectKind::Task {
@@ -143,22 +163,16 @@ impl Tally {
                     }
                 }
             }
-            Verb::TurnFailed if row.role == Role::Agent => {
+            _ => {
                 self.free_since.insert(row.actor.clone(), row.at);
                 let a = self.agents.entry(row.actor.clone()).or_default();
                 a.failed_turns += 1;
-                if let Ok(b) = serde_json::from_value::<TurnFailedBody>(row.body.clone()) {
+                if let Ok(b) = TurnFailedBody::deserialize(body) {
                     a.tokens += b.tokens;
                     *self.failure_reasons.entry(b.reason).or_default() += 1;
                 }
             }
-            Verb::AgentRegistered if row.role == Role::Agent => {
-                self.agents.entry(row.actor.clone()).or_default();
-                self.free_since.entry(row.actor.clone()).or_insert(row.at);
-            }
-            _ => {}
         }
-        self.fold(row);
     }
 
     fn fold(&mut self, row: &Interaction) {

@@ -38,7 +38,7 @@ pub use room::{
     RoomSettledBody, DEFAULT_PRIORITY,
 };
 pub use turn::{
-    PermissionEntry, PlanEntry, TokensBody, ToolCallEntry, TurnActivity, TurnFailedBody,
-    TurnProgressBody, TurnPromptedBody, TurnRepliedBody, TurnUsageBody, MAX_ACTIVITY_ENTRIES,
-    MAX_ACTIVITY_TEXT, MAX_PROGRESS_BYTES, MAX_PROGRESS_NOTES,
+    carried_turn, carry_turn, PermissionEntry, PlanEntry, TokensBody, ToolCallEntry, TurnActivity,
+    TurnFailedBody, TurnProgressBody, TurnPromptedBody, TurnRepliedBody, TurnUsageBody,
+    MAX_ACTIVITY_ENTRIES, MAX_ACTIVITY_TEXT, MAX_PROGRESS_BYTES, MAX_PROGRESS_NOTES,
 };

@@ -1,11 +1,52 @@
 //! `turn.*` bodies, and the token use every turn reports.
+//!
+//! A task turn's start and end may be carried by the task's own rows instead of
+//! `turn.*` rows of their own (plan 0095): `task.claimed` carries the
+//! `turn.prompted` body in its `turn` member, `task.completed` the `turn.replied`
+//! body, `task.failed` / `task.released` the `turn.failed` body. [`carried_turn`]
+//! reads either form, so no fold decodes both by itself.
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::claims::ClaimEpoch;
 use super::coord::Subject;
 use super::fields::truncate_text;
 use crate::id::InteractionId;
+use crate::verbs::Verb;
+
+/// The member of a task row that carries its turn's body (plan 0095).
+pub const TURN_MEMBER: &str = "turn";
+
+/// The turn row a row of verb `verb` and body `body` stands for, as its verb and
+/// body: a `turn.prompted` / `turn.replied` / `turn.failed` row itself, or a task row
+/// carrying its turn in its [`TURN_MEMBER`] object (`task.claimed` →
+/// `turn.prompted`, `task.completed` → `turn.replied`, `task.failed` and
+/// `task.released` → `turn.failed`). Readers take the carried body as they take a
+/// `turn.*` row's body from the same actor, role, room, thread and time. `None` for
+/// any other row, and for a task row whose `turn` is absent or not an object (the row
+/// still counts as the task's).
+pub fn carried_turn(verb: Verb, body: &Value) -> Option<(Verb, &Value)> {
+    let as_turn = match verb {
+        Verb::TurnPrompted | Verb::TurnReplied | Verb::TurnFailed => return Some((verb, body)),
+        Verb::TaskClaimed => Verb::TurnPrompted,
+        Verb::TaskCompleted => Verb::TurnReplied,
+        Verb::TaskFailed | Verb::TaskReleased => Verb::TurnFailed,
+        _ => return None,
+    };
+    body.get(TURN_MEMBER)
+        .filter(|t| t.is_object())
+        .map(|t| (as_turn, t))
+}
+
+/// `task_body` with `turn` carried in it ([`carried_turn`] reads it back): the task
+/// row of a task turn written in two rows (plan 0095).
+pub fn carry_turn<T: Serialize>(mut task_body: Value, turn: &T) -> Value {
+    if let Value::Object(m) = &mut task_body {
+        m.insert(TURN_MEMBER.to_string(), super::fields::to_value(turn));
+    }
+    task_body
+}
 
 /// Body of `turn.prompted` (actor = the agent; fenced by the drive claim).
 ///
@@ -276,5 +317,144 @@ impl TurnProgressBody {
             seq,
             text: truncate_text(text.trim(), MAX_PROGRESS_BYTES),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::board::Board;
+    use crate::budget::BudgetFold;
+    use crate::fold::Fold;
+    use crate::model::{Interaction, Role};
+    use crate::tasks::TaskDag;
+    use crate::testing::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// The task verb whose row carries a turn row of `verb`.
+    fn carrier_of(verb: Verb) -> &'static [Verb] {
+        match verb {
+            Verb::TurnPrompted => &[Verb::TaskClaimed],
+            Verb::TurnReplied => &[Verb::TaskCompleted],
+            Verb::TurnFailed => &[Verb::TaskFailed, Verb::TaskReleased],
+            _ => &[],
+        }
+    }
+
+    /// A history in both forms, as a relay writes them: every turn row that follows
+    /// its task row (same agent, task and epoch; only `task.rejected` rows between)
+    /// is written at the task row's time (one append) in the four-row form, and
+    /// carried by the task row in the two-row form. Rows keep their positions.
+    fn both_forms(rows: &[Interaction]) -> (Vec<Interaction>, Vec<Interaction>, usize) {
+        let mut four: Vec<Interaction> = Vec::new();
+        let mut two: Vec<Interaction> = Vec::new();
+        let mut carried = 0;
+        for row in rows {
+            let carrier = (row.role == Role::Agent)
+                .then(|| {
+                    two.iter()
+                        .rposition(|r| r.actor == row.actor && r.verb != Verb::TaskRejected)
+                })
+                .flatten()
+                .filter(|&k| {
+                    let t = &two[k];
+                    carrier_of(row.verb).contains(&t.verb)
+                        && t.body.get(TURN_MEMBER).is_none()
+                        && t.body["task"] == row.body["subject"]["id"]
+                        && t.body["epoch"] == row.body["epoch"]
+                        && two[k + 1..].iter().all(|r| r.verb == Verb::TaskRejected)
+                });
+            match carrier {
+                Some(k) => {
+                    let at = two[k].at;
+                    two[k].body = carry_turn(two[k].body.clone(), &row.body);
+                    let mut turn = row.clone();
+                    turn.at = at;
+                    four.push(turn);
+                    carried += 1;
+                }
+                None => {
+                    four.push(row.clone());
+                    two.push(row.clone());
+                }
+            }
+        }
+        (four, two, carried)
+    }
+
+    fn hashes(rows: &[Interaction]) -> [[u8; 32]; 3] {
+        [
+            Board::rebuild(rows).state_hash(),
+            BudgetFold::rebuild(rows).state_hash(),
+            TaskDag::rebuild(rows).state_hash(),
+        ]
+    }
+
+    proptest! {
+        /// The board, the budget and the task DAG reach the same state from a room
+        /// written with four rows a task turn and from the same room written with two.
+        #[test]
+        fn two_row_task_turns_fold_to_the_state_of_four(
+            n_tasks in 1usize..8,
+            n_agents in 1usize..4,
+            choices in prop::collection::vec(any::<u8>(), 1..200),
+        ) {
+            let history = gen_history(n_tasks, n_agents, &choices);
+            let (four, two, _) = both_forms(&linearize(&history, &[]));
+            prop_assert_eq!(hashes(&four), hashes(&two));
+        }
+    }
+
+    #[test]
+    fn the_forms_compared_differ_in_rows() {
+        // The property above compares forms that really differ: a history with
+        // claims and completions has turns carried.
+        let history = gen_history(4, 2, &(0u8..=255).collect::<Vec<_>>());
+        let (four, two, carried) = both_forms(&linearize(&history, &[]));
+        assert!(carried >= 4, "{carried} turns carried");
+        assert_eq!(four.len(), two.len() + carried);
+        let board = Board::rebuild(&two);
+        let room = board.room(&two[0].room).unwrap();
+        assert!(
+            room.turns.values().any(|t| t.prompted.is_some()),
+            "turns started from task rows"
+        );
+    }
+
+    #[test]
+    fn a_task_row_with_a_malformed_turn_still_counts_as_the_tasks() {
+        let mut l = Ledger::default();
+        l.push(created("api", &[]), crate::model::Timestamp(1));
+        let plain = claimed("api", "bo", 1);
+        for bad in [json!("t/lobby/api/bo/1.1"), json!({"turn": 7}), json!(null)] {
+            let mut row = plain.clone();
+            row.body["turn"] = bad.clone();
+            let mut with = l.clone();
+            with.push(row, crate::model::Timestamp(2));
+            let mut without = l.clone();
+            without.push(plain.clone(), crate::model::Timestamp(2));
+            assert_eq!(
+                TaskDag::rebuild(&with.rows).state_hash(),
+                TaskDag::rebuild(&without.rows).state_hash(),
+                "{bad}"
+            );
+            let b = Board::rebuild(&with.rows);
+            let room = b.room(&with.rows[0].room).unwrap();
+            assert!(room.turns.is_empty(), "{bad}: no turn started");
+            assert_eq!(
+                room.presence.get("bo").map(|p| p.state),
+                Some(crate::protocol::PresenceState::Working),
+                "{bad}"
+            );
+        }
+        // The carried body is read for the verbs that carry one, never for others.
+        let body = json!({"task": "api", "turn": {"turn": "x"}});
+        assert!(carried_turn(Verb::TaskCreated, &body).is_none());
+        assert!(carried_turn(Verb::TaskReviewed, &body).is_none());
+        assert_eq!(
+            carried_turn(Verb::TaskReleased, &body).map(|(v, _)| v),
+            Some(Verb::TurnFailed)
+        );
     }
 }

@@ -930,8 +930,13 @@ impl Synchronizer {
         ) {
             self.unsettled.insert(row.room.clone());
         }
-        if matches!(row.verb, Verb::TurnReplied | Verb::TurnFailed) && row.role == Role::Agent {
-            self.fold_turn_end(row);
+        if row.role == Role::Agent {
+            // A turn's end: its `turn.*` row or the task row carrying it (plan 0095).
+            if let Some((Verb::TurnReplied | Verb::TurnFailed, body)) =
+                crate::protocol::carried_turn(row.verb, &row.body)
+            {
+                self.fold_turn_end(&row.room, &row.actor, body);
+            }
         }
         match row.verb {
             Verb::RoomSettled if row.role == Role::System => {
@@ -1460,12 +1465,12 @@ impl Synchronizer {
     }
 
     /// A turn ending of an agent read back: it is in the board's streak now.
-    fn fold_turn_end(&mut self, row: &Interaction) {
-        let key = (row.room.clone(), row.actor.clone());
+    fn fold_turn_end(&mut self, room: &str, agent: &str, body: &serde_json::Value) {
+        let key = (room.to_string(), agent.to_string());
         let Some(pending) = self.unfolded_failures.get_mut(&key) else {
             return;
         };
-        if let Some(turn) = row.body.get("turn").and_then(serde_json::Value::as_str) {
+        if let Some(turn) = body.get("turn").and_then(serde_json::Value::as_str) {
             pending.remove(turn);
         }
         if pending.is_empty() {
