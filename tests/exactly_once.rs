@@ -134,8 +134,10 @@ both_backends!(
     short_turns_holding_tasks_ahead_run_every_task_once,
     three_relays_holding_tasks_deep_run_every_task_once,
     three_relays_with_two_batches_in_flight_run_every_task_once,
+    three_relays_in_a_compact_room_run_every_task_once,
     paused_relay_never_reruns_finished_work,
     paused_relay_holding_tasks_ahead_never_reruns_finished_work,
+    paused_relay_in_a_compact_room_never_reruns_finished_work,
     same_agent_on_two_relays_completes_once,
     same_agents_on_two_live_relays_run_every_task_once,
     delegates_at_page_and_batch_boundaries_all_land,
@@ -258,17 +260,25 @@ async fn short_turns(backend: Backend, ahead: bool) {
 /// task still runs exactly once (executions counted) and is done: a held turn never
 /// starts before its rows are in, so its result is never written before them.
 async fn three_relays_holding_tasks_deep_run_every_task_once(backend: Backend) {
-    three_relays_deep(backend, 1).await;
+    three_relays_deep(backend, 1, false).await;
+}
+
+/// The same in a room with `compact-turns on` (plan 0095): each task turn is two
+/// rows, its start and end carried by `task.claimed` and `task.completed`. Every task
+/// runs exactly once, no task turn writes a `turn.*` row of its own, and every relay's
+/// folds agree with the test's own fold of the two-row form.
+async fn three_relays_in_a_compact_room_run_every_task_once(backend: Backend) {
+    three_relays_deep(backend, 1, true).await;
 }
 
 /// The same with each relay keeping two batches of results and claims in flight at
 /// once (plan 0087): its hand-off statements overlap, and still every task runs
 /// exactly once.
 async fn three_relays_with_two_batches_in_flight_run_every_task_once(backend: Backend) {
-    three_relays_deep(backend, 2).await;
+    three_relays_deep(backend, 2, false).await;
 }
 
-async fn three_relays_deep(backend: Backend, batches_in_flight: usize) {
+async fn three_relays_deep(backend: Backend, batches_in_flight: usize, compact: bool) {
     let mut h = Huddle::new(backend).await;
     let log = h.dir().join("effects.log");
     let agent = recording_agent(&h, "deep.sh", &log, "0.001");
@@ -286,6 +296,9 @@ async fn three_relays_deep(backend: Backend, batches_in_flight: usize) {
     h.wait_registered(&refs).await;
     h.config("lease-ahead on").await;
     h.config("lease-depth 8").await;
+    if compact {
+        h.config("compact-turns on").await;
+    }
     h.delegate(&task_lines("t", 300)).await;
     h.wait_until("300 tasks done", secs(180), |l| l.summary().done == 300)
         .await;
@@ -295,6 +308,25 @@ async fn three_relays_deep(backend: Backend, batches_in_flight: usize) {
     h.ledger.assert_all_done_exactly_once(300);
     assert_each_task_ran_once(&h, &log, 300);
     assert_command_results_sent_once(&h, &summaries);
+    if compact {
+        h.assert_converged(&summaries);
+        let carrying = |verb| {
+            h.ledger
+                .of_verb(verb)
+                .filter(|r| r.1.body.get("turn").is_some_and(|t| t.is_object()))
+                .count()
+        };
+        assert_eq!(
+            carrying(Verb::TaskCompleted),
+            300,
+            "every completion carries its turn"
+        );
+        assert!(
+            carrying(Verb::TaskClaimed) >= 300,
+            "every turn's start is carried"
+        );
+        assert_eq!(h.ledger.of_verb(Verb::TurnReplied).count(), 0);
+    }
 }
 
 /// Each owner command's results were sent by one relay (plan 0090): the rows the
@@ -352,7 +384,7 @@ async fn lots_written(h: &Huddle) -> (usize, usize) {
 /// once resumed, run none of the finished tasks again (its view is older than the
 /// claims it could win: closed claims refuse it).
 async fn paused_relay_never_reruns_finished_work(backend: Backend) {
-    paused_relay(backend, false).await;
+    paused_relay(backend, false, false).await;
 }
 
 /// The same with `lease-ahead on` (plan 0084, at the default `lease-depth` of 4): the
@@ -360,10 +392,16 @@ async fn paused_relay_never_reruns_finished_work(backend: Backend) {
 /// the other relay takes them, and once resumed the relay starts none of what it
 /// held.
 async fn paused_relay_holding_tasks_ahead_never_reruns_finished_work(backend: Backend) {
-    paused_relay(backend, true).await;
+    paused_relay(backend, true, false).await;
 }
 
-async fn paused_relay(backend: Backend, ahead: bool) {
+/// The same with `lease-ahead on` in a room with `compact-turns on` (plan 0095): the
+/// resumed relay reads the turns the other relay ran from their task rows alone.
+async fn paused_relay_in_a_compact_room_never_reruns_finished_work(backend: Backend) {
+    paused_relay(backend, true, true).await;
+}
+
+async fn paused_relay(backend: Backend, ahead: bool, compact: bool) {
     let mut h = Huddle::new(backend).await;
     let log = h.dir().join("effects.log");
     let agent = recording_agent(&h, "steady.sh", &log, "0.05");
@@ -373,6 +411,9 @@ async fn paused_relay(backend: Backend, ahead: bool) {
     h.config("claim-ttl 1s").await;
     if ahead {
         h.config("lease-ahead on").await;
+    }
+    if compact {
+        h.config("compact-turns on").await;
     }
     h.delegate(&task_lines("t", 40)).await;
     h.wait_until("p0 has started a task", secs(30), |_| {

@@ -217,6 +217,12 @@ pub struct RoomConfig {
     /// 4).
     #[serde(default = "default_lease_depth")]
     pub lease_depth: u32,
+    /// Whether a task turn is written in two rows, its start and end carried by the
+    /// task's own `task.claimed` and `task.completed` / `task.failed` (plan 0095;
+    /// default off: four rows, which relays built before the two-row readers read
+    /// too).
+    #[serde(default)]
+    pub compact_turns: bool,
 }
 
 fn default_lease_depth() -> u32 {
@@ -296,6 +302,7 @@ impl Default for RoomConfig {
             stall_timeout_ms: 0,
             review_rounds: default_review_rounds(),
             lease_ahead: false,
+            compact_turns: false,
             lease_depth: default_lease_depth(),
         }
     }
@@ -401,6 +408,8 @@ pub enum ConfigKey {
     LeaseAhead,
     /// `lease-depth`: how many tasks an agent may hold ahead under `lease-ahead`.
     LeaseDepth,
+    /// `compact-turns`: whether a task turn is written in two rows (plan 0095).
+    CompactTurns,
 }
 
 /// The kind of value a [`ConfigKey`] takes.
@@ -464,7 +473,7 @@ pub const MAX_BUDGET: u64 = 1_000_000_000_000;
 
 impl ConfigKey {
     /// Every key, in documentation order.
-    pub const ALL: [ConfigKey; 31] = [
+    pub const ALL: [ConfigKey; 32] = [
         ConfigKey::Topology,
         ConfigKey::Responder,
         ConfigKey::ResponderAgent,
@@ -496,6 +505,7 @@ impl ConfigKey {
         ConfigKey::ReviewRounds,
         ConfigKey::LeaseAhead,
         ConfigKey::LeaseDepth,
+        ConfigKey::CompactTurns,
     ];
 
     /// The key as typed in `!config` and stored in `config.set`.
@@ -532,6 +542,7 @@ impl ConfigKey {
             ConfigKey::ReviewRounds => "review-rounds",
             ConfigKey::LeaseAhead => "lease-ahead",
             ConfigKey::LeaseDepth => "lease-depth",
+            ConfigKey::CompactTurns => "compact-turns",
         }
     }
 
@@ -542,7 +553,10 @@ impl ConfigKey {
     pub fn room_wide(self) -> bool {
         matches!(
             self,
-            ConfigKey::Agents | ConfigKey::RelayKeys | ConfigKey::RequireSignatures
+            ConfigKey::Agents
+                | ConfigKey::RelayKeys
+                | ConfigKey::RequireSignatures
+                | ConfigKey::CompactTurns
         )
     }
 
@@ -576,9 +590,10 @@ impl ConfigKey {
             | ConfigKey::Breaker
             | ConfigKey::ReviewRounds
             | ConfigKey::LeaseDepth => ValueKind::Count,
-            ConfigKey::RequireMention | ConfigKey::RequireSignatures | ConfigKey::LeaseAhead => {
-                ValueKind::Flag
-            }
+            ConfigKey::RequireMention
+            | ConfigKey::RequireSignatures
+            | ConfigKey::LeaseAhead
+            | ConfigKey::CompactTurns => ValueKind::Flag,
             ConfigKey::Budget => ValueKind::Budget,
             ConfigKey::Delegators => ValueKind::Agents,
             ConfigKey::Agents => ValueKind::Bindings,
@@ -622,7 +637,8 @@ impl ConfigKey {
             | ConfigKey::Topology
             | ConfigKey::RelayKeys
             | ConfigKey::RequireSignatures
-            | ConfigKey::LeaseAhead => None,
+            | ConfigKey::LeaseAhead
+            | ConfigKey::CompactTurns => None,
         }
     }
 
@@ -686,6 +702,12 @@ impl ConfigKey {
             ConfigKey::LeaseDepth => {
                 "how many tasks an agent busy with a task may hold ahead under lease-ahead \
                  on; deeper keeps short turns fed, at more tasks waiting for one agent"
+            }
+            ConfigKey::CompactTurns => {
+                "whether a task turn is recorded in two rows, its start and end carried by \
+                 the task's own rows, instead of four (less for the database and every \
+                 relay to check and fold; every relay serving the room must read the \
+                 two-row form; room-wide)"
             }
             ConfigKey::ReplyHorizon => {
                 "how old a message may be and still be answered; an older unanswered one \
@@ -1143,6 +1165,7 @@ impl RoomConfig {
         match key {
             ConfigKey::Responder => ConfigValue::Responder(self.responder),
             ConfigKey::LeaseAhead => ConfigValue::Flag(self.lease_ahead),
+            ConfigKey::CompactTurns => ConfigValue::Flag(self.compact_turns),
             ConfigKey::ResponderAgent => ConfigValue::Agent(self.responder_agent.clone()),
             ConfigKey::ResponderWindow => ConfigValue::Millis(self.responder_window_ms),
             ConfigKey::Allocation => ConfigValue::Allocation(self.allocation),
@@ -1240,6 +1263,7 @@ impl RoomConfig {
             }
             (ConfigKey::RequireSignatures, ConfigValue::Flag(b)) => self.require_signatures = b,
             (ConfigKey::LeaseAhead, ConfigValue::Flag(b)) => self.lease_ahead = b,
+            (ConfigKey::CompactTurns, ConfigValue::Flag(b)) => self.compact_turns = b,
             (ConfigKey::RetryBackoff, ConfigValue::Millis(n)) => {
                 self.retry_backoff_ms = bounds.clamp(n)
             }

@@ -341,6 +341,24 @@ struct ClaimRows {
     subject: Subject,
 }
 
+impl ClaimRows {
+    /// The rows that record the claim and start its turn: `task.claimed`, the
+    /// rejections and `turn.prompted`; or, in a room with `compact-turns on` (plan
+    /// 0095), `task.claimed` carrying the turn's start and the rejections.
+    fn starting(self, compact: bool) -> Vec<NewInteraction> {
+        let mut batch = self.claimed;
+        if compact {
+            if let Some(claimed) = batch.first_mut() {
+                let body = std::mem::take(&mut claimed.body);
+                claimed.body = crate::protocol::carry_turn(body, &self.prompted.body);
+                return batch;
+            }
+        }
+        batch.push(self.prompted);
+        batch
+    }
+}
+
 /// A relay's own rank for a task id (FNV-1a of both): deterministic per relay,
 /// different across relays.
 fn spread_rank(relay: &[u8], task: &[u8]) -> u64 {
@@ -1716,9 +1734,10 @@ impl Synchronizer {
             .map(|t| {
                 let first = ClaimEpoch::FIRST;
                 let rows = self.claim_rows(room, &t, &agent, (first, first), t.next_attempt());
-                self.prewrite_rejections.insert(key.clone(), rows.rejected);
-                let mut batch = rows.claimed;
-                batch.push(rows.prompted);
+                let compact = self.config(room, None).compact_turns;
+                self.prewrite_rejections
+                    .insert(key.clone(), rows.rejected.clone());
+                let batch = rows.starting(compact);
                 WriteIfWon {
                     epoch: first,
                     then_epoch: None,
@@ -3090,7 +3109,9 @@ impl Synchronizer {
         };
         // Turn ids keep their `<task epoch>.<drive epoch>` form: one claim, one epoch.
         let rows = self.claim_rows(&room, &t, &agent, (task_epoch, task_epoch), attempt);
+        let (turn, subject) = (rows.turn.clone(), rows.subject.clone());
         let mut batch = Vec::new();
+        let mut prompted = Some(rows.prompted.clone());
         if fresh {
             batch.extend(rows.claimed.iter().take(1).cloned());
             if t.status == TaskStatus::Claimed && t.attempts >= t.max_attempts {
@@ -3110,8 +3131,16 @@ impl Synchronizer {
                 self.forget_at(&tkey, task_epoch);
                 return;
             }
-            batch.extend(rows.claimed.iter().skip(1).cloned());
             self.rejections_sent.extend(rows.rejected.iter().cloned());
+            // The claim's rows, and the turn's start: carried by `task.claimed` in a
+            // room with `compact-turns on` (plan 0095).
+            let compact = self.config(&room, None).compact_turns;
+            batch = rows.starting(compact);
+            if compact {
+                prompted = None;
+            } else {
+                batch.pop();
+            }
         }
         if !uses.is_empty() {
             batch.push(uses_row(
@@ -3124,8 +3153,7 @@ impl Synchronizer {
                 Duration::from_millis(self.config(&room, None).claim_ttl_ms.max(1)),
             ));
         }
-        let (turn, subject) = (rows.turn, rows.subject);
-        batch.push(rows.prompted);
+        batch.extend(prompted);
         // A hand-off's rows written with its claims (one round trip) are in the
         // ledger, whether the view has read them (the turn looks resumed) or not:
         // nothing is appended before the turn starts. Nor when a resumed turn's
@@ -3854,28 +3882,21 @@ impl Synchronizer {
                     reply: None,
                     activity,
                 };
+                let batch = self.task_turn_end(
+                    &lt,
+                    (Verb::TaskCompleted, done.to_body()),
+                    (
+                        Verb::TurnReplied,
+                        serde_json::to_value(&replied).unwrap_or_default(),
+                    ),
+                );
                 // Fenced by the task claim, whose driver is this relay (the same agent
                 // on two relays completes once), and closing it: a finished task is
                 // never acquired again, by any relay, however stale its view.
                 out.push(Intent::Append {
                     fences: lt.claims(),
                     close: true,
-                    batch: vec![
-                        NewInteraction::new(
-                            lt.room.as_str(),
-                            Verb::TaskCompleted,
-                            lt.agent.as_str(),
-                            Role::Agent,
-                            done.to_body(),
-                        ),
-                        NewInteraction::new(
-                            lt.room.as_str(),
-                            Verb::TurnReplied,
-                            lt.agent.as_str(),
-                            Role::Agent,
-                            serde_json::to_value(&replied).unwrap_or_default(),
-                        ),
-                    ],
+                    batch,
                 });
             }
             (LiveWork::Task { task }, _) => {
@@ -3896,19 +3917,15 @@ impl Synchronizer {
                         .dag
                         .task(&lt.room, task)
                         .is_some_and(|t| t.attempts >= t.max_attempts);
+                let batch = self.task_turn_end(
+                    &lt,
+                    (verb, ended.to_body()),
+                    (Verb::TurnFailed, failed_row(reason).body),
+                );
                 out.push(Intent::Append {
                     fences: lt.claims(),
                     close: last,
-                    batch: vec![
-                        NewInteraction::new(
-                            lt.room.as_str(),
-                            verb,
-                            lt.agent.as_str(),
-                            Role::Agent,
-                            ended.to_body(),
-                        ),
-                        failed_row(reason),
-                    ],
+                    batch,
                 });
                 release_both(out);
                 if lt.overdue {
@@ -3938,6 +3955,25 @@ impl Synchronizer {
                     });
                 }
             }
+        }
+    }
+
+    /// The rows that end task turn `lt`: its task row (`verb`, `body`) and its turn
+    /// row, or, in a room with `compact-turns on` (plan 0095), the task row carrying
+    /// the turn's end.
+    fn task_turn_end(
+        &self,
+        lt: &LiveTurn,
+        (verb, body): (Verb, serde_json::Value),
+        (turn_verb, turn_body): (Verb, serde_json::Value),
+    ) -> Vec<NewInteraction> {
+        let row = |verb, body| {
+            NewInteraction::new(lt.room.as_str(), verb, lt.agent.as_str(), Role::Agent, body)
+        };
+        if self.config(&lt.room, None).compact_turns {
+            vec![row(verb, crate::protocol::carry_turn(body, &turn_body))]
+        } else {
+            vec![row(verb, body), row(turn_verb, turn_body)]
         }
     }
 

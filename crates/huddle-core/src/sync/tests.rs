@@ -4008,3 +4008,136 @@ fn a_failed_turn_s_task_is_retried_once_its_failure_is_read() {
         "the next attempt, once the failure is read"
     );
 }
+
+/// A room with `compact-turns on` (plan 0095).
+fn compact() -> RoomConfig {
+    RoomConfig {
+        compact_turns: true,
+        ..no_backoff()
+    }
+}
+
+/// The turn a row of `out` of verb `verb` carries (its `turn` member).
+fn carried(out: &[Intent], verb: Verb) -> serde_json::Value {
+    appended_body(out, verb)
+        .get("turn")
+        .cloned()
+        .unwrap_or_else(|| panic!("the {verb:?} carries no turn: {out:?}"))
+}
+
+#[test]
+fn in_a_compact_room_a_task_turn_is_two_rows_its_task_rows_carrying_it() {
+    let mut h = H::with(&["bo"], compact());
+    h.start();
+    let out = h.post(vec![created("a", &[]), created("b", &[])]);
+    // The hand-off written with the claim: one row, carrying the turn's start.
+    let w = write_of(&out, "a").expect("a fresh task is handed off in one call");
+    let verbs: Vec<&str> = w.batch.iter().map(|r| r.verb.as_str()).collect();
+    assert_eq!(verbs, ["task.claimed"]);
+    assert_eq!(w.batch[0].body["turn"]["turn"], "t/lobby/a/bo/1.1");
+    // Won at another epoch: the claim is appended, one row carrying the turn.
+    let tkey = task_key("lobby", "a");
+    let out = h.result(&tkey, "bo", true, 3);
+    assert_eq!(
+        appends(&out),
+        vec![(Some(format!("{tkey}@bo#3")), vec!["task.claimed"])]
+    );
+    let start = carried(&out, Verb::TaskClaimed);
+    assert_eq!(
+        (
+            start["turn"].as_str(),
+            start["epoch"].as_i64(),
+            start["drive_epoch"].as_i64()
+        ),
+        (Some("t/lobby/a/bo/3.3"), Some(3), Some(3))
+    );
+    let st = starts(&out)[0].clone();
+    h.apply_appends(&out);
+    h.read();
+    // Read back, the board shows the turn started, from the task row alone.
+    let board = h.sync.board().room("lobby").unwrap();
+    assert_eq!(board.prompted_turn("task:a"), Some("t/lobby/a/bo/3.3"));
+    // It ends in one row too, which completes the task and ends the turn.
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Replied {
+            text: "built".into(),
+        },
+    );
+    assert_eq!(
+        appends(&out),
+        vec![(
+            Some(format!("{tkey}@bo#3 (closes)")),
+            vec!["task.completed"]
+        )]
+    );
+    let end = carried(&out, Verb::TaskCompleted);
+    assert_eq!(end["turn"], "t/lobby/a/bo/3.3");
+    assert_eq!(appended_body(&out, Verb::TaskCompleted)["result"], "built");
+    h.apply_appends(&out);
+    h.read();
+    assert_eq!(
+        h.sync.tasks().task("lobby", "a").unwrap().status,
+        TaskStatus::Done
+    );
+    let board = h.sync.board().room("lobby").unwrap();
+    let turn = &board.turns["task:a"];
+    assert!(!turn.is_open(), "the turn ended: {turn:?}");
+    assert_eq!(
+        board.presence["bo"].state,
+        crate::protocol::PresenceState::Done
+    );
+}
+
+#[test]
+fn in_a_compact_room_a_failed_task_turn_is_one_row_and_the_attempt_is_given_back() {
+    let mut h = H::with(&["bo"], compact());
+    h.start();
+    h.post(vec![created("a", &[])]);
+    let tkey = task_key("lobby", "a");
+    let out = h.result(&tkey, "bo", true, 2);
+    let st = starts(&out)[0].clone();
+    h.apply_appends(&out);
+    h.read();
+    let out = h.ended(
+        &st.turn,
+        TurnOutcome::Failed {
+            reason: "exit 2".into(),
+        },
+    );
+    assert_eq!(
+        appends(&out),
+        vec![(Some(format!("{tkey}@bo#2")), vec!["task.failed"])]
+    );
+    let end = carried(&out, Verb::TaskFailed);
+    assert_eq!(
+        (end["turn"].as_str(), end["reason"].as_str()),
+        (Some("t/lobby/a/bo/2.2"), Some("exit 2"))
+    );
+    h.apply_appends(&out);
+    h.read();
+    let t = h.sync.tasks().task("lobby", "a").unwrap();
+    assert_eq!((t.status, t.attempts), (TaskStatus::Open, 1));
+    // The failure counts on the agent's streak, read from the task row.
+    let board = h.sync.board().room("lobby").unwrap();
+    assert_eq!(board.failing.get("bo").map(|s| s.failed), Some(1));
+}
+
+#[test]
+fn resuming_a_turn_whose_claim_row_carries_it_appends_nothing() {
+    // A restarted relay over a compact room: the task row carries the turn's start,
+    // so the turn is resumed with nothing appended (its rows may be lot items).
+    let mut h = H::new(&["bo"]);
+    h.start();
+    let mut claim = claimed("a", "bo", 4);
+    claim.body = crate::protocol::carry_turn(
+        claim.body,
+        &json!({"turn": "t/lobby/a/bo/4.4", "subject": {"kind": "task", "id": "a"},
+                "epoch": 4, "drive_epoch": 4}),
+    );
+    let out = h.post(vec![created("a", &[]), claim]);
+    assert_eq!(acquires(&out), vec![(task_key("lobby", "a"), "bo".into())]);
+    let out = h.result(&task_key("lobby", "a"), "bo", true, 4);
+    assert!(appends(&out).is_empty(), "{out:?}");
+    assert_eq!(starts(&out)[0].turn.0, "t/lobby/a/bo/4.4");
+}
