@@ -223,6 +223,22 @@ fn bench_tasks_passes_batches_in_flight_to_its_relays() {
     }
 }
 
+/// `--compact-turns`: the owner sets `!config compact-turns on` before delegating
+/// (plan 0095); the report says so and every task still runs once.
+#[test]
+fn bench_tasks_runs_a_compact_room() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("given.db");
+    let report = bench_report(
+        &db,
+        &tasks_args("40", "4", "2", &["--no-baseline", "--compact-turns"]),
+    );
+    assert_eq!(report["compact_turns"], true, "{report}");
+    let line = &report["lines"][0];
+    assert_eq!(line["huddle"]["executions_per_task"].as_f64(), Some(1.0));
+    assert_nothing_left(dir.path());
+}
+
 #[test]
 fn bench_tasks_refuses_zero_rounds() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -97,6 +97,10 @@ pub struct TasksArgs {
     /// tasks one agent may hold ahead (plan 0085; the room's default otherwise).
     #[arg(long, requires = "lease_ahead", value_parser = clap::value_parser!(u32).range(1..=16))]
     pub lease_depth: Option<u32>,
+    /// The owner sets `!config compact-turns on` before delegating: a task turn is
+    /// written in two rows, its start and end carried by the task's rows (plan 0095).
+    #[arg(long)]
+    pub compact_turns: bool,
     /// Each relay keeps up to N batches of results and claims in flight at once
     /// (`batches_in_flight` in its configuration, plan 0087; default: the relays'
     /// own, 2 on Postgres and 1 on SQLite, plan 0091).
@@ -214,6 +218,8 @@ pub struct TasksReport {
     pub lease_ahead: bool,
     /// The `lease-depth` the owner set, if any.
     pub lease_depth: Option<u32>,
+    /// Whether the room ran with `compact-turns on`.
+    pub compact_turns: bool,
     /// Batches each relay kept in flight at most.
     pub batches_in_flight: u32,
     /// Rounds run.
@@ -677,6 +683,9 @@ async fn drive(
     if let Some(depth) = args.lease_depth {
         say(format!("!config lease-depth {depth}")).await?;
     }
+    if args.compact_turns {
+        say("!config compact-turns on".into()).await?;
+    }
     let mut delegate_at = None;
     for text in workload(args, n).delegate_messages() {
         let appended = say(text).await?;
@@ -1057,6 +1066,7 @@ pub async fn run(args: TasksArgs, db: String) -> anyhow::Result<TasksReport> {
         turn_ms: args.turn_ms,
         lease_ahead: args.lease_ahead,
         lease_depth: args.lease_depth,
+        compact_turns: args.compact_turns,
         batches_in_flight: args
             .batches_in_flight
             .unwrap_or_else(|| huddle_relay::runtime::default_batches_in_flight(&db) as u32),
@@ -1121,7 +1131,7 @@ pub fn render(r: &TasksReport) -> String {
         Shape::Lanes => format!("{} lanes", r.lanes),
     };
     let mut s = format!(
-        "backend: {}, {shape}, {} agents over {} relay processes, {} ms turns{}{}\n\n\
+        "backend: {}, {shape}, {} agents over {} relay processes, {} ms turns{}{}{}\n\n\
          | tasks | side | tasks/s | executions/task | pickup p50 / p99 ms | client CPU ms/task | db CPU ms/task | relay peak RSS MiB | huddle ÷ baseline |\n\
          |---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
         r.backend,
@@ -1132,6 +1142,11 @@ pub fn render(r: &TasksReport) -> String {
             (false, _) => String::new(),
             (true, None) => ", lease ahead".to_string(),
             (true, Some(d)) => format!(", lease ahead {d} deep"),
+        },
+        if r.compact_turns {
+            ", compact turns"
+        } else {
+            ""
         },
         if r.batches_in_flight > 1 {
             format!(", {} batches in flight", r.batches_in_flight)
