@@ -341,21 +341,21 @@ struct ClaimRows {
     subject: Subject,
 }
 
-impl ClaimRows {
-    /// The rows that record the claim and start its turn: `task.claimed`, the
-    /// rejections and `turn.prompted`; or, in a room with `compact-turns on` (plan
-    /// 0095), `task.claimed` carrying the turn's start and the rejections.
-    fn starting(self, compact: bool) -> Vec<NewInteraction> {
-        let mut batch = self.claimed;
-        if compact {
-            if let Some(claimed) = batch.first_mut() {
-                let body = std::mem::take(&mut claimed.body);
-                claimed.body = crate::protocol::carry_turn(body, &self.prompted.body);
-                return batch;
-            }
+/// The rows that record a claim (`task.claimed` and the rejections) and the turn's
+/// start still to write beside them: `turn.prompted`, or nothing in a room with
+/// `compact-turns on` (plan 0095), where `task.claimed` carries the turn's start.
+fn claim_and_start(
+    mut claimed: Vec<NewInteraction>,
+    prompted: NewInteraction,
+    compact: bool,
+) -> (Vec<NewInteraction>, Option<NewInteraction>) {
+    match claimed.first_mut().filter(|_| compact) {
+        Some(row) => {
+            let body = std::mem::take(&mut row.body);
+            row.body = crate::protocol::carry_turn(body, &prompted.body);
+            (claimed, None)
         }
-        batch.push(self.prompted);
-        batch
+        None => (claimed, Some(prompted)),
     }
 }
 
@@ -1735,9 +1735,9 @@ impl Synchronizer {
                 let first = ClaimEpoch::FIRST;
                 let rows = self.claim_rows(room, &t, &agent, (first, first), t.next_attempt());
                 let compact = self.config(room, None).compact_turns;
-                self.prewrite_rejections
-                    .insert(key.clone(), rows.rejected.clone());
-                let batch = rows.starting(compact);
+                self.prewrite_rejections.insert(key.clone(), rows.rejected);
+                let (mut batch, prompted) = claim_and_start(rows.claimed, rows.prompted, compact);
+                batch.extend(prompted);
                 WriteIfWon {
                     epoch: first,
                     then_epoch: None,
@@ -3108,13 +3108,16 @@ impl Synchronizer {
             t.next_attempt()
         };
         // Turn ids keep their `<task epoch>.<drive epoch>` form: one claim, one epoch.
-        let rows = self.claim_rows(&room, &t, &agent, (task_epoch, task_epoch), attempt);
-        let (turn, subject) = (rows.turn.clone(), rows.subject.clone());
-        let mut batch = Vec::new();
-        let mut prompted = Some(rows.prompted.clone());
-        if fresh {
-            batch.extend(rows.claimed.iter().take(1).cloned());
+        let ClaimRows {
+            claimed,
+            rejected,
+            prompted,
+            turn,
+            subject,
+        } = self.claim_rows(&room, &t, &agent, (task_epoch, task_epoch), attempt);
+        let (mut batch, prompted) = if fresh {
             if t.status == TaskStatus::Claimed && t.attempts >= t.max_attempts {
+                let batch = claimed.into_iter().take(1).collect();
                 // The lapsed attempt was the last: this claim records that the task
                 // failed for good (the fold abandons it); nothing is started.
                 // It finishes the task: the claims close with it.
@@ -3131,17 +3134,12 @@ impl Synchronizer {
                 self.forget_at(&tkey, task_epoch);
                 return;
             }
-            self.rejections_sent.extend(rows.rejected.iter().cloned());
-            // The claim's rows, and the turn's start: carried by `task.claimed` in a
-            // room with `compact-turns on` (plan 0095).
+            self.rejections_sent.extend(rejected);
             let compact = self.config(&room, None).compact_turns;
-            batch = rows.starting(compact);
-            if compact {
-                prompted = None;
-            } else {
-                batch.pop();
-            }
-        }
+            claim_and_start(claimed, prompted, compact)
+        } else {
+            (Vec::new(), Some(prompted))
+        };
         if !uses.is_empty() {
             batch.push(uses_row(
                 &room,
