@@ -381,4 +381,126 @@ mod tests {
         assert_eq!(h.tasks.len(), 64);
         assert_ne!(h.tasks, two.state_hashes().tasks);
     }
+
+    /// A row as read at position `pos` and database time `at_ms`.
+    fn read_at(pos: u64, at_ms: i64, n: NewInteraction) -> Interaction {
+        Interaction {
+            id: n.id(),
+            position: Position::new(0, pos),
+            at: Timestamp(1_700_000_000_000_000 + at_ms * 1_000),
+            relay: "r0".into(),
+            room: n.room,
+            thread: n.thread,
+            verb: n.verb,
+            actor: n.actor,
+            role: n.role,
+            parent: n.parent,
+            caused_by: n.caused_by,
+            body: n.body,
+            signer: None,
+        }
+    }
+
+    /// The same two task turns (one replied, one failed) written in four rows a turn
+    /// and in two (plan 0095, the task rows carrying the turns) tally alike.
+    #[test]
+    fn turns_carried_by_task_rows_tally_as_turn_rows() {
+        let ix =
+            |verb, actor: &str, role, body| NewInteraction::new("lobby", verb, actor, role, body);
+        let turn = |task: &str, extra: Value| {
+            let mut t = json!({"turn": format!("t/lobby/{task}/ada/1.1"),
+                               "subject": {"kind": "task", "id": task}, "epoch": 1});
+            for (k, v) in extra.as_object().unwrap() {
+                t[k] = v.clone();
+            }
+            t
+        };
+        // (at ms, task row, its turn row)
+        let steps = [
+            (
+                10,
+                (
+                    Verb::TaskClaimed,
+                    json!({"task": "a", "epoch": 1, "attempt": 1}),
+                ),
+                (Verb::TurnPrompted, turn("a", json!({"drive_epoch": 1}))),
+            ),
+            (
+                20,
+                (
+                    Verb::TaskCompleted,
+                    json!({"task": "a", "epoch": 1, "result": "ok", "tokens": 7}),
+                ),
+                (Verb::TurnReplied, turn("a", json!({"tokens": 7}))),
+            ),
+            (
+                30,
+                (
+                    Verb::TaskClaimed,
+                    json!({"task": "b", "epoch": 1, "attempt": 1}),
+                ),
+                (Verb::TurnPrompted, turn("b", json!({"drive_epoch": 1}))),
+            ),
+            (
+                40,
+                (
+                    Verb::TaskFailed,
+                    json!({"task": "b", "epoch": 1, "reason": "exit 1"}),
+                ),
+                (
+                    Verb::TurnFailed,
+                    turn("b", json!({"reason": "exit 1", "tokens": 3})),
+                ),
+            ),
+        ];
+        let head = [
+            ix(
+                Verb::TaskCreated,
+                "olga",
+                Role::Owner,
+                json!({"task": "a", "label": "a"}),
+            ),
+            ix(
+                Verb::TaskCreated,
+                "olga",
+                Role::Owner,
+                json!({"task": "b", "label": "b"}),
+            ),
+            ix(Verb::AgentRegistered, "ada", Role::Agent, json!({})),
+        ];
+        let (mut four, mut two) = (Tally::new("lobby"), Tally::new("lobby"));
+        let mut pos = 0;
+        for row in head {
+            pos += 1;
+            let r = read_at(pos, 0, row);
+            four.apply(&r);
+            two.apply(&r);
+        }
+        for (at, (verb, body), (turn_verb, turn_body)) in steps {
+            pos += 1;
+            four.apply(&read_at(
+                pos,
+                at,
+                ix(verb, "ada", Role::Agent, body.clone()),
+            ));
+            four.apply(&read_at(
+                pos + 100,
+                at,
+                ix(turn_verb, "ada", Role::Agent, turn_body.clone()),
+            ));
+            let mut carrying = body;
+            carrying["turn"] = turn_body;
+            two.apply(&read_at(pos, at, ix(verb, "ada", Role::Agent, carrying)));
+        }
+        assert_eq!(four.agents, two.agents);
+        assert_eq!(four.agents["ada"].turns, 2);
+        assert_eq!(four.agents["ada"].tokens, 10);
+        assert_eq!(four.agents["ada"].failed_turns, 1);
+        assert_eq!(four.worked, two.worked);
+        assert_eq!(four.failure_reasons, two.failure_reasons);
+        assert_eq!(four.free_since, two.free_since);
+        assert_eq!(four.pickups_us, two.pickups_us);
+        assert_eq!(four.board.state_hash(), two.board.state_hash());
+        assert_eq!(four.dag.state_hash(), two.dag.state_hash());
+    }
 }
