@@ -1704,6 +1704,8 @@ fn trust_keys_are_room_wide() {
         "!config require-signatures on".to_string(),
         "!config reset agents".to_string(),
         "!config rate 5 require-signatures on".to_string(),
+        // Not a trust key, but room-wide too: tasks belong to the room (plan 0095).
+        "!config compact-turns on".to_string(),
     ] {
         let err = parse_config_in(&text, Some("side")).expect_err(&text);
         let err = CommandError::from(err).to_string();
