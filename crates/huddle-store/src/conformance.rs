@@ -136,6 +136,7 @@ macro_rules! conformance_tests {
         );
         $crate::conformance_tests!(@each $make; lots::
             a_lot_reads_as_its_items_in_its_place,
+            a_lot_of_task_rows_carrying_their_turns_reads_back_whole,
             a_lot_is_refused_whole_when_one_item_is_not_under_its_claim,
             a_corrupt_lot_is_skipped_whole,
         );

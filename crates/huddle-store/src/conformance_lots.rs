@@ -60,6 +60,91 @@ fn ids(rows: &[Interaction]) -> Vec<huddle_core::InteractionId> {
     rows.iter().map(|r| r.id).collect()
 }
 
+/// A task row carrying its turn (plan 0095, `compact-turns`): the turn's body as an
+/// object in the row's `turn` member.
+fn carrying(mut row: NewInteraction, turn: serde_json::Value) -> NewInteraction {
+    row.body["turn"] = turn;
+    row
+}
+
+/// A compact room's lots (plan 0095): task items only, each carrying its turn's body.
+/// They are checked like any lot (under their claims) and read back item for item as
+/// written, the carried turns intact; a carried turn does not let an item past its
+/// fence.
+pub async fn a_lot_of_task_rows_carrying_their_turns_reads_back_whole(b: &impl TestBackend) {
+    let s = b.store();
+    let f1 = take(&*s, "t1", "ada").await;
+    let f2 = take(&*s, "t2", "bo").await;
+    let start = |task: &str, agent: &str, e: Epoch| {
+        json!({"turn": format!("t/r/{task}/{agent}/{e}.{e}", e = e.get()),
+               "subject": {"kind": "task", "id": task, "label": "Build ✓"},
+               "epoch": e.get(), "drive_epoch": e.get()})
+    };
+    let handoff = vec![
+        carrying(
+            task_row(Verb::TaskClaimed, "t1", "ada", f1.epoch),
+            start("t1", "ada", f1.epoch),
+        ),
+        carrying(
+            task_row(Verb::TaskClaimed, "t2", "bo", f2.epoch),
+            start("t2", "bo", f2.epoch),
+        ),
+    ];
+    let fences = [f1.clone(), f2.clone()];
+    s.append_under(&fences, false, vec![lot(&handoff)])
+        .await
+        .expect("the lot is under its claims");
+    let end = |task: &str, agent: &str, e: Epoch| {
+        json!({"turn": format!("t/r/{task}/{agent}/{e}.{e}", e = e.get()),
+               "subject": {"kind": "task", "id": task}, "epoch": e.get(), "tokens": 12,
+               "activity": {"tool_calls": 1, "tools": [{"title": "Read a.rs", "kind": "read", "status": "completed"}]}})
+    };
+    let done = vec![
+        carrying(
+            task_row(Verb::TaskCompleted, "t1", "ada", f1.epoch),
+            end("t1", "ada", f1.epoch),
+        ),
+        carrying(
+            task_row(Verb::TaskCompleted, "t2", "bo", f2.epoch),
+            end("t2", "bo", f2.epoch),
+        ),
+    ];
+    s.append_under(&fences, true, vec![lot(&done)])
+        .await
+        .expect("the closing lot is under its claims");
+    let (rows, skipped, _) = read_all(&*s, Position::START).await;
+    assert_eq!(skipped, 0);
+    let written: Vec<&NewInteraction> = handoff.iter().chain(&done).collect();
+    assert_eq!(rows.len(), written.len());
+    for (got, item) in rows.iter().zip(written) {
+        assert_eq!(
+            got.content(),
+            *item,
+            "an item reads back as written, its turn intact"
+        );
+        assert_eq!(got.id, item.id());
+        assert!(got.body["turn"].is_object());
+    }
+    // A carried turn is no fence: a task item under a claim its actor does not hold
+    // is refused with its whole lot.
+    let f3 = take(&*s, "t3", "cy").await;
+    let forged = carrying(
+        task_row(Verb::TaskClaimed, "t3", "mallory", f3.epoch),
+        start("t3", "mallory", f3.epoch),
+    );
+    let refused = s.append_under(&[f3], false, vec![lot(&[forged])]).await;
+    assert!(
+        refused.is_err(),
+        "a lot with an item under another's claim: {refused:?}"
+    );
+    let (after, _, _) = read_all(&*s, Position::START).await;
+    assert_eq!(
+        after.len(),
+        rows.len(),
+        "nothing of the refused lot was written"
+    );
+}
+
 /// A lot written under its items' claims reads back as its items, in order, in its
 /// place among the rows around it, each with the id of its own row and the lot's
 /// position; a store read of the room's rows returns the lot itself. A closing lot
