@@ -70,21 +70,8 @@ struct MemLedger {
 impl MemLedger {
     fn row(&mut self, n: NewInteraction) -> Interaction {
         self.next += 1;
-        Interaction {
-            id: n.id(),
-            position: Position::new(0, self.next),
-            at: self.now,
-            relay: "bench".into(),
-            room: n.room,
-            thread: n.thread,
-            verb: n.verb,
-            actor: n.actor,
-            role: n.role,
-            parent: n.parent,
-            caused_by: n.caused_by,
-            body: n.body,
-            signer: None,
-        }
+        let id = n.id();
+        Interaction::as_read(n, id, Position::new(0, self.next), self.now, "bench", None)
     }
 }
 

@@ -499,8 +499,9 @@ pub struct RawRow {
 
 impl Interaction {
     /// `content` as read back: under `id` (its own, or an item's), at `position` and
-    /// `at`, written by `relay` and signed by `signer`.
-    pub(crate) fn as_read(
+    /// `at`, written by `relay` and signed by `signer`. How the stores build what
+    /// they read, and how tests build rows as a store would return them.
+    pub fn as_read(
         content: NewInteraction,
         id: InteractionId,
         position: Position,

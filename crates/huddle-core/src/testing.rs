@@ -31,21 +31,8 @@ impl Ledger {
 
 /// Turns a `NewInteraction` into the row a store would return.
 pub(crate) fn materialize(n: NewInteraction, position: Position, at: Timestamp) -> Interaction {
-    Interaction {
-        id: n.id(),
-        position,
-        at,
-        relay: "test-relay".into(),
-        room: n.room,
-        thread: n.thread,
-        verb: n.verb,
-        actor: n.actor,
-        role: n.role,
-        parent: n.parent,
-        caused_by: n.caused_by,
-        body: n.body,
-        signer: None,
-    }
+    let id = n.id();
+    Interaction::as_read(n, id, position, at, "test-relay", None)
 }
 
 /// A row as a backend would return it, at ledger position `(0, pos)` and `at` µs,

@@ -55,21 +55,15 @@ fn a_known_interaction_keeps_its_id() {
 
 /// `n` as read back from the ledger at `(0, seq)`.
 fn read_back(n: NewInteraction, seq: u64) -> Interaction {
-    Interaction {
-        id: n.id(),
-        position: Position::new(0, seq),
-        at: huddle_core::Timestamp(1_700_000_000_000_000 + seq as i64 * 1_000),
-        relay: "relay0".into(),
-        room: n.room,
-        thread: n.thread,
-        verb: n.verb,
-        actor: n.actor,
-        role: n.role,
-        parent: n.parent,
-        caused_by: n.caused_by,
-        body: n.body,
-        signer: None,
-    }
+    let id = n.id();
+    Interaction::as_read(
+        n,
+        id,
+        Position::new(0, seq),
+        huddle_core::Timestamp(1_700_000_000_000_000 + seq as i64 * 1_000),
+        "relay0",
+        None,
+    )
 }
 
 fn ledger(rows: Vec<NewInteraction>) -> Vec<Interaction> {

@@ -285,21 +285,8 @@ mod tests {
     use huddle_core::Position;
 
     fn at(n: NewInteraction, pos: u64, micros: i64) -> Interaction {
-        Interaction {
-            id: n.id(),
-            position: Position::new(0, pos),
-            at: Timestamp(micros),
-            relay: "r".into(),
-            room: n.room,
-            thread: n.thread,
-            verb: n.verb,
-            actor: n.actor,
-            role: n.role,
-            parent: n.parent,
-            caused_by: n.caused_by,
-            body: n.body,
-            signer: None,
-        }
+        let id = n.id();
+        Interaction::as_read(n, id, Position::new(0, pos), Timestamp(micros), "r", None)
     }
 
     fn said(actor: &str, role: Role, text: &str) -> NewInteraction {

@@ -384,21 +384,15 @@ mod tests {
 
     /// A row as read at position `pos` and database time `at_ms`.
     fn read_at(pos: u64, at_ms: i64, n: NewInteraction) -> Interaction {
-        Interaction {
-            id: n.id(),
-            position: Position::new(0, pos),
-            at: Timestamp(1_700_000_000_000_000 + at_ms * 1_000),
-            relay: "r0".into(),
-            room: n.room,
-            thread: n.thread,
-            verb: n.verb,
-            actor: n.actor,
-            role: n.role,
-            parent: n.parent,
-            caused_by: n.caused_by,
-            body: n.body,
-            signer: None,
-        }
+        let id = n.id();
+        Interaction::as_read(
+            n,
+            id,
+            Position::new(0, pos),
+            Timestamp(1_700_000_000_000_000 + at_ms * 1_000),
+            "r0",
+            None,
+        )
     }
 
     /// The same two task turns (one replied, one failed) written in four rows a turn

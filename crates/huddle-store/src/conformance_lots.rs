@@ -60,9 +60,21 @@ fn ids(rows: &[Interaction]) -> Vec<huddle_core::InteractionId> {
     rows.iter().map(|r| r.id).collect()
 }
 
-/// A task row carrying its turn (plan 0095, `compact-turns`): the turn's body as an
-/// object in the row's `turn` member.
-fn carrying(mut row: NewInteraction, turn: serde_json::Value) -> NewInteraction {
+/// A task row of `verb` carrying its turn (plan 0095, `compact-turns`): the body of
+/// the turn row it stands for (`turn.prompted` for a claim, `turn.replied` for a
+/// completion) as an object in its `turn` member.
+fn carrying_turn(verb: Verb, task: &str, agent: &str, e: Epoch) -> NewInteraction {
+    let mut row = task_row(verb, task, agent, e);
+    let mut turn = json!({"turn": format!("t/r/{task}/{agent}/{e}.{e}", e = e.get()),
+                          "subject": {"kind": "task", "id": task, "label": "Build ✓"},
+                          "epoch": e.get()});
+    if verb == Verb::TaskClaimed {
+        turn["drive_epoch"] = json!(e.get());
+    } else {
+        turn["tokens"] = json!(12);
+        turn["activity"] = json!({"tool_calls": 1, "tools": [
+            {"title": "Read a.rs", "kind": "read", "status": "completed"}]});
+    }
     row.body["turn"] = turn;
     row
 }
@@ -75,40 +87,17 @@ pub async fn a_lot_of_task_rows_carrying_their_turns_reads_back_whole(b: &impl T
     let s = b.store();
     let f1 = take(&*s, "t1", "ada").await;
     let f2 = take(&*s, "t2", "bo").await;
-    let start = |task: &str, agent: &str, e: Epoch| {
-        json!({"turn": format!("t/r/{task}/{agent}/{e}.{e}", e = e.get()),
-               "subject": {"kind": "task", "id": task, "label": "Build ✓"},
-               "epoch": e.get(), "drive_epoch": e.get()})
+    let both = |verb| {
+        vec![
+            carrying_turn(verb, "t1", "ada", f1.epoch),
+            carrying_turn(verb, "t2", "bo", f2.epoch),
+        ]
     };
-    let handoff = vec![
-        carrying(
-            task_row(Verb::TaskClaimed, "t1", "ada", f1.epoch),
-            start("t1", "ada", f1.epoch),
-        ),
-        carrying(
-            task_row(Verb::TaskClaimed, "t2", "bo", f2.epoch),
-            start("t2", "bo", f2.epoch),
-        ),
-    ];
+    let (handoff, done) = (both(Verb::TaskClaimed), both(Verb::TaskCompleted));
     let fences = [f1.clone(), f2.clone()];
     s.append_under(&fences, false, vec![lot(&handoff)])
         .await
         .expect("the lot is under its claims");
-    let end = |task: &str, agent: &str, e: Epoch| {
-        json!({"turn": format!("t/r/{task}/{agent}/{e}.{e}", e = e.get()),
-               "subject": {"kind": "task", "id": task}, "epoch": e.get(), "tokens": 12,
-               "activity": {"tool_calls": 1, "tools": [{"title": "Read a.rs", "kind": "read", "status": "completed"}]}})
-    };
-    let done = vec![
-        carrying(
-            task_row(Verb::TaskCompleted, "t1", "ada", f1.epoch),
-            end("t1", "ada", f1.epoch),
-        ),
-        carrying(
-            task_row(Verb::TaskCompleted, "t2", "bo", f2.epoch),
-            end("t2", "bo", f2.epoch),
-        ),
-    ];
     s.append_under(&fences, true, vec![lot(&done)])
         .await
         .expect("the closing lot is under its claims");
@@ -128,10 +117,7 @@ pub async fn a_lot_of_task_rows_carrying_their_turns_reads_back_whole(b: &impl T
     // A carried turn is no fence: a task item under a claim its actor does not hold
     // is refused with its whole lot.
     let f3 = take(&*s, "t3", "cy").await;
-    let forged = carrying(
-        task_row(Verb::TaskClaimed, "t3", "mallory", f3.epoch),
-        start("t3", "mallory", f3.epoch),
-    );
+    let forged = carrying_turn(Verb::TaskClaimed, "t3", "mallory", f3.epoch);
     let refused = s.append_under(&[f3], false, vec![lot(&[forged])]).await;
     assert!(
         refused.is_err(),

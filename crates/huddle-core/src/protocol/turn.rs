@@ -39,11 +39,11 @@ pub fn carried_turn(verb: Verb, body: &Value) -> Option<(Verb, &Value)> {
         .map(|t| (as_turn, t))
 }
 
-/// `task_body` with `turn` carried in it ([`carried_turn`] reads it back): the task
-/// row of a task turn written in two rows (plan 0095).
-pub fn carry_turn<T: Serialize>(mut task_body: Value, turn: &T) -> Value {
+/// `task_body` with the turn row's body `turn` carried in it ([`carried_turn`] reads
+/// it back): the task row of a task turn written in two rows (plan 0095).
+pub fn carry_turn(mut task_body: Value, turn: Value) -> Value {
     if let Value::Object(m) = &mut task_body {
-        m.insert(TURN_MEMBER.to_string(), super::fields::to_value(turn));
+        m.insert(TURN_MEMBER.to_string(), turn);
     }
     task_body
 }
@@ -368,7 +368,7 @@ mod tests {
             match carrier {
                 Some(k) => {
                     let at = two[k].at;
-                    two[k].body = carry_turn(two[k].body.clone(), &row.body);
+                    two[k].body = carry_turn(two[k].body.clone(), row.body.clone());
                     let mut turn = row.clone();
                     turn.at = at;
                     four.push(turn);

@@ -352,7 +352,7 @@ fn claim_and_start(
     match claimed.first_mut().filter(|_| compact) {
         Some(row) => {
             let body = std::mem::take(&mut row.body);
-            row.body = crate::protocol::carry_turn(body, &prompted.body);
+            row.body = crate::protocol::carry_turn(body, prompted.body);
             (claimed, None)
         }
         None => (claimed, Some(prompted)),
@@ -3969,7 +3969,7 @@ impl Synchronizer {
             NewInteraction::new(lt.room.as_str(), verb, lt.agent.as_str(), Role::Agent, body)
         };
         if self.config(&lt.room, None).compact_turns {
-            vec![row(verb, crate::protocol::carry_turn(body, &turn_body))]
+            vec![row(verb, crate::protocol::carry_turn(body, turn_body))]
         } else {
             vec![row(verb, body), row(turn_verb, turn_body)]
         }

@@ -4132,7 +4132,7 @@ fn resuming_a_turn_whose_claim_row_carries_it_appends_nothing() {
     let mut claim = claimed("a", "bo", 4);
     claim.body = crate::protocol::carry_turn(
         claim.body,
-        &json!({"turn": "t/lobby/a/bo/4.4", "subject": {"kind": "task", "id": "a"},
+        json!({"turn": "t/lobby/a/bo/4.4", "subject": {"kind": "task", "id": "a"},
                 "epoch": 4, "drive_epoch": 4}),
     );
     let out = h.post(vec![created("a", &[]), claim]);
